@@ -1,0 +1,99 @@
+// ParameterStore: the one interface between training code and parameter storage.
+//
+// Implementations:
+//   - GrpcParameterStore (worker/rpc/): splits each call by the Partitioner, one concurrent
+//     RPC per server, deadlines, retries of idempotent pushes.
+//   - InProcessParameterStore (server/): calls the shard core directly (centralized mode and
+//     socket-free tests).
+//
+// A training step pulls every table it needs in one Pull and pushes every gradient in one
+// Push, so an implementation can make one round trip per server per step.
+#ifndef PS_COMMON_PARAMETER_STORE_H_
+#define PS_COMMON_PARAMETER_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace ps::common {
+
+// A whole dense table, read into `out` (row-major, size = the table's element count).
+struct DensePull {
+  std::string table;
+  absl::Span<float> out;
+};
+
+// Sparse rows: `out` receives keys.size() rows of the table's dim, in the order of `keys`.
+// Duplicate keys are allowed (each gets the row).
+struct SparsePull {
+  std::string table;
+  absl::Span<const uint64_t> keys;
+  absl::Span<float> out;
+};
+
+struct PullBatch {
+  std::vector<DensePull> dense;
+  std::vector<SparsePull> sparse;
+};
+
+// A gradient (or, with PushOptions::is_delta, a delta) for a whole dense table.
+struct DensePush {
+  std::string table;
+  absl::Span<const float> values;
+};
+
+// Gradient rows for `keys` (keys.size() * dim floats). Keys should be unique; duplicates are
+// applied as separate updates.
+struct SparsePush {
+  std::string table;
+  absl::Span<const uint64_t> keys;
+  absl::Span<const float> values;
+};
+
+struct PushBatch {
+  std::vector<DensePush> dense;
+  std::vector<SparsePush> sparse;
+};
+
+// Per-call options of Pull.
+struct PullOptions {
+  // The caller's clock (steps completed). Under SSP/BSP the pull waits until every live
+  // worker's clock is at least clock - staleness.
+  int64_t clock = 0;
+};
+
+// Per-call options of Push.
+struct PushOptions {
+  // The caller's clock after this step (steps completed, this one included).
+  int64_t clock = 0;
+  // The values are parameter deltas to add, not gradients for the optimizer (local SGD).
+  bool is_delta = false;
+};
+
+// Thread-safe: implementations accept concurrent calls.
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+
+  // Reads the requested tables into the caller's buffers.
+  // Errors: NOT_FOUND (unknown table), INVALID_ARGUMENT (wrong kind or buffer size),
+  // DEADLINE_EXCEEDED (consistency bound or server too slow), UNAVAILABLE (server down after
+  // retries), FAILED_PRECONDITION (layout mismatch).
+  virtual absl::Status Pull(const PullBatch& batch, const PullOptions& options) = 0;
+
+  // Applies gradients (or deltas). Errors as Pull, plus INVALID_ARGUMENT for non-finite
+  // values when the servers reject them. A failed push may have been applied on some
+  // servers and not others; each server applies a given push at most once.
+  virtual absl::Status Push(const PushBatch& batch, const PushOptions& options) = 0;
+
+  // The worker will push no more: it leaves the consistency bound so that it does not hold
+  // back the others. Safe to call more than once.
+  virtual absl::Status Finish() = 0;
+};
+
+}  // namespace ps::common
+
+#endif  // PS_COMMON_PARAMETER_STORE_H_

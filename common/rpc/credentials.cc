@@ -1,0 +1,163 @@
+#include "common/rpc/credentials.h"
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+
+namespace ps::common {
+namespace {
+
+// Checks "authorization: Bearer <token>" on every call. Thread-safe (immutable).
+class TokenChecker final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenChecker(std::string token) : token_(std::move(token)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* /*context*/,
+                       OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
+    auto it = auth_metadata.find("authorization");
+    if (it == auth_metadata.end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
+    }
+    absl::string_view value(it->second.data(), it->second.size());
+    if (!absl::ConsumePrefix(&value, "Bearer ") || value != token_) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string token_;
+};
+
+// Adds the bearer token to every call.
+class TokenPlugin final : public grpc::MetadataCredentialsPlugin {
+ public:
+  explicit TokenPlugin(std::string token) : token_(std::move(token)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
+                           std::multimap<grpc::string, grpc::string>* metadata) override {
+    metadata->emplace("authorization", "Bearer " + token_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string token_;
+};
+
+absl::StatusOr<std::string> ReadToken(const SecurityConfig& security) {
+  if (security.token_file().empty()) return std::string();
+  ASSIGN_OR_RETURN(std::string token, ReadFileToString(security.token_file()),
+                   "security.token_file");
+  std::string trimmed(absl::StripAsciiWhitespace(token));
+  if (trimmed.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security.token_file ", security.token_file(), " is empty"));
+  }
+  return trimmed;
+}
+
+absl::Status CheckTls(const SecurityConfig& security) {
+  if (security.plaintext()) {
+    if (!security.token_file().empty()) {
+      // gRPC attaches call credentials only to secure channels.
+      return absl::InvalidArgumentError(
+          "security.token_file needs TLS: bearer tokens are never sent in plaintext");
+    }
+    return absl::OkStatus();
+  }
+  if (security.ca_cert().empty() || security.cert().empty() || security.key().empty()) {
+    return absl::InvalidArgumentError(
+        "security: set ca_cert, cert and key for mutual TLS, or plaintext: true to run "
+        "without encryption");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    const std::string what = absl::StrCat(path, ": ", std::strerror(err));
+    if (err == EACCES) return absl::PermissionDeniedError(what);
+    return absl::NotFoundError(what);
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const SecurityConfig& security) {
+  RETURN_IF_ERROR(CheckTls(security));
+  ASSIGN_OR_RETURN(std::string token, ReadToken(security));
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (security.plaintext()) {
+    creds = grpc::InsecureServerCredentials();
+  } else {
+    grpc::SslServerCredentialsOptions options(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFileToString(security.ca_cert()),
+                     "security.ca_cert");
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    ASSIGN_OR_RETURN(pair.private_key, ReadFileToString(security.key()), "security.key");
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadFileToString(security.cert()), "security.cert");
+    options.pem_key_cert_pairs.push_back(std::move(pair));
+    creds = grpc::SslServerCredentials(options);
+  }
+  if (!token.empty()) {
+    creds->SetAuthMetadataProcessor(std::make_shared<TokenChecker>(std::move(token)));
+  }
+  return creds;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const SecurityConfig& security) {
+  RETURN_IF_ERROR(CheckTls(security));
+  ASSIGN_OR_RETURN(std::string token, ReadToken(security));
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (security.plaintext()) {
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions options;
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFileToString(security.ca_cert()),
+                   "security.ca_cert");
+  ASSIGN_OR_RETURN(options.pem_private_key, ReadFileToString(security.key()), "security.key");
+  ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFileToString(security.cert()), "security.cert");
+  creds = grpc::SslCredentials(options);
+  if (!token.empty()) {
+    creds = grpc::CompositeChannelCredentials(
+        creds, grpc::MetadataCredentialsFromPlugin(
+                   std::make_unique<TokenPlugin>(std::move(token))));
+  }
+  return creds;
+}
+
+grpc::ChannelArguments MakeChannelArguments(const RpcConfig& rpc) {
+  grpc::ChannelArguments args;
+  const int max_bytes = static_cast<int>(std::min<uint64_t>(rpc.max_message_bytes(), INT32_MAX));
+  args.SetMaxReceiveMessageSize(max_bytes);
+  args.SetMaxSendMessageSize(max_bytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(rpc.keepalive_s() * 1000));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Each store keeps its own connections (one per server), not shared with other stores.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const JobConfig& config) {
+  ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(config.security()));
+  return grpc::CreateCustomChannel(address, creds, MakeChannelArguments(config.rpc()));
+}
+
+}  // namespace ps::common

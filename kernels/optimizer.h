@@ -1,0 +1,100 @@
+// Optimizer update rules on flat float spans: the CPU reference that the parameter server
+// applies to incoming gradients, and that the CUDA backend matches element for element.
+//
+// A parameter span of n floats carries NumSlots(kind) slot spans of n floats each (optimizer
+// state: momentum, accumulators, moments). Callers own all memory; nothing here allocates.
+//
+// Every update computes an effective gradient first, in this order:
+//   1. g = grad + weight_decay * w                 (weight_decay == 0: off)
+//   2. g = clamp(g, -clip_value, clip_value)       (clip_value == 0: off)
+//   3. g = g * min(1, clip_norm / ||g||_2)         (clip_norm == 0: off; the norm is over the
+//                                                   whole span, of the g from step 2)
+// and then the rule of `kind` (lr = learning_rate, t = step):
+//   kSgd      w -= lr * g
+//   kMomentum v = momentum * v + g;  w -= lr * (nesterov ? g + momentum * v : v)
+//   kAdagrad  a += g^2;  w -= lr * g / (sqrt(a) + epsilon)
+//   kAdam     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//             w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + epsilon)
+//   kFtrl     FTRL-Proximal (McMahan et al., KDD 2013), slots z and n:
+//             n' = n + g^2;  sigma = (sqrt(n') - sqrt(n)) / lr;  z += g - sigma * w;  n = n';
+//             w = |z| <= l1 ? 0 : -(z - sign(z) * l1) / ((ftrl_beta + sqrt(n)) / lr + l2)
+//
+// Thread-safety: the functions are pure apart from the spans they are handed; concurrent calls
+// on disjoint spans are safe.
+#ifndef PS_KERNELS_OPTIMIZER_H_
+#define PS_KERNELS_OPTIMIZER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace ps::kernels {
+
+enum class OptimizerKind { kSgd, kMomentum, kAdagrad, kAdam, kFtrl };
+
+// Lower-case name ("sgd", "momentum", "adagrad", "adam", "ftrl") for logs and messages.
+absl::string_view OptimizerKindName(OptimizerKind kind);
+
+// Hyper-parameters of one optimizer. Plain data; check with ValidateOptimizerParams.
+struct OptimizerParams {
+  // Which rule ApplyOptimizer runs. Default plain SGD.
+  OptimizerKind kind = OptimizerKind::kSgd;
+  // Step size, all rules. REQUIRES > 0 (and finite).
+  float learning_rate = 0.01f;
+  // kMomentum: decay of the velocity slot. REQUIRES in [0, 1).
+  float momentum = 0.9f;
+  // kMomentum: Nesterov's look-ahead form.
+  bool nesterov = false;
+  // kAdam: decay of the first and second moment estimates. REQUIRES each in [0, 1).
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  // kAdagrad, kAdam: added to the denominator. REQUIRES > 0.
+  float epsilon = 1e-8f;
+  // kAdagrad: start value of the accumulator slot (SlotInitialValue). REQUIRES >= 0.
+  float initial_accumulator = 0.1f;
+  // kFtrl: L1 and L2 regularization strengths and the beta of the per-coordinate learning
+  // rate. REQUIRES l1 >= 0, l2 >= 0, ftrl_beta >= 0.
+  float l1 = 0.f;
+  float l2 = 0.f;
+  float ftrl_beta = 1.0f;
+  // All rules: L2 weight decay folded into the gradient, g += weight_decay * w, before
+  // clipping and the rule (not AdamW's decoupled form). 0 = off. REQUIRES >= 0.
+  float weight_decay = 0.f;
+  // All rules: clamp each gradient element to [-clip_value, clip_value]. 0 = off.
+  // REQUIRES >= 0.
+  float clip_value = 0.f;
+  // All rules: scale the gradient so that its L2 norm over the whole span is <= clip_norm.
+  // 0 = off. REQUIRES >= 0. Costs a second pass over the gradient.
+  float clip_norm = 0.f;
+};
+
+// Number of slot spans the rule keeps per parameter: kSgd 0, kMomentum 1 (velocity),
+// kAdagrad 1 (accumulator), kAdam 2 (m, v), kFtrl 2 (z, n).
+int NumSlots(OptimizerKind kind);
+
+// Value that slot `slot` must hold before the first update: initial_accumulator for kAdagrad's
+// accumulator, 0 otherwise. REQUIRES 0 <= slot < NumSlots(p.kind).
+float SlotInitialValue(const OptimizerParams& p, int slot);
+
+// OK, or INVALID_ARGUMENT naming the first offending field (e.g. "learning_rate must be > 0,
+// got 0"). Fields that `p.kind` does not use are checked too, so a config cannot carry a
+// nonsensical value that becomes live when the kind changes.
+[[nodiscard]] absl::Status ValidateOptimizerParams(const OptimizerParams& p);
+
+// Applies one update in place, as described at the top of this file.
+// `step`: 1-based count of updates this span has received, this one included (Adam's bias
+// correction; other rules ignore it).
+// REQUIRES: ValidateOptimizerParams(p).ok(); step >= 1; grads.size() == params.size();
+// slots.size() == NumSlots(p.kind), each slot points at params.size() floats initialized
+// with SlotInitialValue before the first step; no span overlaps another.
+void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
+                    absl::Span<const float> grads, absl::Span<float* const> slots);
+
+// params += scale * delta (merging a local-SGD delta). REQUIRES delta.size() == params.size().
+void ApplyDelta(float scale, absl::Span<float> params, absl::Span<const float> delta);
+
+}  // namespace ps::kernels
+
+#endif  // PS_KERNELS_OPTIMIZER_H_

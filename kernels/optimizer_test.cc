@@ -1,0 +1,267 @@
+// Each rule is checked against two steps on a 3-element vector whose expected values are
+// written out below. The simple rules carry their arithmetic in comments; Adagrad, Adam and
+// FTRL were computed independently in float64 from the formulas in optimizer.h (not with
+// this code), so a mismatch means the implementation and the documented formula disagree.
+#include "kernels/optimizer.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps::kernels {
+namespace {
+
+using ::testing::FloatNear;
+using ::testing::HasSubstr;
+using ::testing::Pointwise;
+
+constexpr float kTol = 2e-6f;
+
+// Parameters plus their slots, initialized as a server would.
+struct Model {
+  Model(const OptimizerParams& p, std::vector<float> w) : params(p), weights(std::move(w)) {
+    for (int s = 0; s < NumSlots(p.kind); ++s) {
+      slots.emplace_back(weights.size(), SlotInitialValue(p, s));
+    }
+  }
+
+  void Step(const std::vector<float>& grads) {
+    std::vector<float*> slot_ptrs;
+    for (auto& s : slots) slot_ptrs.push_back(s.data());
+    ApplyOptimizer(params, ++step, absl::MakeSpan(weights), grads, slot_ptrs);
+  }
+
+  OptimizerParams params;
+  std::vector<float> weights;
+  std::vector<std::vector<float>> slots;
+  int64_t step = 0;
+};
+
+OptimizerParams Params(OptimizerKind kind, float lr) {
+  OptimizerParams p;
+  p.kind = kind;
+  p.learning_rate = lr;
+  return p;
+}
+
+const std::vector<float> kW0 = {0.5f, -1.0f, 2.0f};
+const std::vector<float> kG1 = {0.1f, -0.2f, 0.3f};
+const std::vector<float> kG2 = {-0.05f, 0.4f, 0.0f};
+
+TEST(OptimizerTest, SlotCountsAndInitialValues) {
+  EXPECT_EQ(NumSlots(OptimizerKind::kSgd), 0);
+  EXPECT_EQ(NumSlots(OptimizerKind::kMomentum), 1);
+  EXPECT_EQ(NumSlots(OptimizerKind::kAdagrad), 1);
+  EXPECT_EQ(NumSlots(OptimizerKind::kAdam), 2);
+  EXPECT_EQ(NumSlots(OptimizerKind::kFtrl), 2);
+  OptimizerParams p = Params(OptimizerKind::kAdagrad, 0.1f);
+  p.initial_accumulator = 0.25f;
+  EXPECT_EQ(SlotInitialValue(p, 0), 0.25f);
+  p.kind = OptimizerKind::kAdam;
+  EXPECT_EQ(SlotInitialValue(p, 0), 0.f);
+  EXPECT_EQ(SlotInitialValue(p, 1), 0.f);
+}
+
+TEST(OptimizerTest, SgdTwoSteps) {
+  Model m(Params(OptimizerKind::kSgd, 0.1f), kW0);
+  m.Step(kG1);  // w - 0.1 * g = {0.5 - 0.01, -1 + 0.02, 2 - 0.03}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.49f, -0.98f, 1.97f}));
+  m.Step(kG2);  // {0.49 + 0.005, -0.98 - 0.04, 1.97 - 0}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.495f, -1.02f, 1.97f}));
+}
+
+TEST(OptimizerTest, MomentumTwoSteps) {
+  OptimizerParams p = Params(OptimizerKind::kMomentum, 0.1f);
+  p.momentum = 0.9f;
+  Model m(p, kW0);
+  m.Step(kG1);  // v = g1; w -= 0.1 * v
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.1f, -0.2f, 0.3f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.49f, -0.98f, 1.97f}));
+  m.Step(kG2);  // v = 0.9 v + g2 = {0.04, 0.22, 0.27}; w -= 0.1 v
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.04f, 0.22f, 0.27f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.486f, -1.002f, 1.943f}));
+}
+
+TEST(OptimizerTest, NesterovMomentumTwoSteps) {
+  OptimizerParams p = Params(OptimizerKind::kMomentum, 0.1f);
+  p.momentum = 0.9f;
+  p.nesterov = true;
+  Model m(p, kW0);
+  m.Step(kG1);  // v = g1; w -= 0.1 (g1 + 0.9 v) = 0.1 * 1.9 g1
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.481f, -0.962f, 1.943f}));
+  m.Step(kG2);  // v = {0.04, 0.22, 0.27}; w -= 0.1 (g2 + 0.9 v) = 0.1 {-0.014, 0.598, 0.243}
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.04f, 0.22f, 0.27f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.4824f, -1.0218f, 1.9187f}));
+}
+
+TEST(OptimizerTest, AdagradTwoSteps) {
+  OptimizerParams p = Params(OptimizerKind::kAdagrad, 0.1f);
+  p.initial_accumulator = 0.1f;
+  Model m(p, kW0);
+  m.Step(kG1);  // a = 0.1 + g^2 = {0.11, 0.14, 0.19}; w -= 0.1 g / sqrt(a)
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.11f, 0.14f, 0.19f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.469848866f, -0.946547753f, 1.93117528f}));
+  m.Step(kG2);
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.1125f, 0.3f, 0.19f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.484755986f, -1.01957743f, 1.93117528f}));
+}
+
+TEST(OptimizerTest, AdamTwoStepsWithBiasCorrection) {
+  Model m(Params(OptimizerKind::kAdam, 0.01f), kW0);  // beta1 0.9, beta2 0.999, eps 1e-8
+  m.Step(kG1);  // bias-corrected first step moves each weight by lr * sign(g)
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.01f, -0.02f, 0.03f}));
+  // 1 - 0.999f is 0.00099998713f, so v is off by 1.3e-5 relative from the decimal value.
+  EXPECT_THAT(m.slots[1], Pointwise(FloatNear(5e-9f), {1e-05f, 4e-05f, 9e-05f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.49f, -0.99f, 1.99f}));
+  m.Step(kG2);
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.004f, 0.022f, 0.027f}));
+  EXPECT_THAT(m.slots[1], Pointwise(FloatNear(5e-9f), {1.249e-05f, 0.00019996f, 8.991e-05f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.487336631f, -0.993661036f, 1.98329942f}));
+}
+
+TEST(OptimizerTest, FtrlTwoStepsWithL1Sparsity) {
+  OptimizerParams p = Params(OptimizerKind::kFtrl, 0.1f);
+  p.l1 = 0.01f;
+  p.l2 = 0.1f;
+  p.ftrl_beta = 1.0f;
+  Model m(p, {0.0f, 0.5f, -1.0f});
+  // Element 0: z = 0.005 then 0.006, both within l1, so its weight stays exactly 0.
+  m.Step({0.005f, 0.2f, -0.3f});
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(kTol), {0.005f, -0.8f, 2.7f}));
+  EXPECT_THAT(m.slots[1], Pointwise(FloatNear(kTol), {2.5e-05f, 0.04f, 0.09f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.f, 0.0652892562f, -0.205343511f}));
+  m.Step({0.001f, -0.1f, 0.2f});
+  EXPECT_THAT(m.slots[0], Pointwise(FloatNear(4e-6f), {0.006f, -0.915412703f, 3.02434603f}));
+  EXPECT_THAT(m.slots[1], Pointwise(FloatNear(kTol), {2.6e-05f, 0.05f, 0.13f}));
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.f, 0.0733955669f, -0.219936139f}));
+  EXPECT_EQ(m.weights[0], 0.f);
+}
+
+TEST(OptimizerTest, WeightDecayAddsToGradient) {
+  OptimizerParams p = Params(OptimizerKind::kSgd, 0.1f);
+  p.weight_decay = 0.01f;
+  Model m(p, kW0);
+  m.Step(kG1);  // g = g1 + 0.01 w0 = {0.105, -0.21, 0.32}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.4895f, -0.979f, 1.968f}));
+  m.Step(kG2);  // g = g2 + 0.01 {0.4895, -0.979, 1.968}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.4940105f, -1.018021f, 1.966032f}));
+}
+
+TEST(OptimizerTest, ClipValueClampsEachElement) {
+  OptimizerParams p = Params(OptimizerKind::kSgd, 0.1f);
+  p.clip_value = 0.25f;
+  Model m(p, kW0);
+  m.Step({0.1f, -0.4f, 0.3f});  // clipped to {0.1, -0.25, 0.25}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.49f, -0.975f, 1.975f}));
+  m.Step({-0.05f, 0.4f, -2.0f});  // clipped to {-0.05, 0.25, -0.25}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.495f, -1.0f, 2.0f}));
+}
+
+TEST(OptimizerTest, ClipNormScalesOnlyWhenAboveThreshold) {
+  OptimizerParams p = Params(OptimizerKind::kSgd, 0.1f);
+  p.clip_norm = 0.2f;
+  Model m(p, kW0);
+  m.Step({0.3f, -0.4f, 0.0f});  // norm 0.5 -> g scaled by 0.4 to {0.12, -0.16, 0}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.488f, -0.984f, 2.0f}));
+  m.Step({0.03f, 0.0f, -0.04f});  // norm 0.05 <= 0.2: unchanged
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.485f, -0.984f, 2.004f}));
+}
+
+TEST(OptimizerTest, DecayThenClipValueThenClipNorm) {
+  OptimizerParams p = Params(OptimizerKind::kSgd, 0.1f);
+  p.weight_decay = 0.1f;
+  p.clip_value = 0.35f;
+  p.clip_norm = 0.3f;
+  Model m(p, kW0);
+  // g + 0.1 w = {0.35, -0.5, 0.2} -> clip_value {0.35, -0.35, 0.2} -> norm sqrt(0.285) > 0.3
+  // -> scaled by 0.3 / sqrt(0.285) = {0.196683, -0.196683, 0.112390}.
+  m.Step({0.3f, -0.4f, 0.0f});
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.480331698f, -0.980331698f, 1.98876097f}));
+  m.Step({0.03f, 2.0f, -0.04f});
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.47436301f, -1.00710289f, 1.97660868f}));
+}
+
+TEST(OptimizerTest, ClipNormIsOverTheWholeSpan) {
+  // 1000 elements of 0.01 have norm sqrt(0.1) ~ 0.316; with clip_norm 0.1 each element is
+  // scaled by 0.1 / 0.316 even though every single element is tiny.
+  OptimizerParams p = Params(OptimizerKind::kSgd, 1.0f);
+  p.clip_norm = 0.1f;
+  Model m(p, std::vector<float>(1000, 0.f));
+  m.Step(std::vector<float>(1000, 0.01f));
+  const float expected = -0.01f * 0.1f / 0.316227766f;
+  for (float w : m.weights) ASSERT_NEAR(w, expected, 1e-5f * -expected);
+}
+
+TEST(OptimizerTest, LongSpanMatchesElementwiseRule) {
+  // Exercises the vectorized body and the scalar tail of the loop (n not a multiple of 4/8).
+  OptimizerParams p = Params(OptimizerKind::kAdam, 0.01f);
+  const int n = 1003;
+  std::vector<float> w(n), g(n);
+  for (int i = 0; i < n; ++i) {
+    w[i] = 0.001f * i;
+    g[i] = (i % 2 == 0 ? 0.1f : -0.2f);
+  }
+  Model m(p, w);
+  m.Step(g);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_NEAR(m.weights[i], w[i] - (i % 2 == 0 ? 0.01f : -0.01f), 1e-6f) << i;
+  }
+}
+
+TEST(OptimizerTest, ApplyDeltaAddsScaledDelta) {
+  std::vector<float> w = {1.f, 2.f, 3.f};
+  ApplyDelta(0.5f, absl::MakeSpan(w), {2.f, -4.f, 0.f});
+  EXPECT_THAT(w, Pointwise(FloatNear(0.f), {2.f, 0.f, 3.f}));
+}
+
+TEST(OptimizerTest, ValidateAcceptsDefaults) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum,
+                             OptimizerKind::kAdagrad, OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
+    OptimizerParams p;
+    p.kind = kind;
+    EXPECT_TRUE(ValidateOptimizerParams(p).ok()) << OptimizerKindName(kind);
+  }
+}
+
+struct BadParamCase {
+  const char* field;
+  void (*mutate)(OptimizerParams&);
+};
+
+class ValidateOptimizerParamsTest : public ::testing::TestWithParam<BadParamCase> {};
+
+TEST_P(ValidateOptimizerParamsTest, RejectsWithFieldName) {
+  OptimizerParams p;
+  GetParam().mutate(p);
+  const absl::Status s = ValidateOptimizerParams(p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(GetParam().field));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BadFields, ValidateOptimizerParamsTest,
+    ::testing::Values(
+        BadParamCase{"learning_rate", [](OptimizerParams& p) { p.learning_rate = 0.f; }},
+        BadParamCase{"learning_rate", [](OptimizerParams& p) { p.learning_rate = -1.f; }},
+        BadParamCase{"learning_rate", [](OptimizerParams& p) { p.learning_rate = std::nanf(""); }},
+        BadParamCase{"momentum", [](OptimizerParams& p) { p.momentum = 1.f; }},
+        BadParamCase{"beta1", [](OptimizerParams& p) { p.beta1 = -0.1f; }},
+        BadParamCase{"beta1", [](OptimizerParams& p) { p.beta1 = 1.f; }},
+        BadParamCase{"beta2", [](OptimizerParams& p) { p.beta2 = 1.5f; }},
+        BadParamCase{"epsilon", [](OptimizerParams& p) { p.epsilon = 0.f; }},
+        BadParamCase{"initial_accumulator",
+                     [](OptimizerParams& p) { p.initial_accumulator = -0.1f; }},
+        BadParamCase{"l1", [](OptimizerParams& p) { p.l1 = -1.f; }},
+        BadParamCase{"l2", [](OptimizerParams& p) { p.l2 = -1.f; }},
+        BadParamCase{"ftrl_beta", [](OptimizerParams& p) { p.ftrl_beta = -1.f; }},
+        BadParamCase{"weight_decay", [](OptimizerParams& p) { p.weight_decay = -0.1f; }},
+        BadParamCase{"clip_value", [](OptimizerParams& p) { p.clip_value = -1.f; }},
+        BadParamCase{"clip_norm", [](OptimizerParams& p) { p.clip_norm = -1.f; }},
+        BadParamCase{"kind", [](OptimizerParams& p) { p.kind = static_cast<OptimizerKind>(42); }}));
+
+}  // namespace
+}  // namespace ps::kernels

@@ -1,0 +1,148 @@
+#include "server/checkpointer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace ps::server {
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
+    Shard* shard, const CheckpointerOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("no data dir");
+  storage::CheckpointStoreOptions store_options;
+  store_options.path = options.data_dir;
+  store_options.keep = options.keep;
+  ASSIGN_OR_RETURN(auto store, storage::CheckpointStore::Open(store_options),
+                   absl::StrCat("data dir ", options.data_dir));
+  return std::unique_ptr<Checkpointer>(new Checkpointer(shard, options, std::move(store)));
+}
+
+Checkpointer::Checkpointer(Shard* shard, const CheckpointerOptions& options,
+                           std::unique_ptr<storage::CheckpointStore> store)
+    : shard_(shard), options_(options), store_(std::move(store)) {}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) {
+  std::optional<storage::CheckpointInfo> info;
+  if (id.has_value()) {
+    ASSIGN_OR_RETURN(auto all, store_->List());
+    for (auto& c : all) {
+      if (c.id == *id) info = c;
+    }
+    if (!info.has_value()) {
+      return absl::NotFoundError(absl::StrCat("no complete checkpoint ", *id, " in ",
+                                              options_.data_dir));
+    }
+  } else {
+    ASSIGN_OR_RETURN(info, store_->Latest());
+  }
+  RestoreReport report;
+  if (!info.has_value()) return report;
+  CheckpointMeta meta;
+  if (!meta.ParseFromString(info->metadata)) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", info->id, ": metadata record does not parse"));
+  }
+  // Verify every checksum before touching the shard: a corrupt checkpoint changes nothing.
+  RETURN_IF_ERROR(store_->Verify(info->id));
+  RETURN_IF_ERROR_CTX(shard_->BeginRestore(meta), absl::StrCat("checkpoint ", info->id));
+  RETURN_IF_ERROR(store_->Read(info->id, [&](absl::string_view key, absl::string_view value) {
+    return shard_->RestoreRecord(key, value);
+  }));
+  shard_->EndRestore(meta);
+  report.checkpoint_id = info->id;
+  report.updates_applied = meta.updates_applied();
+  report.bytes = info->bytes;
+  report.unix_micros = info->unix_micros;
+  restored_ = report;
+  absl::MutexLock lock(&mu_);
+  last_id_ = info->id;
+  last_time_ = absl::FromUnixMicros(info->unix_micros);
+  last_updates_ = meta.updates_applied();
+  return report;
+}
+
+absl::StatusOr<CheckpointResponse> Checkpointer::CheckpointNow() {
+  absl::MutexLock one_at_a_time(&write_mu_);
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(auto writer, store_->BeginCheckpoint());
+  ASSIGN_OR_RETURN(CheckpointMeta meta,
+                   shard_->Snapshot(
+                       [&](absl::string_view key, absl::string_view value) {
+                         return writer->Put(key, value);
+                       },
+                       options_.record_bytes));
+  ASSIGN_OR_RETURN(storage::CheckpointInfo info, writer->Commit(meta.SerializeAsString()));
+  const absl::Duration took = absl::Now() - start;
+  {
+    absl::MutexLock lock(&mu_);
+    last_id_ = info.id;
+    last_time_ = absl::Now();
+    last_duration_s_ = absl::ToDoubleSeconds(took);
+    last_updates_ = meta.updates_applied();
+  }
+  VLOG(1) << "checkpoint " << info.id << ": " << info.bytes << " bytes, " << info.num_records
+          << " records, " << meta.updates_applied() << " updates, " << took;
+  CheckpointResponse response;
+  response.set_checkpoint_id(info.id);
+  response.set_duration_s(absl::ToDoubleSeconds(took));
+  response.set_bytes(info.bytes);
+  response.set_updates_applied(meta.updates_applied());
+  return response;
+}
+
+void Checkpointer::Start() {
+  absl::MutexLock lock(&mu_);
+  if (thread_.joinable()) return;
+  stopping_ = false;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Checkpointer::Loop() {
+  absl::Time last_attempt = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Wake every 100 ms to look at the update count; Stop() wakes us at once.
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100));
+      if (stopping_) return;
+    }
+    uint64_t since;
+    {
+      absl::MutexLock lock(&mu_);
+      since = shard_->updates_applied() - last_updates_;
+    }
+    const bool timer_due = options_.interval > absl::ZeroDuration() &&
+                           absl::Now() - last_attempt >= options_.interval;
+    const bool count_due = options_.every_updates > 0 && since >= options_.every_updates;
+    if (!timer_due && !count_due) continue;
+    last_attempt = absl::Now();
+    absl::StatusOr<CheckpointResponse> r = CheckpointNow();
+    if (!r.ok()) {
+      LOG(ERROR) << "periodic checkpoint failed (training goes on): " << r.status();
+    }
+  }
+}
+
+void Checkpointer::FillStats(StatsResponse* out) {
+  absl::MutexLock lock(&mu_);
+  out->set_last_checkpoint_id(last_id_);
+  if (last_id_ != 0) {
+    out->set_last_checkpoint_age_s(absl::ToDoubleSeconds(absl::Now() - last_time_));
+  }
+  out->set_last_checkpoint_duration_s(last_duration_s_);
+  out->set_storage_bytes(store_->ApproximateSizeBytes());
+}
+
+}  // namespace ps::server

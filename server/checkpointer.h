@@ -1,0 +1,94 @@
+// Checkpointer: writes consistent snapshots of a Shard into its CheckpointStore (on a timer,
+// after every N updates, on demand, at shutdown) and restores the newest one at start.
+// A checkpoint that fails its checks is refused with DATA_LOSS, never loaded.
+#ifndef PS_SERVER_CHECKPOINTER_H_
+#define PS_SERVER_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+#include "server/shard.h"
+#include "server/storage/checkpoint_store.h"
+
+namespace ps::server {
+
+struct CheckpointerOptions {
+  // The server's data directory (the RocksDB lives here). REQUIRES: not empty.
+  std::string data_dir;
+  // Complete checkpoints kept (>= 1).
+  uint32_t keep = 2;
+  // Time between periodic checkpoints; zero = no timer.
+  absl::Duration interval = absl::Seconds(60);
+  // Also checkpoint once this many updates were applied since the last one; 0 = off.
+  uint64_t every_updates = 0;
+  // Size of one snapshot record (sparse rows are grouped up to this).
+  size_t record_bytes = 1 << 20;
+};
+
+// What RestoreLatest found.
+struct RestoreReport {
+  uint64_t checkpoint_id = 0;  // 0 = nothing restored (empty data dir)
+  uint64_t updates_applied = 0;
+  uint64_t bytes = 0;
+  int64_t unix_micros = 0;
+};
+
+// Thread-safe. STARTED by Start(), STOPPED by Stop() (or the destructor).
+class Checkpointer {
+ public:
+  // `shard` is not owned and must outlive the checkpointer. Errors: those of
+  // storage::CheckpointStore::Open.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(Shard* shard,
+                                                              const CheckpointerOptions& options);
+  ~Checkpointer();
+
+  // Restores checkpoint `id` (nullopt = the newest) into the shard, which must be fresh.
+  // Nothing is restored from an empty store. Errors: DATA_LOSS (corrupt checkpoint, naming
+  // what), FAILED_PRECONDITION (the checkpoint does not fit this server's config), NOT_FOUND
+  // (no checkpoint `id`).
+  absl::StatusOr<RestoreReport> Restore(std::optional<uint64_t> id = std::nullopt);
+
+  // Writes a checkpoint now (one at a time; callers queue). Errors: those of the store
+  // (RESOURCE_EXHAUSTED when the disk is full, ...); the server keeps running either way.
+  absl::StatusOr<CheckpointResponse> CheckpointNow();
+
+  // Starts the timer / update-count thread.
+  void Start();
+  // Stops it (a checkpoint in progress completes first).
+  void Stop();
+
+  void FillStats(StatsResponse* out);
+  const RestoreReport& restored() const { return restored_; }
+
+ private:
+  Checkpointer(Shard* shard, const CheckpointerOptions& options,
+               std::unique_ptr<storage::CheckpointStore> store);
+  void Loop();
+
+  Shard* const shard_;  // Not owned.
+  const CheckpointerOptions options_;
+  std::unique_ptr<storage::CheckpointStore> store_;
+  RestoreReport restored_;
+
+  absl::Mutex write_mu_;  // one checkpoint at a time
+  mutable absl::Mutex mu_;
+  uint64_t last_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double last_duration_s_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_CHECKPOINTER_H_

@@ -1,0 +1,51 @@
+// InProcessParameterStore: the ParameterStore of centralized mode and of socket-free tests.
+// It splits requests with the Partitioner exactly as GrpcParameterStore does, and calls the
+// shards (one per server index, all in this process) directly: no sockets, no serialization.
+#ifndef PS_SERVER_IN_PROCESS_STORE_H_
+#define PS_SERVER_IN_PROCESS_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/parameter_store.h"
+#include "server/shard.h"
+
+namespace ps::server {
+
+struct InProcessStoreOptions {
+  // The worker this store speaks for (exactly-once and the consistency bound); -1 = none.
+  int32_t worker_id = 0;
+  uint64_t worker_incarnation = 1;
+  // Longest a pull waits for the consistency bound.
+  absl::Duration pull_timeout = absl::Minutes(10);
+};
+
+// Thread-safe.
+class InProcessParameterStore final : public common::ParameterStore {
+ public:
+  // `shards`: one per server index, in order. Not owned; they must outlive the store.
+  // INVALID_ARGUMENT when they are not the job's servers 0..N-1 with one layout.
+  static absl::StatusOr<std::unique_ptr<InProcessParameterStore>> Create(
+      std::vector<Shard*> shards, const InProcessStoreOptions& options);
+
+  absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
+  absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
+  absl::Status Finish() override;
+
+ private:
+  InProcessParameterStore(std::vector<Shard*> shards, const InProcessStoreOptions& options);
+  RequestInfo Info(int64_t clock, uint64_t sequence) const;
+
+  const std::vector<Shard*> shards_;  // Not owned.
+  const InProcessStoreOptions options_;
+  const common::Partitioner* partitioner_;  // shards_[0]'s
+  std::atomic<uint64_t> next_sequence_{1};
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_IN_PROCESS_STORE_H_

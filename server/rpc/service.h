@@ -1,0 +1,80 @@
+// The ParameterServer gRPC service (callback API) over one Shard.
+//
+// Every request is checked in full before anything changes (see Shard): a bad request gets
+// a precise status and leaves the server's state as it was. Pulls may wait for the
+// consistency bound and pushes run optimizer math, so both run on a worker pool, never on
+// gRPC's callback threads.
+#ifndef PS_SERVER_RPC_SERVICE_H_
+#define PS_SERVER_RPC_SERVICE_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/thread_pool.h"
+#include "proto/ps.grpc.pb.h"
+#include "server/shard.h"
+
+namespace ps::server {
+
+struct ServiceOptions {
+  // Threads running pulls and pushes. REQUIRES: > 0.
+  int num_threads = 4;
+  // Longest a pull waits for the consistency bound (also capped by the call's deadline).
+  absl::Duration max_pull_wait = absl::Minutes(10);
+};
+
+// Hooks into the process that owns the service (checkpointing, shutdown).
+struct ServiceHooks {
+  // Writes a checkpoint now and returns what was written.
+  std::function<absl::StatusOr<CheckpointResponse>()> checkpoint;
+  // Starts a graceful shutdown (returns at once).
+  std::function<void(bool checkpoint)> shutdown;
+  // Fills restore facts of ServerInfo (restored checkpoint, updates lost).
+  std::function<void(ServerInfoResponse*)> server_info;
+  // Fills checkpoint facts of Stats.
+  std::function<void(StatsResponse*)> stats;
+};
+
+// Thread-safe.
+class ParameterServerService final : public ParameterServer::CallbackService {
+ public:
+  // `shard` is not owned and must outlive the service.
+  ParameterServerService(Shard* shard, const ServiceOptions& options, ServiceHooks hooks);
+  ~ParameterServerService() override;
+
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
+                                 const PullRequest* request, PullResponse* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const PushRequest* request, PushResponse* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
+                                  const StatsRequest* request, StatsResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const CheckpointRequest* request,
+                                       CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ServerInfo(grpc::CallbackServerContext* context,
+                                       const ServerInfoRequest* request,
+                                       ServerInfoResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const HeartbeatRequest* request,
+                                      HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context,
+                                     const ShutdownRequest* request,
+                                     ShutdownResponse* response) override;
+
+  // The request handlers without gRPC around them (used by the service and by tests/fuzzers).
+  absl::Status HandlePull(const PullRequest& request, absl::Time deadline,
+                          PullResponse* response);
+  absl::Status HandlePush(const PushRequest& request, PushResponse* response);
+
+ private:
+  Shard* const shard_;  // Not owned.
+  const ServiceOptions options_;
+  const ServiceHooks hooks_;
+  common::ThreadPool pool_;
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_RPC_SERVICE_H_

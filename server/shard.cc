@@ -1,0 +1,390 @@
+#include "server/shard.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace ps::server {
+namespace {
+
+constexpr char kVersion[] = "ps 0.1.0";
+
+// Snapshot record keys: "<table name>\0<table-part key>". Table names never hold '\0'.
+std::string RecordKey(absl::string_view table, absl::string_view part) {
+  std::string key(table);
+  key.push_back('\0');
+  key.append(part.data(), part.size());
+  return key;
+}
+
+WorkerTrackerOptions TrackerOptions(const JobConfig& config) {
+  WorkerTrackerOptions o;
+  o.num_workers = config.cluster().num_workers();
+  if (config.training().has_staleness()) o.staleness = config.training().staleness();
+  o.lease = absl::Seconds(config.server().worker_lease_s());
+  return o;
+}
+
+}  // namespace
+
+kernels::OptimizerParams ToOptimizerParams(const OptimizerConfig& c) {
+  kernels::OptimizerParams p;
+  switch (c.kind()) {
+    case OptimizerConfig::SGD: p.kind = kernels::OptimizerKind::kSgd; break;
+    case OptimizerConfig::MOMENTUM: p.kind = kernels::OptimizerKind::kMomentum; break;
+    case OptimizerConfig::ADAGRAD: p.kind = kernels::OptimizerKind::kAdagrad; break;
+    case OptimizerConfig::ADAM: p.kind = kernels::OptimizerKind::kAdam; break;
+    case OptimizerConfig::FTRL: p.kind = kernels::OptimizerKind::kFtrl; break;
+  }
+  p.learning_rate = c.learning_rate();
+  p.momentum = c.momentum();
+  p.nesterov = c.nesterov();
+  p.beta1 = c.beta1();
+  p.beta2 = c.beta2();
+  p.epsilon = c.epsilon();
+  p.initial_accumulator = c.initial_accumulator();
+  p.l1 = c.l1();
+  p.l2 = c.l2();
+  p.ftrl_beta = c.ftrl_beta();
+  p.weight_decay = c.weight_decay();
+  p.clip_value = c.clip_value();
+  p.clip_norm = c.clip_norm();
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
+                                                     const ShardOptions& options) {
+  ASSIGN_OR_RETURN(common::Partitioner partitioner, common::Partitioner::Create(config));
+  if (options.server_index >= partitioner.num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("server index ", options.server_index,
+                                                   " is out of range: the job has ",
+                                                   partitioner.num_servers(), " servers"));
+  }
+  for (const auto& table : partitioner.tables()) {
+    RETURN_IF_ERROR_CTX(kernels::ValidateOptimizerParams(
+                            ToOptimizerParams(table.config->optimizer())),
+                        absl::StrCat("table '", table.name, "' optimizer"));
+  }
+  return std::unique_ptr<Shard>(
+      new Shard(config, options, std::move(partitioner), TrackerOptions(config)));
+}
+
+Shard::Shard(const JobConfig& config, const ShardOptions& options,
+             common::Partitioner partitioner, const WorkerTrackerOptions& tracker_options)
+    : config_(config),
+      options_(options),
+      partitioner_(std::move(partitioner)),
+      start_time_(absl::Now()),
+      workers_(tracker_options, options.now) {
+  for (const auto& info : partitioner_.tables()) {
+    const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
+    std::unique_ptr<TablePart> part;
+    if (info.kind == TABLE_KIND_DENSE) {
+      part = std::make_unique<DenseTablePart>(info, opt, partitioner_, options_.server_index);
+    } else {
+      part = std::make_unique<SparseTablePart>(info, opt);
+    }
+    by_name_[info.name] = part.get();
+    tables_.push_back(std::move(part));
+  }
+}
+
+// ---- Checks -----------------------------------------------------------------------------
+
+void Shard::CountRejection(absl::string_view reason) {
+  absl::MutexLock lock(&stats_mu_);
+  ++rejected_[reason];
+}
+
+absl::Status Shard::CheckLayout(const RequestInfo& info) {
+  if (info.layout_fingerprint == partitioner_.layout_fingerprint()) return absl::OkStatus();
+  CountRejection("layout_mismatch");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "layout mismatch: request partitioned with layout ", absl::Hex(info.layout_fingerprint),
+      ", server ", options_.server_index, " has ", absl::Hex(partitioner_.layout_fingerprint()),
+      " (different servers, tables or partitioning in the config)"));
+}
+
+absl::StatusOr<TablePart*> Shard::FindTable(absl::string_view name) {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    CountRejection("unknown_table");
+    return absl::NotFoundError(
+        absl::StrCat("table '", name, "' is not known to server ", options_.server_index));
+  }
+  return it->second;
+}
+
+absl::StatusOr<DenseTablePart*> Shard::FindDenseTable(absl::string_view name) {
+  ASSIGN_OR_RETURN(TablePart * t, FindTable(name));
+  if (t->info().kind != TABLE_KIND_DENSE) {
+    CountRejection("wrong_kind");
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name, "' is sparse: address it by keys, not blocks"));
+  }
+  return static_cast<DenseTablePart*>(t);
+}
+
+absl::StatusOr<SparseTablePart*> Shard::FindSparseTable(absl::string_view name) {
+  ASSIGN_OR_RETURN(TablePart * t, FindTable(name));
+  if (t->info().kind != TABLE_KIND_SPARSE) {
+    CountRejection("wrong_kind");
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name, "' is dense: address it by blocks, not keys"));
+  }
+  return static_cast<SparseTablePart*>(t);
+}
+
+absl::Status Shard::CheckBlock(const DenseTablePart& table, uint32_t block, int64_t num_values) {
+  if (block >= table.info().num_blocks) {
+    CountRejection("bad_block");
+    return absl::InvalidArgumentError(absl::StrCat("table '", table.name(), "' block ", block,
+                                                   ": out of range (the table has ",
+                                                   table.info().num_blocks, " blocks)"));
+  }
+  if (!table.Owns(block)) {
+    CountRejection("wrong_server");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", table.name(), "' block ", block, " belongs to server ",
+        partitioner_.ServerForBlock(table.info(), block), ", not server ",
+        options_.server_index));
+  }
+  if (num_values >= 0 && static_cast<size_t>(num_values) != table.BlockSize(block)) {
+    CountRejection("bad_size");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", table.name(), "' block ", block, ": expected ", table.BlockSize(block),
+        " values, got ", num_values));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckKeys(const SparseTablePart& table, absl::Span<const uint64_t> keys,
+                              int64_t num_values) {
+  for (uint64_t key : keys) {
+    const uint32_t owner = partitioner_.ServerForKey(key);
+    if (owner != options_.server_index) {
+      CountRejection("wrong_server");
+      return absl::FailedPreconditionError(absl::StrCat("table '", table.name(), "' key ", key,
+                                                        " belongs to server ", owner,
+                                                        ", not server ", options_.server_index));
+    }
+  }
+  if (num_values >= 0 && static_cast<uint64_t>(num_values) != keys.size() * table.info().dim) {
+    CountRejection("bad_size");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", table.name(), "': ", keys.size(), " keys of dim ", table.info().dim,
+        " need ", keys.size() * table.info().dim, " values, got ", num_values));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckFinite(const TablePart& table, absl::string_view part,
+                                absl::Span<const float> values) {
+  const size_t bad = common::CountNonFinite(values);
+  if (bad == 0) return absl::OkStatus();
+  size_t first = 0;
+  while (first < values.size() && std::isfinite(values[first])) ++first;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    nonfinite_values_ += bad;
+  }
+  if (!options_.reject_nonfinite) return absl::OkStatus();
+  CountRejection("nonfinite");
+  return absl::InvalidArgumentError(absl::StrCat("table '", table.name(), "' ", part, ": ",
+                                                 bad, " non-finite gradient values (first at ",
+                                                 "index ", first, ", value ", values[first],
+                                                 ")"));
+}
+
+// ---- Pulls and pushes -------------------------------------------------------------------
+
+absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
+  if (info.worker_id < 0) return absl::OkStatus();
+  RETURN_IF_ERROR(workers_.Touch(info.worker_id, info.worker_incarnation));
+  return workers_.WaitForBound(info.worker_id, info.clock, deadline);
+}
+
+void Shard::CountPull(uint64_t bytes_out) {
+  absl::MutexLock lock(&stats_mu_);
+  ++pulls_;
+  bytes_out_ += bytes_out;
+}
+
+absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
+                                            absl::Span<const PendingUpdate> updates,
+                                            const UpdateOptions& options, uint64_t bytes_in) {
+  const bool tracked = info.worker_id >= 0;
+  {
+    // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
+    // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
+    // parameters always agree in a checkpoint.
+    absl::ReaderMutexLock lock(&apply_mu_);
+    if (tracked) {
+      ASSIGN_OR_RETURN(WorkerTracker::Admission admission,
+                       workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence));
+      if (admission == WorkerTracker::Admission::kDuplicate) {
+        absl::MutexLock stats(&stats_mu_);
+        ++duplicates_;
+        return PushResult{true, updates_applied_};
+      }
+    }
+    for (const PendingUpdate& u : updates) {
+      if (u.table->info().kind == TABLE_KIND_DENSE) {
+        static_cast<DenseTablePart*>(u.table)->Apply(u.block, u.values, options);
+      } else {
+        static_cast<SparseTablePart*>(u.table)->Apply(u.keys, u.values, options);
+      }
+    }
+    if (tracked) workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock);
+    absl::MutexLock stats(&stats_mu_);
+    ++pushes_;
+    ++updates_applied_;
+    bytes_in_ += bytes_in;
+    return PushResult{false, updates_applied_};
+  }
+}
+
+uint64_t Shard::updates_applied() const {
+  absl::MutexLock lock(&stats_mu_);
+  return updates_applied_;
+}
+
+// ---- Snapshots --------------------------------------------------------------------------
+
+absl::StatusOr<CheckpointMeta> Shard::Snapshot(const SnapshotSink& sink, size_t record_bytes) {
+  absl::MutexLock one_at_a_time(&snapshot_mu_);
+  CheckpointMeta meta;
+  {
+    // The cut: no push is half-applied while this is held.
+    absl::WriterMutexLock lock(&apply_mu_);
+    const uint64_t epoch = ++snapshot_epoch_;
+    for (auto& t : tables_) t->BeginSnapshot(epoch);
+    meta.set_server_index(options_.server_index);
+    meta.set_num_servers(partitioner_.num_servers());
+    meta.set_layout_fingerprint(partitioner_.layout_fingerprint());
+    meta.set_server_incarnation(options_.incarnation);
+    meta.set_updates_applied(updates_applied());
+    meta.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+    for (auto& w : workers_.Save()) *meta.add_workers() = std::move(w);
+    for (auto& t : tables_) {
+      TableCheckpoint* tc = meta.add_tables();
+      tc->set_name(t->name());
+      tc->set_optimizer_kind(static_cast<int>(t->optimizer().kind));
+      tc->set_num_slots(t->num_slots());
+      tc->set_updates_applied(t->updates_applied());
+    }
+  }
+  absl::Status status;
+  for (size_t i = 0; i < tables_.size() && status.ok(); ++i) {
+    TablePart* t = tables_[i].get();
+    uint64_t records = 0;
+    status = t->WriteSnapshot(
+        [&](absl::string_view part, absl::string_view value) {
+          ++records;
+          return sink(RecordKey(t->name(), part), value);
+        },
+        record_bytes);
+    meta.mutable_tables(i)->set_rows(t->NumRows());
+  }
+  for (auto& t : tables_) t->EndSnapshot();
+  RETURN_IF_ERROR(status);
+  return meta;
+}
+
+absl::Status Shard::BeginRestore(const CheckpointMeta& meta) {
+  if (meta.layout_fingerprint() != partitioner_.layout_fingerprint() ||
+      meta.num_servers() != partitioner_.num_servers()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint was written with layout ", absl::Hex(meta.layout_fingerprint()), " (",
+        meta.num_servers(), " servers); this server has layout ",
+        absl::Hex(partitioner_.layout_fingerprint()), " (", partitioner_.num_servers(),
+        " servers): tables or partitioning changed"));
+  }
+  if (meta.server_index() != options_.server_index) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint belongs to server ",
+                                                      meta.server_index(), ", not server ",
+                                                      options_.server_index));
+  }
+  for (const auto& tc : meta.tables()) {
+    auto it = by_name_.find(tc.name());
+    if (it == by_name_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has table '", tc.name(), "', the config does not"));
+    }
+    if (tc.num_slots() != it->second->num_slots() ||
+        tc.optimizer_kind() != static_cast<int>(it->second->optimizer().kind)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", tc.name(), "': the checkpoint holds optimizer kind ", tc.optimizer_kind(),
+          " with ", tc.num_slots(), " slots; the config asks for kind ",
+          static_cast<int>(it->second->optimizer().kind), " with ",
+          it->second->num_slots()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::RestoreRecord(absl::string_view key, absl::string_view value) {
+  const size_t sep = key.find('\0');
+  if (sep == absl::string_view::npos) {
+    return absl::DataLossError("checkpoint record key has no table name");
+  }
+  auto it = by_name_.find(key.substr(0, sep));
+  if (it == by_name_.end()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint record for unknown table '", key.substr(0, sep), "'"));
+  }
+  return it->second->RestoreRecord(key.substr(sep + 1), value);
+}
+
+void Shard::EndRestore(const CheckpointMeta& meta) {
+  workers_.Restore({meta.workers().begin(), meta.workers().end()});
+  absl::MutexLock lock(&stats_mu_);
+  updates_applied_ = meta.updates_applied();
+}
+
+// ---- Stats ------------------------------------------------------------------------------
+
+void Shard::FillStats(StatsResponse* out) {
+  out->set_server_index(options_.server_index);
+  out->set_server_incarnation(options_.incarnation);
+  for (const auto& t : tables_) {
+    TableStats* ts = out->add_tables();
+    ts->set_name(t->name());
+    ts->set_kind(t->info().kind);
+    ts->set_rows(t->NumRows());
+    ts->set_rows_in_memory(ts->rows());
+    ts->set_bytes(t->NumBytes());
+    ts->set_updates_applied(t->updates_applied());
+  }
+  std::vector<WorkerClock> clocks;
+  workers_.FillStats(&clocks);
+  for (auto& c : clocks) *out->add_worker_clocks() = std::move(c);
+  out->set_max_staleness_seen(workers_.max_staleness_seen());
+  out->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  absl::MutexLock lock(&stats_mu_);
+  out->set_pulls(pulls_);
+  out->set_pushes(pushes_);
+  out->set_updates_applied(updates_applied_);
+  out->set_duplicate_pushes(duplicates_);
+  out->set_bytes_in(bytes_in_);
+  out->set_bytes_out(bytes_out_);
+  for (const auto& [reason, n] : rejected_) (*out->mutable_rejected())[reason] = n;
+  if (nonfinite_values_ > 0) (*out->mutable_rejected())["nonfinite_values"] = nonfinite_values_;
+}
+
+void Shard::FillServerInfo(ServerInfoResponse* out) const {
+  out->set_server_index(options_.server_index);
+  out->set_num_servers(partitioner_.num_servers());
+  out->set_layout_fingerprint(partitioner_.layout_fingerprint());
+  out->set_server_incarnation(options_.incarnation);
+  out->set_version(kVersion);
+  for (const auto& t : config_.tables()) *out->add_tables() = t;
+  out->set_asynchronous(!config_.training().has_staleness());
+  out->set_staleness(config_.training().staleness());
+}
+
+}  // namespace ps::server

@@ -1,0 +1,836 @@
+// On-disk layout (format 1). Two column families:
+//
+//   "default" (meta):   "F"                 -> kFormat, written once when the store is created
+//                       "N"                 -> fixed64 next checkpoint id (high-water mark)
+//                       "C" + be64(id)      -> commit record of complete checkpoint `id`
+//   "records":          be64(id) + user key -> fixed32 crc + value
+//
+// All fixed-width integers in values are little-endian; ids in keys are big-endian so that they
+// sort numerically and a checkpoint's records are one contiguous key range.
+//
+// crc = CRC-32C over the stored key (be64(id) + user key) followed by the value. Including the id
+// means a record that ends up under another checkpoint's prefix fails its check as well.
+//
+// Commit record: fixed32 version (1) | fixed64 id | fixed64 num_records | fixed64 bytes |
+//   fixed64 hash | fixed64 unix_micros | fixed32 metadata size | metadata | fixed32 CRC-32C of
+//   everything before it.
+// hash = sum mod 2^64 over records of Mix64(crc32c(stored key) << 32 | crc). A sum does not
+// depend on the order of Put() calls (the shard streams hash tables in their own order) while the
+// reader recomputes it in key order; a missing, extra or duplicated record changes it.
+//
+// Durability protocol (wal_for_records == false):
+//   1. Records are written with the WAL off, so they live in memtables and in SST files of
+//      automatic flushes. A crash loses the memtable part, which belongs to an invisible
+//      checkpoint anyway.
+//   2. Commit() flushes the records column family and waits: the flush writes and fsyncs SST
+//      files and the MANIFEST, so every record is durable before step 3 starts.
+//   3. The commit record is written to the WAL with sync. It is the single point at which the
+//      checkpoint becomes visible.
+// With wal_for_records == true every record goes through the WAL and step 2 is skipped: the
+// synced commit record is later in the same log, and syncing the log syncs all of it.
+//
+// Ids: BeginCheckpoint() persists next id (N) before handing out an id, and Open() takes the
+// maximum of N, the newest commit and the newest stored record, so an id is never reused even if
+// a record of it survived a crash. Records whose id has no commit record are "incomplete" and
+// are deleted by Open() and BeginCheckpoint(), when no writer is open.
+//
+// Deletion (retention, incomplete checkpoints): the commit record goes first (synced), then the
+// records: DeleteRange for correctness, DeleteFilesInRange to drop whole SST files at once, and a
+// CompactRange over the range to reclaim what the first two left (L0 files, partly covered
+// files). An SstPartitioner cuts compaction output at checkpoint-id boundaries and every commit
+// flushes, so most files hold one checkpoint and are dropped without being rewritten.
+//
+// Reads take one iterator per column family with DB::NewIterators, which share one consistent
+// view and pin the files of that view, so a concurrent retention pass (including
+// DeleteFilesInRange) can make a read miss a checkpoint entirely, never half of it.
+#include "server/storage/checkpoint_store.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "rocksdb/convenience.h"
+#include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/iterator.h"
+#include "rocksdb/options.h"
+#include "rocksdb/slice.h"
+#include "rocksdb/sst_partitioner.h"
+#include "rocksdb/table.h"
+#include "rocksdb/write_batch.h"
+#include "server/storage/crc32c.h"
+#include "server/storage/rocksdb_status.h"
+
+namespace ps::server::storage {
+
+struct CheckpointStore::Expected {
+  uint64_t num_records = 0;
+  uint64_t bytes = 0;
+  uint64_t hash = 0;
+};
+
+namespace {
+
+constexpr char kFormat[] = "ps.server.storage.CheckpointStore format 1";
+constexpr char kFormatKey[] = "F";
+constexpr char kNextIdKey[] = "N";
+constexpr char kCommitTag = 'C';
+constexpr char kRecordsCf[] = "records";
+constexpr uint32_t kCommitVersion = 1;
+constexpr size_t kIdBytes = 8;
+constexpr size_t kCrcBytes = 4;
+constexpr size_t kMaxKeyBytes = size_t{64} << 10;
+constexpr size_t kMaxValueBytes = size_t{1} << 30;
+constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
+constexpr size_t kMaxKeyInMessage = 64;
+
+// ---- Fixed-width coding (leveldb util/coding.h style). ----
+
+void PutFixed32(std::string* dst, uint32_t v) {
+  for (int i = 0; i < 4; ++i) dst->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutFixed64(std::string* dst, uint64_t v) {
+  for (int i = 0; i < 8; ++i) dst->push_back(static_cast<char>(v >> (8 * i)));
+}
+void EncodeFixed32(char* dst, uint32_t v) {
+  for (int i = 0; i < 4; ++i) dst[i] = static_cast<char>(v >> (8 * i));
+}
+uint32_t DecodeFixed32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+uint64_t DecodeFixed64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+void PutBigEndian64(std::string* dst, uint64_t v) {
+  for (int i = 7; i >= 0; --i) dst->push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t DecodeBigEndian64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+// Reads a fixed-width field from the front of `*in`; false if too short.
+bool GetFixed32(absl::string_view* in, uint32_t* v) {
+  if (in->size() < 4) return false;
+  *v = DecodeFixed32(in->data());
+  in->remove_prefix(4);
+  return true;
+}
+bool GetFixed64(absl::string_view* in, uint64_t* v) {
+  if (in->size() < 8) return false;
+  *v = DecodeFixed64(in->data());
+  in->remove_prefix(8);
+  return true;
+}
+
+// ---- Keys. ----
+
+std::string RecordPrefix(uint64_t id) {
+  std::string key;
+  PutBigEndian64(&key, id);
+  return key;
+}
+
+std::string CommitKey(uint64_t id) {
+  std::string key(1, kCommitTag);
+  PutBigEndian64(&key, id);
+  return key;
+}
+
+bool IsCommitKey(absl::string_view key) {
+  return key.size() == 1 + kIdBytes && key[0] == kCommitTag;
+}
+
+rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+absl::string_view ToView(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
+
+// For error messages: keys are binary (table ids, uint64 row keys).
+std::string PrintableKey(absl::string_view key) {
+  std::string out = absl::StrCat("\"", absl::CHexEscape(key.substr(0, kMaxKeyInMessage)), "\"");
+  if (key.size() > kMaxKeyInMessage) absl::StrAppend(&out, "... (", key.size(), " bytes)");
+  return out;
+}
+
+// splitmix64's finalizer: a bijection that spreads every input bit over the output.
+uint64_t Mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+uint64_t Fingerprint(uint32_t key_crc, uint32_t record_crc) {
+  return Mix64((uint64_t{key_crc} << 32) | record_crc);
+}
+
+// ---- Commit record. ----
+
+struct CommitRecord {
+  CheckpointInfo info;
+  uint64_t hash = 0;
+};
+
+std::string EncodeCommitRecord(const CommitRecord& record) {
+  std::string out;
+  PutFixed32(&out, kCommitVersion);
+  PutFixed64(&out, record.info.id);
+  PutFixed64(&out, record.info.num_records);
+  PutFixed64(&out, record.info.bytes);
+  PutFixed64(&out, record.hash);
+  PutFixed64(&out, static_cast<uint64_t>(record.info.unix_micros));
+  PutFixed32(&out, static_cast<uint32_t>(record.info.metadata.size()));
+  out.append(record.info.metadata);
+  PutFixed32(&out, crc32c::Value(out));
+  return out;
+}
+
+absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view value) {
+  auto corrupt = [id](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", id, ": commit record is corrupt: ", why));
+  };
+  if (value.size() < kCrcBytes) return corrupt("too short");
+  absl::string_view body = value.substr(0, value.size() - kCrcBytes);
+  if (crc32c::Value(body) != DecodeFixed32(value.data() + body.size())) {
+    return corrupt("checksum mismatch");
+  }
+  CommitRecord record;
+  uint32_t version = 0, metadata_size = 0;
+  uint64_t micros = 0;
+  if (!GetFixed32(&body, &version)) return corrupt("truncated");
+  if (version != kCommitVersion) return corrupt(absl::StrCat("unknown version ", version));
+  if (!GetFixed64(&body, &record.info.id) || !GetFixed64(&body, &record.info.num_records) ||
+      !GetFixed64(&body, &record.info.bytes) || !GetFixed64(&body, &record.hash) ||
+      !GetFixed64(&body, &micros) || !GetFixed32(&body, &metadata_size)) {
+    return corrupt("truncated");
+  }
+  if (body.size() != metadata_size) return corrupt("metadata size mismatch");
+  if (record.info.id != id) return corrupt(absl::StrCat("holds id ", record.info.id));
+  record.info.unix_micros = static_cast<int64_t>(micros);
+  record.info.metadata = std::string(body);
+  return record;
+}
+
+// ---- RocksDB options. ----
+
+rocksdb::DBOptions MakeDbOptions(rocksdb::Env* env) {
+  rocksdb::DBOptions options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.paranoid_checks = true;  // The default; refuse to open on corrupt or truncated files.
+  options.env = env;
+  // One flush and one compaction in parallel: the shard shares its cores with training traffic.
+  options.max_background_jobs = 2;
+  // Spread the page-cache writeback instead of stalling on one big fsync at flush end.
+  options.bytes_per_sync = 1 << 20;
+  options.wal_bytes_per_sync = 1 << 20;
+  options.keep_log_file_num = 4;  // Info LOG files.
+  return options;
+}
+
+rocksdb::ColumnFamilyOptions MakeMetaCfOptions() {
+  rocksdb::ColumnFamilyOptions options;
+  options.write_buffer_size = 4 << 20;  // A few small keys.
+  return options;
+}
+
+rocksdb::ColumnFamilyOptions MakeRecordsCfOptions() {
+  rocksdb::ColumnFamilyOptions options;
+  // Checkpoints are float parameters and optimizer slots, which block compressors barely
+  // shrink; compressing them costs CPU on both paths for nothing.
+  options.compression = rocksdb::kNoCompression;
+  options.bottommost_compression = rocksdb::kNoCompression;
+  options.write_buffer_size = 64 << 20;
+  options.max_write_buffer_number = 4;  // Keep accepting writes while one memtable flushes.
+  options.target_file_size_base = 64 << 20;
+  // Compaction output never straddles two checkpoints, so deleting one drops whole files.
+  options.sst_partitioner_factory = rocksdb::NewSstPartitionerFixedPrefixFactory(kIdBytes);
+  rocksdb::BlockBasedTableOptions table;
+  table.block_size = 64 << 10;  // Reads are long scans; fewer index entries for small rows.
+  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  return options;
+}
+
+rocksdb::ReadOptions ScanReadOptions() {
+  rocksdb::ReadOptions options;
+  options.verify_checksums = true;  // RocksDB's block checksums, in addition to ours.
+  options.fill_cache = false;       // A full scan would only evict useful blocks.
+  options.readahead_size = 4 << 20;
+  return options;
+}
+
+// Creates `path` and its missing parents through `env`, so errors come back as rocksdb::Status.
+rocksdb::Status CreateDirs(rocksdb::Env* env, const std::string& path) {
+  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
+    rocksdb::Status s = env->CreateDirIfMissing(path.substr(0, pos));
+    if (!s.ok()) return s;
+  }
+  return env->CreateDirIfMissing(path);
+}
+
+}  // namespace
+
+// ============================== CheckpointWriter ==============================
+
+CheckpointWriter::CheckpointWriter(CheckpointStore* store, uint64_t id)
+    : store_(store), id_(id), batch_(std::make_unique<rocksdb::WriteBatch>()) {}
+
+CheckpointWriter::~CheckpointWriter() { Abort(); }
+
+absl::Status CheckpointWriter::Put(absl::string_view key, absl::string_view value) {
+  if (state_ != State::kOpen) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", id_, ": Put after Commit or Abort"));
+  }
+  if (key.size() > kMaxKeyBytes || value.size() > kMaxValueBytes) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "key ", PrintableKey(key), " (", key.size(), " bytes) or its value (", value.size(),
+        " bytes) is too large; limits are ", kMaxKeyBytes, " and ", kMaxValueBytes)));
+  }
+  std::string stored_key = RecordPrefix(id_);
+  stored_key.append(key.data(), key.size());
+  const uint32_t key_crc = crc32c::Value(stored_key);
+  const uint32_t crc = crc32c::Extend(key_crc, value);
+  char crc_bytes[kCrcBytes];
+  EncodeFixed32(crc_bytes, crc);
+
+  // SliceParts: the value goes into the batch once, without first building crc + value.
+  const rocksdb::Slice key_slice(stored_key);
+  const rocksdb::Slice value_parts[2] = {rocksdb::Slice(crc_bytes, kCrcBytes), ToSlice(value)};
+  rocksdb::Status s = batch_->Put(store_->records_cf_.get(), rocksdb::SliceParts(&key_slice, 1),
+                                  rocksdb::SliceParts(value_parts, 2));
+  if (!s.ok()) return Fail(FromRocksDbStatus(s, "add record to batch"));
+  ++num_records_;
+  bytes_ += key.size() + value.size();
+  hash_ += Fingerprint(key_crc, crc);
+  if (batch_->GetDataSize() >= store_->options_.write_batch_bytes) {
+    RETURN_IF_ERROR(WriteBatchToDb());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::WriteBatchToDb() {
+  if (batch_->Count() == 0) return absl::OkStatus();
+  absl::Status status = store_->WriteRecords(batch_.get());
+  batch_->Clear();
+  if (!status.ok()) return Fail(status);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointInfo> CheckpointWriter::Commit(absl::string_view metadata) {
+  if (state_ != State::kOpen) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", id_, ": Commit after Commit or Abort"));
+  }
+  if (metadata.size() > kMaxMetadataBytes) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "metadata of ", metadata.size(), " bytes exceeds the limit of ", kMaxMetadataBytes)));
+  }
+  RETURN_IF_ERROR(WriteBatchToDb());
+  CheckpointStore::Expected expected;
+  expected.num_records = num_records_;
+  expected.bytes = bytes_;
+  expected.hash = hash_;
+  absl::StatusOr<CheckpointInfo> info = store_->CommitCheckpoint(id_, expected, metadata);
+  if (!info.ok()) return Fail(info.status());
+  state_ = State::kCommitted;
+  store_->ReleaseWriter(id_, /*delete_records=*/false);
+  return info;
+}
+
+void CheckpointWriter::Abort() {
+  if (state_ != State::kOpen) return;
+  state_ = State::kAborted;
+  batch_->Clear();
+  store_->ReleaseWriter(id_, /*delete_records=*/true);
+}
+
+void CheckpointWriter::AbandonForTest() {
+  if (state_ != State::kOpen) return;
+  absl::Status status = WriteBatchToDb();
+  if (!status.ok()) return;  // Fail() already aborted the writer.
+  state_ = State::kAborted;
+  store_->ReleaseWriter(id_, /*delete_records=*/false);
+}
+
+absl::Status CheckpointWriter::Fail(absl::Status status) {
+  Abort();
+  return store_->Error(common::Annotate(status, absl::StrCat("checkpoint ", id_)));
+}
+
+// ============================== CheckpointStore ==============================
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
+    const CheckpointStoreOptions& options) {
+  return OpenImpl(options, rocksdb::Env::Default());
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenWithEnvForTest(
+    const CheckpointStoreOptions& options, rocksdb::Env* env) {
+  return OpenImpl(options, env);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
+    const CheckpointStoreOptions& options, rocksdb::Env* env) {
+  if (options.path.empty()) return absl::InvalidArgumentError("checkpoint store: empty path");
+  if (options.keep < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint store ", options.path, ": keep must be >= 1"));
+  }
+  if (options.write_batch_bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint store ", options.path, ": write_batch_bytes must be > 0"));
+  }
+  const std::string context = absl::StrCat("checkpoint store ", options.path);
+  RETURN_IF_ERROR(FromRocksDbStatus(CreateDirs(env, options.path), context));
+
+  const rocksdb::DBOptions db_options = MakeDbOptions(env);
+  const bool existed = env->FileExists(options.path + "/CURRENT").ok();
+  if (existed) {
+    std::vector<std::string> names;
+    RETURN_IF_ERROR(FromRocksDbStatus(
+        rocksdb::DB::ListColumnFamilies(db_options, options.path, &names), context));
+    for (const std::string& name : names) {
+      if (name != rocksdb::kDefaultColumnFamilyName && name != kRecordsCf) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            context, ": holds a RocksDB database that is not a checkpoint store (column families ",
+            absl::StrJoin(names, ", "), ")"));
+      }
+    }
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
+      {rocksdb::kDefaultColumnFamilyName, MakeMetaCfOptions()},
+      {kRecordsCf, MakeRecordsCfOptions()}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw_db = nullptr;
+  RETURN_IF_ERROR(FromRocksDbStatus(
+      rocksdb::DB::Open(db_options, options.path, descriptors, &handles, &raw_db), context));
+
+  std::unique_ptr<CheckpointStore> store(new CheckpointStore(
+      options, std::unique_ptr<rocksdb::DB>(raw_db),
+      std::unique_ptr<rocksdb::ColumnFamilyHandle>(handles[0]),
+      std::unique_ptr<rocksdb::ColumnFamilyHandle>(handles[1])));
+  RETURN_IF_ERROR(store->CheckOrWriteFormat(!existed));
+  RETURN_IF_ERROR(store->Recover());
+  return store;
+}
+
+CheckpointStore::CheckpointStore(const CheckpointStoreOptions& options,
+                                 std::unique_ptr<rocksdb::DB> db,
+                                 std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf,
+                                 std::unique_ptr<rocksdb::ColumnFamilyHandle> records_cf)
+    : options_(options),
+      db_(std::move(db)),
+      meta_cf_(std::move(meta_cf)),
+      records_cf_(std::move(records_cf)) {}
+
+CheckpointStore::~CheckpointStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    DCHECK(!writer_open_) << "CheckpointStore destroyed before its CheckpointWriter";
+  }
+  meta_cf_.reset();
+  records_cf_.reset();
+  // Close() flushes memtables that hold WAL-less records and reports errors, which the
+  // destructor of rocksdb::DB would swallow.
+  rocksdb::Status s = db_->Close();
+  if (!s.ok()) LOG(WARNING) << "checkpoint store " << options_.path << ": close: " << s.ToString();
+}
+
+absl::Status CheckpointStore::Error(const absl::Status& status) const {
+  if (absl::StartsWith(status.message(), "checkpoint store ")) return status;
+  return common::Annotate(status, absl::StrCat("checkpoint store ", options_.path));
+}
+
+absl::Status CheckpointStore::CheckOrWriteFormat(bool created) {
+  std::string format;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), kFormatKey, &format);
+  if (s.ok()) {
+    if (format == kFormat) return absl::OkStatus();
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "holds format \"", absl::CHexEscape(format), "\"; this build reads \"", kFormat, "\"")));
+  }
+  if (!s.IsNotFound()) return Error(FromRocksDbStatus(s, "read format record"));
+  if (!created) {
+    // An existing database without a format record is someone else's, unless it is empty (a
+    // crash between RocksDB creating the directory and us writing the record).
+    for (rocksdb::ColumnFamilyHandle* cf : {meta_cf_.get(), records_cf_.get()}) {
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf));
+      it->SeekToFirst();
+      if (it->Valid()) {
+        return Error(absl::FailedPreconditionError(
+            "holds a RocksDB database that is not a checkpoint store (no format record)"));
+      }
+      RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "scan for format record")));
+    }
+  }
+  rocksdb::WriteOptions write_options;
+  write_options.sync = true;
+  return Error(FromRocksDbStatus(db_->Put(write_options, meta_cf_.get(), kFormatKey, kFormat),
+                                 "write format record"));
+}
+
+absl::Status CheckpointStore::Recover() {
+  uint64_t next_id = 1;
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), kNextIdKey, &value);
+  if (s.ok()) {
+    if (value.size() != 8) return Error(absl::DataLossError("next-id record is corrupt"));
+    next_id = std::max(next_id, DecodeFixed64(value.data()));
+  } else if (!s.IsNotFound()) {
+    return Error(FromRocksDbStatus(s, "read next id"));
+  }
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> complete, List());
+  if (!complete.empty()) next_id = std::max(next_id, complete.back().id + 1);
+  ASSIGN_OR_RETURN(uint64_t max_record_id, MaxRecordId());
+  next_id = std::max(next_id, max_record_id + 1);
+  {
+    absl::MutexLock lock(&mu_);
+    next_id_ = next_id;
+    RETURN_IF_ERROR(DeleteIncomplete(next_id));
+  }
+  return ApplyRetention();
+}
+
+absl::StatusOr<uint64_t> CheckpointStore::MaxRecordId() {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_cf_.get()));
+  it->SeekToLast();
+  if (!it->Valid()) {
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "find newest record")));
+    return 0;
+  }
+  if (it->key().size() < kIdBytes) {
+    return Error(absl::DataLossError(
+        absl::StrCat("record key ", PrintableKey(ToView(it->key())), " is too short")));
+  }
+  return DecodeBigEndian64(it->key().data());
+}
+
+absl::Status CheckpointStore::DeleteIncomplete(uint64_t below_id) {
+  // Walks the distinct ids present in the records column family, one Seek per id.
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> complete, List());
+  std::vector<uint64_t> incomplete;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(rocksdb::ReadOptions(), records_cf_.get()));
+    for (it->SeekToFirst(); it->Valid();) {
+      if (it->key().size() < kIdBytes) {
+        return Error(absl::DataLossError(
+            absl::StrCat("record key ", PrintableKey(ToView(it->key())), " is too short")));
+      }
+      const uint64_t id = DecodeBigEndian64(it->key().data());
+      if (id >= below_id) break;
+      const bool is_complete = std::any_of(complete.begin(), complete.end(),
+                                           [id](const CheckpointInfo& c) { return c.id == id; });
+      if (!is_complete) incomplete.push_back(id);
+      if (id == std::numeric_limits<uint64_t>::max()) break;
+      it->Seek(RecordPrefix(id + 1));
+    }
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "scan for incomplete checkpoints")));
+  }
+  for (uint64_t id : incomplete) {
+    LOG(INFO) << "checkpoint store " << options_.path << ": deleting incomplete checkpoint " << id;
+    RETURN_IF_ERROR(DeleteRecords(id, id + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::DeleteRecords(uint64_t first_id, uint64_t end_id) {
+  const std::string begin = RecordPrefix(first_id);
+  const std::string end = RecordPrefix(end_id);
+  const std::string context = absl::StrCat("delete records of checkpoints [", first_id, ", ",
+                                           end_id, ")");
+  // Not synced: if the range delete is lost, the records are incomplete again (their commit
+  // record is gone or never existed) and the next Open() deletes them.
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(
+      db_->DeleteRange(rocksdb::WriteOptions(), records_cf_.get(), begin, end), context)));
+  const rocksdb::Slice begin_slice(begin), end_slice(end);
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(
+      rocksdb::DeleteFilesInRange(db_.get(), records_cf_.get(), &begin_slice, &end_slice,
+                                  /*include_end=*/false),
+      context)));
+  rocksdb::CompactRangeOptions compact;
+  compact.exclusive_manual_compaction = false;
+  return Error(FromRocksDbStatus(
+      db_->CompactRange(compact, records_cf_.get(), &begin_slice, &end_slice), context));
+}
+
+absl::Status CheckpointStore::ApplyRetention() {
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> complete, List());
+  if (complete.size() <= options_.keep) return absl::OkStatus();
+  // Everything below the oldest kept id goes: the older complete checkpoints and any incomplete
+  // records among them. The newest complete checkpoint is at or above `oldest_kept`.
+  const uint64_t oldest_kept = complete[complete.size() - options_.keep].id;
+  rocksdb::WriteBatch batch;
+  for (const CheckpointInfo& info : complete) {
+    if (info.id >= oldest_kept) break;
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(batch.Delete(meta_cf_.get(), CommitKey(info.id)))));
+  }
+  // Synced before any record is deleted: a commit record must never outlive its records.
+  rocksdb::WriteOptions write_options;
+  write_options.sync = options_.sync;
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(db_->Write(write_options, &batch),
+                                          "delete old commit records")));
+  LOG(INFO) << "checkpoint store " << options_.path << ": deleted checkpoints below "
+            << oldest_kept;
+  return DeleteRecords(0, oldest_kept);
+}
+
+absl::Status CheckpointStore::PutNextId(uint64_t next_id) {
+  std::string value;
+  PutFixed64(&value, next_id);
+  rocksdb::WriteOptions write_options;
+  write_options.sync = options_.sync;
+  return Error(FromRocksDbStatus(db_->Put(write_options, meta_cf_.get(), kNextIdKey, value),
+                                 "record next checkpoint id"));
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint() {
+  absl::MutexLock lock(&mu_);
+  if (writer_open_) {
+    return Error(absl::FailedPreconditionError(
+        "another checkpoint is being written; commit or abort it first"));
+  }
+  // A disk-full or I/O error during an earlier flush leaves RocksDB refusing writes until it
+  // recovers. Resume() is a no-op on a healthy database and retries the recovery otherwise, so
+  // a checkpoint succeeds as soon as the cause is gone.
+  rocksdb::Status resumed = db_->Resume();
+  if (!resumed.ok()) {
+    return Error(FromRocksDbStatus(resumed, "recover from an earlier write error"));
+  }
+  RETURN_IF_ERROR(DeleteIncomplete(next_id_));
+  const uint64_t id = next_id_;
+  RETURN_IF_ERROR(PutNextId(id + 1));
+  next_id_ = id + 1;
+  writer_open_ = true;
+  return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(this, id));
+}
+
+absl::Status CheckpointStore::WriteRecords(rocksdb::WriteBatch* batch) {
+  rocksdb::WriteOptions write_options;
+  write_options.disableWAL = !options_.wal_for_records;
+  return FromRocksDbStatus(db_->Write(write_options, batch), "write records");
+}
+
+absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
+                                                                 const Expected& expected,
+                                                                 absl::string_view metadata) {
+  if (!options_.wal_for_records) {
+    rocksdb::FlushOptions flush;
+    flush.wait = true;
+    RETURN_IF_ERROR(FromRocksDbStatus(db_->Flush(flush, records_cf_.get()), "flush records"));
+  }
+  if (options_.verify_before_commit) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ScanReadOptions(), records_cf_.get()));
+    absl::Status status = ScanRecords(id, it.get(), expected, nullptr);
+    if (!status.ok()) return common::Annotate(status, "read back before commit");
+  }
+  CommitRecord record;
+  record.info.id = id;
+  record.info.metadata = std::string(metadata);
+  record.info.num_records = expected.num_records;
+  record.info.bytes = expected.bytes;
+  record.info.unix_micros = absl::ToUnixMicros(absl::Now());
+  record.hash = expected.hash;
+  rocksdb::WriteOptions write_options;
+  write_options.sync = options_.sync;
+  RETURN_IF_ERROR(FromRocksDbStatus(
+      db_->Put(write_options, meta_cf_.get(), CommitKey(id), EncodeCommitRecord(record)),
+      "write commit record"));
+
+  // The checkpoint is complete; failing to delete old ones must not make the caller believe it
+  // is not. The next commit (or Open) retries, since retention deletes everything beyond `keep`.
+  absl::Status retention = ApplyRetention();
+  if (!retention.ok()) {
+    LOG(WARNING) << "checkpoint " << id << " committed, but deleting old checkpoints failed: "
+                 << retention;
+  }
+  return record.info;
+}
+
+void CheckpointStore::ReleaseWriter(uint64_t id, bool delete_records) {
+  if (delete_records) {
+    absl::Status status = DeleteRecords(id, id + 1);
+    if (!status.ok()) {
+      // Dropped on purpose: the writer is going away and has no one to report to; the records
+      // are incomplete and the next BeginCheckpoint() or Open() deletes them.
+      LOG(WARNING) << "abort checkpoint " << id << ": " << status;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  writer_open_ = false;
+}
+
+absl::Status CheckpointStore::ScanRecords(
+    uint64_t id, rocksdb::Iterator* records, const Expected& expected,
+    const std::function<absl::Status(absl::string_view, absl::string_view)>* visit) {
+  const std::string prefix = RecordPrefix(id);
+  Expected actual;
+  std::string last_key;  // For messages about errors that are not tied to one record.
+  for (records->Seek(prefix); records->Valid(); records->Next()) {
+    const absl::string_view stored_key = ToView(records->key());
+    if (!absl::StartsWith(stored_key, prefix)) break;
+    const absl::string_view key = stored_key.substr(kIdBytes);
+    const absl::string_view stored_value = ToView(records->value());
+    if (stored_value.size() < kCrcBytes) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", id, ", key ", PrintableKey(key),
+                                              ": stored value too short for its checksum"));
+    }
+    const absl::string_view value = stored_value.substr(kCrcBytes);
+    const uint32_t key_crc = crc32c::Value(stored_key);
+    const uint32_t crc = crc32c::Extend(key_crc, value);
+    const uint32_t stored_crc = DecodeFixed32(stored_value.data());
+    if (crc != stored_crc) {
+      return absl::DataLossError(absl::StrFormat(
+          "checkpoint %d, key %s: checksum mismatch (stored %08x, computed %08x)", id,
+          PrintableKey(key), stored_crc, crc));
+    }
+    if (++actual.num_records > expected.num_records) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", id, ", key ", PrintableKey(key),
+                       ": extra record (the commit record counts ", expected.num_records, ")"));
+    }
+    actual.bytes += key.size() + value.size();
+    actual.hash += Fingerprint(key_crc, crc);
+    if (visit != nullptr) RETURN_IF_ERROR((*visit)(key, value));
+    last_key.assign(key.data(), key.size());
+  }
+  if (!records->status().ok()) {
+    return FromRocksDbStatus(records->status(),
+                             absl::StrCat("checkpoint ", id, ", after key ",
+                                          actual.num_records == 0 ? "(none)" : PrintableKey(last_key)));
+  }
+  if (actual.num_records != expected.num_records || actual.bytes != expected.bytes ||
+      actual.hash != expected.hash) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", id, ": records do not match the commit record (", actual.num_records,
+        " records / ", actual.bytes, " bytes found, ", expected.num_records, " / ", expected.bytes,
+        " expected", actual.hash != expected.hash ? ", hash differs" : "",
+        "): a record is missing or was replaced; last key read ",
+        actual.num_records == 0 ? "(none)" : PrintableKey(last_key)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::ReadImpl(
+    uint64_t id, const std::function<absl::Status(absl::string_view, absl::string_view)>* visit) {
+  std::vector<rocksdb::Iterator*> raw;
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(
+      db_->NewIterators(ScanReadOptions(), {meta_cf_.get(), records_cf_.get()}, &raw),
+      absl::StrCat("read checkpoint ", id))));
+  std::unique_ptr<rocksdb::Iterator> meta(raw[0]), records(raw[1]);
+
+  const std::string commit_key = CommitKey(id);
+  meta->Seek(commit_key);
+  if (!meta->Valid() || ToView(meta->key()) != commit_key) {
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(meta->status(), absl::StrCat("read checkpoint ", id))));
+    return Error(absl::NotFoundError(absl::StrCat("no complete checkpoint ", id)));
+  }
+  ASSIGN_OR_RETURN(CommitRecord commit, DecodeCommitRecord(id, ToView(meta->value())));
+  Expected expected;
+  expected.num_records = commit.info.num_records;
+  expected.bytes = commit.info.bytes;
+  expected.hash = commit.hash;
+  absl::Status status = ScanRecords(id, records.get(), expected, visit);
+  // The visitor's own errors pass through unchanged.
+  return status;
+}
+
+absl::Status CheckpointStore::Read(
+    uint64_t id,
+    const std::function<absl::Status(absl::string_view key, absl::string_view value)>& visit) {
+  bool visitor_failed = false;
+  std::function<absl::Status(absl::string_view, absl::string_view)> wrapped =
+      [&](absl::string_view key, absl::string_view value) {
+        absl::Status status = visit(key, value);
+        visitor_failed = !status.ok();
+        return status;
+      };
+  absl::Status status = ReadImpl(id, &wrapped);
+  if (status.ok() || visitor_failed) return status;
+  return Error(status);
+}
+
+absl::Status CheckpointStore::Verify(uint64_t id) { return Error(ReadImpl(id, nullptr)); }
+
+absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
+  it->SeekForPrev(CommitKey(std::numeric_limits<uint64_t>::max()));
+  if (!it->Valid() || !IsCommitKey(ToView(it->key()))) {
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "find latest checkpoint")));
+    return std::optional<CheckpointInfo>();
+  }
+  const uint64_t id = DecodeBigEndian64(it->key().data() + 1);
+  absl::StatusOr<CommitRecord> record = DecodeCommitRecord(id, ToView(it->value()));
+  if (!record.ok()) return Error(record.status());
+  return std::optional<CheckpointInfo>(std::move(record->info));
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List() {
+  std::vector<CheckpointInfo> result;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
+  for (it->Seek(std::string(1, kCommitTag)); it->Valid() && IsCommitKey(ToView(it->key()));
+       it->Next()) {
+    const uint64_t id = DecodeBigEndian64(it->key().data() + 1);
+    absl::StatusOr<CommitRecord> record = DecodeCommitRecord(id, ToView(it->value()));
+    if (!record.ok()) return Error(record.status());
+    result.push_back(std::move(record->info));
+  }
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "list checkpoints")));
+  return result;
+}
+
+uint64_t CheckpointStore::ApproximateSizeBytes() {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* cf : {meta_cf_.get(), records_cf_.get()}) {
+    for (const char* property : {"rocksdb.live-sst-files-size", "rocksdb.size-all-mem-tables"}) {
+      uint64_t value = 0;
+      if (db_->GetIntProperty(cf, property, &value)) total += value;
+    }
+  }
+  return total;
+}
+
+absl::Status CheckpointStore::PutRawRecordForTest(uint64_t id, absl::string_view key,
+                                                  absl::string_view value,
+                                                  std::optional<uint32_t> checksum) {
+  std::string stored_key = RecordPrefix(id);
+  stored_key.append(key.data(), key.size());
+  std::string stored_value(kCrcBytes, '\0');
+  EncodeFixed32(stored_value.data(), checksum.value_or(crc32c::Extend(crc32c::Value(stored_key),
+                                                                      value)));
+  stored_value.append(value.data(), value.size());
+  return Error(FromRocksDbStatus(
+      db_->Put(rocksdb::WriteOptions(), records_cf_.get(), stored_key, stored_value)));
+}
+
+absl::Status CheckpointStore::DeleteRecordForTest(uint64_t id, absl::string_view key) {
+  std::string stored_key = RecordPrefix(id);
+  stored_key.append(key.data(), key.size());
+  return Error(
+      FromRocksDbStatus(db_->Delete(rocksdb::WriteOptions(), records_cf_.get(), stored_key)));
+}
+
+absl::StatusOr<uint64_t> CheckpointStore::CountRecordsForTest() {
+  uint64_t count = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_cf_.get()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) ++count;
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status())));
+  return count;
+}
+
+}  // namespace ps::server::storage

@@ -1,0 +1,280 @@
+// Durable checkpoints of one parameter-server shard, stored in RocksDB.
+//
+// The shard's in-memory tables are the working copy; this store only writes and reads whole
+// checkpoints. A checkpoint is a set of (key, value) records plus a metadata blob, identified by
+// an id that increases strictly, also across restarts:
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer, store->BeginCheckpoint());
+//   for (...) RETURN_IF_ERROR(writer->Put(key, value));       // any key order
+//   ASSIGN_OR_RETURN(CheckpointInfo info, writer->Commit(metadata));
+//
+//   ASSIGN_OR_RETURN(std::optional<CheckpointInfo> latest, store->Latest());
+//   RETURN_IF_ERROR(store->Verify(latest->id));               // refuse a corrupt one up front
+//   RETURN_IF_ERROR(store->Read(latest->id, load_record));
+//
+// Guarantees:
+// - A checkpoint exists only once its commit record is written (last, and fsynced when
+//   `sync`). A crash (SIGKILL, power loss) at any earlier moment leaves no visible checkpoint;
+//   its partial records are deleted by the next Open() or BeginCheckpoint().
+// - Every value carries a CRC-32C over its full stored key (8-byte big-endian checkpoint id,
+//   then the user key) followed by the value bytes, so a flipped bit in a key or a value is
+//   found per record. The commit record holds the record count, the byte count and an
+//   order-independent hash over all (key, checksum) pairs, so a lost or extra record is found
+//   too. RocksDB's own block checksums are verified on every read as well.
+// - Retention deletes only checkpoints older than the `keep` newest complete ones, and only
+//   after a new checkpoint has completed; the newest complete checkpoint is never touched.
+//
+// Error codes used throughout (rocksdb_status.h has the full RocksDB mapping):
+//   DATA_LOSS           stored bytes are corrupt (message names the checkpoint id and the key)
+//   RESOURCE_EXHAUSTED  disk full; a later checkpoint succeeds once space is freed
+//   PERMISSION_DENIED   the directory or a file in it may not be written
+//   UNAVAILABLE         other I/O errors (device error, path under a regular file, the store
+//                       is open in another process)
+//   FAILED_PRECONDITION the directory holds a RocksDB that is not a checkpoint store (or one of
+//                       another format version), or a call came in the wrong state
+// Messages name the store's path.
+#ifndef PS_SERVER_STORAGE_CHECKPOINT_STORE_H_
+#define PS_SERVER_STORAGE_CHECKPOINT_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+// Only server/storage/ includes RocksDB headers; users of this header see declarations only.
+namespace rocksdb {
+class ColumnFamilyHandle;
+class DB;
+class Env;
+class Iterator;
+class WriteBatch;
+}  // namespace rocksdb
+
+namespace ps::server::storage {
+
+struct CheckpointStoreOptions {
+  // RocksDB directory of this shard's store; created (with missing parents) if missing.
+  // REQUIRES: not empty; used by one process at a time (RocksDB's LOCK file enforces it).
+  std::string path;
+
+  // Number of complete checkpoints kept. Older ones are deleted after a new one completes, so
+  // the disk must hold keep + 1 checkpoints while one is being written. REQUIRES: >= 1.
+  uint32_t keep = 2;
+
+  // fsync the commit record (and the other small bookkeeping writes). With false, a power loss
+  // (not a process crash) may lose the newest commits; the store stays consistent either way.
+  bool sync = true;
+
+  // Records are buffered into a WriteBatch of about this many bytes before it is written to
+  // RocksDB. Bigger batches amortize the write path; memory use is about twice this.
+  size_t write_batch_bytes = 4 << 20;
+
+  // Commit() reads the checkpoint back (checksums, count, hash) before writing the commit
+  // record, so that a checkpoint that would fail Verify() never becomes visible and a key Put
+  // twice is reported to the writer instead of looking like corruption later. It reads data
+  // that was just written, mostly from the page cache; the cost is measured by
+  // checkpoint_bench.
+  bool verify_before_commit = true;
+
+  // Write the bulk records through RocksDB's write-ahead log. Default false: records skip the
+  // WAL and Commit() flushes them into fsynced SST files before writing the (WAL-logged, synced)
+  // commit record. That writes each byte once instead of twice and is as durable, because a
+  // crash before the commit record loses only records of an invisible checkpoint.
+  // checkpoint_bench measures both.
+  bool wal_for_records = false;
+};
+
+// Describes one complete checkpoint; read from its commit record.
+struct CheckpointInfo {
+  uint64_t id = 0;
+  std::string metadata;      // The blob given to Commit().
+  uint64_t num_records = 0;  // Records Put.
+  uint64_t bytes = 0;        // Sum of key and value sizes over all records.
+  int64_t unix_micros = 0;   // Wall time of the commit.
+};
+
+class CheckpointStore;
+
+// Streams the records of one checkpoint into the store. Obtained from
+// CheckpointStore::BeginCheckpoint(). Thread-compatible: callers synchronize.
+// State machine: OPEN -> COMMITTED (Commit() succeeded) or OPEN -> ABORTED (Abort(), the
+// destructor, or any failed Put()/Commit()). An aborted checkpoint's records are deleted.
+// REQUIRES: the store outlives the writer.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Aborts the checkpoint unless it was committed.
+  ~CheckpointWriter();
+
+  // The id of the checkpoint being written.
+  uint64_t id() const { return id_; }
+
+  // Adds one record. Records are buffered and written in batches, so an I/O error may surface
+  // on a later Put() or on Commit(). REQUIRES: each key is Put at most once per checkpoint.
+  // Errors: INVALID_ARGUMENT (value over 1 GiB or key over 64 KiB), FAILED_PRECONDITION (not
+  // OPEN), RESOURCE_EXHAUSTED / PERMISSION_DENIED / UNAVAILABLE from a batch write; any error
+  // aborts the checkpoint.
+  [[nodiscard]] absl::Status Put(absl::string_view key, absl::string_view value);
+
+  // Makes the checkpoint durable and visible: flushes the records, verifies them (see
+  // CheckpointStoreOptions::verify_before_commit), then writes the commit record holding
+  // `metadata`, the record count, byte count and hash. Afterwards deletes checkpoints beyond
+  // `keep` (a failure there is logged and retried after the next commit; it does not fail
+  // this call, because the checkpoint is already complete).
+  // Errors (the checkpoint is aborted on each): FAILED_PRECONDITION (not OPEN),
+  // INVALID_ARGUMENT (metadata over 64 MiB; a key was Put twice), DATA_LOSS (read-back failed),
+  // RESOURCE_EXHAUSTED / PERMISSION_DENIED / UNAVAILABLE (I/O).
+  [[nodiscard]] absl::StatusOr<CheckpointInfo> Commit(absl::string_view metadata);
+
+  // Discards the checkpoint: deletes its records (best effort; anything left is deleted by the
+  // next BeginCheckpoint() or Open()). No-op unless OPEN.
+  void Abort();
+
+  // Leaves the records in place and lets the store begin another checkpoint, as if the process
+  // had died mid-checkpoint. The writer is ABORTED afterwards.
+  void AbandonForTest();
+
+ private:
+  friend class CheckpointStore;
+  enum class State { kOpen, kCommitted, kAborted };
+
+  CheckpointWriter(CheckpointStore* store, uint64_t id);
+  absl::Status WriteBatchToDb();
+  absl::Status Fail(absl::Status status);  // Aborts and returns `status` annotated.
+
+  CheckpointStore* const store_;  // Not owned.
+  const uint64_t id_;
+  State state_ = State::kOpen;
+  std::unique_ptr<rocksdb::WriteBatch> batch_;
+  uint64_t num_records_ = 0;
+  uint64_t bytes_ = 0;
+  uint64_t hash_ = 0;
+};
+
+// A shard's checkpoint store. Thread-safe. Only one checkpoint may be written at a time; reads
+// run concurrently with writing and with retention (each read sees one consistent version).
+class CheckpointStore {
+ public:
+  // Opens or creates the store at options.path. Deletes records of incomplete checkpoints and
+  // checkpoints beyond `keep`.
+  // Errors: INVALID_ARGUMENT (bad options), FAILED_PRECONDITION (the directory holds a RocksDB
+  // that is not a checkpoint store, or one of another format version), DATA_LOSS (RocksDB
+  // found corrupt or truncated files), PERMISSION_DENIED / RESOURCE_EXHAUSTED / UNAVAILABLE
+  // (cannot create or lock the directory, e.g. its parent is a regular file, or another
+  // process has it open).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(
+      const CheckpointStoreOptions& options);
+
+  // As Open(), with RocksDB running on `env` (fault injection). `env` is not owned and must
+  // outlive the store.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenWithEnvForTest(
+      const CheckpointStoreOptions& options, rocksdb::Env* env);
+
+  // REQUIRES: every CheckpointWriter of this store was destroyed.
+  ~CheckpointStore();
+
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  // Starts a checkpoint with an id greater than every id handed out before by this directory,
+  // after deleting records of incomplete checkpoints.
+  // Errors: FAILED_PRECONDITION (another writer is still OPEN), RESOURCE_EXHAUSTED /
+  // PERMISSION_DENIED / UNAVAILABLE (the id could not be recorded durably).
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<CheckpointWriter>> BeginCheckpoint();
+
+  // The complete checkpoint with the greatest id; nullopt when there is none.
+  // Errors: DATA_LOSS (its commit record is corrupt), UNAVAILABLE (I/O).
+  [[nodiscard]] absl::StatusOr<std::optional<CheckpointInfo>> Latest();
+
+  // All complete checkpoints, by increasing id.
+  // Errors: DATA_LOSS (a commit record is corrupt; the message names its id), UNAVAILABLE (I/O).
+  [[nodiscard]] absl::StatusOr<std::vector<CheckpointInfo>> List();
+
+  // Calls `visit` with every record of checkpoint `id`, in increasing key order (bytewise),
+  // checking each record's checksum before handing it out, and the record count, byte count
+  // and hash against the commit record at the end. The views are valid only during the call.
+  // After an error nothing more is handed to `visit`, but records handed out before it (e.g.
+  // when a record is missing, which is found only at the end) must be discarded by the caller.
+  // Errors: NOT_FOUND (no complete checkpoint `id`), DATA_LOSS naming the checkpoint id and the
+  // key (checksum mismatch, missing or extra record, corrupt RocksDB block), UNAVAILABLE (I/O),
+  // or the first non-OK status returned by `visit`, unchanged.
+  [[nodiscard]] absl::Status Read(
+      uint64_t id,
+      const std::function<absl::Status(absl::string_view key, absl::string_view value)>& visit);
+
+  // Read() without handing out records: use it before loading so that a corrupt checkpoint is
+  // refused before any state is touched. Errors: as Read().
+  [[nodiscard]] absl::Status Verify(uint64_t id);
+
+  // Approximate bytes the store occupies (SST files and memtables of all column families).
+  uint64_t ApproximateSizeBytes();
+
+  // Test hooks that damage or inspect raw records of checkpoint `id` (complete or not).
+  // Writes (key, value) with `checksum` as its stored checksum, or with the right checksum when
+  // nullopt; overwrites an existing record.
+  [[nodiscard]] absl::Status PutRawRecordForTest(uint64_t id, absl::string_view key,
+                                                 absl::string_view value,
+                                                 std::optional<uint32_t> checksum);
+  [[nodiscard]] absl::Status DeleteRecordForTest(uint64_t id, absl::string_view key);
+  // Number of records stored for any checkpoint id, complete or not.
+  [[nodiscard]] absl::StatusOr<uint64_t> CountRecordsForTest();
+
+ private:
+  friend class CheckpointWriter;
+  struct Expected;  // What a checkpoint's records must add up to.
+
+  CheckpointStore(const CheckpointStoreOptions& options, std::unique_ptr<rocksdb::DB> db,
+                  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf,
+                  std::unique_ptr<rocksdb::ColumnFamilyHandle> records_cf);
+
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenImpl(
+      const CheckpointStoreOptions& options, rocksdb::Env* env);
+  absl::Status CheckOrWriteFormat(bool created);
+  absl::Status Recover();
+  absl::StatusOr<uint64_t> MaxRecordId();
+  absl::Status DeleteIncomplete(uint64_t below_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteRecords(uint64_t first_id, uint64_t end_id);
+  absl::Status ApplyRetention();
+  absl::Status PutNextId(uint64_t next_id);
+
+  // Called by CheckpointWriter.
+  absl::Status WriteRecords(rocksdb::WriteBatch* batch);
+  absl::StatusOr<CheckpointInfo> CommitCheckpoint(uint64_t id, const Expected& expected,
+                                                  absl::string_view metadata);
+  void ReleaseWriter(uint64_t id, bool delete_records);
+
+  absl::Status ScanRecords(uint64_t id, rocksdb::Iterator* records, const Expected& expected,
+                           const std::function<absl::Status(absl::string_view,
+                                                            absl::string_view)>* visit);
+  absl::Status ReadImpl(uint64_t id,
+                        const std::function<absl::Status(absl::string_view,
+                                                         absl::string_view)>* visit);
+  absl::Status Error(const absl::Status& status) const;  // Prefixes the store's path.
+
+  // Constant after construction.
+  const CheckpointStoreOptions options_;
+  // Declared before the handles: members are destroyed in reverse order, and RocksDB requires
+  // the column family handles to go before the DB.
+  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;     // Format, next id, commit records.
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> records_cf_;  // Checkpoint records.
+
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool writer_open_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ps::server::storage
+
+#endif  // PS_SERVER_STORAGE_CHECKPOINT_STORE_H_

@@ -1,0 +1,676 @@
+#include "server/storage/checkpoint_store.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
+#include "rocksdb/options.h"
+
+namespace ps::server::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// TODO(storage): switch to the shared testonly StatusIs matcher once common/ provides one.
+MATCHER_P(StatusIs, code, "") {
+  const absl::Status& status = [](const auto& s) -> const absl::Status& {
+    if constexpr (std::is_same_v<std::decay_t<decltype(s)>, absl::Status>) {
+      return s;
+    } else {
+      return s.status();
+    }
+  }(arg);
+  *result_listener << "status is " << status;
+  return status.code() == code;
+}
+
+MATCHER_P(IsOkAndHolds, value, "") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  *result_listener << "value is " << *arg;
+  return *arg == value;
+}
+
+#define ASSERT_OK(expr) ASSERT_EQ((expr), absl::OkStatus())
+#define ASSERT_OK_AND_ASSIGN(lhs, rexpr)            \
+  auto PS_TEST_CONCAT_(_or, __LINE__) = (rexpr);    \
+  ASSERT_TRUE(PS_TEST_CONCAT_(_or, __LINE__).ok())  \
+      << PS_TEST_CONCAT_(_or, __LINE__).status();   \
+  lhs = std::move(PS_TEST_CONCAT_(_or, __LINE__)).value()
+#define PS_TEST_CONCAT_INNER_(a, b) a##b
+#define PS_TEST_CONCAT_(a, b) PS_TEST_CONCAT_INNER_(a, b)
+
+using Records = std::map<std::string, std::string>;
+
+// A value of `size` pseudo-random bytes (incompressible, so SST files hold it verbatim) that
+// starts with a marker naming the checkpoint and key, for finding it in files on disk.
+std::string MakeValue(absl::string_view marker, size_t size, uint32_t seed) {
+  std::string value(marker);
+  std::mt19937 rng(seed);
+  while (value.size() < size) value.push_back(static_cast<char>(rng()));
+  value.resize(size);
+  return value;
+}
+
+Records MakeRecords(int checkpoint, int count, size_t value_size) {
+  Records records;
+  for (int i = 0; i < count; ++i) {
+    std::string key = absl::StrCat("table/", i);
+    records[key] = MakeValue(absl::StrCat("<ckpt", checkpoint, ":", key, ">"), value_size,
+                             checkpoint * 1000 + i);
+  }
+  return records;
+}
+
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) / absl::StrCat("ckpt_", info->name(), "_", getpid());
+    fs::remove_all(dir_);
+    options_.path = (dir_ / "db").string();
+  }
+  void TearDown() override {
+    store_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void OpenStore() {
+    store_.reset();
+    ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::Open(options_));
+  }
+
+  // Writes `records` (in reverse key order, to show order does not matter) and commits.
+  absl::StatusOr<CheckpointInfo> WriteCheckpoint(const Records& records,
+                                                 absl::string_view metadata = "meta") {
+    absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer = store_->BeginCheckpoint();
+    if (!writer.ok()) return writer.status();
+    for (auto it = records.rbegin(); it != records.rend(); ++it) {
+      absl::Status status = (*writer)->Put(it->first, it->second);
+      if (!status.ok()) return status;
+    }
+    return (*writer)->Commit(metadata);
+  }
+
+  absl::StatusOr<Records> ReadAll(uint64_t id) {
+    Records records;
+    std::string previous;
+    absl::Status status = store_->Read(id, [&](absl::string_view key, absl::string_view value) {
+      EXPECT_TRUE(records.empty() || key > previous) << "keys out of order";
+      previous = std::string(key);
+      records.emplace(std::string(key), std::string(value));
+      return absl::OkStatus();
+    });
+    if (!status.ok()) return status;
+    return records;
+  }
+
+  std::vector<uint64_t> ListIds() {
+    std::vector<uint64_t> ids;
+    absl::StatusOr<std::vector<CheckpointInfo>> list = store_->List();
+    EXPECT_TRUE(list.ok()) << list.status();
+    if (list.ok()) {
+      for (const CheckpointInfo& info : *list) ids.push_back(info.id);
+    }
+    return ids;
+  }
+
+  // SST files of the store whose bytes contain `needle`.
+  std::vector<fs::path> SstFilesContaining(absl::string_view needle) {
+    std::vector<fs::path> found;
+    for (const auto& entry : fs::directory_iterator(options_.path)) {
+      if (entry.path().extension() != ".sst") continue;
+      std::ifstream in(entry.path(), std::ios::binary);
+      std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (bytes.find(needle) != std::string::npos) found.push_back(entry.path());
+    }
+    return found;
+  }
+
+  fs::path dir_;
+  CheckpointStoreOptions options_;
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+TEST_F(CheckpointStoreTest, RoundTripReturnsRecordsInKeyOrder) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(std::optional<CheckpointInfo> none, store_->Latest());
+  EXPECT_FALSE(none.has_value());
+
+  const Records records = MakeRecords(1, 50, 1000);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(records, "step=42"));
+  EXPECT_EQ(info.metadata, "step=42");
+  EXPECT_EQ(info.num_records, 50u);
+  uint64_t bytes = 0;
+  for (const auto& [key, value] : records) bytes += key.size() + value.size();
+  EXPECT_EQ(info.bytes, bytes);
+  EXPECT_GT(info.unix_micros, 0);
+
+  ASSERT_OK_AND_ASSIGN(std::optional<CheckpointInfo> latest, store_->Latest());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->id, info.id);
+  EXPECT_EQ(latest->metadata, "step=42");
+  EXPECT_EQ(latest->num_records, 50u);
+  EXPECT_EQ(latest->bytes, bytes);
+  EXPECT_EQ(latest->unix_micros, info.unix_micros);
+  ASSERT_OK(store_->Verify(info.id));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(info.id));
+  EXPECT_EQ(read, records);
+  EXPECT_GT(store_->ApproximateSizeBytes(), 50u * 1000);
+}
+
+TEST_F(CheckpointStoreTest, RoundTripWithRecordsThroughWal) {
+  options_.wal_for_records = true;
+  OpenStore();
+  const Records records = MakeRecords(1, 20, 3000);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(records));
+  OpenStore();  // Reopen: records come back from the WAL.
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(info.id));
+  EXPECT_EQ(read, records);
+}
+
+TEST_F(CheckpointStoreTest, EmptyCheckpointAndBinaryKeysRoundTrip) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo empty, WriteCheckpoint({}));
+  EXPECT_EQ(empty.num_records, 0u);
+  ASSERT_OK(store_->Verify(empty.id));
+
+  const Records binary = {{std::string(), "empty key"},
+                          {std::string("\0\xff\x01", 3), std::string("\0\0", 2)},
+                          {std::string(8, '\xff'), std::string()}};
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(binary));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(info.id));
+  EXPECT_EQ(read, binary);
+}
+
+TEST_F(CheckpointStoreTest, LargeCheckpointSpansBatchesAndMemtables) {
+  options_.write_batch_bytes = 1 << 20;
+  OpenStore();
+  const Records records = MakeRecords(1, 160, 512 << 10);  // 80 MB: more than one memtable.
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(records));
+  OpenStore();
+  ASSERT_OK(store_->Verify(info.id));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(info.id));
+  EXPECT_TRUE(read == records);
+}
+
+TEST_F(CheckpointStoreTest, IdsIncreaseAcrossReopen) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(MakeRecords(1, 3, 10)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> aborted, store_->BeginCheckpoint());
+  const uint64_t aborted_id = aborted->id();
+  EXPECT_GT(aborted_id, first.id);
+  aborted->Abort();
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(MakeRecords(2, 3, 10)));
+  EXPECT_GT(second.id, aborted_id);
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> third, store_->BeginCheckpoint());
+  EXPECT_GT(third->id(), second.id);
+}
+
+TEST_F(CheckpointStoreTest, AbortedCheckpointIsInvisibleAndDeleted) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(MakeRecords(1, 5, 100)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  for (const auto& [key, value] : MakeRecords(2, 7, 100)) ASSERT_OK(writer->Put(key, value));
+  const uint64_t id = writer->id();
+  writer->Abort();
+  EXPECT_THAT(writer->Put("k", "v"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(writer->Commit(""), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id));
+  EXPECT_THAT(store_->Verify(id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(5u));
+}
+
+TEST_F(CheckpointStoreTest, WriterDestroyedWithoutCommitIsAborted) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(MakeRecords(1, 5, 100)));
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+    for (const auto& [key, value] : MakeRecords(2, 7, 100)) ASSERT_OK(writer->Put(key, value));
+  }
+  EXPECT_THAT(ListIds(), ElementsAre(first.id));
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(5u));
+  // The slot is free again.
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(MakeRecords(3, 2, 10)));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id, second.id));
+}
+
+TEST_F(CheckpointStoreTest, AbandonedCheckpointIsDeletedOnReopen) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(MakeRecords(1, 5, 100)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  for (const auto& [key, value] : MakeRecords(2, 7, 100)) ASSERT_OK(writer->Put(key, value));
+  const uint64_t abandoned_id = writer->id();
+  writer->AbandonForTest();  // As if the process died here.
+  writer.reset();
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(12u));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id));
+
+  OpenStore();
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(5u));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(first.id));
+  EXPECT_EQ(read, MakeRecords(1, 5, 100));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo next, WriteCheckpoint(MakeRecords(3, 1, 10)));
+  EXPECT_GT(next.id, abandoned_id);
+}
+
+TEST_F(CheckpointStoreTest, AbandonedCheckpointIsDeletedByNextBegin) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  ASSERT_OK(writer->Put("a", "b"));
+  writer->AbandonForTest();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> next, store_->BeginCheckpoint());
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(0u));
+}
+
+// The child half of ProcessKilledMidCheckpointLeavesOnlyCompleteOnes: runs only when the test
+// binary is re-executed with PS_CHECKPOINT_CRASH_DIR set.
+TEST(CheckpointStoreCrashChild, WritesThenDies) {
+  const char* dir = std::getenv("PS_CHECKPOINT_CRASH_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "only run as a child process";
+  CheckpointStoreOptions options;
+  options.path = dir;
+  auto store = CheckpointStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto first = (*store)->BeginCheckpoint();
+  ASSERT_TRUE(first.ok());
+  for (const auto& [key, value] : MakeRecords(1, 10, 1000)) ASSERT_OK((*first)->Put(key, value));
+  ASSERT_TRUE((*first)->Commit("first").ok());
+  auto second = (*store)->BeginCheckpoint();
+  ASSERT_TRUE(second.ok());
+  // 96 MB: some records reach SST files through memtable flushes, the rest die in memory.
+  for (const auto& [key, value] : MakeRecords(2, 96, 1 << 20)) {
+    ASSERT_OK((*second)->Put(key, value));
+  }
+  raise(SIGKILL);
+}
+
+TEST_F(CheckpointStoreTest, ProcessKilledMidCheckpointLeavesOnlyCompleteOnes) {
+  fs::create_directories(dir_);
+  const pid_t pid = fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
+    setenv("PS_CHECKPOINT_CRASH_DIR", options_.path.c_str(), 1);
+    execl("/proc/self/exe", "checkpoint_store_test",
+          "--gtest_filter=CheckpointStoreCrashChild.WritesThenDies", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+      << "child did not die by SIGKILL; wait status " << wstatus;
+
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(std::optional<CheckpointInfo> latest, store_->Latest());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->metadata, "first");
+  EXPECT_THAT(ListIds(), ElementsAre(latest->id));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(latest->id));
+  EXPECT_EQ(read, MakeRecords(1, 10, 1000));
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(10u));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> next, store_->BeginCheckpoint());
+  EXPECT_GT(next->id(), latest->id + 1);  // The dead checkpoint's id is not reused.
+}
+
+TEST_F(CheckpointStoreTest, RetentionKeepsNewestAndDeletesOlder) {
+  options_.keep = 2;
+  OpenStore();
+  std::vector<uint64_t> ids;
+  for (int i = 1; i <= 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(MakeRecords(i, 10, 100 << 10)));
+    ids.push_back(info.id);
+  }
+  EXPECT_THAT(ListIds(), ElementsAre(ids[2], ids[3]));
+  EXPECT_THAT(store_->Verify(ids[0]), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(20u));
+  ASSERT_OK(store_->Verify(ids[2]));
+  ASSERT_OK(store_->Verify(ids[3]));
+  // The space of the deleted ones is reclaimed: about two checkpoints of 1 MB remain.
+  EXPECT_LT(store_->ApproximateSizeBytes(), 3u << 20);
+
+  // Lowering `keep` applies on the next Open, and never to the newest checkpoint.
+  options_.keep = 1;
+  OpenStore();
+  EXPECT_THAT(ListIds(), ElementsAre(ids[3]));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(ids[3]));
+  EXPECT_EQ(read, MakeRecords(4, 10, 100 << 10));
+}
+
+TEST_F(CheckpointStoreTest, BadChecksumIsDataLossAndOlderCheckpointStillReads) {
+  OpenStore();
+  const Records good = MakeRecords(1, 10, 100);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(good));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(MakeRecords(2, 10, 100)));
+  // Same key and length, one flipped bit, stale checksum: what a bit flip on disk looks like.
+  std::string damaged = MakeRecords(2, 10, 100).at("table/5");
+  const uint32_t stale_crc = 0x12345678;
+  damaged[50] ^= 0x04;
+  ASSERT_OK(store_->PutRawRecordForTest(second.id, "table/5", damaged, stale_crc));
+
+  absl::Status verify = store_->Verify(second.id);
+  EXPECT_THAT(verify, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(verify.message(), HasSubstr(absl::StrCat("checkpoint ", second.id)));
+  EXPECT_THAT(verify.message(), HasSubstr("table/5"));
+  EXPECT_THAT(verify.message(), HasSubstr(options_.path));
+
+  std::vector<std::string> visited;
+  absl::Status read = store_->Read(second.id, [&](absl::string_view key, absl::string_view) {
+    visited.emplace_back(key);
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(read, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(read.message(), HasSubstr("table/5"));
+  for (const std::string& key : visited) EXPECT_LT(key, "table/5");  // Nothing at or after it.
+
+  ASSERT_OK(store_->Verify(first.id));
+  ASSERT_OK_AND_ASSIGN(Records read_first, ReadAll(first.id));
+  EXPECT_EQ(read_first, good);
+}
+
+TEST_F(CheckpointStoreTest, MissingRecordIsDataLoss) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(MakeRecords(1, 10, 100)));
+  ASSERT_OK(store_->DeleteRecordForTest(info.id, "table/3"));
+  absl::Status status = store_->Verify(info.id);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(status.message(), HasSubstr("9 records"));
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("checkpoint ", info.id)));
+  EXPECT_THAT(store_->Read(info.id, [](auto, auto) { return absl::OkStatus(); }),
+              StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(CheckpointStoreTest, ExtraOrReplacedRecordIsDataLoss) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(MakeRecords(1, 10, 100)));
+  ASSERT_OK(store_->PutRawRecordForTest(info.id, "table/99", "intruder", std::nullopt));
+  absl::Status extra = store_->Verify(info.id);
+  EXPECT_THAT(extra, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(extra.message(), HasSubstr("table/99"));
+
+  ASSERT_OK(store_->DeleteRecordForTest(info.id, "table/99"));
+  ASSERT_OK(store_->Verify(info.id));
+  // A consistent (key, value, checksum) that is not the one committed: only the hash sees it.
+  ASSERT_OK(store_->PutRawRecordForTest(info.id, "table/4", "replaced", std::nullopt));
+  EXPECT_THAT(store_->Verify(info.id), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(CheckpointStoreTest, FlippedByteInSstFileIsDataLoss) {
+  OpenStore();
+  const Records good = MakeRecords(1, 8, 64 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(good));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(MakeRecords(2, 8, 64 << 10)));
+  store_.reset();  // Close: everything is in SST files and the WAL.
+
+  const std::string marker = "<ckpt2:table/6>";
+  std::vector<fs::path> files = SstFilesContaining(marker);
+  ASSERT_EQ(files.size(), 1u);
+  ASSERT_TRUE(SstFilesContaining("<ckpt1:").size() == 1 &&
+              SstFilesContaining("<ckpt1:")[0] != files[0])
+      << "checkpoints 1 and 2 should live in different files";
+  {
+    std::fstream file(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    const size_t offset = bytes.find(marker) + 1000;  // Inside the value.
+    file.seekp(static_cast<std::streamoff>(offset));
+    file.put(static_cast<char>(bytes[offset] ^ 0x01));
+  }
+
+  OpenStore();
+  absl::Status verify = store_->Verify(second.id);
+  EXPECT_THAT(verify, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(verify.message(), HasSubstr(absl::StrCat("checkpoint ", second.id)));
+  EXPECT_THAT(verify.message(), HasSubstr("table/5"));  // The last good key before table/6.
+  int visited_after = 0;
+  absl::Status read = store_->Read(second.id, [&](absl::string_view key, absl::string_view) {
+    if (key >= "table/6") ++visited_after;
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(read, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(visited_after, 0);
+
+  ASSERT_OK(store_->Verify(first.id));
+  ASSERT_OK_AND_ASSIGN(Records read_first, ReadAll(first.id));
+  EXPECT_EQ(read_first, good);
+}
+
+TEST_F(CheckpointStoreTest, TruncatedSstFileIsNeverReadSilently) {
+  OpenStore();
+  const Records good = MakeRecords(1, 8, 64 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(good));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(MakeRecords(2, 8, 64 << 10)));
+  store_.reset();
+  std::vector<fs::path> files = SstFilesContaining("<ckpt2:");
+  ASSERT_EQ(files.size(), 1u);
+  fs::resize_file(files[0], fs::file_size(files[0]) / 2);
+
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> reopened = CheckpointStore::Open(options_);
+  if (!reopened.ok()) {
+    // RocksDB compares every file's size against its MANIFEST at open.
+    EXPECT_THAT(reopened, StatusIs(absl::StatusCode::kDataLoss));
+    EXPECT_THAT(reopened.status().message(), HasSubstr(options_.path));
+    return;
+  }
+  store_ = std::move(*reopened);
+  EXPECT_THAT(store_->Verify(second.id), StatusIs(absl::StatusCode::kDataLoss));
+  ASSERT_OK_AND_ASSIGN(Records read_first, ReadAll(first.id));
+  EXPECT_EQ(read_first, good);
+}
+
+TEST_F(CheckpointStoreTest, DuplicateKeyFailsCommitWithInvalidArgument) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  ASSERT_OK(writer->Put("k", "v1"));
+  ASSERT_OK(writer->Put("k", "v2"));
+  EXPECT_THAT(writer->Commit(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ListIds(), ElementsAre());
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(0u));
+}
+
+TEST_F(CheckpointStoreTest, OneWriterAtATime) {
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  EXPECT_THAT(store_->BeginCheckpoint(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK(writer->Commit("").status());
+  EXPECT_TRUE(store_->BeginCheckpoint().ok());
+}
+
+TEST_F(CheckpointStoreTest, ReadOfUnknownIdIsNotFoundAndVisitorErrorsPassThrough) {
+  OpenStore();
+  EXPECT_THAT(store_->Verify(7), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(MakeRecords(1, 3, 10)));
+  int calls = 0;
+  absl::Status status = store_->Read(info.id, [&](absl::string_view, absl::string_view) {
+    ++calls;
+    return absl::CancelledError("stop");
+  });
+  EXPECT_EQ(status, absl::CancelledError("stop"));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST_F(CheckpointStoreTest, InvalidOptionsAreInvalidArgument) {
+  options_.keep = 0;
+  EXPECT_THAT(CheckpointStore::Open(options_), StatusIs(absl::StatusCode::kInvalidArgument));
+  options_.keep = 1;
+  options_.path = "";
+  EXPECT_THAT(CheckpointStore::Open(options_), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(CheckpointStoreTest, PathUnderRegularFileIsClearError) {
+  // Tests run as root, so permission bits do not stop us; a parent that is a file does.
+  fs::create_directories(dir_);
+  const fs::path file = dir_ / "not_a_dir";
+  std::ofstream(file) << "x";
+  options_.path = (file / "db").string();
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(options_);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(store.status().message(), HasSubstr(options_.path));
+  EXPECT_THAT(store.status().message(), HasSubstr("Not a directory"));
+}
+
+TEST_F(CheckpointStoreTest, SecondOpenOfSameDirectoryIsUnavailable) {
+  OpenStore();
+  EXPECT_THAT(CheckpointStore::Open(options_), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(CheckpointStoreTest, ForeignRocksDbIsFailedPrecondition) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  fs::create_directories(dir_);
+  {
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(options, options_.path, &db).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "someone", "else").ok());
+    delete db;
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(options_);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store.status().message(), HasSubstr("not a checkpoint store"));
+}
+
+TEST_F(CheckpointStoreTest, OtherFormatVersionIsFailedPrecondition) {
+  OpenStore();
+  store_.reset();
+  {
+    // Rewrite the format record the way a future version would.
+    rocksdb::DBOptions db_options;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {"records", rocksdb::ColumnFamilyOptions()}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(db_options, options_.path, cfs, &handles, &db).ok());
+    ASSERT_TRUE(
+        db->Put(rocksdb::WriteOptions(), "F", "ps.server.storage.CheckpointStore format 2").ok());
+    for (auto* handle : handles) delete handle;
+    delete db;
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(options_);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store.status().message(), HasSubstr("format 2"));
+}
+
+// Fails every write with ENOSPC while `full` is set.
+class FullDiskFileSystem : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FullDiskFileSystem(std::shared_ptr<rocksdb::FileSystem> target)
+      : FileSystemWrapper(std::move(target)) {}
+  const char* Name() const override { return "FullDiskFileSystem"; }
+
+  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* result,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(name, options, result, dbg);
+    if (s.ok()) *result = std::make_unique<File>(std::move(*result), this);
+    return s;
+  }
+
+  std::atomic<bool> full{false};
+
+ private:
+  class File : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSWritableFile> target, FullDiskFileSystem* fs)
+        : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs) {}
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                             rocksdb::IODebugContext* dbg) override {
+      if (fs_->full) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
+      return FSWritableFileOwnerWrapper::Append(data, options, dbg);
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                             const rocksdb::DataVerificationInfo& info,
+                             rocksdb::IODebugContext* dbg) override {
+      if (fs_->full) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
+      return FSWritableFileOwnerWrapper::Append(data, options, info, dbg);
+    }
+
+   private:
+    FullDiskFileSystem* fs_;
+  };
+};
+
+TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecovers) {
+  auto full_disk = std::make_shared<FullDiskFileSystem>(rocksdb::FileSystem::Default());
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(full_disk);
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  const Records good = MakeRecords(1, 10, 10 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(good));
+
+  // The disk fills up while a checkpoint is being written: records sit in a memtable, so the
+  // flush in Commit() is what fails.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  for (const auto& [key, value] : MakeRecords(2, 10, 10 << 10)) ASSERT_OK(writer->Put(key, value));
+  full_disk->full = true;
+  absl::StatusOr<CheckpointInfo> failed = writer->Commit("");
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(failed.status().message(), HasSubstr(options_.path));
+  writer.reset();
+
+  // Still full: a new checkpoint fails with the same code; reads of the old one work.
+  EXPECT_THAT(WriteCheckpoint(MakeRecords(3, 1, 10)),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(first.id));
+  EXPECT_EQ(read, good);
+
+  // Space is back: the next checkpoint succeeds.
+  full_disk->full = false;
+  const Records later = MakeRecords(4, 10, 10 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo recovered, WriteCheckpoint(later));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id, recovered.id));
+  ASSERT_OK_AND_ASSIGN(Records read_later, ReadAll(recovered.id));
+  EXPECT_EQ(read_later, later);
+  store_.reset();  // Before `env`.
+}
+
+TEST_F(CheckpointStoreTest, ReadsDuringRetentionSeeWholeCheckpointsOrNone) {
+  options_.keep = 1;
+  OpenStore();
+  ASSERT_OK(WriteCheckpoint(MakeRecords(0, 20, 4 << 10)).status());
+  std::atomic<bool> done{false};
+  std::atomic<int> verified{0};
+  std::thread reader([&] {
+    while (!done) {
+      absl::StatusOr<std::optional<CheckpointInfo>> latest = store_->Latest();
+      ASSERT_TRUE(latest.ok()) << latest.status();
+      if (!latest->has_value()) continue;
+      absl::Status status = store_->Verify((*latest)->id);
+      ASSERT_TRUE(status.ok() || absl::IsNotFound(status)) << status;
+      if (status.ok()) ++verified;
+    }
+  });
+  for (int i = 1; i <= 20; ++i) {
+    ASSERT_OK(WriteCheckpoint(MakeRecords(i, 20, 4 << 10)).status());
+  }
+  done = true;
+  reader.join();
+  EXPECT_GT(verified.load(), 0);
+}
+
+}  // namespace
+}  // namespace ps::server::storage

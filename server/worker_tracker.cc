@@ -1,0 +1,213 @@
+#include "server/worker_tracker.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps::server {
+
+WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options,
+                             std::function<absl::Time()> now)
+    : options_(options), now_(now ? std::move(now) : [] { return absl::Now(); }) {}
+
+absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker,
+                                                             uint64_t incarnation) {
+  Worker& w = workers_[worker];
+  if (w.seen && incarnation < w.incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " incarnation ", incarnation,
+                     " is older than its current incarnation ", w.incarnation,
+                     ": that process was replaced"));
+  }
+  if (!w.seen || incarnation > w.incarnation) {
+    // A new process for this worker id: its pushes start again at sequence 1. Its clock and
+    // data position carry over (it resumes where the previous incarnation stopped).
+    w.incarnation = incarnation;
+    w.floor = 0;
+    w.above.clear();
+    w.seen = true;
+  }
+  w.finished = false;
+  w.last_seen = now_();
+  return &w;
+}
+
+absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker,
+                                                              uint64_t incarnation,
+                                                              uint64_t sequence) {
+  if (sequence == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto found = Lookup(worker, incarnation);
+  if (!found.ok()) return found.status();
+  Worker& w = **found;
+  if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
+  w.above.insert(sequence);
+  while (!w.above.empty() && *w.above.begin() == w.floor + 1) {
+    w.above.erase(w.above.begin());
+    ++w.floor;
+  }
+  return Admission::kApply;
+}
+
+void WorkerTracker::AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock) {
+  absl::MutexLock lock(&mu_);
+  Worker& w = workers_[worker];
+  if (w.incarnation != incarnation) return;  // replaced meanwhile
+  w.clock = std::max(w.clock, clock);
+  w.last_seen = now_();
+}
+
+absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  return Lookup(worker, incarnation).status();
+}
+
+void WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  Worker& w = workers_[worker];
+  if (w.seen && incarnation < w.incarnation) return;
+  w.finished = true;
+}
+
+void WorkerTracker::SetDataPosition(int32_t worker, uint64_t offset, uint32_t epoch) {
+  absl::MutexLock lock(&mu_);
+  Worker& w = workers_[worker];
+  w.data_offset = offset;
+  w.epoch = epoch;
+}
+
+bool WorkerTracker::Live(const Worker& w, absl::Time now) const {
+  if (w.finished) return false;
+  // Not heard from yet: counts (with clock 0) so that nobody runs ahead of a late starter.
+  if (!w.seen) return true;
+  return now - w.last_seen <= options_.lease;
+}
+
+std::pair<int64_t, int32_t> WorkerTracker::MinLive(absl::Time now) const {
+  int64_t min_clock = std::numeric_limits<int64_t>::max();
+  int32_t slowest = -1;
+  for (uint32_t id = 0; id < options_.num_workers; ++id) {
+    auto it = workers_.find(static_cast<int32_t>(id));
+    Worker absent;
+    const Worker& w = it == workers_.end() ? absent : it->second;
+    if (!Live(w, now)) continue;
+    if (w.clock < min_clock) {
+      min_clock = w.clock;
+      slowest = static_cast<int32_t>(id);
+    }
+  }
+  return {min_clock, slowest};
+}
+
+bool WorkerTracker::BoundHolds(BoundArgs* args) {
+  auto [min_clock, slowest] = args->tracker->MinLive(args->tracker->now_());
+  return slowest < 0 || min_clock >= args->need;
+}
+
+absl::Status WorkerTracker::WaitForBound(int32_t worker, int64_t clock, absl::Time deadline) {
+  if (!options_.staleness.has_value()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  BoundArgs args{this, clock - *options_.staleness};
+  // absl::Mutex re-evaluates the condition whenever the lock is released: after every push,
+  // touch, finish, and every Poke (leases run out with time, not with events).
+  if (!mu_.AwaitWithDeadline(absl::Condition(&BoundHolds, &args), deadline)) {
+    auto [min_clock, slowest] = MinLive(now_());
+    return absl::DeadlineExceededError(absl::StrCat(
+        "worker ", worker, " at clock ", clock, " waited too long for the consistency bound (",
+        "staleness ", *options_.staleness, "): slowest live worker is ", slowest, " at clock ",
+        min_clock));
+  }
+  auto [min_clock, slowest] = MinLive(now_());
+  if (slowest >= 0) max_staleness_seen_ = std::max(max_staleness_seen_, clock - min_clock);
+  return absl::OkStatus();
+}
+
+void WorkerTracker::Poke() {
+  absl::MutexLock lock(&mu_);
+  ++pokes_;
+}
+
+int64_t WorkerTracker::MinLiveClock() const {
+  absl::MutexLock lock(&mu_);
+  auto [min_clock, slowest] = MinLive(now_());
+  return slowest < 0 ? 0 : min_clock;
+}
+
+int64_t WorkerTracker::max_staleness_seen() const {
+  absl::MutexLock lock(&mu_);
+  return max_staleness_seen_;
+}
+
+void WorkerTracker::FillStats(std::vector<WorkerClock>* out) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = now_();
+  for (uint32_t id = 0; id < options_.num_workers; ++id) {
+    auto it = workers_.find(static_cast<int32_t>(id));
+    WorkerClock c;
+    c.set_worker_id(static_cast<int32_t>(id));
+    if (it != workers_.end()) {
+      c.set_clock(it->second.clock);
+      c.set_incarnation(it->second.incarnation);
+      c.set_live(Live(it->second, now));
+      if (it->second.seen) {
+        c.set_seconds_since_seen(absl::ToDoubleSeconds(now - it->second.last_seen));
+      }
+    } else {
+      c.set_live(true);
+    }
+    out->push_back(std::move(c));
+  }
+}
+
+std::vector<WorkerCheckpoint> WorkerTracker::Save() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerCheckpoint> out;
+  for (const auto& [id, w] : workers_) {
+    if (!w.seen) continue;
+    WorkerCheckpoint c;
+    c.set_worker_id(id);
+    c.set_incarnation(w.incarnation);
+    c.set_clock(w.clock);
+    c.set_applied_floor(w.floor);
+    for (uint64_t s : w.above) c.add_applied_above(s);
+    c.set_data_offset(w.data_offset);
+    c.set_epoch(w.epoch);
+    c.set_finished(w.finished);
+    out.push_back(std::move(c));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.worker_id() < b.worker_id(); });
+  return out;
+}
+
+void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
+  absl::MutexLock lock(&mu_);
+  workers_.clear();
+  const absl::Time now = now_();
+  for (const auto& c : workers) {
+    Worker& w = workers_[c.worker_id()];
+    w.incarnation = c.incarnation();
+    w.clock = c.clock();
+    w.floor = c.applied_floor();
+    w.above.insert(c.applied_above().begin(), c.applied_above().end());
+    w.data_offset = c.data_offset();
+    w.epoch = c.epoch();
+    w.finished = c.finished();
+    w.seen = true;
+    w.last_seen = now;
+  }
+}
+
+std::optional<WorkerCheckpoint> WorkerTracker::Get(int32_t worker) const {
+  for (const auto& c : Save()) {
+    if (c.worker_id() == worker) return c;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ps::server

@@ -1,0 +1,125 @@
+// WorkerTracker: what a server knows about each worker: its incarnation, the pushes it has
+// had applied (exactly-once), its clock (the SSP/BSP bound), when it was last heard from (its
+// lease) and where it is in its data shard.
+//
+// Consistency bound. Workers 0..num_workers-1 take part. A worker that has not been heard
+// from yet counts with clock 0, so a BSP job does not run ahead of a worker that is still
+// starting. A worker that finished, or whose lease ran out, leaves the bound (and is
+// reported); it rejoins when it is heard from again.
+//
+// Exactly-once. Pushes are identified by (worker, incarnation, sequence). Per worker the
+// tracker keeps its newest incarnation, a floor F (every sequence <= F applied) and the
+// applied sequences above F; a push is applied at most once. A push from an older
+// incarnation than the newest seen is refused (FAILED_PRECONDITION): that process is gone.
+#ifndef PS_SERVER_WORKER_TRACKER_H_
+#define PS_SERVER_WORKER_TRACKER_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/checkpoint.pb.h"
+#include "proto/ps.pb.h"
+
+namespace ps::server {
+
+struct WorkerTrackerOptions {
+  // Workers taking part in the consistency bound (ids 0..num_workers-1).
+  uint32_t num_workers = 1;
+  // 0 = BSP, k = SSP with bound k, nullopt = asynchronous (pulls never wait).
+  std::optional<int32_t> staleness;
+  // A worker not heard from for this long leaves the bound.
+  absl::Duration lease = absl::Seconds(30);
+};
+
+// Thread-safe.
+class WorkerTracker {
+ public:
+  // `now` is the clock (injected for tests); defaults to absl::Now.
+  explicit WorkerTracker(const WorkerTrackerOptions& options,
+                         std::function<absl::Time()> now = nullptr);
+
+  // The outcome of Admit.
+  enum class Admission { kApply, kDuplicate };
+
+  // Admits push (worker, incarnation, sequence): kApply the first time, and records it as
+  // applied at once, so that a concurrent retry of the same push gets kDuplicate; the
+  // caller must apply it (callers hold the shard's apply lock across Admit and the apply,
+  // so a snapshot never sees one without the other). FAILED_PRECONDITION for an incarnation
+  // older than the newest seen; INVALID_ARGUMENT for sequence 0.
+  absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence);
+  // Advances the worker's clock to at least `clock`, after its push was applied (so that a
+  // pull released by the new clock sees the push).
+  void AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock);
+
+  // A sign of life without a push (pulls, heartbeats). Returns FAILED_PRECONDITION for an
+  // older incarnation than the newest seen.
+  absl::Status Touch(int32_t worker, uint64_t incarnation);
+  // The worker is done: it leaves the bound for good (until heard from again).
+  void Finish(int32_t worker, uint64_t incarnation);
+  void SetDataPosition(int32_t worker, uint64_t offset, uint32_t epoch);
+
+  // Blocks until the bound lets a worker at `clock` read (min live clock >= clock -
+  // staleness), or until `deadline` (DEADLINE_EXCEEDED naming the slowest worker).
+  // Returns at once when asynchronous. Records the staleness seen.
+  absl::Status WaitForBound(int32_t worker, int64_t clock, absl::Time deadline);
+  // Wakes waiters so they re-check leases (called periodically by the server).
+  void Poke();
+
+  int64_t MinLiveClock() const;
+  int64_t max_staleness_seen() const;
+  std::optional<int32_t> staleness() const { return options_.staleness; }
+  void FillStats(std::vector<WorkerClock>* out) const;
+
+  // Checkpoint state, and restore from it (replaces everything; restored workers count as
+  // last seen now).
+  std::vector<WorkerCheckpoint> Save() const;
+  void Restore(const std::vector<WorkerCheckpoint>& workers);
+  // Saved position of a worker (for a restarted worker), if any.
+  std::optional<WorkerCheckpoint> Get(int32_t worker) const;
+
+ private:
+  struct Worker {
+    uint64_t incarnation = 0;
+    int64_t clock = 0;
+    uint64_t floor = 0;
+    absl::btree_set<uint64_t> above;
+    uint64_t data_offset = 0;
+    uint32_t epoch = 0;
+    bool finished = false;
+    bool seen = false;
+    absl::Time last_seen = absl::InfinitePast();
+  };
+  // Returns the worker's record, switching to a newer incarnation if this is one.
+  absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Min clock over live participants, and the slowest one's id (-1 if none live).
+  std::pair<int64_t, int32_t> MinLive(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct BoundArgs {
+    const WorkerTracker* tracker;
+    int64_t need;
+  };
+  static bool BoundHolds(BoundArgs* args) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  const WorkerTrackerOptions options_;
+  const std::function<absl::Time()> now_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int32_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  int64_t max_staleness_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pokes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_WORKER_TRACKER_H_

@@ -1,0 +1,154 @@
+#include "server/worker_tracker.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+using Admission = WorkerTracker::Admission;
+
+// A clock tests move by hand.
+struct FakeClock {
+  std::atomic<int64_t> seconds{1000};
+  std::function<absl::Time()> fn() {
+    return [this] { return absl::FromUnixSeconds(seconds.load()); };
+  }
+};
+
+WorkerTrackerOptions Options(uint32_t workers, std::optional<int32_t> staleness) {
+  WorkerTrackerOptions o;
+  o.num_workers = workers;
+  o.staleness = staleness;
+  o.lease = absl::Seconds(30);
+  return o;
+}
+
+TEST(WorkerTracker, AdmitsEachSequenceOnce) {
+  WorkerTracker t(Options(1, std::nullopt));
+  EXPECT_EQ(*t.Admit(0, 7, 1), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 7, 1), Admission::kDuplicate);
+  // Out of order: 3 before 2, each once.
+  EXPECT_EQ(*t.Admit(0, 7, 3), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 7, 2), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 7, 3), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, 2), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, 4), Admission::kApply);
+  // Other workers have their own sequences.
+  EXPECT_EQ(*t.Admit(1, 7, 1), Admission::kApply);
+}
+
+TEST(WorkerTracker, RejectsSequenceZero) {
+  WorkerTracker t(Options(1, std::nullopt));
+  EXPECT_THAT(t.Admit(0, 1, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(WorkerTracker, NewIncarnationStartsOverAndOldOneIsRefused) {
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 5, 1), Admission::kApply);
+  ASSERT_EQ(*t.Admit(0, 6, 1), Admission::kApply);  // restarted worker
+  EXPECT_THAT(t.Admit(0, 5, 2).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(t.Touch(0, 5), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(*t.Admit(0, 6, 1), Admission::kDuplicate);
+}
+
+TEST(WorkerTracker, AsynchronousNeverWaits) {
+  WorkerTracker t(Options(2, std::nullopt));
+  // Worker 1 never showed up; worker 0 is far ahead.
+  EXPECT_THAT(t.WaitForBound(0, 1000, absl::Now()), IsOk());
+}
+
+TEST(WorkerTracker, SspHoldsFastWorkerWithinBound) {
+  WorkerTracker t(Options(2, 1));
+  ASSERT_EQ(*t.Admit(0, 1, 1), Admission::kApply);
+  t.AdvanceClock(0, 1, 3);
+  ASSERT_EQ(*t.Admit(1, 1, 1), Admission::kApply);
+  t.AdvanceClock(1, 1, 1);
+  // Worker 0 at clock 3 needs everyone at >= 2; worker 1 is at 1.
+  EXPECT_THAT(t.WaitForBound(0, 3, absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // Within the bound: clock 2 needs >= 1.
+  EXPECT_THAT(t.WaitForBound(0, 2, absl::Now()), IsOk());
+}
+
+TEST(WorkerTracker, WaiterIsReleasedWhenSlowWorkerAdvances) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  ASSERT_EQ(*t.Admit(0, 1, 1), Admission::kApply);
+  t.AdvanceClock(0, 1, 1);
+  absl::Notification released;
+  absl::Status status;
+  std::thread waiter([&] {
+    status = t.WaitForBound(0, 1, absl::Now() + absl::Seconds(30));
+    released.Notify();
+  });
+  // BSP: worker 0 (clock 1) waits for worker 1 to reach 1.
+  EXPECT_FALSE(released.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  ASSERT_EQ(*t.Admit(1, 1, 1), Admission::kApply);
+  t.AdvanceClock(1, 1, 1);
+  EXPECT_TRUE(released.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+  EXPECT_THAT(status, IsOk());
+}
+
+TEST(WorkerTracker, UnseenWorkerHoldsBspBack) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  t.AdvanceClock(0, 1, 1);
+  EXPECT_THAT(t.WaitForBound(0, 1, absl::Now() + absl::Milliseconds(10)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST(WorkerTracker, ExpiredLeaseAndFinishedWorkersLeaveTheBound) {
+  FakeClock clock;
+  WorkerTracker t(Options(3, 0), clock.fn());
+  for (int w = 0; w < 3; ++w) ASSERT_THAT(t.Touch(w, 1), IsOk());
+  t.AdvanceClock(0, 1, 5);
+  // Worker 1 finished; worker 2 goes silent past its lease.
+  t.Finish(1, 1);
+  EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Milliseconds(10)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  clock.seconds += 31;
+  t.AdvanceClock(0, 1, 5);  // worker 0 is alive
+  EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Seconds(5)), IsOk());
+  std::vector<WorkerClock> stats;
+  t.FillStats(&stats);
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_TRUE(stats[0].live());
+  EXPECT_FALSE(stats[1].live());
+  EXPECT_FALSE(stats[2].live());
+  // Heard from again: back in the bound.
+  ASSERT_THAT(t.Touch(2, 1), IsOk());
+  EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Milliseconds(10)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST(WorkerTracker, SaveAndRestoreKeepExactlyOnceState) {
+  WorkerTracker t(Options(2, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 9, 1), Admission::kApply);
+  ASSERT_EQ(*t.Admit(0, 9, 2), Admission::kApply);
+  ASSERT_EQ(*t.Admit(0, 9, 5), Admission::kApply);
+  t.AdvanceClock(0, 9, 4);
+  t.SetDataPosition(0, 640, 2);
+  WorkerTracker restored(Options(2, std::nullopt));
+  restored.Restore(t.Save());
+  EXPECT_EQ(*restored.Admit(0, 9, 2), Admission::kDuplicate);
+  EXPECT_EQ(*restored.Admit(0, 9, 5), Admission::kDuplicate);
+  EXPECT_EQ(*restored.Admit(0, 9, 3), Admission::kApply);
+  auto saved = restored.Get(0);
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->clock(), 4);
+  EXPECT_EQ(saved->data_offset(), 640u);
+  EXPECT_EQ(saved->epoch(), 2u);
+}
+
+}  // namespace
+}  // namespace ps::server

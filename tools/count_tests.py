@@ -1,0 +1,26 @@
+"""Counts test cases in Bazel's test.xml files: prints 'N passed, N failed, N skipped'.
+
+Bazel counts test targets (and shows a skipped gtest as PASSED); users want test cases.
+A target that produced no test.xml with cases (a shell test, a crash) counts as one case.
+"""
+import glob
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+root = sys.argv[1] if len(sys.argv) > 1 else "bazel-testlogs"
+passed = failed = skipped = 0
+for path in glob.glob(os.path.join(root, "**", "test.xml"), recursive=True):
+    try:
+        cases = list(ET.parse(path).getroot().iter("testcase"))
+    except ET.ParseError:
+        failed += 1
+        continue
+    for tc in cases:
+        if tc.find("failure") is not None or tc.find("error") is not None:
+            failed += 1
+        elif tc.find("skipped") is not None or tc.get("result") == "skipped" or tc.get("status") == "notrun":
+            skipped += 1
+        else:
+            passed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")

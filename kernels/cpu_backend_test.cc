@@ -78,7 +78,7 @@ TEST(CpuBackendTest, FillAndZero) {
   auto backend = Cpu();
   std::vector<float> x(10, 1.f);
   ASSERT_TRUE(backend->Fill(x.data(), 7, 2.5f).ok());
-  EXPECT_THAT(x, Pointwise(FloatNear(0), {2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 1, 1, 1}));
+  EXPECT_THAT(x, Pointwise(FloatNear(0), {2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 2.5f, 1.f, 1.f, 1.f}));
   ASSERT_TRUE(backend->Zero(x.data() + 1, 2 * sizeof(float)).ok());
   EXPECT_EQ(x[0], 2.5f);
   EXPECT_EQ(x[1], 0.f);
@@ -121,9 +121,9 @@ TEST_P(CpuGemmTest, MatchesReferenceWithAlphaBetaAndPadding) {
   const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   const int lda = a_cols + 3, ldb = b_cols + 2, ldc = n + 5;
-  const std::vector<float> a = Random(size_t{a_rows} * lda, 2);
-  const std::vector<float> b = Random(size_t{b_rows} * ldb, 3);
-  std::vector<float> c = Random(size_t{m} * ldc, 4);
+  const std::vector<float> a = Random(static_cast<size_t>(a_rows) * lda, 2);
+  const std::vector<float> b = Random(static_cast<size_t>(b_rows) * ldb, 3);
+  std::vector<float> c = Random(static_cast<size_t>(m) * ldc, 4);
   std::vector<float> expected = c;
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
@@ -158,7 +158,7 @@ TEST(CpuBackendTest, GemmWithZeroKScalesC) {
   std::vector<float> c = {1, 2, 3, 4};
   ASSERT_TRUE(Cpu()->Gemm(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 2.f, c.data(), 2)
                   .ok());
-  EXPECT_THAT(c, Pointwise(FloatNear(0), {2, 4, 6, 8}));
+  EXPECT_THAT(c, Pointwise(FloatNear(0), {2.f, 4.f, 6.f, 8.f}));
 }
 
 TEST(CpuBackendTest, GemmRejectsShortLeadingDimension) {
@@ -448,12 +448,12 @@ TEST(CpuBackendTest, EmbeddingOpsRejectOutOfRangeIndices) {
   EXPECT_EQ(backend->EmbeddingGather(3, 2, table.data(), 2, indices.data(), out.data()).code(),
             absl::StatusCode::kInvalidArgument);
   // The valid row is gathered, the invalid ones zeroed.
-  EXPECT_THAT(out, Pointwise(FloatNear(0), {3, 4, 0, 0, 0, 0}));
+  EXPECT_THAT(out, Pointwise(FloatNear(0), {3.f, 4.f, 0.f, 0.f, 0.f, 0.f}));
   std::vector<float> acc(4, 0.f);
   EXPECT_EQ(
       backend->EmbeddingScatterAdd(3, 2, out.data(), indices.data(), 2, acc.data()).code(),
       absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(acc, Pointwise(FloatNear(0), {0, 0, 3, 4}));
+  EXPECT_THAT(acc, Pointwise(FloatNear(0), {0.f, 0.f, 3.f, 4.f}));
 }
 
 // ---- Optimizer ------------------------------------------------------------------------------

@@ -26,11 +26,6 @@ T LoadRaw(const char* p) {
   return v;
 }
 
-uint64_t FanIn(const TableConfig& c) { return c.shape_size() >= 2 ? c.shape(0) : 1; }
-uint64_t FanOut(const TableConfig& c) {
-  return c.shape_size() >= 2 ? c.shape(c.shape_size() - 1) : (c.shape_size() ? c.shape(0) : 1);
-}
-
 // One update of `n` parameters at `data` (slots follow at data + n * (i + 1)).
 void ApplyTo(const kernels::OptimizerParams& opt, int num_slots, int64_t step, float* data,
              size_t n, absl::Span<const float> values, const UpdateOptions& options) {
@@ -72,6 +67,7 @@ DenseTablePart::DenseTablePart(const common::TableInfo& info,
     : TablePart(info, optimizer) {
   block_ids_ = partitioner.BlocksOnServer(info, server_index);
   blocks_.reserve(block_ids_.size());
+  const common::Fans fans = common::ComputeFans(*info.config);
   for (uint32_t id : block_ids_) {
     auto [begin, end] = partitioner.BlockRange(info, id);
     const size_t n = end - begin;
@@ -79,8 +75,8 @@ DenseTablePart::DenseTablePart(const common::TableInfo& info,
     {
       absl::MutexLock lock(&block->mu);
       block->data.resize(n * (1 + num_slots_));
-      common::InitializeValues(info.config->initializer(), info.name, FanIn(*info.config),
-                               FanOut(*info.config), begin, absl::Span<float>(block->data.data(), n));
+      common::InitializeValues(info.config->initializer(), info.name, fans.in, fans.out, begin,
+                               absl::Span<float>(block->data.data(), n));
       for (int s = 0; s < num_slots_; ++s) {
         std::fill_n(block->data.data() + n * (s + 1), n,
                     kernels::SlotInitialValue(optimizer_, s));

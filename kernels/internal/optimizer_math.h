@@ -75,10 +75,10 @@ inline OptimizerConsts MakeOptimizerConsts(const OptimizerParams& p, int64_t ste
 
 // Factor that brings a gradient of squared norm `sum_sq` down to `clip_norm` (1 if already
 // within it, or if clipping is off).
-inline float ClipNormScale(float clip_norm, double sum_sq) {
+PS_KERNELS_HD float ClipNormScale(float clip_norm, double sum_sq) {
   if (clip_norm <= 0) return 1.f;
   const double norm = std::sqrt(sum_sq);
-  return norm > clip_norm ? static_cast<float>(clip_norm / norm) : 1.f;
+  return norm > clip_norm ? static_cast<float>(double{clip_norm} / norm) : 1.f;
 }
 
 // Written as compare-selects, which compile to maxps/minps on x86 (NaN propagates).

@@ -52,9 +52,9 @@ absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl
                                                 PullResponse* response) {
   const RequestInfo info = InfoOf(request.header());
   RETURN_IF_ERROR(shard_->CheckLayout(info));
-  RETURN_IF_ERROR(CheckEncoding(request.encoding()));
   // Phase 1: check every part before waiting or reading anything.
   for (const TablePullRequest& t : request.tables()) {
+    RETURN_IF_ERROR(CheckEncoding(t.encoding()));
     ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
     if (part->info().kind == TABLE_KIND_DENSE) {
       if (!t.keys().empty()) {
@@ -79,9 +79,9 @@ absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl
   // Phase 2: read.
   std::vector<float> scratch;
   uint64_t bytes_out = 0;
-  const Encoding encoding = request.encoding();
-  const size_t bpv = common::BytesPerValue(encoding);
   for (const TablePullRequest& t : request.tables()) {
+    const Encoding encoding = t.encoding();
+    const size_t bpv = common::BytesPerValue(encoding);
     TablePart* part = *shard_->FindTable(t.table());
     TableValues* out = response->add_tables();
     out->set_table(t.table());

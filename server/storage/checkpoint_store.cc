@@ -1,48 +1,53 @@
-// On-disk layout (format 1). Two column families:
+// On-disk layout (format 1): one RocksDB database with
 //
-//   "default" (meta):   "F"                 -> kFormat, written once when the store is created
-//                       "N"                 -> fixed64 next checkpoint id (high-water mark)
-//                       "C" + be64(id)      -> commit record of complete checkpoint `id`
-//   "records":          be64(id) + user key -> fixed32 crc + value
+//   column family "default" (meta):  "F"            -> kFormat, written when the store is created
+//                                    "N"            -> fixed64 next checkpoint id (high-water mark)
+//                                    "C" + be64(id) -> commit record of complete checkpoint `id`
+//   column family "checkpoint-<id>"  user key       -> fixed32 crc + value     (one per checkpoint;
+//                                                      <id> is 20 decimal digits)
 //
-// All fixed-width integers in values are little-endian; ids in keys are big-endian so that they
-// sort numerically and a checkpoint's records are one contiguous key range.
+// Fixed-width integers in values are little-endian; ids in keys are big-endian so they sort.
 //
-// crc = CRC-32C over the stored key (be64(id) + user key) followed by the value. Including the id
-// means a record that ends up under another checkpoint's prefix fails its check as well.
+// Why a column family per checkpoint rather than one records family keyed by be64(id) + key:
+// checkpoints are written once, read whole and deleted whole. In their own column family, with
+// compaction off, a checkpoint's records are written to disk exactly once (the memtable flush;
+// no WAL, see below) and deleting it is DropColumnFamily, which removes its files without reading
+// them. In a shared family, RocksDB's DeleteFilesInRange skips L0 files, so reclaiming space needs
+// a compaction that reads the deleted data and, if that data is corrupt, fails and stops all
+// writes of the database; a corrupt old checkpoint must not stop new ones. Reads merge the
+// checkpoint's L0 files (about size / write_buffer_size of them), which is fine for scans.
+//
+// crc = CRC-32C of be64(id) + key + value. The id is included so that a record can only verify
+// in the checkpoint it was written for.
 //
 // Commit record: fixed32 version (1) | fixed64 id | fixed64 num_records | fixed64 bytes |
 //   fixed64 hash | fixed64 unix_micros | fixed32 metadata size | metadata | fixed32 CRC-32C of
 //   everything before it.
-// hash = sum mod 2^64 over records of Mix64(crc32c(stored key) << 32 | crc). A sum does not
+// hash = sum mod 2^64 over records of Mix64(crc32c(be64(id) + key) << 32 | crc). A sum does not
 // depend on the order of Put() calls (the shard streams hash tables in their own order) while the
-// reader recomputes it in key order; a missing, extra or duplicated record changes it.
+// reader recomputes it in key order; a missing, extra or replaced record changes it.
 //
-// Durability protocol (wal_for_records == false):
-//   1. Records are written with the WAL off, so they live in memtables and in SST files of
-//      automatic flushes. A crash loses the memtable part, which belongs to an invisible
-//      checkpoint anyway.
-//   2. Commit() flushes the records column family and waits: the flush writes and fsyncs SST
-//      files and the MANIFEST, so every record is durable before step 3 starts.
-//   3. The commit record is written to the WAL with sync. It is the single point at which the
-//      checkpoint becomes visible.
-// With wal_for_records == true every record goes through the WAL and step 2 is skipped: the
-// synced commit record is later in the same log, and syncing the log syncs all of it.
+// Durability protocol (wal_for_records == false, the default):
+//   1. BeginCheckpoint() writes N = id + 1 (synced) and creates the column family (a MANIFEST
+//      write, which RocksDB syncs).
+//   2. Records are written with the WAL off: they live in memtables and in L0 files of flushes. A
+//      crash loses the memtable part, which belongs to an invisible checkpoint anyway.
+//   3. Commit() flushes the column family and waits: the flush writes and fsyncs the SST files
+//      and the MANIFEST, so every record is durable before step 4 starts.
+//   4. The commit record is written to the WAL with sync: the one point at which the checkpoint
+//      becomes visible.
+// With wal_for_records == true step 3 is skipped: the records precede the synced commit record
+// in the same log, and syncing the log syncs all of it.
 //
-// Ids: BeginCheckpoint() persists next id (N) before handing out an id, and Open() takes the
-// maximum of N, the newest commit and the newest stored record, so an id is never reused even if
-// a record of it survived a crash. Records whose id has no commit record are "incomplete" and
-// are deleted by Open() and BeginCheckpoint(), when no writer is open.
+// A column family without a commit record belongs to an incomplete checkpoint; Open() and
+// BeginCheckpoint() (when no writer is open) drop it. Ids are never reused: Open() starts from the
+// maximum of N, the newest commit record and the newest column family.
 //
-// Deletion (retention, incomplete checkpoints): the commit record goes first (synced), then the
-// records: DeleteRange for correctness, DeleteFilesInRange to drop whole SST files at once, and a
-// CompactRange over the range to reclaim what the first two left (L0 files, partly covered
-// files). An SstPartitioner cuts compaction output at checkpoint-id boundaries and every commit
-// flushes, so most files hold one checkpoint and are dropped without being rewritten.
-//
-// Reads take one iterator per column family with DB::NewIterators, which share one consistent
-// view and pin the files of that view, so a concurrent retention pass (including
-// DeleteFilesInRange) can make a read miss a checkpoint entirely, never half of it.
+// Retention deletes the old commit records first (synced), then drops their column families, so
+// a commit record never outlives its records. Readers hold a reference to the column family
+// handle and read it together with the meta family through DB::NewIterators (one consistent
+// view); RocksDB keeps a dropped family's files until its last handle is gone, so a read that
+// races with retention sees the whole checkpoint or NOT_FOUND, never half of it.
 #include "server/storage/checkpoint_store.h"
 
 #include <algorithm>
@@ -51,19 +56,18 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "rocksdb/convenience.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/iterator.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
-#include "rocksdb/sst_partitioner.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "server/storage/crc32c.h"
@@ -83,7 +87,7 @@ constexpr char kFormat[] = "ps.server.storage.CheckpointStore format 1";
 constexpr char kFormatKey[] = "F";
 constexpr char kNextIdKey[] = "N";
 constexpr char kCommitTag = 'C';
-constexpr char kRecordsCf[] = "records";
+constexpr char kCfPrefix[] = "checkpoint-";
 constexpr uint32_t kCommitVersion = 1;
 constexpr size_t kIdBytes = 8;
 constexpr size_t kCrcBytes = 4;
@@ -113,8 +117,10 @@ uint64_t DecodeFixed64(const char* p) {
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
 }
-void PutBigEndian64(std::string* dst, uint64_t v) {
-  for (int i = 7; i >= 0; --i) dst->push_back(static_cast<char>(v >> (8 * i)));
+std::string BigEndian64(uint64_t v) {
+  std::string out;
+  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+  return out;
 }
 uint64_t DecodeBigEndian64(const char* p) {
   uint64_t v = 0;
@@ -136,22 +142,22 @@ bool GetFixed64(absl::string_view* in, uint64_t* v) {
   return true;
 }
 
-// ---- Keys. ----
+// ---- Names and keys. ----
 
-std::string RecordPrefix(uint64_t id) {
-  std::string key;
-  PutBigEndian64(&key, id);
-  return key;
-}
-
-std::string CommitKey(uint64_t id) {
-  std::string key(1, kCommitTag);
-  PutBigEndian64(&key, id);
-  return key;
-}
+std::string CommitKey(uint64_t id) { return absl::StrCat(std::string(1, kCommitTag), BigEndian64(id)); }
 
 bool IsCommitKey(absl::string_view key) {
   return key.size() == 1 + kIdBytes && key[0] == kCommitTag;
+}
+
+std::string CfName(uint64_t id) { return absl::StrFormat("%s%020d", kCfPrefix, id); }
+
+// The checkpoint id of a column family name, or nullopt if it is not one of ours.
+std::optional<uint64_t> ParseCfName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kCfPrefix) || name.size() != 20) return std::nullopt;
+  uint64_t id = 0;
+  if (!absl::SimpleAtoi(name, &id)) return std::nullopt;
+  return id;
 }
 
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
@@ -163,6 +169,10 @@ std::string PrintableKey(absl::string_view key) {
   if (key.size() > kMaxKeyInMessage) absl::StrAppend(&out, "... (", key.size(), " bytes)");
   return out;
 }
+
+// ---- Checksums. ----
+
+uint32_t IdCrc(uint64_t id) { return crc32c::Value(BigEndian64(id)); }
 
 // splitmix64's finalizer: a bijection that spreads every input bit over the output.
 uint64_t Mix64(uint64_t x) {
@@ -231,11 +241,14 @@ rocksdb::DBOptions MakeDbOptions(rocksdb::Env* env) {
   rocksdb::DBOptions options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;
-  options.paranoid_checks = true;  // The default; refuse to open on corrupt or truncated files.
+  options.paranoid_checks = true;  // The default: refuse to open with missing or truncated files.
   options.env = env;
+  // Open table files lazily (bounded cache) instead of all at Open: a damaged index block of one
+  // checkpoint then fails reads of that checkpoint, not the whole store.
+  options.max_open_files = 512;
   // One flush and one compaction in parallel: the shard shares its cores with training traffic.
   options.max_background_jobs = 2;
-  // Spread the page-cache writeback instead of stalling on one big fsync at flush end.
+  // Spread page-cache writeback instead of stalling on one big fsync at the end of a flush.
   options.bytes_per_sync = 1 << 20;
   options.wal_bytes_per_sync = 1 << 20;
   options.keep_log_file_num = 4;  // Info LOG files.
@@ -248,17 +261,16 @@ rocksdb::ColumnFamilyOptions MakeMetaCfOptions() {
   return options;
 }
 
-rocksdb::ColumnFamilyOptions MakeRecordsCfOptions() {
+rocksdb::ColumnFamilyOptions MakeCheckpointCfOptions() {
   rocksdb::ColumnFamilyOptions options;
-  // Checkpoints are float parameters and optimizer slots, which block compressors barely
-  // shrink; compressing them costs CPU on both paths for nothing.
+  // Written once, read whole, dropped whole: compaction would only rewrite the data. (With
+  // compaction off RocksDB also skips its L0 write stalls.)
+  options.disable_auto_compactions = true;
+  // Parameters and optimizer slots are floats, which block compressors barely shrink;
+  // compressing them costs CPU on both paths for nothing.
   options.compression = rocksdb::kNoCompression;
-  options.bottommost_compression = rocksdb::kNoCompression;
   options.write_buffer_size = 64 << 20;
-  options.max_write_buffer_number = 4;  // Keep accepting writes while one memtable flushes.
-  options.target_file_size_base = 64 << 20;
-  // Compaction output never straddles two checkpoints, so deleting one drops whole files.
-  options.sst_partitioner_factory = rocksdb::NewSstPartitionerFixedPrefixFactory(kIdBytes);
+  options.max_write_buffer_number = 4;  // Keep accepting records while memtables flush.
   rocksdb::BlockBasedTableOptions table;
   table.block_size = 64 << 10;  // Reads are long scans; fewer index entries for small rows.
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
@@ -269,7 +281,7 @@ rocksdb::ReadOptions ScanReadOptions() {
   rocksdb::ReadOptions options;
   options.verify_checksums = true;  // RocksDB's block checksums, in addition to ours.
   options.fill_cache = false;       // A full scan would only evict useful blocks.
-  options.readahead_size = 4 << 20;
+  options.readahead_size = 2 << 20;
   return options;
 }
 
@@ -286,8 +298,13 @@ rocksdb::Status CreateDirs(rocksdb::Env* env, const std::string& path) {
 
 // ============================== CheckpointWriter ==============================
 
-CheckpointWriter::CheckpointWriter(CheckpointStore* store, uint64_t id)
-    : store_(store), id_(id), batch_(std::make_unique<rocksdb::WriteBatch>()) {}
+CheckpointWriter::CheckpointWriter(CheckpointStore* store, uint64_t id,
+                                   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf)
+    : store_(store),
+      id_(id),
+      cf_(std::move(cf)),
+      id_crc_(IdCrc(id)),
+      batch_(std::make_unique<rocksdb::WriteBatch>()) {}
 
 CheckpointWriter::~CheckpointWriter() { Abort(); }
 
@@ -301,17 +318,15 @@ absl::Status CheckpointWriter::Put(absl::string_view key, absl::string_view valu
         "key ", PrintableKey(key), " (", key.size(), " bytes) or its value (", value.size(),
         " bytes) is too large; limits are ", kMaxKeyBytes, " and ", kMaxValueBytes)));
   }
-  std::string stored_key = RecordPrefix(id_);
-  stored_key.append(key.data(), key.size());
-  const uint32_t key_crc = crc32c::Value(stored_key);
+  const uint32_t key_crc = crc32c::Extend(id_crc_, key);
   const uint32_t crc = crc32c::Extend(key_crc, value);
   char crc_bytes[kCrcBytes];
   EncodeFixed32(crc_bytes, crc);
 
-  // SliceParts: the value goes into the batch once, without first building crc + value.
-  const rocksdb::Slice key_slice(stored_key);
+  // SliceParts: the value is copied into the batch once, without first building crc + value.
+  const rocksdb::Slice key_slice = ToSlice(key);
   const rocksdb::Slice value_parts[2] = {rocksdb::Slice(crc_bytes, kCrcBytes), ToSlice(value)};
-  rocksdb::Status s = batch_->Put(store_->records_cf_.get(), rocksdb::SliceParts(&key_slice, 1),
+  rocksdb::Status s = batch_->Put(cf_.get(), rocksdb::SliceParts(&key_slice, 1),
                                   rocksdb::SliceParts(value_parts, 2));
   if (!s.ok()) return Fail(FromRocksDbStatus(s, "add record to batch"));
   ++num_records_;
@@ -345,7 +360,7 @@ absl::StatusOr<CheckpointInfo> CheckpointWriter::Commit(absl::string_view metada
   expected.num_records = num_records_;
   expected.bytes = bytes_;
   expected.hash = hash_;
-  absl::StatusOr<CheckpointInfo> info = store_->CommitCheckpoint(id_, expected, metadata);
+  absl::StatusOr<CheckpointInfo> info = store_->CommitCheckpoint(id_, cf_.get(), expected, metadata);
   if (!info.ok()) return Fail(info.status());
   state_ = State::kCommitted;
   store_->ReleaseWriter(id_, /*delete_records=*/false);
@@ -361,8 +376,7 @@ void CheckpointWriter::Abort() {
 
 void CheckpointWriter::AbandonForTest() {
   if (state_ != State::kOpen) return;
-  absl::Status status = WriteBatchToDb();
-  if (!status.ok()) return;  // Fail() already aborted the writer.
+  if (!WriteBatchToDb().ok()) return;  // Fail() aborted the writer already.
   state_ = State::kAborted;
   store_->ReleaseWriter(id_, /*delete_records=*/false);
 }
@@ -372,7 +386,7 @@ absl::Status CheckpointWriter::Fail(absl::Status status) {
   return store_->Error(common::Annotate(status, absl::StrCat("checkpoint ", id_)));
 }
 
-// ============================== CheckpointStore ==============================
+// ============================== CheckpointStore: open ==============================
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
     const CheckpointStoreOptions& options) {
@@ -387,43 +401,46 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenWithEnvFor
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
     const CheckpointStoreOptions& options, rocksdb::Env* env) {
   if (options.path.empty()) return absl::InvalidArgumentError("checkpoint store: empty path");
-  if (options.keep < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint store ", options.path, ": keep must be >= 1"));
-  }
-  if (options.write_batch_bytes == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint store ", options.path, ": write_batch_bytes must be > 0"));
-  }
   const std::string context = absl::StrCat("checkpoint store ", options.path);
+  if (options.keep < 1) return absl::InvalidArgumentError(context + ": keep must be >= 1");
+  if (options.write_batch_bytes == 0) {
+    return absl::InvalidArgumentError(context + ": write_batch_bytes must be > 0");
+  }
   RETURN_IF_ERROR(FromRocksDbStatus(CreateDirs(env, options.path), context));
 
   const rocksdb::DBOptions db_options = MakeDbOptions(env);
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
+      {rocksdb::kDefaultColumnFamilyName, MakeMetaCfOptions()}};
+  std::vector<uint64_t> ids;
   const bool existed = env->FileExists(options.path + "/CURRENT").ok();
   if (existed) {
     std::vector<std::string> names;
     RETURN_IF_ERROR(FromRocksDbStatus(
         rocksdb::DB::ListColumnFamilies(db_options, options.path, &names), context));
     for (const std::string& name : names) {
-      if (name != rocksdb::kDefaultColumnFamilyName && name != kRecordsCf) {
+      if (name == rocksdb::kDefaultColumnFamilyName) continue;
+      std::optional<uint64_t> id = ParseCfName(name);
+      if (!id.has_value()) {
         return absl::FailedPreconditionError(absl::StrCat(
             context, ": holds a RocksDB database that is not a checkpoint store (column families ",
             absl::StrJoin(names, ", "), ")"));
       }
+      ids.push_back(*id);
+      descriptors.emplace_back(name, MakeCheckpointCfOptions());
     }
   }
-  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
-      {rocksdb::kDefaultColumnFamilyName, MakeMetaCfOptions()},
-      {kRecordsCf, MakeRecordsCfOptions()}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw_db = nullptr;
   RETURN_IF_ERROR(FromRocksDbStatus(
       rocksdb::DB::Open(db_options, options.path, descriptors, &handles, &raw_db), context));
 
-  std::unique_ptr<CheckpointStore> store(new CheckpointStore(
-      options, std::unique_ptr<rocksdb::DB>(raw_db),
-      std::unique_ptr<rocksdb::ColumnFamilyHandle>(handles[0]),
-      std::unique_ptr<rocksdb::ColumnFamilyHandle>(handles[1])));
+  std::unique_ptr<CheckpointStore> store(
+      new CheckpointStore(options, std::unique_ptr<rocksdb::DB>(raw_db),
+                          std::unique_ptr<rocksdb::ColumnFamilyHandle>(handles[0])));
+  {
+    absl::MutexLock lock(&store->mu_);
+    for (size_t i = 0; i < ids.size(); ++i) store->cfs_[ids[i]] = store->Share(handles[i + 1]);
+  }
   RETURN_IF_ERROR(store->CheckOrWriteFormat(!existed));
   RETURN_IF_ERROR(store->Recover());
   return store;
@@ -431,24 +448,28 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
 
 CheckpointStore::CheckpointStore(const CheckpointStoreOptions& options,
                                  std::unique_ptr<rocksdb::DB> db,
-                                 std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf,
-                                 std::unique_ptr<rocksdb::ColumnFamilyHandle> records_cf)
-    : options_(options),
-      db_(std::move(db)),
-      meta_cf_(std::move(meta_cf)),
-      records_cf_(std::move(records_cf)) {}
+                                 std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf)
+    : options_(options), db_(std::move(db)), meta_cf_(std::move(meta_cf)) {}
 
 CheckpointStore::~CheckpointStore() {
   {
     absl::MutexLock lock(&mu_);
     DCHECK(!writer_open_) << "CheckpointStore destroyed before its CheckpointWriter";
+    cfs_.clear();
   }
   meta_cf_.reset();
-  records_cf_.reset();
   // Close() flushes memtables that hold WAL-less records and reports errors, which the
   // destructor of rocksdb::DB would swallow.
   rocksdb::Status s = db_->Close();
   if (!s.ok()) LOG(WARNING) << "checkpoint store " << options_.path << ": close: " << s.ToString();
+}
+
+std::shared_ptr<rocksdb::ColumnFamilyHandle> CheckpointStore::Share(
+    rocksdb::ColumnFamilyHandle* handle) {
+  rocksdb::DB* db = db_.get();
+  return std::shared_ptr<rocksdb::ColumnFamilyHandle>(handle, [db](rocksdb::ColumnFamilyHandle* h) {
+    db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  });
 }
 
 absl::Status CheckpointStore::Error(const absl::Status& status) const {
@@ -468,14 +489,17 @@ absl::Status CheckpointStore::CheckOrWriteFormat(bool created) {
   if (!created) {
     // An existing database without a format record is someone else's, unless it is empty (a
     // crash between RocksDB creating the directory and us writing the record).
-    for (rocksdb::ColumnFamilyHandle* cf : {meta_cf_.get(), records_cf_.get()}) {
-      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf));
-      it->SeekToFirst();
-      if (it->Valid()) {
-        return Error(absl::FailedPreconditionError(
-            "holds a RocksDB database that is not a checkpoint store (no format record)"));
-      }
-      RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "scan for format record")));
+    bool empty = false;
+    {
+      absl::MutexLock lock(&mu_);
+      empty = cfs_.empty();
+    }
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
+    it->SeekToFirst();
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "scan for format record")));
+    if (it->Valid() || !empty) {
+      return Error(absl::FailedPreconditionError(
+          "holds a RocksDB database that is not a checkpoint store (no format record)"));
     }
   }
   rocksdb::WriteOptions write_options;
@@ -494,100 +518,80 @@ absl::Status CheckpointStore::Recover() {
   } else if (!s.IsNotFound()) {
     return Error(FromRocksDbStatus(s, "read next id"));
   }
-  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> complete, List());
-  if (!complete.empty()) next_id = std::max(next_id, complete.back().id + 1);
-  ASSIGN_OR_RETURN(uint64_t max_record_id, MaxRecordId());
-  next_id = std::max(next_id, max_record_id + 1);
-  {
-    absl::MutexLock lock(&mu_);
-    next_id_ = next_id;
-    RETURN_IF_ERROR(DeleteIncomplete(next_id));
-  }
+  // Only keys: a damaged commit record must not keep the store from opening (List() and Read()
+  // report it).
+  ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
+  if (!committed.empty()) next_id = std::max(next_id, committed.back() + 1);
+  absl::MutexLock lock(&mu_);
+  if (!cfs_.empty()) next_id = std::max(next_id, cfs_.rbegin()->first + 1);
+  next_id_ = next_id;
+  RETURN_IF_ERROR(DeleteIncomplete());
   return ApplyRetention();
 }
 
-absl::StatusOr<uint64_t> CheckpointStore::MaxRecordId() {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_cf_.get()));
-  it->SeekToLast();
-  if (!it->Valid()) {
-    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "find newest record")));
-    return 0;
+// ============================== CheckpointStore: bookkeeping ==============================
+
+absl::StatusOr<std::vector<uint64_t>> CheckpointStore::CommitIds() {
+  std::vector<uint64_t> ids;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
+  for (it->Seek(std::string(1, kCommitTag)); it->Valid() && IsCommitKey(ToView(it->key()));
+       it->Next()) {
+    ids.push_back(DecodeBigEndian64(it->key().data() + 1));
   }
-  if (it->key().size() < kIdBytes) {
-    return Error(absl::DataLossError(
-        absl::StrCat("record key ", PrintableKey(ToView(it->key())), " is too short")));
-  }
-  return DecodeBigEndian64(it->key().data());
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "list commit records")));
+  return ids;
 }
 
-absl::Status CheckpointStore::DeleteIncomplete(uint64_t below_id) {
-  // Walks the distinct ids present in the records column family, one Seek per id.
-  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> complete, List());
+std::shared_ptr<rocksdb::ColumnFamilyHandle> CheckpointStore::FindCf(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = cfs_.find(id);
+  return it == cfs_.end() ? nullptr : it->second;
+}
+
+absl::Status CheckpointStore::DeleteIncomplete() {
+  ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
   std::vector<uint64_t> incomplete;
-  {
-    std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(rocksdb::ReadOptions(), records_cf_.get()));
-    for (it->SeekToFirst(); it->Valid();) {
-      if (it->key().size() < kIdBytes) {
-        return Error(absl::DataLossError(
-            absl::StrCat("record key ", PrintableKey(ToView(it->key())), " is too short")));
-      }
-      const uint64_t id = DecodeBigEndian64(it->key().data());
-      if (id >= below_id) break;
-      const bool is_complete = std::any_of(complete.begin(), complete.end(),
-                                           [id](const CheckpointInfo& c) { return c.id == id; });
-      if (!is_complete) incomplete.push_back(id);
-      if (id == std::numeric_limits<uint64_t>::max()) break;
-      it->Seek(RecordPrefix(id + 1));
-    }
-    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status(), "scan for incomplete checkpoints")));
+  for (const auto& [id, cf] : cfs_) {
+    if (!std::binary_search(committed.begin(), committed.end(), id)) incomplete.push_back(id);
   }
-  for (uint64_t id : incomplete) {
-    LOG(INFO) << "checkpoint store " << options_.path << ": deleting incomplete checkpoint " << id;
-    RETURN_IF_ERROR(DeleteRecords(id, id + 1));
+  return DropCheckpoints(std::move(incomplete));
+}
+
+absl::Status CheckpointStore::DropCheckpoints(std::vector<uint64_t> ids) {
+  for (uint64_t id : ids) {
+    auto it = cfs_.find(id);
+    if (it == cfs_.end()) continue;
+    // Durable in the MANIFEST. Files go once no reader holds the handle any more.
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(db_->DropColumnFamily(it->second.get()),
+                                            absl::StrCat("drop checkpoint ", id))));
+    cfs_.erase(it);
+    VLOG(1) << "checkpoint store " << options_.path << ": dropped checkpoint " << id;
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointStore::DeleteRecords(uint64_t first_id, uint64_t end_id) {
-  const std::string begin = RecordPrefix(first_id);
-  const std::string end = RecordPrefix(end_id);
-  const std::string context = absl::StrCat("delete records of checkpoints [", first_id, ", ",
-                                           end_id, ")");
-  // Not synced: if the range delete is lost, the records are incomplete again (their commit
-  // record is gone or never existed) and the next Open() deletes them.
-  RETURN_IF_ERROR(Error(FromRocksDbStatus(
-      db_->DeleteRange(rocksdb::WriteOptions(), records_cf_.get(), begin, end), context)));
-  const rocksdb::Slice begin_slice(begin), end_slice(end);
-  RETURN_IF_ERROR(Error(FromRocksDbStatus(
-      rocksdb::DeleteFilesInRange(db_.get(), records_cf_.get(), &begin_slice, &end_slice,
-                                  /*include_end=*/false),
-      context)));
-  rocksdb::CompactRangeOptions compact;
-  compact.exclusive_manual_compaction = false;
-  return Error(FromRocksDbStatus(
-      db_->CompactRange(compact, records_cf_.get(), &begin_slice, &end_slice), context));
-}
-
 absl::Status CheckpointStore::ApplyRetention() {
-  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> complete, List());
-  if (complete.size() <= options_.keep) return absl::OkStatus();
-  // Everything below the oldest kept id goes: the older complete checkpoints and any incomplete
-  // records among them. The newest complete checkpoint is at or above `oldest_kept`.
-  const uint64_t oldest_kept = complete[complete.size() - options_.keep].id;
+  ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
+  if (committed.size() <= options_.keep) return absl::OkStatus();
+  // The newest `keep` survive, so the newest complete checkpoint always does.
+  const uint64_t oldest_kept = committed[committed.size() - options_.keep];
   rocksdb::WriteBatch batch;
-  for (const CheckpointInfo& info : complete) {
-    if (info.id >= oldest_kept) break;
-    RETURN_IF_ERROR(Error(FromRocksDbStatus(batch.Delete(meta_cf_.get(), CommitKey(info.id)))));
+  for (uint64_t id : committed) {
+    if (id >= oldest_kept) break;
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(batch.Delete(meta_cf_.get(), CommitKey(id)))));
   }
-  // Synced before any record is deleted: a commit record must never outlive its records.
+  // Synced before any records go: a commit record must never outlive its records.
   rocksdb::WriteOptions write_options;
   write_options.sync = options_.sync;
-  RETURN_IF_ERROR(Error(FromRocksDbStatus(db_->Write(write_options, &batch),
-                                          "delete old commit records")));
-  LOG(INFO) << "checkpoint store " << options_.path << ": deleted checkpoints below "
+  RETURN_IF_ERROR(Error(
+      FromRocksDbStatus(db_->Write(write_options, &batch), "delete old commit records")));
+  std::vector<uint64_t> old;
+  for (const auto& [id, cf] : cfs_) {
+    if (id < oldest_kept) old.push_back(id);
+  }
+  LOG(INFO) << "checkpoint store " << options_.path << ": deleting checkpoints below "
             << oldest_kept;
-  return DeleteRecords(0, oldest_kept);
+  return DropCheckpoints(std::move(old));
 }
 
 absl::Status CheckpointStore::PutNextId(uint64_t next_id) {
@@ -599,25 +603,32 @@ absl::Status CheckpointStore::PutNextId(uint64_t next_id) {
                                  "record next checkpoint id"));
 }
 
+// ============================== CheckpointStore: writing ==============================
+
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoint() {
   absl::MutexLock lock(&mu_);
   if (writer_open_) {
     return Error(absl::FailedPreconditionError(
         "another checkpoint is being written; commit or abort it first"));
   }
-  // A disk-full or I/O error during an earlier flush leaves RocksDB refusing writes until it
-  // recovers. Resume() is a no-op on a healthy database and retries the recovery otherwise, so
-  // a checkpoint succeeds as soon as the cause is gone.
-  rocksdb::Status resumed = db_->Resume();
-  if (!resumed.ok()) {
-    return Error(FromRocksDbStatus(resumed, "recover from an earlier write error"));
-  }
-  RETURN_IF_ERROR(DeleteIncomplete(next_id_));
+  // A disk-full or I/O error in an earlier flush leaves RocksDB refusing writes until it
+  // recovers. Resume() returns at once on a healthy database and retries the recovery
+  // otherwise, so a checkpoint succeeds again as soon as the cause is gone.
+  RETURN_IF_ERROR(
+      Error(FromRocksDbStatus(db_->Resume(), "recover from an earlier write error")));
+  RETURN_IF_ERROR(DeleteIncomplete());
   const uint64_t id = next_id_;
+  // Before the column family exists, so that no crash can leave records under a reusable id.
   RETURN_IF_ERROR(PutNextId(id + 1));
   next_id_ = id + 1;
+  rocksdb::ColumnFamilyHandle* raw = nullptr;
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(
+      db_->CreateColumnFamily(MakeCheckpointCfOptions(), CfName(id), &raw),
+      absl::StrCat("create checkpoint ", id))));
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = Share(raw);
+  cfs_[id] = cf;
   writer_open_ = true;
-  return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(this, id));
+  return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(this, id, std::move(cf)));
 }
 
 absl::Status CheckpointStore::WriteRecords(rocksdb::WriteBatch* batch) {
@@ -627,17 +638,27 @@ absl::Status CheckpointStore::WriteRecords(rocksdb::WriteBatch* batch) {
 }
 
 absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
+                                                                 rocksdb::ColumnFamilyHandle* cf,
                                                                  const Expected& expected,
                                                                  absl::string_view metadata) {
   if (!options_.wal_for_records) {
     rocksdb::FlushOptions flush;
     flush.wait = true;
-    RETURN_IF_ERROR(FromRocksDbStatus(db_->Flush(flush, records_cf_.get()), "flush records"));
+    flush.allow_write_stall = true;  // Nothing else writes to this column family.
+    RETURN_IF_ERROR(FromRocksDbStatus(db_->Flush(flush, cf), "flush records"));
   }
   if (options_.verify_before_commit) {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ScanReadOptions(), records_cf_.get()));
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ScanReadOptions(), cf));
     absl::Status status = ScanRecords(id, it.get(), expected, nullptr);
-    if (!status.ok()) return common::Annotate(status, "read back before commit");
+    if (!status.ok()) {
+      // The store read back what it just wrote, so fewer records than Puts means a key was
+      // repeated (the later Put replaced the earlier); anything else is real damage.
+      if (absl::IsDataLoss(status) && absl::StrContains(status.message(), "fewer records")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a key was Put more than once (", status.message(), ")"));
+      }
+      return common::Annotate(status, "read back before commit");
+    }
   }
   CommitRecord record;
   record.info.id = id;
@@ -654,6 +675,7 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
 
   // The checkpoint is complete; failing to delete old ones must not make the caller believe it
   // is not. The next commit (or Open) retries, since retention deletes everything beyond `keep`.
+  absl::MutexLock lock(&mu_);
   absl::Status retention = ApplyRetention();
   if (!retention.ok()) {
     LOG(WARNING) << "checkpoint " << id << " committed, but deleting old checkpoints failed: "
@@ -663,35 +685,34 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
 }
 
 void CheckpointStore::ReleaseWriter(uint64_t id, bool delete_records) {
-  if (delete_records) {
-    absl::Status status = DeleteRecords(id, id + 1);
-    if (!status.ok()) {
-      // Dropped on purpose: the writer is going away and has no one to report to; the records
-      // are incomplete and the next BeginCheckpoint() or Open() deletes them.
-      LOG(WARNING) << "abort checkpoint " << id << ": " << status;
-    }
-  }
   absl::MutexLock lock(&mu_);
   writer_open_ = false;
+  if (!delete_records) return;
+  absl::Status status = DropCheckpoints({id});
+  if (!status.ok()) {
+    // Dropped on purpose: the writer is going away and has no one to report to. The column
+    // family has no commit record, so the next BeginCheckpoint() or Open() drops it.
+    LOG(WARNING) << "abort checkpoint " << id << ": " << status;
+  }
 }
+
+// ============================== CheckpointStore: reading ==============================
 
 absl::Status CheckpointStore::ScanRecords(
     uint64_t id, rocksdb::Iterator* records, const Expected& expected,
     const std::function<absl::Status(absl::string_view, absl::string_view)>* visit) {
-  const std::string prefix = RecordPrefix(id);
+  const uint32_t id_crc = IdCrc(id);
   Expected actual;
-  std::string last_key;  // For messages about errors that are not tied to one record.
-  for (records->Seek(prefix); records->Valid(); records->Next()) {
-    const absl::string_view stored_key = ToView(records->key());
-    if (!absl::StartsWith(stored_key, prefix)) break;
-    const absl::string_view key = stored_key.substr(kIdBytes);
+  std::string last_key;  // For errors that are not tied to one record.
+  for (records->SeekToFirst(); records->Valid(); records->Next()) {
+    const absl::string_view key = ToView(records->key());
     const absl::string_view stored_value = ToView(records->value());
     if (stored_value.size() < kCrcBytes) {
       return absl::DataLossError(absl::StrCat("checkpoint ", id, ", key ", PrintableKey(key),
                                               ": stored value too short for its checksum"));
     }
     const absl::string_view value = stored_value.substr(kCrcBytes);
-    const uint32_t key_crc = crc32c::Value(stored_key);
+    const uint32_t key_crc = crc32c::Extend(id_crc, key);
     const uint32_t crc = crc32c::Extend(key_crc, value);
     const uint32_t stored_crc = DecodeFixed32(stored_value.data());
     if (crc != stored_crc) {
@@ -709,59 +730,63 @@ absl::Status CheckpointStore::ScanRecords(
     if (visit != nullptr) RETURN_IF_ERROR((*visit)(key, value));
     last_key.assign(key.data(), key.size());
   }
+  const std::string last_read =
+      actual.num_records == 0 ? std::string("(none)") : PrintableKey(last_key);
   if (!records->status().ok()) {
     return FromRocksDbStatus(records->status(),
-                             absl::StrCat("checkpoint ", id, ", after key ",
-                                          actual.num_records == 0 ? "(none)" : PrintableKey(last_key)));
+                             absl::StrCat("checkpoint ", id, ", after key ", last_read));
   }
-  if (actual.num_records != expected.num_records || actual.bytes != expected.bytes ||
-      actual.hash != expected.hash) {
+  if (actual.num_records < expected.num_records) {
     return absl::DataLossError(absl::StrCat(
-        "checkpoint ", id, ": records do not match the commit record (", actual.num_records,
-        " records / ", actual.bytes, " bytes found, ", expected.num_records, " / ", expected.bytes,
-        " expected", actual.hash != expected.hash ? ", hash differs" : "",
-        "): a record is missing or was replaced; last key read ",
-        actual.num_records == 0 ? "(none)" : PrintableKey(last_key)));
+        "checkpoint ", id, ": ", actual.num_records, " records found, fewer records than the ",
+        expected.num_records, " committed; last key read ", last_read));
+  }
+  if (actual.bytes != expected.bytes || actual.hash != expected.hash) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", id, ": records differ from the committed ones (", actual.bytes,
+        " bytes found, ", expected.bytes, " committed", actual.hash != expected.hash ? ", hash differs" : "",
+        "): a record was replaced; last key read ", last_read));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckpointStore::ReadImpl(
     uint64_t id, const std::function<absl::Status(absl::string_view, absl::string_view)>* visit) {
+  const std::string context = absl::StrCat("read checkpoint ", id);
+  // Holding `cf` keeps the checkpoint's files even if retention drops it meanwhile.
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = FindCf(id);
+  if (cf == nullptr) return absl::NotFoundError(absl::StrCat("no complete checkpoint ", id));
   std::vector<rocksdb::Iterator*> raw;
-  RETURN_IF_ERROR(Error(FromRocksDbStatus(
-      db_->NewIterators(ScanReadOptions(), {meta_cf_.get(), records_cf_.get()}, &raw),
-      absl::StrCat("read checkpoint ", id))));
+  RETURN_IF_ERROR(FromRocksDbStatus(
+      db_->NewIterators(ScanReadOptions(), {meta_cf_.get(), cf.get()}, &raw), context));
   std::unique_ptr<rocksdb::Iterator> meta(raw[0]), records(raw[1]);
 
   const std::string commit_key = CommitKey(id);
   meta->Seek(commit_key);
   if (!meta->Valid() || ToView(meta->key()) != commit_key) {
-    RETURN_IF_ERROR(Error(FromRocksDbStatus(meta->status(), absl::StrCat("read checkpoint ", id))));
-    return Error(absl::NotFoundError(absl::StrCat("no complete checkpoint ", id)));
+    RETURN_IF_ERROR(FromRocksDbStatus(meta->status(), context));
+    return absl::NotFoundError(absl::StrCat("no complete checkpoint ", id));
   }
   ASSIGN_OR_RETURN(CommitRecord commit, DecodeCommitRecord(id, ToView(meta->value())));
   Expected expected;
   expected.num_records = commit.info.num_records;
   expected.bytes = commit.info.bytes;
   expected.hash = commit.hash;
-  absl::Status status = ScanRecords(id, records.get(), expected, visit);
-  // The visitor's own errors pass through unchanged.
-  return status;
+  return ScanRecords(id, records.get(), expected, visit);
 }
 
 absl::Status CheckpointStore::Read(
     uint64_t id,
     const std::function<absl::Status(absl::string_view key, absl::string_view value)>& visit) {
   bool visitor_failed = false;
-  std::function<absl::Status(absl::string_view, absl::string_view)> wrapped =
+  const std::function<absl::Status(absl::string_view, absl::string_view)> wrapped =
       [&](absl::string_view key, absl::string_view value) {
         absl::Status status = visit(key, value);
         visitor_failed = !status.ok();
         return status;
       };
   absl::Status status = ReadImpl(id, &wrapped);
-  if (status.ok() || visitor_failed) return status;
+  if (status.ok() || visitor_failed) return status;  // The visitor's errors pass unchanged.
   return Error(status);
 }
 
@@ -795,41 +820,55 @@ absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List() {
 }
 
 uint64_t CheckpointStore::ApproximateSizeBytes() {
+  std::vector<std::shared_ptr<rocksdb::ColumnFamilyHandle>> cfs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, cf] : cfs_) cfs.push_back(cf);
+  }
   uint64_t total = 0;
-  for (rocksdb::ColumnFamilyHandle* cf : {meta_cf_.get(), records_cf_.get()}) {
+  auto add = [&](rocksdb::ColumnFamilyHandle* cf) {
     for (const char* property : {"rocksdb.live-sst-files-size", "rocksdb.size-all-mem-tables"}) {
       uint64_t value = 0;
       if (db_->GetIntProperty(cf, property, &value)) total += value;
     }
-  }
+  };
+  add(meta_cf_.get());
+  for (const auto& cf : cfs) add(cf.get());
   return total;
 }
+
+// ============================== Test hooks ==============================
 
 absl::Status CheckpointStore::PutRawRecordForTest(uint64_t id, absl::string_view key,
                                                   absl::string_view value,
                                                   std::optional<uint32_t> checksum) {
-  std::string stored_key = RecordPrefix(id);
-  stored_key.append(key.data(), key.size());
-  std::string stored_value(kCrcBytes, '\0');
-  EncodeFixed32(stored_value.data(), checksum.value_or(crc32c::Extend(crc32c::Value(stored_key),
-                                                                      value)));
-  stored_value.append(value.data(), value.size());
-  return Error(FromRocksDbStatus(
-      db_->Put(rocksdb::WriteOptions(), records_cf_.get(), stored_key, stored_value)));
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = FindCf(id);
+  if (cf == nullptr) return absl::NotFoundError(absl::StrCat("no checkpoint ", id));
+  std::string stored(kCrcBytes, '\0');
+  EncodeFixed32(stored.data(),
+                checksum.value_or(crc32c::Extend(crc32c::Extend(IdCrc(id), key), value)));
+  stored.append(value.data(), value.size());
+  return Error(FromRocksDbStatus(db_->Put(rocksdb::WriteOptions(), cf.get(), ToSlice(key), stored)));
 }
 
 absl::Status CheckpointStore::DeleteRecordForTest(uint64_t id, absl::string_view key) {
-  std::string stored_key = RecordPrefix(id);
-  stored_key.append(key.data(), key.size());
-  return Error(
-      FromRocksDbStatus(db_->Delete(rocksdb::WriteOptions(), records_cf_.get(), stored_key)));
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = FindCf(id);
+  if (cf == nullptr) return absl::NotFoundError(absl::StrCat("no checkpoint ", id));
+  return Error(FromRocksDbStatus(db_->Delete(rocksdb::WriteOptions(), cf.get(), ToSlice(key))));
 }
 
 absl::StatusOr<uint64_t> CheckpointStore::CountRecordsForTest() {
+  std::vector<std::shared_ptr<rocksdb::ColumnFamilyHandle>> cfs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, cf] : cfs_) cfs.push_back(cf);
+  }
   uint64_t count = 0;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_cf_.get()));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) ++count;
-  RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status())));
+  for (const auto& cf : cfs) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf.get()));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) ++count;
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(it->status())));
+  }
   return count;
 }
 

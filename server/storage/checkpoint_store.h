@@ -16,13 +16,15 @@
 // - A checkpoint exists only once its commit record is written (last, and fsynced when
 //   `sync`). A crash (SIGKILL, power loss) at any earlier moment leaves no visible checkpoint;
 //   its partial records are deleted by the next Open() or BeginCheckpoint().
-// - Every value carries a CRC-32C over its full stored key (8-byte big-endian checkpoint id,
-//   then the user key) followed by the value bytes, so a flipped bit in a key or a value is
-//   found per record. The commit record holds the record count, the byte count and an
-//   order-independent hash over all (key, checksum) pairs, so a lost or extra record is found
-//   too. RocksDB's own block checksums are verified on every read as well.
+// - Every value carries a CRC-32C over the checkpoint id (8 bytes, big-endian), the key and the
+//   value, so a flipped bit in a key or a value is found per record. The commit record holds
+//   the record count, the byte count and an order-independent hash over all (key, checksum)
+//   pairs, so a lost or extra record is found too. RocksDB's block checksums are verified on
+//   every read as well.
 // - Retention deletes only checkpoints older than the `keep` newest complete ones, and only
 //   after a new checkpoint has completed; the newest complete checkpoint is never touched.
+// - Checkpoints are isolated on disk (one RocksDB column family each, see the .cc), so a
+//   corrupt file of one checkpoint never prevents reading, deleting or writing the others.
 //
 // Error codes used throughout (rocksdb_status.h has the full RocksDB mapping):
 //   DATA_LOSS           stored bytes are corrupt (message names the checkpoint id and the key)
@@ -39,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -149,12 +152,15 @@ class CheckpointWriter {
   friend class CheckpointStore;
   enum class State { kOpen, kCommitted, kAborted };
 
-  CheckpointWriter(CheckpointStore* store, uint64_t id);
+  CheckpointWriter(CheckpointStore* store, uint64_t id,
+                   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf);
   absl::Status WriteBatchToDb();
   absl::Status Fail(absl::Status status);  // Aborts and returns `status` annotated.
 
   CheckpointStore* const store_;  // Not owned.
   const uint64_t id_;
+  const std::shared_ptr<rocksdb::ColumnFamilyHandle> cf_;  // The checkpoint's records.
+  const uint32_t id_crc_;                                  // CRC-32C of the encoded id.
   State state_ = State::kOpen;
   std::unique_ptr<rocksdb::WriteBatch> batch_;
   uint64_t num_records_ = 0;
@@ -233,24 +239,27 @@ class CheckpointStore {
  private:
   friend class CheckpointWriter;
   struct Expected;  // What a checkpoint's records must add up to.
+  using CfMap = std::map<uint64_t, std::shared_ptr<rocksdb::ColumnFamilyHandle>>;
 
   CheckpointStore(const CheckpointStoreOptions& options, std::unique_ptr<rocksdb::DB> db,
-                  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf,
-                  std::unique_ptr<rocksdb::ColumnFamilyHandle> records_cf);
+                  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf);
 
   static absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenImpl(
       const CheckpointStoreOptions& options, rocksdb::Env* env);
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> Share(rocksdb::ColumnFamilyHandle* handle);
   absl::Status CheckOrWriteFormat(bool created);
   absl::Status Recover();
-  absl::StatusOr<uint64_t> MaxRecordId();
-  absl::Status DeleteIncomplete(uint64_t below_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status DeleteRecords(uint64_t first_id, uint64_t end_id);
-  absl::Status ApplyRetention();
+  absl::StatusOr<std::vector<uint64_t>> CommitIds();
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> FindCf(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeleteIncomplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DropCheckpoints(std::vector<uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutNextId(uint64_t next_id);
 
   // Called by CheckpointWriter.
   absl::Status WriteRecords(rocksdb::WriteBatch* batch);
-  absl::StatusOr<CheckpointInfo> CommitCheckpoint(uint64_t id, const Expected& expected,
+  absl::StatusOr<CheckpointInfo> CommitCheckpoint(uint64_t id, rocksdb::ColumnFamilyHandle* cf,
+                                                  const Expected& expected,
                                                   absl::string_view metadata);
   void ReleaseWriter(uint64_t id, bool delete_records);
 
@@ -267,12 +276,17 @@ class CheckpointStore {
   // Declared before the handles: members are destroyed in reverse order, and RocksDB requires
   // the column family handles to go before the DB.
   std::unique_ptr<rocksdb::DB> db_;
-  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;     // Format, next id, commit records.
-  std::unique_ptr<rocksdb::ColumnFamilyHandle> records_cf_;  // Checkpoint records.
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;  // Format, next id, commit records.
 
   absl::Mutex mu_;
+  // Held across the small metadata operations of BeginCheckpoint(), retention and cleanup
+  // (creating and dropping column families, next-id and commit-record deletes), never while
+  // records are written, flushed or scanned.
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool writer_open_ ABSL_GUARDED_BY(mu_) = false;
+  // One column family per checkpoint that has records on disk, complete or not. Readers and the
+  // writer hold a reference, so a dropped column family stays readable until they finish.
+  CfMap cfs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps::server::storage

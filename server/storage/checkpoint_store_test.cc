@@ -145,7 +145,7 @@ class CheckpointStoreTest : public ::testing::Test {
       if (entry.path().extension() != ".sst") continue;
       std::ifstream in(entry.path(), std::ios::binary);
       std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (bytes.find(needle) != std::string::npos) found.push_back(entry.path());
+      if (bytes.find(needle.data(), 0, needle.size()) != std::string::npos) found.push_back(entry.path());
     }
     return found;
   }

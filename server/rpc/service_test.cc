@@ -1,0 +1,279 @@
+// Request handling of the ParameterServer service without sockets: every bad input gets its
+// precise status, is counted, and leaves the server's state exactly as it was.
+#include "server/rpc/service.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/config.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);
+  // sparse "emb": dim 3.
+  void SetUp() override {
+    auto config = common::ParseJobConfigText(R"pb(
+      cluster { num_servers: 2 num_workers: 1 dense_block_floats: 4 num_virtual_shards: 64 }
+      tables {
+        name: "w" kind: TABLE_KIND_DENSE shape: 10
+        initializer { kind: UNIFORM low: -1 high: 1 }
+        optimizer { kind: ADAM }
+      }
+      tables {
+        name: "emb" kind: TABLE_KIND_SPARSE dim: 3
+        initializer { kind: NORMAL stddev: 0.1 }
+        optimizer { kind: ADAGRAD }
+      }
+    )pb", "test");
+    ASSERT_THAT(config.status(), IsOk());
+    config_ = *config;
+    ShardOptions options;
+    options.server_index = 0;
+    auto shard = Shard::Create(config_, options);
+    ASSERT_THAT(shard.status(), IsOk());
+    shard_ = *std::move(shard);
+    service_ = std::make_unique<ParameterServerService>(shard_.get(), ServiceOptions{}, ServiceHooks{});
+    const auto* w = shard_->partitioner().FindTable("w");
+    for (uint32_t b = 0; b < w->num_blocks; ++b) {
+      (shard_->partitioner().ServerForBlock(*w, b) == 0 ? mine_ : theirs_).push_back(b);
+    }
+    ASSERT_FALSE(mine_.empty());
+    ASSERT_FALSE(theirs_.empty());
+    for (uint64_t k = 0; keys_.size() < 4 || other_key_ == 0; ++k) {
+      if (shard_->partitioner().ServerForKey(k) == 0) {
+        if (keys_.size() < 4) keys_.push_back(k);
+      } else if (other_key_ == 0) {
+        other_key_ = k;
+      }
+    }
+  }
+
+  RequestHeader Header(uint64_t sequence) {
+    RequestHeader h;
+    h.set_worker_id(0);
+    h.set_worker_incarnation(1);
+    h.set_sequence(sequence);
+    h.set_clock(1);
+    h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
+    return h;
+  }
+
+  // Everything this server holds, as bytes, plus its update count.
+  std::string State() {
+    PullRequest request;
+    *request.mutable_header() = Header(0);
+    request.mutable_header()->set_worker_id(-1);  // a tool: no worker bookkeeping
+    auto* t = request.add_tables();
+    t->set_table("w");
+    for (uint32_t b : mine_) t->add_block_ids(b);
+    auto* e = request.add_tables();
+    e->set_table("emb");
+    for (uint64_t k : keys_) e->add_keys(k);
+    PullResponse response;
+    EXPECT_THAT(service_->HandlePull(request, absl::Now() + absl::Seconds(5), &response), IsOk());
+    return absl::StrCat(response.SerializeAsString(), "/", shard_->updates_applied());
+  }
+
+  // A valid push: gradient 0.5 for every block of mine_ and every key of keys_.
+  PushRequest ValidPush(uint64_t sequence) {
+    PushRequest request;
+    *request.mutable_header() = Header(sequence);
+    auto* t = request.add_tables();
+    t->set_table("w");
+    for (uint32_t b : mine_) {
+      auto* block = t->add_blocks();
+      block->set_block_id(b);
+      const auto* info = shard_->partitioner().FindTable("w");
+      auto [begin, end] = shard_->partitioner().BlockRange(*info, b);
+      common::EncodeFloats(std::vector<float>(end - begin, 0.5f), ENCODING_FLOAT32,
+                           block->mutable_values());
+    }
+    auto* e = request.add_tables();
+    e->set_table("emb");
+    for (uint64_t k : keys_) e->add_keys(k);
+    common::EncodeFloats(std::vector<float>(keys_.size() * 3, 0.5f), ENCODING_FLOAT32,
+                         e->mutable_rows());
+    return request;
+  }
+
+  // Pushes `request`, expects `code` with `text` in the message, and that nothing changed.
+  void ExpectRejected(const PushRequest& request, absl::StatusCode code, const std::string& text) {
+    const std::string before = State();
+    PushResponse response;
+    EXPECT_THAT(service_->HandlePush(request, &response),
+                StatusIs(code, HasSubstr(text)));
+    EXPECT_EQ(State(), before) << "state changed by a rejected push";
+  }
+
+  uint64_t Rejected(const std::string& reason) {
+    StatsResponse stats;
+    shard_->FillStats(&stats);
+    auto it = stats.rejected().find(reason);
+    return it == stats.rejected().end() ? 0 : it->second;
+  }
+
+  JobConfig config_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::vector<uint32_t> mine_, theirs_;
+  std::vector<uint64_t> keys_;
+  uint64_t other_key_ = 0;
+};
+
+TEST_F(ServiceTest, ValidPushChangesStateOnce) {
+  const std::string before = State();
+  PushResponse response;
+  ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
+  EXPECT_FALSE(response.duplicate());
+  const std::string after = State();
+  EXPECT_NE(after, before);
+  ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
+  EXPECT_TRUE(response.duplicate());
+  EXPECT_EQ(State(), after);
+}
+
+TEST_F(ServiceTest, UnknownTableIsNotFound) {
+  PushRequest request = ValidPush(1);
+  request.add_tables()->set_table("nope");
+  ExpectRejected(request, absl::StatusCode::kNotFound, "table 'nope'");
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  pull.add_tables()->set_table("nope");
+  PullResponse response;
+  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_EQ(Rejected("unknown_table"), 2u);
+}
+
+TEST_F(ServiceTest, BlockOutOfRangeIsInvalidArgument) {
+  PushRequest request = ValidPush(1);
+  request.mutable_tables(0)->mutable_blocks(0)->set_block_id(17);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "block 17: out of range");
+}
+
+TEST_F(ServiceTest, WrongPayloadSizeNamesExpectedAndActual) {
+  PushRequest request = ValidPush(1);
+  const uint32_t b = mine_[0];
+  request.mutable_tables(0)->mutable_blocks(0)->set_values(std::string(8, '\0'));
+  const auto* info = shard_->partitioner().FindTable("w");
+  auto [begin, end] = shard_->partitioner().BlockRange(*info, b);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 absl::StrCat("block ", b, ": expected ", end - begin, " values, got 2"));
+  EXPECT_GE(Rejected("bad_size"), 1u);
+}
+
+TEST_F(ServiceTest, MalformedBytesAreInvalidArgument) {
+  PushRequest request = ValidPush(1);
+  request.mutable_tables(0)->mutable_blocks(0)->set_values("abcde");
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "not a whole number");
+  PushRequest bad_encoding = ValidPush(1);
+  bad_encoding.mutable_tables(1)->set_encoding(static_cast<Encoding>(42));
+  ExpectRejected(bad_encoding, absl::StatusCode::kInvalidArgument, "encoding 42");
+}
+
+TEST_F(ServiceTest, BlockOfAnotherServerIsFailedPrecondition) {
+  PushRequest request = ValidPush(1);
+  request.mutable_tables(0)->mutable_blocks(0)->set_block_id(theirs_[0]);
+  ExpectRejected(request, absl::StatusCode::kFailedPrecondition, "belongs to server 1");
+}
+
+TEST_F(ServiceTest, SparseKeyOfAnotherServerIsFailedPrecondition) {
+  PushRequest request = ValidPush(1);
+  request.mutable_tables(1)->set_keys(0, other_key_);
+  ExpectRejected(request, absl::StatusCode::kFailedPrecondition,
+                 absl::StrCat("key ", other_key_, " belongs to server 1"));
+}
+
+TEST_F(ServiceTest, SparseRowCountOrWidthMismatchIsInvalidArgument) {
+  PushRequest fewer_rows = ValidPush(1);
+  fewer_rows.mutable_tables(1)->mutable_rows()->resize((keys_.size() - 1) * 3 * 4);
+  ExpectRejected(fewer_rows, absl::StatusCode::kInvalidArgument,
+                 absl::StrCat(keys_.size(), " keys of dim 3 need ", keys_.size() * 3));
+  PushRequest wider = ValidPush(1);
+  common::EncodeFloats(std::vector<float>(keys_.size() * 4, 0.5f), ENCODING_FLOAT32,
+                       wider.mutable_tables(1)->mutable_rows());
+  ExpectRejected(wider, absl::StatusCode::kInvalidArgument, "need");
+}
+
+TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCounted) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity()}) {
+    PushRequest request = ValidPush(1);
+    std::vector<float> rows(keys_.size() * 3, 0.5f);
+    rows[4] = bad;
+    common::EncodeFloats(rows, ENCODING_FLOAT32, request.mutable_tables(1)->mutable_rows());
+    ExpectRejected(request, absl::StatusCode::kInvalidArgument, "first at index 4");
+  }
+  EXPECT_EQ(Rejected("nonfinite"), 2u);
+}
+
+TEST_F(ServiceTest, LayoutMismatchIsFailedPrecondition) {
+  PushRequest request = ValidPush(1);
+  request.mutable_header()->set_layout_fingerprint(12345);
+  ExpectRejected(request, absl::StatusCode::kFailedPrecondition, "layout mismatch");
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  pull.mutable_header()->set_layout_fingerprint(12345);
+  PullResponse response;
+  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(ServiceTest, WrongKindOfAddressIsInvalidArgument) {
+  PushRequest keys_on_dense = ValidPush(1);
+  keys_on_dense.mutable_tables(0)->add_keys(keys_[0]);
+  ExpectRejected(keys_on_dense, absl::StatusCode::kInvalidArgument, "'w' is dense");
+  PushRequest blocks_on_sparse = ValidPush(1);
+  blocks_on_sparse.mutable_tables(1)->add_blocks()->set_block_id(0);
+  ExpectRejected(blocks_on_sparse, absl::StatusCode::kInvalidArgument, "'emb' is sparse");
+}
+
+TEST_F(ServiceTest, SequenceZeroAndOldIncarnationAreRefused) {
+  ExpectRejected(ValidPush(0), absl::StatusCode::kInvalidArgument, "start at 1");
+  PushResponse response;
+  PushRequest newer = ValidPush(1);
+  newer.mutable_header()->set_worker_incarnation(5);
+  ASSERT_THAT(service_->HandlePush(newer, &response), IsOk());
+  ExpectRejected(ValidPush(2), absl::StatusCode::kFailedPrecondition, "older");
+}
+
+TEST_F(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
+  std::vector<std::vector<float>> got;
+  for (Encoding e : {ENCODING_FLOAT32, ENCODING_FP16, ENCODING_BF16}) {
+    PullRequest pull;
+    *pull.mutable_header() = Header(0);
+    auto* t = pull.add_tables();
+    t->set_table("w");
+    t->set_encoding(e);
+    t->add_block_ids(mine_[0]);
+    PullResponse response;
+    ASSERT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response), IsOk());
+    const auto& values = response.tables(0).blocks(0).values();
+    std::vector<float> decoded(values.size() / common::BytesPerValue(e));
+    ASSERT_THAT(common::DecodeFloats(values, e, absl::MakeSpan(decoded)), IsOk());
+    got.push_back(decoded);
+  }
+  ASSERT_EQ(got[1].size(), got[0].size());
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    EXPECT_NEAR(got[1][i], got[0][i], 1e-3);
+    EXPECT_NEAR(got[2][i], got[0][i], 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace ps::server

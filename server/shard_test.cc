@@ -1,0 +1,359 @@
+#include "server/shard.h"
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "server/in_process_store.h"
+
+#define CHECK_OK(expr)              \
+  do {                              \
+    const absl::Status _s = (expr); \
+    CHECK(_s.ok()) << _s;           \
+  } while (0)
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+// A job with one dense table "w" of `numel` values (CONSTANT 1 initializer, blocks of 4) and
+// one sparse table "emb" of dim 3, both with `optimizer`.
+JobConfig MakeConfig(const std::string& optimizer, int num_servers = 1, int numel = 10,
+                     int num_workers = 1) {
+  auto config = common::ParseJobConfigText(
+      absl::StrCat(R"pb(
+        cluster { num_servers: )pb", num_servers, R"pb( num_workers: )pb", num_workers, R"pb(
+                  dense_block_floats: 4 num_virtual_shards: 64 }
+        tables {
+          name: "w" kind: TABLE_KIND_DENSE shape: )pb", numel, R"pb(
+          initializer { kind: CONSTANT value: 1 }
+          optimizer { )pb", optimizer, R"pb( }
+        }
+        tables {
+          name: "emb" kind: TABLE_KIND_SPARSE dim: 3
+          initializer { kind: CONSTANT value: 0.5 }
+          optimizer { )pb", optimizer, R"pb( }
+        }
+      )pb"),
+      "test");
+  CHECK_OK(config.status());
+  return *config;
+}
+
+std::unique_ptr<Shard> MakeShard(const JobConfig& config, uint32_t index = 0) {
+  ShardOptions options;
+  options.server_index = index;
+  auto shard = Shard::Create(config, options);
+  CHECK_OK(shard.status());
+  return *std::move(shard);
+}
+
+// The whole dense table "w" through an in-process store.
+std::vector<float> PullDense(common::ParameterStore& store, const std::string& table, size_t n) {
+  std::vector<float> out(n);
+  common::PullBatch batch;
+  batch.dense.push_back({table, absl::MakeSpan(out)});
+  CHECK_OK(store.Pull(batch, {}));
+  return out;
+}
+
+std::vector<float> PullRows(common::ParameterStore& store, std::vector<uint64_t> keys) {
+  std::vector<float> out(keys.size() * 3);
+  common::PullBatch batch;
+  batch.sparse.push_back({"emb", keys, absl::MakeSpan(out)});
+  CHECK_OK(store.Pull(batch, {}));
+  return out;
+}
+
+// Pushes the same gradient `g` to every element of "w" and to rows `keys` of "emb".
+void PushAll(common::ParameterStore& store, float g, size_t numel,
+             const std::vector<uint64_t>& keys, int64_t clock = 1) {
+  std::vector<float> dense(numel, g), rows(keys.size() * 3, g);
+  common::PushBatch batch;
+  batch.dense.push_back({"w", dense});
+  batch.sparse.push_back({"emb", keys, rows});
+  CHECK_OK(store.Push(batch, {clock, false}));
+}
+
+// ---- Optimizers through the server path, against independent per-element references -----
+
+struct OptimizerCase {
+  std::string name;
+  std::string config;
+  // Reference: parameter after the gradients `gs`, starting at w0.
+  std::function<float(float w0, const std::vector<float>& gs)> reference;
+};
+
+std::vector<OptimizerCase> OptimizerCases() {
+  return {
+      {"sgd", "kind: SGD learning_rate: 0.1",
+       [](float w, const std::vector<float>& gs) {
+         for (float g : gs) w -= 0.1f * g;
+         return w;
+       }},
+      {"momentum", "kind: MOMENTUM learning_rate: 0.1 momentum: 0.9",
+       [](float w, const std::vector<float>& gs) {
+         float v = 0;
+         for (float g : gs) {
+           v = 0.9f * v + g;
+           w -= 0.1f * v;
+         }
+         return w;
+       }},
+      {"nesterov", "kind: MOMENTUM learning_rate: 0.1 momentum: 0.9 nesterov: true",
+       [](float w, const std::vector<float>& gs) {
+         float v = 0;
+         for (float g : gs) {
+           v = 0.9f * v + g;
+           w -= 0.1f * (g + 0.9f * v);
+         }
+         return w;
+       }},
+      {"adagrad", "kind: ADAGRAD learning_rate: 0.5 initial_accumulator: 0.1 epsilon: 1e-7",
+       [](float w, const std::vector<float>& gs) {
+         double a = 0.1;
+         for (float g : gs) {
+           a += double{g} * g;
+           w -= static_cast<float>(0.5 * g / (std::sqrt(a) + 1e-7));
+         }
+         return w;
+       }},
+      {"adam", "kind: ADAM learning_rate: 0.01 beta1: 0.9 beta2: 0.999 epsilon: 1e-8",
+       [](float w, const std::vector<float>& gs) {
+         double m = 0, v = 0;
+         int t = 0;
+         for (float g : gs) {
+           ++t;
+           m = 0.9 * m + 0.1 * g;
+           v = 0.999 * v + 0.001 * g * g;
+           const double mh = m / (1 - std::pow(0.9, t)), vh = v / (1 - std::pow(0.999, t));
+           w -= static_cast<float>(0.01 * mh / (std::sqrt(vh) + 1e-8));
+         }
+         return w;
+       }},
+      {"ftrl", "kind: FTRL learning_rate: 0.1 l1: 0.01 l2: 0.001 ftrl_beta: 1",
+       [](float w, const std::vector<float>& gs) {
+         double z = 0, n = 0, wd = w;
+         for (float g : gs) {
+           const double n2 = n + double{g} * g;
+           const double sigma = (std::sqrt(n2) - std::sqrt(n)) / 0.1;
+           z += g - sigma * wd;
+           n = n2;
+           wd = std::abs(z) <= 0.01
+                    ? 0.0
+                    : -(z - (z > 0 ? 1 : -1) * 0.01) / ((1 + std::sqrt(n)) / 0.1 + 0.001);
+         }
+         return static_cast<float>(wd);
+       }},
+  };
+}
+
+class ShardOptimizerTest : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(ShardOptimizerTest, DenseAndSparseUpdatesMatchReference) {
+  const OptimizerCase& c = GetParam();
+  JobConfig config = MakeConfig(c.config);
+  auto shard = MakeShard(config);
+  InProcessStoreOptions options;
+  auto store = *InProcessParameterStore::Create({shard.get()}, options);
+  const std::vector<float> gs = {0.5f, -1.25f, 2.0f};
+  for (size_t i = 0; i < gs.size(); ++i) PushAll(*store, gs[i], 10, {7, 99}, i + 1);
+  const float want_dense = c.reference(1.0f, gs);
+  const float want_sparse = c.reference(0.5f, gs);
+  for (float v : PullDense(*store, "w", 10)) EXPECT_NEAR(v, want_dense, 1e-5) << c.name;
+  for (float v : PullRows(*store, {7, 99})) EXPECT_NEAR(v, want_sparse, 1e-5) << c.name;
+  // Untouched rows keep their initial value.
+  for (float v : PullRows(*store, {12345})) EXPECT_EQ(v, 0.5f);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptimizers, ShardOptimizerTest,
+                         ::testing::ValuesIn(OptimizerCases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Shard, WeightDecayAndClippingApplyOnTheServer) {
+  // g' = clip(g + 0.5 * w, 1) = clip(3 + 0.5, 1) = 1 -> w = 1 - 0.1.
+  auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 0.1 weight_decay: 0.5 clip_value: 1"));
+  auto store = *InProcessParameterStore::Create({shard.get()}, {});
+  PushAll(*store, 3.0f, 10, {});
+  for (float v : PullDense(*store, "w", 10)) EXPECT_NEAR(v, 0.9f, 1e-6);
+}
+
+// ---- Layout ------------------------------------------------------------------------------
+
+TEST(Shard, TwoShardsSplitTheTableAndTheStoreReassemblesIt) {
+  JobConfig config = MakeConfig("kind: SGD learning_rate: 1", /*num_servers=*/2, /*numel=*/10);
+  auto s0 = MakeShard(config, 0), s1 = MakeShard(config, 1);
+  auto* w0 = *s0->FindDenseTable("w");
+  auto* w1 = *s1->FindDenseTable("w");
+  // 10 values in blocks of 4: blocks 0,1,2; each block on exactly one server.
+  EXPECT_EQ(w0->NumRows() + w1->NumRows(), 3u);
+  for (uint32_t b = 0; b < 3; ++b) EXPECT_NE(w0->Owns(b), w1->Owns(b));
+  auto store = *InProcessParameterStore::Create({s0.get(), s1.get()}, {});
+  std::vector<float> g(10);
+  for (int i = 0; i < 10; ++i) g[i] = static_cast<float>(i);
+  common::PushBatch batch;
+  batch.dense.push_back({"w", g});
+  ASSERT_THAT(store->Push(batch, {1, false}), IsOk());
+  std::vector<float> want(10);
+  for (int i = 0; i < 10; ++i) want[i] = 1.0f - i;
+  EXPECT_THAT(PullDense(*store, "w", 10), ElementsAreArray(want));
+  // Sparse keys land on their owner only.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 200; ++k) keys.push_back(k);
+  PushAll(*store, 1.0f, 10, keys, 2);
+  auto* e0 = *s0->FindSparseTable("emb");
+  auto* e1 = *s1->FindSparseTable("emb");
+  EXPECT_EQ(e0->NumRows() + e1->NumRows(), 200u);
+  EXPECT_GT(e0->NumRows(), 50u);
+  EXPECT_GT(e1->NumRows(), 50u);
+  for (float v : PullRows(*store, keys)) EXPECT_FLOAT_EQ(v, -0.5f);
+}
+
+TEST(Shard, CreateRejectsServerIndexOutOfRange) {
+  ShardOptions options;
+  options.server_index = 2;
+  EXPECT_THAT(Shard::Create(MakeConfig("kind: SGD", 2), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("server index 2")));
+}
+
+// ---- Exactly-once -----------------------------------------------------------------------
+
+TEST(Shard, DuplicatePushIsAppliedOnce) {
+  auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 1"));
+  auto* w = *shard->FindDenseTable("w");
+  std::vector<float> g(4, 1.0f);
+  RequestInfo info;
+  info.worker_id = 0;
+  info.worker_incarnation = 3;
+  info.sequence = 1;
+  info.clock = 1;
+  info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+  std::vector<PendingUpdate> updates = {{w, 0, {}, g}};
+  auto first = shard->ApplyPush(info, updates, {}, 0);
+  auto again = shard->ApplyPush(info, updates, {}, 0);
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_FALSE(first->duplicate);
+  EXPECT_TRUE(again->duplicate);
+  std::vector<float> out(4);
+  w->Read(0, absl::MakeSpan(out));
+  EXPECT_THAT(out, ElementsAreArray({0.f, 0.f, 0.f, 0.f}));
+  StatsResponse stats;
+  shard->FillStats(&stats);
+  EXPECT_EQ(stats.updates_applied(), 1u);
+  EXPECT_EQ(stats.duplicate_pushes(), 1u);
+}
+
+// ---- Snapshots ---------------------------------------------------------------------------
+
+using Records = std::map<std::string, std::string>;
+
+absl::StatusOr<CheckpointMeta> SnapshotTo(Shard& shard, Records* records) {
+  return shard.Snapshot(
+      [records](absl::string_view k, absl::string_view v) {
+        (*records)[std::string(k)] = std::string(v);
+        return absl::OkStatus();
+      },
+      1 << 12);
+}
+
+std::unique_ptr<Shard> RestoreFrom(const JobConfig& config, const CheckpointMeta& meta,
+                                   const Records& records) {
+  auto shard = MakeShard(config);
+  CHECK_OK(shard->BeginRestore(meta));
+  for (const auto& [k, v] : records) CHECK_OK(shard->RestoreRecord(k, v));
+  shard->EndRestore(meta);
+  return shard;
+}
+
+TEST(Shard, SnapshotRoundTripIsBitwiseWithAdamSlots) {
+  JobConfig config = MakeConfig("kind: ADAM learning_rate: 0.01");
+  auto shard = MakeShard(config);
+  auto store = *InProcessParameterStore::Create({shard.get()}, {});
+  PushAll(*store, 0.3f, 10, {1, 2, 3}, 1);
+  PushAll(*store, -0.7f, 10, {2, 3, 4}, 2);
+  Records records;
+  auto meta = SnapshotTo(*shard, &records);
+  ASSERT_THAT(meta.status(), IsOk());
+  auto restored = RestoreFrom(config, *meta, records);
+  auto store2 = *InProcessParameterStore::Create({restored.get()}, {});
+  EXPECT_THAT(PullDense(*store2, "w", 10), ElementsAreArray(PullDense(*store, "w", 10)));
+  EXPECT_THAT(PullRows(*store2, {1, 2, 3, 4}), ElementsAreArray(PullRows(*store, {1, 2, 3, 4})));
+  // Same slots and step counts: one more identical push gives identical results.
+  auto store3 = *InProcessParameterStore::Create({restored.get()}, {0, 2});
+  PushAll(*store, 0.9f, 10, {1, 4}, 3);
+  PushAll(*store3, 0.9f, 10, {1, 4}, 3);
+  EXPECT_THAT(PullDense(*store3, "w", 10), ElementsAreArray(PullDense(*store, "w", 10)));
+  EXPECT_THAT(PullRows(*store3, {1, 2, 3, 4}), ElementsAreArray(PullRows(*store, {1, 2, 3, 4})));
+}
+
+TEST(Shard, SnapshotUnderConcurrentPushesIsAConsistentCut) {
+  // SGD with lr 1 and gradient 1 everywhere: after k pushes every value is 1 - k (dense) and
+  // 0.5 - k (sparse rows touched by all pushes). A torn snapshot would mix values of
+  // different k across blocks and rows.
+  const int numel = 4000;
+  JobConfig config = MakeConfig("kind: SGD learning_rate: 1", 1, numel);
+  auto shard = MakeShard(config);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 500; ++k) keys.push_back(k);
+  InProcessStoreOptions options;
+  options.worker_id = -1;  // no exactly-once bookkeeping needed
+  auto store = *InProcessParameterStore::Create({shard.get()}, options);
+  std::atomic<bool> stop{false};
+  std::thread pusher([&] {
+    while (!stop) PushAll(*store, 1.0f, numel, keys);
+  });
+  for (int round = 0; round < 5; ++round) {
+    Records records;
+    auto meta = SnapshotTo(*shard, &records);
+    ASSERT_THAT(meta.status(), IsOk());
+    auto restored = RestoreFrom(config, *meta, records);
+    auto store2 = *InProcessParameterStore::Create({restored.get()}, options);
+    const float k = static_cast<float>(meta->updates_applied());
+    for (float v : PullDense(*store2, "w", numel)) ASSERT_EQ(v, 1.0f - k);
+    if (meta->updates_applied() > 0) {
+      for (float v : PullRows(*store2, keys)) ASSERT_EQ(v, 0.5f - k);
+    }
+  }
+  stop = true;
+  pusher.join();
+}
+
+TEST(Shard, RestoreRefusesCheckpointOfAnotherLayoutOrOptimizer) {
+  JobConfig config = MakeConfig("kind: ADAM");
+  auto shard = MakeShard(config);
+  Records records;
+  auto meta = *SnapshotTo(*shard, &records);
+  auto other_layout = MakeShard(MakeConfig("kind: ADAM", 1, /*numel=*/12));
+  EXPECT_THAT(other_layout->BeginRestore(meta),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layout")));
+  auto other_optimizer = MakeShard(MakeConfig("kind: SGD"));
+  EXPECT_THAT(other_optimizer->BeginRestore(meta),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("slots")));
+}
+
+TEST(Shard, RestoreRecordRejectsRecordsThatDoNotFit) {
+  auto shard = MakeShard(MakeConfig("kind: SGD"));
+  EXPECT_THAT(shard->RestoreRecord(std::string("w\0\0\0\0\0", 6), "short"),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(shard->RestoreRecord(std::string("nope\0abcd", 9), "x"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("nope")));
+  EXPECT_THAT(shard->RestoreRecord(std::string("emb\0abcdefgh", 12), "123"),
+              StatusIs(absl::StatusCode::kDataLoss));
+}
+
+}  // namespace
+}  // namespace ps::server

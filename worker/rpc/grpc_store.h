@@ -1,0 +1,105 @@
+// GrpcParameterStore: the ParameterStore of a worker in a distributed job.
+//
+// Each Pull/Push is split by the Partitioner into one request per server, sent concurrently,
+// and reassembled in order. Sparse keys are deduplicated before pulling. Every call has a
+// deadline; calls that fail with UNAVAILABLE or DEADLINE_EXCEEDED are retried with
+// exponential back-off and jitter (pushes carry (worker, incarnation, sequence), so a
+// retried push is applied at most once). Every server receives every push, empty or not,
+// so that each server's view of the worker's clock advances.
+#ifndef PS_WORKER_RPC_GRPC_STORE_H_
+#define PS_WORKER_RPC_GRPC_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/parameter_store.h"
+#include "common/partitioner.h"
+#include "proto/config.pb.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace ps::worker {
+
+struct GrpcStoreOptions {
+  // This worker's index and process incarnation (e.g. start time in ns). -1 = a tool, which
+  // takes no part in exactly-once or the consistency bound.
+  int32_t worker_id = 0;
+  uint64_t worker_incarnation = 1;
+  // Deadline of each attempt.
+  absl::Duration deadline = absl::Seconds(60);
+  // Retries after UNAVAILABLE / DEADLINE_EXCEEDED; then the error is returned.
+  uint32_t max_retries = 20;
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // Called before each retry (server index, attempt, error); for logs and tests.
+  std::function<void(uint32_t, uint32_t, const absl::Status&)> on_retry;
+};
+
+// Counters of one store (for the trainer's throughput log).
+struct GrpcStoreStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t retries = 0;
+  uint64_t duplicate_pushes = 0;
+};
+
+// Thread-safe.
+class GrpcParameterStore final : public common::ParameterStore {
+ public:
+  // Connects to config.cluster().servers (the config must be prepared). INVALID_ARGUMENT if
+  // the server list does not match the layout; errors of the credentials.
+  static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> Create(
+      const JobConfig& config, const GrpcStoreOptions& options);
+  // With explicit stubs (tests).
+  static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> CreateWithStubs(
+      const JobConfig& config, const GrpcStoreOptions& options,
+      std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs);
+
+  absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
+  absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
+  absl::Status Finish() override;
+
+  // Waits until every server answers ServerInfo with this job's layout (FAILED_PRECONDITION
+  // if one differs) or `timeout` passes (UNAVAILABLE naming the silent servers).
+  absl::Status WaitForServers(absl::Duration timeout);
+  // Tells every server where this worker is in its data and reads back the saved position
+  // (for a restarted worker): the largest saved (epoch, offset) over servers.
+  absl::StatusOr<std::pair<uint32_t, uint64_t>> Heartbeat(uint32_t epoch, uint64_t offset,
+                                                          bool finished);
+
+  GrpcStoreStats stats() const;
+  const common::Partitioner& partitioner() const { return partitioner_; }
+
+ private:
+  GrpcParameterStore(const JobConfig& config, const GrpcStoreOptions& options,
+                     common::Partitioner partitioner,
+                     std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs);
+  RequestHeader Header(int64_t clock, uint64_t sequence) const;
+  // Sends `requests[s]` to server s for every s where send[s], concurrently, with retries.
+  template <typename Request, typename Response>
+  absl::Status FanOut(const std::vector<Request>& requests, std::vector<Response>* responses,
+                      const std::vector<bool>& send,
+                      void (ParameterServer::StubInterface::async_interface::*method)(
+                          grpc::ClientContext*, const Request*, Response*,
+                          std::function<void(grpc::Status)>));
+  absl::Duration Backoff(uint32_t attempt) const;
+
+  const JobConfig config_;
+  const GrpcStoreOptions options_;
+  const common::Partitioner partitioner_;
+  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs_;
+  std::atomic<uint64_t> next_sequence_{1};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> duplicates_{0};
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_RPC_GRPC_STORE_H_

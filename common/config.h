@@ -27,7 +27,7 @@
 // A model table that is already declared is kept, after checking its kind and shape (dense)
 // or dim (sparse); when it has no initializer it gets the model's. For CTR, when
 // embedding_dim is not set and the embedding table is declared, the declared dim is used
-// (and written to embedding_dim). Then every table without an optimizer gets
+// (and written to embedding_dim; after expansion embedding_dim is always set). Then every table without an optimizer gets
 // default_optimizer (or, without one, the OptimizerConfig defaults: SGD, lr 0.01).
 // ExpandModelTables is idempotent.
 //

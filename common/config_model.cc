@@ -73,17 +73,21 @@ bool SameLayout(const ps::TableConfig& a, const ps::TableConfig& b) {
          std::equal(a.shape().begin(), a.shape().end(), b.shape().begin());
 }
 
-// For CTR: a declared embedding table decides the width when embedding_dim is not set.
-void AdoptDeclaredEmbeddingDim(ps::JobConfig* config) {
-  if (!config->model().has_ctr() || config->model().ctr().has_embedding_dim()) return;
+// For CTR: a declared embedding table decides the width when embedding_dim is not set. The
+// width is then always written out explicitly, so that expanding again changes nothing.
+void SettleEmbeddingDim(ps::JobConfig* config) {
+  if (!config->model().has_ctr()) return;
   ps::CtrConfig* ctr = config->mutable_model()->mutable_ctr();
-  for (const ps::TableConfig& table : config->tables()) {
-    if (table.name() == ctr->embedding_table() && table.kind() == ps::TABLE_KIND_SPARSE &&
-        table.dim() > 0) {
-      ctr->set_embedding_dim(table.dim());
-      return;
+  if (!ctr->has_embedding_dim()) {
+    for (const ps::TableConfig& table : config->tables()) {
+      if (table.name() == ctr->embedding_table() && table.kind() == ps::TABLE_KIND_SPARSE &&
+          table.dim() > 0) {
+        ctr->set_embedding_dim(table.dim());
+        return;
+      }
     }
   }
+  ctr->set_embedding_dim(ctr->embedding_dim());
 }
 
 }  // namespace
@@ -162,7 +166,7 @@ absl::StatusOr<std::vector<ps::TableConfig>> ModelTables(const ps::ModelConfig& 
 }
 
 absl::Status ExpandModelTables(ps::JobConfig* config) {
-  AdoptDeclaredEmbeddingDim(config);
+  SettleEmbeddingDim(config);
   ASSIGN_OR_RETURN(std::vector<ps::TableConfig> needed, ModelTables(config->model()));
   absl::flat_hash_map<std::string, int> declared;
   for (int i = 0; i < config->tables_size(); ++i) declared.emplace(config->tables(i).name(), i);

@@ -46,8 +46,7 @@ inline absl::Status CheckGemm(bool trans_a, bool trans_b, int m, int n, int k, c
       {"ldc", ldc, n > 1 ? n : 1},
   };
   for (const auto& check : checks) {
-    absl::Status s = CheckSize(kOp, check.name, check.value, check.min);
-    if (!s.ok()) return s;
+    if (absl::Status s = CheckSize(kOp, check.name, check.value, check.min); !s.ok()) return s;
   }
   const int64_t mk = int64_t{m} * k, kn = int64_t{k} * n, mn = int64_t{m} * n;
   for (absl::Status s : {CheckPointer(kOp, "a", a, mk), CheckPointer(kOp, "b", b, kn),
@@ -60,12 +59,10 @@ inline absl::Status CheckGemm(bool trans_a, bool trans_b, int m, int n, int k, c
 // rows x cols, both >= min, and the pointers non-null when there is data.
 inline absl::Status CheckMatrix(absl::string_view op, int64_t rows, int64_t cols,
                                 int64_t min_size, std::initializer_list<const void*> ptrs) {
-  absl::Status s = CheckSize(op, "rows", rows, min_size);
-  if (s.ok()) s = CheckSize(op, "cols", cols, min_size);
-  if (!s.ok()) return s;
+  if (absl::Status s = CheckSize(op, "rows", rows, min_size); !s.ok()) return s;
+  if (absl::Status s = CheckSize(op, "cols", cols, min_size); !s.ok()) return s;
   for (const void* p : ptrs) {
-    s = CheckPointer(op, "a data pointer", p, rows * cols);
-    if (!s.ok()) return s;
+    if (absl::Status s = CheckPointer(op, "a data pointer", p, rows * cols); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -74,20 +71,18 @@ inline absl::Status CheckOptimizerCall(const OptimizerParams& p, int64_t step, i
                                        const float* params, const float* grads,
                                        absl::Span<float* const> slots) {
   constexpr absl::string_view kOp = "ApplyOptimizer";
-  absl::Status s = ValidateOptimizerParams(p);
-  if (s.ok()) s = CheckSize(kOp, "step", step, 1);
-  if (s.ok()) s = CheckSize(kOp, "n", n, 0);
-  if (s.ok()) s = CheckPointer(kOp, "params", params, n);
-  if (s.ok()) s = CheckPointer(kOp, "grads", grads, n);
-  if (!s.ok()) return s;
+  for (absl::Status s : {ValidateOptimizerParams(p), CheckSize(kOp, "step", step, 1),
+                         CheckSize(kOp, "n", n, 0), CheckPointer(kOp, "params", params, n),
+                         CheckPointer(kOp, "grads", grads, n)}) {
+    if (!s.ok()) return s;
+  }
   if (slots.size() != static_cast<size_t>(NumSlots(p.kind))) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", OptimizerKindName(p.kind),
                                                    " needs ", NumSlots(p.kind),
                                                    " slots, got ", slots.size()));
   }
   for (float* slot : slots) {
-    s = CheckPointer(kOp, "slot", slot, n);
-    if (!s.ok()) return s;
+    if (absl::Status s = CheckPointer(kOp, "slot", slot, n); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -60,6 +60,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -79,6 +80,11 @@ struct CheckpointStore::Expected {
   uint64_t num_records = 0;
   uint64_t bytes = 0;
   uint64_t hash = 0;
+};
+
+struct CheckpointStore::ScanTotals {
+  Expected found;
+  std::string last_key;  // Printable; "(none)" before the first record.
 };
 
 namespace {
@@ -363,6 +369,7 @@ absl::StatusOr<CheckpointInfo> CheckpointWriter::Commit(absl::string_view metada
   absl::StatusOr<CheckpointInfo> info = store_->CommitCheckpoint(id_, cf_.get(), expected, metadata);
   if (!info.ok()) return Fail(info.status());
   state_ = State::kCommitted;
+  cf_.reset();
   store_->ReleaseWriter(id_, /*delete_records=*/false);
   return info;
 }
@@ -371,6 +378,7 @@ void CheckpointWriter::Abort() {
   if (state_ != State::kOpen) return;
   state_ = State::kAborted;
   batch_->Clear();
+  cf_.reset();
   store_->ReleaseWriter(id_, /*delete_records=*/true);
 }
 
@@ -378,6 +386,7 @@ void CheckpointWriter::AbandonForTest() {
   if (state_ != State::kOpen) return;
   if (!WriteBatchToDb().ok()) return;  // Fail() aborted the writer already.
   state_ = State::kAborted;
+  cf_.reset();
   store_->ReleaseWriter(id_, /*delete_records=*/false);
 }
 
@@ -649,16 +658,16 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
   }
   if (options_.verify_before_commit) {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ScanReadOptions(), cf));
-    absl::Status status = ScanRecords(id, it.get(), expected, nullptr);
-    if (!status.ok()) {
-      // The store read back what it just wrote, so fewer records than Puts means a key was
-      // repeated (the later Put replaced the earlier); anything else is real damage.
-      if (absl::IsDataLoss(status) && absl::StrContains(status.message(), "fewer records")) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("a key was Put more than once (", status.message(), ")"));
-      }
-      return common::Annotate(status, "read back before commit");
+    ASSIGN_OR_RETURN(ScanTotals totals, ScanRecords(id, it.get(), expected.num_records, nullptr),
+                     "read back before commit");
+    // Every record just written read back with a good checksum, so fewer records than Puts
+    // means a key was repeated (the later Put replaced the earlier one).
+    if (totals.found.num_records < expected.num_records) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          expected.num_records, " Puts but ", totals.found.num_records,
+          " distinct keys: each key may be Put once per checkpoint"));
     }
+    RETURN_IF_ERROR_CTX(CheckTotals(id, totals, expected), "read back before commit");
   }
   CommitRecord record;
   record.info.id = id;
@@ -698,12 +707,12 @@ void CheckpointStore::ReleaseWriter(uint64_t id, bool delete_records) {
 
 // ============================== CheckpointStore: reading ==============================
 
-absl::Status CheckpointStore::ScanRecords(
-    uint64_t id, rocksdb::Iterator* records, const Expected& expected,
+absl::StatusOr<CheckpointStore::ScanTotals> CheckpointStore::ScanRecords(
+    uint64_t id, rocksdb::Iterator* records, uint64_t max_records,
     const std::function<absl::Status(absl::string_view, absl::string_view)>* visit) {
   const uint32_t id_crc = IdCrc(id);
-  Expected actual;
-  std::string last_key;  // For errors that are not tied to one record.
+  Expected found;
+  std::string last_key;
   for (records->SeekToFirst(); records->Valid(); records->Next()) {
     const absl::string_view key = ToView(records->key());
     const absl::string_view stored_value = ToView(records->value());
@@ -720,32 +729,42 @@ absl::Status CheckpointStore::ScanRecords(
           "checkpoint %d, key %s: checksum mismatch (stored %08x, computed %08x)", id,
           PrintableKey(key), stored_crc, crc));
     }
-    if (++actual.num_records > expected.num_records) {
+    if (++found.num_records > max_records) {
       return absl::DataLossError(
           absl::StrCat("checkpoint ", id, ", key ", PrintableKey(key),
-                       ": extra record (the commit record counts ", expected.num_records, ")"));
+                       ": extra record (the commit record counts ", max_records, ")"));
     }
-    actual.bytes += key.size() + value.size();
-    actual.hash += Fingerprint(key_crc, crc);
+    found.bytes += key.size() + value.size();
+    found.hash += Fingerprint(key_crc, crc);
     if (visit != nullptr) RETURN_IF_ERROR((*visit)(key, value));
     last_key.assign(key.data(), key.size());
   }
-  const std::string last_read =
-      actual.num_records == 0 ? std::string("(none)") : PrintableKey(last_key);
+  ScanTotals totals;
+  totals.found = found;
+  totals.last_key = found.num_records == 0 ? std::string("(none)") : PrintableKey(last_key);
   if (!records->status().ok()) {
+    // Typically a RocksDB block checksum mismatch (DATA_LOSS); the key that sits in the bad
+    // block is unknown, the last good one is not.
     return FromRocksDbStatus(records->status(),
-                             absl::StrCat("checkpoint ", id, ", after key ", last_read));
+                             absl::StrCat("checkpoint ", id, ", after key ", totals.last_key));
   }
-  if (actual.num_records < expected.num_records) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint ", id, ": ", actual.num_records, " records found, fewer records than the ",
-        expected.num_records, " committed; last key read ", last_read));
+  return totals;
+}
+
+absl::Status CheckpointStore::CheckTotals(uint64_t id, const ScanTotals& totals,
+                                          const Expected& expected) {
+  const Expected& found = totals.found;
+  if (found.num_records != expected.num_records) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", id, ": ", found.num_records,
+                                            " records found, ", expected.num_records,
+                                            " committed; last key read ", totals.last_key));
   }
-  if (actual.bytes != expected.bytes || actual.hash != expected.hash) {
+  if (found.bytes != expected.bytes || found.hash != expected.hash) {
     return absl::DataLossError(absl::StrCat(
-        "checkpoint ", id, ": records differ from the committed ones (", actual.bytes,
-        " bytes found, ", expected.bytes, " committed", actual.hash != expected.hash ? ", hash differs" : "",
-        "): a record was replaced; last key read ", last_read));
+        "checkpoint ", id, ": records differ from the committed ones (", found.bytes,
+        " bytes found, ", expected.bytes, " committed",
+        found.hash != expected.hash ? ", hash differs" : "", "); last key read ",
+        totals.last_key));
   }
   return absl::OkStatus();
 }
@@ -772,7 +791,8 @@ absl::Status CheckpointStore::ReadImpl(
   expected.num_records = commit.info.num_records;
   expected.bytes = commit.info.bytes;
   expected.hash = commit.hash;
-  return ScanRecords(id, records.get(), expected, visit);
+  ASSIGN_OR_RETURN(ScanTotals totals, ScanRecords(id, records.get(), expected.num_records, visit));
+  return CheckTotals(id, totals, expected);
 }
 
 absl::Status CheckpointStore::Read(

@@ -111,7 +111,7 @@ class CheckpointStore;
 // CheckpointStore::BeginCheckpoint(). Thread-compatible: callers synchronize.
 // State machine: OPEN -> COMMITTED (Commit() succeeded) or OPEN -> ABORTED (Abort(), the
 // destructor, or any failed Put()/Commit()). An aborted checkpoint's records are deleted.
-// REQUIRES: the store outlives the writer.
+// REQUIRES: the store outlives the writer while it is OPEN.
 class CheckpointWriter {
  public:
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -159,7 +159,9 @@ class CheckpointWriter {
 
   CheckpointStore* const store_;  // Not owned.
   const uint64_t id_;
-  const std::shared_ptr<rocksdb::ColumnFamilyHandle> cf_;  // The checkpoint's records.
+  // The checkpoint's records; released when the writer leaves OPEN, so that a finished writer
+  // may outlive the store.
+  std::shared_ptr<rocksdb::ColumnFamilyHandle> cf_;
   const uint32_t id_crc_;                                  // CRC-32C of the encoded id.
   State state_ = State::kOpen;
   std::unique_ptr<rocksdb::WriteBatch> batch_;
@@ -238,7 +240,8 @@ class CheckpointStore {
 
  private:
   friend class CheckpointWriter;
-  struct Expected;  // What a checkpoint's records must add up to.
+  struct Expected;    // What a checkpoint's records add up to.
+  struct ScanTotals;  // What a scan found.
   using CfMap = std::map<uint64_t, std::shared_ptr<rocksdb::ColumnFamilyHandle>>;
 
   CheckpointStore(const CheckpointStoreOptions& options, std::unique_ptr<rocksdb::DB> db,
@@ -263,9 +266,10 @@ class CheckpointStore {
                                                   absl::string_view metadata);
   void ReleaseWriter(uint64_t id, bool delete_records);
 
-  absl::Status ScanRecords(uint64_t id, rocksdb::Iterator* records, const Expected& expected,
-                           const std::function<absl::Status(absl::string_view,
-                                                            absl::string_view)>* visit);
+  static absl::StatusOr<ScanTotals> ScanRecords(
+      uint64_t id, rocksdb::Iterator* records, uint64_t max_records,
+      const std::function<absl::Status(absl::string_view, absl::string_view)>* visit);
+  static absl::Status CheckTotals(uint64_t id, const ScanTotals& found, const Expected& expected);
   absl::Status ReadImpl(uint64_t id,
                         const std::function<absl::Status(absl::string_view,
                                                          absl::string_view)>* visit);

@@ -150,6 +150,25 @@ class CheckpointStoreTest : public ::testing::Test {
     return found;
   }
 
+  uint64_t SstBytesOnDisk() {
+    uint64_t bytes = 0;
+    for (const auto& entry : fs::directory_iterator(options_.path)) {
+      if (entry.path().extension() == ".sst") bytes += entry.file_size();
+    }
+    return bytes;
+  }
+
+  // Flips one byte inside the value that starts with `marker`, in the one SST file holding it.
+  void FlipByteAfter(absl::string_view marker) {
+    std::vector<fs::path> files = SstFilesContaining(marker);
+    ASSERT_EQ(files.size(), 1u);
+    std::fstream file(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    const size_t offset = bytes.find(marker.data(), 0, marker.size()) + 1000;
+    file.seekp(static_cast<std::streamoff>(offset));
+    file.put(static_cast<char>(bytes[offset] ^ 0x01));
+  }
+
   fs::path dir_;
   CheckpointStoreOptions options_;
   std::unique_ptr<CheckpointStore> store_;
@@ -353,6 +372,7 @@ TEST_F(CheckpointStoreTest, RetentionKeepsNewestAndDeletesOlder) {
   ASSERT_OK(store_->Verify(ids[3]));
   // The space of the deleted ones is reclaimed: about two checkpoints of 1 MB remain.
   EXPECT_LT(store_->ApproximateSizeBytes(), 3u << 20);
+  EXPECT_LT(SstBytesOnDisk(), 3u << 20);
 
   // Lowering `keep` applies on the next Open, and never to the newest checkpoint.
   options_.keep = 1;
@@ -427,19 +447,10 @@ TEST_F(CheckpointStoreTest, FlippedByteInSstFileIsDataLoss) {
   ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(MakeRecords(2, 8, 64 << 10)));
   store_.reset();  // Close: everything is in SST files and the WAL.
 
-  const std::string marker = "<ckpt2:table/6>";
-  std::vector<fs::path> files = SstFilesContaining(marker);
-  ASSERT_EQ(files.size(), 1u);
-  ASSERT_TRUE(SstFilesContaining("<ckpt1:").size() == 1 &&
-              SstFilesContaining("<ckpt1:")[0] != files[0])
+  ASSERT_EQ(SstFilesContaining("<ckpt1:").size(), 1u);
+  ASSERT_NE(SstFilesContaining("<ckpt1:")[0], SstFilesContaining("<ckpt2:")[0])
       << "checkpoints 1 and 2 should live in different files";
-  {
-    std::fstream file(files[0], std::ios::in | std::ios::out | std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    const size_t offset = bytes.find(marker) + 1000;  // Inside the value.
-    file.seekp(static_cast<std::streamoff>(offset));
-    file.put(static_cast<char>(bytes[offset] ^ 0x01));
-  }
+  FlipByteAfter("<ckpt2:table/6>");
 
   OpenStore();
   absl::Status verify = store_->Verify(second.id);
@@ -457,6 +468,24 @@ TEST_F(CheckpointStoreTest, FlippedByteInSstFileIsDataLoss) {
   ASSERT_OK(store_->Verify(first.id));
   ASSERT_OK_AND_ASSIGN(Records read_first, ReadAll(first.id));
   EXPECT_EQ(read_first, good);
+}
+
+TEST_F(CheckpointStoreTest, CorruptOldCheckpointDoesNotStopNewOnes) {
+  options_.keep = 1;
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(MakeRecords(1, 8, 64 << 10)));
+  store_.reset();
+  FlipByteAfter("<ckpt1:table/3>");
+  OpenStore();
+  EXPECT_THAT(store_->Verify(first.id), StatusIs(absl::StatusCode::kDataLoss));
+  // Retention deletes the corrupt checkpoint without reading it.
+  const Records later = MakeRecords(2, 8, 64 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo second, WriteCheckpoint(later));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo third, WriteCheckpoint(MakeRecords(3, 2, 10)));
+  EXPECT_THAT(ListIds(), ElementsAre(third.id));
+  OpenStore();
+  ASSERT_OK(store_->Verify(third.id));
+  EXPECT_GT(third.id, second.id);
 }
 
 TEST_F(CheckpointStoreTest, TruncatedSstFileIsNeverReadSilently) {

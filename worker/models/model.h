@@ -1,0 +1,54 @@
+// Model: the training-side math of one model. A step is
+//   PreparePull(batch, &pull)  -> the store fills the model's parameter buffers
+//   ForwardBackward(batch)     -> loss; gradients into the model's gradient buffers
+//   PreparePush(&push)         -> the store sends the gradients
+// Parameters and gradients live in host buffers the model owns (the spans handed out stay
+// valid until the next call); compute runs on the model's kernels::Backend, which keeps
+// activations on the device and copies only parameters in and gradients out.
+#ifndef PS_WORKER_MODELS_MODEL_H_
+#define PS_WORKER_MODELS_MODEL_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/parameter_store.h"
+#include "worker/data/batch.h"
+
+namespace ps::worker {
+
+struct StepResult {
+  // Mean loss over the batch.
+  double loss = 0;
+};
+
+// Sums over evaluated batches; the trainer turns them into metrics.
+struct EvalAccumulator {
+  int64_t examples = 0;
+  double loss_sum = 0;        // sum of per-example losses
+  int64_t correct = 0;        // classification
+  // CTR: predicted probability and label per example (for AUC).
+  std::vector<float> scores;
+  std::vector<float> labels;
+};
+
+// Thread-compatible.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Adds to `pull` the tables (dense) and keys (sparse) that `batch` needs, with spans into
+  // the model's parameter buffers.
+  virtual absl::Status PreparePull(const Batch& batch, common::PullBatch* pull) = 0;
+  // Forward and backward on `batch` with the parameters last pulled. REQUIRES: PreparePull
+  // for the same batch, then a successful pull.
+  virtual absl::StatusOr<StepResult> ForwardBackward(const Batch& batch) = 0;
+  // Adds the gradients of the last ForwardBackward to `push`.
+  virtual absl::Status PreparePush(common::PushBatch* push) = 0;
+  // Forward only on `batch` (after PreparePull + pull), accumulating metrics.
+  virtual absl::Status Evaluate(const Batch& batch, EvalAccumulator* acc) = 0;
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_MODELS_MODEL_H_

@@ -1,0 +1,201 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/data/metrics.h"
+#include "worker/data/shard_iterator.h"
+
+namespace ps::worker {
+namespace {
+
+std::string JsonNumber(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.6g", v);
+}
+
+}  // namespace
+
+Trainer::Trainer(Model* model, common::ParameterStore* store, const Dataset* train,
+                 const Dataset* test, const TrainerOptions& options)
+    : model_(model), store_(store), train_(train), test_(test), options_(options) {
+  if (!options_.log_path.empty()) log_ = std::fopen(options_.log_path.c_str(), "a");
+}
+
+Trainer::~Trainer() {
+  if (log_ != nullptr) std::fclose(log_);
+}
+
+void Trainer::Log(const std::string& json) {
+  if (log_ == nullptr) return;
+  std::fprintf(log_, "{%s%s%s}\n", options_.log_tag.c_str(), options_.log_tag.empty() ? "" : ",",
+               json.c_str());
+  std::fflush(log_);
+}
+
+void Trainer::Progress(bool force, uint32_t epoch, uint64_t step, double loss) {
+  if (options_.progress == nullptr) return;
+  const absl::Time now = absl::Now();
+  const absl::Duration since = now - last_progress_;
+  if (!force && since < (options_.progress_tty ? absl::Milliseconds(200)
+                                               : options_.progress_interval)) {
+    return;
+  }
+  last_progress_ = now;
+  const double elapsed = absl::ToDoubleSeconds(now - start_);
+  const double rate = elapsed > 0 ? samples_ / elapsed : 0;
+  std::string eta = "?";
+  if (total_steps_estimate_ > 0 && step > 0 && step <= total_steps_estimate_) {
+    const double left = elapsed * (total_steps_estimate_ - step) / step;
+    eta = absl::StrFormat("%dm%02ds", static_cast<int>(left) / 60, static_cast<int>(left) % 60);
+  }
+  const std::string line = absl::StrFormat(
+      "worker %d  epoch %u/%u  step %d  loss %.4f  %.0f samples/s  ETA %s",
+      options_.worker_index, epoch + 1, options_.epochs, step, loss, rate, eta);
+  if (options_.progress_tty) {
+    std::fprintf(options_.progress, "\r\033[K%s", line.c_str());
+  } else {
+    std::fprintf(options_.progress, "%s\n", line.c_str());
+  }
+  std::fflush(options_.progress);
+  Log(absl::StrCat("\"type\":\"throughput\",\"worker\":", options_.worker_index,
+                   ",\"epoch\":", epoch, ",\"step\":", step, ",\"time_s\":", JsonNumber(elapsed),
+                   ",\"samples\":", samples_, ",\"samples_per_s\":", JsonNumber(rate),
+                   ",\"loss\":", JsonNumber(loss)));
+}
+
+absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t clock) {
+  if (test_ == nullptr) return absl::FailedPreconditionError("no test set");
+  EvalAccumulator acc;
+  Batch batch;
+  std::vector<int64_t> indices;
+  const int64_t n = test_->size();
+  for (int64_t begin = 0; begin < n; begin += options_.batch_size) {
+    const int64_t end = std::min<int64_t>(n, begin + options_.batch_size);
+    indices.resize(end - begin);
+    for (int64_t i = begin; i < end; ++i) indices[i - begin] = i;
+    test_->FillBatch(indices, &batch);
+    common::PullBatch pull;
+    RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
+    common::PullOptions pull_options;
+    pull_options.clock = clock;
+    RETURN_IF_ERROR_CTX(store_->Pull(pull, pull_options), "evaluation pull");
+    RETURN_IF_ERROR(model_->Evaluate(batch, &acc));
+  }
+  EvalMetrics m;
+  m.examples = acc.examples;
+  m.loss = acc.examples > 0 ? acc.loss_sum / acc.examples : 0;
+  m.accuracy = acc.examples > 0 ? static_cast<double>(acc.correct) / acc.examples : 0;
+  if (options_.binary) m.auc = Auc(acc.scores, acc.labels);
+  return m;
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  TrainResult result;
+  start_ = absl::Now();
+  last_progress_ = start_;
+  ShardIterator it(train_->size(), options_.worker_index, options_.num_workers,
+                   options_.batch_size, options_.shuffle, options_.seed);
+  const uint64_t per_epoch =
+      (train_->size() / std::max(1, options_.num_workers) + options_.batch_size - 1) /
+      options_.batch_size;
+  total_steps_estimate_ = per_epoch * (options_.epochs - std::min(options_.epochs,
+                                                                  options_.start_epoch));
+  if (options_.max_steps > 0) {
+    total_steps_estimate_ = std::min<uint64_t>(total_steps_estimate_, options_.max_steps);
+  }
+  int64_t clock = options_.start_clock;
+  Batch batch;
+  std::vector<int64_t> indices;
+  bool stop = false;
+  double loss = 0;
+  for (uint32_t epoch = options_.start_epoch; epoch < options_.epochs && !stop; ++epoch) {
+    if (epoch == options_.start_epoch && options_.start_offset > 0) {
+      it.Seek(epoch, options_.start_offset);
+    } else {
+      it.StartEpoch(epoch);
+    }
+    while (!stop) {
+      absl::Time t0 = absl::Now();
+      if (!it.Next(&indices)) break;
+      train_->FillBatch(indices, &batch);
+      common::PullBatch pull;
+      RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
+      absl::Time t1 = absl::Now();
+      common::PullOptions pull_options;
+      pull_options.clock = clock;
+      RETURN_IF_ERROR_CTX(store_->Pull(pull, pull_options), absl::StrCat("step ", clock + 1, " pull"));
+      absl::Time t2 = absl::Now();
+      ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batch));
+      common::PushBatch push;
+      RETURN_IF_ERROR(model_->PreparePush(&push));
+      absl::Time t3 = absl::Now();
+      common::PushOptions push_options;
+      push_options.clock = clock + 1;
+      RETURN_IF_ERROR_CTX(store_->Push(push, push_options), absl::StrCat("step ", clock + 1, " push"));
+      absl::Time t4 = absl::Now();
+      ++clock;
+      ++result.steps;
+      samples_ += batch.size;
+      result.breakdown.data += t1 - t0;
+      result.breakdown.pull += t2 - t1;
+      result.breakdown.compute += t3 - t2;
+      result.breakdown.push += t4 - t3;
+      loss = step.loss;
+      loss_ema_ = result.steps == 1 ? loss : 0.98 * loss_ema_ + 0.02 * loss;
+      if (options_.on_step) options_.on_step(epoch, it.offset());
+      Progress(false, epoch, result.steps, loss_ema_);
+      if (options_.max_steps > 0 && result.steps >= options_.max_steps) stop = true;
+    }
+    const bool last = epoch + 1 == options_.epochs || stop;
+    const bool due = options_.eval_every_epochs > 0 && (epoch + 1) % options_.eval_every_epochs == 0;
+    if (options_.evaluate && test_ != nullptr && (due || last)) {
+      ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(clock));
+      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+      if (options_.progress != nullptr) {
+        if (options_.progress_tty) std::fprintf(options_.progress, "\n");
+        if (options_.binary) {
+          std::fprintf(options_.progress,
+                       "worker %d  epoch %u  test AUC %.4f  log-loss %.4f  (%.1f s)\n",
+                       options_.worker_index, epoch + 1, m.auc, m.loss, elapsed);
+        } else {
+          std::fprintf(options_.progress,
+                       "worker %d  epoch %u  test accuracy %.4f  loss %.4f  (%.1f s)\n",
+                       options_.worker_index, epoch + 1, m.accuracy, m.loss, elapsed);
+        }
+        std::fflush(options_.progress);
+      }
+      Log(absl::StrCat("\"type\":\"eval\",\"worker\":", options_.worker_index,
+                       ",\"epoch\":", epoch + 1, ",\"step\":", result.steps,
+                       ",\"time_s\":", JsonNumber(elapsed), ",\"samples\":", samples_,
+                       ",\"examples\":", m.examples, ",\"loss\":", JsonNumber(m.loss),
+                       options_.binary ? absl::StrCat(",\"auc\":", JsonNumber(m.auc))
+                                       : absl::StrCat(",\"accuracy\":", JsonNumber(m.accuracy))));
+      result.final_eval = m;
+      const double metric = options_.binary ? m.auc : m.accuracy;
+      if (options_.target_metric > 0 && metric >= options_.target_metric) stop = true;
+    }
+  }
+  result.wall = absl::Now() - start_;
+  result.samples = samples_;
+  result.samples_per_s = samples_ / std::max(1e-9, absl::ToDoubleSeconds(result.wall));
+  Progress(true, options_.epochs - 1, result.steps, loss_ema_);
+  if (options_.progress_tty && options_.progress != nullptr) {
+    std::fprintf(options_.progress, "\n");
+  }
+  Log(absl::StrCat(
+      "\"type\":\"done\",\"worker\":", options_.worker_index, ",\"steps\":", result.steps,
+      ",\"samples\":", result.samples, ",\"wall_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.wall)), ",\"samples_per_s\":",
+      JsonNumber(result.samples_per_s), ",\"pull_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.pull)), ",\"compute_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)), ",\"push_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.push)), ",\"data_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.data))));
+  return result;
+}
+
+}  // namespace ps::worker

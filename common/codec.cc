@@ -1,8 +1,13 @@
 #include "common/codec.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 
@@ -44,7 +49,7 @@ inline bool StochasticRoundUp(uint32_t rem, int shift, uint32_t random_bits) {
 // Rounds |x| (finite, in the fp16 range after rounding) to fp16 magnitude bits. `up` decides,
 // from the kept bits' parity, the dropped bits and their count, whether to round up.
 template <typename RoundUp>
-uint16_t HalfMagnitude(uint32_t abs, RoundUp up) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline uint16_t HalfMagnitude(uint32_t abs, RoundUp up) {
   if (abs >= 0x38800000u) {  // >= 2^-14: a normal fp16 (or overflow to inf by rounding).
     // Rebias the exponent from 127 to 15; the mantissa keeps its top 10 of 23 bits. A
     // carry out of the mantissa correctly increments the exponent (up to inf, 0x7c00).
@@ -69,7 +74,7 @@ uint16_t HalfMagnitude(uint32_t abs, RoundUp up) {
 
 // Handles sign, NaN, inf and overflow around HalfMagnitude.
 template <typename RoundUp>
-uint16_t ToHalf(float value, RoundUp up) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline uint16_t ToHalf(float value, RoundUp up) {
   uint32_t bits = FloatBits(value);
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   uint32_t abs = bits & kAbsMask;
@@ -81,7 +86,7 @@ uint16_t ToHalf(float value, RoundUp up) {
 }
 
 template <typename RoundUp>
-uint16_t ToBfloat16(float value, RoundUp up) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline uint16_t ToBfloat16(float value, RoundUp up) {
   uint32_t bits = FloatBits(value);
   if ((bits & kAbsMask) > kFloatInf) {  // NaN: keep sign and payload top, force quiet.
     return static_cast<uint16_t>((bits >> 16) | 0x0040u);
@@ -93,12 +98,15 @@ uint16_t ToBfloat16(float value, RoundUp up) {
   return static_cast<uint16_t>(kept);
 }
 
-// Round to nearest, ties to even.
-inline bool NearestEven(uint32_t kept, uint32_t rem, int shift) {
-  if (shift > 32) return false;  // rem < 2^32 is below half.
-  uint64_t half = uint64_t{1} << (shift - 1);
-  return rem > half || (rem == half && (kept & 1u));
-}
+// Round to nearest, ties to even. A function object (not a function pointer) so that it
+// inlines into ToHalf/ToBfloat16.
+struct NearestEven {
+  bool operator()(uint32_t kept, uint32_t rem, int shift) const {
+    if (shift > 32) return false;  // rem < 2^32 is below half.
+    uint64_t half = uint64_t{1} << (shift - 1);
+    return rem > half || (rem == half && (kept & 1u));
+  }
+};
 
 void CheckKnown(ps::Encoding encoding) {
   CHECK(IsKnownEncoding(encoding)) << "unknown encoding " << static_cast<int>(encoding)
@@ -113,13 +121,13 @@ void EncodeInto(absl::Span<const float> values, ps::Encoding encoding, char* dst
       return;
     case ps::ENCODING_FP16:
       for (size_t i = 0; i < values.size(); ++i) {
-        uint16_t h = FloatToHalf(values[i]);
+        uint16_t h = ToHalf(values[i], NearestEven());
         std::memcpy(dst + 2 * i, &h, 2);
       }
       return;
     case ps::ENCODING_BF16:
       for (size_t i = 0; i < values.size(); ++i) {
-        uint16_t h = FloatToBfloat16(values[i]);
+        uint16_t h = ToBfloat16(values[i], NearestEven());
         std::memcpy(dst + 2 * i, &h, 2);
       }
       return;
@@ -208,12 +216,31 @@ absl::Status DecodeFloats(absl::string_view bytes, ps::Encoding encoding, absl::
 }
 
 size_t CountNonFinite(absl::Span<const float> values) {
-  // Exponent all ones <=> NaN or inf. Counting into a fixed-width integer without branches
-  // lets the compiler vectorize the loop.
+  // Exponent all ones <=> NaN or inf. GCC's -O2 does not vectorize the scalar loop, and
+  // servers run this over every pushed gradient, so x86 gets an explicit SSE2 loop (SSE2 is
+  // in every x86-64 CPU).
   const float* data = values.data();
   const size_t n = values.size();
+  size_t i = 0;
   uint64_t count = 0;
-  for (size_t i = 0; i < n; ++i) {
+#if defined(__SSE2__)
+  const __m128i exponent_mask = _mm_set1_epi32(static_cast<int>(kFloatInf));
+  while (n - i >= 4) {
+    // Each lane counts at most 2^18 hits per chunk, far below overflow.
+    const size_t chunk_end = i + std::min<size_t>((n - i) & ~size_t{3}, size_t{1} << 20);
+    __m128i lane_counts = _mm_setzero_si128();
+    for (; i < chunk_end; i += 4) {
+      __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + i));
+      __m128i exponent = _mm_and_si128(bits, exponent_mask);
+      // cmpeq gives -1 per non-finite lane.
+      lane_counts = _mm_sub_epi32(lane_counts, _mm_cmpeq_epi32(exponent, exponent_mask));
+    }
+    alignas(16) uint32_t lanes[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), lane_counts);
+    count += uint64_t{lanes[0]} + lanes[1] + lanes[2] + lanes[3];
+  }
+#endif
+  for (; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, data + i, sizeof(bits));
     count += (bits & kFloatInf) == kFloatInf;
@@ -221,7 +248,7 @@ size_t CountNonFinite(absl::Span<const float> values) {
   return static_cast<size_t>(count);
 }
 
-uint16_t FloatToHalf(float value) { return ToHalf(value, NearestEven); }
+uint16_t FloatToHalf(float value) { return ToHalf(value, NearestEven()); }
 
 float HalfToFloat(uint16_t half) {
   uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
@@ -236,7 +263,7 @@ float HalfToFloat(uint16_t half) {
   return BitsFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-uint16_t FloatToBfloat16(float value) { return ToBfloat16(value, NearestEven); }
+uint16_t FloatToBfloat16(float value) { return ToBfloat16(value, NearestEven()); }
 
 float Bfloat16ToFloat(uint16_t bf16) { return BitsFloat(static_cast<uint32_t>(bf16) << 16); }
 

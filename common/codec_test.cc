@@ -312,6 +312,13 @@ TEST(CountNonFinite, CountsNanAndInfOnly) {
   many[50000] = kInf;
   many[100002] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(CountNonFinite(many), 3u);
+  // Across the vector loop's internal chunk boundary (2^20 values) and its scalar tail.
+  std::vector<float> chunked((size_t{1} << 20) + 7, -1.0f);
+  chunked[(size_t{1} << 20) - 1] = kInf;
+  chunked[size_t{1} << 20] = -kInf;
+  chunked.back() = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(CountNonFinite(chunked), 3u);
+  EXPECT_EQ(CountNonFinite(absl::MakeConstSpan(chunked).subspan(1, 5)), 0u);
 }
 
 }  // namespace

@@ -52,14 +52,14 @@ namespace ps::common {
 // Parses a JobConfig textproto. `source_name` (usually the file path) prefixes error positions.
 // Errors: INVALID_ARGUMENT "<source_name>:<line>:<column>: <problem>" (1-based), for the
 // first syntax error, unknown field or bad value.
-absl::StatusOr<ps::JobConfig> ParseJobConfigText(absl::string_view text,
+[[nodiscard]] absl::StatusOr<ps::JobConfig> ParseJobConfigText(absl::string_view text,
                                                  absl::string_view source_name);
 
 // Reads and parses the textproto at `path`, then applies `overrides` in order.
 // Errors: NOT_FOUND when `path` does not exist; INVALID_ARGUMENT when it cannot be read (a
 // directory, no permission), does not parse, or an override fails. Messages name the path or
 // the override.
-absl::StatusOr<ps::JobConfig> LoadJobConfig(const std::string& path,
+[[nodiscard]] absl::StatusOr<ps::JobConfig> LoadJobConfig(const std::string& path,
                                             absl::Span<const std::string> overrides);
 
 // Applies one `path.to.field=value` assignment (syntax in the file comment) via reflection.
@@ -68,10 +68,10 @@ absl::StatusOr<ps::JobConfig> LoadJobConfig(const std::string& path,
 // non-repeated field, an index out of range (more than one past the end) or an unknown
 // element name, a value that does not parse for the field's type (naming field and value).
 // `*config` may be partly changed when an error is returned.
-absl::Status ApplyOverride(const std::string& assignment, ps::JobConfig* config);
+[[nodiscard]] absl::Status ApplyOverride(const std::string& assignment, ps::JobConfig* config);
 
 // LoadJobConfig + ExpandModelTables + ValidateJobConfig. Errors: those of the three.
-absl::StatusOr<ps::JobConfig> LoadAndPrepareJobConfig(const std::string& path,
+[[nodiscard]] absl::StatusOr<ps::JobConfig> LoadAndPrepareJobConfig(const std::string& path,
                                                       absl::Span<const std::string> overrides);
 
 // ---- Model tables --------------------------------------------------------------------------
@@ -95,12 +95,12 @@ std::string CtrBiasTable(const ps::CtrConfig& ctr, int layer);
 // The tables `model` needs, in order, with kind, shape/dim and initializer set (no
 // optimizer). Empty when no model is set.
 // Errors: INVALID_ARGUMENT naming the model field, for zero widths or an empty table name.
-absl::StatusOr<std::vector<ps::TableConfig>> ModelTables(const ps::ModelConfig& model);
+[[nodiscard]] absl::StatusOr<std::vector<ps::TableConfig>> ModelTables(const ps::ModelConfig& model);
 
 // Adds the model's tables to config->tables and fills in optimizers (see the file comment).
 // Errors: INVALID_ARGUMENT for a bad model section (see ModelTables) or a declared model table
 // whose kind, shape or dim differs from what the model needs (naming tables[i]).
-absl::Status ExpandModelTables(ps::JobConfig* config);
+[[nodiscard]] absl::Status ExpandModelTables(ps::JobConfig* config);
 
 // ---- Validation ----------------------------------------------------------------------------
 
@@ -118,7 +118,7 @@ absl::Status ExpandModelTables(ps::JobConfig* config);
 // Optimizer checks: learning_rate > 0; momentum, beta1, beta2 in [0, 1); epsilon > 0;
 // initial_accumulator >= 0 (> 0 for ADAGRAD); l1, l2, ftrl_beta, weight_decay, clip_value,
 // clip_norm >= 0; all finite.
-absl::Status ValidateJobConfig(const ps::JobConfig& config);
+[[nodiscard]] absl::Status ValidateJobConfig(const ps::JobConfig& config);
 
 }  // namespace ps::common
 

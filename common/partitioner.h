@@ -62,7 +62,7 @@ class Partitioner {
   // num_virtual_shards or dense_block_floats is 0, a table name repeats, a kind is
   // unspecified, a dense shape is empty or has a non-positive dimension, numel overflows or
   // needs more than 2^32 - 1 blocks, or a sparse table has dim 0.
-  static absl::StatusOr<Partitioner> Create(const ps::JobConfig& config);
+  [[nodiscard]] static absl::StatusOr<Partitioner> Create(const ps::JobConfig& config);
 
   uint32_t num_servers() const { return num_servers_; }
   uint32_t num_virtual_shards() const { return num_virtual_shards_; }
@@ -111,7 +111,7 @@ class Partitioner {
 
 // The number of servers `cluster` describes: num_servers, or servers_size() when that is 0.
 // Errors: INVALID_ARGUMENT when both are 0 or both are set and differ.
-absl::StatusOr<uint32_t> NumServers(const ps::ClusterConfig& cluster);
+[[nodiscard]] absl::StatusOr<uint32_t> NumServers(const ps::ClusterConfig& cluster);
 
 }  // namespace ps::common
 

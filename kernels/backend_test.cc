@@ -21,7 +21,9 @@ TEST(CreateBackendTest, CpuIsAlwaysAvailable) {
 TEST(CreateBackendTest, AutoPicksCudaOnlyWhenCompiledInAndPresent) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("auto", BackendOptions());
   ASSERT_TRUE(backend.ok()) << backend.status();
-  if (!CudaCompiledIn()) EXPECT_EQ((*backend)->kind(), DeviceKind::kCpu);
+  if (!CudaCompiledIn()) {
+    EXPECT_EQ((*backend)->kind(), DeviceKind::kCpu);
+  }
   // With CUDA compiled in, "auto" must agree with whether "cuda" can be created.
   const bool cuda_works = CreateBackend("cuda", BackendOptions()).ok();
   EXPECT_EQ((*backend)->kind() == DeviceKind::kCuda, cuda_works);

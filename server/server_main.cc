@@ -26,6 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/overrides.h"
 #include "common/rpc/credentials.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -37,9 +38,9 @@
 #include "server/shard.h"
 
 ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (required).");
-ABSL_FLAG(std::vector<std::string>, set, {},
+ABSL_FLAG(std::string, set, "",
           "Config overrides, comma-separated path=value (e.g. "
-          "training.staleness=0,tables[0].optimizer.learning_rate=0.1). Repeatable.");
+          "training.epochs=3,model.mlp.hidden=256,128); see README.");
 ABSL_FLAG(int32_t, server_index, -1, "This server's index, 0..num_servers-1 (required).");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on (127.0.0.1 for local only).");
 ABSL_FLAG(int32_t, port, 0, "Port to listen on; 0 picks a free one (printed).");
@@ -88,7 +89,7 @@ absl::Status Run() {
     return absl::InvalidArgumentError("--config is required");
   }
   ASSIGN_OR_RETURN(JobConfig config, common::LoadAndPrepareJobConfig(
-                                         absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set)));
+                                         absl::GetFlag(FLAGS_config), common::SplitOverrides(absl::GetFlag(FLAGS_set))));
   const int32_t index = absl::GetFlag(FLAGS_server_index);
   if (index < 0) return absl::InvalidArgumentError("--server_index is required");
   if (absl::GetFlag(FLAGS_checkpoint_interval) >= 0) {

@@ -107,6 +107,7 @@ std::string RunfilePath(const std::string& workspace_relative) {
 std::string MakeTempDir(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   std::string base = tmp ? tmp : "/tmp";
+  mkdir(base.c_str(), 0755);  // may exist already
   std::string pattern = absl::StrCat(base, "/", name, "XXXXXX");
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');

@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/overrides.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kernels/backend.h"
@@ -34,8 +35,9 @@
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (required).");
-ABSL_FLAG(std::vector<std::string>, set, {},
-          "Config overrides, comma-separated path=value (e.g. training.epochs=3). Repeatable.");
+ABSL_FLAG(std::string, set, "",
+          "Config overrides, comma-separated path=value (e.g. "
+          "training.epochs=3,model.mlp.hidden=256,128); see README.");
 ABSL_FLAG(int32_t, worker_index, 0, "This worker's index, 0..cluster.num_workers-1.");
 ABSL_FLAG(bool, centralized, false,
           "Train in this process through the in-process store: no servers, no sockets.");
@@ -56,7 +58,7 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_config).empty()) {
     return absl::InvalidArgumentError("--config is required");
   }
-  std::vector<std::string> overrides = absl::GetFlag(FLAGS_set);
+  std::vector<std::string> overrides = common::SplitOverrides(absl::GetFlag(FLAGS_set));
   if (!absl::GetFlag(FLAGS_servers).empty()) {
     overrides.push_back(absl::StrCat("cluster.servers=", absl::GetFlag(FLAGS_servers)));
   }

@@ -67,6 +67,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/iterator.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/table.h"
@@ -243,6 +244,18 @@ absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view v
 
 // ---- RocksDB options. ----
 
+// After a disk-full error RocksDB would poll for free space and resume by itself, in the
+// background; while it does, writes fail with its error and DB::Resume() answers Busy.
+// BeginCheckpoint() resumes instead, so recovery happens at a predictable point and a still
+// full disk is reported to the caller as RESOURCE_EXHAUSTED rather than as a busy database.
+class ResumeOnlyWhenAsked : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/,
+                            rocksdb::Status /*bg_error*/, bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+};
+
 rocksdb::DBOptions MakeDbOptions(rocksdb::Env* env) {
   rocksdb::DBOptions options;
   options.create_if_missing = true;
@@ -258,6 +271,7 @@ rocksdb::DBOptions MakeDbOptions(rocksdb::Env* env) {
   options.bytes_per_sync = 1 << 20;
   options.wal_bytes_per_sync = 1 << 20;
   options.keep_log_file_num = 4;  // Info LOG files.
+  options.listeners.push_back(std::make_shared<ResumeOnlyWhenAsked>());
   return options;
 }
 
@@ -622,9 +636,13 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoi
   }
   // A disk-full or I/O error in an earlier flush leaves RocksDB refusing writes until it
   // recovers. Resume() returns at once on a healthy database and retries the recovery
-  // otherwise, so a checkpoint succeeds again as soon as the cause is gone.
-  RETURN_IF_ERROR(
-      Error(FromRocksDbStatus(db_->Resume(), "recover from an earlier write error")));
+  // otherwise (flushing what the failed flush left), so a checkpoint succeeds again as soon as
+  // the cause is gone. Busy means RocksDB is already retrying a transient I/O error by itself;
+  // the writes below then either succeed or fail with that error.
+  rocksdb::Status resumed = db_->Resume();
+  if (!resumed.ok() && !resumed.IsBusy()) {
+    return Error(FromRocksDbStatus(resumed, "recover from an earlier write error"));
+  }
   RETURN_IF_ERROR(DeleteIncomplete());
   const uint64_t id = next_id_;
   // Before the column family exists, so that no crash can leave records under a reusable id.

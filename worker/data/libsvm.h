@@ -1,0 +1,46 @@
+// Reader for LIBSVM / SVMlight text files (plain or gzip-compressed):
+//
+//   <label> [qid:<n>] <index>:<value> <index>:<value> ... [# comment]
+//
+// Fields are separated by spaces or tabs. Everything from '#' to the end of the line is a
+// comment; blank and comment-only lines are skipped; "\r\n" line ends are accepted. SVMlight
+// "qid:<n>" fields are skipped. Indices are kept as uint64 feature ids, unchanged (no
+// 1-based shift, no sorting, duplicates allowed): the models treat them as sparse keys.
+#ifndef PS_WORKER_DATA_LIBSVM_H_
+#define PS_WORKER_DATA_LIBSVM_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/data/dataset.h"
+
+namespace ps::worker {
+
+struct LibsvmOptions {
+  // false (default): binary labels. "+1", "1" (or any number equal to 1, e.g. "1.0") map to
+  // 1; "-1", "0" map to 0; anything else is an error. The dataset has num_classes() == 2 and
+  // batches carry binary_labels.
+  // true: multi-class labels, non-negative integers in [0, num_classes); batches carry
+  // class_labels. (Data sets labelled 1..K must be shifted to 0..K-1 first.)
+  bool multiclass = false;
+  // Multi-class only: the number of classes (every label must be below it), or 0 (default)
+  // to infer it as max(2, largest label + 1). Must be 0 or >= 2; ignored for binary data.
+  int num_classes = 0;
+};
+
+// Loads `path` into a sparse Dataset (a SparseDataset).
+// Errors:
+//   NOT_FOUND (PERMISSION_DENIED, ...)  the file cannot be opened;
+//   DATA_LOSS                           corrupt or truncated gzip stream;
+//   INVALID_ARGUMENT                    bad options, or a syntax error. Syntax errors read
+//       "<path>:<line>:<column>: <problem>" (1-based; the column is that of the offending
+//       token or part of it): a bad label, a feature without ':', a non-numeric or
+//       out-of-range index, a non-numeric value, a non-finite value (inf, nan, 1e999).
+// An empty file (or one with only comments) is valid and gives an empty dataset.
+absl::StatusOr<std::unique_ptr<Dataset>> LoadLibsvmDataset(const std::string& path,
+                                                           const LibsvmOptions& options);
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_DATA_LIBSVM_H_

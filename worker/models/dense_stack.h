@@ -1,0 +1,110 @@
+// DenseStack: a stack of fully connected layers on a kernels::Backend, the dense part shared
+// by MlpModel (the whole network) and CtrModel (the layers on the pooled embedding).
+//
+// Layer i maps widths[i] -> widths[i + 1]:  z = x * W_i + b_i, with W_i a dense table of
+// shape [widths[i], widths[i + 1]] (row-major) and b_i one of shape [widths[i + 1]]. Every
+// layer but the last applies the hidden activation; the last is linear (logits).
+//
+// Memory. All parameters live in one flat MirroredArray (W_0 | b_0 | W_1 | ...), so a step
+// copies them to the device in one transfer, and all gradients in another flat array copied
+// back in one transfer. On the CPU backend both sides are the same memory: the store pulls
+// straight into the buffers the GEMMs read and pushes straight from those they write.
+// Activations stay on the device, in buffers sized for max_batch rows at creation.
+#ifndef PS_WORKER_MODELS_DENSE_STACK_H_
+#define PS_WORKER_MODELS_DENSE_STACK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/parameter_store.h"
+#include "kernels/backend.h"
+#include "worker/models/mirrored_array.h"
+
+namespace ps::worker {
+
+struct DenseStackOptions {
+  // Layer widths, input first: [in, hidden..., out]. REQUIRES at least 2 entries, each >= 1.
+  std::vector<int64_t> widths;
+  // Table names of each layer's weight [widths[i], widths[i + 1]] and bias [widths[i + 1]].
+  // REQUIRES widths.size() - 1 entries each, non-empty.
+  std::vector<std::string> weight_tables;
+  std::vector<std::string> bias_tables;
+  // Nonlinearity after every layer but the last. Default ReLU.
+  kernels::Activation hidden_activation = kernels::Activation::kRelu;
+  // Most rows a Forward may take. REQUIRES 1 <= max_batch <= INT32_MAX.
+  int64_t max_batch = 0;
+};
+
+// Thread-compatible: callers synchronize. Owns its buffers; the Backend is not owned and
+// must outlive the stack.
+class DenseStack {
+ public:
+  // Errors: INVALID_ARGUMENT for options violating a REQUIRES (the message names the field),
+  // or a null backend; RESOURCE_EXHAUSTED when the device is out of memory.
+  static absl::StatusOr<std::unique_ptr<DenseStack>> Create(DenseStackOptions options,
+                                                            kernels::Backend* backend);
+
+  DenseStack(const DenseStack&) = delete;
+  DenseStack& operator=(const DenseStack&) = delete;
+
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  int64_t input_dim() const { return options_.widths.front(); }
+  int64_t output_dim() const { return options_.widths.back(); }
+  int64_t max_batch() const { return options_.max_batch; }
+
+  // Adds a DensePull per table into the host parameter buffers, and marks the device copy
+  // stale so that the next Forward copies them in.
+  void AddPulls(common::PullBatch* pull);
+  // Adds a DensePush per table with the gradients of the last Backward (valid until the
+  // next Backward).
+  void AddPushes(common::PushBatch* push) const;
+
+  // Forward over `rows` rows of x (device memory, rows x input_dim()). Returns the output
+  // (device, rows x output_dim()), valid until the next Forward; the caller may overwrite it,
+  // e.g. with the loss gradient it then hands to Backward.
+  // Errors: INVALID_ARGUMENT unless 1 <= rows <= max_batch(); backend errors.
+  absl::StatusOr<float*> Forward(int64_t rows, const float* x);
+
+  // Backward of the last Forward (same rows and x). `d_output` (device, rows x
+  // output_dim()) is the gradient of the loss w.r.t. the output; it is overwritten. Leaves
+  // the parameter gradients in the host gradient buffers (see AddPushes) and, if dx is not
+  // null, the gradient w.r.t. x in dx (device, rows x input_dim()).
+  // Errors: as Forward.
+  absl::Status Backward(int64_t rows, const float* x, float* d_output, float* dx);
+
+ private:
+  struct Layer {
+    int in = 0;
+    int out = 0;
+    int64_t weight_offset = 0;  // into the flat parameter and gradient arrays
+    int64_t bias_offset = 0;
+    kernels::DeviceBuffer output;  // max_batch x out: the activation (or logits if last)
+  };
+
+  DenseStack(DenseStackOptions options, kernels::Backend* backend);
+  absl::Status Init();
+  absl::Status CheckRows(int64_t rows) const;
+  // The device gradient buffer a backward step writes for layer i's input.
+  float* InputGradBuffer(int layer, float* dx);
+
+  const DenseStackOptions options_;
+  kernels::Backend* const backend_;  // Not owned.
+  std::vector<Layer> layers_;
+  int64_t num_params_ = 0;  // of the flat arrays, padding included
+  MirroredArray<float> params_;
+  MirroredArray<float> grads_;
+  // Ping-pong device buffers (max_batch x widest hidden layer) for the gradients w.r.t.
+  // hidden activations during Backward.
+  kernels::DeviceBuffer hidden_grad_[2];
+  // False after AddPulls until Forward has copied the parameters to the device.
+  bool params_on_device_ = false;
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_MODELS_DENSE_STACK_H_

@@ -12,8 +12,8 @@
 #include "glog/logging.h"
 
 // The wire is little-endian. On a little-endian host a value's bytes are already in wire
-// order, so encoding is memcpy. A big-endian port would byte-swap in StoreU16/LoadU16 and in
-// the FLOAT32 paths.
+// order, so encoding is memcpy. A big-endian port would byte-swap the 16-bit values in
+// EncodeInto/DecodeFloats and every value on the FLOAT32 paths.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "common/codec.cc assumes a little-endian host; add byte swaps for this target");
 static_assert(sizeof(float) == 4, "float must be IEEE-754 binary32");
@@ -180,15 +180,14 @@ void AppendFloats(absl::Span<const float> values, ps::Encoding encoding, std::st
 absl::Status DecodeFloats(absl::string_view bytes, ps::Encoding encoding, absl::Span<float> out) {
   const size_t width = BytesPerValue(encoding);
   if (width == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown encoding ", static_cast<int>(encoding), " (", bytes.size(),
-                     " bytes for ", out.size(), " values)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown encoding ", static_cast<int>(encoding),
+                                                   " (", bytes.size(), " bytes for ", out.size(),
+                                                   " values)"));
   }
   if (bytes.size() != out.size() * width) {
-    return absl::InvalidArgumentError(absl::StrCat("expected ", out.size() * width, " bytes (",
-                                                   out.size(), " values of ",
-                                                   EncodingName(encoding), "), got ",
-                                                   bytes.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", out.size() * width, " bytes (", out.size(), " values of ",
+                     EncodingName(encoding), "), got ", bytes.size()));
   }
   const char* src = bytes.data();
   switch (encoding) {

@@ -53,9 +53,10 @@ void AppendFloats(absl::Span<const float> values, ps::Encoding encoding, std::st
 // not match out.size(), and INVALID_ARGUMENT for an unknown encoding. `out` is unchanged on
 // error. FLOAT32 is one memcpy. Non-finite values are decoded as they are (see
 // CountNonFinite).
-[[nodiscard]] absl::Status DecodeFloats(absl::string_view bytes, ps::Encoding encoding, absl::Span<float> out);
+[[nodiscard]] absl::Status DecodeFloats(absl::string_view bytes, ps::Encoding encoding,
+                                        absl::Span<float> out);
 
-// Number of NaN and +/-inf values in `values`. Branch-free, vectorizable.
+// Number of NaN and +/-inf values in `values`. Memory-bound (SSE2 on x86-64).
 size_t CountNonFinite(absl::Span<const float> values);
 
 // ---- Scalar conversions ------------------------------------------------------------------

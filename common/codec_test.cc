@@ -39,8 +39,8 @@ TEST(FloatToHalf, KnownBitPatterns) {
   EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);  // Largest finite fp16.
   EXPECT_EQ(FloatToHalf(0.0f), 0x0000);
   EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -14)), 0x0400);  // Smallest normal.
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // Smallest subnormal.
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -14)), 0x0400);     // Smallest normal.
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);     // Smallest subnormal.
   EXPECT_EQ(FloatToHalf(std::ldexp(1023.0f, -24)), 0x03ff);  // Largest subnormal.
 }
 
@@ -196,19 +196,19 @@ TEST(Stochastic, ExtremeRandomBitsTruncateOrRoundAway) {
 TEST(Stochastic, RoundsUpInProportionToTheRemainder) {
   // A quarter ulp: exactly a quarter of evenly spread random_bits round up.
   float half_quarter = 1.0f + std::ldexp(1.0f, -12);
-  EXPECT_EQ(RoundUpsOutOf1024(
-                [&](uint32_t r) { return FloatToHalfStochastic(half_quarter, r); }, 0x3c00),
-            256);
+  EXPECT_EQ(
+      RoundUpsOutOf1024([&](uint32_t r) { return FloatToHalfStochastic(half_quarter, r); }, 0x3c00),
+      256);
   float bf_three_quarters = FromBits(0x3f80c000u);
-  EXPECT_EQ(RoundUpsOutOf1024(
-                [&](uint32_t r) { return FloatToBfloat16Stochastic(bf_three_quarters, r); },
-                0x3f80),
-            768);
+  EXPECT_EQ(
+      RoundUpsOutOf1024([&](uint32_t r) { return FloatToBfloat16Stochastic(bf_three_quarters, r); },
+                        0x3f80),
+      768);
   // Subnormal fp16, including below half the smallest subnormal (nearest would give 0).
   float quarter_subnormal = std::ldexp(1.0f, -26);
-  EXPECT_EQ(RoundUpsOutOf1024(
-                [&](uint32_t r) { return FloatToHalfStochastic(quarter_subnormal, r); }, 0),
-            256);
+  EXPECT_EQ(
+      RoundUpsOutOf1024([&](uint32_t r) { return FloatToHalfStochastic(quarter_subnormal, r); }, 0),
+      256);
 }
 
 TEST(Stochastic, KeepsNanAndInf) {
@@ -253,8 +253,8 @@ TEST(EncodeFloatsDeathTest, UnknownEncodingIsAProgrammerError) {
 }
 
 TEST(DecodeFloats, Float32RoundTripIsBitExact) {
-  std::vector<float> values = {1.0f, -0.0f, 3.14159f, kInf, FromBits(0x7fa00001u),
-                               std::numeric_limits<float>::denorm_min()};
+  std::vector<float> values = {
+      1.0f, -0.0f, 3.14159f, kInf, FromBits(0x7fa00001u), std::numeric_limits<float>::denorm_min()};
   std::string bytes;
   EncodeFloats(values, ps::ENCODING_FLOAT32, &bytes);
   std::vector<float> decoded(values.size());
@@ -281,9 +281,9 @@ TEST(DecodeFloats, SixteenBitRoundTripsWithinHalfAnUlp) {
 
 TEST(DecodeFloats, SizeMismatchIsInvalidArgumentAndLeavesOutputAlone) {
   std::vector<float> out = {7.0f, 7.0f, 7.0f, 7.0f};
-  EXPECT_THAT(DecodeFloats(std::string(7, '\0'), ps::ENCODING_FP16, absl::MakeSpan(out)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "expected 8 bytes (4 values of fp16), got 7"));
+  EXPECT_THAT(
+      DecodeFloats(std::string(7, '\0'), ps::ENCODING_FP16, absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kInvalidArgument, "expected 8 bytes (4 values of fp16), got 7"));
   EXPECT_THAT(DecodeFloats(std::string(8, '\0'), ps::ENCODING_FLOAT32, absl::MakeSpan(out)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "expected 16 bytes (4 values of float32), got 8"));
@@ -292,8 +292,7 @@ TEST(DecodeFloats, SizeMismatchIsInvalidArgumentAndLeavesOutputAlone) {
 
 TEST(DecodeFloats, UnknownEncodingIsInvalidArgument) {
   std::vector<float> out(2);
-  EXPECT_THAT(DecodeFloats(std::string(8, '\0'), static_cast<ps::Encoding>(5),
-                           absl::MakeSpan(out)),
+  EXPECT_THAT(DecodeFloats(std::string(8, '\0'), static_cast<ps::Encoding>(5), absl::MakeSpan(out)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown encoding 5")));
 }
 
@@ -302,9 +301,14 @@ TEST(DecodeFloats, EmptyIsOk) {
 }
 
 TEST(CountNonFinite, CountsNanAndInfOnly) {
-  std::vector<float> values = {1.0f,  std::numeric_limits<float>::quiet_NaN(), kInf, -kInf,
-                               0.0f,  std::numeric_limits<float>::max(),
-                               std::numeric_limits<float>::denorm_min(), FromBits(0xff800001u)};
+  std::vector<float> values = {1.0f,
+                               std::numeric_limits<float>::quiet_NaN(),
+                               kInf,
+                               -kInf,
+                               0.0f,
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min(),
+                               FromBits(0xff800001u)};
   EXPECT_EQ(CountNonFinite(values), 4u);
   EXPECT_EQ(CountNonFinite({}), 0u);
   std::vector<float> many(100003, 1.0f);

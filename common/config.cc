@@ -35,7 +35,8 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
 
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    if (error_.empty()) error_ = absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message);
+    if (error_.empty())
+      error_ = absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message);
   }
 
   const std::string& error() const { return error_; }
@@ -133,8 +134,7 @@ std::string TypeName(const FieldDescriptor* field) {
     for (int i = 0; i < field->enum_type()->value_count(); ++i) {
       names.push_back(field->enum_type()->value(i)->name());
     }
-    return absl::StrCat("enum ", field->enum_type()->full_name(), ": ",
-                        absl::StrJoin(names, ", "));
+    return absl::StrCat("enum ", field->enum_type()->full_name(), ": ", absl::StrJoin(names, ", "));
   }
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
     return field->message_type()->full_name();
@@ -205,8 +205,8 @@ bool SetScalar(Message* message, const FieldDescriptor* field, absl::string_view
       if (value == nullptr && absl::SimpleAtoi(text, &number)) {
         value = field->enum_type()->FindValueByNumber(number);
       }
-      return value != nullptr && store(value, &Reflection::SetEnum, &Reflection::AddEnum,
-                                       &Reflection::SetRepeatedEnum);
+      return value != nullptr &&
+             store(value, &Reflection::SetEnum, &Reflection::AddEnum, &Reflection::SetRepeatedEnum);
     }
     default:
       return false;
@@ -215,8 +215,8 @@ bool SetScalar(Message* message, const FieldDescriptor* field, absl::string_view
 
 absl::Status BadValue(const std::string& path, const FieldDescriptor* field,
                       absl::string_view value) {
-  return absl::InvalidArgumentError(absl::StrCat("invalid value '", value, "' for ", path, " (",
-                                                 TypeName(field), ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid value '", value, "' for ", path, " (", TypeName(field), ")"));
 }
 
 // Assigns `value` to the whole `field` of `message` (the last path component, no index).
@@ -225,8 +225,8 @@ absl::Status AssignField(Message* message, const FieldDescriptor* field, const s
   const Reflection* r = message->GetReflection();
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
     if (field->is_repeated()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, " is a repeated message; assign to ", path, "[<index>] or ", path, "[<name>]"));
+      return absl::InvalidArgumentError(absl::StrCat(path, " is a repeated message; assign to ",
+                                                     path, "[<index>] or ", path, "[<name>]"));
     }
     absl::string_view text = absl::StripAsciiWhitespace(value);
     if (absl::ConsumePrefix(&text, "{") && !absl::ConsumeSuffix(&text, "}")) {
@@ -259,20 +259,19 @@ absl::StatusOr<int> ResolveIndex(const Message& message, const FieldDescriptor* 
   if (absl::SimpleAtoi(index, &number)) {
     if (number < 0 || number > size) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": index ", number, " out of range (",
-                                                     field->name(), " has ", size,
-                                                     " elements; ", size, " appends)"));
+                                                     field->name(), " has ", size, " elements; ",
+                                                     size, " appends)"));
     }
     return number;
   }
-  const FieldDescriptor* name_field =
-      field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE
-          ? field->message_type()->FindFieldByName("name")
-          : nullptr;
+  const FieldDescriptor* name_field = field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE
+                                          ? field->message_type()->FindFieldByName("name")
+                                          : nullptr;
   if (name_field == nullptr || name_field->cpp_type() != FieldDescriptor::CPPTYPE_STRING ||
       name_field->is_repeated()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": index '", index, "' is not a number (", field->name(),
-                     " elements have no name to select by)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": index '", index, "' is not a number (",
+                                                   field->name(),
+                                                   " elements have no name to select by)"));
   }
   for (int i = 0; i < size; ++i) {
     const Message& element = r->GetRepeatedMessage(message, field, i);
@@ -301,10 +300,10 @@ absl::Status ApplyAt(Message* message, const std::vector<PathStep>& steps,
       if (last) return AssignField(message, field, path, value);
       if (!is_message || field->is_repeated()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            path, " is ", field->is_repeated() ? "repeated; select an element with [] before ."
-                                               : absl::StrCat("a ", TypeName(field),
-                                                              " and has no field '",
-                                                              steps[s + 1].field, "'")));
+            path, " is ",
+            field->is_repeated() ? "repeated; select an element with [] before ."
+                                 : absl::StrCat("a ", TypeName(field), " and has no field '",
+                                                steps[s + 1].field, "'")));
       }
       message = r->MutableMessage(message, field);
       continue;

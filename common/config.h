@@ -27,9 +27,9 @@
 // A model table that is already declared is kept, after checking its kind and shape (dense)
 // or dim (sparse); when it has no initializer it gets the model's. For CTR, when
 // embedding_dim is not set and the embedding table is declared, the declared dim is used
-// (and written to embedding_dim; after expansion embedding_dim is always set). Then every table without an optimizer gets
-// default_optimizer (or, without one, the OptimizerConfig defaults: SGD, lr 0.01).
-// ExpandModelTables is idempotent.
+// (and written to embedding_dim; after expansion embedding_dim is always set). Then every table
+// without an optimizer gets default_optimizer (or, without one, the OptimizerConfig defaults: SGD,
+// lr 0.01). ExpandModelTables is idempotent.
 //
 // Thread-compatible: the functions are pure apart from LoadJobConfig's file read.
 #ifndef PS_COMMON_CONFIG_H_
@@ -53,14 +53,14 @@ namespace ps::common {
 // Errors: INVALID_ARGUMENT "<source_name>:<line>:<column>: <problem>" (1-based), for the
 // first syntax error, unknown field or bad value.
 [[nodiscard]] absl::StatusOr<ps::JobConfig> ParseJobConfigText(absl::string_view text,
-                                                 absl::string_view source_name);
+                                                               absl::string_view source_name);
 
 // Reads and parses the textproto at `path`, then applies `overrides` in order.
 // Errors: NOT_FOUND when `path` does not exist; INVALID_ARGUMENT when it cannot be read (a
 // directory, no permission), does not parse, or an override fails. Messages name the path or
 // the override.
 [[nodiscard]] absl::StatusOr<ps::JobConfig> LoadJobConfig(const std::string& path,
-                                            absl::Span<const std::string> overrides);
+                                                          absl::Span<const std::string> overrides);
 
 // Applies one `path.to.field=value` assignment (syntax in the file comment) via reflection.
 // Errors: INVALID_ARGUMENT naming the assignment and the problem: no '=', a malformed path,
@@ -71,8 +71,8 @@ namespace ps::common {
 [[nodiscard]] absl::Status ApplyOverride(const std::string& assignment, ps::JobConfig* config);
 
 // LoadJobConfig + ExpandModelTables + ValidateJobConfig. Errors: those of the three.
-[[nodiscard]] absl::StatusOr<ps::JobConfig> LoadAndPrepareJobConfig(const std::string& path,
-                                                      absl::Span<const std::string> overrides);
+[[nodiscard]] absl::StatusOr<ps::JobConfig> LoadAndPrepareJobConfig(
+    const std::string& path, absl::Span<const std::string> overrides);
 
 // ---- Model tables --------------------------------------------------------------------------
 
@@ -95,7 +95,8 @@ std::string CtrBiasTable(const ps::CtrConfig& ctr, int layer);
 // The tables `model` needs, in order, with kind, shape/dim and initializer set (no
 // optimizer). Empty when no model is set.
 // Errors: INVALID_ARGUMENT naming the model field, for zero widths or an empty table name.
-[[nodiscard]] absl::StatusOr<std::vector<ps::TableConfig>> ModelTables(const ps::ModelConfig& model);
+[[nodiscard]] absl::StatusOr<std::vector<ps::TableConfig>> ModelTables(
+    const ps::ModelConfig& model);
 
 // Adds the model's tables to config->tables and fills in optimizers (see the file comment).
 // Errors: INVALID_ARGUMENT for a bad model section (see ModelTables) or a declared model table
@@ -119,6 +120,10 @@ std::string CtrBiasTable(const ps::CtrConfig& ctr, int layer);
 // initial_accumulator >= 0 (> 0 for ADAGRAD); l1, l2, ftrl_beta, weight_decay, clip_value,
 // clip_norm >= 0; all finite.
 [[nodiscard]] absl::Status ValidateJobConfig(const ps::JobConfig& config);
+
+// A config without a model section is valid for servers and tools when it declares tables;
+// a worker also needs the model and data sections. INVALID_ARGUMENT naming the missing one.
+[[nodiscard]] absl::Status CheckTrainable(const ps::JobConfig& config);
 
 }  // namespace ps::common
 

@@ -51,7 +51,13 @@ TEST(ModelTableNames, FollowThePrefixAndLayer) {
 
 TEST(ExpandModelTables, GeneratesMlpTables) {
   ps::JobConfig config = Config(R"pb(
-    model { mlp { input_dim: 784 hidden: [ 256, 128 ] num_classes: 10 } }
+    model {
+      mlp {
+        input_dim: 784
+        hidden: [ 256, 128 ]
+        num_classes: 10
+      }
+    }
     default_optimizer { kind: MOMENTUM learning_rate: 0.05 }
   )pb");
   ASSERT_OK(ExpandModelTables(&config));
@@ -73,7 +79,12 @@ TEST(ExpandModelTables, GeneratesMlpTables) {
 
 TEST(ExpandModelTables, GeneratesCtrTables) {
   ps::JobConfig config = Config(R"pb(
-    model { ctr { embedding_dim: 8 hidden: [ 32 ] } }
+    model {
+      ctr {
+        embedding_dim: 8
+        hidden: [ 32 ]
+      }
+    }
   )pb");
   ASSERT_OK(ExpandModelTables(&config));
   EXPECT_THAT(Names(config), ElementsAre("ctr/embedding", "ctr/dense0.w", "ctr/dense0.b",
@@ -109,8 +120,14 @@ TEST(ExpandModelTables, KeepsDeclaredTablesAndTheirSettings) {
       initializer { kind: UNIFORM }
       optimizer { kind: ADAGRAD }
     }
-    tables { name: "mlp/layer0.b" shape: [ 3 ] }
-    tables { name: "other" shape: [ 5 ] }
+    tables {
+      name: "mlp/layer0.b"
+      shape: [ 3 ]
+    }
+    tables {
+      name: "other"
+      shape: [ 5 ]
+    }
   )pb");
   ASSERT_OK(ExpandModelTables(&config));
   EXPECT_THAT(Names(config), ElementsAre("mlp/layer0.w", "mlp/layer0.b", "other"));
@@ -126,19 +143,27 @@ TEST(ExpandModelTables, KeepsDeclaredTablesAndTheirSettings) {
 TEST(ExpandModelTables, RejectsDeclaredTablesOfTheWrongLayout) {
   ps::JobConfig config = Config(R"pb(
     model { mlp { input_dim: 4 num_classes: 3 } }
-    tables { name: "x" shape: [ 1 ] }
-    tables { name: "mlp/layer0.w" shape: [ 3, 4 ] }
+    tables {
+      name: "x"
+      shape: [ 1 ]
+    }
+    tables {
+      name: "mlp/layer0.w"
+      shape: [ 3, 4 ]
+    }
   )pb");
   EXPECT_THAT(ExpandModelTables(&config),
-              StatusIs(kInvalid, testing::AllOf(HasSubstr("tables[1]"),
-                                                HasSubstr("shape [3, 4]"),
+              StatusIs(kInvalid, testing::AllOf(HasSubstr("tables[1]"), HasSubstr("shape [3, 4]"),
                                                 HasSubstr("needs dense, shape [4, 3]"))));
   config = Config(R"pb(
     model { ctr { embedding_dim: 8 } }
-    tables { name: "ctr/embedding" kind: TABLE_KIND_DENSE shape: [ 8 ] }
+    tables {
+      name: "ctr/embedding"
+      kind: TABLE_KIND_DENSE
+      shape: [ 8 ]
+    }
   )pb");
-  EXPECT_THAT(ExpandModelTables(&config),
-              StatusIs(kInvalid, HasSubstr("needs sparse, dim 8")));
+  EXPECT_THAT(ExpandModelTables(&config), StatusIs(kInvalid, HasSubstr("needs sparse, dim 8")));
   config = Config(R"pb(
     model { ctr { embedding_dim: 8 } }
     tables { name: "ctr/embedding" kind: TABLE_KIND_SPARSE dim: 4 }
@@ -169,7 +194,10 @@ TEST(ExpandModelTables, IsIdempotent) {
 
 TEST(ExpandModelTables, WithoutAModelOnlyFillsOptimizers) {
   ps::JobConfig config = Config(R"pb(
-    tables { name: "t" shape: [ 2 ] }
+    tables {
+      name: "t"
+      shape: [ 2 ]
+    }
     default_optimizer { kind: FTRL }
   )pb");
   ASSERT_OK(ExpandModelTables(&config));
@@ -184,8 +212,7 @@ TEST(ExpandModelTables, ZeroWidthsNameTheModelField) {
   config = Config("model { mlp { input_dim: 0 } }");
   EXPECT_THAT(ExpandModelTables(&config), StatusIs(kInvalid, HasSubstr("model.mlp.input_dim")));
   config = Config("model { ctr { embedding_dim: 0 } }");
-  EXPECT_THAT(ExpandModelTables(&config),
-              StatusIs(kInvalid, HasSubstr("model.ctr.embedding_dim")));
+  EXPECT_THAT(ExpandModelTables(&config), StatusIs(kInvalid, HasSubstr("model.ctr.embedding_dim")));
   config = Config("model { ctr { embedding_table: \"\" } }");
   EXPECT_THAT(ExpandModelTables(&config),
               StatusIs(kInvalid, HasSubstr("model.ctr.embedding_table")));

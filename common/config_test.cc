@@ -21,7 +21,13 @@ constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr char kMnistConfig[] = R"pb(
   name: "mnist"
   cluster { num_servers: 2 num_workers: 2 }
-  model { mlp { input_dim: 784 hidden: [ 128 ] num_classes: 10 } }
+  model {
+    mlp {
+      input_dim: 784
+      hidden: [ 128 ]
+      num_classes: 10
+    }
+  }
   data {
     format: IDX
     train_images: "train-images-idx3-ubyte.gz"
@@ -31,7 +37,11 @@ constexpr char kMnistConfig[] = R"pb(
   security { plaintext: true }
   default_optimizer { kind: ADAM learning_rate: 0.001 }
   tables { name: "extra/emb" kind: TABLE_KIND_SPARSE dim: 4 }
-  tables { name: "mlp/layer0.w" kind: TABLE_KIND_DENSE shape: [ 784, 128 ] }
+  tables {
+    name: "mlp/layer0.w"
+    kind: TABLE_KIND_DENSE
+    shape: [ 784, 128 ]
+  }
 )pb";
 
 std::string WriteTempFile(const std::string& name, const std::string& contents) {
@@ -57,9 +67,9 @@ TEST(ParseJobConfigText, ParsesAndKeepsProtoDefaults) {
 }
 
 TEST(ParseJobConfigText, UnknownFieldNamesSourceLineAndColumn) {
-  EXPECT_THAT(ParseJobConfigText("name: \"x\"\ncluster {\n  num_servrs: 2\n}\n", "job.textproto"),
-              StatusIs(kInvalid, testing::AllOf(HasSubstr("job.textproto:3:"),
-                                                HasSubstr("num_servrs"))));
+  EXPECT_THAT(
+      ParseJobConfigText("name: \"x\"\ncluster {\n  num_servrs: 2\n}\n", "job.textproto"),
+      StatusIs(kInvalid, testing::AllOf(HasSubstr("job.textproto:3:"), HasSubstr("num_servrs"))));
 }
 
 TEST(ParseJobConfigText, SyntaxErrorNamesLineAndColumn) {
@@ -73,8 +83,7 @@ TEST(ParseJobConfigText, SyntaxErrorNamesLineAndColumn) {
 
 TEST(LoadJobConfig, MissingFileIsNotFoundNamingThePath) {
   const std::string path = testing::TempDir() + "/does_not_exist.textproto";
-  EXPECT_THAT(LoadJobConfig(path, {}),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(LoadJobConfig(path, {}), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(LoadJobConfig, UnreadableFileIsInvalidArgumentNamingThePath) {
@@ -83,9 +92,9 @@ TEST(LoadJobConfig, UnreadableFileIsInvalidArgumentNamingThePath) {
 }
 
 TEST(LoadJobConfig, ParseErrorNamesFileAndLine) {
-  const std::string path = WriteTempFile("bad.textproto", "name: \"x\"\n\ntraining { epochs: x }\n");
-  EXPECT_THAT(LoadJobConfig(path, {}),
-              StatusIs(kInvalid, HasSubstr(absl::StrCat(path, ":3:"))));
+  const std::string path =
+      WriteTempFile("bad.textproto", "name: \"x\"\n\ntraining { epochs: x }\n");
+  EXPECT_THAT(LoadJobConfig(path, {}), StatusIs(kInvalid, HasSubstr(absl::StrCat(path, ":3:"))));
 }
 
 TEST(LoadJobConfig, AppliesOverridesInOrder) {
@@ -131,10 +140,10 @@ TEST(ApplyOverride, SetsEnumsByNameOrNumber) {
   EXPECT_EQ(config.default_optimizer().kind(), ps::OptimizerConfig::FTRL);
   EXPECT_OK(ApplyOverride("tables[0].kind=1", &config));
   EXPECT_EQ(config.tables(0).kind(), ps::TABLE_KIND_DENSE);
-  EXPECT_THAT(ApplyOverride("default_optimizer.kind=ADAMW", &config),
-              StatusIs(kInvalid, testing::AllOf(HasSubstr("'ADAMW'"),
-                                                HasSubstr("default_optimizer.kind"),
-                                                HasSubstr("MOMENTUM"))));
+  EXPECT_THAT(
+      ApplyOverride("default_optimizer.kind=ADAMW", &config),
+      StatusIs(kInvalid, testing::AllOf(HasSubstr("'ADAMW'"), HasSubstr("default_optimizer.kind"),
+                                        HasSubstr("MOMENTUM"))));
   EXPECT_THAT(ApplyOverride("default_optimizer.kind=17", &config), StatusIs(kInvalid));
 }
 
@@ -182,8 +191,8 @@ TEST(ApplyOverride, ReplacesMessagesFromTextproto) {
   EXPECT_EQ(config.default_optimizer().kind(), ps::OptimizerConfig::MOMENTUM);
   EXPECT_TRUE(config.default_optimizer().nesterov());
   EXPECT_FALSE(config.default_optimizer().has_learning_rate());  // Replaced, not merged.
-  EXPECT_OK(ApplyOverride("tables[extra/emb]={name: \"e2\" kind: TABLE_KIND_SPARSE dim: 3}",
-                          &config));
+  EXPECT_OK(
+      ApplyOverride("tables[extra/emb]={name: \"e2\" kind: TABLE_KIND_SPARSE dim: 3}", &config));
   EXPECT_EQ(config.tables(0).name(), "e2");
   EXPECT_THAT(ApplyOverride("default_optimizer={kind: NOPE}", &config),
               StatusIs(kInvalid, HasSubstr("default_optimizer:1:")));
@@ -209,9 +218,9 @@ TEST(ApplyOverride, UnknownFieldNamesThePathComponent) {
 
 TEST(ApplyOverride, BadValueNamesFieldAndValue) {
   ps::JobConfig config = Parsed();
-  EXPECT_THAT(ApplyOverride("training.batch_size=abc", &config),
-              StatusIs(kInvalid, testing::AllOf(HasSubstr("'abc'"),
-                                                HasSubstr("training.batch_size"))));
+  EXPECT_THAT(
+      ApplyOverride("training.batch_size=abc", &config),
+      StatusIs(kInvalid, testing::AllOf(HasSubstr("'abc'"), HasSubstr("training.batch_size"))));
   EXPECT_THAT(ApplyOverride("training.batch_size=-1", &config),
               StatusIs(kInvalid, HasSubstr("'-1'")));
   EXPECT_THAT(ApplyOverride("training.batch_size=4294967296", &config), StatusIs(kInvalid));
@@ -229,8 +238,7 @@ TEST(ApplyOverride, RejectsMalformedPaths) {
   EXPECT_THAT(ApplyOverride("tables[]=1", &config), StatusIs(kInvalid));
   EXPECT_THAT(ApplyOverride("training[0].epochs=1", &config),
               StatusIs(kInvalid, HasSubstr("not repeated")));
-  EXPECT_THAT(ApplyOverride("tables.name=x", &config),
-              StatusIs(kInvalid, HasSubstr("repeated")));
+  EXPECT_THAT(ApplyOverride("tables.name=x", &config), StatusIs(kInvalid, HasSubstr("repeated")));
   EXPECT_THAT(ApplyOverride("tables=x", &config),
               StatusIs(kInvalid, HasSubstr("repeated message")));
   EXPECT_THAT(ApplyOverride("training.epochs.x=1", &config),

@@ -35,7 +35,8 @@ class Errors {
 };
 
 void Positive(Errors* errors, absl::string_view path, double value) {
-  if (!(value > 0) || !std::isfinite(value)) errors->Add(path, absl::StrCat("must be > 0, got ", value));
+  if (!(value > 0) || !std::isfinite(value))
+    errors->Add(path, absl::StrCat("must be > 0, got ", value));
 }
 
 void NonNegative(Errors* errors, absl::string_view path, double value) {
@@ -76,8 +77,8 @@ void ValidateOptimizer(const std::string& path, const ps::OptimizerConfig& opt, 
 }
 
 bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '_' || c == '.' || c == '/' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == '/' || c == '-';
 }
 
 void ValidateDenseShape(const std::string& path, const ps::TableConfig& table,
@@ -100,14 +101,14 @@ void ValidateDenseShape(const std::string& path, const ps::TableConfig& table,
       numel *= static_cast<uint64_t>(dim);
     }
   }
-  if (ok && block_floats > 0 && (numel - 1) / block_floats >= std::numeric_limits<uint32_t>::max()) {
+  if (ok && block_floats > 0 &&
+      (numel - 1) / block_floats >= std::numeric_limits<uint32_t>::max()) {
     errors->Add(path + ".shape", "needs 2^32 or more blocks; raise cluster.dense_block_floats");
   }
   if (table.dim() != 0) errors->Add(path + ".dim", "set on a dense table (dense tables use shape)");
 }
 
-void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_floats,
-                   Errors* errors) {
+void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_floats, Errors* errors) {
   const std::string path = absl::StrCat("tables[", index, "]");
   switch (table.kind()) {
     case ps::TABLE_KIND_DENSE:
@@ -137,7 +138,8 @@ void ValidateTables(const ps::JobConfig& config, Errors* errors) {
     if (table.name().empty()) {
       errors->Add(path, "empty");
     } else if (!std::all_of(table.name().begin(), table.name().end(), IsNameChar)) {
-      errors->Add(path, absl::StrCat("'", table.name(), "' has characters outside [A-Za-z0-9_./-]"));
+      errors->Add(path,
+                  absl::StrCat("'", table.name(), "' has characters outside [A-Za-z0-9_./-]"));
     } else if (auto [it, inserted] = first_index.emplace(table.name(), i); !inserted) {
       errors->Add(path, absl::StrCat("'", table.name(), "' duplicates tables[", it->second, "]"));
     }
@@ -148,7 +150,9 @@ void ValidateTables(const ps::JobConfig& config, Errors* errors) {
 void ValidateModel(const ps::JobConfig& config, Errors* errors) {
   const ps::ModelConfig& model = config.model();
   if (!model.has_mlp() && !model.has_ctr()) {
-    errors->Add("model", "not set (mlp or ctr)");
+    // A tables-only config serves parameter servers and tools; training needs a model
+    // (CheckTrainable).
+    if (config.tables_size() == 0) errors->Add("model", "not set (mlp or ctr) and no tables declared");
     return;
   }
   if (model.has_mlp() && model.mlp().num_classes() == 1) {
@@ -186,7 +190,8 @@ void ValidateCluster(const ps::ClusterConfig& cluster, Errors* errors) {
 
 void Required(Errors* errors, const std::string& value, absl::string_view field,
               absl::string_view format) {
-  if (value.empty()) errors->Add(absl::StrCat("data.", field), absl::StrCat("required for format ", format));
+  if (value.empty())
+    errors->Add(absl::StrCat("data.", field), absl::StrCat("required for format ", format));
 }
 
 void ValidateData(const ps::JobConfig& config, Errors* errors) {
@@ -214,22 +219,26 @@ void ValidateData(const ps::JobConfig& config, Errors* errors) {
       }
       NonNegative(errors, "data.synthetic.zipf_exponent", s.zipf_exponent());
       NonNegative(errors, "data.synthetic.weight_stddev", s.weight_stddev());
-      if (config.model().has_mlp()) errors->Add("data.format", "SYNTHETIC_CTR needs model.ctr, not mlp");
+      if (config.model().has_mlp())
+        errors->Add("data.format", "SYNTHETIC_CTR needs model.ctr, not mlp");
       break;
     }
     default:
-      errors->Add("data.format", "unspecified (IDX, LIBSVM or SYNTHETIC_CTR)");
+      if (config.model().has_mlp() || config.model().has_ctr()) {
+        errors->Add("data.format", "unspecified (IDX, LIBSVM or SYNTHETIC_CTR)");
+      }
   }
 }
 
 void ValidateTraining(const ps::TrainingConfig& training, Errors* errors) {
   if (training.batch_size() == 0) errors->Add("training.batch_size", "must be > 0");
   if (training.has_staleness() && training.staleness() < 0) {
-    errors->Add("training.staleness",
-                absl::StrCat("must be >= 0 (or unset for asynchronous), got ", training.staleness()));
+    errors->Add("training.staleness", absl::StrCat("must be >= 0 (or unset for asynchronous), got ",
+                                                   training.staleness()));
   }
   if (training.device() != "cpu" && training.device() != "cuda" && training.device() != "auto") {
-    errors->Add("training.device", absl::StrCat("'", training.device(), "' is not cpu, cuda or auto"));
+    errors->Add("training.device",
+                absl::StrCat("'", training.device(), "' is not cpu, cuda or auto"));
   }
   NonNegative(errors, "training.progress_interval_s", training.progress_interval_s());
   if (!(training.target_metric() >= 0 && training.target_metric() <= 1)) {
@@ -243,10 +252,11 @@ void ValidateTraining(const ps::TrainingConfig& training, Errors* errors) {
 }
 
 void ValidateSecurity(const ps::SecurityConfig& security, Errors* errors) {
-  const bool any_tls = !security.ca_cert().empty() || !security.cert().empty() ||
-                       !security.key().empty();
+  const bool any_tls =
+      !security.ca_cert().empty() || !security.cert().empty() || !security.key().empty();
   if (security.plaintext()) {
-    if (any_tls) errors->Add("security.plaintext", "set together with ca_cert/cert/key; choose one");
+    if (any_tls)
+      errors->Add("security.plaintext", "set together with ca_cert/cert/key; choose one");
     return;
   }
   if (!any_tls) {
@@ -271,15 +281,16 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
   Positive(errors, "rpc.deadline_s", rpc.deadline_s());
   NonNegative(errors, "rpc.initial_backoff_s", rpc.initial_backoff_s());
   if (!(rpc.max_backoff_s() >= rpc.initial_backoff_s())) {
-    errors->Add("rpc.max_backoff_s", absl::StrCat("must be >= initial_backoff_s (",
-                                                  rpc.initial_backoff_s(), "), got ",
-                                                  rpc.max_backoff_s()));
+    errors->Add("rpc.max_backoff_s",
+                absl::StrCat("must be >= initial_backoff_s (", rpc.initial_backoff_s(), "), got ",
+                             rpc.max_backoff_s()));
   }
   Positive(errors, "rpc.keepalive_s", rpc.keepalive_s());
   MessageLimit(errors, "rpc.max_message_bytes", rpc.max_message_bytes());
 
   if (config.metrics().port() < -1 || config.metrics().port() > 65535) {
-    errors->Add("metrics.port", absl::StrCat("must be in [-1, 65535], got ", config.metrics().port()));
+    errors->Add("metrics.port",
+                absl::StrCat("must be in [-1, 65535], got ", config.metrics().port()));
   }
 }
 
@@ -298,6 +309,16 @@ absl::Status ValidateJobConfig(const ps::JobConfig& config) {
   ValidateSecurity(config.security(), &errors);
   ValidateProcesses(config, &errors);
   return errors.ToStatus();
+}
+
+absl::Status CheckTrainable(const ps::JobConfig& config) {
+  if (!config.model().has_mlp() && !config.model().has_ctr()) {
+    return absl::InvalidArgumentError("model: not set (mlp or ctr); a worker needs a model to train");
+  }
+  if (config.data().format() == ps::DataConfig::FORMAT_UNSPECIFIED) {
+    return absl::InvalidArgumentError("data.format: unspecified (IDX, LIBSVM or SYNTHETIC_CTR)");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ps::common

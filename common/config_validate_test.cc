@@ -17,9 +17,18 @@ constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 // tables[0] is a plain dense table, tables[1] a plain sparse table; the model's tables follow.
 constexpr char kValidConfig[] = R"pb(
   cluster { num_servers: 2 num_workers: 2 }
-  tables { name: "extra/dense" shape: [ 10 ] }
+  tables {
+    name: "extra/dense"
+    shape: [ 10 ]
+  }
   tables { name: "extra/emb" kind: TABLE_KIND_SPARSE dim: 4 }
-  model { mlp { input_dim: 784 hidden: [ 32 ] num_classes: 10 } }
+  model {
+    mlp {
+      input_dim: 784
+      hidden: [ 32 ]
+      num_classes: 10
+    }
+  }
   data { format: IDX train_images: "ti.gz" train_labels: "tl.gz" }
   training { batch_size: 32 }
   security { plaintext: true }
@@ -34,12 +43,14 @@ ps::JobConfig ValidConfigWith(const std::vector<std::string>& overrides) {
   return *config;
 }
 
-TEST(ValidateJobConfig, AcceptsTheValidConfig) { EXPECT_OK(ValidateJobConfig(ValidConfigWith({}))); }
+TEST(ValidateJobConfig, AcceptsTheValidConfig) {
+  EXPECT_OK(ValidateJobConfig(ValidConfigWith({})));
+}
 
 TEST(ValidateJobConfig, AcceptsOtherValidVariants) {
-  EXPECT_OK(ValidateJobConfig(ValidConfigWith(
-      {"security.plaintext=false", "security.ca_cert=ca.pem", "security.cert=c.pem",
-       "security.key=k.pem"})));
+  EXPECT_OK(
+      ValidateJobConfig(ValidConfigWith({"security.plaintext=false", "security.ca_cert=ca.pem",
+                                         "security.cert=c.pem", "security.key=k.pem"})));
   EXPECT_OK(ValidateJobConfig(ValidConfigWith({"training.prefetch=true"})));  // Async.
   EXPECT_OK(ValidateJobConfig(ValidConfigWith({"training.prefetch=true", "training.staleness=3"})));
   EXPECT_OK(ValidateJobConfig(ValidConfigWith({"data.format=LIBSVM", "data.train_file=a.svm"})));
@@ -57,6 +68,11 @@ TEST(ValidateJobConfig, ReportsEveryProblem) {
 TEST(ValidateJobConfig, RequiresAModelAndItsTables) {
   ps::JobConfig config = ValidConfigWith({});
   config.clear_model();
+  // Tables without a model: fine for servers and tools, not for a worker.
+  config.mutable_data()->set_format(ps::DataConfig::FORMAT_UNSPECIFIED);
+  EXPECT_OK(ValidateJobConfig(config));
+  EXPECT_THAT(CheckTrainable(config), StatusIs(kInvalid, HasSubstr("model: not set")));
+  config.clear_tables();
   EXPECT_THAT(ValidateJobConfig(config), StatusIs(kInvalid, HasSubstr("model: not set")));
 
   absl::StatusOr<ps::JobConfig> unexpanded = ParseJobConfigText(kValidConfig, "valid");
@@ -91,47 +107,73 @@ const ErrorCase kErrorCases[] = {
     {"SparseDimZero", {"tables[1].dim=0"}, "tables[1].dim: must be > 0"},
     {"ShapeOnSparse", {"tables[1].shape=3"}, "tables[1].shape: set on a sparse table"},
     {"KindUnspecified", {"tables[0].kind=TABLE_KIND_UNSPECIFIED"}, "tables[0].kind: unspecified"},
-    {"DuplicateName", {"tables[1].name=extra/dense"}, "tables[1].name: 'extra/dense' duplicates tables[0]"},
+    {"DuplicateName",
+     {"tables[1].name=extra/dense"},
+     "tables[1].name: 'extra/dense' duplicates tables[0]"},
     {"EmptyName", {"tables[0].name="}, "tables[0].name: empty"},
     {"BadNameCharacters", {"tables[0].name=a b"}, "tables[0].name: 'a b' has characters outside"},
     {"UniformBounds",
      {"tables[0].initializer={kind: UNIFORM low: 1 high: 0}"},
      "tables[0].initializer.high: must be > low"},
     {"GlorotOnSparse", {"tables[1].initializer.kind=GLOROT_UNIFORM"}, "tables[1].initializer.kind"},
-    {"NormalStddev", {"tables[1].initializer={kind: NORMAL stddev: -1}"}, "tables[1].initializer.stddev"},
+    {"NormalStddev",
+     {"tables[1].initializer={kind: NORMAL stddev: -1}"},
+     "tables[1].initializer.stddev"},
     // Optimizers.
-    {"LearningRateZero", {"tables[0].optimizer.learning_rate=0"}, "tables[0].optimizer.learning_rate: must be > 0"},
-    {"LearningRateNan", {"tables[0].optimizer.learning_rate=nan"}, "tables[0].optimizer.learning_rate"},
+    {"LearningRateZero",
+     {"tables[0].optimizer.learning_rate=0"},
+     "tables[0].optimizer.learning_rate: must be > 0"},
+    {"LearningRateNan",
+     {"tables[0].optimizer.learning_rate=nan"},
+     "tables[0].optimizer.learning_rate"},
     {"Beta1One", {"tables[0].optimizer.beta1=1"}, "tables[0].optimizer.beta1: must be in [0, 1)"},
     {"Beta2Negative", {"tables[0].optimizer.beta2=-0.1"}, "tables[0].optimizer.beta2"},
     {"MomentumOne", {"tables[1].optimizer.momentum=1"}, "tables[1].optimizer.momentum"},
     {"EpsilonZero", {"tables[0].optimizer.epsilon=0"}, "tables[0].optimizer.epsilon: must be > 0"},
-    {"ClipValueNegative", {"tables[0].optimizer.clip_value=-1"}, "tables[0].optimizer.clip_value: must be >= 0"},
+    {"ClipValueNegative",
+     {"tables[0].optimizer.clip_value=-1"},
+     "tables[0].optimizer.clip_value: must be >= 0"},
     {"ClipNormNegative", {"tables[0].optimizer.clip_norm=-1"}, "tables[0].optimizer.clip_norm"},
     {"L1Negative", {"tables[0].optimizer.l1=-1"}, "tables[0].optimizer.l1"},
-    {"WeightDecayInf", {"tables[0].optimizer.weight_decay=inf"}, "tables[0].optimizer.weight_decay"},
+    {"WeightDecayInf",
+     {"tables[0].optimizer.weight_decay=inf"},
+     "tables[0].optimizer.weight_decay"},
     {"AdagradZeroAccumulator",
      {"tables[0].optimizer.kind=ADAGRAD", "tables[0].optimizer.initial_accumulator=0"},
      "tables[0].optimizer.initial_accumulator: must be > 0"},
     {"DefaultOptimizer", {"default_optimizer.learning_rate=-1"}, "default_optimizer.learning_rate"},
     // Model.
     {"MlpOneClass", {"model.mlp.num_classes=1"}, "model.mlp.num_classes: must be >= 2"},
-    {"ModelTableReshaped", {"tables[mlp/layer0.w].shape=784,31"}, "tables[2]: table 'mlp/layer0.w'"},
+    {"ModelTableReshaped",
+     {"tables[mlp/layer0.w].shape=784,31"},
+     "tables[2]: table 'mlp/layer0.w'"},
     // Cluster.
     {"NoServers", {"cluster.num_servers=0"}, "cluster: no servers"},
-    {"ServerCountMismatch", {"cluster.num_servers=3", "cluster.servers=a:1,b:1"}, "cluster.num_servers: 3"},
-    {"EmptyServerAddress", {"cluster.num_servers=0", "cluster.servers=a:1,"}, "cluster.servers[1]: empty"},
+    {"ServerCountMismatch",
+     {"cluster.num_servers=3", "cluster.servers=a:1,b:1"},
+     "cluster.num_servers: 3"},
+    {"EmptyServerAddress",
+     {"cluster.num_servers=0", "cluster.servers=a:1,"},
+     "cluster.servers[1]: empty"},
     {"NoWorkers", {"cluster.num_workers=0"}, "cluster.num_workers: must be > 0"},
-    {"NoVirtualShards", {"cluster.num_virtual_shards=0"}, "cluster.num_virtual_shards: must be > 0"},
-    {"FewerShardsThanServers", {"cluster.num_virtual_shards=1"}, "cluster.num_virtual_shards: 1 is less than the 2 servers"},
-    {"ZeroBlockFloats", {"cluster.dense_block_floats=0"}, "cluster.dense_block_floats: must be > 0"},
+    {"NoVirtualShards",
+     {"cluster.num_virtual_shards=0"},
+     "cluster.num_virtual_shards: must be > 0"},
+    {"FewerShardsThanServers",
+     {"cluster.num_virtual_shards=1"},
+     "cluster.num_virtual_shards: 1 is less than the 2 servers"},
+    {"ZeroBlockFloats",
+     {"cluster.dense_block_floats=0"},
+     "cluster.dense_block_floats: must be > 0"},
     // Data.
     {"FormatUnspecified", {"data.format=FORMAT_UNSPECIFIED"}, "data.format: unspecified"},
     {"IdxNeedsLabels", {"data.train_labels="}, "data.train_labels: required for format IDX"},
     {"IdxTestPair", {"data.test_images=x.gz"}, "data.test_labels: required"},
     {"IdxPixelScale", {"data.pixel_scale=0"}, "data.pixel_scale: must be > 0"},
     {"LibsvmNeedsFile", {"data.format=LIBSVM"}, "data.train_file: required for format LIBSVM"},
-    {"SyntheticNeedsCtr", {"data.format=SYNTHETIC_CTR"}, "data.format: SYNTHETIC_CTR needs model.ctr"},
+    {"SyntheticNeedsCtr",
+     {"data.format=SYNTHETIC_CTR"},
+     "data.format: SYNTHETIC_CTR needs model.ctr"},
     {"SyntheticFields",
      {"data.format=SYNTHETIC_CTR", "data.synthetic.num_fields=0"},
      "data.synthetic.num_fields: must be > 0"},
@@ -144,7 +186,9 @@ const ErrorCase kErrorCases[] = {
     {"KeepZero", {"checkpoint.keep=0"}, "checkpoint.keep: must be >= 1"},
     {"ServerMessageLimit", {"server.max_message_bytes=0"}, "server.max_message_bytes"},
     {"RpcMessageLimit", {"rpc.max_message_bytes=4294967296"}, "rpc.max_message_bytes"},
-    {"RpcBackoffOrder", {"rpc.max_backoff_s=0.01"}, "rpc.max_backoff_s: must be >= initial_backoff_s"},
+    {"RpcBackoffOrder",
+     {"rpc.max_backoff_s=0.01"},
+     "rpc.max_backoff_s: must be >= initial_backoff_s"},
     {"RpcDeadline", {"rpc.deadline_s=0"}, "rpc.deadline_s: must be > 0"},
     {"MetricsPort", {"metrics.port=70000"}, "metrics.port"},
     // Security.

@@ -97,8 +97,7 @@ Fans ComputeFans(const ps::TableConfig& table) {
   return {in, dim(last)};
 }
 
-absl::Status ValidateInitializer(const ps::InitializerConfig& init,
-                                 const ps::TableConfig& table) {
+absl::Status ValidateInitializer(const ps::InitializerConfig& init, const ps::TableConfig& table) {
   switch (init.kind()) {
     case ps::InitializerConfig::ZEROS:
       return absl::OkStatus();
@@ -108,8 +107,8 @@ absl::Status ValidateInitializer(const ps::InitializerConfig& init,
       if (!std::isfinite(init.low())) return CheckFinite("low", init.low());
       if (!std::isfinite(init.high())) return CheckFinite("high", init.high());
       if (!(init.low() < init.high())) {
-        return FieldError("high", absl::StrCat("must be > low (", init.low(), "), got ",
-                                               init.high()));
+        return FieldError("high",
+                          absl::StrCat("must be > low (", init.low(), "), got ", init.high()));
       }
       return absl::OkStatus();
     case ps::InitializerConfig::NORMAL:

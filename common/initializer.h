@@ -42,7 +42,8 @@ Fans ComputeFans(const ps::TableConfig& table);
 // got -1", for: non-finite value/mean/low/high; low >= high (UNIFORM); stddev <= 0 or
 // non-finite (NORMAL, TRUNCATED_NORMAL); GLOROT_UNIFORM on anything but a dense 2-D table;
 // an unknown kind.
-[[nodiscard]] absl::Status ValidateInitializer(const ps::InitializerConfig& init, const ps::TableConfig& table);
+[[nodiscard]] absl::Status ValidateInitializer(const ps::InitializerConfig& init,
+                                               const ps::TableConfig& table);
 
 // Writes the initial values of dense elements [first_index, first_index + out.size()) of
 // `table_name` into `out`. `fan_in`/`fan_out` are used by GLOROT_UNIFORM only

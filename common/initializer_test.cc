@@ -31,8 +31,7 @@ ps::TableConfig Dense(std::vector<int64_t> shape) {
 }
 
 std::vector<float> Values(const ps::InitializerConfig& init, uint64_t first, size_t n,
-                          const char* table = "t", uint64_t fan_in = 784,
-                          uint64_t fan_out = 10) {
+                          const char* table = "t", uint64_t fan_in = 784, uint64_t fan_out = 10) {
   std::vector<float> out(n);
   InitializeValues(init, table, fan_in, fan_out, first, absl::MakeSpan(out));
   return out;

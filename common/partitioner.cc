@@ -18,8 +18,7 @@ absl::Status TableError(int index, const ps::TableConfig& table, absl::string_vi
 }
 
 // Fills the per-kind fields of `info` from its config.
-absl::Status DescribeTable(const ps::TableConfig& table, uint64_t block_floats,
-                           TableInfo* info) {
+absl::Status DescribeTable(const ps::TableConfig& table, uint64_t block_floats, TableInfo* info) {
   switch (table.kind()) {
     case ps::TABLE_KIND_DENSE: {
       if (table.shape_size() == 0) return TableError(info->index, table, "dense with no shape");
@@ -119,8 +118,8 @@ absl::StatusOr<Partitioner> Partitioner::Create(const ps::JobConfig& config) {
     next_global_block += info.num_blocks;
     p.tables_.push_back(std::move(info));
   }
-  p.layout_fingerprint_ = ComputeFingerprint(p.num_servers_, p.num_virtual_shards_,
-                                             p.dense_block_floats_, p.tables_);
+  p.layout_fingerprint_ =
+      ComputeFingerprint(p.num_servers_, p.num_virtual_shards_, p.dense_block_floats_, p.tables_);
   return p;
 }
 
@@ -146,8 +145,7 @@ uint32_t Partitioner::ServerForBlock(const TableInfo& table, uint32_t block) con
   return static_cast<uint32_t>((FirstGlobalBlock(table) + block) % num_servers_);
 }
 
-std::vector<uint32_t> Partitioner::BlocksOnServer(const TableInfo& table,
-                                                  uint32_t server) const {
+std::vector<uint32_t> Partitioner::BlocksOnServer(const TableInfo& table, uint32_t server) const {
   DCHECK_LT(server, num_servers_);
   // Block b is on server (first + b) % n, so the first block on `server` is
   // (server - first) mod n, and then every n-th.
@@ -163,9 +161,7 @@ uint32_t Partitioner::VirtualShard(uint64_t key) const {
   return static_cast<uint32_t>(Mix64(key) % num_virtual_shards_);
 }
 
-uint32_t Partitioner::ServerForKey(uint64_t key) const {
-  return VirtualShard(key) % num_servers_;
-}
+uint32_t Partitioner::ServerForKey(uint64_t key) const { return VirtualShard(key) % num_servers_; }
 
 void Partitioner::SplitKeysByServer(
     absl::Span<const uint64_t> keys,

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "common/status_matchers.h"
+#include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
-#include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
 
@@ -29,7 +29,11 @@ ps::JobConfig ParseConfig(const std::string& text) {
 ps::JobConfig SmallConfig() {
   return ParseConfig(R"pb(
     cluster { num_servers: 2 }
-    tables { name: "w" kind: TABLE_KIND_DENSE shape: [ 784, 10 ] }
+    tables {
+      name: "w"
+      kind: TABLE_KIND_DENSE
+      shape: [ 784, 10 ]
+    }
     tables { name: "emb" kind: TABLE_KIND_SPARSE dim: 8 }
   )pb");
 }
@@ -42,14 +46,14 @@ Partitioner MustCreate(const ps::JobConfig& config) {
 
 TEST(NumServers, FromCountOrList) {
   ps::ClusterConfig cluster;
-  EXPECT_THAT(NumServers(cluster), StatusIs(absl::StatusCode::kInvalidArgument,
-                                            HasSubstr("no servers")));
+  EXPECT_THAT(NumServers(cluster),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no servers")));
   cluster.set_num_servers(3);
   EXPECT_EQ(*NumServers(cluster), 3u);
   cluster.add_servers("a:1");
   cluster.add_servers("b:1");
-  EXPECT_THAT(NumServers(cluster), StatusIs(absl::StatusCode::kInvalidArgument,
-                                            HasSubstr("cluster.num_servers")));
+  EXPECT_THAT(NumServers(cluster),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cluster.num_servers")));
   cluster.set_num_servers(0);
   EXPECT_EQ(*NumServers(cluster), 2u);
 }
@@ -218,22 +222,28 @@ TEST(Partitioner, FingerprintTracksLayoutFieldsOnly) {
     return MustCreate(config).layout_fingerprint();
   };
   // Layout changes.
-  EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) { c->mutable_tables(0)->set_shape(1, 11); }));
+  EXPECT_NE(base,
+            fingerprint_with([](ps::JobConfig* c) { c->mutable_tables(0)->set_shape(1, 11); }));
   EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) {
               c->mutable_tables(0)->set_shape(0, 10);
               c->mutable_tables(0)->set_shape(1, 784);
             }));
   EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) { c->mutable_tables(1)->set_dim(9); }));
   EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) { c->mutable_tables(1)->set_name("e"); }));
-  EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) { c->mutable_cluster()->set_num_servers(3); }));
+  EXPECT_NE(base,
+            fingerprint_with([](ps::JobConfig* c) { c->mutable_cluster()->set_num_servers(3); }));
   EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) {
               c->mutable_cluster()->set_dense_block_floats(1024);
             }));
   EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) {
               c->mutable_cluster()->set_num_virtual_shards(1024);
             }));
-  EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) { c->add_tables()->CopyFrom(c->tables(0)); c->mutable_tables(2)->set_name("w2"); }));
-  EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) { c->mutable_tables()->SwapElements(0, 1); }));
+  EXPECT_NE(base, fingerprint_with([](ps::JobConfig* c) {
+              c->add_tables()->CopyFrom(c->tables(0));
+              c->mutable_tables(2)->set_name("w2");
+            }));
+  EXPECT_NE(base,
+            fingerprint_with([](ps::JobConfig* c) { c->mutable_tables()->SwapElements(0, 1); }));
   // Not layout: optimizer, initializer, encoding, memory budget, server addresses.
   EXPECT_EQ(base, fingerprint_with([](ps::JobConfig* c) {
               c->mutable_tables(0)->mutable_optimizer()->set_learning_rate(0.5);
@@ -256,8 +266,7 @@ void ExpectBalanced(const Partitioner& p, const std::vector<uint64_t>& keys) {
   ASSERT_EQ(split.size(), p.num_servers());
   const double even = static_cast<double>(keys.size()) / p.num_servers();
   for (uint32_t s = 0; s < p.num_servers(); ++s) {
-    EXPECT_NEAR(split[s].size(), even, 0.02 * even) << "server " << s << " of "
-                                                     << p.num_servers();
+    EXPECT_NEAR(split[s].size(), even, 0.02 * even) << "server " << s << " of " << p.num_servers();
   }
 }
 

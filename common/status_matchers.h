@@ -54,8 +54,7 @@ class StatusIsImpl {
     message_.DescribeNegationTo(os);
   }
 
-  bool MatchAndExplain(const absl::Status& status,
-                       testing::MatchResultListener* listener) const {
+  bool MatchAndExplain(const absl::Status& status, testing::MatchResultListener* listener) const {
     *listener << "whose status is " << status;
     testing::StringMatchResultListener inner;
     if (!code_.MatchAndExplain(status.code(), &inner)) {
@@ -63,8 +62,7 @@ class StatusIsImpl {
       return false;
     }
     if (!message_.MatchAndExplain(std::string(status.message()), &inner)) {
-      *listener << ", whose message is wrong" << (inner.str().empty() ? "" : " ")
-                << inner.str();
+      *listener << ", whose message is wrong" << (inner.str().empty() ? "" : " ") << inner.str();
       return false;
     }
     return true;

@@ -33,8 +33,8 @@ TEST(StatusIs, MatchesCodeOfStatus) {
 TEST(StatusIs, MatchesMessageWithMatcherOrString) {
   absl::Status status = absl::InvalidArgumentError("tables[2].shape: dimension 1 is 0");
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tables[2]")));
-  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
-                               "tables[2].shape: dimension 1 is 0"));
+  EXPECT_THAT(status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "tables[2].shape: dimension 1 is 0"));
   EXPECT_THAT(status, Not(StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tables[3]"))));
   // The right message does not rescue a wrong code.
   EXPECT_THAT(status, Not(StatusIs(absl::StatusCode::kNotFound, HasSubstr("tables[2]"))));
@@ -57,20 +57,19 @@ TEST(StatusIs, WorksOnStatusOr) {
 }
 
 TEST(StatusIs, ExplainsWithTheWholeStatus) {
-  std::string explanation = Explain<absl::Status>(
-      StatusIs(absl::StatusCode::kNotFound), absl::InvalidArgumentError("bad dim"));
+  std::string explanation = Explain<absl::Status>(StatusIs(absl::StatusCode::kNotFound),
+                                                  absl::InvalidArgumentError("bad dim"));
   EXPECT_THAT(explanation, HasSubstr("INVALID_ARGUMENT: bad dim"));
   EXPECT_THAT(explanation, HasSubstr("code is wrong"));
 
-  explanation = Explain<absl::Status>(
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape")),
-      absl::InvalidArgumentError("bad dim"));
+  explanation =
+      Explain<absl::Status>(StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape")),
+                            absl::InvalidArgumentError("bad dim"));
   EXPECT_THAT(explanation, HasSubstr("message is wrong"));
 }
 
 TEST(StatusIs, DescribesCodeAndMessage) {
-  Matcher<absl::Status> matcher =
-      StatusIs(absl::StatusCode::kNotFound, HasSubstr("table"));
+  Matcher<absl::Status> matcher = StatusIs(absl::StatusCode::kNotFound, HasSubstr("table"));
   std::string description = testing::DescribeMatcher<absl::Status>(matcher);
   EXPECT_THAT(description, HasSubstr("NOT_FOUND"));
   EXPECT_THAT(description, HasSubstr("table"));

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace ps::common {
@@ -19,18 +20,18 @@ TEST(ThreadPool, RunsEveryTask) {
 
 TEST(ThreadPool, RunsTasksConcurrently) {
   ThreadPool pool(2);
-  // Both tasks must be running at once for either to finish.
-  absl::BlockingCounter both_started(2);
+  // Each task waits for the other to start: with one thread this would never finish.
+  absl::Notification started[2];
   absl::BlockingCounter done(2);
   for (int i = 0; i < 2; ++i) {
-    pool.Schedule([&] {
-      both_started.DecrementCount();
-      both_started.Wait();
+    pool.Schedule([&, i] {
+      started[i].Notify();
+      started[1 - i].WaitForNotification();
       done.DecrementCount();
     });
   }
   done.Wait();
-  SUCCEED();
+  EXPECT_TRUE(started[0].HasBeenNotified() && started[1].HasBeenNotified());
 }
 
 }  // namespace

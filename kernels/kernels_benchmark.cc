@@ -8,6 +8,8 @@
 //    reads w, g, a and writes w, a (20 B/element), memcpy reads and writes 8 B/element.
 //
 //   bazel run //kernels:kernels_benchmark -- --benchmark_min_time=0.2
+//   On a shared machine add --benchmark_repetitions=5 --benchmark_enable_random_interleaving
+//   and read the medians.
 //   add --device=cuda in a --config=cuda build to run the API GEMMs on the GPU.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -68,7 +70,7 @@ struct GemmOperands {
 
 void SetGflops(benchmark::State& state, const GemmShape& s) {
   const double flops = 2.0 * s.m * s.n * s.k * static_cast<double>(state.iterations());
-  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
 }
 
 void BM_GemmBackendApi(benchmark::State& state, Backend* backend, GemmShape s) {
@@ -110,7 +112,7 @@ constexpr int64_t kOptimizerElements = int64_t{16} << 20;  // 16M floats
 void SetBandwidth(benchmark::State& state, double bytes_per_element) {
   const double bytes =
       bytes_per_element * kOptimizerElements * static_cast<double>(state.iterations());
-  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GB"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
 }
 
 void BM_ApplyOptimizer(benchmark::State& state, OptimizerKind kind, double bytes_per_element) {
@@ -160,6 +162,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG(INFO) << "Backend: " << (*backend)->Description();
+  // OpenBLAS starts its thread pool on the first call; keep that out of the first benchmark.
+  {
+    GemmShape warm{"warmup", false, false, 256, 256, 256};
+    GemmOperands x(warm);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 256, 256, 256, 1.f, x.a.data(), 256,
+                x.b.data(), 256, 0.f, x.c.data(), 256);
+  }
   for (const GemmShape& s : GemmShapes()) {
     benchmark::RegisterBenchmark(("Gemm/api_" + s.name).c_str(), BM_GemmBackendApi,
                                  backend->get(), s)

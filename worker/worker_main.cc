@@ -70,6 +70,7 @@ absl::Status Run() {
   }
   ASSIGN_OR_RETURN(JobConfig config,
                    common::LoadAndPrepareJobConfig(absl::GetFlag(FLAGS_config), overrides));
+  RETURN_IF_ERROR_CTX(common::CheckTrainable(config), absl::GetFlag(FLAGS_config));
   const bool centralized = absl::GetFlag(FLAGS_centralized);
   const int32_t index = absl::GetFlag(FLAGS_worker_index);
   const int32_t num_workers = centralized ? 1 : static_cast<int32_t>(config.cluster().num_workers());

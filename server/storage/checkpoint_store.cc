@@ -102,6 +102,8 @@ constexpr size_t kMaxKeyBytes = size_t{64} << 10;
 constexpr size_t kMaxValueBytes = size_t{1} << 30;
 constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
 constexpr size_t kMaxKeyInMessage = 64;
+// Free space below which column families are neither created nor dropped (see CheckFreeSpace).
+constexpr uint64_t kMinFreeBytes = uint64_t{1} << 20;
 
 // ---- Fixed-width coding (leveldb util/coding.h style). ----
 
@@ -580,7 +582,22 @@ absl::Status CheckpointStore::DeleteIncomplete() {
   return DropCheckpoints(std::move(incomplete));
 }
 
+absl::Status CheckpointStore::CheckFreeSpace(absl::string_view what) {
+  // Creating or dropping a column family appends to the MANIFEST outside RocksDB's background
+  // error handling. If that append fails for lack of space, a later DB::Resume() hits an
+  // assert() in RocksDB 7.8 (ResumeImpl: file_deletion_disabled), which Debian's build keeps,
+  // and aborts the process. So those operations run only with some room left; the record
+  // writes and flushes, which do go through the error handler, are not gated.
+  uint64_t free_bytes = 0;
+  rocksdb::Status s = db_->GetEnv()->GetFreeSpace(options_.path, &free_bytes);
+  if (!s.ok() || free_bytes >= kMinFreeBytes) return absl::OkStatus();  // Unknown: let I/O tell.
+  return Error(absl::ResourceExhaustedError(
+      absl::StrCat(what, ": only ", free_bytes, " bytes free (No space left on device)")));
+}
+
 absl::Status CheckpointStore::DropCheckpoints(std::vector<uint64_t> ids) {
+  if (ids.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckFreeSpace(absl::StrCat("drop checkpoints ", absl::StrJoin(ids, ", "))));
   for (uint64_t id : ids) {
     auto it = cfs_.find(id);
     if (it == cfs_.end()) continue;
@@ -634,16 +651,19 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoi
     return Error(absl::FailedPreconditionError(
         "another checkpoint is being written; commit or abort it first"));
   }
+  RETURN_IF_ERROR(CheckFreeSpace("begin checkpoint"));
+  // First, so that their files and any memtable a failed flush left behind are gone before
+  // Resume() below would try to flush it again.
+  RETURN_IF_ERROR(DeleteIncomplete());
   // A disk-full or I/O error in an earlier flush leaves RocksDB refusing writes until it
   // recovers. Resume() returns at once on a healthy database and retries the recovery
-  // otherwise (flushing what the failed flush left), so a checkpoint succeeds again as soon as
-  // the cause is gone. Busy means RocksDB is already retrying a transient I/O error by itself;
-  // the writes below then either succeed or fail with that error.
+  // otherwise, so a checkpoint succeeds again as soon as the cause is gone. Busy means RocksDB
+  // is already retrying a transient I/O error by itself; the writes below then either succeed
+  // or fail with that error.
   rocksdb::Status resumed = db_->Resume();
   if (!resumed.ok() && !resumed.IsBusy()) {
     return Error(FromRocksDbStatus(resumed, "recover from an earlier write error"));
   }
-  RETURN_IF_ERROR(DeleteIncomplete());
   const uint64_t id = next_id_;
   // Before the column family exists, so that no crash can leave records under a reusable id.
   RETURN_IF_ERROR(PutNextId(id + 1));

@@ -258,6 +258,7 @@ class CheckpointStore {
   absl::Status DropCheckpoints(std::vector<uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutNextId(uint64_t next_id);
+  absl::Status CheckFreeSpace(absl::string_view what);
 
   // Called by CheckpointWriter.
   absl::Status WriteRecords(rocksdb::WriteBatch* batch);

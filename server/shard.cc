@@ -257,12 +257,24 @@ uint64_t Shard::updates_applied() const {
 
 absl::StatusOr<CheckpointMeta> Shard::Snapshot(const SnapshotSink& sink, size_t record_bytes) {
   absl::MutexLock one_at_a_time(&snapshot_mu_);
+  // Tables call their sink from the writer (this thread) and from pushing threads: serialize
+  // the calls into `sink`, adding the table's name to each record key.
+  absl::Mutex sink_mu;
+  std::vector<SnapshotSink> table_sinks;
+  table_sinks.reserve(tables_.size());
+  for (auto& t : tables_) {
+    table_sinks.push_back([&sink, &sink_mu, name = t->name()](absl::string_view part,
+                                                               absl::string_view value) {
+      absl::MutexLock lock(&sink_mu);
+      return sink(RecordKey(name, part), value);
+    });
+  }
   CheckpointMeta meta;
   {
     // The cut: no push is half-applied while this is held.
     absl::WriterMutexLock lock(&apply_mu_);
     const uint64_t epoch = ++snapshot_epoch_;
-    for (auto& t : tables_) t->BeginSnapshot(epoch);
+    for (size_t i = 0; i < tables_.size(); ++i) tables_[i]->BeginSnapshot(epoch, &table_sinks[i]);
     meta.set_server_index(options_.server_index);
     meta.set_num_servers(partitioner_.num_servers());
     meta.set_layout_fingerprint(partitioner_.layout_fingerprint());
@@ -280,17 +292,14 @@ absl::StatusOr<CheckpointMeta> Shard::Snapshot(const SnapshotSink& sink, size_t 
   }
   absl::Status status;
   for (size_t i = 0; i < tables_.size() && status.ok(); ++i) {
-    TablePart* t = tables_[i].get();
-    uint64_t records = 0;
-    status = t->WriteSnapshot(
-        [&](absl::string_view part, absl::string_view value) {
-          ++records;
-          return sink(RecordKey(t->name(), part), value);
-        },
-        record_bytes);
-    meta.mutable_tables(i)->set_rows(t->NumRows());
+    status = tables_[i]->WriteSnapshot(record_bytes);
+    meta.mutable_tables(i)->set_rows(tables_[i]->NumRows());
   }
-  for (auto& t : tables_) t->EndSnapshot();
+  {
+    // Updates stop writing through before the sinks go away.
+    absl::WriterMutexLock lock(&apply_mu_);
+    for (auto& t : tables_) t->EndSnapshot();
+  }
   RETURN_IF_ERROR(status);
   return meta;
 }

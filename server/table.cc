@@ -117,10 +117,10 @@ void DenseTablePart::Apply(uint32_t block, absl::Span<const float> values,
     const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
     if (epoch != 0 && b->saved_epoch < epoch) {
       // First change since the snapshot began, and the writer has not saved this block yet:
-      // keep the old contents for it.
-      b->pending = std::make_unique<std::vector<float>>(b->data);
-      b->pending_step = b->step;
+      // save its old contents now (write-through; no copy of the table is kept).
       b->saved_epoch = epoch;
+      absl::Status s = (*sink_)(BlockKey(block), EncodeBlock(b->step, b->data));
+      if (!s.ok()) RecordSinkError(s);
     }
     const int64_t step = options.kind == UpdateKind::kGradient ? ++b->step : b->step;
     ApplyTo(optimizer_, num_slots_, step, b->data.data(), b->size, values, options);
@@ -136,12 +136,28 @@ std::string DenseTablePart::EncodeBlock(int64_t step, absl::Span<const float> da
   return out;
 }
 
-void DenseTablePart::BeginSnapshot(uint64_t epoch) {
+std::string DenseTablePart::BlockKey(uint32_t id) {
+  const char key[4] = {static_cast<char>(id >> 24), static_cast<char>(id >> 16),
+                       static_cast<char>(id >> 8), static_cast<char>(id)};
+  return std::string(key, 4);
+}
+
+void DenseTablePart::RecordSinkError(const absl::Status& status) {
+  absl::MutexLock lock(&error_mu_);
+  if (sink_error_.ok()) sink_error_ = status;
+}
+
+void DenseTablePart::BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) {
   CHECK_GT(epoch, 0u);
+  sink_ = sink;
+  {
+    absl::MutexLock lock(&error_mu_);
+    sink_error_ = absl::OkStatus();
+  }
   active_epoch_.store(epoch, std::memory_order_release);
 }
 
-absl::Status DenseTablePart::WriteSnapshot(const SnapshotSink& sink, size_t /*record_bytes*/) {
+absl::Status DenseTablePart::WriteSnapshot(size_t /*record_bytes*/) {
   const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
   CHECK_NE(epoch, 0u) << "WriteSnapshot without BeginSnapshot";
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -149,39 +165,21 @@ absl::Status DenseTablePart::WriteSnapshot(const SnapshotSink& sink, size_t /*re
     std::string value;
     {
       absl::MutexLock lock(&b->mu);
-      if (b->pending != nullptr) {
-        value = EncodeBlock(b->pending_step, *b->pending);
-        b->pending.reset();
-      } else {
-        CHECK_LT(b->saved_epoch, epoch);
-        value = EncodeBlock(b->step, b->data);
-        b->saved_epoch = epoch;
-      }
+      if (b->saved_epoch >= epoch) continue;  // saved by an update already
+      value = EncodeBlock(b->step, b->data);
+      b->saved_epoch = epoch;
     }
     // One record per block: blocks are a few hundred KB, the size records should have.
-    const uint32_t id = block_ids_[i];
-    char key[4] = {static_cast<char>(id >> 24), static_cast<char>(id >> 16),
-                   static_cast<char>(id >> 8), static_cast<char>(id)};
-    absl::Status s = sink(absl::string_view(key, 4), value);
-    if (!s.ok()) {
-      // Leave every unsaved block consistent for the next try: drop copies, the next
-      // snapshot has a higher epoch.
-      for (auto& rest : blocks_) {
-        absl::MutexLock lock(&rest->mu);
-        rest->pending.reset();
-      }
-      return s;
-    }
+    absl::Status s = (*sink_)(BlockKey(block_ids_[i]), value);
+    if (!s.ok()) RecordSinkError(s);
   }
-  return absl::OkStatus();
+  absl::MutexLock lock(&error_mu_);
+  return sink_error_;
 }
 
 void DenseTablePart::EndSnapshot() {
   active_epoch_.store(0, std::memory_order_release);
-  for (auto& b : blocks_) {
-    absl::MutexLock lock(&b->mu);
-    b->pending.reset();
-  }
+  sink_ = nullptr;
 }
 
 absl::Status DenseTablePart::RestoreRecord(absl::string_view key, absl::string_view value) {
@@ -298,12 +296,14 @@ uint64_t SparseTablePart::NumRows() const {
 
 uint64_t SparseTablePart::NumBytes() const { return NumRows() * row_floats_ * sizeof(float); }
 
-void SparseTablePart::BeginSnapshot(uint64_t epoch) {
+void SparseTablePart::BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) {
   CHECK_GT(epoch, 0u);
+  sink_ = sink;
   active_epoch_.store(epoch, std::memory_order_release);
 }
 
-absl::Status SparseTablePart::WriteSnapshot(const SnapshotSink& sink, size_t record_bytes) {
+absl::Status SparseTablePart::WriteSnapshot(size_t record_bytes) {
+  const SnapshotSink& sink = *sink_;
   const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
   CHECK_NE(epoch, 0u) << "WriteSnapshot without BeginSnapshot";
   const size_t entry_bytes = 2 * sizeof(uint64_t) + row_floats_ * sizeof(float);
@@ -338,10 +338,7 @@ absl::Status SparseTablePart::WriteSnapshot(const SnapshotSink& sink, size_t rec
                      static_cast<char>(r >> 24), static_cast<char>(r >> 16),
                      static_cast<char>(r >> 8),  static_cast<char>(r)};
       absl::Status st = sink(absl::string_view(key, 8), records[r]);
-      if (!st.ok()) {
-        EndSnapshot();
-        return st;
-      }
+      if (!st.ok()) return st;
     }
   }
   return absl::OkStatus();
@@ -349,6 +346,7 @@ absl::Status SparseTablePart::WriteSnapshot(const SnapshotSink& sink, size_t rec
 
 void SparseTablePart::EndSnapshot() {
   active_epoch_.store(0, std::memory_order_release);
+  sink_ = nullptr;
   for (int i = 0; i < kNumStripes; ++i) {
     absl::MutexLock lock(&stripes_[i].mu);
     stripes_[i].pending.clear();

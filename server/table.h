@@ -8,18 +8,20 @@
 // each with its own mutex and hash map. A read copies a block or row under its lock, so no
 // reader sees a half-applied update, and no operation takes a table-wide lock.
 //
-// Consistent snapshots without stopping the world (copy-on-write). A checkpoint at epoch E
-// starts when the Shard, with no push in flight, calls BeginSnapshot(E). From then until
-// EndSnapshot(), the first update to a block or row that the snapshot writer has not yet
-// visited copies the old contents aside before changing them; the writer emits that copy (or
-// the untouched current contents) and marks the block or row as visited. Rows created after
-// the snapshot began are not part of it. The result equals the table exactly as it was at
-// BeginSnapshot, while pushes and pulls continue; the extra memory is bounded by what is
-// updated during the write.
+// Consistent snapshots without stopping the world. A checkpoint at epoch E starts when the
+// Shard, with no push in flight, calls BeginSnapshot(E, sink). From then until EndSnapshot(),
+// the first update to a block or row that the snapshot writer has not visited yet first saves
+// the old contents: a dense block is written to the sink right there (write-through, so no
+// copy of a large table is ever held), a sparse row is copied aside for the writer. The
+// writer emits every block and row not saved that way and marks it visited. Rows created
+// after the snapshot began are not part of it. The result equals the table exactly as it was
+// at BeginSnapshot while pushes and pulls continue; the extra memory is one block per
+// concurrent push plus the sparse rows updated during the write.
 #ifndef PS_SERVER_TABLE_H_
 #define PS_SERVER_TABLE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -49,6 +51,8 @@ struct UpdateOptions {
 };
 
 // Receives snapshot records: a key naming the block or row group, and its serialized bytes.
+// The sink of a snapshot is called from the writer and from pushing threads at once: it must
+// be thread-safe.
 using SnapshotSink = std::function<absl::Status(absl::string_view key, absl::string_view value)>;
 
 // Common state of both table kinds. Thread-safe.
@@ -69,11 +73,12 @@ class TablePart {
   virtual uint64_t NumBytes() const = 0;
 
   // Snapshot protocol (see the file comment). REQUIRES: no update in flight during
-  // BeginSnapshot; one snapshot at a time.
-  virtual void BeginSnapshot(uint64_t epoch) = 0;
-  // Emits every block or row as of BeginSnapshot to `sink`, in records of about
-  // `record_bytes`. Updates may run concurrently.
-  virtual absl::Status WriteSnapshot(const SnapshotSink& sink, size_t record_bytes) = 0;
+  // BeginSnapshot; one snapshot at a time; `sink` is thread-safe and outlives EndSnapshot.
+  virtual void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) = 0;
+  // Emits every block or row as of BeginSnapshot to the sink, in records of about
+  // `record_bytes`. Updates may run concurrently. Returns the first error of the sink,
+  // including errors of writes made by updates.
+  virtual absl::Status WriteSnapshot(size_t record_bytes) = 0;
   virtual void EndSnapshot() = 0;
 
   // Restores one record written by WriteSnapshot. INVALID_ARGUMENT/DATA_LOSS if it does not
@@ -114,8 +119,8 @@ class DenseTablePart final : public TablePart {
 
   uint64_t NumRows() const override { return blocks_.size(); }
   uint64_t NumBytes() const override { return bytes_; }
-  void BeginSnapshot(uint64_t epoch) override;
-  absl::Status WriteSnapshot(const SnapshotSink& sink, size_t record_bytes) override;
+  void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) override;
+  absl::Status WriteSnapshot(size_t record_bytes) override;
   void EndSnapshot() override;
   absl::Status RestoreRecord(absl::string_view key, absl::string_view value) override;
 
@@ -127,12 +132,11 @@ class DenseTablePart final : public TablePart {
     std::vector<float> data ABSL_GUARDED_BY(mu);  // [params][slot0]...
     int64_t step ABSL_GUARDED_BY(mu) = 0;         // updates applied to this block
     uint64_t saved_epoch ABSL_GUARDED_BY(mu) = 0;  // last snapshot that has this block
-    // Copy taken for the snapshot in progress, before an update changed the block.
-    std::unique_ptr<std::vector<float>> pending ABSL_GUARDED_BY(mu);
-    int64_t pending_step ABSL_GUARDED_BY(mu) = 0;
   };
   Block* Find(uint32_t block) const;
   static std::string EncodeBlock(int64_t step, absl::Span<const float> data);
+  static std::string BlockKey(uint32_t id);
+  void RecordSinkError(const absl::Status& status);
 
   // Constant after construction.
   std::vector<uint32_t> block_ids_;                   // owned, ascending
@@ -140,11 +144,13 @@ class DenseTablePart final : public TablePart {
   std::vector<std::unique_ptr<Block>> blocks_;
   uint64_t bytes_ = 0;
 
-  absl::Mutex snapshot_mu_;
-  uint64_t snapshot_epoch_ ABSL_GUARDED_BY(snapshot_mu_) = 0;  // 0 = no snapshot running
-  // Read without snapshot_mu_ on the update path; written only while no update is in flight
-  // (BeginSnapshot) or after the writer is done (EndSnapshot).
+  // The snapshot in progress: its epoch (0 = none) and sink. Written only while no update
+  // is in flight (BeginSnapshot) or after the writer is done (EndSnapshot); the epoch's
+  // release/acquire publishes the sink to updating threads.
   std::atomic<uint64_t> active_epoch_{0};
+  const SnapshotSink* sink_ = nullptr;
+  absl::Mutex error_mu_;
+  absl::Status sink_error_ ABSL_GUARDED_BY(error_mu_);
 };
 
 // This server's rows of a sparse table: key -> row, created on first pull with the table's
@@ -164,8 +170,8 @@ class SparseTablePart final : public TablePart {
 
   uint64_t NumRows() const override;
   uint64_t NumBytes() const override;
-  void BeginSnapshot(uint64_t epoch) override;
-  absl::Status WriteSnapshot(const SnapshotSink& sink, size_t record_bytes) override;
+  void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) override;
+  absl::Status WriteSnapshot(size_t record_bytes) override;
   void EndSnapshot() override;
   absl::Status RestoreRecord(absl::string_view key, absl::string_view value) override;
 
@@ -194,6 +200,7 @@ class SparseTablePart final : public TablePart {
   std::vector<float> slot_init_;  // a fresh row's slot values (row_floats - dim)
   std::unique_ptr<Stripe[]> stripes_;
   std::atomic<uint64_t> active_epoch_{0};
+  const SnapshotSink* sink_ = nullptr;
 };
 
 }  // namespace ps::server

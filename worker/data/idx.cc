@@ -24,6 +24,8 @@ constexpr uint8_t kTypeUnsignedByte = 0x08;
 // Data is converted in chunks so that a header claiming more data than the file holds
 // fails with DATA_LOSS when the bytes run out, instead of allocating for the claim first.
 constexpr size_t kChunkBytes = 1 << 20;
+// 1 GiB of floats; Fashion-MNIST's training set is 47M.
+constexpr uint64_t kMaxReserveFloats = uint64_t{1} << 28;
 
 struct IdxHeader {
   std::vector<uint32_t> dims;
@@ -153,14 +155,16 @@ absl::StatusOr<std::vector<float>> ReadImages(FileReader& file, const IdxHeader&
   for (int b = 0; b < 256; ++b) value[b] = static_cast<float>(b) / pixel_scale;
   const uint64_t total = header.count * header.element_size;
   std::vector<float> features;
+  // The header is untrusted: reserve at most kMaxReserveFloats up front (address space
+  // only; pages are committed as they are written); beyond that resize() grows
+  // geometrically as the data actually arrives.
+  features.reserve(std::min(total, kMaxReserveFloats));
   std::vector<unsigned char> chunk;
   uint64_t left = total;
   while (left > 0) {
     chunk.resize(std::min<uint64_t>(left, kChunkBytes));
     RETURN_IF_ERROR(ReadExactly(file, reinterpret_cast<char*>(chunk.data()), chunk.size(),
                                 absl::StrCat("pixels (", total, " declared)")));
-    // No reserve(total) up front: the header is untrusted, and resize() grows
-    // geometrically anyway.
     const size_t base = features.size();
     features.resize(base + chunk.size());
     float* out = features.data() + base;

@@ -250,8 +250,9 @@ TEST_P(CtrModelTest, PullsAndPushesEachKeyOnceInFirstSeenOrder) {
   }
   ASSERT_OK(Step(*model_, *store, batch).status());
   EXPECT_THAT(store->last_pulled_keys(kEmbedding), ElementsAreArray(expected));
+  const FakeParameterStore::RecordedPush push = store->last_push();
   std::vector<uint64_t> pushed;
-  for (const auto& [key, grad] : store->last_push().sparse.at(kEmbedding)) pushed.push_back(key);
+  for (const auto& [key, grad] : push.sparse.at(kEmbedding)) pushed.push_back(key);
   EXPECT_THAT(pushed, ElementsAreArray(expected));
 }
 
@@ -276,6 +277,11 @@ TEST_P(CtrModelTest, EvaluateCollectsScoresLabelsAndLossSum) {
 
 // Ids 0-9 occur only in clicks, 10-19 only in non-clicks, 20-24 in both.
 TEST_P(CtrModelTest, SgdLearnsSeparableClicks) {
+  if (config_.hash_buckets() > 0) {
+    // Enough buckets that the 25 ids stay apart (3 would merge the classes).
+    config_.set_hash_buckets(uint64_t{1} << 20);
+    ASSERT_OK_AND_ASSIGN(model_, CtrModel::Create(config_, backend_.get(), kMaxBatch));
+  }
   std::unique_ptr<FakeParameterStore> store = MakeStore(config_, /*large_init=*/false);
   std::mt19937 rng(3);
   auto make_batch = [&](int64_t size) {
@@ -379,12 +385,19 @@ TEST(CtrModelDedup, GradientOfARepeatedKeyIsTheSumOverItsUses) {
   std::copy_n(row10, 3, store->MutableRowForTest(kEmbedding, 20));
   std::copy_n(row10, 3, store->MutableRowForTest(kEmbedding, 30));
 
-  ASSERT_OK_AND_ASSIGN(StepResult shared_result, Step(*model, *store, shared));
-  std::map<uint64_t, std::vector<float>> shared_grads;
-  for (auto& [key, grad] : store->last_push().sparse.at(kEmbedding)) shared_grads[key] = grad;
-  ASSERT_OK_AND_ASSIGN(StepResult renamed_result, Step(*model, *store, renamed));
-  std::map<uint64_t, std::vector<float>> renamed_grads;
-  for (auto& [key, grad] : store->last_push().sparse.at(kEmbedding)) renamed_grads[key] = grad;
+  // Gradient row per key of one step on `batch`.
+  auto step = [&](const Batch& batch, StepResult* result) {
+    absl::StatusOr<StepResult> step_result = Step(*model, *store, batch);
+    CHECK(step_result.ok()) << step_result.status();
+    *result = *step_result;
+    std::map<uint64_t, std::vector<float>> grads;
+    const FakeParameterStore::RecordedPush push = store->last_push();
+    for (const auto& [key, grad] : push.sparse.at(kEmbedding)) grads[key] = grad;
+    return grads;
+  };
+  StepResult shared_result, renamed_result;
+  std::map<uint64_t, std::vector<float>> shared_grads = step(shared, &shared_result);
+  std::map<uint64_t, std::vector<float>> renamed_grads = step(renamed, &renamed_result);
 
   EXPECT_FLOAT_EQ(shared_result.loss, renamed_result.loss);
   ASSERT_EQ(shared_grads.size(), 3u);  // 10, 11, 12

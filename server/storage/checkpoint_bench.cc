@@ -50,8 +50,7 @@ absl::Status RunOne(const std::string& dir, const Config& config, size_t total_b
   std::mt19937 rng(42);
   std::normal_distribution<float> normal(0.0f, 0.05f);
   for (float& f : data) f = normal(rng);
-  const absl::string_view value(reinterpret_cast<const char*>(data.data()),
-                                floats * sizeof(float));
+  const absl::string_view value(reinterpret_cast<const char*>(data.data()), floats * sizeof(float));
   const size_t records = total_bytes / record_bytes;
   const double mb = static_cast<double>(records * value.size()) / (1 << 20);
 

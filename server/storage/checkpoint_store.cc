@@ -153,7 +153,9 @@ bool GetFixed64(absl::string_view* in, uint64_t* v) {
 
 // ---- Names and keys. ----
 
-std::string CommitKey(uint64_t id) { return absl::StrCat(std::string(1, kCommitTag), BigEndian64(id)); }
+std::string CommitKey(uint64_t id) {
+  return absl::StrCat(std::string(1, kCommitTag), BigEndian64(id));
+}
 
 bool IsCommitKey(absl::string_view key) {
   return key.size() == 1 + kIdBytes && key[0] == kCommitTag;
@@ -220,7 +222,8 @@ std::string EncodeCommitRecord(const CommitRecord& record) {
 
 absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view value) {
   auto corrupt = [id](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", id, ": commit record is corrupt: ", why));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", id, ": commit record is corrupt: ", why));
   };
   if (value.size() < kCrcBytes) return corrupt("too short");
   absl::string_view body = value.substr(0, value.size() - kCrcBytes);
@@ -252,8 +255,8 @@ absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view v
 // full disk is reported to the caller as RESOURCE_EXHAUSTED rather than as a busy database.
 class ResumeOnlyWhenAsked : public rocksdb::EventListener {
  public:
-  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/,
-                            rocksdb::Status /*bg_error*/, bool* auto_recovery) override {
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/, rocksdb::Status /*bg_error*/,
+                            bool* auto_recovery) override {
     *auto_recovery = false;
   }
 };
@@ -382,7 +385,8 @@ absl::StatusOr<CheckpointInfo> CheckpointWriter::Commit(absl::string_view metada
   expected.num_records = num_records_;
   expected.bytes = bytes_;
   expected.hash = hash_;
-  absl::StatusOr<CheckpointInfo> info = store_->CommitCheckpoint(id_, cf_.get(), expected, metadata);
+  absl::StatusOr<CheckpointInfo> info =
+      store_->CommitCheckpoint(id_, cf_.get(), expected, metadata);
   if (!info.ok()) return Fail(info.status());
   state_ = State::kCommitted;
   cf_.reset();
@@ -620,11 +624,12 @@ absl::Status CheckpointStore::ApplyRetention() {
     if (id >= oldest_kept) break;
     RETURN_IF_ERROR(Error(FromRocksDbStatus(batch.Delete(meta_cf_.get(), CommitKey(id)))));
   }
-  // Synced before any records go: a commit record must never outlive its records.
+  // Synced (whatever options_.sync says) before any records go: dropping a column family is
+  // durable at once, and a commit record must never outlive its records.
   rocksdb::WriteOptions write_options;
-  write_options.sync = options_.sync;
-  RETURN_IF_ERROR(Error(
-      FromRocksDbStatus(db_->Write(write_options, &batch), "delete old commit records")));
+  write_options.sync = true;
+  RETURN_IF_ERROR(
+      Error(FromRocksDbStatus(db_->Write(write_options, &batch), "delete old commit records")));
   std::vector<uint64_t> old;
   for (const auto& [id, cf] : cfs_) {
     if (id < oldest_kept) old.push_back(id);
@@ -669,9 +674,9 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoi
   RETURN_IF_ERROR(PutNextId(id + 1));
   next_id_ = id + 1;
   rocksdb::ColumnFamilyHandle* raw = nullptr;
-  RETURN_IF_ERROR(Error(FromRocksDbStatus(
-      db_->CreateColumnFamily(MakeCheckpointCfOptions(), CfName(id), &raw),
-      absl::StrCat("create checkpoint ", id))));
+  RETURN_IF_ERROR(
+      Error(FromRocksDbStatus(db_->CreateColumnFamily(MakeCheckpointCfOptions(), CfName(id), &raw),
+                              absl::StrCat("create checkpoint ", id))));
   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = Share(raw);
   cfs_[id] = cf;
   writer_open_ = true;
@@ -701,9 +706,9 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
     // Every record just written read back with a good checksum, so fewer records than Puts
     // means a key was repeated (the later Put replaced the earlier one).
     if (totals.found.num_records < expected.num_records) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          expected.num_records, " Puts but ", totals.found.num_records,
-          " distinct keys: each key may be Put once per checkpoint"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(expected.num_records, " Puts but ", totals.found.num_records,
+                       " distinct keys: each key may be Put once per checkpoint"));
     }
     RETURN_IF_ERROR_CTX(CheckTotals(id, totals, expected), "read back before commit");
   }
@@ -725,8 +730,8 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
   absl::MutexLock lock(&mu_);
   absl::Status retention = ApplyRetention();
   if (!retention.ok()) {
-    LOG(WARNING) << "checkpoint " << id << " committed, but deleting old checkpoints failed: "
-                 << retention;
+    LOG(WARNING) << "checkpoint " << id
+                 << " committed, but deleting old checkpoints failed: " << retention;
   }
   return record.info;
 }
@@ -763,14 +768,14 @@ absl::StatusOr<CheckpointStore::ScanTotals> CheckpointStore::ScanRecords(
     const uint32_t crc = crc32c::Extend(key_crc, value);
     const uint32_t stored_crc = DecodeFixed32(stored_value.data());
     if (crc != stored_crc) {
-      return absl::DataLossError(absl::StrFormat(
-          "checkpoint %d, key %s: checksum mismatch (stored %08x, computed %08x)", id,
-          PrintableKey(key), stored_crc, crc));
+      return absl::DataLossError(
+          absl::StrFormat("checkpoint %d, key %s: checksum mismatch (stored %08x, computed %08x)",
+                          id, PrintableKey(key), stored_crc, crc));
     }
     if (++found.num_records > max_records) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", id, ", key ", PrintableKey(key),
-                       ": extra record (the commit record counts ", max_records, ")"));
+      return absl::DataLossError(absl::StrCat("checkpoint ", id, ", key ", PrintableKey(key),
+                                              ": extra record (the commit record counts ",
+                                              max_records, ")"));
     }
     found.bytes += key.size() + value.size();
     found.hash += Fingerprint(key_crc, crc);
@@ -801,8 +806,7 @@ absl::Status CheckpointStore::CheckTotals(uint64_t id, const ScanTotals& totals,
     return absl::DataLossError(absl::StrCat(
         "checkpoint ", id, ": records differ from the committed ones (", found.bytes,
         " bytes found, ", expected.bytes, " committed",
-        found.hash != expected.hash ? ", hash differs" : "", "); last key read ",
-        totals.last_key));
+        found.hash != expected.hash ? ", hash differs" : "", "); last key read ", totals.last_key));
   }
   return absl::OkStatus();
 }
@@ -812,7 +816,19 @@ absl::Status CheckpointStore::ReadImpl(
   const std::string context = absl::StrCat("read checkpoint ", id);
   // Holding `cf` keeps the checkpoint's files even if retention drops it meanwhile.
   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = FindCf(id);
-  if (cf == nullptr) return absl::NotFoundError(absl::StrCat("no complete checkpoint ", id));
+  if (cf == nullptr) {
+    // Retention deletes the commit record before the records, so a commit record seen after
+    // the records are gone means they were lost, not deleted.
+    std::string unused;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), CommitKey(id), &unused);
+    if (s.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", id,
+                                              ": committed, but its records (column family ",
+                                              CfName(id), ") are missing"));
+    }
+    if (!s.IsNotFound()) return FromRocksDbStatus(s, context);
+    return absl::NotFoundError(absl::StrCat("no complete checkpoint ", id));
+  }
   std::vector<rocksdb::Iterator*> raw;
   RETURN_IF_ERROR(FromRocksDbStatus(
       db_->NewIterators(ScanReadOptions(), {meta_cf_.get(), cf.get()}, &raw), context));
@@ -906,7 +922,8 @@ absl::Status CheckpointStore::PutRawRecordForTest(uint64_t id, absl::string_view
   EncodeFixed32(stored.data(),
                 checksum.value_or(crc32c::Extend(crc32c::Extend(IdCrc(id), key), value)));
   stored.append(value.data(), value.size());
-  return Error(FromRocksDbStatus(db_->Put(rocksdb::WriteOptions(), cf.get(), ToSlice(key), stored)));
+  return Error(
+      FromRocksDbStatus(db_->Put(rocksdb::WriteOptions(), cf.get(), ToSlice(key), stored)));
 }
 
 absl::Status CheckpointStore::DeleteRecordForTest(uint64_t id, absl::string_view key) {

@@ -23,8 +23,9 @@
 //   every read as well.
 // - Retention deletes only checkpoints older than the `keep` newest complete ones, and only
 //   after a new checkpoint has completed; the newest complete checkpoint is never touched.
-// - Checkpoints are isolated on disk (one RocksDB column family each, see the .cc), so a
-//   corrupt file of one checkpoint never prevents reading, deleting or writing the others.
+// - Checkpoints are isolated on disk (one RocksDB column family each, see the .cc), so damaged
+//   data of one checkpoint does not stop reading, deleting or writing the others. (A truncated
+//   or missing file is the exception: RocksDB then refuses to open the store, DATA_LOSS.)
 //
 // Error codes used throughout (rocksdb_status.h has the full RocksDB mapping):
 //   DATA_LOSS           stored bytes are corrupt (message names the checkpoint id and the key)
@@ -73,8 +74,8 @@ struct CheckpointStoreOptions {
   // the disk must hold keep + 1 checkpoints while one is being written. REQUIRES: >= 1.
   uint32_t keep = 2;
 
-  // fsync the commit record (and the other small bookkeeping writes). With false, a power loss
-  // (not a process crash) may lose the newest commits; the store stays consistent either way.
+  // fsync the commit record and the next-id record. With false, a power loss (not a process
+  // crash) may lose the newest commits; the store stays consistent either way.
   bool sync = true;
 
   // Records are buffered into a WriteBatch of about this many bytes before it is written to
@@ -162,7 +163,7 @@ class CheckpointWriter {
   // The checkpoint's records; released when the writer leaves OPEN, so that a finished writer
   // may outlive the store.
   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf_;
-  const uint32_t id_crc_;                                  // CRC-32C of the encoded id.
+  const uint32_t id_crc_;  // CRC-32C of the big-endian id, the start of every record's CRC.
   State state_ = State::kOpen;
   std::unique_ptr<rocksdb::WriteBatch> batch_;
   uint64_t num_records_ = 0;
@@ -197,7 +198,8 @@ class CheckpointStore {
 
   // Starts a checkpoint with an id greater than every id handed out before by this directory,
   // after deleting records of incomplete checkpoints.
-  // Errors: FAILED_PRECONDITION (another writer is still OPEN), RESOURCE_EXHAUSTED /
+  // Errors: FAILED_PRECONDITION (another writer is still OPEN), RESOURCE_EXHAUSTED (less than
+  // 1 MiB free, or RocksDB still cannot write after an earlier disk-full error),
   // PERMISSION_DENIED / UNAVAILABLE (the id could not be recorded durably).
   [[nodiscard]] absl::StatusOr<std::unique_ptr<CheckpointWriter>> BeginCheckpoint();
 
@@ -215,8 +217,8 @@ class CheckpointStore {
   // After an error nothing more is handed to `visit`, but records handed out before it (e.g.
   // when a record is missing, which is found only at the end) must be discarded by the caller.
   // Errors: NOT_FOUND (no complete checkpoint `id`), DATA_LOSS naming the checkpoint id and the
-  // key (checksum mismatch, missing or extra record, corrupt RocksDB block), UNAVAILABLE (I/O),
-  // or the first non-OK status returned by `visit`, unchanged.
+  // key (checksum mismatch, missing or extra record, corrupt RocksDB block; or all records
+  // missing), UNAVAILABLE (I/O), or the first non-OK status returned by `visit`, unchanged.
   [[nodiscard]] absl::Status Read(
       uint64_t id,
       const std::function<absl::Status(absl::string_view key, absl::string_view value)>& visit);
@@ -271,9 +273,8 @@ class CheckpointStore {
       uint64_t id, rocksdb::Iterator* records, uint64_t max_records,
       const std::function<absl::Status(absl::string_view, absl::string_view)>* visit);
   static absl::Status CheckTotals(uint64_t id, const ScanTotals& found, const Expected& expected);
-  absl::Status ReadImpl(uint64_t id,
-                        const std::function<absl::Status(absl::string_view,
-                                                         absl::string_view)>* visit);
+  absl::Status ReadImpl(
+      uint64_t id, const std::function<absl::Status(absl::string_view, absl::string_view)>* visit);
   absl::Status Error(const absl::Status& status) const;  // Prefixes the store's path.
 
   // Constant after construction.

@@ -55,10 +55,9 @@ MATCHER_P(IsOkAndHolds, value, "") {
 }
 
 #define ASSERT_OK(expr) ASSERT_EQ((expr), absl::OkStatus())
-#define ASSERT_OK_AND_ASSIGN(lhs, rexpr)            \
-  auto PS_TEST_CONCAT_(_or, __LINE__) = (rexpr);    \
-  ASSERT_TRUE(PS_TEST_CONCAT_(_or, __LINE__).ok())  \
-      << PS_TEST_CONCAT_(_or, __LINE__).status();   \
+#define ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                                       \
+  auto PS_TEST_CONCAT_(_or, __LINE__) = (rexpr);                                               \
+  ASSERT_TRUE(PS_TEST_CONCAT_(_or, __LINE__).ok()) << PS_TEST_CONCAT_(_or, __LINE__).status(); \
   lhs = std::move(PS_TEST_CONCAT_(_or, __LINE__)).value()
 #define PS_TEST_CONCAT_INNER_(a, b) a##b
 #define PS_TEST_CONCAT_(a, b) PS_TEST_CONCAT_INNER_(a, b)
@@ -145,7 +144,8 @@ class CheckpointStoreTest : public ::testing::Test {
       if (entry.path().extension() != ".sst") continue;
       std::ifstream in(entry.path(), std::ios::binary);
       std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (bytes.find(needle.data(), 0, needle.size()) != std::string::npos) found.push_back(entry.path());
+      if (bytes.find(needle.data(), 0, needle.size()) != std::string::npos)
+        found.push_back(entry.path());
     }
     return found;
   }
@@ -456,7 +456,8 @@ TEST_F(CheckpointStoreTest, FlippedByteInSstFileIsDataLoss) {
   absl::Status verify = store_->Verify(second.id);
   EXPECT_THAT(verify, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(std::string(verify.message()), HasSubstr(absl::StrCat("checkpoint ", second.id)));
-  EXPECT_THAT(std::string(verify.message()), HasSubstr("table/5"));  // The last good key before table/6.
+  EXPECT_THAT(std::string(verify.message()),
+              HasSubstr("table/5"));  // The last good key before table/6.
   int visited_after = 0;
   absl::Status read = store_->Read(second.id, [&](absl::string_view key, absl::string_view) {
     if (key >= "table/6") ++visited_after;
@@ -678,7 +679,7 @@ TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecovers) {
   ASSERT_OK_AND_ASSIGN(Records read_later, ReadAll(recovered.id));
   EXPECT_EQ(read_later, later);
   EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(20u));  // The failed one is gone.
-  store_.reset();  // Before `env`.
+  store_.reset();                                                 // Before `env`.
 }
 
 TEST_F(CheckpointStoreTest, ReadsDuringRetentionSeeWholeCheckpointsOrNone) {

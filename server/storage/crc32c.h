@@ -10,7 +10,8 @@
 
 namespace ps::server::storage::crc32c {
 
-// Returns the CRC-32C of `prefix + data` given `crc` == Value(prefix). Extend(0, data) == Value(data).
+// Returns the CRC-32C of `prefix + data` given `crc` == Value(prefix);
+// Extend(0, data) == Value(data).
 uint32_t Extend(uint32_t crc, absl::string_view data);
 
 // Returns the CRC-32C of `data`. Value("123456789") == 0xE3069283.

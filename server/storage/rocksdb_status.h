@@ -1,31 +1,34 @@
 // The one conversion from rocksdb::Status to absl::Status (see STYLE.md §3). Only
 // server/storage/ includes RocksDB, so this header is private to that package.
 //
-// Mapping (rocksdb code [subcode] -> absl code), and why:
-//   OK                                  -> OK
-//   NotFound                            -> NOT_FOUND
-//   Corruption                          -> DATA_LOSS          bytes on disk are wrong; retrying won't help
-//   InvalidArgument                     -> INVALID_ARGUMENT
-//   NotSupported                        -> UNIMPLEMENTED      e.g. a compression type not linked in
-//   IOError [NoSpace]                   -> RESOURCE_EXHAUSTED disk full; succeeds again once space is freed
-//   IOError [PathNotFound]              -> NOT_FOUND
-//   IOError, strerror "Permission denied", "Operation not permitted" or "Read-only file system"
-//                                       -> PERMISSION_DENIED  the operator must fix the path or mount
-//   IOError (anything else)             -> UNAVAILABLE        environmental (device error, NFS, a LOCK held
-//                                                             by another process, ENOTDIR...), not a bug in
-//                                                             this program; the same call may succeed once
-//                                                             the environment is fixed. INTERNAL is kept for
-//                                                             our own bugs.
-//   Aborted [MemoryLimit]               -> RESOURCE_EXHAUSTED
-//   Aborted                             -> ABORTED
+// Mapping (rocksdb code [subcode] -> absl code):
+//   OK                                    -> OK
+//   NotFound                              -> NOT_FOUND
+//   Corruption                            -> DATA_LOSS (bytes on disk are wrong; no retry helps)
+//   InvalidArgument                       -> INVALID_ARGUMENT
+//   NotSupported                          -> UNIMPLEMENTED (e.g. a compression type not built in)
+//   IOError [NoSpace]                     -> RESOURCE_EXHAUSTED (disk full; works once space is
+//                                            freed)
+//   IOError [PathNotFound]                -> NOT_FOUND
+//   IOError "Permission denied" (EACCES), "Operation not permitted" (EPERM),
+//           "Read-only file system" (EROFS)
+//                                         -> PERMISSION_DENIED (the operator must fix the path)
+//   IOError, anything else                -> UNAVAILABLE
+//   Aborted [MemoryLimit]                 -> RESOURCE_EXHAUSTED
+//   Aborted                               -> ABORTED
 //   Incomplete, Busy, TryAgain, ShutdownInProgress
-//                                       -> UNAVAILABLE        transient; retry later
-//   TimedOut, Expired                   -> DEADLINE_EXCEEDED
-//   CompactionTooLarge                  -> RESOURCE_EXHAUSTED
+//                                         -> UNAVAILABLE (transient; retry later)
+//   TimedOut, Expired                     -> DEADLINE_EXCEEDED
+//   CompactionTooLarge                    -> RESOURCE_EXHAUSTED
 //   MergeInProgress, ColumnFamilyDropped, unknown codes
-//                                       -> INTERNAL           we never ask for these; a bug if seen
-// RocksDB's posix Env turns ENOSPC into the NoSpace subcode and ENOENT into PathNotFound; other errno
-// values reach us only as strerror() text in the message, hence the text match for permission errors.
+//                                         -> INTERNAL (we use no merges and never write to a
+//                                            dropped column family; a bug if seen)
+// Why UNAVAILABLE and not INTERNAL for other I/O errors: they are environmental (device error,
+// NFS, a LOCK held by another process, a path component that is not a directory), not a bug in
+// this program, and the same call may succeed once the environment is fixed. INTERNAL stays
+// reserved for our own bugs (STYLE.md §3).
+// RocksDB's posix Env turns ENOSPC into the NoSpace subcode and ENOENT into PathNotFound; other
+// errno values reach us only as strerror() text in the message, hence the text match.
 #ifndef PS_SERVER_STORAGE_ROCKSDB_STATUS_H_
 #define PS_SERVER_STORAGE_ROCKSDB_STATUS_H_
 

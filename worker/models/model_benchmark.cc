@@ -9,9 +9,11 @@
 //                         an in-memory map (what a centralized step costs before pushing).
 //
 //   bazel run //worker/models:model_benchmark -- --benchmark_min_time=0.5
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -82,31 +84,39 @@ void BM_KernelsOnly(benchmark::State& state) {
   const int m = kBatch;
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
-  std::vector<std::vector<float>> w(layers), b(layers), dw(layers), db(layers), act(layers);
+  // Backend allocations (256-byte aligned), as the model's buffers are.
+  auto allocate = [&](int64_t n) {
+    absl::StatusOr<kernels::DeviceBuffer> buffer = be.AllocateFloats(n);
+    CHECK(buffer.ok()) << buffer.status();
+    std::fill_n(buffer->floats(), n, 0.f);
+    return *std::move(buffer);
+  };
+  std::vector<kernels::DeviceBuffer> w, b, dw, db, act;
   for (int i = 0; i < layers; ++i) {
-    w[i].resize(widths[i] * widths[i + 1]);
-    for (float& v : w[i]) v = uniform(rng);
-    b[i].assign(widths[i + 1], 0.f);
-    dw[i].resize(w[i].size());
-    db[i].resize(widths[i + 1]);
-    act[i].resize(m * widths[i + 1]);
+    const int64_t in = widths[i], out = widths[i + 1];
+    w.push_back(allocate(in * out));
+    for (int64_t j = 0; j < in * out; ++j) w[i].floats()[j] = uniform(rng);
+    b.push_back(allocate(out));
+    dw.push_back(allocate(in * out));
+    db.push_back(allocate(out));
+    act.push_back(allocate(m * out));
   }
-  std::vector<float> grad_a(m * 256), grad_b(m * 256);
+  kernels::DeviceBuffer grad_a = allocate(m * 256), grad_b = allocate(m * 256);
   const Batch batch = RandomBatch();
   for (auto _ : state) {
     const float* x = batch.dense.data();
     for (int i = 0; i < layers; ++i) {
       const int in = widths[i], out = widths[i + 1];
-      CheckOk(be.Gemm(false, false, m, out, in, 1.f, x, in, w[i].data(), out, 0.f,
-                      act[i].data(), out));
-      CheckOk(be.BiasAdd(m, out, b[i].data(), act[i].data()));
+      CheckOk(be.Gemm(false, false, m, out, in, 1.f, x, in, w[i].floats(), out, 0.f,
+                      act[i].floats(), out));
+      CheckOk(be.BiasAdd(m, out, b[i].floats(), act[i].floats()));
       if (i + 1 < layers) {
         CheckOk(be.ActivationForward(kernels::Activation::kRelu, int64_t{m} * out,
-                                     act[i].data(), act[i].data()));
+                                     act[i].floats(), act[i].floats()));
       }
-      x = act[i].data();
+      x = act[i].floats();
     }
-    float* logits = act[layers - 1].data();
+    float* logits = act[layers - 1].floats();
     auto loss = be.SoftmaxCrossEntropy(m, widths[layers], logits,
                                        batch.class_labels.data(), logits);
     CHECK(loss.ok());
@@ -114,13 +124,13 @@ void BM_KernelsOnly(benchmark::State& state) {
     float* dz = logits;
     for (int i = layers - 1; i >= 0; --i) {
       const int in = widths[i], out = widths[i + 1];
-      const float* input = i == 0 ? batch.dense.data() : act[i - 1].data();
-      CheckOk(be.Gemm(true, false, in, out, m, 1.f, input, in, dz, out, 0.f, dw[i].data(),
+      const float* input = i == 0 ? batch.dense.data() : act[i - 1].floats();
+      CheckOk(be.Gemm(true, false, in, out, m, 1.f, input, in, dz, out, 0.f, dw[i].floats(),
                       out));
-      CheckOk(be.BiasGrad(m, out, dz, db[i].data()));
+      CheckOk(be.BiasGrad(m, out, dz, db[i].floats()));
       if (i == 0) break;
-      float* d_input = i % 2 == 0 ? grad_a.data() : grad_b.data();
-      CheckOk(be.Gemm(false, true, m, in, out, 1.f, dz, out, w[i].data(), out, 0.f, d_input,
+      float* d_input = i % 2 == 0 ? grad_a.floats() : grad_b.floats();
+      CheckOk(be.Gemm(false, true, m, in, out, 1.f, dz, out, w[i].floats(), out, 0.f, d_input,
                       in));
       CheckOk(be.ActivationBackward(kernels::Activation::kRelu, int64_t{m} * in, input,
                                     d_input, d_input));

@@ -1,0 +1,55 @@
+// Rows of a benchmark report, printed as an aligned text table and as JSON lines.
+//
+// Units: MB = 2^20 bytes (the payload sizes 4 KB, 1 MB, 64 MB are powers of two as well);
+// latencies in milliseconds.
+#ifndef PS_TOOLS_BENCH_REPORT_H_
+#define PS_TOOLS_BENCH_REPORT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ps::tools {
+
+// One measurement. Plain data.
+struct BenchRow {
+  // "grpc" (GrpcParameterStore against ps_server) or "tcp" (the raw-socket baseline).
+  std::string mode;
+  // "push", "pull" (dense), "sparse_pull", "req_reply", "stream".
+  std::string op;
+  // Human-readable payload per call: "4KB", "64MB", "10k keys".
+  std::string payload;
+  // Payload bytes per call (parameter values only, no keys or framing).
+  uint64_t payload_bytes = 0;
+  // Sparse rows per call; 0 for dense and tcp rows.
+  uint64_t rows_per_call = 0;
+  int clients = 1;
+  int window = 1;
+  uint64_t calls = 0;
+  double seconds = 0;
+  double calls_per_second = 0;
+  // payload_bytes * calls_per_second, in MB/s.
+  double mb_per_second = 0;
+  // rows_per_call * calls_per_second; 0 for dense and tcp rows.
+  double rows_per_second = 0;
+  double p50_ms = 0;
+  double p99_ms = 0;
+  // mb_per_second / that of the raw-TCP request/reply with the same payload.
+  std::optional<double> vs_tcp;
+  // Client retries during the measurement (should be 0 on loopback).
+  uint64_t retries = 0;
+};
+
+// "4KB", "1MB", "64MB", "1.5MB", "100B".
+std::string FormatBytes(uint64_t bytes);
+
+// The rows as an aligned table with a header line.
+std::string FormatTable(const std::vector<BenchRow>& rows);
+
+// One JSON object (no trailing newline) with every field of `row`; vs_tcp is null when unset.
+std::string ToJsonLine(const BenchRow& row);
+
+}  // namespace ps::tools
+
+#endif  // PS_TOOLS_BENCH_REPORT_H_

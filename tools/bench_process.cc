@@ -79,6 +79,11 @@ std::string ChildProcess::ExitDescription() {
   return absl::StrCat("wait status ", s);
 }
 
+void ChildProcess::Signal(int sig) {
+  absl::MutexLock lock(&mu_);
+  if (RunningLocked()) kill(pid_, sig);
+}
+
 void ChildProcess::Stop(absl::Duration grace) {
   absl::MutexLock lock(&mu_);
   if (!RunningLocked()) return;

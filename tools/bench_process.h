@@ -41,6 +41,8 @@ class ChildProcess {
   // A readable description of how it exited ("exit code 1", "killed by signal 9"), or
   // "running".
   std::string ExitDescription();
+  // Sends `sig` if the child is still running.
+  void Signal(int sig);
   // SIGTERM; after `grace` without exiting, SIGKILL. Returns when the child is reaped.
   // Safe to call more than once and from several threads.
   void Stop(absl::Duration grace);

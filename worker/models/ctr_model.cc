@@ -72,8 +72,7 @@ uint64_t CtrModel::KeyOf(uint64_t feature_id) const {
 absl::Status CtrModel::CheckBatch(const Batch& batch) const {
   if (batch.size < 1 || batch.size > stack_->max_batch()) {
     return absl::InvalidArgumentError(absl::StrCat("CtrModel: batch of ", batch.size,
-                                                   " examples, want 1..",
-                                                   stack_->max_batch()));
+                                                   " examples, want 1..", stack_->max_batch()));
   }
   const size_t num_features = batch.feature_ids.size();
   if (num_features > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
@@ -87,19 +86,18 @@ absl::Status CtrModel::CheckBatch(const Batch& batch) const {
   }
   if (static_cast<int64_t>(batch.offsets.size()) != batch.size + 1 || batch.offsets[0] != 0 ||
       batch.offsets.back() != num_features) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CtrModel: offsets must have batch size + 1 = ", batch.size + 1,
-        " entries from 0 to the number of features ", num_features));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CtrModel: offsets must have batch size + 1 = ", batch.size + 1,
+                     " entries from 0 to the number of features ", num_features));
   }
   for (int64_t b = 0; b < batch.size; ++b) {
     if (batch.offsets[b + 1] < batch.offsets[b]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CtrModel: offsets decrease at example ", b));
+      return absl::InvalidArgumentError(absl::StrCat("CtrModel: offsets decrease at example ", b));
     }
   }
   if (static_cast<int64_t>(batch.binary_labels.size()) != batch.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CtrModel: ", batch.binary_labels.size(), " labels for ", batch.size, " examples"));
+    return absl::InvalidArgumentError(absl::StrCat("CtrModel: ", batch.binary_labels.size(),
+                                                   " labels for ", batch.size, " examples"));
   }
   for (size_t i = 0; i < batch.binary_labels.size(); ++i) {
     const float label = batch.binary_labels[i];
@@ -185,9 +183,8 @@ absl::StatusOr<StepResult> CtrModel::ForwardBackward(const Batch& batch) {
   has_gradients_ = false;
   ASSIGN_OR_RETURN(float* logits, Forward(batch));
   // The loss gradient replaces the logits in place; Backward consumes it from there.
-  ASSIGN_OR_RETURN(const float loss, backend_->SigmoidCrossEntropy(batch.size, logits,
-                                                                   device_labels_, logits,
-                                                                   nullptr));
+  ASSIGN_OR_RETURN(const float loss, backend_->SigmoidCrossEntropy(
+                                         batch.size, logits, device_labels_, logits, nullptr));
   RETURN_IF_ERROR(stack_->Backward(batch.size, pooled_.device(), logits, d_pooled_.device()));
   RETURN_IF_ERROR(d_pooled_.CopyToHost(batch.size * dim_));
   ScatterGradsOnHost(batch, d_pooled_.host());

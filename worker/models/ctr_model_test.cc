@@ -106,8 +106,7 @@ Batch DuplicatesBatch() {
                    {1.f, 0.f, 1.f, 0.f});
 }
 
-absl::StatusOr<StepResult> Step(Model& model, common::ParameterStore& store,
-                                const Batch& batch) {
+absl::StatusOr<StepResult> Step(Model& model, common::ParameterStore& store, const Batch& batch) {
   common::PullBatch pull;
   RETURN_IF_ERROR(model.PreparePull(batch, &pull));
   RETURN_IF_ERROR(store.Pull(pull, {}));
@@ -324,8 +323,7 @@ TEST_P(CtrModelTest, RejectsLabelsOutsideZeroOne) {
 
 TEST_P(CtrModelTest, RejectsBatchLargerThanMaxBatchOrEmpty) {
   for (int64_t size : {kMaxBatch + 1, int64_t{0}}) {
-    std::vector<std::pair<std::vector<uint64_t>, std::vector<float>>> examples(
-        size, {{1}, {1.f}});
+    std::vector<std::pair<std::vector<uint64_t>, std::vector<float>>> examples(size, {{1}, {1.f}});
     const Batch batch = MakeBatch(examples, std::vector<float>(size, 1.f));
     common::PullBatch pull;
     EXPECT_THAT(model_->PreparePull(batch, &pull), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -335,10 +333,10 @@ TEST_P(CtrModelTest, RejectsBatchLargerThanMaxBatchOrEmpty) {
 
 TEST_P(CtrModelTest, RejectsInconsistentCsr) {
   std::vector<Batch> bad(4, DuplicatesBatch());
-  bad[0].offsets.pop_back();             // size + 1 entries wanted
-  bad[1].offsets[2] = 1;                 // decreasing
-  bad[2].offsets.back() -= 1;            // does not cover every feature
-  bad[3].feature_values.pop_back();      // values and ids differ in length
+  bad[0].offsets.pop_back();         // size + 1 entries wanted
+  bad[1].offsets[2] = 1;             // decreasing
+  bad[2].offsets.back() -= 1;        // does not cover every feature
+  bad[3].feature_values.pop_back();  // values and ids differ in length
   for (const Batch& batch : bad) {
     common::PullBatch pull;
     EXPECT_THAT(model_->PreparePull(batch, &pull), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -358,15 +356,15 @@ TEST_P(CtrModelTest, ForwardBackwardOfAnotherBatchThanPreparedFails) {
   EXPECT_THAT(model_->PreparePush(&push), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Devices, CtrModelTest,
-    testing::Combine(testing::Values("cpu", "cuda"),
-                     testing::Values(ps::CtrConfig::SUM, ps::CtrConfig::MEAN),
-                     testing::Values(uint64_t{0}, uint64_t{3})),
-    [](const testing::TestParamInfo<Param>& info) {
-      return std::get<0>(info.param) + "_" + ps::CtrConfig::Combiner_Name(std::get<1>(info.param)) +
-             "_buckets" + std::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Devices, CtrModelTest,
+                         testing::Combine(testing::Values("cpu", "cuda"),
+                                          testing::Values(ps::CtrConfig::SUM, ps::CtrConfig::MEAN),
+                                          testing::Values(uint64_t{0}, uint64_t{3})),
+                         [](const testing::TestParamInfo<Param>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  ps::CtrConfig::Combiner_Name(std::get<1>(info.param)) +
+                                  "_buckets" + std::to_string(std::get<2>(info.param));
+                         });
 
 // Renaming the second use of a key to a fresh key with the same row leaves the loss
 // unchanged, so the deduplicated gradient must be the sum of the two renamed gradients.
@@ -376,10 +374,10 @@ TEST(CtrModelDedup, GradientOfARepeatedKeyIsTheSumOverItsUses) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<CtrModel> model,
                        CtrModel::Create(config, backend.get(), kMaxBatch));
   // Key 10 twice in example 0 and once in example 1; the renamed batch uses 20 and 30.
-  const Batch shared = MakeBatch({{{10, 11, 10}, {1.f, 1.f, 0.5f}}, {{12, 10}, {1.f, 2.f}}},
-                                 {1.f, 0.f});
-  const Batch renamed = MakeBatch({{{10, 11, 20}, {1.f, 1.f, 0.5f}}, {{12, 30}, {1.f, 2.f}}},
-                                  {1.f, 0.f});
+  const Batch shared =
+      MakeBatch({{{10, 11, 10}, {1.f, 1.f, 0.5f}}, {{12, 10}, {1.f, 2.f}}}, {1.f, 0.f});
+  const Batch renamed =
+      MakeBatch({{{10, 11, 20}, {1.f, 1.f, 0.5f}}, {{12, 30}, {1.f, 2.f}}}, {1.f, 0.f});
   std::unique_ptr<FakeParameterStore> store = MakeStore(config, /*large_init=*/true);
   const float* row10 = store->MutableRowForTest(kEmbedding, 10);
   std::copy_n(row10, 3, store->MutableRowForTest(kEmbedding, 20));

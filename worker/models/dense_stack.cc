@@ -37,15 +37,13 @@ absl::Status CheckOptions(const DenseStackOptions& options) {
     }
   }
   if (options.weight_tables.size() != layers || options.bias_tables.size() != layers) {
-    return absl::InvalidArgumentError(absl::StrCat("DenseStack: need ", layers,
-                                                   " weight and bias table names, got ",
-                                                   options.weight_tables.size(), " and ",
-                                                   options.bias_tables.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DenseStack: need ", layers, " weight and bias table names, got ",
+                     options.weight_tables.size(), " and ", options.bias_tables.size()));
   }
   for (size_t i = 0; i < layers; ++i) {
     if (options.weight_tables[i].empty() || options.bias_tables[i].empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DenseStack: empty table name for layer ", i));
+      return absl::InvalidArgumentError(absl::StrCat("DenseStack: empty table name for layer ", i));
     }
   }
   if (options.max_batch < 1 || options.max_batch > std::numeric_limits<int32_t>::max()) {
@@ -102,8 +100,8 @@ void DenseStack::AddPulls(common::PullBatch* pull) {
         {options_.weight_tables[i],
          absl::MakeSpan(params_.host() + layer.weight_offset, int64_t{layer.in} * layer.out)});
     pull->dense.push_back(
-        {options_.bias_tables[i], absl::MakeSpan(params_.host() + layer.bias_offset,
-                                                 static_cast<size_t>(layer.out))});
+        {options_.bias_tables[i],
+         absl::MakeSpan(params_.host() + layer.bias_offset, static_cast<size_t>(layer.out))});
   }
   params_on_device_ = false;
 }
@@ -111,12 +109,12 @@ void DenseStack::AddPulls(common::PullBatch* pull) {
 void DenseStack::AddPushes(common::PushBatch* push) const {
   for (int i = 0; i < num_layers(); ++i) {
     const Layer& layer = layers_[i];
-    push->dense.push_back({options_.weight_tables[i],
-                           absl::MakeConstSpan(grads_.host() + layer.weight_offset,
-                                               int64_t{layer.in} * layer.out)});
     push->dense.push_back(
-        {options_.bias_tables[i], absl::MakeConstSpan(grads_.host() + layer.bias_offset,
-                                                      static_cast<size_t>(layer.out))});
+        {options_.weight_tables[i],
+         absl::MakeConstSpan(grads_.host() + layer.weight_offset, int64_t{layer.in} * layer.out)});
+    push->dense.push_back(
+        {options_.bias_tables[i],
+         absl::MakeConstSpan(grads_.host() + layer.bias_offset, static_cast<size_t>(layer.out))});
   }
 }
 
@@ -168,20 +166,19 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
     const float* input = i == 0 ? x : layers_[i - 1].output.floats();
     float* dw = grads_.device() + layer.weight_offset;
     // dW = input^T * dz  ([in, rows] x [rows, out]).
-    RETURN_IF_ERROR(backend_->Gemm(true, false, layer.in, layer.out, m, 1.f, input, layer.in,
-                                   dz, layer.out, 0.f, dw, layer.out));
-    RETURN_IF_ERROR(
-        backend_->BiasGrad(rows, layer.out, dz, grads_.device() + layer.bias_offset));
+    RETURN_IF_ERROR(backend_->Gemm(true, false, layer.in, layer.out, m, 1.f, input, layer.in, dz,
+                                   layer.out, 0.f, dw, layer.out));
+    RETURN_IF_ERROR(backend_->BiasGrad(rows, layer.out, dz, grads_.device() + layer.bias_offset));
     float* d_input = InputGradBuffer(i, dx);
     if (d_input == nullptr) break;  // Layer 0 and no dx wanted.
     // d_input = dz * W^T  ([rows, out] x [out, in]).
     RETURN_IF_ERROR(backend_->Gemm(false, true, m, layer.in, layer.out, 1.f, dz, layer.out,
-                                   params_.device() + layer.weight_offset, layer.out, 0.f,
-                                   d_input, layer.in));
+                                   params_.device() + layer.weight_offset, layer.out, 0.f, d_input,
+                                   layer.in));
     if (i > 0) {
       // Through the previous layer's activation, from its output (kept in Forward).
-      RETURN_IF_ERROR(backend_->ActivationBackward(options_.hidden_activation,
-                                                   rows * layer.in, input, d_input, d_input));
+      RETURN_IF_ERROR(backend_->ActivationBackward(options_.hidden_activation, rows * layer.in,
+                                                   input, d_input, d_input));
     }
     dz = d_input;
   }

@@ -81,9 +81,8 @@ absl::Status FakeParameterStore::CheckPull(const common::PullBatch& batch) const
       return absl::NotFoundError(absl::StrCat("no dense table ", pull.table));
     }
     if (pull.out.size() != it->second.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(pull.table, ": buffer of ",
-                                                     pull.out.size(), " floats, table has ",
-                                                     it->second.size()));
+      return absl::InvalidArgumentError(absl::StrCat(pull.table, ": buffer of ", pull.out.size(),
+                                                     " floats, table has ", it->second.size()));
     }
   }
   for (const common::SparsePull& pull : batch.sparse) {
@@ -92,9 +91,8 @@ absl::Status FakeParameterStore::CheckPull(const common::PullBatch& batch) const
       return absl::NotFoundError(absl::StrCat("no sparse table ", pull.table));
     }
     if (pull.out.size() != pull.keys.size() * it->second.dim) {
-      return absl::InvalidArgumentError(absl::StrCat(pull.table, ": buffer of ",
-                                                     pull.out.size(), " floats for ",
-                                                     pull.keys.size(), " keys"));
+      return absl::InvalidArgumentError(absl::StrCat(pull.table, ": buffer of ", pull.out.size(),
+                                                     " floats for ", pull.keys.size(), " keys"));
     }
   }
   return absl::OkStatus();
@@ -127,8 +125,7 @@ absl::Status FakeParameterStore::CheckPush(const common::PushBatch& batch) const
     }
     if (push.values.size() != it->second.size()) {
       return absl::InvalidArgumentError(absl::StrCat(push.table, ": ", push.values.size(),
-                                                     " gradients, table has ",
-                                                     it->second.size()));
+                                                     " gradients, table has ", it->second.size()));
     }
   }
   for (const common::SparsePush& push : batch.sparse) {
@@ -138,8 +135,7 @@ absl::Status FakeParameterStore::CheckPush(const common::PushBatch& batch) const
     }
     if (push.values.size() != push.keys.size() * it->second.dim) {
       return absl::InvalidArgumentError(absl::StrCat(push.table, ": ", push.values.size(),
-                                                     " gradients for ", push.keys.size(),
-                                                     " keys"));
+                                                     " gradients for ", push.keys.size(), " keys"));
     }
   }
   return absl::OkStatus();

@@ -61,13 +61,11 @@ MlpModel::MlpModel(kernels::Backend* backend, std::unique_ptr<DenseStack> stack)
 absl::Status MlpModel::CheckBatch(const Batch& batch) const {
   if (batch.size < 1 || batch.size > stack_->max_batch()) {
     return absl::InvalidArgumentError(absl::StrCat("MlpModel: batch of ", batch.size,
-                                                   " examples, want 1..",
-                                                   stack_->max_batch()));
+                                                   " examples, want 1..", stack_->max_batch()));
   }
   if (batch.feature_dim != stack_->input_dim()) {
-    return absl::InvalidArgumentError(absl::StrCat("MlpModel: batch feature_dim ",
-                                                   batch.feature_dim, " != input_dim ",
-                                                   stack_->input_dim()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlpModel: batch feature_dim ", batch.feature_dim, " != input_dim ", stack_->input_dim()));
   }
   if (static_cast<int64_t>(batch.dense.size()) != batch.size * batch.feature_dim) {
     return absl::InvalidArgumentError(absl::StrCat("MlpModel: ", batch.dense.size(),
@@ -75,15 +73,15 @@ absl::Status MlpModel::CheckBatch(const Batch& batch) const {
                                                    batch.feature_dim));
   }
   if (static_cast<int64_t>(batch.class_labels.size()) != batch.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MlpModel: ", batch.class_labels.size(), " labels for ", batch.size, " examples"));
+    return absl::InvalidArgumentError(absl::StrCat("MlpModel: ", batch.class_labels.size(),
+                                                   " labels for ", batch.size, " examples"));
   }
   const int64_t classes = stack_->output_dim();
   for (size_t i = 0; i < batch.class_labels.size(); ++i) {
     const int32_t label = batch.class_labels[i];
     if (label < 0 || label >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat("MlpModel: label ", label, " of example ",
-                                                     i, " is outside [0, ", classes, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("MlpModel: label ", label, " of example ", i,
+                                                     " is outside [0, ", classes, ")"));
     }
   }
   return absl::OkStatus();
@@ -106,9 +104,8 @@ absl::StatusOr<StepResult> MlpModel::ForwardBackward(const Batch& batch) {
   has_gradients_ = false;
   ASSIGN_OR_RETURN(float* logits, Forward(batch));
   // The loss gradient replaces the logits in place; Backward consumes it from there.
-  ASSIGN_OR_RETURN(const float loss,
-                   backend_->SoftmaxCrossEntropy(
-                       batch.size, stack_->output_dim(), logits, device_labels_, logits));
+  ASSIGN_OR_RETURN(const float loss, backend_->SoftmaxCrossEntropy(batch.size, stack_->output_dim(),
+                                                                   logits, device_labels_, logits));
   RETURN_IF_ERROR(stack_->Backward(batch.size, device_features_, logits, nullptr));
   has_gradients_ = true;
   return StepResult{loss};
@@ -124,9 +121,9 @@ absl::Status MlpModel::PreparePush(common::PushBatch* push) {
 
 absl::Status MlpModel::Evaluate(const Batch& batch, EvalAccumulator* acc) {
   ASSIGN_OR_RETURN(float* logits, Forward(batch));
-  ASSIGN_OR_RETURN(const kernels::SoftmaxEvalResult result,
-                   backend_->SoftmaxEval(
-                       batch.size, stack_->output_dim(), logits, device_labels_, nullptr));
+  ASSIGN_OR_RETURN(
+      const kernels::SoftmaxEvalResult result,
+      backend_->SoftmaxEval(batch.size, stack_->output_dim(), logits, device_labels_, nullptr));
   acc->examples += batch.size;
   acc->loss_sum += static_cast<double>(result.mean_loss) * batch.size;
   acc->correct += result.num_correct;

@@ -82,8 +82,7 @@ Batch RandomBatch(int64_t size, int64_t dim, int32_t classes, uint32_t seed) {
 }
 
 // PreparePull, Pull, ForwardBackward, PreparePush, Push.
-absl::StatusOr<StepResult> Step(Model& model, common::ParameterStore& store,
-                                const Batch& batch) {
+absl::StatusOr<StepResult> Step(Model& model, common::ParameterStore& store, const Batch& batch) {
   common::PullBatch pull;
   RETURN_IF_ERROR(model.PreparePull(batch, &pull));
   RETURN_IF_ERROR(store.Pull(pull, {}));
@@ -116,8 +115,8 @@ double Activate(ps::MlpConfig::Activation activation, double x) {
 
 // The model's definition, in double precision on the host: mean softmax cross-entropy,
 // and the number of examples whose argmax is the label.
-double ReferenceLoss(const ps::MlpConfig& config, FakeParameterStore& store,
-                     const Batch& batch, int64_t* correct) {
+double ReferenceLoss(const ps::MlpConfig& config, FakeParameterStore& store, const Batch& batch,
+                     int64_t* correct) {
   const std::vector<uint32_t> widths = common::MlpLayerWidths(config);
   double loss_sum = 0;
   *correct = 0;
@@ -167,7 +166,7 @@ TEST_P(MlpModelTest, PullsEveryTableWithItsShape) {
   ASSERT_OK(model_->PreparePull(batch, &pull));
   auto dense = [](const std::string& table, size_t size) {
     return testing::AllOf(Field(&common::DensePull::table, table),
-                 Field(&common::DensePull::out, testing::SizeIs(size)));
+                          Field(&common::DensePull::out, testing::SizeIs(size)));
   };
   EXPECT_THAT(pull.dense, ElementsAre(dense("mlp/l0.w", 20), dense("mlp/l0.b", 4),
                                       dense("mlp/l1.w", 12), dense("mlp/l1.b", 3)));
@@ -290,15 +289,14 @@ TEST_P(MlpModelTest, PreparePushBeforeForwardBackwardFails) {
   EXPECT_THAT(model_->PreparePush(&push), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Devices, MlpModelTest,
-    testing::Combine(testing::Values("cpu", "cuda"),
-                     testing::Values(ps::MlpConfig::RELU, ps::MlpConfig::TANH,
-                                     ps::MlpConfig::SIGMOID)),
-    [](const testing::TestParamInfo<MlpModelTest::ParamType>& info) {
-      return std::get<0>(info.param) + "_" +
-             ps::MlpConfig::Activation_Name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Devices, MlpModelTest,
+                         testing::Combine(testing::Values("cpu", "cuda"),
+                                          testing::Values(ps::MlpConfig::RELU, ps::MlpConfig::TANH,
+                                                          ps::MlpConfig::SIGMOID)),
+                         [](const testing::TestParamInfo<MlpModelTest::ParamType>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  ps::MlpConfig::Activation_Name(std::get<1>(info.param));
+                         });
 
 TEST(MlpModelCreate, RejectsBadArguments) {
   std::unique_ptr<kernels::Backend> backend = MakeBackend("cpu");

@@ -111,29 +111,27 @@ void BM_KernelsOnly(benchmark::State& state) {
                       act[i].floats(), out));
       CheckOk(be.BiasAdd(m, out, b[i].floats(), act[i].floats()));
       if (i + 1 < layers) {
-        CheckOk(be.ActivationForward(kernels::Activation::kRelu, int64_t{m} * out,
-                                     act[i].floats(), act[i].floats()));
+        CheckOk(be.ActivationForward(kernels::Activation::kRelu, int64_t{m} * out, act[i].floats(),
+                                     act[i].floats()));
       }
       x = act[i].floats();
     }
     float* logits = act[layers - 1].floats();
-    auto loss = be.SoftmaxCrossEntropy(m, widths[layers], logits,
-                                       batch.class_labels.data(), logits);
+    auto loss =
+        be.SoftmaxCrossEntropy(m, widths[layers], logits, batch.class_labels.data(), logits);
     CHECK(loss.ok());
     benchmark::DoNotOptimize(*loss);
     float* dz = logits;
     for (int i = layers - 1; i >= 0; --i) {
       const int in = widths[i], out = widths[i + 1];
       const float* input = i == 0 ? batch.dense.data() : act[i - 1].floats();
-      CheckOk(be.Gemm(true, false, in, out, m, 1.f, input, in, dz, out, 0.f, dw[i].floats(),
-                      out));
+      CheckOk(be.Gemm(true, false, in, out, m, 1.f, input, in, dz, out, 0.f, dw[i].floats(), out));
       CheckOk(be.BiasGrad(m, out, dz, db[i].floats()));
       if (i == 0) break;
       float* d_input = i % 2 == 0 ? grad_a.floats() : grad_b.floats();
-      CheckOk(be.Gemm(false, true, m, in, out, 1.f, dz, out, w[i].floats(), out, 0.f, d_input,
-                      in));
-      CheckOk(be.ActivationBackward(kernels::Activation::kRelu, int64_t{m} * in, input,
-                                    d_input, d_input));
+      CheckOk(be.Gemm(false, true, m, in, out, 1.f, dz, out, w[i].floats(), out, 0.f, d_input, in));
+      CheckOk(be.ActivationBackward(kernels::Activation::kRelu, int64_t{m} * in, input, d_input,
+                                    d_input));
       dz = d_input;
     }
     benchmark::ClobberMemory();
@@ -171,9 +169,7 @@ void ModelStep(benchmark::State& state, bool pull_from_store) {
 void BM_ModelStep(benchmark::State& state) { ModelStep(state, /*pull_from_store=*/false); }
 BENCHMARK(BM_ModelStep)->Unit(benchmark::kMicrosecond);
 
-void BM_ModelStepWithPull(benchmark::State& state) {
-  ModelStep(state, /*pull_from_store=*/true);
-}
+void BM_ModelStepWithPull(benchmark::State& state) { ModelStep(state, /*pull_from_store=*/true); }
 BENCHMARK(BM_ModelStepWithPull)->Unit(benchmark::kMicrosecond);
 
 }  // namespace

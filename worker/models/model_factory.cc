@@ -16,19 +16,16 @@
 namespace ps::worker {
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ps::JobConfig& config,
-                                                   kernels::Backend* backend,
-                                                   int64_t max_batch) {
+                                                   kernels::Backend* backend, int64_t max_batch) {
   switch (config.model().model_case()) {
     case ps::ModelConfig::kMlp: {
       ASSIGN_OR_RETURN(std::unique_ptr<MlpModel> model,
-                       MlpModel::Create(config.model().mlp(), backend, max_batch),
-                       "model.mlp");
+                       MlpModel::Create(config.model().mlp(), backend, max_batch), "model.mlp");
       return std::unique_ptr<Model>(std::move(model));
     }
     case ps::ModelConfig::kCtr: {
       ASSIGN_OR_RETURN(std::unique_ptr<CtrModel> model,
-                       CtrModel::Create(config.model().ctr(), backend, max_batch),
-                       "model.ctr");
+                       CtrModel::Create(config.model().ctr(), backend, max_batch), "model.ctr");
       return std::unique_ptr<Model>(std::move(model));
     }
     case ps::ModelConfig::MODEL_NOT_SET:

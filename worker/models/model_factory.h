@@ -19,8 +19,7 @@ namespace ps::worker {
 // Errors: INVALID_ARGUMENT when no model is set, and those of MlpModel::Create and
 // CtrModel::Create (prefixed "model.mlp" / "model.ctr").
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ps::JobConfig& config,
-                                                   kernels::Backend* backend,
-                                                   int64_t max_batch);
+                                                   kernels::Backend* backend, int64_t max_batch);
 
 }  // namespace ps::worker
 

@@ -110,6 +110,19 @@ absl::Status LocalCluster::CheckRunning() {
   return absl::FailedPreconditionError(absl::StrJoin(problems, "\n"));
 }
 
+absl::Status LocalCluster::CheckExitedCleanly() {
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    const std::string how = servers_[i]->ExitDescription();
+    if (how == "exit code 0") continue;
+    problems.push_back(absl::StrCat("ps_server ", i, " (pid ", servers_[i]->pid(), ") ", how,
+                                    "; ", servers_[i]->log_path(), " ends with:\n",
+                                    Indent(servers_[i]->LogTail(options_.log_tail_lines))));
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrJoin(problems, "\n"));
+}
+
 void LocalCluster::Stop() {
   // SIGTERM to all first, so that they shut down in parallel; Stop() then waits for each and
   // SIGKILLs what is left after the grace period.

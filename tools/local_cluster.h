@@ -52,6 +52,9 @@ class LocalCluster {
   // OK while every server runs; else FAILED_PRECONDITION naming each server that ended, how,
   // and its log tail.
   absl::Status CheckRunning();
+  // After Stop(): OK if every server exited with code 0; else FAILED_PRECONDITION naming
+  // each that did not, how it ended, and its log tail.
+  absl::Status CheckExitedCleanly();
   // Stops every server (in parallel). Idempotent.
   void Stop();
 

@@ -114,7 +114,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   double loss = 0;
   for (uint32_t epoch = options_.start_epoch; epoch < options_.epochs && !stop; ++epoch) {
     if (epoch == options_.start_epoch && options_.start_offset > 0) {
-      it.Seek(epoch, options_.start_offset);
+      RETURN_IF_ERROR(it.Seek(epoch, options_.start_offset));
     } else {
       it.StartEpoch(epoch);
     }

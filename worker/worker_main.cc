@@ -49,7 +49,9 @@ ABSL_FLAG(std::string, log_path, "", "JSON-lines log; overrides training.log_pat
 ABSL_FLAG(std::string, eval, "auto",
           "Evaluate on the test set: always, never, or auto (worker 0 and centralized only).");
 ABSL_FLAG(double, wait_for_servers_s, 120, "How long to wait for the servers at start.");
-ABSL_FLAG(int32_t, threads, 0, "CPU BLAS threads (0 = the library's default).");
+ABSL_FLAG(int32_t, threads, 1,
+          "CPU BLAS threads per worker (0 = the library's default: all cores). Small batches run "
+          "fastest on one.");
 
 namespace ps::worker {
 namespace {

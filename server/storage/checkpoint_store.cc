@@ -604,7 +604,7 @@ absl::Status CheckpointStore::DropCheckpoints(std::vector<uint64_t> ids) {
   RETURN_IF_ERROR(CheckFreeSpace(absl::StrCat("drop checkpoints ", absl::StrJoin(ids, ", "))));
   for (uint64_t id : ids) {
     auto it = cfs_.find(id);
-    if (it == cfs_.end()) continue;
+    if (it == cfs_.end() || in_doubt_.count(id) > 0) continue;
     // Durable in the MANIFEST. Files go once no reader holds the handle any more.
     RETURN_IF_ERROR(Error(FromRocksDbStatus(db_->DropColumnFamily(it->second.get()),
                                             absl::StrCat("drop checkpoint ", id))));
@@ -721,9 +721,15 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
   record.hash = expected.hash;
   rocksdb::WriteOptions write_options;
   write_options.sync = options_.sync;
-  RETURN_IF_ERROR(FromRocksDbStatus(
-      db_->Put(write_options, meta_cf_.get(), CommitKey(id), EncodeCommitRecord(record)),
-      "write commit record"));
+  rocksdb::Status written =
+      db_->Put(write_options, meta_cf_.get(), CommitKey(id), EncodeCommitRecord(record));
+  if (!written.ok()) {
+    // E.g. the log append succeeded but its fsync failed: the record is not visible now, yet
+    // recovery at the next Open() may replay it, and then it must find its records.
+    absl::MutexLock lock(&mu_);
+    in_doubt_.insert(id);
+    return FromRocksDbStatus(written, "write commit record");
+  }
 
   // The checkpoint is complete; failing to delete old ones must not make the caller believe it
   // is not. The next commit (or Open) retries, since retention deletes everything beyond `keep`.

@@ -45,6 +45,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -138,7 +139,10 @@ class CheckpointWriter {
   // this call, because the checkpoint is already complete).
   // Errors (the checkpoint is aborted on each): FAILED_PRECONDITION (not OPEN),
   // INVALID_ARGUMENT (metadata over 64 MiB; a key was Put twice), DATA_LOSS (read-back failed),
-  // RESOURCE_EXHAUSTED / PERMISSION_DENIED / UNAVAILABLE (I/O).
+  // RESOURCE_EXHAUSTED / PERMISSION_DENIED / UNAVAILABLE (I/O). If writing the commit record
+  // itself fails, the checkpoint is invisible now but RocksDB may still recover the record from
+  // its log when the store is next opened; its records are kept until then, and Open() finds
+  // it either complete and valid or incomplete and deletes it.
   [[nodiscard]] absl::StatusOr<CheckpointInfo> Commit(absl::string_view metadata);
 
   // Discards the checkpoint: deletes its records (best effort; anything left is deleted by the
@@ -293,6 +297,9 @@ class CheckpointStore {
   // One column family per checkpoint that has records on disk, complete or not. Readers and the
   // writer hold a reference, so a dropped column family stays readable until they finish.
   CfMap cfs_ ABSL_GUARDED_BY(mu_);
+  // Checkpoints whose commit-record write failed: RocksDB may still replay that record from its
+  // log at the next Open(), so their records are kept until then.
+  std::set<uint64_t> in_doubt_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps::server::storage

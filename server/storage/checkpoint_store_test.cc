@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
@@ -598,18 +599,19 @@ TEST_F(CheckpointStoreTest, OtherFormatVersionIsFailedPrecondition) {
   EXPECT_THAT(std::string(store.status().message()), HasSubstr("format 2"));
 }
 
-// Fails every write with ENOSPC while `full` is set.
-class FullDiskFileSystem : public rocksdb::FileSystemWrapper {
+// Fails writes with ENOSPC while `full` is set, and log fsyncs while `fail_log_sync` is.
+class FaultyFileSystem : public rocksdb::FileSystemWrapper {
  public:
-  explicit FullDiskFileSystem(std::shared_ptr<rocksdb::FileSystem> target)
+  explicit FaultyFileSystem(std::shared_ptr<rocksdb::FileSystem> target)
       : FileSystemWrapper(std::move(target)) {}
-  const char* Name() const override { return "FullDiskFileSystem"; }
+  const char* Name() const override { return "FaultyFileSystem"; }
 
   rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
                                     std::unique_ptr<rocksdb::FSWritableFile>* result,
                                     rocksdb::IODebugContext* dbg) override {
     rocksdb::IOStatus s = target()->NewWritableFile(name, options, result, dbg);
-    if (s.ok()) *result = std::make_unique<File>(std::move(*result), this);
+    const bool is_log = absl::EndsWith(name, ".log");
+    if (s.ok()) *result = std::make_unique<File>(std::move(*result), this, is_log);
     return s;
   }
 
@@ -624,12 +626,23 @@ class FullDiskFileSystem : public rocksdb::FileSystemWrapper {
   }
 
   std::atomic<bool> full{false};
+  std::atomic<bool> fail_log_sync{false};  // fsync of write-ahead log files fails.
 
  private:
   class File : public rocksdb::FSWritableFileOwnerWrapper {
    public:
-    File(std::unique_ptr<rocksdb::FSWritableFile> target, FullDiskFileSystem* fs)
-        : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs) {}
+    File(std::unique_ptr<rocksdb::FSWritableFile> target, FaultyFileSystem* fs, bool is_log)
+        : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs), is_log_(is_log) {}
+    rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
+                           rocksdb::IODebugContext* dbg) override {
+      if (is_log_ && fs_->fail_log_sync) return rocksdb::IOStatus::IOError("sync", "EIO");
+      return FSWritableFileOwnerWrapper::Sync(options, dbg);
+    }
+    rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
+                            rocksdb::IODebugContext* dbg) override {
+      if (is_log_ && fs_->fail_log_sync) return rocksdb::IOStatus::IOError("fsync", "EIO");
+      return FSWritableFileOwnerWrapper::Fsync(options, dbg);
+    }
     rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                              rocksdb::IODebugContext* dbg) override {
       if (fs_->full) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
@@ -643,12 +656,13 @@ class FullDiskFileSystem : public rocksdb::FileSystemWrapper {
     }
 
    private:
-    FullDiskFileSystem* fs_;
+    FaultyFileSystem* fs_;
+    bool is_log_;
   };
 };
 
 TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecovers) {
-  auto full_disk = std::make_shared<FullDiskFileSystem>(rocksdb::FileSystem::Default());
+  auto full_disk = std::make_shared<FaultyFileSystem>(rocksdb::FileSystem::Default());
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(full_disk);
   ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
   const Records good = MakeRecords(1, 10, 10 << 10);
@@ -680,6 +694,31 @@ TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecovers) {
   EXPECT_EQ(read_later, later);
   EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(20u));  // The failed one is gone.
   store_.reset();                                                 // Before `env`.
+}
+
+TEST_F(CheckpointStoreTest, FailedCommitRecordSyncNeverLeavesCommitWithoutRecords) {
+  auto faulty = std::make_shared<FaultyFileSystem>(rocksdb::FileSystem::Default());
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(faulty);
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  ASSERT_OK(WriteCheckpoint(MakeRecords(1, 5, 1000)).status());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointWriter> writer, store_->BeginCheckpoint());
+  for (const auto& [key, value] : MakeRecords(2, 5, 1000)) ASSERT_OK(writer->Put(key, value));
+  faulty->fail_log_sync = true;
+  // The commit record reaches the log but its fsync fails: RocksDB reports the error, yet may
+  // replay the record at the next open.
+  EXPECT_FALSE(writer->Commit("second").ok());
+  writer.reset();
+  faulty->fail_log_sync = false;
+  store_.reset();
+
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointInfo> all, store_->List());
+  ASSERT_FALSE(all.empty());
+  for (const CheckpointInfo& info : all) {
+    EXPECT_EQ(store_->Verify(info.id), absl::OkStatus()) << "checkpoint " << info.id;
+  }
+  ASSERT_OK(WriteCheckpoint(MakeRecords(3, 5, 1000)).status());
+  store_.reset();  // Before `env`.
 }
 
 TEST_F(CheckpointStoreTest, ReadsDuringRetentionSeeWholeCheckpointsOrNone) {

@@ -137,8 +137,7 @@ absl::StatusOr<bool> FileReader::ReadLine(std::string* line) {
     const char* begin = buffer_.data() + buffer_pos_;
     const size_t available = buffer_.size() - buffer_pos_;
     const void* newline = std::memchr(begin, '\n', available);
-    const size_t len =
-        newline == nullptr ? available : static_cast<const char*>(newline) - begin;
+    const size_t len = newline == nullptr ? available : static_cast<const char*>(newline) - begin;
     line->append(begin, len);
     const size_t consumed = newline == nullptr ? len : len + 1;
     buffer_pos_ += consumed;

@@ -29,8 +29,8 @@ std::string ReadAllLines(FileReader& reader, int* lines) {
 }
 
 TEST(FileReader, ReadsLinesOfPlainFile) {
-  const std::string path = test_files::WriteFile(test_files::TempPath("plain.txt"),
-                                                 "a b\r\n\nlast without newline");
+  const std::string path =
+      test_files::WriteFile(test_files::TempPath("plain.txt"), "a b\r\n\nlast without newline");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
   EXPECT_FALSE(reader->compressed());
   int lines = 0;
@@ -68,8 +68,8 @@ TEST(FileReader, ReadServesReadAheadFirst) {
 
 TEST(FileReader, ReadsLinesLongerThanItsBuffer) {
   const std::string long_line(700 << 10, 'x');
-  const std::string path = test_files::WriteGzipFile(test_files::TempPath("long.gz"),
-                                                     long_line + "\nshort\n");
+  const std::string path =
+      test_files::WriteGzipFile(test_files::TempPath("long.gz"), long_line + "\nshort\n");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
   std::string line;
   ASSERT_OK_AND_ASSIGN(bool more, reader->ReadLine(&line));
@@ -93,8 +93,8 @@ TEST(FileReader, TruncatedGzipIsDataLoss) {
   std::string data(100000, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) % 251);
   const std::string gz = test_files::Gzip(data);
-  const std::string path = test_files::WriteFile(test_files::TempPath("truncated.gz"),
-                                                 gz.substr(0, gz.size() / 2));
+  const std::string path =
+      test_files::WriteFile(test_files::TempPath("truncated.gz"), gz.substr(0, gz.size() / 2));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
   std::string out(data.size(), '\0');
   EXPECT_THAT(reader->Read(out.data(), out.size()),

@@ -36,13 +36,20 @@ struct IdxHeader {
 
 const char* TypeName(uint8_t code) {
   switch (code) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
-    default: return "unknown";
+    case 0x08:
+      return "unsigned byte";
+    case 0x09:
+      return "signed byte";
+    case 0x0B:
+      return "int16";
+    case 0x0C:
+      return "int32";
+    case 0x0D:
+      return "float32";
+    case 0x0E:
+      return "float64";
+    default:
+      return "unknown";
   }
 }
 
@@ -76,16 +83,15 @@ absl::StatusOr<IdxHeader> ReadHeader(FileReader& file, int min_dims, int max_dim
   }
   const int rank = magic[3];
   if (rank < min_dims || rank > max_dims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.path(), ": byte 3: ", rank, " dimensions, want ",
-                     min_dims == max_dims ? absl::StrCat(min_dims)
-                                          : absl::StrCat(min_dims, " to ", max_dims)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": byte 3: ", rank, " dimensions, want ",
+        min_dims == max_dims ? absl::StrCat(min_dims) : absl::StrCat(min_dims, " to ", max_dims)));
   }
   IdxHeader header;
   header.dims.resize(rank);
   std::vector<unsigned char> raw(4 * rank);
-  RETURN_IF_ERROR(ReadExactly(file, reinterpret_cast<char*>(raw.data()), raw.size(),
-                              "IDX dimensions"));
+  RETURN_IF_ERROR(
+      ReadExactly(file, reinterpret_cast<char*>(raw.data()), raw.size(), "IDX dimensions"));
   for (int d = 0; d < rank; ++d) {
     const unsigned char* p = &raw[4 * d];
     header.dims[d] = (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
@@ -100,8 +106,8 @@ absl::StatusOr<IdxHeader> ReadHeader(FileReader& file, int min_dims, int max_dim
     }
     // Keep count * element_size below 2^62: no product below can overflow.
     if (header.element_size > (uint64_t{1} << 30) / dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file.path(), ": byte ", 4 + 4 * d, ": examples of more than 2^30 elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": byte ", 4 + 4 * d, ": examples of more than 2^30 elements"));
     }
     header.element_size *= dim;
   }
@@ -116,8 +122,9 @@ absl::Status ExpectEnd(FileReader& file) {
   const uint64_t at = file.offset();
   ASSIGN_OR_RETURN(size_t got, file.Read(&extra, 1));
   if (got != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), ": byte ", at, ": unexpected data after the ", at, " bytes the header declares"));
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": byte ", at,
+                                                   ": unexpected data after the ", at,
+                                                   " bytes the header declares"));
   }
   return absl::OkStatus();
 }

@@ -20,19 +20,25 @@ namespace ps::worker {
 namespace {
 
 using ::ps::common::StatusIs;
-using ::testing::AllOf;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using test_files::IdxBytes;
 using test_files::TempPath;
 using test_files::WriteFile;
 using test_files::WriteGzipFile;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 constexpr uint8_t kUbyte = 0x08;
 constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist/";
 
 // Three 2x2 images with pixels (0, 51, 102, 255) + i, labels 0, 4, 2.
-std::string Images() { return IdxBytes(kUbyte, {3, 2, 2}, std::string("\0\x33\x66\xff" "\1\x34\x67\xff" "\2\x35\x68\xff", 12)); }
+std::string Images() {
+  return IdxBytes(kUbyte, {3, 2, 2},
+                  std::string("\0\x33\x66\xff"
+                              "\1\x34\x67\xff"
+                              "\2\x35\x68\xff",
+                              12));
+}
 std::string Labels() { return IdxBytes(kUbyte, {3}, std::string("\0\4\2", 3)); }
 
 struct Files {
@@ -53,7 +59,7 @@ void ExpectSmallDataset(const Dataset& d) {
   Batch batch;
   d.FillBatch(std::vector<int64_t>{0, 1, 2}, &batch);
   EXPECT_THAT(batch.class_labels, ElementsAre(0, 4, 2));
-  EXPECT_THAT(batch.dense, ElementsAre(0.0f, 0.2f, 0.4f, 1.0f,                     //
+  EXPECT_THAT(batch.dense, ElementsAre(0.0f, 0.2f, 0.4f, 1.0f,                       //
                                        1 / 255.0f, 52 / 255.0f, 103 / 255.0f, 1.0f,  //
                                        2 / 255.0f, 53 / 255.0f, 104 / 255.0f, 1.0f));
 }
@@ -94,9 +100,10 @@ TEST(LoadIdxDataset, GivenNumClassesIsReported) {
 TEST(LoadIdxDataset, LabelOutOfRangeNamesFileAndByte) {
   const Files f = WritePlain("range", Images(), Labels());
   // Label 4 is the second label: byte 8 (header) + 1.
-  EXPECT_THAT(LoadIdxDataset(f.images, f.labels, 255, 4),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(f.labels), HasSubstr("byte 9: label 4 is out of range [0, 4)"))));
+  EXPECT_THAT(
+      LoadIdxDataset(f.images, f.labels, 255, 4),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(f.labels), HasSubstr("byte 9: label 4 is out of range [0, 4)"))));
 }
 
 TEST(LoadIdxDataset, MissingFilesAreNotFound) {
@@ -118,21 +125,24 @@ TEST(LoadIdxDataset, BadMagic) {
 
 TEST(LoadIdxDataset, UnsupportedTypeCode) {
   const Files f = WritePlain("type", Images(), IdxBytes(0x0D, {3}, std::string(12, '\0')));
-  EXPECT_THAT(LoadIdxDataset(f.images, f.labels, 255),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(f.labels), HasSubstr("byte 2: element type 0x0d (float32)"))));
+  EXPECT_THAT(
+      LoadIdxDataset(f.images, f.labels, 255),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(f.labels), HasSubstr("byte 2: element type 0x0d (float32)"))));
 }
 
 TEST(LoadIdxDataset, WrongNumberOfDimensions) {
   const Files labels2d = WritePlain("dims-labels", Images(), IdxBytes(kUbyte, {3, 1}, "\0\4\2"));
-  EXPECT_THAT(LoadIdxDataset(labels2d.images, labels2d.labels, 255),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(labels2d.labels), HasSubstr("byte 3: 2 dimensions, want 1"))));
+  EXPECT_THAT(
+      LoadIdxDataset(labels2d.images, labels2d.labels, 255),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(labels2d.labels), HasSubstr("byte 3: 2 dimensions, want 1"))));
   const Files images1d =
       WritePlain("dims-images", IdxBytes(kUbyte, {3}, std::string(3, '\0')), Labels());
-  EXPECT_THAT(LoadIdxDataset(images1d.images, images1d.labels, 255),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(images1d.images), HasSubstr("1 dimensions, want 2 to 255"))));
+  EXPECT_THAT(
+      LoadIdxDataset(images1d.images, images1d.labels, 255),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(images1d.images), HasSubstr("1 dimensions, want 2 to 255"))));
 }
 
 TEST(LoadIdxDataset, ZeroSizedImageDimension) {
@@ -148,12 +158,11 @@ TEST(LoadIdxDataset, TruncatedDataIsDataLoss) {
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr(f.images), HasSubstr("byte 16: truncated pixels"),
                              HasSubstr("ends at byte 27"))));
-  const Files gz = {WriteGzipFile(TempPath("trunc-images.gz"), images.substr(0, 10)),
-                    f.labels};
-  EXPECT_THAT(LoadIdxDataset(gz.images, gz.labels, 255),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("byte 4: truncated IDX dimensions"),
-                             HasSubstr("ends at byte 10"))));
+  const Files gz = {WriteGzipFile(TempPath("trunc-images.gz"), images.substr(0, 10)), f.labels};
+  EXPECT_THAT(
+      LoadIdxDataset(gz.images, gz.labels, 255),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr("byte 4: truncated IDX dimensions"), HasSubstr("ends at byte 10"))));
 }
 
 TEST(LoadIdxDataset, EmptyFileIsDataLoss) {
@@ -166,8 +175,8 @@ TEST(LoadIdxDataset, CountMismatchNamesBothFiles) {
   const Files f = WritePlain("count", Images(), IdxBytes(kUbyte, {2}, std::string("\0\1", 2)));
   EXPECT_THAT(LoadIdxDataset(f.images, f.labels, 255),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(f.images), HasSubstr(f.labels),
-                             HasSubstr("3 images, but"), HasSubstr("has 2 labels"))));
+                       AllOf(HasSubstr(f.images), HasSubstr(f.labels), HasSubstr("3 images, but"),
+                             HasSubstr("has 2 labels"))));
 }
 
 TEST(LoadIdxDataset, TrailingBytesAreInvalid) {

@@ -14,8 +14,7 @@ namespace {
 void CheckLabels(const std::vector<int32_t>& labels, int num_classes) {
   for (size_t i = 0; i < labels.size(); ++i) {
     CHECK(labels[i] >= 0 && labels[i] < num_classes)
-        << "label " << labels[i] << " of example " << i << " is not in [0, " << num_classes
-        << ")";
+        << "label " << labels[i] << " of example " << i << " is not in [0, " << num_classes << ")";
   }
 }
 
@@ -56,8 +55,8 @@ void DenseDataset::FillBatch(absl::Span<const int64_t> indices, Batch* batch) co
 }
 
 SparseDataset::SparseDataset(int num_classes, std::vector<uint64_t> offsets,
-                             std::vector<uint64_t> feature_ids,
-                             std::vector<float> feature_values, std::vector<int32_t> labels)
+                             std::vector<uint64_t> feature_ids, std::vector<float> feature_values,
+                             std::vector<int32_t> labels)
     : num_classes_(num_classes),
       offsets_(std::move(offsets)),
       feature_ids_(std::move(feature_ids)),
@@ -79,8 +78,7 @@ absl::Span<const uint64_t> SparseDataset::feature_ids(int64_t i) const {
 
 absl::Span<const float> SparseDataset::feature_values(int64_t i) const {
   DCHECK(i >= 0 && i < size());
-  return absl::MakeConstSpan(feature_values_.data() + offsets_[i],
-                             offsets_[i + 1] - offsets_[i]);
+  return absl::MakeConstSpan(feature_values_.data() + offsets_[i], offsets_[i + 1] - offsets_[i]);
 }
 
 void SparseDataset::FillBatch(absl::Span<const int64_t> indices, Batch* batch) const {

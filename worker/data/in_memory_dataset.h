@@ -51,9 +51,8 @@ class SparseDataset final : public Dataset {
   // offsets.size() == labels.size() + 1; offsets[0] == 0; offsets is non-decreasing;
   // offsets.back() == feature_ids.size() == feature_values.size(); every label in
   // [0, num_classes).
-  SparseDataset(int num_classes, std::vector<uint64_t> offsets,
-                std::vector<uint64_t> feature_ids, std::vector<float> feature_values,
-                std::vector<int32_t> labels);
+  SparseDataset(int num_classes, std::vector<uint64_t> offsets, std::vector<uint64_t> feature_ids,
+                std::vector<float> feature_values, std::vector<int32_t> labels);
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   // REQUIRES additionally: the batch holds fewer than 2^32 features in all (Batch::offsets

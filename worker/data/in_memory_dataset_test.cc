@@ -14,9 +14,7 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
 // 3 examples of 2 features: example i is (10i, 10i + 1), label i.
-DenseDataset SmallDense() {
-  return DenseDataset(2, 3, {0, 1, 10, 11, 20, 21}, {0, 1, 2});
-}
+DenseDataset SmallDense() { return DenseDataset(2, 3, {0, 1, 10, 11, 20, 21}, {0, 1, 2}); }
 
 // 3 examples: {1:0.5, 2:1.5}, {}, {7:2}; labels 1, 0, 1.
 SparseDataset SmallSparse(int num_classes) {

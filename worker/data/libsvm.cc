@@ -91,8 +91,8 @@ absl::StatusOr<int32_t> LineParser::ParseLabel(absl::string_view token) const {
                                      "': want a non-negative integer class (multi-class)"));
   }
   if (options_.num_classes > 0 && value >= options_.num_classes) {
-    return Error(token, absl::StrCat("label ", value, " is out of range [0, ",
-                                     options_.num_classes, ")"));
+    return Error(token,
+                 absl::StrCat("label ", value, " is out of range [0, ", options_.num_classes, ")"));
   }
   return static_cast<int32_t>(value);
 }
@@ -107,12 +107,12 @@ absl::Status LineParser::ParseFeature(absl::string_view token, Parsed* out) cons
   uint64_t index = 0;
   // SimpleAtoi would accept a sign or surrounding spaces; an index is plain digits.
   const bool digits_only =
-      !index_text.empty() &&
-      std::all_of(index_text.begin(), index_text.end(), [](char c) { return c >= '0' && c <= '9'; });
+      !index_text.empty() && std::all_of(index_text.begin(), index_text.end(),
+                                         [](char c) { return c >= '0' && c <= '9'; });
   if (!digits_only || !absl::SimpleAtoi(index_text, &index)) {
-    return Error(index_text.empty() ? token : index_text,
-                 absl::StrCat("bad feature index '", index_text,
-                              "': want an unsigned 64-bit integer"));
+    return Error(
+        index_text.empty() ? token : index_text,
+        absl::StrCat("bad feature index '", index_text, "': want an unsigned 64-bit integer"));
   }
   // value_text may be empty ("7:"); point the column at the ':' then.
   const absl::string_view value_at = value_text.empty() ? token.substr(colon) : value_text;
@@ -187,8 +187,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadLibsvmDataset(const std::string& pa
     }
   }
   return std::unique_ptr<Dataset>(new SparseDataset(num_classes, std::move(parsed.offsets),
-                                                    std::move(parsed.ids),
-                                                    std::move(parsed.values),
+                                                    std::move(parsed.ids), std::move(parsed.values),
                                                     std::move(parsed.labels)));
 }
 

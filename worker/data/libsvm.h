@@ -22,7 +22,8 @@ struct LibsvmOptions {
   // 1; "-1", "0" map to 0; anything else is an error. The dataset has num_classes() == 2 and
   // batches carry binary_labels.
   // true: multi-class labels, non-negative integers in [0, num_classes); batches carry
-  // class_labels. (Data sets labelled 1..K must be shifted to 0..K-1 first.)
+  // class_labels (or binary_labels if there turn out to be exactly 2 classes, as for every
+  // sparse Dataset). Data sets labelled 1..K must be shifted to 0..K-1 first.
   bool multiclass = false;
   // Multi-class only: the number of classes (every label must be below it), or 0 (default)
   // to infer it as max(2, largest label + 1). Must be 0 or >= 2; ignored for binary data.

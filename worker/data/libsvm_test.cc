@@ -15,11 +15,11 @@ namespace ps::worker {
 namespace {
 
 using ::ps::common::StatusIs;
+using test_files::TempPath;
+using test_files::WriteFile;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using test_files::TempPath;
-using test_files::WriteFile;
 
 Batch All(const Dataset& d) {
   std::vector<int64_t> indices(d.size());
@@ -90,9 +90,9 @@ TEST(LoadLibsvmDataset, MultiClassChecksGivenNumClasses) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Dataset> d, LoadLibsvmDataset(path, options));
   EXPECT_EQ(d->num_classes(), 5);
   options.num_classes = 3;
-  EXPECT_THAT(LoadLibsvmDataset(path, options),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       path + ":2:1: label 3 is out of range [0, 3)"));
+  EXPECT_THAT(
+      LoadLibsvmDataset(path, options),
+      StatusIs(absl::StatusCode::kInvalidArgument, path + ":2:1: label 3 is out of range [0, 3)"));
   options.num_classes = 1;
   EXPECT_THAT(LoadLibsvmDataset(path, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_classes")));
@@ -140,7 +140,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadLine{"1 x:1", {}, "3: bad feature index 'x': want an unsigned 64-bit integer"},
         BadLine{"1 -3:1", {}, "3: bad feature index '-3': want an unsigned 64-bit integer"},
         BadLine{"1 :1", {}, "3: bad feature index '': want an unsigned 64-bit integer"},
-        BadLine{"1 18446744073709551616:1", {},
+        BadLine{"1 18446744073709551616:1",
+                {},
                 "3: bad feature index '18446744073709551616': want an unsigned 64-bit integer"},
         BadLine{"1 4:abc", {}, "5: bad feature value 'abc': want a number"},
         BadLine{"1 4:", {}, "4: bad feature value '': want a number"},

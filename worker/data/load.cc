@@ -16,8 +16,7 @@
 namespace ps::worker {
 namespace {
 
-absl::Status Required(const std::string& value, absl::string_view field,
-                      absl::string_view format) {
+absl::Status Required(const std::string& value, absl::string_view field, absl::string_view format) {
   if (!value.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("data.", field, " is required for format ", format));
@@ -108,9 +107,9 @@ absl::StatusOr<LoadedData> LoadData(const ps::DataConfig& data,
     case ps::DataConfig::SYNTHETIC_CTR:
       return LoadSynthetic(data);
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.format is required: IDX, LIBSVM or SYNTHETIC_CTR (got ",
-          ps::DataConfig::Format_Name(data.format()), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.format is required: IDX, LIBSVM or SYNTHETIC_CTR (got ",
+                       ps::DataConfig::Format_Name(data.format()), ")"));
   }
 }
 

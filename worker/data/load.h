@@ -37,8 +37,7 @@ struct LoadedData {
 // format, a missing required field, a lone test file, a non-positive pixel_scale, bad
 // synthetic parameters, or an empty training set; otherwise the reader's error
 // (see idx.h, libsvm.h), prefixed with which set failed ("training set: ...").
-absl::StatusOr<LoadedData> LoadData(const ps::DataConfig& data,
-                                    const ps::TrainingConfig& training);
+absl::StatusOr<LoadedData> LoadData(const ps::DataConfig& data, const ps::TrainingConfig& training);
 
 }  // namespace ps::worker
 

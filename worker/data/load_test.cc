@@ -14,11 +14,11 @@ namespace ps::worker {
 namespace {
 
 using ::ps::common::StatusIs;
-using ::testing::AllOf;
-using ::testing::HasSubstr;
 using test_files::IdxBytes;
 using test_files::TempPath;
 using test_files::WriteFile;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 constexpr uint8_t kUbyte = 0x08;
 
@@ -74,14 +74,12 @@ TEST(LoadData, IdxTestSetIsOptional) {
 TEST(LoadData, IdxRequiredFields) {
   ps::DataConfig c = IdxConfig();
   c.clear_train_images();
-  EXPECT_THAT(LoadData(c, kTraining),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "data.train_images is required for format IDX"));
+  EXPECT_THAT(LoadData(c, kTraining), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               "data.train_images is required for format IDX"));
   c = IdxConfig();
   c.clear_train_labels();
-  EXPECT_THAT(LoadData(c, kTraining),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "data.train_labels is required for format IDX"));
+  EXPECT_THAT(LoadData(c, kTraining), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               "data.train_labels is required for format IDX"));
   c = IdxConfig();
   c.clear_test_labels();
   EXPECT_THAT(LoadData(c, kTraining),
@@ -98,15 +96,15 @@ TEST(LoadData, IdxTestLabelsMustBeTrainingClasses) {
   const IdxPair test = WriteIdx("test-wide", 4, 4);  // has label 3; training has 0..2
   c.set_test_images(test.images);
   c.set_test_labels(test.labels);
-  EXPECT_THAT(LoadData(c, kTraining),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("test set: "), HasSubstr("label 3 is out of range [0, 3)"))));
+  EXPECT_THAT(LoadData(c, kTraining), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               AllOf(HasSubstr("test set: "),
+                                                     HasSubstr("label 3 is out of range [0, 3)"))));
 }
 
 TEST(LoadData, IdxFeatureDimensionsMustAgree) {
   ps::DataConfig c = IdxConfig();
-  c.set_test_images(WriteFile(TempPath("test-3px"),
-                              IdxBytes(kUbyte, {4, 1, 3}, std::string(12, '\0'))));
+  c.set_test_images(
+      WriteFile(TempPath("test-3px"), IdxBytes(kUbyte, {4, 1, 3}, std::string(12, '\0'))));
   EXPECT_THAT(LoadData(c, kTraining),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("data.test_images"), HasSubstr("3 features"))));
@@ -115,9 +113,9 @@ TEST(LoadData, IdxFeatureDimensionsMustAgree) {
 TEST(LoadData, MissingFileNamesTheSet) {
   ps::DataConfig c = IdxConfig();
   c.set_train_images(TempPath("gone"));
-  EXPECT_THAT(LoadData(c, kTraining),
-              StatusIs(absl::StatusCode::kNotFound,
-                       AllOf(HasSubstr("training set: "), HasSubstr("gone"))));
+  EXPECT_THAT(
+      LoadData(c, kTraining),
+      StatusIs(absl::StatusCode::kNotFound, AllOf(HasSubstr("training set: "), HasSubstr("gone"))));
 }
 
 TEST(LoadData, EmptyTrainingSetIsInvalid) {
@@ -148,9 +146,8 @@ TEST(LoadData, LoadsLibsvm) {
 TEST(LoadData, LibsvmErrors) {
   ps::DataConfig c;
   c.set_format(ps::DataConfig::LIBSVM);
-  EXPECT_THAT(LoadData(c, kTraining),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "data.train_file is required for format LIBSVM"));
+  EXPECT_THAT(LoadData(c, kTraining), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               "data.train_file is required for format LIBSVM"));
   c.set_train_file(WriteFile(TempPath("good.svm"), "1 1:1\n"));
   const std::string bad = WriteFile(TempPath("bad-test.svm"), "1 1:1\n1 2\n");
   c.set_test_file(bad);
@@ -188,9 +185,8 @@ TEST(LoadData, SyntheticErrorsNameTheField) {
   ps::DataConfig c;
   c.set_format(ps::DataConfig::SYNTHETIC_CTR);
   c.mutable_synthetic()->set_num_fields(0);
-  EXPECT_THAT(LoadData(c, kTraining),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("data.synthetic: num_fields must be")));
+  EXPECT_THAT(LoadData(c, kTraining), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               HasSubstr("data.synthetic: num_fields must be")));
   c.mutable_synthetic()->set_num_fields(2);
   c.mutable_synthetic()->set_num_train(0);
   EXPECT_THAT(LoadData(c, kTraining),

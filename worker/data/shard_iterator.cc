@@ -58,9 +58,9 @@ ShardIterator::ShardIterator(int64_t dataset_size, int32_t worker_index, int32_t
       << "worker_index " << worker_index << " of " << num_workers;
   CHECK_GE(batch_size, 1u);
   // Examples worker_index, worker_index + W, ...: ceil((n - w) / W) of them.
-  const int64_t count =
-      dataset_size > worker_index ? (dataset_size - worker_index + num_workers - 1) / num_workers
-                                  : 0;
+  const int64_t count = dataset_size > worker_index
+                            ? (dataset_size - worker_index + num_workers - 1) / num_workers
+                            : 0;
   order_.resize(count);
   StartEpoch(0);
 }

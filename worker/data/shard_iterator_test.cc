@@ -172,8 +172,8 @@ TEST(ShardIterator, SeekPastTheShardIsInvalidAndKeepsPosition) {
   it.StartEpoch(1);
   std::vector<int64_t> batch;
   ASSERT_TRUE(it.Next(&batch));
-  EXPECT_THAT(it.Seek(7, 6), StatusIs(absl::StatusCode::kInvalidArgument,
-                                      HasSubstr("only 5 examples per epoch")));
+  EXPECT_THAT(it.Seek(7, 6),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only 5 examples per epoch")));
   EXPECT_EQ(it.epoch(), 1u);
   EXPECT_EQ(it.offset(), 3u);
 }

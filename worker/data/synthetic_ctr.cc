@@ -112,25 +112,24 @@ absl::Status Validate(const ps::SyntheticCtrConfig& c) {
         "num_fields must be in [1, ", kSyntheticCtrMaxFields, "], got ", c.num_fields()));
   }
   if (c.vocabulary_per_field() == 0 || c.vocabulary_per_field() > kSyntheticCtrMaxVocabulary) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocabulary_per_field must be in [1, ", kSyntheticCtrMaxVocabulary,
-                     "], got ", c.vocabulary_per_field()));
+    return absl::InvalidArgumentError(absl::StrCat("vocabulary_per_field must be in [1, ",
+                                                   kSyntheticCtrMaxVocabulary, "], got ",
+                                                   c.vocabulary_per_field()));
   }
   if (!std::isfinite(c.zipf_exponent()) || c.zipf_exponent() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zipf_exponent must be finite and >= 0, got ", c.zipf_exponent()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("zipf_exponent must be finite and >= 0, got ", c.zipf_exponent()));
   }
   if (!std::isfinite(c.weight_stddev()) || c.weight_stddev() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight_stddev must be finite and >= 0, got ", c.weight_stddev()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_stddev must be finite and >= 0, got ", c.weight_stddev()));
   }
   // Bound the entry count (and so the offsets, which hold (i + 1) * num_fields) well below
   // overflow; memory runs out long before this.
   constexpr uint64_t kMaxExamples = uint64_t{1} << 40;
   if (c.num_train() > kMaxExamples || c.num_test() > kMaxExamples) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_train and num_test must be at most 2^40, got ",
-                     c.num_train(), " and ", c.num_test()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_train and num_test must be at most 2^40, got ", c.num_train(), " and ", c.num_test()));
   }
   return absl::OkStatus();
 }
@@ -141,8 +140,7 @@ uint64_t SyntheticCtrFeatureId(uint32_t field, uint64_t value) {
   return HashCombine(HashCombine(kFeatureIdSalt, field), value);
 }
 
-double SyntheticCtrWeight(const ps::SyntheticCtrConfig& config, uint32_t field,
-                          uint64_t value) {
+double SyntheticCtrWeight(const ps::SyntheticCtrConfig& config, uint32_t field, uint64_t value) {
   return WeightFromSeed(HashCombine(config.seed(), kWeightSalt), config.weight_stddev(), field,
                         value);
 }

@@ -171,8 +171,7 @@ TEST(GenerateSyntheticCtr, LabelsAreCalibrated) {
   const double rate = y_sum / n;
   const double constant = -(rate * std::log(rate) + (1 - rate) * std::log(1 - rate));
   EXPECT_LT(data.ground_truth_log_loss, constant);
-  EXPECT_DOUBLE_EQ(data.ground_truth_log_loss,
-                   LogLoss(data.test_probabilities, data.test_labels));
+  EXPECT_DOUBLE_EQ(data.ground_truth_log_loss, LogLoss(data.test_probabilities, data.test_labels));
 }
 
 TEST(GenerateSyntheticCtr, GroundTruthAucIsHighForUnitWeights) {
@@ -246,9 +245,9 @@ TEST(GenerateSyntheticCtr, DefaultConfigIsFast) {
   const absl::Duration took = absl::Now() - start;
   double positives = 0;
   for (float y : data.test_labels) positives += y;
-  std::cout << "generated " << data.train->size() << " + " << data.test->size()
-            << " examples in " << took << "; ground-truth AUC " << data.ground_truth_auc
-            << ", log-loss " << data.ground_truth_log_loss << ", positive rate "
+  std::cout << "generated " << data.train->size() << " + " << data.test->size() << " examples in "
+            << took << "; ground-truth AUC " << data.ground_truth_auc << ", log-loss "
+            << data.ground_truth_log_loss << ", positive rate "
             << positives / data.test_labels.size() << "\n";
   EXPECT_EQ(data.train->size(), 100000);
   // Generous: the real figure is far lower; this only catches an accidental O(n^2).

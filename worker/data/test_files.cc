@@ -29,8 +29,7 @@ std::string WriteFile(const std::string& path, absl::string_view contents) {
 std::string Gzip(absl::string_view contents) {
   z_stream stream{};
   // windowBits 15 + 16: a gzip (not zlib) wrapper.
-  CHECK_EQ(deflateInit2(&stream, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY),
-           Z_OK);
+  CHECK_EQ(deflateInit2(&stream, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
   std::string out(deflateBound(&stream, contents.size()), '\0');
   stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(contents.data()));
   stream.avail_in = static_cast<uInt>(contents.size());

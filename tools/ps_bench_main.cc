@@ -462,9 +462,10 @@ class Reporter {
   explicit Reporter(std::ofstream* json) : json_(json) {}
   void Add(const BenchRow& row) {
     rows_.push_back(row);
-    std::cerr << absl::StrFormat("  %-4s %-11s %-9s clients=%d window=%d: %.1f calls/s, %.1f MB/s",
-                                 row.mode, row.op, row.payload, row.clients, row.window,
-                                 row.calls_per_second, row.mb_per_second)
+    std::cerr << absl::StrFormat("  %-4s %-11s %-10s clients=%d window=%d: ", row.mode, row.op,
+                                 row.payload, row.clients, row.window)
+              << (row.calls > 0 ? absl::StrFormat("%.1f calls/s, ", row.calls_per_second) : "")
+              << absl::StrFormat("%.1f MB/s", row.mb_per_second)
               << (row.rows_per_second > 0 ? absl::StrFormat(", %.0f rows/s", row.rows_per_second)
                                           : "")
               << std::endl;

@@ -1,12 +1,5 @@
-// On-disk layout (format 1): one RocksDB database with
-//
-//   column family "default" (meta):  "F"            -> kFormat, written when the store is created
-//                                    "N"            -> fixed64 next checkpoint id (high-water mark)
-//                                    "C" + be64(id) -> commit record of complete checkpoint `id`
-//   column family "checkpoint-<id>"  user key       -> fixed32 crc + value     (one per checkpoint;
-//                                                      <id> is 20 decimal digits)
-//
-// Fixed-width integers in values are little-endian; ids in keys are big-endian so they sort.
+// The on-disk format (keys, values, checksums, commit record) is described in
+// internal/checkpoint_format.h.
 //
 // Why a column family per checkpoint rather than one records family keyed by be64(id) + key:
 // checkpoints are written once, read whole and deleted whole. In their own column family, with
@@ -16,16 +9,6 @@
 // a compaction that reads the deleted data and, if that data is corrupt, fails and stops all
 // writes of the database; a corrupt old checkpoint must not stop new ones. Reads merge the
 // checkpoint's L0 files (about size / write_buffer_size of them), which is fine for scans.
-//
-// crc = CRC-32C of be64(id) + key + value. The id is included so that a record can only verify
-// in the checkpoint it was written for.
-//
-// Commit record: fixed32 version (1) | fixed64 id | fixed64 num_records | fixed64 bytes |
-//   fixed64 hash | fixed64 unix_micros | fixed32 metadata size | metadata | fixed32 CRC-32C of
-//   everything before it.
-// hash = sum mod 2^64 over records of Mix64(crc32c(be64(id) + key) << 32 | crc). A sum does not
-// depend on the order of Put() calls (the shard streams hash tables in their own order) while the
-// reader recomputes it in key order; a missing, extra or replaced record changes it.
 //
 // Durability protocol (wal_for_records == false, the default):
 //   1. BeginCheckpoint() writes N = id + 1 (synced) and creates the column family (a MANIFEST
@@ -73,6 +56,7 @@
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "server/storage/crc32c.h"
+#include "server/storage/internal/checkpoint_format.h"
 #include "server/storage/rocksdb_status.h"
 
 namespace ps::server::storage {
@@ -90,162 +74,36 @@ struct CheckpointStore::ScanTotals {
 
 namespace {
 
-constexpr char kFormat[] = "ps.server.storage.CheckpointStore format 1";
-constexpr char kFormatKey[] = "F";
-constexpr char kNextIdKey[] = "N";
-constexpr char kCommitTag = 'C';
-constexpr char kCfPrefix[] = "checkpoint-";
-constexpr uint32_t kCommitVersion = 1;
-constexpr size_t kIdBytes = 8;
-constexpr size_t kCrcBytes = 4;
-constexpr size_t kMaxKeyBytes = size_t{64} << 10;
-constexpr size_t kMaxValueBytes = size_t{1} << 30;
-constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
-constexpr size_t kMaxKeyInMessage = 64;
-// Free space below which column families are neither created nor dropped (see CheckFreeSpace).
-constexpr uint64_t kMinFreeBytes = uint64_t{1} << 20;
-
-// ---- Fixed-width coding (leveldb util/coding.h style). ----
-
-void PutFixed32(std::string* dst, uint32_t v) {
-  for (int i = 0; i < 4; ++i) dst->push_back(static_cast<char>(v >> (8 * i)));
-}
-void PutFixed64(std::string* dst, uint64_t v) {
-  for (int i = 0; i < 8; ++i) dst->push_back(static_cast<char>(v >> (8 * i)));
-}
-void EncodeFixed32(char* dst, uint32_t v) {
-  for (int i = 0; i < 4; ++i) dst[i] = static_cast<char>(v >> (8 * i));
-}
-uint32_t DecodeFixed32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-uint64_t DecodeFixed64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-std::string BigEndian64(uint64_t v) {
-  std::string out;
-  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
-  return out;
-}
-uint64_t DecodeBigEndian64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-// Reads a fixed-width field from the front of `*in`; false if too short.
-bool GetFixed32(absl::string_view* in, uint32_t* v) {
-  if (in->size() < 4) return false;
-  *v = DecodeFixed32(in->data());
-  in->remove_prefix(4);
-  return true;
-}
-bool GetFixed64(absl::string_view* in, uint64_t* v) {
-  if (in->size() < 8) return false;
-  *v = DecodeFixed64(in->data());
-  in->remove_prefix(8);
-  return true;
-}
-
-// ---- Names and keys. ----
-
-std::string CommitKey(uint64_t id) {
-  return absl::StrCat(std::string(1, kCommitTag), BigEndian64(id));
-}
-
-bool IsCommitKey(absl::string_view key) {
-  return key.size() == 1 + kIdBytes && key[0] == kCommitTag;
-}
-
-std::string CfName(uint64_t id) { return absl::StrFormat("%s%020d", kCfPrefix, id); }
-
-// The checkpoint id of a column family name, or nullopt if it is not one of ours.
-std::optional<uint64_t> ParseCfName(absl::string_view name) {
-  if (!absl::ConsumePrefix(&name, kCfPrefix) || name.size() != 20) return std::nullopt;
-  uint64_t id = 0;
-  if (!absl::SimpleAtoi(name, &id)) return std::nullopt;
-  return id;
-}
+using internal::BigEndian64;
+using internal::CfName;
+using internal::CommitKey;
+using internal::CommitRecord;
+using internal::DecodeBigEndian64;
+using internal::DecodeCommitRecord;
+using internal::DecodeFixed32;
+using internal::DecodeFixed64;
+using internal::EncodeCommitRecord;
+using internal::EncodeFixed32;
+using internal::Fingerprint;
+using internal::IdCrc;
+using internal::IsCommitKey;
+using internal::kCommitTag;
+using internal::kCrcBytes;
+using internal::kFormat;
+using internal::kFormatKey;
+using internal::kNextIdKey;
+using internal::ParseCfName;
+using internal::PrintableKey;
+using internal::PutFixed64;
 
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 absl::string_view ToView(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
 
-// For error messages: keys are binary (table ids, uint64 row keys).
-std::string PrintableKey(absl::string_view key) {
-  std::string out = absl::StrCat("\"", absl::CHexEscape(key.substr(0, kMaxKeyInMessage)), "\"");
-  if (key.size() > kMaxKeyInMessage) absl::StrAppend(&out, "... (", key.size(), " bytes)");
-  return out;
-}
-
-// ---- Checksums. ----
-
-uint32_t IdCrc(uint64_t id) { return crc32c::Value(BigEndian64(id)); }
-
-// splitmix64's finalizer: a bijection that spreads every input bit over the output.
-uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-uint64_t Fingerprint(uint32_t key_crc, uint32_t record_crc) {
-  return Mix64((uint64_t{key_crc} << 32) | record_crc);
-}
-
-// ---- Commit record. ----
-
-struct CommitRecord {
-  CheckpointInfo info;
-  uint64_t hash = 0;
-};
-
-std::string EncodeCommitRecord(const CommitRecord& record) {
-  std::string out;
-  PutFixed32(&out, kCommitVersion);
-  PutFixed64(&out, record.info.id);
-  PutFixed64(&out, record.info.num_records);
-  PutFixed64(&out, record.info.bytes);
-  PutFixed64(&out, record.hash);
-  PutFixed64(&out, static_cast<uint64_t>(record.info.unix_micros));
-  PutFixed32(&out, static_cast<uint32_t>(record.info.metadata.size()));
-  out.append(record.info.metadata);
-  PutFixed32(&out, crc32c::Value(out));
-  return out;
-}
-
-absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view value) {
-  auto corrupt = [id](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", id, ": commit record is corrupt: ", why));
-  };
-  if (value.size() < kCrcBytes) return corrupt("too short");
-  absl::string_view body = value.substr(0, value.size() - kCrcBytes);
-  if (crc32c::Value(body) != DecodeFixed32(value.data() + body.size())) {
-    return corrupt("checksum mismatch");
-  }
-  CommitRecord record;
-  uint32_t version = 0, metadata_size = 0;
-  uint64_t micros = 0;
-  if (!GetFixed32(&body, &version)) return corrupt("truncated");
-  if (version != kCommitVersion) return corrupt(absl::StrCat("unknown version ", version));
-  if (!GetFixed64(&body, &record.info.id) || !GetFixed64(&body, &record.info.num_records) ||
-      !GetFixed64(&body, &record.info.bytes) || !GetFixed64(&body, &record.hash) ||
-      !GetFixed64(&body, &micros) || !GetFixed32(&body, &metadata_size)) {
-    return corrupt("truncated");
-  }
-  if (body.size() != metadata_size) return corrupt("metadata size mismatch");
-  if (record.info.id != id) return corrupt(absl::StrCat("holds id ", record.info.id));
-  record.info.unix_micros = static_cast<int64_t>(micros);
-  record.info.metadata = std::string(body);
-  return record;
-}
+constexpr size_t kMaxKeyBytes = size_t{64} << 10;
+constexpr size_t kMaxValueBytes = size_t{1} << 30;
+constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
+// Free space below which column families are neither created nor dropped (see CheckFreeSpace).
+constexpr uint64_t kMinFreeBytes = uint64_t{1} << 20;
 
 // ---- RocksDB options. ----
 

@@ -33,6 +33,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -576,12 +577,53 @@ void PrintHeader(const std::vector<std::string>& addresses, const BenchFlags& f)
             << absl::FormatDuration(f.load.warmup) << " warm-up, window " << f.window << std::endl;
 }
 
+// Dense and sparse: against a local cluster started here, or the --connect servers.
+absl::Status RunAgainstServers(BenchEnv* env, SignalStopper* stopper, Reporter* reporter) {
+  const int num_servers = absl::GetFlag(FLAGS_servers);
+  std::unique_ptr<LocalCluster> cluster;
+  std::string config_path = absl::GetFlag(FLAGS_config);
+  std::vector<std::string> addresses =
+      absl::StrSplit(absl::GetFlag(FLAGS_connect), ',', absl::SkipWhitespace());
+  if (addresses.empty()) {
+    if (num_servers < 1) return absl::InvalidArgumentError("--servers must be >= 1");
+    LocalClusterOptions options;
+    options.server_binary = FindServerBinary();
+    options.num_servers = num_servers;
+    options.config_text = BenchConfigText(*env->flags, num_servers);
+    options.keep_dir = absl::GetFlag(FLAGS_keep_temp);
+    ASSIGN_OR_RETURN(cluster, LocalCluster::Start(options));
+    stopper->Watch(cluster.get(), options.keep_dir);
+    env->cluster = cluster.get();
+    config_path = cluster->config_path();
+    addresses = cluster->addresses();
+  } else if (config_path.empty()) {
+    return absl::InvalidArgumentError("--connect needs --config (the servers' JobConfig)");
+  }
+  PrintHeader(addresses, *env->flags);
+  absl::Status status = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(JobConfig config, ClientConfig(config_path, addresses));
+    RETURN_IF_ERROR(CheckTables(*env->flags, config));
+    return RunGrpc(env, config, reporter);
+  }();
+  stopper->Watch(nullptr, false);
+  env->cluster = nullptr;
+  if (cluster != nullptr) {
+    cluster->Stop();
+    // After SIGTERM a server drains and exits 0; anything else is worth reporting.
+    if (absl::Status exits = cluster->CheckExitedCleanly(); !exits.ok()) {
+      std::cerr << "warning: " << exits.message() << std::endl;
+    }
+  }
+  return status;
+}
+
 absl::Status Run(SignalStopper* stopper) {
   ASSIGN_OR_RETURN(BenchFlags flags, ParseFlags());
-  const int num_servers = absl::GetFlag(FLAGS_servers);
-  if (!absl::GetFlag(FLAGS_write_config).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_write_config)) << BenchConfigText(flags, num_servers);
-    std::cerr << "wrote " << absl::GetFlag(FLAGS_write_config) << std::endl;
+  if (const std::string path = absl::GetFlag(FLAGS_write_config); !path.empty()) {
+    std::ofstream out(path);
+    out << BenchConfigText(flags, absl::GetFlag(FLAGS_servers));
+    if (!out.good()) return absl::InvalidArgumentError(absl::StrCat("cannot write ", path));
+    std::cerr << "wrote " << path << std::endl;
     return absl::OkStatus();
   }
   std::unique_ptr<std::ofstream> json;
@@ -600,42 +642,7 @@ absl::Status Run(SignalStopper* stopper) {
     ASSIGN_OR_RETURN(std::vector<BenchRow> rows, RunTcp(&env));
     for (const auto& r : rows) reporter.Add(r);
   }
-  if (flags.dense || flags.sparse) {
-    std::unique_ptr<LocalCluster> cluster;
-    std::string config_path = absl::GetFlag(FLAGS_config);
-    std::vector<std::string> addresses =
-        absl::StrSplit(absl::GetFlag(FLAGS_connect), ',', absl::SkipWhitespace());
-    if (addresses.empty()) {
-      if (num_servers < 1) return absl::InvalidArgumentError("--servers must be >= 1");
-      LocalClusterOptions options;
-      options.server_binary = FindServerBinary();
-      options.num_servers = num_servers;
-      options.config_text = BenchConfigText(flags, num_servers);
-      options.keep_dir = absl::GetFlag(FLAGS_keep_temp);
-      ASSIGN_OR_RETURN(cluster, LocalCluster::Start(options));
-      stopper->Watch(cluster.get(), options.keep_dir);
-      env.cluster = cluster.get();
-      config_path = cluster->config_path();
-      addresses = cluster->addresses();
-    } else if (config_path.empty()) {
-      return absl::InvalidArgumentError("--connect needs --config (the servers' JobConfig)");
-    }
-    PrintHeader(addresses, flags);
-    absl::Status status = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(JobConfig config, ClientConfig(config_path, addresses));
-      RETURN_IF_ERROR(CheckTables(flags, config));
-      return RunGrpc(&env, config, &reporter);
-    }();
-    stopper->Watch(nullptr, false);
-    if (cluster != nullptr) {
-      cluster->Stop();
-      // After SIGTERM a server drains and exits 0; anything else is worth reporting.
-      if (absl::Status exits = cluster->CheckExitedCleanly(); !exits.ok()) {
-        std::cerr << "warning: " << exits.message() << std::endl;
-      }
-    }
-    RETURN_IF_ERROR(status);
-  }
+  if (flags.dense || flags.sparse) RETURN_IF_ERROR(RunAgainstServers(&env, stopper, &reporter));
   std::cout << "\n" << FormatTable(reporter.rows());
   return absl::OkStatus();
 }

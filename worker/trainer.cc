@@ -153,7 +153,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const bool last = epoch + 1 == options_.epochs || stop;
     const bool due = options_.eval_every_epochs > 0 && (epoch + 1) % options_.eval_every_epochs == 0;
     if (options_.evaluate && test_ != nullptr && (due || last)) {
+      const absl::Time eval_start = absl::Now();
       ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(clock));
+      result.eval_time += absl::Now() - eval_start;
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
       if (options_.progress != nullptr) {
         if (options_.progress_tty) std::fprintf(options_.progress, "\n");
@@ -181,7 +183,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   }
   result.wall = absl::Now() - start_;
   result.samples = samples_;
-  result.samples_per_s = samples_ / std::max(1e-9, absl::ToDoubleSeconds(result.wall));
+  // Training throughput: evaluation time does not count.
+  result.samples_per_s =
+      samples_ / std::max(1e-9, absl::ToDoubleSeconds(result.wall - result.eval_time));
   Progress(true, options_.epochs - 1, result.steps, loss_ema_);
   if (options_.progress_tty && options_.progress != nullptr) {
     std::fprintf(options_.progress, "\n");

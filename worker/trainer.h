@@ -69,6 +69,8 @@ struct TrainResult {
   uint64_t steps = 0;
   uint64_t samples = 0;
   absl::Duration wall;
+  absl::Duration eval_time;  // part of wall spent evaluating
+  // Training samples per second, evaluation excluded.
   double samples_per_s = 0;
   std::optional<EvalMetrics> final_eval;
   StepBreakdown breakdown;

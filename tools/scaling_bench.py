@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Training throughput of centralized mode against 1, 2 and 4 workers on 1 and 2 servers.
+
+    python3 tools/scaling_bench.py [--epochs 1] [--json results.jsonl]
+
+For each model (Fashion-MNIST MLP, synthetic CTR) it runs the job once in centralized mode
+and once per (servers, workers) cell through tools/launch_local.py, all on this machine, and
+prints a markdown table of samples/s (summed over workers) and the final test metric.
+Build first: bazel build //server:ps_server //worker:ps_worker
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {
+    "mlp": ("configs/fashion_mnist_2x2_async.textproto", "accuracy"),
+    "ctr": ("configs/ctr_synthetic_2x2.textproto", "auc"),
+}
+
+
+def parse(output):
+    rates = [float(x) for x in re.findall(r"samples/s ([0-9.]+) wall_s", output)]
+    metric = re.search(r"final test (?:accuracy|auc) ([0-9.]+)", output)
+    return sum(rates), (float(metric.group(1)) if metric else None)
+
+
+def run(cmd):
+    start = time.time()
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("scaling_bench: %s failed:\n%s" % (" ".join(cmd), p.stdout[-3000:]))
+    return p.stdout, time.time() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--models", default="mlp,ctr")
+    ap.add_argument("--cells", default="1x1,1x2,1x4,2x1,2x2,2x4", help="SERVERSxWORKERS list")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    worker = os.path.join(ROOT, "bazel-bin/worker/ps_worker")
+    rows = []
+    for model in args.models.split(","):
+        config, metric_name = MODELS[model]
+        common = "training.epochs=%d" % args.epochs
+        out, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common])
+        rate, metric = parse(out)
+        rows.append(dict(model=model, mode="centralized", servers=0, workers=1,
+                         samples_per_s=rate, metric=metric, wall_s=wall))
+        print(rows[-1], flush=True)
+        for cell in args.cells.split(","):
+            s, w = (int(x) for x in cell.split("x"))
+            out, wall = run([sys.executable, "tools/launch_local.py", config, "--servers", str(s),
+                             "--workers", str(w), "--set", common])
+            rate, metric = parse(out)
+            rows.append(dict(model=model, mode="distributed", servers=s, workers=w,
+                             samples_per_s=rate, metric=metric, wall_s=wall))
+            print(rows[-1], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print("\n| model | mode | servers | workers | samples/s (sum) | vs centralized | test metric | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = {r["model"]: r["samples_per_s"] for r in rows if r["mode"] == "centralized"}
+    for r in rows:
+        ratio = r["samples_per_s"] / base[r["model"]] if base.get(r["model"]) else 0
+        print("| %s | %s | %s | %d | %.0f | %.2fx | %s | %.1f |" % (
+            r["model"], r["mode"], r["servers"] or "-", r["workers"], r["samples_per_s"], ratio,
+            "%.4f" % r["metric"] if r["metric"] is not None else "-", r["wall_s"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/rpc/grpc_status.h"
@@ -31,6 +32,18 @@ absl::Status CheckEncoding(Encoding e) {
 
 absl::Span<const uint64_t> KeysOf(const google::protobuf::RepeatedField<uint64_t>& keys) {
   return absl::MakeConstSpan(keys.data(), keys.size());
+}
+
+// The float32 values of a payload read in place (no copy) when the bytes are float32 and
+// aligned for float, as protobuf's heap-allocated strings are; empty otherwise (decode then).
+absl::Span<const float> Floats(const std::string& bytes, Encoding encoding) {
+  static_assert(absl::little_endian::IsLittleEndian(), "the wire format is little-endian");
+  if (encoding != ENCODING_FLOAT32 || bytes.empty() ||
+      reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0) {
+    return {};
+  }
+  return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()),
+                                 bytes.size() / sizeof(float));
 }
 
 // Finishes `reactor` with `status`.
@@ -173,8 +186,12 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
               " values"));
         }
         RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, block.values().size() / bpv));
-        auto& values = decoded.emplace_back(dense->BlockSize(b));
-        RETURN_IF_ERROR(common::DecodeFloats(block.values(), t.encoding(), absl::MakeSpan(values)));
+        absl::Span<const float> values = Floats(block.values(), t.encoding());
+        if (values.empty() && dense->BlockSize(b) > 0) {
+          auto& buffer = decoded.emplace_back(dense->BlockSize(b));
+          RETURN_IF_ERROR(common::DecodeFloats(block.values(), t.encoding(), absl::MakeSpan(buffer)));
+          values = buffer;
+        }
         if (!request.is_delta()) {
           RETURN_IF_ERROR(shard_->CheckFinite(*dense, absl::StrCat("block ", b), values));
         }
@@ -195,8 +212,12 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
             " bytes is not a whole number of ", common::EncodingName(t.encoding()), " values"));
       }
       RETURN_IF_ERROR(shard_->CheckKeys(*sparse, KeysOf(t.keys()), t.rows().size() / bpv));
-      auto& values = decoded.emplace_back(t.rows().size() / bpv);
-      RETURN_IF_ERROR(common::DecodeFloats(t.rows(), t.encoding(), absl::MakeSpan(values)));
+      absl::Span<const float> values = Floats(t.rows(), t.encoding());
+      if (values.empty() && !t.rows().empty()) {
+        auto& buffer = decoded.emplace_back(t.rows().size() / bpv);
+        RETURN_IF_ERROR(common::DecodeFloats(t.rows(), t.encoding(), absl::MakeSpan(buffer)));
+        values = buffer;
+      }
       if (!request.is_delta()) RETURN_IF_ERROR(shard_->CheckFinite(*sparse, "rows", values));
       updates.push_back(PendingUpdate{sparse, 0, KeysOf(t.keys()), values});
       bytes_in += t.rows().size();

@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -81,6 +82,9 @@ ABSL_FLAG(uint64_t, dense_block_floats, 262144,
           "cluster.dense_block_floats of the generated config (262144 = 1 MB blocks).");
 ABSL_FLAG(double, seconds, 2, "Length of each measurement, seconds.");
 ABSL_FLAG(double, warmup, 0.5, "Warm-up before each measurement, seconds.");
+ABSL_FLAG(int32_t, repeat, 1,
+          "Run each measurement this many times and report the run with the median calls/s "
+          "(bandwidth for the TCP stream): steadier numbers on a shared machine.");
 ABSL_FLAG(size_t, tcp_stream_write, 4 << 20, "Bytes per write() of the TCP streaming test.");
 ABSL_FLAG(std::string, json, "", "Also write one JSON object per measurement to this file.");
 ABSL_FLAG(bool, keep_temp, false, "Keep the servers' temporary directory (logs, data dirs).");
@@ -101,6 +105,7 @@ struct BenchFlags {
   bool tcp = false, dense = false, sparse = false;
   std::vector<bool> dense_ops;  // true = push, false = pull
   int window = 1;
+  int repeat = 1;
   LoadOptions load;
 };
 
@@ -169,6 +174,8 @@ absl::StatusOr<BenchFlags> ParseFlags() {
   }
   f.window = absl::GetFlag(FLAGS_window);
   if (f.window < 1) return absl::InvalidArgumentError("--window must be >= 1");
+  f.repeat = absl::GetFlag(FLAGS_repeat);
+  if (f.repeat < 1) return absl::InvalidArgumentError("--repeat must be >= 1");
   if (absl::GetFlag(FLAGS_seconds) <= 0 || absl::GetFlag(FLAGS_warmup) < 0) {
     return absl::InvalidArgumentError("--seconds must be > 0 and --warmup >= 0");
   }
@@ -325,18 +332,29 @@ uint64_t TotalRetries(const BenchEnv& env) {
   return n;
 }
 
-// Runs the load and, when it fails, says whether a server died and what it logged.
+// Runs the load --repeat times and returns the run with the median throughput. When a run
+// fails, says whether a server died and what it logged.
 absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
                                       const std::string& what) {
   LoadOptions options = env.flags->load;
   options.threads = threads;
-  absl::StatusOr<LoadResult> r = RunLoad(options, call, env.cancel);
-  absl::Status servers = env.cluster != nullptr ? env.cluster->CheckRunning() : absl::OkStatus();
-  if (r.ok() && servers.ok()) return r;
-  absl::Status s = r.ok() ? servers : r.status();
-  std::string message = absl::StrCat(what, ": ", s.message());
-  if (!r.ok() && !servers.ok()) absl::StrAppend(&message, "\n", servers.message());
-  return absl::Status(s.code(), message);
+  std::vector<LoadResult> runs;
+  for (int i = 0; i < env.flags->repeat; ++i) {
+    absl::StatusOr<LoadResult> r = RunLoad(options, call, env.cancel);
+    absl::Status servers =
+        env.cluster != nullptr ? env.cluster->CheckRunning() : absl::OkStatus();
+    if (!r.ok() || !servers.ok()) {
+      absl::Status s = r.ok() ? servers : r.status();
+      std::string message = absl::StrCat(what, ": ", s.message());
+      if (!r.ok() && !servers.ok()) absl::StrAppend(&message, "\n", servers.message());
+      return absl::Status(s.code(), message);
+    }
+    runs.push_back(*std::move(r));
+  }
+  std::sort(runs.begin(), runs.end(), [](const LoadResult& a, const LoadResult& b) {
+    return a.calls_per_second < b.calls_per_second;
+  });
+  return std::move(runs[runs.size() / 2]);
 }
 
 absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env) {
@@ -352,8 +370,14 @@ absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env) {
     env->tcp_mb_per_s[bytes] = rows.back().mb_per_second;
   }
   const size_t write = absl::GetFlag(FLAGS_tcp_stream_write);
-  ASSIGN_OR_RETURN(double bandwidth,
-                   MeasureStreamBandwidth(server->port(), write, env->flags->load.duration));
+  std::vector<double> bandwidths;
+  for (int i = 0; i < env->flags->repeat; ++i) {
+    ASSIGN_OR_RETURN(double b,
+                     MeasureStreamBandwidth(server->port(), write, env->flags->load.duration));
+    bandwidths.push_back(b);
+  }
+  std::sort(bandwidths.begin(), bandwidths.end());
+  const double bandwidth = bandwidths[bandwidths.size() / 2];
   BenchRow stream;
   stream.mode = "tcp";
   stream.op = "stream";
@@ -574,7 +598,8 @@ absl::Status CheckTables(const BenchFlags& f, const JobConfig& config) {
 void PrintHeader(const std::vector<std::string>& addresses, const BenchFlags& f) {
   std::cerr << "ps_bench: " << addresses.size() << " servers (" << absl::StrJoin(addresses, ", ")
             << "), " << absl::FormatDuration(f.load.duration) << " per measurement after "
-            << absl::FormatDuration(f.load.warmup) << " warm-up, window " << f.window << std::endl;
+            << absl::FormatDuration(f.load.warmup) << " warm-up, window " << f.window
+            << ", median of " << f.repeat << std::endl;
 }
 
 // Dense and sparse: against a local cluster started here, or the --connect servers.

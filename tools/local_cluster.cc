@@ -130,4 +130,10 @@ void LocalCluster::Stop() {
   for (auto& s : servers_) s->Stop(options_.stop_grace);
 }
 
+std::vector<pid_t> LocalCluster::pids() const {
+  std::vector<pid_t> out;
+  for (const auto& s : servers_) out.push_back(s->pid());
+  return out;
+}
+
 }  // namespace ps::tools

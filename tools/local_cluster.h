@@ -47,6 +47,8 @@ class LocalCluster {
 
   // "127.0.0.1:<port>" of server i at index i.
   const std::vector<std::string>& addresses() const { return addresses_; }
+  // Process ids of the servers, index order.
+  std::vector<pid_t> pids() const;
   const std::string& dir() const { return dir_; }
   const std::string& config_path() const { return config_path_; }
   // OK while every server runs; else FAILED_PRECONDITION naming each server that ended, how,

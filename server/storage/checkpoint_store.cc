@@ -150,8 +150,11 @@ rocksdb::ColumnFamilyOptions MakeCheckpointCfOptions() {
   // Parameters and optimizer slots are floats, which block compressors barely shrink;
   // compressing them costs CPU on both paths for nothing.
   options.compression = rocksdb::kNoCompression;
-  options.write_buffer_size = 64 << 20;
-  options.max_write_buffer_number = 4;  // Keep accepting records while memtables flush.
+  // Memtables are the store's main memory cost while a checkpoint is written (at most
+  // write_buffer_size * max_write_buffer_number): kept small so that a server's resident set
+  // stays close to its tables' size during checkpoints.
+  options.write_buffer_size = 16 << 20;
+  options.max_write_buffer_number = 3;  // Keep accepting records while memtables flush.
   rocksdb::BlockBasedTableOptions table;
   table.block_size = 64 << 10;  // Reads are long scans; fewer index entries for small rows.
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));

@@ -128,9 +128,12 @@ void DenseTablePart::Apply(uint32_t block, absl::Span<const float> values,
   CountUpdate();
 }
 
-std::string DenseTablePart::EncodeBlock(int64_t step, absl::Span<const float> data) {
-  std::string out;
-  out.reserve(sizeof(step) + data.size() * sizeof(float));
+absl::string_view DenseTablePart::EncodeBlock(int64_t step, absl::Span<const float> data) {
+  // One buffer per thread, reused for every block it saves: snapshots of large tables would
+  // otherwise allocate and free a block-sized string per block, which fragments the heap.
+  // The view is valid until this thread encodes the next block.
+  thread_local std::string out;
+  out.clear();
   AppendRaw(&out, &step, sizeof(step));
   AppendRaw(&out, data.data(), data.size() * sizeof(float));
   return out;
@@ -162,7 +165,7 @@ absl::Status DenseTablePart::WriteSnapshot(size_t /*record_bytes*/) {
   CHECK_NE(epoch, 0u) << "WriteSnapshot without BeginSnapshot";
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block* b = blocks_[i].get();
-    std::string value;
+    absl::string_view value;
     {
       absl::MutexLock lock(&b->mu);
       if (b->saved_epoch >= epoch) continue;  // saved by an update already

@@ -134,7 +134,7 @@ class DenseTablePart final : public TablePart {
     uint64_t saved_epoch ABSL_GUARDED_BY(mu) = 0;  // last snapshot that has this block
   };
   Block* Find(uint32_t block) const;
-  static std::string EncodeBlock(int64_t step, absl::Span<const float> data);
+  static absl::string_view EncodeBlock(int64_t step, absl::Span<const float> data);
   static std::string BlockKey(uint32_t id);
   void RecordSinkError(const absl::Status& status);
 

@@ -47,6 +47,13 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker,
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
   w.above.insert(sequence);
+  // Sequences that never arrive (pushes lost with a server restored from an older
+  // checkpoint) would keep the floor down and the set growing: past kMaxAbove entries the
+  // oldest gap is given up on (a worker does not retry a push that far back).
+  while (w.above.size() > kMaxAbove) {
+    w.floor = *w.above.begin();
+    w.above.erase(w.above.begin());
+  }
   while (!w.above.empty() && *w.above.begin() == w.floor + 1) {
     w.above.erase(w.above.begin());
     ++w.floor;

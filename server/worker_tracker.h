@@ -43,6 +43,9 @@ struct WorkerTrackerOptions {
 // Thread-safe.
 class WorkerTracker {
  public:
+  // Applied sequences kept above a worker's floor; older gaps are given up on.
+  static constexpr size_t kMaxAbove = 1024;
+
   // `now` is the clock (injected for tests); defaults to absl::Now.
   explicit WorkerTracker(const WorkerTrackerOptions& options,
                          std::function<absl::Time()> now = nullptr);

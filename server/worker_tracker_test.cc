@@ -45,6 +45,21 @@ TEST(WorkerTracker, AdmitsEachSequenceOnce) {
   EXPECT_EQ(*t.Admit(1, 7, 1), Admission::kApply);
 }
 
+TEST(WorkerTracker, LostSequencesDoNotGrowTheStateForever) {
+  // A server restored from an older checkpoint never sees sequences 2..10 again.
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 1, 1), Admission::kApply);
+  for (uint64_t s = 11; s < 11 + 3 * WorkerTracker::kMaxAbove; ++s) {
+    ASSERT_EQ(*t.Admit(0, 1, s), Admission::kApply);
+  }
+  auto saved = t.Get(0);
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->applied_above_size(), 0);
+  EXPECT_EQ(saved->applied_floor(), 10 + 3 * WorkerTracker::kMaxAbove);
+  // Recent sequences are still recognized as duplicates.
+  EXPECT_EQ(*t.Admit(0, 1, 10 + 3 * WorkerTracker::kMaxAbove), Admission::kDuplicate);
+}
+
 TEST(WorkerTracker, RejectsSequenceZero) {
   WorkerTracker t(Options(1, std::nullopt));
   EXPECT_THAT(t.Admit(0, 1, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));

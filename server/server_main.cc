@@ -92,6 +92,17 @@ absl::Status Run() {
                                          absl::GetFlag(FLAGS_config), common::SplitOverrides(absl::GetFlag(FLAGS_set))));
   const int32_t index = absl::GetFlag(FLAGS_server_index);
   if (index < 0) return absl::InvalidArgumentError("--server_index is required");
+  // Fields of the schema whose features are not built yet: refuse rather than ignore them.
+  for (const TableConfig& t : config.tables()) {
+    if (t.memory_budget_rows() > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "table '", t.name(), "': memory_budget_rows (tables larger than memory) is not "
+          "implemented yet"));
+    }
+  }
+  if (config.metrics().port() >= 0) {
+    return absl::UnimplementedError("metrics.port: the /metrics endpoint is not implemented yet");
+  }
   if (absl::GetFlag(FLAGS_checkpoint_interval) >= 0) {
     config.mutable_checkpoint()->set_interval_s(absl::GetFlag(FLAGS_checkpoint_interval));
   }

@@ -73,6 +73,16 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(JobConfig config,
                    common::LoadAndPrepareJobConfig(absl::GetFlag(FLAGS_config), overrides));
   RETURN_IF_ERROR_CTX(common::CheckTrainable(config), absl::GetFlag(FLAGS_config));
+  // Fields of the schema whose features are not built yet: refuse rather than ignore them.
+  if (config.training().prefetch()) {
+    return absl::UnimplementedError("training.prefetch is not implemented yet; remove it");
+  }
+  if (config.training().local_sgd().steps() > 0) {
+    return absl::UnimplementedError("training.local_sgd is not implemented yet; remove it");
+  }
+  if (config.metrics().port() >= 0) {
+    return absl::UnimplementedError("metrics.port: the /metrics endpoint is not implemented yet");
+  }
   const bool centralized = absl::GetFlag(FLAGS_centralized);
   const int32_t index = absl::GetFlag(FLAGS_worker_index);
   const int32_t num_workers = centralized ? 1 : static_cast<int32_t>(config.cluster().num_workers());

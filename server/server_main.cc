@@ -83,6 +83,27 @@ absl::StatusOr<std::optional<uint64_t>> ParseRestore(const std::string& flag, bo
   return std::optional<uint64_t>(id);
 }
 
+// The progress file: "<updates applied>\n", rewritten about every second (write + rename),
+// so that after a crash the next start can tell how many updates its checkpoint misses.
+std::string ProgressPath(const std::string& data_dir) { return data_dir + "/PROGRESS"; }
+
+std::optional<uint64_t> ReadProgress(const std::string& data_dir) {
+  std::ifstream in(ProgressPath(data_dir));
+  uint64_t updates = 0;
+  if (in >> updates) return updates;
+  return std::nullopt;
+}
+
+void WriteProgress(const std::string& data_dir, uint64_t updates) {
+  const std::string path = ProgressPath(data_dir);
+  {
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << updates << "\n";
+    if (!out) return;  // best effort: a full disk must not stop training
+  }
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
 absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
   if (absl::GetFlag(FLAGS_config).empty()) {
@@ -126,6 +147,8 @@ absl::Status Run() {
 
   std::unique_ptr<Checkpointer> checkpointer;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  std::optional<uint64_t> previous_updates;
+  uint64_t updates_lost = 0;
   if (!data_dir.empty()) {
     CheckpointerOptions options;
     options.data_dir = data_dir;
@@ -133,6 +156,7 @@ absl::Status Run() {
     options.interval = absl::Seconds(config.checkpoint().interval_s());
     options.every_updates = config.checkpoint().every_updates();
     ASSIGN_OR_RETURN(checkpointer, Checkpointer::Create(shard.get(), options));
+    previous_updates = ReadProgress(data_dir);
     bool skip = false;
     ASSIGN_OR_RETURN(std::optional<uint64_t> which,
                      ParseRestore(absl::GetFlag(FLAGS_restore), &skip));
@@ -146,6 +170,12 @@ absl::Status Run() {
                   << ": " << report.bytes << " bytes, " << report.updates_applied
                   << " updates applied, written "
                   << absl::FormatTime(absl::FromUnixMicros(report.unix_micros));
+      }
+      if (previous_updates.has_value() && *previous_updates > report.updates_applied) {
+        updates_lost = *previous_updates - report.updates_applied;
+        LOG(WARNING) << "the previous run of this server had applied " << *previous_updates
+                     << " updates: " << updates_lost
+                     << " updates since the restored checkpoint were lost";
       }
     }
   } else {
@@ -165,6 +195,7 @@ absl::Status Run() {
     hooks.stats = [&](StatsResponse* out) { checkpointer->FillStats(out); };
     hooks.server_info = [&](ServerInfoResponse* out) {
       out->set_restored_checkpoint_id(checkpointer->restored().checkpoint_id);
+      out->set_updates_lost(updates_lost);
     };
   }
   hooks.shutdown = [&](bool checkpoint) {
@@ -218,8 +249,13 @@ absl::Status Run() {
     }
   });
   // Leases expire with time, not with events: wake pulls waiting on the bound now and then.
+  absl::Time last_progress = absl::InfinitePast();
   while (!shutdown_requested.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
     shard->workers().Poke();
+    if (!data_dir.empty() && absl::Now() - last_progress >= absl::Seconds(1)) {
+      WriteProgress(data_dir, shard->updates_applied());
+      last_progress = absl::Now();
+    }
   }
 
   server->GetHealthCheckService()->SetServingStatus(false);
@@ -238,6 +274,7 @@ absl::Status Run() {
     }
   }
   server->Wait();
+  if (!data_dir.empty()) WriteProgress(data_dir, shard->updates_applied());
   // Wake the signal thread if the shutdown came over RPC.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

@@ -118,6 +118,9 @@ def main():
     ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag")
     ap.add_argument("--restart_servers", type=int, default=0,
                     help="restart a crashed server up to this many times (with back-off)")
+    ap.add_argument("--restart_workers", type=int, default=0,
+                    help="restart a failed or killed worker up to this many times; it resumes where "
+                         "the servers saw it last")
     ap.add_argument("--start_timeout", type=float, default=120, help="seconds to wait for servers")
     ap.add_argument("--stop_timeout", type=float, default=60, help="seconds servers get to exit")
     args = ap.parse_args()
@@ -214,13 +217,21 @@ def main():
         workers.append(p)
 
     restarts = [0] * num_servers
+    worker_restarts = [0] * num_workers
     failed = None
     while failed is None:
-        if all(w.poll() is not None for w in workers):
+        if all(w.poll() == 0 for w in workers):
             break
         for j, w in enumerate(workers):
             code = w.poll()
-            if code is not None and code != 0:
+            if code is None or code == 0:
+                continue
+            if worker_restarts[j] < args.restart_workers:
+                worker_restarts[j] += 1
+                say("worker %d exited with code %d; restarting it (restart %d of %d)" %
+                    (j, code, worker_restarts[j], args.restart_workers))
+                w.start()
+            else:
                 failed = "worker %d failed with exit code %d" % (j, code)
         for i, s in enumerate(servers):
             code = s.poll()

@@ -136,6 +136,10 @@ absl::Status Run() {
     options.on_retry = [](uint32_t server, uint32_t attempt, const absl::Status& status) {
       LOG(WARNING) << "server " << server << " retry " << attempt << ": " << status;
     };
+    options.on_recovered = [](uint32_t server, uint32_t retries, absl::Duration down) {
+      LOG(WARNING) << "server " << server << " answers again after " << retries
+                   << " retries, " << absl::ToDoubleSeconds(down) << " s after the first failure";
+    };
     ASSIGN_OR_RETURN(auto s, GrpcParameterStore::Create(config, options));
     RETURN_IF_ERROR(s->WaitForServers(absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s))));
     grpc_store = s.get();
@@ -164,6 +168,27 @@ absl::Status Run() {
   options.progress_interval = absl::Seconds(config.training().progress_interval_s());
   options.log_tag = absl::StrFormat("\"job\":\"%s\",\"mode\":\"%s\"", config.name(),
                                     centralized ? "centralized" : "distributed");
+  absl::Time last_heartbeat = absl::Now();
+  if (grpc_store != nullptr) {
+    // A restarted worker resumes where the servers saw it last (its data position and
+    // clock); a new one gets zeros.
+    ASSIGN_OR_RETURN(GrpcParameterStore::Position saved, grpc_store->Heartbeat(0, 0, false));
+    if (saved.epoch > 0 || saved.offset > 0 || saved.clock > 0) {
+      LOG(INFO) << "worker " << index << ": resuming at epoch " << saved.epoch + 1 << ", example "
+                << saved.offset << " of its shard, clock " << saved.clock
+                << " (as the servers remember it)";
+      options.start_epoch = saved.epoch;
+      options.start_offset = saved.offset;
+      options.start_clock = saved.clock;
+    }
+    // Report the position about once a second.
+    options.on_step = [&](uint32_t epoch, uint64_t offset) {
+      if (absl::Now() - last_heartbeat < absl::Seconds(1)) return;
+      last_heartbeat = absl::Now();
+      absl::StatusOr<GrpcParameterStore::Position> r = grpc_store->Heartbeat(epoch, offset, false);
+      if (!r.ok()) LOG(WARNING) << "heartbeat: " << r.status();
+    };
+  }
   Trainer trainer(model.get(), store.get(), data.train.get(), data.test.get(), options);
   ASSIGN_OR_RETURN(TrainResult result, trainer.Run());
   RETURN_IF_ERROR(store->Finish());

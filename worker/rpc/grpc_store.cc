@@ -114,6 +114,7 @@ absl::Status GrpcParameterStore::FanOut(
   for (uint32_t s = 0; s < n; ++s) {
     if (send[s]) pending.push_back(s);
   }
+  std::vector<absl::Time> first_failure(n, absl::InfiniteFuture());
   for (uint32_t attempt = 0; !pending.empty(); ++attempt) {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
     absl::BlockingCounter done(static_cast<int>(pending.size()));
@@ -131,7 +132,13 @@ absl::Status GrpcParameterStore::FanOut(
     done.Wait();
     std::vector<uint32_t> retry;
     for (uint32_t s : pending) {
-      if (status[s].ok()) continue;
+      if (status[s].ok()) {
+        if (attempt > 0 && options_.on_recovered) {
+          options_.on_recovered(s, attempt, absl::Now() - first_failure[s]);
+        }
+        continue;
+      }
+      first_failure[s] = std::min(first_failure[s], absl::Now());
       if (!Retryable(status[s]) || attempt >= options_.max_retries) {
         return common::Annotate(status[s], absl::StrCat("server ", s, " (",
                                                         config_.cluster().servers_size() > s
@@ -328,9 +335,9 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<uint32_t, uint64_t>> GrpcParameterStore::Heartbeat(uint32_t epoch,
-                                                                            uint64_t offset,
-                                                                            bool finished) {
+absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint32_t epoch,
+                                                                          uint64_t offset,
+                                                                          bool finished) {
   const size_t n = stubs_.size();
   std::vector<HeartbeatRequest> requests(n);
   for (auto& r : requests) {
@@ -342,8 +349,14 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> GrpcParameterStore::Heartbeat(uint
   std::vector<HeartbeatResponse> responses;
   RETURN_IF_ERROR(FanOut(requests, &responses, std::vector<bool>(n, true),
                          &ParameterServer::StubInterface::async_interface::Heartbeat));
-  std::pair<uint32_t, uint64_t> saved{0, 0};
-  for (const auto& r : responses) saved = std::max(saved, {r.epoch(), r.data_offset()});
+  Position saved;
+  for (const auto& r : responses) {
+    if (std::make_pair(r.epoch(), r.data_offset()) > std::make_pair(saved.epoch, saved.offset)) {
+      saved.epoch = r.epoch();
+      saved.offset = r.data_offset();
+    }
+    saved.clock = std::max(saved.clock, r.clock());
+  }
   return saved;
 }
 

@@ -38,6 +38,9 @@ struct GrpcStoreOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // Called before each retry (server index, attempt, error); for logs and tests.
   std::function<void(uint32_t, uint32_t, const absl::Status&)> on_retry;
+  // Called when a server answers again after failed attempts (server index, retries, time
+  // since the first failure); for logs and recovery measurements.
+  std::function<void(uint32_t, uint32_t, absl::Duration)> on_recovered;
 };
 
 // Counters of one store (for the trainer's throughput log).
@@ -67,10 +70,16 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Waits until every server answers ServerInfo with this job's layout (FAILED_PRECONDITION
   // if one differs) or `timeout` passes (UNAVAILABLE naming the silent servers).
   absl::Status WaitForServers(absl::Duration timeout);
-  // Tells every server where this worker is in its data and reads back the saved position
-  // (for a restarted worker): the largest saved (epoch, offset) over servers.
-  absl::StatusOr<std::pair<uint32_t, uint64_t>> Heartbeat(uint32_t epoch, uint64_t offset,
-                                                          bool finished);
+  // Where a worker is, as the servers remember it.
+  struct Position {
+    uint32_t epoch = 0;
+    uint64_t offset = 0;  // examples consumed in the epoch
+    int64_t clock = 0;
+  };
+  // Tells every server where this worker is in its data (offset 0 and epoch 0 = say
+  // nothing) and reads back what they remember: the furthest position over the servers,
+  // which a restarted worker resumes from.
+  absl::StatusOr<Position> Heartbeat(uint32_t epoch, uint64_t offset, bool finished);
 
   GrpcStoreStats stats() const;
   const common::Partitioner& partitioner() const { return partitioner_; }

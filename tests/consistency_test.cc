@@ -93,5 +93,52 @@ TEST(Consistency, AsynchronousNeverWaits) {
   EXPECT_LE(o.slow_done_when_fast_finished, 4);
 }
 
+TEST(Consistency, DeadWorkerLeavesTheBspBoundWhenItsLeaseRunsOut) {
+  auto config = common::ParseJobConfigText(R"pb(
+    cluster { num_servers: 1 num_workers: 2 }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 4 optimizer { kind: SGD learning_rate: 0.1 } }
+    training { staleness: 0 }
+    server { worker_lease_s: 0.5 }
+  )pb", "test");
+  ASSERT_THAT(config.status(), IsOk());
+  auto shard = *server::Shard::Create(*config, server::ShardOptions{});
+  // The server's housekeeping: leases run out with time, so waiting pulls are re-checked.
+  std::atomic<bool> done{false};
+  std::thread poker([&] {
+    while (!done) {
+      shard->workers().Poke();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  auto step = [&](server::InProcessParameterStore* store, int64_t c) {
+    std::vector<float> w(4), g(4, 1.0f);
+    common::PullBatch pull;
+    pull.dense.push_back({"w", absl::MakeSpan(w)});
+    absl::Status s = store->Pull(pull, {c});
+    if (!s.ok()) return s;
+    common::PushBatch push;
+    push.dense.push_back({"w", g});
+    return store->Push(push, {c + 1, false});
+  };
+  auto a = *server::InProcessParameterStore::Create({shard.get()}, {0, 1});
+  auto b = *server::InProcessParameterStore::Create({shard.get()}, {1, 1});
+  // Both train two steps in lockstep, then worker 1 dies without a word.
+  for (int64_t c = 0; c < 2; ++c) {
+    std::thread tb([&] { ASSERT_THAT(step(b.get(), c), IsOk()); });
+    ASSERT_THAT(step(a.get(), c), IsOk());
+    tb.join();
+  }
+  const absl::Time start = absl::Now();
+  for (int64_t c = 2; c < 6; ++c) ASSERT_THAT(step(a.get(), c), IsOk());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400)) << "worker 0 did not wait for the lease";
+  StatsResponse stats;
+  shard->FillStats(&stats);
+  ASSERT_EQ(stats.worker_clocks_size(), 2);
+  EXPECT_FALSE(stats.worker_clocks(1).live());
+  EXPECT_EQ(stats.worker_clocks(1).clock(), 2);
+  done = true;
+  poker.join();
+}
+
 }  // namespace
 }  // namespace ps

@@ -8,11 +8,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace ps::common {
 namespace {
+
+// Compares in time that depends only on the lengths, so that response times do not reveal
+// how much of a guessed token was right.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 // Checks "authorization: Bearer <token>" on every call. Thread-safe (immutable).
 class TokenChecker final : public grpc::AuthMetadataProcessor {
@@ -26,7 +36,7 @@ class TokenChecker final : public grpc::AuthMetadataProcessor {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
     }
     absl::string_view value(it->second.data(), it->second.size());
-    if (!absl::ConsumePrefix(&value, "Bearer ") || value != token_) {
+    if (!absl::ConsumePrefix(&value, "Bearer ") || !ConstantTimeEquals(value, token_)) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
     }
     return grpc::Status::OK;
@@ -61,6 +71,19 @@ absl::StatusOr<std::string> ReadToken(const SecurityConfig& security) {
         absl::StrCat("security.token_file ", security.token_file(), " is empty"));
   }
   return trimmed;
+}
+
+// Reads a PEM file named by security.<field>. An empty file must not get through: gRPC
+// takes an empty root certificate string to mean "the system's default roots", so a client
+// with an empty ca_cert would trust any publicly certified server (and send it the token)
+// instead of only the job's CA.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view field) {
+  ASSIGN_OR_RETURN(std::string pem, ReadFileToString(path), absl::StrCat("security.", field));
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security.", field, ": ", path, " holds no PEM block"));
+  }
+  return pem;
 }
 
 absl::Status CheckTls(const SecurityConfig& security) {
@@ -105,11 +128,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   } else {
     grpc::SslServerCredentialsOptions options(
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFileToString(security.ca_cert()),
-                     "security.ca_cert");
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(security.ca_cert(), "ca_cert"));
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    ASSIGN_OR_RETURN(pair.private_key, ReadFileToString(security.key()), "security.key");
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadFileToString(security.cert()), "security.cert");
+    ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(security.key(), "key"));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(security.cert(), "cert"));
     options.pem_key_cert_pairs.push_back(std::move(pair));
     creds = grpc::SslServerCredentials(options);
   }
@@ -128,10 +150,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     return grpc::InsecureChannelCredentials();
   }
   grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFileToString(security.ca_cert()),
-                   "security.ca_cert");
-  ASSIGN_OR_RETURN(options.pem_private_key, ReadFileToString(security.key()), "security.key");
-  ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFileToString(security.cert()), "security.cert");
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(security.ca_cert(), "ca_cert"));
+  ASSIGN_OR_RETURN(options.pem_private_key, ReadPemFile(security.key(), "key"));
+  ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPemFile(security.cert(), "cert"));
   creds = grpc::SslCredentials(options);
   if (!token.empty()) {
     creds = grpc::CompositeChannelCredentials(

@@ -21,11 +21,13 @@ namespace ps::common {
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Server credentials. INVALID_ARGUMENT when neither plaintext nor a complete TLS setup is
-// configured; NOT_FOUND for missing certificate files.
+// configured, or when a certificate or key file holds no PEM block (an empty file included);
+// NOT_FOUND for missing files.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityConfig& security);
 
 // Channel credentials for clients (workers, tools), including the bearer token if any.
+// Errors as for MakeServerCredentials.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const SecurityConfig& security);
 

@@ -1,0 +1,137 @@
+#include "fuzz/fuzz_env.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "common/config.h"
+#include "glog/logging.h"
+
+namespace ps::fuzz {
+namespace {
+
+constexpr char kConfig[] = R"pb(
+  cluster { num_servers: 2 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 64 }
+  training { staleness: 1 }
+  tables {
+    name: "w" kind: TABLE_KIND_DENSE shape: 3 shape: 7
+    initializer { kind: UNIFORM low: -1 high: 1 }
+    optimizer { kind: ADAM clip_norm: 1 }
+  }
+  tables {
+    name: "emb" kind: TABLE_KIND_SPARSE dim: 3
+    initializer { kind: NORMAL stddev: 0.1 }
+    optimizer { kind: SGD learning_rate: 0.1 weight_decay: 0.01 }
+  }
+)pb";
+
+void AppendBytes(std::string* out, const void* p, size_t n) {
+  out->append(static_cast<const char*>(p), n);
+}
+
+}  // namespace
+
+const JobConfig& Config() {
+  static const JobConfig* config = [] {
+    auto parsed = common::ParseJobConfigText(kConfig, "fuzz_env");
+    CHECK(parsed.ok()) << parsed.status();
+    auto* c = new JobConfig(*std::move(parsed));
+    CHECK(common::ValidateJobConfig(*c).ok());
+    return c;
+  }();
+  return *config;
+}
+
+const Layout& GetLayout() {
+  static const Layout* layout = [] {
+    auto* l = new Layout;
+    Server s = NewServer();
+    const common::Partitioner& p = s.shard->partitioner();
+    l->fingerprint = p.layout_fingerprint();
+    const common::TableInfo* w = p.FindTable("w");
+    l->num_blocks = w->num_blocks;
+    for (uint32_t b = 0; b < w->num_blocks; ++b) {
+      (p.ServerForBlock(*w, b) == 0 ? l->my_blocks : l->other_blocks).push_back(b);
+    }
+    for (uint64_t k = 0; l->my_keys.size() < 8 || l->other_keys.size() < 8; ++k) {
+      auto& keys = p.ServerForKey(k) == 0 ? l->my_keys : l->other_keys;
+      if (keys.size() < 8) keys.push_back(k);
+    }
+    l->dim = p.FindTable("emb")->dim;
+    CHECK(!l->my_blocks.empty() && !l->other_blocks.empty());
+    return l;
+  }();
+  return *layout;
+}
+
+Server NewServer() {
+  Server s;
+  auto shard = server::Shard::Create(Config(), server::ShardOptions{});
+  CHECK(shard.ok()) << shard.status();
+  s.shard = *std::move(shard);
+  server::ServiceOptions options;
+  options.num_threads = 1;
+  s.service = std::make_unique<server::ParameterServerService>(s.shard.get(), options,
+                                                               server::ServiceHooks{});
+  return s;
+}
+
+std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
+  const Layout& layout = GetLayout();
+  std::string out;
+  auto* dense = *shard.FindDenseTable("w");
+  std::vector<float> buffer;
+  for (uint32_t b : layout.my_blocks) {
+    buffer.resize(dense->BlockSize(b));
+    dense->Read(b, absl::MakeSpan(buffer));
+    AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
+  }
+  std::vector<uint64_t> keys = layout.my_keys;
+  for (uint64_t k : extra_keys) {
+    if (keys.size() >= layout.my_keys.size() + 64) break;
+    if (shard.partitioner().ServerForKey(k) == 0) keys.push_back(k);
+  }
+  auto* sparse = *shard.FindSparseTable("emb");
+  buffer.resize(keys.size() * sparse->info().dim);
+  sparse->Read(keys, absl::MakeSpan(buffer));
+  AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
+  const uint64_t updates = shard.updates_applied();
+  AppendBytes(&out, &updates, sizeof(updates));
+  for (const WorkerCheckpoint& w : shard.workers().Save()) out += w.SerializeAsString();
+  return out;
+}
+
+RequestHeader Header(int32_t worker, uint64_t sequence, int64_t clock) {
+  RequestHeader h;
+  h.set_worker_id(worker);
+  h.set_worker_incarnation(1);
+  h.set_sequence(sequence);
+  h.set_clock(clock);
+  h.set_layout_fingerprint(GetLayout().fingerprint);
+  return h;
+}
+
+std::string Floats(size_t n, float value) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) AppendBytes(&out, &value, sizeof(value));
+  return out;
+}
+
+void QuietLogging() {
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 2;  // ERROR
+}
+
+bool MaybeWriteSeeds(const std::vector<std::pair<std::string, std::string>>& seeds) {
+  const char* dir = std::getenv("PS_FUZZ_WRITE_SEEDS");
+  if (dir == nullptr || *dir == '\0') return false;
+  for (const auto& [name, bytes] : seeds) {
+    std::ofstream f(std::string(dir) + "/" + name, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    CHECK(f.good()) << "cannot write seed " << name << " to " << dir;
+  }
+  return true;
+}
+
+}  // namespace ps::fuzz

@@ -1,0 +1,71 @@
+// The server both fuzzers run against, built without sockets (as server/rpc/service_test
+// does): server 0 of a two-server layout with a dense table "w" (21 values in blocks of 4,
+// Adam with clip_norm) and a sparse table "emb" (dim 3, SGD with weight decay), under SSP
+// with staleness 1 and two workers, so that pulls go through the consistency bound.
+//
+// Also the cheap state fingerprint the fuzzers compare before and after a request, and the
+// seed-corpus writer (a fuzzer started with PS_FUZZ_WRITE_SEEDS=<dir> writes its seeds there
+// and exits instead of fuzzing; tools/fuzz.sh --regen-corpus uses it).
+//
+// Thread-compatible: libFuzzer calls a target from one thread.
+#ifndef PS_FUZZ_FUZZ_ENV_H_
+#define PS_FUZZ_FUZZ_ENV_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/config.pb.h"
+#include "proto/ps.pb.h"
+#include "server/rpc/service.h"
+#include "server/shard.h"
+
+namespace ps::fuzz {
+
+// What a fuzzer needs to know about the layout to build requests that pass the checks.
+struct Layout {
+  uint64_t fingerprint = 0;
+  std::vector<uint32_t> my_blocks;     // blocks of "w" on server 0
+  std::vector<uint32_t> other_blocks;  // blocks of "w" on server 1
+  uint32_t num_blocks = 0;
+  std::vector<uint64_t> my_keys;     // small keys owned by server 0
+  std::vector<uint64_t> other_keys;  // small keys owned by server 1
+  uint32_t dim = 0;                  // of "emb"
+};
+
+// The prepared config (parsed once; CHECK-fails if the text above stops parsing).
+const JobConfig& Config();
+const Layout& GetLayout();
+
+// A fresh shard and a service over it. The service's pool has one idle thread.
+struct Server {
+  std::unique_ptr<server::Shard> shard;
+  std::unique_ptr<server::ParameterServerService> service;
+};
+Server NewServer();
+
+// Every value of "w" on this server, the rows of "emb" for Layout::my_keys and for the
+// owned keys among `extra_keys` (at most 64 of them), the update count and the workers'
+// exactly-once state, as bytes. Reading a missing row creates it with its deterministic
+// initial value, which changes no value a pull can see.
+std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys);
+
+// A valid header for worker `worker` (incarnation 1).
+RequestHeader Header(int32_t worker, uint64_t sequence, int64_t clock);
+
+// Float32 bytes of `n` copies of `value`.
+std::string Floats(size_t n, float value);
+
+// glog to stderr at ERROR and above only (the handlers log nothing on bad input, but
+// RocksDB-related code may).
+void QuietLogging();
+
+// If PS_FUZZ_WRITE_SEEDS is set, writes each seed as <dir>/<name> and returns true.
+bool MaybeWriteSeeds(const std::vector<std::pair<std::string, std::string>>& seeds);
+
+}  // namespace ps::fuzz
+
+#endif  // PS_FUZZ_FUZZ_ENV_H_

@@ -52,6 +52,8 @@ const Layout& GetLayout() {
     const common::TableInfo* w = p.FindTable("w");
     l->num_blocks = w->num_blocks;
     for (uint32_t b = 0; b < w->num_blocks; ++b) {
+      auto [begin, end] = p.BlockRange(*w, b);
+      l->block_sizes.push_back(end - begin);
       (p.ServerForBlock(*w, b) == 0 ? l->my_blocks : l->other_blocks).push_back(b);
     }
     for (uint64_t k = 0; l->my_keys.size() < 8 || l->other_keys.size() < 8; ++k) {

@@ -31,6 +31,7 @@ struct Layout {
   std::vector<uint32_t> my_blocks;     // blocks of "w" on server 0
   std::vector<uint32_t> other_blocks;  // blocks of "w" on server 1
   uint32_t num_blocks = 0;
+  std::vector<size_t> block_sizes;   // values in each block of "w"
   std::vector<uint64_t> my_keys;     // small keys owned by server 0
   std::vector<uint64_t> other_keys;  // small keys owned by server 1
   uint32_t dim = 0;                  // of "emb"

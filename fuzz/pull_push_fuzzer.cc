@@ -159,8 +159,9 @@ PushRequest StructuredPush(FuzzedDataProvider& in, uint64_t* next_sequence) {
       for (int b = 0; b < blocks; ++b) {
         DenseBlock* block = t->add_blocks();
         block->set_block_id(PickBlock(in));
-        // Block sizes: 4, except the last block of the 21 values, which holds 1.
-        const size_t n = block->block_id() + 1 == layout.num_blocks ? 1 : 4;
+        const size_t n = block->block_id() < layout.num_blocks
+                             ? layout.block_sizes[block->block_id()]
+                             : 4;
         *block->mutable_values() = Payload(in, n, t->encoding());
       }
     } else {
@@ -235,8 +236,7 @@ void RunPull(Server& s, const PullRequest& request) {
       Fail("sparse pull payload has the wrong size", status);
     }
     for (const DenseBlock& block : got.blocks()) {
-      const size_t n = block.block_id() + 1 == GetLayout().num_blocks ? 1 : 4;
-      if (block.values().size() != n * bpv) Fail("dense pull payload has the wrong size", status);
+      if (block.values().size() != GetLayout().block_sizes[block.block_id()] * bpv) Fail("dense pull payload has the wrong size", status);
     }
   }
 }
@@ -269,7 +269,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
   for (uint32_t b : layout.my_blocks) {
     DenseBlock* block = tw->add_blocks();
     block->set_block_id(b);
-    *block->mutable_values() = Floats(b + 1 == layout.num_blocks ? 1 : 4, 0.5f);
+    *block->mutable_values() = Floats(layout.block_sizes[b], 0.5f);
   }
   auto* te = push.add_tables();
   te->set_table("emb");

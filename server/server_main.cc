@@ -53,6 +53,9 @@ ABSL_FLAG(double, checkpoint_interval, -1,
 ABSL_FLAG(std::string, restore, "latest",
           "Which checkpoint to restore at start: latest, none, or a checkpoint id.");
 ABSL_FLAG(int32_t, threads, 0, "Threads serving pulls and pushes (0 = server.num_threads).");
+ABSL_FLAG(bool, exit_when_done, true,
+          "Shut down gracefully (final checkpoint, exit 0) once every worker of the job has "
+          "said it finished.");
 
 namespace ps::server {
 namespace {
@@ -255,6 +258,10 @@ absl::Status Run() {
     if (!data_dir.empty() && absl::Now() - last_progress >= absl::Seconds(1)) {
       WriteProgress(data_dir, shard->updates_applied());
       last_progress = absl::Now();
+    }
+    if (absl::GetFlag(FLAGS_exit_when_done) && shard->workers().AllFinished()) {
+      LOG(INFO) << "all " << config.cluster().num_workers() << " workers finished: shutting down";
+      break;
     }
   }
 

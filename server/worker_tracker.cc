@@ -139,6 +139,15 @@ void WorkerTracker::Poke() {
   ++pokes_;
 }
 
+bool WorkerTracker::AllFinished() const {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t id = 0; id < options_.num_workers; ++id) {
+    auto it = workers_.find(static_cast<int32_t>(id));
+    if (it == workers_.end() || !it->second.seen || !it->second.finished) return false;
+  }
+  return true;
+}
+
 int64_t WorkerTracker::MinLiveClock() const {
   absl::MutexLock lock(&mu_);
   auto [min_clock, slowest] = MinLive(now_());

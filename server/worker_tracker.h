@@ -77,6 +77,8 @@ class WorkerTracker {
   // Wakes waiters so they re-check leases (called periodically by the server).
   void Poke();
 
+  // True once every participating worker has been heard from and has finished.
+  bool AllFinished() const;
   int64_t MinLiveClock() const;
   int64_t max_staleness_seen() const;
   std::optional<int32_t> staleness() const { return options_.staleness; }

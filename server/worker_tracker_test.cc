@@ -146,6 +146,20 @@ TEST(WorkerTracker, ExpiredLeaseAndFinishedWorkersLeaveTheBound) {
               StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
+TEST(WorkerTracker, AllFinishedOnlyWhenEveryWorkerFinished) {
+  WorkerTracker t(Options(2, std::nullopt));
+  EXPECT_FALSE(t.AllFinished());
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  t.Finish(0, 1);
+  EXPECT_FALSE(t.AllFinished());  // worker 1 never showed up
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  EXPECT_FALSE(t.AllFinished());
+  t.Finish(1, 1);
+  EXPECT_TRUE(t.AllFinished());
+  ASSERT_THAT(t.Touch(1, 2), IsOk());  // a restarted worker 1 is back
+  EXPECT_FALSE(t.AllFinished());
+}
+
 TEST(WorkerTracker, SaveAndRestoreKeepExactlyOnceState) {
   WorkerTracker t(Options(2, std::nullopt));
   ASSERT_EQ(*t.Admit(0, 9, 1), Admission::kApply);

@@ -235,8 +235,8 @@ def main():
                 failed = "worker %d failed with exit code %d" % (j, code)
         for i, s in enumerate(servers):
             code = s.poll()
-            if code is None:
-                continue
+            if code is None or code == 0:
+                continue  # 0: it saw every worker finish and shut down by itself
             if restarts[i] < args.restart_servers:
                 restarts[i] += 1
                 backoff = min(10.0, 0.5 * 2 ** (restarts[i] - 1))

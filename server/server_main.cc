@@ -254,7 +254,11 @@ absl::Status Run() {
   // Leases expire with time, not with events: wake pulls waiting on the bound now and then.
   absl::Time last_progress = absl::InfinitePast();
   while (!shutdown_requested.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
-    shard->workers().Poke();
+    for (int32_t worker : shard->workers().Poke()) {
+      LOG(WARNING) << "worker " << worker << " not heard from for "
+                   << config.server().worker_lease_s()
+                   << " s: it leaves the consistency bound until it is back";
+    }
     if (!data_dir.empty() && absl::Now() - last_progress >= absl::Seconds(1)) {
       WriteProgress(data_dir, shard->updates_applied());
       last_progress = absl::Now();

@@ -134,9 +134,22 @@ absl::Status WorkerTracker::WaitForBound(int32_t worker, int64_t clock, absl::Ti
   return absl::OkStatus();
 }
 
-void WorkerTracker::Poke() {
+std::vector<int32_t> WorkerTracker::Poke() {
   absl::MutexLock lock(&mu_);
   ++pokes_;
+  std::vector<int32_t> expired;
+  const absl::Time now = now_();
+  for (auto& [id, w] : workers_) {
+    if (!w.seen || w.finished) continue;
+    if (Live(w, now)) {
+      w.expiry_reported = false;
+    } else if (!w.expiry_reported) {
+      w.expiry_reported = true;
+      expired.push_back(id);
+    }
+  }
+  std::sort(expired.begin(), expired.end());
+  return expired;
 }
 
 bool WorkerTracker::AllFinished() const {

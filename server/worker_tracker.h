@@ -74,8 +74,9 @@ class WorkerTracker {
   // staleness), or until `deadline` (DEADLINE_EXCEEDED naming the slowest worker).
   // Returns at once when asynchronous. Records the staleness seen.
   absl::Status WaitForBound(int32_t worker, int64_t clock, absl::Time deadline);
-  // Wakes waiters so they re-check leases (called periodically by the server).
-  void Poke();
+  // Wakes waiters so they re-check leases (called periodically by the server). Returns the
+  // workers whose lease ran out since the previous call (each reported once per silence).
+  std::vector<int32_t> Poke();
 
   // True once every participating worker has been heard from and has finished.
   bool AllFinished() const;
@@ -101,6 +102,7 @@ class WorkerTracker {
     uint32_t epoch = 0;
     bool finished = false;
     bool seen = false;
+    bool expiry_reported = false;
     absl::Time last_seen = absl::InfinitePast();
   };
   // Returns the worker's record, switching to a newer incarnation if this is one.

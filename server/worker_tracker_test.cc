@@ -131,8 +131,11 @@ TEST(WorkerTracker, ExpiredLeaseAndFinishedWorkersLeaveTheBound) {
   t.Finish(1, 1);
   EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Milliseconds(10)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_TRUE(t.Poke().empty());
   clock.seconds += 31;
   t.AdvanceClock(0, 1, 5);  // worker 0 is alive
+  EXPECT_THAT(t.Poke(), ::testing::ElementsAre(2));  // reported once
+  EXPECT_TRUE(t.Poke().empty());
   EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Seconds(5)), IsOk());
   std::vector<WorkerClock> stats;
   t.FillStats(&stats);

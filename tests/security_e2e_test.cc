@@ -41,7 +41,9 @@ constexpr float kLearningRate = 0.5f;
 constexpr char kTablesConfig[] = R"pb(
   cluster { num_servers: 1 num_workers: 1 }
   tables {
-    name: "w" kind: TABLE_KIND_DENSE shape: 64
+    name: "w"
+    kind: TABLE_KIND_DENSE
+    shape: 64
     initializer { kind: UNIFORM low: -1 high: 1 seed: 3 }
     optimizer { kind: SGD learning_rate: 0.5 }
   }
@@ -116,8 +118,8 @@ class SecurityE2eTest : public ::testing::Test {
   }
 
   static void MakeCerts(const std::string& out) {
-    auto p = Subprocess::Start(
-        {"/bin/bash", testing::RunfilePath("tools/make_certs.sh"), out}, out + ".log");
+    auto p = Subprocess::Start({"/bin/bash", testing::RunfilePath("tools/make_certs.sh"), out},
+                               out + ".log");
     ASSERT_THAT(p.status(), IsOk());
     auto status = (*p)->Wait(absl::Seconds(30));
     ASSERT_THAT(status.status(), IsOk());
@@ -130,11 +132,11 @@ class SecurityE2eTest : public ::testing::Test {
                                                  const SecurityConfig& security) {
     const std::string config_path = absl::StrCat(*dir_, "/", name, ".textproto");
     std::ofstream(config_path) << kTablesConfig << SecurityText(security);
-    auto p = Subprocess::Start(
-        {testing::RunfilePath("server/ps_server"), "--config=" + config_path,
-         "--server_index=0", "--host=127.0.0.1", "--port=0",
-         absl::StrCat("--port_file=", *dir_, "/", name, ".port"), "--threads=2"},
-        absl::StrCat(*dir_, "/", name, ".log"));
+    auto p =
+        Subprocess::Start({testing::RunfilePath("server/ps_server"), "--config=" + config_path,
+                           "--server_index=0", "--host=127.0.0.1", "--port=0",
+                           absl::StrCat("--port_file=", *dir_, "/", name, ".port"), "--threads=2"},
+                          absl::StrCat(*dir_, "/", name, ".log"));
     EXPECT_THAT(p.status(), IsOk());
     return p.ok() ? *std::move(p) : nullptr;
   }
@@ -316,12 +318,11 @@ TEST_F(SecurityE2eTest, PlaintextServerWarns) {
   std::unique_ptr<Subprocess> p = StartServer("plaintext", s);
   ASSERT_NE(p, nullptr);
   // The warning comes before the server listens, so it is in the log once the port is.
-  ASSERT_THAT(testing::WaitForFileLine(*dir_ + "/plaintext.port", absl::Seconds(30), p.get())
-                  .status(),
-              IsOk());
-  EXPECT_THAT(p->ReadLog(),
-              HasSubstr("security.plaintext is set: calls are neither encrypted nor "
-                        "authenticated"));
+  ASSERT_THAT(
+      testing::WaitForFileLine(*dir_ + "/plaintext.port", absl::Seconds(30), p.get()).status(),
+      IsOk());
+  EXPECT_THAT(p->ReadLog(), HasSubstr("security.plaintext is set: calls are neither encrypted nor "
+                                      "authenticated"));
   p->Signal(SIGTERM);
   auto status = p->Wait(absl::Seconds(20));
   ASSERT_THAT(status.status(), IsOk());

@@ -367,6 +367,7 @@ absl::Status GrpcParameterStore::Finish() {
 absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<bool> ready(stubs_.size(), false);
+  absl::Status last_error;
   while (true) {
     for (uint32_t s = 0; s < stubs_.size(); ++s) {
       if (ready[s]) continue;
@@ -376,7 +377,14 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
       ServerInfoRequest request;
       ServerInfoResponse response;
       absl::Status st = common::FromGrpcStatus(stubs_[s]->ServerInfo(&context, request, &response));
-      if (!st.ok()) continue;
+      if (!st.ok()) {
+        // Not up yet: keep waiting. Refused (credentials, token): waiting will not help.
+        if (!Retryable(st)) {
+          return common::Annotate(st, absl::StrCat("server ", s, " (", config_.cluster().servers(s), ")"));
+        }
+        last_error = st;
+        continue;
+      }
       if (response.layout_fingerprint() != partitioner_.layout_fingerprint() ||
           response.server_index() != s) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -397,7 +405,8 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
       }
       return absl::UnavailableError(absl::StrCat("servers not answering after ",
                                                  absl::FormatDuration(timeout), ": ",
-                                                 absl::StrJoin(missing, ", ")));
+                                                 absl::StrJoin(missing, ", "), " (last error: ",
+                                                 last_error.ToString(), ")"));
     }
     absl::SleepFor(absl::Milliseconds(100));
   }

@@ -1,0 +1,200 @@
+// psctl: administer the servers of a running job.
+//
+//   psctl status     --config=job.textproto --servers=h0:p0,h1:p1 [--json]
+//   psctl checkpoint --config=job.textproto --servers=...            # now, on all, and wait
+//   psctl shutdown   --config=job.textproto --servers=... [--checkpoint=false]
+//
+// --servers defaults to the config's cluster.servers. The config supplies the security
+// settings (TLS certificates, token) and the RPC limits.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/rpc/credentials.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/ps.grpc.pb.h"
+
+ABSL_FLAG(std::string, config, "", "The job's JobConfig textproto (required).");
+ABSL_FLAG(std::string, servers, "", "Server addresses h:p,... (default: cluster.servers).");
+ABSL_FLAG(bool, json, false, "Print JSON (one object per server per line) instead of tables.");
+ABSL_FLAG(double, rate_interval_s, 1.0, "status: seconds between the two samples for rates.");
+ABSL_FLAG(bool, checkpoint, true, "shutdown: write a final checkpoint first.");
+ABSL_FLAG(double, timeout_s, 120, "Deadline of each call, seconds.");
+
+namespace ps::tools {
+namespace {
+
+struct Server {
+  std::string address;
+  std::unique_ptr<ParameterServer::Stub> stub;
+};
+
+template <typename Request, typename Response>
+absl::Status Call(Server& s,
+                  grpc::Status (ParameterServer::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                                Response*),
+                  const Request& request, Response* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
+  return common::Annotate(common::FromGrpcStatus(((*s.stub).*method)(&context, request, response)),
+                          s.address);
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  // Cannot fail for our messages (no Any fields); an empty object would show if it did.
+  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) out = "{}";
+  return out;
+}
+
+absl::Status Status(std::vector<Server>& servers) {
+  std::vector<StatsResponse> first(servers.size()), second(servers.size());
+  for (size_t i = 0; i < servers.size(); ++i) {
+    RETURN_IF_ERROR(Call(servers[i], &ParameterServer::Stub::Stats, StatsRequest(), &first[i]));
+  }
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_rate_interval_s)));
+  for (size_t i = 0; i < servers.size(); ++i) {
+    RETURN_IF_ERROR(Call(servers[i], &ParameterServer::Stub::Stats, StatsRequest(), &second[i]));
+  }
+  for (size_t i = 0; i < servers.size(); ++i) {
+    const StatsResponse& s = second[i];
+    const double dt = std::max(1e-9, s.uptime_s() - first[i].uptime_s());
+    const double updates_per_s = (s.updates_applied() - first[i].updates_applied()) / dt;
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("{\"address\":\"%s\",\"updates_per_s\":%.3f,\"stats\":%s}\n",
+                  servers[i].address.c_str(), updates_per_s, Json(s).c_str());
+      continue;
+    }
+    std::printf("server %u  %s  incarnation %llu  up %.0f s  updates %llu (%.1f/s)  pulls %llu  "
+                "pushes %llu  duplicates %llu\n",
+                s.server_index(), servers[i].address.c_str(),
+                static_cast<unsigned long long>(s.server_incarnation()), s.uptime_s(),
+                static_cast<unsigned long long>(s.updates_applied()), updates_per_s,
+                static_cast<unsigned long long>(s.pulls()),
+                static_cast<unsigned long long>(s.pushes()),
+                static_cast<unsigned long long>(s.duplicate_pushes()));
+    std::printf("  checkpoint %llu, %.0f s ago, took %.2f s; storage %.1f MiB\n",
+                static_cast<unsigned long long>(s.last_checkpoint_id()), s.last_checkpoint_age_s(),
+                s.last_checkpoint_duration_s(), s.storage_bytes() / 1048576.0);
+    std::printf("  %-28s %-7s %12s %12s %12s\n", "table", "kind", "rows", "MiB", "updates");
+    for (const TableStats& t : s.tables()) {
+      std::printf("  %-28s %-7s %12llu %12.1f %12llu\n", t.name().c_str(),
+                  t.kind() == TABLE_KIND_DENSE ? "dense" : "sparse",
+                  static_cast<unsigned long long>(t.rows()), t.bytes() / 1048576.0,
+                  static_cast<unsigned long long>(t.updates_applied()));
+    }
+    int64_t max_clock = 0;
+    for (const WorkerClock& w : s.worker_clocks()) max_clock = std::max(max_clock, w.clock());
+    std::printf("  %-8s %10s %10s %6s %12s\n", "worker", "clock", "behind", "live", "last seen");
+    for (const WorkerClock& w : s.worker_clocks()) {
+      std::printf("  %-8d %10lld %10lld %6s %10.1f s\n", w.worker_id(),
+                  static_cast<long long>(w.clock()), static_cast<long long>(max_clock - w.clock()),
+                  w.live() ? "yes" : "no", w.seconds_since_seen());
+    }
+    std::printf("  max staleness seen %lld", static_cast<long long>(s.max_staleness_seen()));
+    for (const auto& [reason, n] : s.rejected()) {
+      std::printf("; rejected %s: %llu", reason.c_str(), static_cast<unsigned long long>(n));
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint(std::vector<Server>& servers) {
+  std::vector<CheckpointResponse> responses(servers.size());
+  std::vector<absl::Status> statuses(servers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      statuses[i] = Call(servers[i], &ParameterServer::Stub::Checkpoint, CheckpointRequest(),
+                         &responses[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (!statuses[i].ok()) return statuses[i];
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("{\"address\":\"%s\",\"checkpoint\":%s}\n", servers[i].address.c_str(),
+                  Json(responses[i]).c_str());
+    } else {
+      std::printf("%s: checkpoint %llu, %.1f MiB, %llu updates, %.2f s\n",
+                  servers[i].address.c_str(),
+                  static_cast<unsigned long long>(responses[i].checkpoint_id()),
+                  responses[i].bytes() / 1048576.0,
+                  static_cast<unsigned long long>(responses[i].updates_applied()),
+                  responses[i].duration_s());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shutdown(std::vector<Server>& servers) {
+  ShutdownRequest request;
+  request.set_checkpoint(absl::GetFlag(FLAGS_checkpoint));
+  for (Server& s : servers) {
+    ShutdownResponse response;
+    RETURN_IF_ERROR(Call(s, &ParameterServer::Stub::Shutdown, request, &response));
+    std::printf(absl::GetFlag(FLAGS_json) ? "{\"address\":\"%s\",\"shutdown\":true}\n"
+                                          : "%s: shutting down\n",
+                s.address.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::string& command) {
+  if (absl::GetFlag(FLAGS_config).empty()) return absl::InvalidArgumentError("--config is required");
+  ASSIGN_OR_RETURN(JobConfig config, common::LoadJobConfig(absl::GetFlag(FLAGS_config), {}));
+  std::vector<std::string> addresses(config.cluster().servers().begin(),
+                                     config.cluster().servers().end());
+  if (!absl::GetFlag(FLAGS_servers).empty()) {
+    addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  }
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("no servers: pass --servers=h:p,... or set cluster.servers");
+  }
+  std::vector<Server> servers;
+  for (const std::string& a : addresses) {
+    ASSIGN_OR_RETURN(auto channel, common::MakeChannel(a, config));
+    servers.push_back({a, ParameterServer::NewStub(channel)});
+  }
+  if (command == "status") return Status(servers);
+  if (command == "checkpoint") return Checkpoint(servers);
+  if (command == "shutdown") return Shutdown(servers);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown command '", command, "': expected status, checkpoint or shutdown"));
+}
+
+}  // namespace
+}  // namespace ps::tools
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "psctl status|checkpoint|shutdown --config=job.textproto [--servers=h:p,...] [--json]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << "usage: psctl status|checkpoint|shutdown --config=F [--servers=h:p,...] [--json]\n";
+    return 2;
+  }
+  absl::Status s = ps::tools::Run(args[1]);
+  if (!s.ok()) {
+    std::cerr << "psctl: " << s << std::endl;
+    return 1;
+  }
+  return 0;
+}

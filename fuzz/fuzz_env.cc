@@ -14,6 +14,7 @@ namespace {
 constexpr char kConfig[] = R"pb(
   cluster { num_servers: 2 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 64 }
   training { staleness: 1 }
+  security { plaintext: true }
   tables {
     name: "w" kind: TABLE_KIND_DENSE shape: 3 shape: 7
     initializer { kind: UNIFORM low: -1 high: 1 }
@@ -37,7 +38,8 @@ const JobConfig& Config() {
     auto parsed = common::ParseJobConfigText(kConfig, "fuzz_env");
     CHECK(parsed.ok()) << parsed.status();
     auto* c = new JobConfig(*std::move(parsed));
-    CHECK(common::ValidateJobConfig(*c).ok());
+    const absl::Status valid = common::ValidateJobConfig(*c);
+    CHECK(valid.ok()) << valid;
     return c;
   }();
   return *config;

@@ -174,8 +174,10 @@ absl::Status Run() {
                   << " updates applied, written "
                   << absl::FormatTime(absl::FromUnixMicros(report.unix_micros));
       }
-      if (previous_updates.has_value() && *previous_updates > report.updates_applied) {
-        updates_lost = *previous_updates - report.updates_applied;
+      if (previous_updates.has_value()) {
+        updates_lost = *previous_updates > report.updates_applied
+                           ? *previous_updates - report.updates_applied
+                           : 0;
         LOG(WARNING) << "the previous run of this server had applied " << *previous_updates
                      << " updates: " << updates_lost
                      << " updates since the restored checkpoint were lost";

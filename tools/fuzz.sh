@@ -58,7 +58,8 @@ bazel_flags=(
   --copt=-UNDEBUG
   --copt=-fsanitize=fuzzer-no-link,address,undefined --copt=-fno-omit-frame-pointer
   --copt=-gline-tables-only
-  --linkopt=-fsanitize=address,undefined
+  # Bazel links with the C driver (clang), which leaves out the C++ parts of the UBSan runtime.
+  --linkopt=-fsanitize=address,undefined --linkopt=-fsanitize-link-c++-runtime
 )
 targets=()
 for f in "${fuzzers[@]}"; do targets+=("//fuzz:$f"); done

@@ -19,8 +19,11 @@ using internal::OptimizerConsts;
 //
 // The build targets x86-64-v2 (SSE4.2), where Adam's sqrt + divide per element make it
 // compute-bound (~13 GB/s on a 2.4 GHz EPYC core vs ~20 GB/s with AVX2+FMA). target_clones
-// adds an x86-64-v3 (AVX2, FMA) copy of each loop, picked at load time by CPUID.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// adds an x86-64-v3 (AVX2, FMA) copy of each loop, picked at load time by CPUID. Not under
+// ThreadSanitizer: the IFUNC resolvers that pick the copy run during relocation, before the
+// TSan runtime is initialized, and crash the process before main().
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define PS_KERNELS_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define PS_KERNELS_MULTIVERSION

@@ -202,8 +202,18 @@ absl::Status Shard::CheckFinite(const TablePart& table, absl::string_view part,
 
 // ---- Pulls and pushes -------------------------------------------------------------------
 
+absl::Status Shard::CheckClock(const RequestInfo& info) {
+  // A clock counts completed steps. The consistency bound subtracts clocks (clock -
+  // staleness, clock - slowest clock), which a negative clock from a peer would overflow.
+  if (info.worker_id < 0 || info.clock >= 0) return absl::OkStatus();
+  CountRejection("bad_clock");
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker ", info.worker_id, ": clock ", info.clock, " is negative"));
+}
+
 absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
   if (info.worker_id < 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckClock(info));
   RETURN_IF_ERROR(workers_.Touch(info.worker_id, info.worker_incarnation));
   return workers_.WaitForBound(info.worker_id, info.clock, deadline);
 }
@@ -218,6 +228,7 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
                                             absl::Span<const PendingUpdate> updates,
                                             const UpdateOptions& options, uint64_t bytes_in) {
   const bool tracked = info.worker_id >= 0;
+  RETURN_IF_ERROR(CheckClock(info));
   {
     // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
     // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
@@ -317,6 +328,12 @@ absl::Status Shard::BeginRestore(const CheckpointMeta& meta) {
     return absl::FailedPreconditionError(absl::StrCat("the checkpoint belongs to server ",
                                                       meta.server_index(), ", not server ",
                                                       options_.server_index));
+  }
+  for (const auto& w : meta.workers()) {
+    if (w.clock() < 0) {
+      return absl::DataLossError(absl::StrCat("the checkpoint holds worker ", w.worker_id(),
+                                              " at clock ", w.clock(), " (negative)"));
+    }
   }
   for (const auto& tc : meta.tables()) {
     auto it = by_name_.find(tc.name());

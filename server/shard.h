@@ -102,11 +102,13 @@ class Shard {
 
   // ---- Pulls.
   // Waits for the consistency bound (see WorkerTracker) and records the sender as alive.
+  // INVALID_ARGUMENT for a worker (id >= 0) with a negative clock.
   absl::Status BeginPull(const RequestInfo& info, absl::Time deadline);
   void CountPull(uint64_t bytes_out);
 
   // ---- Pushes (phase 2): applies every update of a checked push, at most once per
   // (worker, incarnation, sequence). A worker id < 0 (tools, tests) skips exactly-once.
+  // INVALID_ARGUMENT (nothing applied) for a worker with a negative clock.
   absl::StatusOr<PushResult> ApplyPush(const RequestInfo& info,
                                        absl::Span<const PendingUpdate> updates,
                                        const UpdateOptions& options, uint64_t bytes_in);
@@ -117,7 +119,8 @@ class Shard {
   absl::StatusOr<CheckpointMeta> Snapshot(const SnapshotSink& sink, size_t record_bytes);
   // Restore: BeginRestore checks that the checkpoint fits this server (layout, index,
   // optimizer slots: FAILED_PRECONDITION naming what differs), RestoreRecord loads one
-  // record (DATA_LOSS for one that does not fit), EndRestore adopts the workers' state.
+  // record (DATA_LOSS for one that does not fit; also BeginRestore for a worker with a
+  // negative clock), EndRestore adopts the workers' state.
   // REQUIRES: nothing else uses the shard while restoring.
   absl::Status BeginRestore(const CheckpointMeta& meta);
   absl::Status RestoreRecord(absl::string_view key, absl::string_view value);
@@ -131,6 +134,8 @@ class Shard {
  private:
   Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
         const WorkerTrackerOptions& tracker_options);
+  // INVALID_ARGUMENT (counted as "bad_clock") for a worker's negative clock.
+  absl::Status CheckClock(const RequestInfo& info);
 
   // Constant after construction.
   const JobConfig config_;

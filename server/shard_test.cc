@@ -2,9 +2,12 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -343,6 +346,77 @@ TEST(Shard, RestoreRefusesCheckpointOfAnotherLayoutOrOptimizer) {
   auto other_optimizer = MakeShard(MakeConfig("kind: SGD"));
   EXPECT_THAT(other_optimizer->BeginRestore(meta),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("slots")));
+}
+
+// Found by fuzz/pull_push_fuzzer: under SSP the bound computed clock - staleness on the
+// request's clock, a signed overflow for INT64_MIN.
+TEST(Shard, NegativeWorkerClockIsInvalidArgument) {
+  JobConfig config = MakeConfig("kind: SGD");
+  config.mutable_training()->set_staleness(1);
+  auto shard = MakeShard(config);
+  RequestInfo info;
+  info.worker_id = 0;
+  info.worker_incarnation = 1;
+  info.sequence = 1;
+  info.clock = std::numeric_limits<int64_t>::min();
+  EXPECT_THAT(shard->BeginPull(info, absl::Now()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("clock")));
+  EXPECT_THAT(shard->ApplyPush(info, {}, UpdateOptions{}, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("clock")));
+  EXPECT_EQ(shard->updates_applied(), 0u);
+  info.worker_id = -1;  // a tool: no consistency bound, no clock
+  EXPECT_THAT(shard->BeginPull(info, absl::Now()), IsOk());
+}
+
+// The same overflow through a checkpoint: a restored negative clock would overflow
+// clock - slowest clock in the bound.
+TEST(Shard, RestoreRefusesANegativeWorkerClock) {
+  JobConfig config = MakeConfig("kind: SGD");
+  auto shard = MakeShard(config);
+  Records records;
+  auto meta = *SnapshotTo(*shard, &records);
+  WorkerCheckpoint* w = meta.add_workers();
+  w->set_worker_id(0);
+  w->set_clock(std::numeric_limits<int64_t>::min());
+  EXPECT_THAT(MakeShard(config)->BeginRestore(meta),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("clock")));
+}
+
+// Found by fuzz/checkpoint_fuzzer: a restored step of -1 became 0 at the next push and failed
+// ApplyOptimizer's DCHECK(step >= 1) (and INT64_MAX would overflow ++step). A sparse record
+// with one bad row changes none of its rows.
+TEST(Shard, RestoreRecordRejectsStepsUpdatesCannotContinueFrom) {
+  JobConfig config = MakeConfig("kind: ADAM");
+  auto shard = MakeShard(config);
+  auto store = *InProcessParameterStore::Create({shard.get()}, {});
+  PushAll(*store, 0.3f, 10, {1, 2}, 1);
+  Records records;
+  auto meta = SnapshotTo(*shard, &records);
+  ASSERT_THAT(meta.status(), IsOk());
+  // One dense block record, and one sparse record holding both rows (Adam: 3 * dim floats).
+  std::string block_key, block, rows_key, rows;
+  for (const auto& [key, value] : records) {
+    if (key[0] == 'w' && block.empty()) std::tie(block_key, block) = std::tie(key, value);
+    if (key[0] == 'e') std::tie(rows_key, rows) = std::make_tuple(key, rows + value);
+  }
+  constexpr size_t kRowEntry = 2 * sizeof(int64_t) + 3 * 3 * sizeof(float);
+  ASSERT_EQ(rows.size(), 2 * kRowEntry);
+  auto fresh = MakeShard(config);
+  ASSERT_THAT(fresh->BeginRestore(*meta), IsOk());
+  auto fresh_store = *InProcessParameterStore::Create({fresh.get()}, {});
+  const std::vector<float> dense_before = PullDense(*fresh_store, "w", 10);
+  const std::vector<float> rows_before = PullRows(*fresh_store, {1, 2});
+  for (int64_t bad : {int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+    std::string damaged_block = block, damaged_rows = rows;
+    std::memcpy(&damaged_block[0], &bad, sizeof(bad));
+    std::memcpy(&damaged_rows[kRowEntry + sizeof(uint64_t)], &bad, sizeof(bad));  // 2nd row
+    EXPECT_THAT(fresh->RestoreRecord(block_key, damaged_block),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("step")));
+    EXPECT_THAT(fresh->RestoreRecord(rows_key, damaged_rows),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("step")));
+  }
+  EXPECT_THAT(PullDense(*fresh_store, "w", 10), ElementsAreArray(dense_before));
+  EXPECT_THAT(PullRows(*fresh_store, {1, 2}), ElementsAreArray(rows_before));
 }
 
 TEST(Shard, RestoreRecordRejectsRecordsThatDoNotFit) {

@@ -26,6 +26,11 @@ T LoadRaw(const char* p) {
   return v;
 }
 
+// A restored step (updates applied to a block or row) must be one that updates can continue
+// from: the optimizers need step >= 1 after the increment, and 2^62 updates would take over a
+// century at 10^9 a second, so anything larger is corrupt and stays far from overflowing ++step.
+bool ValidStep(int64_t step) { return step >= 0 && step <= (int64_t{1} << 62); }
+
 // One update of `n` parameters at `data` (slots follow at data + n * (i + 1)).
 void ApplyTo(const kernels::OptimizerParams& opt, int num_slots, int64_t step, float* data,
              size_t n, absl::Span<const float> values, const UpdateOptions& options) {
@@ -203,8 +208,13 @@ absl::Status DenseTablePart::RestoreRecord(absl::string_view key, absl::string_v
     return absl::DataLossError(absl::StrCat("table '", name(), "' block ", id, ": record has ",
                                             value.size(), " bytes, expected ", want));
   }
+  const int64_t step = LoadRaw<int64_t>(value.data());
+  if (!ValidStep(step)) {
+    return absl::DataLossError(
+        absl::StrCat("table '", name(), "' block ", id, ": record has step ", step));
+  }
   absl::MutexLock lock(&b->mu);
-  b->step = LoadRaw<int64_t>(value.data());
+  b->step = step;
   std::memcpy(b->data.data(), value.data() + sizeof(int64_t), value.size() - sizeof(int64_t));
   return absl::OkStatus();
 }
@@ -362,6 +372,15 @@ absl::Status SparseTablePart::RestoreRecord(absl::string_view key, absl::string_
     return absl::DataLossError(absl::StrCat("table '", name(), "': sparse record of ",
                                             value.size(), " bytes is not a multiple of ",
                                             entry_bytes));
+  }
+  // Check every row before changing any: a record that does not fit changes nothing.
+  for (size_t off = 0; off < value.size(); off += entry_bytes) {
+    const int64_t step = LoadRaw<int64_t>(value.data() + off + 8);
+    if (!ValidStep(step)) {
+      return absl::DataLossError(absl::StrCat("table '", name(), "' key ",
+                                              LoadRaw<uint64_t>(value.data() + off),
+                                              ": record has step ", step));
+    }
   }
   for (size_t off = 0; off < value.size(); off += entry_bytes) {
     const uint64_t k = LoadRaw<uint64_t>(value.data() + off);

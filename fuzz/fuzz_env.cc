@@ -16,12 +16,17 @@ constexpr char kConfig[] = R"pb(
   training { staleness: 1 }
   security { plaintext: true }
   tables {
-    name: "w" kind: TABLE_KIND_DENSE shape: 3 shape: 7
+    name: "w"
+    kind: TABLE_KIND_DENSE
+    shape: 3
+    shape: 7
     initializer { kind: UNIFORM low: -1 high: 1 }
     optimizer { kind: ADAM clip_norm: 1 }
   }
   tables {
-    name: "emb" kind: TABLE_KIND_SPARSE dim: 3
+    name: "emb"
+    kind: TABLE_KIND_SPARSE
+    dim: 3
     initializer { kind: NORMAL stddev: 0.1 }
     optimizer { kind: SGD learning_rate: 0.1 weight_decay: 0.01 }
   }

@@ -15,6 +15,8 @@
 //   - a rejected or duplicate push changes no value, no update count and no exactly-once
 //     state (fuzz::State before and after); an applied push adds exactly one update;
 //   - an OK pull answers every table asked for, with payloads of the asked-for sizes.
+#include <fuzzer/FuzzedDataProvider.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -22,8 +24,6 @@
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <fuzzer/FuzzedDataProvider.h>
 
 #include "absl/time/clock.h"
 #include "common/codec.h"
@@ -44,19 +44,31 @@ T Pick(FuzzedDataProvider& in, const std::vector<T>& values) {
 
 std::string TableName(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 7)) {
-    case 0: case 1: case 2: return "w";
-    case 3: case 4: case 5: return "emb";
-    case 6: return "nope";
-    default: return in.ConsumeRandomLengthString(8);
+    case 0:
+    case 1:
+    case 2:
+      return "w";
+    case 3:
+    case 4:
+    case 5:
+      return "emb";
+    case 6:
+      return "nope";
+    default:
+      return in.ConsumeRandomLengthString(8);
   }
 }
 
 Encoding PickEncoding(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 8)) {
-    case 6: return ENCODING_FP16;
-    case 7: return ENCODING_BF16;
-    case 8: return static_cast<Encoding>(in.ConsumeIntegral<int32_t>());
-    default: return ENCODING_FLOAT32;
+    case 6:
+      return ENCODING_FP16;
+    case 7:
+      return ENCODING_BF16;
+    case 8:
+      return static_cast<Encoding>(in.ConsumeIntegral<int32_t>());
+    default:
+      return ENCODING_FLOAT32;
   }
 }
 
@@ -64,34 +76,70 @@ RequestHeader PickHeader(FuzzedDataProvider& in, uint64_t* next_sequence) {
   const Layout& layout = GetLayout();
   RequestHeader h;
   switch (in.ConsumeIntegralInRange(0, 5)) {
-    case 0: h.set_worker_id(-1); break;
-    case 1: case 2: h.set_worker_id(0); break;
-    case 3: h.set_worker_id(1); break;
-    case 4: h.set_worker_id(2); break;  // beyond num_workers
-    default: h.set_worker_id(in.ConsumeIntegral<int32_t>()); break;
+    case 0:
+      h.set_worker_id(-1);
+      break;
+    case 1:
+    case 2:
+      h.set_worker_id(0);
+      break;
+    case 3:
+      h.set_worker_id(1);
+      break;
+    case 4:
+      h.set_worker_id(2);
+      break;  // beyond num_workers
+    default:
+      h.set_worker_id(in.ConsumeIntegral<int32_t>());
+      break;
   }
   switch (in.ConsumeIntegralInRange(0, 4)) {
-    case 0: h.set_worker_incarnation(0); break;
-    case 1: h.set_worker_incarnation(2); break;
-    case 2: h.set_worker_incarnation(in.ConsumeIntegral<uint64_t>()); break;
-    default: h.set_worker_incarnation(1); break;
+    case 0:
+      h.set_worker_incarnation(0);
+      break;
+    case 1:
+      h.set_worker_incarnation(2);
+      break;
+    case 2:
+      h.set_worker_incarnation(in.ConsumeIntegral<uint64_t>());
+      break;
+    default:
+      h.set_worker_incarnation(1);
+      break;
   }
   switch (in.ConsumeIntegralInRange(0, 5)) {
-    case 0: h.set_sequence(0); break;
-    case 1: h.set_sequence(*next_sequence > 1 ? *next_sequence - 1 : 1); break;  // a retry
-    case 2: h.set_sequence(in.ConsumeIntegral<uint64_t>()); break;
-    default: h.set_sequence((*next_sequence)++); break;
+    case 0:
+      h.set_sequence(0);
+      break;
+    case 1:
+      h.set_sequence(*next_sequence > 1 ? *next_sequence - 1 : 1);
+      break;  // a retry
+    case 2:
+      h.set_sequence(in.ConsumeIntegral<uint64_t>());
+      break;
+    default:
+      h.set_sequence((*next_sequence)++);
+      break;
   }
   switch (in.ConsumeIntegralInRange(0, 6)) {
-    case 0: h.set_clock(in.ConsumeIntegral<int64_t>()); break;
-    case 1: h.set_clock(std::numeric_limits<int64_t>::min()); break;
-    case 2: h.set_clock(std::numeric_limits<int64_t>::max()); break;
-    case 3: h.set_clock(-1); break;
-    default: h.set_clock(in.ConsumeIntegralInRange<int64_t>(0, 3)); break;
+    case 0:
+      h.set_clock(in.ConsumeIntegral<int64_t>());
+      break;
+    case 1:
+      h.set_clock(std::numeric_limits<int64_t>::min());
+      break;
+    case 2:
+      h.set_clock(std::numeric_limits<int64_t>::max());
+      break;
+    case 3:
+      h.set_clock(-1);
+      break;
+    default:
+      h.set_clock(in.ConsumeIntegralInRange<int64_t>(0, 3));
+      break;
   }
-  h.set_layout_fingerprint(in.ConsumeIntegralInRange(0, 15) == 0
-                               ? in.ConsumeIntegral<uint64_t>()
-                               : layout.fingerprint);
+  h.set_layout_fingerprint(in.ConsumeIntegralInRange(0, 15) == 0 ? in.ConsumeIntegral<uint64_t>()
+                                                                 : layout.fingerprint);
   if (in.ConsumeBool()) h.set_server_incarnation(in.ConsumeIntegral<uint64_t>());
   return h;
 }
@@ -99,19 +147,26 @@ RequestHeader PickHeader(FuzzedDataProvider& in, uint64_t* next_sequence) {
 uint32_t PickBlock(FuzzedDataProvider& in) {
   const Layout& layout = GetLayout();
   switch (in.ConsumeIntegralInRange(0, 7)) {
-    case 0: return Pick(in, layout.other_blocks);
-    case 1: return layout.num_blocks;
-    case 2: return in.ConsumeIntegral<uint32_t>();
-    default: return Pick(in, layout.my_blocks);
+    case 0:
+      return Pick(in, layout.other_blocks);
+    case 1:
+      return layout.num_blocks;
+    case 2:
+      return in.ConsumeIntegral<uint32_t>();
+    default:
+      return Pick(in, layout.my_blocks);
   }
 }
 
 uint64_t PickKey(FuzzedDataProvider& in) {
   const Layout& layout = GetLayout();
   switch (in.ConsumeIntegralInRange(0, 7)) {
-    case 0: return Pick(in, layout.other_keys);
-    case 1: return in.ConsumeIntegral<uint64_t>();
-    default: return Pick(in, layout.my_keys);
+    case 0:
+      return Pick(in, layout.other_keys);
+    case 1:
+      return in.ConsumeIntegral<uint64_t>();
+    default:
+      return Pick(in, layout.my_keys);
   }
 }
 
@@ -121,22 +176,32 @@ std::string Payload(FuzzedDataProvider& in, size_t n, Encoding encoding) {
   const size_t bpv = common::IsKnownEncoding(encoding) ? common::BytesPerValue(encoding) : 4;
   size_t bytes = n * bpv;
   switch (in.ConsumeIntegralInRange(0, 9)) {
-    case 0: bytes = 0; break;
-    case 1: bytes += 1; break;
-    case 2: bytes += bpv; break;
-    case 3: bytes = bytes >= bpv ? bytes - bpv : 0; break;
-    case 4: bytes = in.ConsumeIntegralInRange<size_t>(0, 4 * n * bpv + 8); break;
-    default: break;
+    case 0:
+      bytes = 0;
+      break;
+    case 1:
+      bytes += 1;
+      break;
+    case 2:
+      bytes += bpv;
+      break;
+    case 3:
+      bytes = bytes >= bpv ? bytes - bpv : 0;
+      break;
+    case 4:
+      bytes = in.ConsumeIntegralInRange<size_t>(0, 4 * n * bpv + 8);
+      break;
+    default:
+      break;
   }
   if (in.ConsumeBool() || !common::IsKnownEncoding(encoding) || bytes % bpv != 0) {
     std::string raw = in.ConsumeBytesAsString(bytes);
     raw.resize(bytes, '\0');
     return raw;
   }
-  const float value =
-      Pick(in, std::vector<float>{0.5f, -1.f, 0.f, 1e30f, -1e-40f, 65520.f,
-                                  std::numeric_limits<float>::quiet_NaN(),
-                                  std::numeric_limits<float>::infinity()});
+  const float value = Pick(in, std::vector<float>{0.5f, -1.f, 0.f, 1e30f, -1e-40f, 65520.f,
+                                                  std::numeric_limits<float>::quiet_NaN(),
+                                                  std::numeric_limits<float>::infinity()});
   std::string out;
   common::EncodeFloats(std::vector<float>(bytes / bpv, value), encoding, &out);
   return out;
@@ -159,9 +224,8 @@ PushRequest StructuredPush(FuzzedDataProvider& in, uint64_t* next_sequence) {
       for (int b = 0; b < blocks; ++b) {
         DenseBlock* block = t->add_blocks();
         block->set_block_id(PickBlock(in));
-        const size_t n = block->block_id() < layout.num_blocks
-                             ? layout.block_sizes[block->block_id()]
-                             : 4;
+        const size_t n =
+            block->block_id() < layout.num_blocks ? layout.block_sizes[block->block_id()] : 4;
         *block->mutable_values() = Payload(in, n, t->encoding());
       }
     } else {
@@ -197,7 +261,8 @@ PullRequest StructuredPull(FuzzedDataProvider& in, uint64_t* next_sequence) {
 
 std::vector<uint64_t> KeysOf(const PushRequest& request) {
   std::vector<uint64_t> keys;
-  for (const TableValues& t : request.tables()) keys.insert(keys.end(), t.keys().begin(), t.keys().end());
+  for (const TableValues& t : request.tables())
+    keys.insert(keys.end(), t.keys().begin(), t.keys().end());
   return keys;
 }
 
@@ -208,7 +273,8 @@ void RunPush(Server& s, const PushRequest& request) {
   PushResponse response;
   const absl::Status status = s.service->HandlePush(request, &response);
   if (status.ok() && !response.duplicate()) {
-    if (s.shard->updates_applied() != updates_before + 1) Fail("applied push not counted once", status);
+    if (s.shard->updates_applied() != updates_before + 1)
+      Fail("applied push not counted once", status);
     return;
   }
   if (State(*s.shard, keys) != before) {
@@ -236,7 +302,8 @@ void RunPull(Server& s, const PullRequest& request) {
       Fail("sparse pull payload has the wrong size", status);
     }
     for (const DenseBlock& block : got.blocks()) {
-      if (block.values().size() != GetLayout().block_sizes[block.block_id()] * bpv) Fail("dense pull payload has the wrong size", status);
+      if (block.values().size() != GetLayout().block_sizes[block.block_id()] * bpv)
+        Fail("dense pull payload has the wrong size", status);
     }
   }
 }

@@ -9,6 +9,7 @@
 #   --merge         afterwards, merge the inputs that added coverage into fuzz/corpus/<name>/
 #                   (libFuzzer -merge=1). Without it the repository's corpus is not modified:
 #                   each run fuzzes a copy in a temporary directory.
+#   PS_FUZZ_WORKDIR=DIR  keep the corpora that were fuzzed and the logs in DIR.
 #   --regen-corpus  rewrite the seeds that the fuzzers generate themselves (PS_FUZZ_WRITE_SEEDS)
 #                   into fuzz/corpus/<name>/, then fuzz as usual.
 #
@@ -43,9 +44,11 @@ for arg in "$@"; do
 done
 ((${#fuzzers[@]})) || fuzzers=(pull_push_fuzzer checkpoint_fuzzer)
 
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found (apt-get install clang); fuzzers not run" >&2
-  exit 1
+# Like the CUDA variant in .ci/run: a machine without the tool skips the step, loudly.
+if ! command -v clang >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
+    >/dev/null 2>&1; then
+  echo "fuzz: SKIPPED: clang with its libFuzzer runtime is not installed (apt-get install clang)"
+  exit 0
 fi
 
 workspace_hash=$(pwd -P | md5sum | cut -c1-12)
@@ -66,12 +69,19 @@ for f in "${fuzzers[@]}"; do targets+=("//fuzz:$f"); done
 
 echo "fuzz: building ${fuzzers[*]} with clang (output base $output_base)"
 start=$(date +%s)
-CC=clang CXX=clang++ bazel --output_base="$output_base" build "${bazel_flags[@]}" "${targets[@]}"
-bin_dir=$(bazel --output_base="$output_base" info "${bazel_flags[@]}" bazel-bin 2>/dev/null)
+CC=clang CXX=clang++ bazel --output_base="$output_base" --max_idle_secs=900 build "${bazel_flags[@]}" "${targets[@]}"
+bin_dir=$(bazel --output_base="$output_base" --max_idle_secs=900 info "${bazel_flags[@]}" bazel-bin 2>/dev/null)
 echo "fuzz: build took $(($(date +%s) - start)) s"
 
-tmp=$(mktemp -d /tmp/ps-fuzz.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+# The corpora being fuzzed, logs and RocksDB scratch directories. PS_FUZZ_WORKDIR keeps them
+# (to look at what a long run found); by default they go with the run.
+if [ -n "${PS_FUZZ_WORKDIR:-}" ]; then
+  tmp="$PS_FUZZ_WORKDIR"
+  mkdir -p "$tmp"
+else
+  tmp=$(mktemp -d /tmp/ps-fuzz.XXXXXX)
+  trap 'rm -rf "$tmp"' EXIT
+fi
 artifacts_root="${PS_FUZZ_ARTIFACTS:-/tmp/ps-fuzz-artifacts}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:symbolize=1}"
@@ -99,8 +109,8 @@ for f in "${fuzzers[@]}"; do
       -print_final_stats=1 -artifact_prefix="$artifacts/" >"$log" 2>&1 || rc=$?
   # The last status line: "#<runs> DONE cov: N ft: N corp: N/Nb ... exec/s: N rss: NMb".
   last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
-  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(sed -n 's/.* cov: \([0-9]*\) .*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\) .*/\1/p' <<<"$last")
   corp=$(sed -n 's/.* corp: \([0-9]*\)\/.*/\1/p' <<<"$last")

@@ -22,10 +22,7 @@
 # libFuzzer needs clang. Bazel 4 configures its C++ toolchain from --repo_env=CC, so the clang
 # build lives in its own output base (one per workspace, under ~/.cache/ps-fuzz-bazel/) and
 # never invalidates the main gcc build. --symlink_prefix=/ keeps it from repointing the
-# workspace's bazel-bin/bazel-testlogs links. --nocheck_visibility: //server/storage keeps its
-# checkpoint store visible to //server, //tests and //tools only, and the store mode of
-# checkpoint_fuzzer opens one through //server:checkpointer, which is visible; the flag is for
-# the testonly fuzz_env helpers that sit outside those packages.
+# workspace's bazel-bin/bazel-testlogs links.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,7 +52,7 @@ workspace_hash=$(pwd -P | md5sum | cut -c1-12)
 output_base="${PS_FUZZ_OUTPUT_BASE:-$HOME/.cache/ps-fuzz-bazel/$workspace_hash}"
 bazel_flags=(
   --repo_env=CC=clang --repo_env=CXX=clang++
-  --symlink_prefix=/ --nocheck_visibility
+  --symlink_prefix=/
   # Optimized (the .bazelrc default) but with DCHECKs and asserts on: a DCHECK a peer can trip
   # is a bug the fuzzer should report.
   --copt=-UNDEBUG

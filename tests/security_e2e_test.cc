@@ -172,10 +172,9 @@ class SecurityE2eTest : public ::testing::Test {
     options.max_retries = 0;
     auto store = worker::GrpcParameterStore::Create(ClientConfig(security), options);
     if (!store.ok()) return store.status();
-    const absl::Time start = absl::Now();
     absl::Status status = Pull(store->get(), nullptr);
     // A refusal is the handshake or the token check failing, not the deadline running out.
-    EXPECT_LT(absl::Now() - start, absl::Seconds(4)) << status;
+    EXPECT_FALSE(absl::IsDeadlineExceeded(status)) << status;
     return status;
   }
 

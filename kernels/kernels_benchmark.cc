@@ -1,8 +1,10 @@
 // Kernel benchmarks:
-//  - GEMM through the Backend API next to a direct cblas_sgemm on the same buffers and shapes
+//  - GEMM through the Backend API next to a direct BLAS call on the same buffers and shapes
 //    (squares, and the MLP 784-256-128-10 at batch 64: forward, dW = X^T dY, dX = dY W^T),
-//    as GFLOP/s of each (from the median call time) and their ratio; on the CPU backend the ratio should be ~1 (the API
-//    adds a virtual call and argument checks). Row time = both calls.
+//    as GFLOP/s of each (from the median call time) and their ratio, which should be ~1 (the
+//    API adds a virtual call and argument checks). The direct call is cblas_sgemm on the CPU
+//    backend and cublasSgemm (own handle) on the CUDA backend, where the squares go up to
+//    8192. Row time = both calls.
 //  - Adam and Adagrad ApplyOptimizer on 16M floats next to memcpy of 16M floats, reported as
 //    GB/s of memory traffic: Adam reads w, g, m, v and writes w, m, v (28 B/element), Adagrad
 //    reads w, g, a and writes w, a (20 B/element), memcpy reads and writes 8 B/element.
@@ -25,6 +27,7 @@
 #include "absl/strings/strip.h"
 #include "glog/logging.h"
 #include "kernels/backend.h"
+#include "kernels/internal/direct_cublas.h"
 #include "kernels/optimizer.h"
 
 namespace ps::kernels {
@@ -36,9 +39,10 @@ struct GemmShape {
   int m, n, k;
 };
 
-std::vector<GemmShape> GemmShapes() {
+std::vector<GemmShape> GemmShapes(bool gpu) {
   std::vector<GemmShape> shapes;
-  for (int s : {256, 512, 1024, 2048}) {
+  for (int s : {256, 512, 1024, 2048, 4096, 8192}) {
+    if (s > 2048 && !gpu) break;
     shapes.push_back({absl::StrCat("square_", s), false, false, s, s, s});
   }
   // MLP 784-256-128-10, batch 64. Layer (in -> out): forward X[64 x in] W[in x out];
@@ -76,7 +80,8 @@ double Median(std::vector<double>& v) {
 // One row per shape: the Backend API call and the direct cblas_sgemm alternate inside the
 // same loop (in alternating order) and are timed separately. On a machine shared with other
 // jobs, back-to-back rows see different load; pairing makes the ratio meaningful.
-void BM_Gemm(benchmark::State& state, Backend* backend, GemmShape s) {
+void BM_Gemm(benchmark::State& state, Backend* backend, internal::DirectCublas* cublas,
+             GemmShape s) {
   GemmOperands host(s);
   auto a = backend->AllocateFloats(host.a.size());
   auto b = backend->AllocateFloats(host.b.size());
@@ -85,21 +90,29 @@ void BM_Gemm(benchmark::State& state, Backend* backend, GemmShape s) {
   CHECK(backend->CopyToDevice(a->data(), host.a.data(), a->size_bytes()).ok());
   CHECK(backend->CopyToDevice(b->data(), host.b.data(), b->size_bytes()).ok());
   CHECK(backend->Zero(c->data(), c->size_bytes()).ok());
-  // On the CPU backend both paths use the very same (device == host) buffers.
+  // Both paths use the very same buffers (on the host for the CPU backend, on the device for
+  // CUDA, where the direct path is cuBLAS).
   const bool on_cpu = backend->kind() == DeviceKind::kCpu;
-  const float* direct_a = on_cpu ? a->floats() : host.a.data();
-  const float* direct_b = on_cpu ? b->floats() : host.b.data();
-  float* direct_c = on_cpu ? c->floats() : host.c.data();
+  const float* direct_a = a->floats();
+  const float* direct_b = b->floats();
+  float* direct_c = c->floats();
 
   auto api = [&] {
-    absl::Status status = backend->Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.f, a->floats(),
-                                        host.lda, b->floats(), host.ldb, 0.f, c->floats(),
-                                        host.ldc);
+    absl::Status status =
+        backend->Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.f, a->floats(), host.lda, b->floats(),
+                      host.ldb, 0.f, c->floats(), host.ldc);
     // Device work is asynchronous: time each GEMM to completion (a no-op on the CPU).
     if (status.ok() && !on_cpu) status = backend->Synchronize();
     if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
   };
   auto direct = [&] {
+    if (!on_cpu) {
+      absl::Status status =
+          cublas->SgemmAndWait(s.trans_a, s.trans_b, s.m, s.n, s.k, a->floats(), host.lda,
+                               b->floats(), host.ldb, c->floats(), host.ldc);
+      if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
+      return;
+    }
     cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
                 s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.f, direct_a, host.lda,
                 direct_b, host.ldb, 0.f, direct_c, host.ldc);
@@ -124,8 +137,8 @@ void BM_Gemm(benchmark::State& state, Backend* backend, GemmShape s) {
   const double api_median = Median(api_s), direct_median = Median(direct_s);
   const double gflop = 2e-9 * s.m * s.n * s.k;
   state.counters["api_GFLOP/s"] = gflop / api_median;
-  state.counters["cblas_GFLOP/s"] = gflop / direct_median;
-  state.counters["api/cblas"] = direct_median / api_median;  // throughput ratio
+  state.counters[on_cpu ? "cblas_GFLOP/s" : "cublas_GFLOP/s"] = gflop / direct_median;
+  state.counters["api/direct"] = direct_median / api_median;  // throughput ratio
 }
 
 constexpr int64_t kOptimizerElements = int64_t{16} << 20;  // 16M floats
@@ -190,20 +203,31 @@ int main(int argc, char** argv) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 256, 256, 256, 1.f, x.a.data(), 256,
                 x.b.data(), 256, 0.f, x.c.data(), 256);
   }
-  for (const GemmShape& s : GemmShapes()) {
+  const bool gpu = (*backend)->kind() != DeviceKind::kCpu;
+  std::unique_ptr<internal::DirectCublas> cublas;
+  if (gpu) {
+    absl::StatusOr<std::unique_ptr<internal::DirectCublas>> created =
+        internal::DirectCublas::Create();
+    if (!created.ok()) {
+      LOG(ERROR) << created.status();
+      return 1;
+    }
+    cublas = *std::move(created);
+  }
+  for (const GemmShape& s : GemmShapes(gpu)) {
     benchmark::internal::Benchmark* b =
-        benchmark::RegisterBenchmark(("Gemm/" + s.name).c_str(), BM_Gemm, backend->get(), s)
+        benchmark::RegisterBenchmark(("Gemm/" + s.name).c_str(), BM_Gemm, backend->get(),
+                                     cublas.get(), s)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
     // A short --benchmark_min_time would give the big squares a single pair: no median.
     if (2.0 * s.m * s.n * s.k >= 1e9) b->Iterations(7);
   }
-  benchmark::RegisterBenchmark("Optimizer/adam_16M", BM_ApplyOptimizer, OptimizerKind::kAdam,
-                               28.0)
+  benchmark::RegisterBenchmark("Optimizer/adam_16M", BM_ApplyOptimizer, OptimizerKind::kAdam, 28.0)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
-  benchmark::RegisterBenchmark("Optimizer/adagrad_16M", BM_ApplyOptimizer,
-                               OptimizerKind::kAdagrad, 20.0)
+  benchmark::RegisterBenchmark("Optimizer/adagrad_16M", BM_ApplyOptimizer, OptimizerKind::kAdagrad,
+                               20.0)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
   benchmark::RegisterBenchmark("Optimizer/memcpy_16M", BM_Memcpy)

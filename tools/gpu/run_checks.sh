@@ -1,0 +1,82 @@
+#!/bin/bash
+# Runs the GPU checks from a bundle made by tools/gpu/make_bundle.sh (this file is copied into
+# it) and writes every log under OUT_DIR:
+#   - the CUDA unit tests: every CUDA op against the CPU backend, and the models' CUDA cases;
+#   - GEMM through the Backend API next to a direct cuBLAS call (kernels_benchmark);
+#   - Fashion-MNIST MLP trained centralized on the GPU and on the CPU, and distributed with
+#     one server and one GPU worker, each with its step breakdown (pull, compute, push);
+#   - the synthetic CTR model centralized on the GPU.
+#
+#   BUNDLE/run_checks.sh OUT_DIR
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:-$here/results}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -e "$d/libcublas.so.13" ]] && LD_LIBRARY_PATH+=":$d"
+done
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+head -n 15 "$out/nvidia-smi.txt"
+
+failed=0
+# step NAME LIMIT_S COMMAND...: runs COMMAND into OUT/NAME.log, shows its tail.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  echo "=== $name: $*"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "--- $name: rc=$rc in $((SECONDS - start)) s"
+  tail -n "${TAIL:-12}" "$out/$name.log"
+  [[ $rc -eq 0 ]] || failed=$((failed + 1))
+}
+
+b="$here/bin"
+epochs="${EPOCHS:-2}"
+d="$here/data"
+fm="--set=data.train_images=$d/train-images-idx3-ubyte.gz,data.train_labels=$d/train-labels-idx1-ubyte.gz"
+fm+=",data.test_images=$d/t10k-images-idx3-ubyte.gz,data.test_labels=$d/t10k-labels-idx1-ubyte.gz"
+fm+=",training.epochs=$epochs"
+
+TAIL=4 step cuda_backend_test 120 "$b/cuda_backend_test"
+TAIL=4 step backend_test 120 "$b/backend_test"
+TAIL=4 step mlp_model_test 120 "$b/mlp_model_test"
+TAIL=4 step ctr_model_test 120 "$b/ctr_model_test"
+TAIL=30 step gemm_benchmark 180 "$b/kernels_benchmark" --device=cuda --benchmark_filter=Gemm \
+  --benchmark_min_time=0.2 --benchmark_out="$out/gemm_benchmark.json" --benchmark_out_format=json
+
+for device in cuda cpu; do
+  step "mlp_centralized_$device" 180 "$b/ps_worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
+    --centralized --device="$device" "$fm" \
+    --log_path="$out/mlp_centralized_$device.jsonl"
+done
+
+# A large MLP (784-2048-2048-10, batch 64), 300 steps: where a GPU should pay. The CPU uses
+# 8 BLAS threads here.
+for device in cuda cpu; do
+  step "mlp_large_centralized_$device" 180 "$b/ps_worker" \
+    --config="$here/configs/fashion_mnist_centralized.textproto" --centralized --device="$device" \
+    --threads=8 --eval=never "$fm,model.mlp.hidden=2048,2048,training.max_steps=300"
+done
+
+# Distributed on this machine: one server, one worker on the GPU.
+rm -rf /tmp/ps-gpu-check && mkdir -p /tmp/ps-gpu-check
+"$b/ps_server" --config="$here/configs/fashion_mnist_centralized.textproto" --server_index=0 \
+  --host=127.0.0.1 --port=0 --port_file=/tmp/ps-gpu-check/port --data_dir=/tmp/ps-gpu-check/data \
+  >"$out/mlp_1x1_server.log" 2>&1 &
+server=$!
+for _ in $(seq 100); do [[ -s /tmp/ps-gpu-check/port ]] && break; sleep 0.1; done
+step mlp_1x1_cuda 180 "$b/ps_worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
+  --worker_index=0 --servers="127.0.0.1:$(cat /tmp/ps-gpu-check/port)" --device=cuda "$fm" \
+  --log_path="$out/mlp_1x1_cuda.jsonl"
+kill -TERM "$server"; wait "$server"
+
+step ctr_centralized_cuda 180 "$b/ps_worker" --config="$here/configs/ctr_synthetic_2x2.textproto" \
+  --centralized --device=cuda \
+  --set=cluster.num_workers=1,data.synthetic.num_train=200000,training.epochs=1 \
+  --log_path="$out/ctr_centralized_cuda.jsonl"
+
+echo "=== $failed step(s) failed"
+exit "$failed"

@@ -12,8 +12,8 @@
 //     slots, workers' exactly-once state and clocks), then up to 16 records that are real
 //     ones damaged (bytes flipped, truncated, extended, step replaced), records with a valid
 //     key and an input-made value, or arbitrary bytes.
-//   mode 3 (store): the template store copied, then 1..4 damages to its files (flip a byte,
-//     truncate, overwrite a range) at positions taken from the input, then
+//   mode 3 (store): the template store copied, then 1..4 damages to its files (flip bits of a
+//     byte, truncate, overwrite a range) at positions taken from the input, then
 //     Checkpointer::Restore of the newest and of the oldest checkpoint into fresh shards.
 // Invariants: every call returns a status (no crash, CHECK failure, sanitizer report or
 // hang); a RestoreRecord that fails changes nothing; a shard whose restore succeeded serves
@@ -53,7 +53,7 @@ struct Template {
   fs::path store_dir;                    // a store holding two complete checkpoints
   fs::path work_dir;                     // where mode 3 copies it to
   std::vector<std::string> store_files;  // relative names, sorted
-  // Per file: bytes from 0 up to this offset may be flipped or overwritten (see SafePrefix).
+  // Per file: bytes from 0 up to this offset may be overwritten (see SafePrefix).
   std::vector<uintmax_t> damage_limit;
 };
 
@@ -87,17 +87,22 @@ void Train(Server& s, uint64_t first_sequence) {
   }
 }
 
-// How much of a store file may be flipped or overwritten without tripping a known abort in
-// RocksDB rather than in our code: all of it, except in SST files, where only the data, filter
-// and index blocks (everything up to the end of the index block) may be damaged. RocksDB 7.8
-// parses an SST's properties block before it checks that block's checksum, and Debian's
-// librocksdb is built with assertions: a damaged properties block aborts the process in
-// DataBlockHashIndex::Initialize (found by this fuzzer; see docs/reliability.md). The
-// properties, metaindex block and footer follow the index block (BlockBasedTableBuilder::
-// Finish), and the footer says where the index block ends: its last 53 bytes are a checksum
-// type byte, the metaindex and index BlockHandles (varint64 offset and size each), padding to
-// 41 bytes, a 4-byte format version and the 8-byte magic number. Truncation stays allowed
-// everywhere: a truncated SST loses its footer and is refused as corrupt.
+// How much of a store file may be overwritten with arbitrary bytes: all of it, except in SST
+// files, where only the data, filter and index blocks (everything up to the end of the index
+// block) may be. Flips and truncation reach every byte of every file.
+//
+// Why: RocksDB 7.8 parses an SST's properties block before it checks that block's checksum,
+// and Debian's librocksdb is built with assertions, so a damaged properties block would abort
+// the process in DataBlockHashIndex::Initialize (found by this fuzzer). CheckpointStore::Open
+// therefore checks the checksum of every table-structure block itself first (sst_check.h),
+// which catches any flip. An overwrite, though, lets the fuzzer write a block together with
+// a matching checksum (libFuzzer learns compared values), i.e. forge a well-formed but
+// hostile block that no checksum can refuse; that is not damage but an attack on the local
+// disk, which the store does not claim to resist. The properties, metaindex block and footer
+// follow the index block (BlockBasedTableBuilder::Finish), and the footer says where the
+// index block ends: its last 53 bytes are a checksum type byte, the metaindex and index
+// BlockHandles (varint64 offset and size each), padding to 41 bytes, a 4-byte format version
+// and the 8-byte magic number.
 uintmax_t SafePrefix(const fs::path& file) {
   std::ifstream f(file, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -374,15 +379,15 @@ bool Verbose() {
   return verbose;
 }
 
-// Truncates, overwrites or flips bytes of `file`; overwrites and flips stay below `limit`.
+// Truncates, overwrites or flips bytes of `file`; overwrites stay below `limit`.
 void Damage(const fs::path& file, uintmax_t limit, FuzzedDataProvider& in) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(file, ec);
   if (ec || size == 0) return;
   const int kind = in.ConsumeIntegralInRange(0, 3);
-  if (kind != 0) limit = std::min(limit, size);
-  if (kind != 0 && limit == 0) return;
-  const uintmax_t at = in.ConsumeIntegralInRange<uintmax_t>(0, (kind == 0 ? size : limit) - 1);
+  limit = kind == 1 ? std::min(limit, size) : size;
+  if (limit == 0) return;
+  const uintmax_t at = in.ConsumeIntegralInRange<uintmax_t>(0, limit - 1);
   if (Verbose()) {
     std::fprintf(stderr, "damage %s (%ju bytes, damage below %ju) at %ju: %s\n",
                  file.filename().c_str(), size, limit, at,

@@ -35,13 +35,16 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -56,6 +59,7 @@
 #include "server/storage/crc32c.h"
 #include "server/storage/internal/checkpoint_format.h"
 #include "server/storage/rocksdb_status.h"
+#include "server/storage/sst_check.h"
 
 namespace ps::server::storage {
 
@@ -136,9 +140,17 @@ rocksdb::DBOptions MakeDbOptions(rocksdb::Env* env) {
   return options;
 }
 
+// CRC-32C block checksums (RocksDB 7.8 defaults to XXH3): the one kind CheckSstFile verifies.
+rocksdb::BlockBasedTableOptions TableOptions() {
+  rocksdb::BlockBasedTableOptions table;
+  table.checksum = rocksdb::kCRC32c;
+  return table;
+}
+
 rocksdb::ColumnFamilyOptions MakeMetaCfOptions() {
   rocksdb::ColumnFamilyOptions options;
   options.write_buffer_size = 4 << 20;  // A few small keys.
+  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(TableOptions()));
   return options;
 }
 
@@ -155,7 +167,7 @@ rocksdb::ColumnFamilyOptions MakeCheckpointCfOptions() {
   // stays close to its tables' size during checkpoints.
   options.write_buffer_size = 16 << 20;
   options.max_write_buffer_number = 3;  // Keep accepting records while memtables flush.
-  rocksdb::BlockBasedTableOptions table;
+  rocksdb::BlockBasedTableOptions table = TableOptions();
   table.block_size = 64 << 10;  // Reads are long scans; fewer index entries for small rows.
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   return options;
@@ -167,6 +179,61 @@ rocksdb::ReadOptions ScanReadOptions() {
   options.fill_cache = false;       // A full scan would only evict useful blocks.
   options.readahead_size = 2 << 20;
   return options;
+}
+
+// SST files whose table structure is damaged (see sst_check.h) are renamed with this suffix
+// while RocksDB opens the store, so that it does not parse them.
+constexpr absl::string_view kUncheckedSuffix = ".damaged";
+
+// Checks the table structure of every SST file in `path` before RocksDB parses any (see
+// sst_check.h) and moves the damaged ones aside (+kUncheckedSuffix). Returns one DATA_LOSS per
+// file moved. First moves back files left aside by an Open() that did not finish.
+absl::StatusOr<std::vector<std::pair<std::string, absl::Status>>> MoveDamagedSstFilesAside(
+    rocksdb::Env* env, const std::string& path) {
+  std::vector<std::string> children;
+  RETURN_IF_ERROR(FromRocksDbStatus(env->GetChildren(path, &children), "list files"));
+  for (std::string& child : children) {
+    if (!absl::EndsWith(child, absl::StrCat(".sst", kUncheckedSuffix))) continue;
+    const std::string original(absl::StripSuffix(child, kUncheckedSuffix));
+    RETURN_IF_ERROR(FromRocksDbStatus(
+        env->RenameFile(absl::StrCat(path, "/", child), absl::StrCat(path, "/", original)),
+        "move back " + child));
+    child = original;
+  }
+  std::vector<std::pair<std::string, absl::Status>> damaged;
+  for (const std::string& child : children) {
+    if (!absl::EndsWith(child, ".sst")) continue;
+    const std::string file = absl::StrCat(path, "/", child);
+    absl::StatusOr<SstCheck> check = CheckSstFile(file);
+    if (check.ok()) continue;
+    if (!absl::IsDataLoss(check.status())) return check.status();
+    RETURN_IF_ERROR(FromRocksDbStatus(env->RenameFile(file, file + std::string(kUncheckedSuffix)),
+                                      "move aside " + child));
+    damaged.emplace_back(file, check.status());
+  }
+  return damaged;
+}
+
+// After DB::Open: a damaged file that the store could do without was not one of its live
+// files (typically a table file a killed process was still writing): it is deleted. If the
+// store needed one, the damaged files are moved back and their damage is the error.
+absl::Status SettleDamagedSstFiles(rocksdb::Env* env,
+                                   const std::vector<std::pair<std::string, absl::Status>>& damaged,
+                                   bool opened, absl::string_view context) {
+  std::vector<std::string> messages;
+  for (const auto& [file, status] : damaged) {
+    const std::string aside = file + std::string(kUncheckedSuffix);
+    if (opened) {
+      LOG(WARNING) << context << ": deleted " << file
+                   << ", not part of the store: " << status.message();
+      env->DeleteFile(aside).PermitUncheckedError();
+    } else {
+      env->RenameFile(aside, file).PermitUncheckedError();
+      messages.emplace_back(status.message());
+    }
+  }
+  if (opened || damaged.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(context, ": ", absl::StrJoin(messages, "; ")));
 }
 
 // Creates `path` and its missing parents through `env`, so errors come back as rocksdb::Status.
@@ -317,10 +384,16 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
       descriptors.emplace_back(name, MakeCheckpointCfOptions());
     }
   }
+  std::vector<std::pair<std::string, absl::Status>> damaged;
+  if (existed) {
+    ASSIGN_OR_RETURN(damaged, MoveDamagedSstFilesAside(env, options.path), context);
+  }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw_db = nullptr;
-  RETURN_IF_ERROR(FromRocksDbStatus(
-      rocksdb::DB::Open(db_options, options.path, descriptors, &handles, &raw_db), context));
+  const rocksdb::Status opened =
+      rocksdb::DB::Open(db_options, options.path, descriptors, &handles, &raw_db);
+  RETURN_IF_ERROR(SettleDamagedSstFiles(env, damaged, opened.ok(), context));
+  RETURN_IF_ERROR(FromRocksDbStatus(opened, context));
 
   std::unique_ptr<CheckpointStore> store(
       new CheckpointStore(options, std::unique_ptr<rocksdb::DB>(raw_db),

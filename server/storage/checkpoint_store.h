@@ -25,7 +25,10 @@
 //   after a new checkpoint has completed; the newest complete checkpoint is never touched.
 // - Checkpoints are isolated on disk (one RocksDB column family each, see the .cc), so damaged
 //   data of one checkpoint does not stop reading, deleting or writing the others. (A truncated
-//   or missing file is the exception: RocksDB then refuses to open the store, DATA_LOSS.)
+//   or missing file is the exception: RocksDB then refuses to open the store, DATA_LOSS. So is
+//   damage to an SST file's table structure, its footer, index or meta blocks, which Open()
+//   checks in every file before RocksDB parses them: see sst_check.h. A damaged table file
+//   that is not part of the store, such as one a killed process was writing, is deleted.)
 //
 // Error codes used throughout (rocksdb_status.h has the full RocksDB mapping):
 //   DATA_LOSS           stored bytes are corrupt (message names the checkpoint id and the key)

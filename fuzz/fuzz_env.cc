@@ -103,7 +103,8 @@ std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
   }
   auto* sparse = *shard.FindSparseTable("emb");
   buffer.resize(keys.size() * sparse->info().dim);
-  sparse->Read(keys, absl::MakeSpan(buffer));
+  const absl::Status read = sparse->Read(keys, absl::MakeSpan(buffer));  // in memory: no I/O
+  CHECK(read.ok()) << read;
   AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
   const uint64_t updates = shard.updates_applied();
   AppendBytes(&out, &updates, sizeof(updates));

@@ -69,6 +69,13 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
 
 absl::StatusOr<CheckpointResponse> Checkpointer::CheckpointNow() {
   absl::MutexLock one_at_a_time(&write_mu_);
+  absl::StatusOr<CheckpointResponse> result = Write();
+  absl::MutexLock lock(&mu_);
+  ++(result.ok() ? written_ : failed_);
+  return result;
+}
+
+absl::StatusOr<CheckpointResponse> Checkpointer::Write() {
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(auto writer, store_->BeginCheckpoint());
   ASSIGN_OR_RETURN(CheckpointMeta meta,
@@ -149,6 +156,8 @@ void Checkpointer::FillStats(StatsResponse* out) {
     out->set_last_checkpoint_age_s(absl::ToDoubleSeconds(absl::Now() - last_time_));
   }
   out->set_last_checkpoint_duration_s(last_duration_s_);
+  out->set_checkpoints_written(written_);
+  out->set_checkpoints_failed(failed_);
   out->set_storage_bytes(store_->ApproximateSizeBytes());
 }
 

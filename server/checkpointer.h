@@ -66,6 +66,7 @@ class Checkpointer {
   // Stops it (a checkpoint in progress completes first).
   void Stop();
 
+  // Last checkpoint (id, age, duration), checkpoints written and failed, storage size.
   void FillStats(StatsResponse* out);
   const RestoreReport& restored() const { return restored_; }
 
@@ -73,6 +74,7 @@ class Checkpointer {
   Checkpointer(Shard* shard, const CheckpointerOptions& options,
                std::unique_ptr<storage::CheckpointStore> store);
   void Loop();
+  absl::StatusOr<CheckpointResponse> Write();
 
   Shard* const shard_;  // Not owned.
   const CheckpointerOptions options_;
@@ -85,6 +87,8 @@ class Checkpointer {
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   double last_duration_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

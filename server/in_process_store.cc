@@ -16,11 +16,10 @@ absl::StatusOr<std::unique_ptr<InProcessParameterStore>> InProcessParameterStore
         absl::StrCat("the job has ", n, " servers, got ", shards.size(), " shards"));
   }
   for (uint32_t i = 0; i < n; ++i) {
-    if (shards[i]->server_index() != i ||
-        shards[i]->partitioner().layout_fingerprint() !=
-            shards[0]->partitioner().layout_fingerprint()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard ", i, " is not server ", i,
-                                                     " of the same layout"));
+    if (shards[i]->server_index() != i || shards[i]->partitioner().layout_fingerprint() !=
+                                              shards[0]->partitioner().layout_fingerprint()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard ", i, " is not server ", i, " of the same layout"));
     }
   }
   return std::unique_ptr<InProcessParameterStore>(
@@ -69,12 +68,12 @@ absl::Status InProcessParameterStore::Pull(const common::PullBatch& batch,
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
     if (t->kind != TABLE_KIND_SPARSE || p.out.size() != p.keys.size() * t->dim) {
       return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': buffer of ",
-                                                     p.out.size(), " floats for ",
-                                                     p.keys.size(), " rows (sparse)"));
+                                                     p.out.size(), " floats for ", p.keys.size(),
+                                                     " rows (sparse)"));
     }
     if (shards_.size() == 1) {
       ASSIGN_OR_RETURN(SparseTablePart * part, shards_[0]->FindSparseTable(p.table));
-      part->Read(p.keys, p.out);
+      RETURN_IF_ERROR(part->Read(p.keys, p.out));
       continue;
     }
     partitioner_->SplitKeysByServer(p.keys, &positions);
@@ -84,7 +83,7 @@ absl::Status InProcessParameterStore::Pull(const common::PullBatch& batch,
       keys.clear();
       for (uint32_t i : positions[s]) keys.push_back(p.keys[i]);
       rows.resize(keys.size() * t->dim);
-      part->Read(keys, absl::MakeSpan(rows));
+      RETURN_IF_ERROR(part->Read(keys, absl::MakeSpan(rows)));
       for (size_t j = 0; j < keys.size(); ++j) {
         std::copy_n(rows.data() + j * t->dim, t->dim, p.out.data() + positions[s][j] * t->dim);
       }
@@ -106,16 +105,16 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
     const common::TableInfo* t = partitioner_->FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
     if (t->kind != TABLE_KIND_DENSE || p.values.size() != t->numel) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ",
-                                                     p.values.size(), " values for a table of ",
-                                                     t->numel, " (dense)"));
+      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
+                                                     " values for a table of ", t->numel,
+                                                     " (dense)"));
     }
     for (uint32_t b = 0; b < t->num_blocks; ++b) {
       const uint32_t s = partitioner_->ServerForBlock(*t, b);
       ASSIGN_OR_RETURN(DenseTablePart * part, shards_[s]->FindDenseTable(p.table));
       auto [begin, end] = partitioner_->BlockRange(*t, b);
       auto values = p.values.subspan(begin, end - begin);
-      if (!options.is_delta) {
+      {  // Gradients and deltas alike.
         RETURN_IF_ERROR(shards_[s]->CheckFinite(*part, absl::StrCat("block ", b), values));
       }
       updates[s].push_back(PendingUpdate{part, b, {}, values});
@@ -126,9 +125,9 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
     const common::TableInfo* t = partitioner_->FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
     if (t->kind != TABLE_KIND_SPARSE || p.values.size() != p.keys.size() * t->dim) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ",
-                                                     p.values.size(), " values for ",
-                                                     p.keys.size(), " rows (sparse)"));
+      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
+                                                     " values for ", p.keys.size(),
+                                                     " rows (sparse)"));
     }
     partitioner_->SplitKeysByServer(p.keys, &positions);
     for (size_t s = 0; s < shards_.size(); ++s) {
@@ -146,7 +145,7 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
         keys = k;
         values = v;
       }
-      if (!options.is_delta) RETURN_IF_ERROR(shards_[s]->CheckFinite(*part, "rows", values));
+      RETURN_IF_ERROR(shards_[s]->CheckFinite(*part, "rows", values));
       updates[s].push_back(PendingUpdate{part, 0, keys, values});
     }
   }
@@ -154,6 +153,7 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
   const RequestInfo info = Info(options.clock, next_sequence_.fetch_add(1));
   UpdateOptions update;
   update.kind = options.is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
+  update.delta_scale = shards_[0]->delta_scale();
   for (size_t s = 0; s < shards_.size(); ++s) {
     RETURN_IF_ERROR(shards_[s]->ApplyPush(info, updates[s], update, 0).status());
   }

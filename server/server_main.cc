@@ -8,6 +8,11 @@
 // the newest checkpoint at start. Prints "ps_server <index> listening on <host>:<port>" once
 // it serves. SIGTERM/SIGINT: health NOT_SERVING, drain in-flight calls, final checkpoint,
 // exit 0.
+//
+// Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index, the port and the cluster come
+// from the environment instead (--cluster_from, see common/cluster_env.h).
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -25,7 +30,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/cluster_env.h"
 #include "common/config.h"
+#include "common/metrics/http_server.h"
+#include "common/metrics/metrics.h"
 #include "common/overrides.h"
 #include "common/rpc/credentials.h"
 #include "common/status_macros.h"
@@ -35,13 +43,24 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/checkpointer.h"
 #include "server/rpc/service.h"
+#include "server/server_metrics.h"
 #include "server/shard.h"
 
 ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (required).");
 ABSL_FLAG(std::string, set, "",
           "Config overrides, comma-separated path=value (e.g. "
           "training.epochs=3,model.mlp.hidden=256,128); see README.");
-ABSL_FLAG(int32_t, server_index, -1, "This server's index, 0..num_servers-1 (required).");
+ABSL_FLAG(int32_t, server_index, -1,
+          "This server's index, 0..num_servers-1 (required unless the environment gives it).");
+ABSL_FLAG(std::string, cluster_from, "auto",
+          "Where the index, port and cluster come from: flags, tf_config (Kubeflow TF_CONFIG), "
+          "slurm (srun), mpi (mpirun, with --rendezvous_dir), or auto (TF_CONFIG if set, else "
+          "SLURM if SLURM_PROCID is set, else flags).");
+ABSL_FLAG(int32_t, base_port, 0,
+          "SLURM: listen on this port + the local rank on the node; 0 = derived from "
+          "SLURM_JOB_ID.");
+ABSL_FLAG(std::string, rendezvous_dir, "",
+          "MPI: a directory every rank shares, where this server leaves its host:port.");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on (127.0.0.1 for local only).");
 ABSL_FLAG(int32_t, port, 0, "Port to listen on; 0 picks a free one (printed).");
 ABSL_FLAG(std::string, port_file, "",
@@ -53,6 +72,11 @@ ABSL_FLAG(double, checkpoint_interval, -1,
 ABSL_FLAG(std::string, restore, "latest",
           "Which checkpoint to restore at start: latest, none, or a checkpoint id.");
 ABSL_FLAG(int32_t, threads, 0, "Threads serving pulls and pushes (0 = server.num_threads).");
+ABSL_FLAG(int32_t, metrics_port, -2,
+          "Port of the Prometheus /metrics endpoint; overrides metrics.port (-1 = off, 0 = a "
+          "free port, printed). The default, -2, keeps metrics.port.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, the metrics endpoint's port is written to this file once it serves.");
 ABSL_FLAG(bool, exit_when_done, true,
           "Shut down gracefully (final checkpoint, exit 0) once every worker of the job has "
           "said it finished.");
@@ -107,26 +131,83 @@ void WriteProgress(const std::string& data_dir, uint64_t updates) {
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
+// The name workers reach this host by: the --host address, or for a wildcard the host name.
+std::string AdvertisedHost(const std::string& listen_host) {
+  if (!listen_host.empty() && listen_host != "0.0.0.0" && listen_host != "::" &&
+      listen_host != "[::]") {
+    return listen_host;
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// One line per sparse table: its rows, and for a table with a memory budget how many are in
+// memory and spilled, and how many moved since the start.
+void LogSparseTables(Shard* shard) {
+  for (const auto& t : shard->partitioner().tables()) {
+    if (t.kind != TABLE_KIND_SPARSE) continue;
+    absl::StatusOr<SparseTablePart*> part = shard->FindSparseTable(t.name);
+    if (!part.ok()) continue;
+    const SpillStats st = (*part)->spill_stats();
+    if (!(*part)->spills()) {
+      LOG(INFO) << "table '" << t.name << "': " << st.resident_rows << " rows, all in memory";
+      continue;
+    }
+    LOG(INFO) << "table '" << t.name << "': " << st.resident_rows + st.spilled_rows << " rows, "
+              << st.resident_rows << " in memory (budget " << (*part)->budget_rows() << "), "
+              << st.spilled_rows << " spilled; " << st.faults << " faulted in and "
+              << st.evictions << " evicted since the start"
+              << (st.eviction_errors > 0 ? absl::StrCat(", ", st.eviction_errors,
+                                                        " evictions failed")
+                                         : "");
+  }
+}
+
 absl::Status Run() {
   const sigset_t stop_signals = BlockStopSignals();
-  if (absl::GetFlag(FLAGS_config).empty()) {
-    return absl::InvalidArgumentError("--config is required");
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (config_path.empty()) return absl::InvalidArgumentError("--config is required");
+  ASSIGN_OR_RETURN(
+      JobConfig config,
+      common::LoadJobConfig(config_path, common::SplitOverrides(absl::GetFlag(FLAGS_set))));
+  // The cluster identity: from the flags, or from the environment (checked against them).
+  common::ClusterOptions cluster_options;
+  cluster_options.cluster_from = absl::GetFlag(FLAGS_cluster_from);
+  cluster_options.role = common::ClusterRole::kServer;
+  if (absl::GetFlag(FLAGS_server_index) >= 0) {
+    cluster_options.index = absl::GetFlag(FLAGS_server_index);
   }
-  ASSIGN_OR_RETURN(JobConfig config, common::LoadAndPrepareJobConfig(
-                                         absl::GetFlag(FLAGS_config), common::SplitOverrides(absl::GetFlag(FLAGS_set))));
-  const int32_t index = absl::GetFlag(FLAGS_server_index);
-  if (index < 0) return absl::InvalidArgumentError("--server_index is required");
-  // Fields of the schema whose features are not built yet: refuse rather than ignore them.
+  cluster_options.index_flag = "--server_index";
+  if (absl::GetFlag(FLAGS_port) != 0) cluster_options.port = absl::GetFlag(FLAGS_port);
+  cluster_options.base_port = absl::GetFlag(FLAGS_base_port);
+  cluster_options.rendezvous_dir = absl::GetFlag(FLAGS_rendezvous_dir);
+  ASSIGN_OR_RETURN(
+      common::ClusterIdentity cluster,
+      common::ResolveCluster(cluster_options, common::EnvMapFromEnviron(environ), &config));
+  RETURN_IF_ERROR_CTX(common::ExpandModelTables(&config), config_path);
+  RETURN_IF_ERROR_CTX(common::ValidateJobConfig(config), config_path);
+  if (!cluster.index.has_value()) return absl::InvalidArgumentError("--server_index is required");
+  const int32_t index = *cluster.index;
+  if (!cluster.description.empty()) LOG(INFO) << cluster.description;
+  const int32_t listen_port = cluster.port != 0 ? cluster.port : absl::GetFlag(FLAGS_port);
+  // Rows beyond a table's memory budget are spilled under the data dir.
   for (const TableConfig& t : config.tables()) {
-    if (t.memory_budget_rows() > 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "table '", t.name(), "': memory_budget_rows (tables larger than memory) is not "
-          "implemented yet"));
+    if (t.memory_budget_rows() > 0 && absl::GetFlag(FLAGS_data_dir).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t.name(), "' has memory_budget_rows: the server needs --data_dir (rows "
+          "beyond the budget are spilled there)"));
     }
   }
-  if (config.metrics().port() >= 0) {
-    return absl::UnimplementedError("metrics.port: the /metrics endpoint is not implemented yet");
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port) == -2
+                                   ? config.metrics().port()
+                                   : absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port=", metrics_port, ": expected -1 (off), 0 or a port"));
   }
+  // Outlives everything that registers metrics in it (declared first, destroyed last).
+  common::metrics::Registry metrics;
   if (absl::GetFlag(FLAGS_checkpoint_interval) >= 0) {
     config.mutable_checkpoint()->set_interval_s(absl::GetFlag(FLAGS_checkpoint_interval));
   }
@@ -135,6 +216,9 @@ absl::Status Run() {
   shard_options.server_index = static_cast<uint32_t>(index);
   shard_options.incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   shard_options.reject_nonfinite = config.server().reject_nonfinite();
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) {
+    shard_options.spill_dir = absl::GetFlag(FLAGS_data_dir) + "/spill";
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Shard> shard, Shard::Create(config, shard_options));
   for (const auto& t : shard->partitioner().tables()) {
     LOG(INFO) << "table '" << t.name << "': "
@@ -145,7 +229,12 @@ absl::Status Run() {
                                                                 .size(),
                                                             " here")
                                              : absl::StrCat("sparse, dim ", t.dim))
-              << ", optimizer " << OptimizerConfig::Kind_Name(t.config->optimizer().kind());
+              << ", optimizer " << OptimizerConfig::Kind_Name(t.config->optimizer().kind())
+              << (t.config->memory_budget_rows() > 0
+                      ? absl::StrCat(", at most ", t.config->memory_budget_rows(),
+                                     " rows in memory (the rest spilled to ",
+                                     shard_options.spill_dir, ")")
+                      : "");
   }
 
   std::unique_ptr<Checkpointer> checkpointer;
@@ -173,6 +262,7 @@ absl::Status Run() {
                   << ": " << report.bytes << " bytes, " << report.updates_applied
                   << " updates applied, written "
                   << absl::FormatTime(absl::FromUnixMicros(report.unix_micros));
+        LogSparseTables(shard.get());
       }
       if (previous_updates.has_value()) {
         updates_lost = *previous_updates > report.updates_applied
@@ -214,13 +304,39 @@ absl::Status Run() {
                                            ? static_cast<int>(config.server().num_threads())
                                            : std::max(2u, std::thread::hardware_concurrency()));
   service_options.max_pull_wait = absl::Seconds(config.server().max_pull_wait_s());
-  ParameterServerService service(shard.get(), service_options, hooks);
+  ParameterServerService service(shard.get(), service_options, hooks, &metrics);
+
+  // Metrics read at scrape time; the handles go before the shard and checkpointer they read.
+  common::metrics::Gauge* up =
+      metrics.AddGauge("ps_server_up", "1 while this server serves, 0 while it shuts down.");
+  common::metrics::CollectorHandle stats_metrics = RegisterServerStats(
+      &metrics,
+      [&](StatsResponse* out) {
+        shard->FillStats(out);
+        if (checkpointer != nullptr) checkpointer->FillStats(out);
+      },
+      /*checkpoints=*/checkpointer != nullptr);
+  common::metrics::CollectorHandle process_metrics =
+      common::metrics::RegisterProcessMetrics(&metrics);
+  std::unique_ptr<common::metrics::MetricsHttpServer> metrics_server;
+  if (metrics_port >= 0) {
+    common::metrics::HttpServerOptions http;
+    http.host = config.metrics().has_host() ? config.metrics().host() : absl::GetFlag(FLAGS_host);
+    http.port = metrics_port;
+    ASSIGN_OR_RETURN(metrics_server, common::metrics::MetricsHttpServer::Start(http, &metrics));
+    std::cout << "ps_server " << index << " metrics on http://" << http.host << ":"
+              << metrics_server->port() << "/metrics" << std::endl;
+    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
+      const std::string tmp = absl::GetFlag(FLAGS_metrics_port_file) + ".tmp";
+      std::ofstream(tmp) << metrics_server->port() << "\n";
+      std::rename(tmp.c_str(), absl::GetFlag(FLAGS_metrics_port_file).c_str());
+    }
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", listen_port);
   builder.AddListeningPort(address, credentials, &port);
   const int max_bytes =
       static_cast<int>(std::min<uint64_t>(config.server().max_message_bytes(), INT32_MAX));
@@ -234,6 +350,7 @@ absl::Status Run() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
+  up->Set(1);
   if (checkpointer != nullptr) checkpointer->Start();
 
   std::cout << "ps_server " << index << " listening on " << absl::GetFlag(FLAGS_host) << ":"
@@ -242,6 +359,11 @@ absl::Status Run() {
     const std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
     std::ofstream(tmp) << port << "\n";
     std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
+  }
+  if (!cluster.rendezvous_job_dir.empty()) {
+    RETURN_IF_ERROR(common::PublishServerAddress(
+        cluster.rendezvous_job_dir, index,
+        absl::StrCat(AdvertisedHost(absl::GetFlag(FLAGS_host)), ":", port)));
   }
 
   // Signals arrive on this thread; the Shutdown RPC notifies too.
@@ -272,6 +394,7 @@ absl::Status Run() {
   }
 
   server->GetHealthCheckService()->SetServingStatus(false);
+  up->Set(0);
   // Drain: calls in flight finish (bounded), new ones are refused.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (checkpointer != nullptr) {
@@ -291,6 +414,7 @@ absl::Status Run() {
   // Wake the signal thread if the shutdown came over RPC.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  LogSparseTables(shard.get());
   LOG(INFO) << "stopped after " << shard->updates_applied() << " updates";
   return absl::OkStatus();
 }

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/status_macros.h"
@@ -12,6 +14,8 @@ namespace ps::server {
 namespace {
 
 constexpr char kVersion[] = "ps 0.1.0";
+// Status payload carrying the reason a request was refused (see RejectionReason).
+constexpr char kReasonPayload[] = "type.ps/ps.RejectionReason";
 
 // Snapshot record keys: "<table name>\0<table-part key>". Table names never hold '\0'.
 std::string RecordKey(absl::string_view table, absl::string_view part) {
@@ -19,6 +23,13 @@ std::string RecordKey(absl::string_view table, absl::string_view part) {
   key.push_back('\0');
   key.append(part.data(), part.size());
   return key;
+}
+
+// Why the worker tracker refused a request's header: FAILED_PRECONDITION is an older
+// incarnation of the worker; otherwise (the worker id is checked before) a sequence number
+// it cannot take.
+const char* HeaderRejection(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) ? "stale_incarnation" : "bad_sequence";
 }
 
 WorkerTrackerOptions TrackerOptions(const JobConfig& config) {
@@ -31,31 +42,6 @@ WorkerTrackerOptions TrackerOptions(const JobConfig& config) {
 
 }  // namespace
 
-kernels::OptimizerParams ToOptimizerParams(const OptimizerConfig& c) {
-  kernels::OptimizerParams p;
-  switch (c.kind()) {
-    case OptimizerConfig::SGD: p.kind = kernels::OptimizerKind::kSgd; break;
-    case OptimizerConfig::MOMENTUM: p.kind = kernels::OptimizerKind::kMomentum; break;
-    case OptimizerConfig::ADAGRAD: p.kind = kernels::OptimizerKind::kAdagrad; break;
-    case OptimizerConfig::ADAM: p.kind = kernels::OptimizerKind::kAdam; break;
-    case OptimizerConfig::FTRL: p.kind = kernels::OptimizerKind::kFtrl; break;
-  }
-  p.learning_rate = c.learning_rate();
-  p.momentum = c.momentum();
-  p.nesterov = c.nesterov();
-  p.beta1 = c.beta1();
-  p.beta2 = c.beta2();
-  p.epsilon = c.epsilon();
-  p.initial_accumulator = c.initial_accumulator();
-  p.l1 = c.l1();
-  p.l2 = c.l2();
-  p.ftrl_beta = c.ftrl_beta();
-  p.weight_decay = c.weight_decay();
-  p.clip_value = c.clip_value();
-  p.clip_norm = c.clip_norm();
-  return p;
-}
-
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
                                                      const ShardOptions& options) {
   ASSIGN_OR_RETURN(common::Partitioner partitioner, common::Partitioner::Create(config));
@@ -64,33 +50,69 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
                                                    " is out of range: the job has ",
                                                    partitioner.num_servers(), " servers"));
   }
+  std::vector<std::string> spilling;  // sparse tables with a memory budget, in table order
   for (const auto& table : partitioner.tables()) {
-    RETURN_IF_ERROR_CTX(kernels::ValidateOptimizerParams(
-                            ToOptimizerParams(table.config->optimizer())),
-                        absl::StrCat("table '", table.name, "' optimizer"));
+    RETURN_IF_ERROR_CTX(
+        kernels::ValidateOptimizerParams(ToOptimizerParams(table.config->optimizer())),
+        absl::StrCat("table '", table.name, "' optimizer"));
+    if (table.config->memory_budget_rows() == 0) continue;
+    if (table.kind != TABLE_KIND_SPARSE) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", table.name, "': memory_budget_rows applies to sparse tables only"));
+    }
+    if (options.spill_dir.empty()) {
+      LOG(WARNING) << "table '" << table.name << "': memory_budget_rows "
+                   << table.config->memory_budget_rows()
+                   << " is ignored: no spill directory (every row stays in memory)";
+      continue;
+    }
+    spilling.push_back(table.name);
   }
-  return std::unique_ptr<Shard>(
-      new Shard(config, options, std::move(partitioner), TrackerOptions(config)));
+  std::unique_ptr<storage::SpillStore> spill_store;
+  if (!spilling.empty()) {
+    storage::SpillStoreOptions spill_options;
+    spill_options.path = options.spill_dir;
+    ASSIGN_OR_RETURN(spill_store, storage::SpillStore::Open(spill_options, spilling));
+  }
+  return std::unique_ptr<Shard>(new Shard(config, options, std::move(partitioner),
+                                          TrackerOptions(config), std::move(spill_store)));
 }
 
-Shard::Shard(const JobConfig& config, const ShardOptions& options,
-             common::Partitioner partitioner, const WorkerTrackerOptions& tracker_options)
+Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
+             const WorkerTrackerOptions& tracker_options,
+             std::unique_ptr<storage::SpillStore> spill_store)
     : config_(config),
       options_(options),
       partitioner_(std::move(partitioner)),
       start_time_(absl::Now()),
-      workers_(tracker_options, options.now) {
+      workers_(tracker_options, options.now),
+      spill_store_(std::move(spill_store)) {
+  size_t next_spill_table = 0;  // Create() opened one spill table per budgeted sparse table
   for (const auto& info : partitioner_.tables()) {
     const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
     std::unique_ptr<TablePart> part;
     if (info.kind == TABLE_KIND_DENSE) {
       part = std::make_unique<DenseTablePart>(info, opt, partitioner_, options_.server_index);
+    } else if (spill_store_ != nullptr && info.config->memory_budget_rows() > 0) {
+      storage::SpillTable* spill = spill_store_->table(next_spill_table++);
+      CHECK_EQ(spill->name(), info.name);
+      part = std::make_unique<SparseTablePart>(info, opt, spill, info.config->memory_budget_rows());
     } else {
       part = std::make_unique<SparseTablePart>(info, opt);
     }
     by_name_[info.name] = part.get();
     tables_.push_back(std::move(part));
   }
+}
+
+std::string RejectionReason(const absl::Status& status) {
+  auto reason = status.GetPayload(kReasonPayload);  // absl::optional<absl::Cord>
+  return reason.has_value() ? std::string(*reason) : std::string();
+}
+
+absl::Status WithRejectionReason(absl::Status status, absl::string_view reason) {
+  if (!status.ok()) status.SetPayload(kReasonPayload, absl::Cord(reason));
+  return status;
 }
 
 // ---- Checks -----------------------------------------------------------------------------
@@ -100,21 +122,27 @@ void Shard::CountRejection(absl::string_view reason) {
   ++rejected_[reason];
 }
 
+absl::Status Shard::Reject(absl::string_view reason, absl::Status status) {
+  CountRejection(reason);
+  return WithRejectionReason(std::move(status), reason);
+}
+
 absl::Status Shard::CheckLayout(const RequestInfo& info) {
   if (info.layout_fingerprint == partitioner_.layout_fingerprint()) return absl::OkStatus();
-  CountRejection("layout_mismatch");
-  return absl::FailedPreconditionError(absl::StrCat(
-      "layout mismatch: request partitioned with layout ", absl::Hex(info.layout_fingerprint),
-      ", server ", options_.server_index, " has ", absl::Hex(partitioner_.layout_fingerprint()),
-      " (different servers, tables or partitioning in the config)"));
+  return Reject(
+      "layout_mismatch",
+      absl::FailedPreconditionError(absl::StrCat(
+          "layout mismatch: request partitioned with layout ", absl::Hex(info.layout_fingerprint),
+          ", server ", options_.server_index, " has ", absl::Hex(partitioner_.layout_fingerprint()),
+          " (different servers, tables or partitioning in the config)")));
 }
 
 absl::StatusOr<TablePart*> Shard::FindTable(absl::string_view name) {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) {
-    CountRejection("unknown_table");
-    return absl::NotFoundError(
-        absl::StrCat("table '", name, "' is not known to server ", options_.server_index));
+    return Reject("unknown_table",
+                  absl::NotFoundError(absl::StrCat("table '", name, "' is not known to server ",
+                                                   options_.server_index)));
   }
   return it->second;
 }
@@ -122,9 +150,9 @@ absl::StatusOr<TablePart*> Shard::FindTable(absl::string_view name) {
 absl::StatusOr<DenseTablePart*> Shard::FindDenseTable(absl::string_view name) {
   ASSIGN_OR_RETURN(TablePart * t, FindTable(name));
   if (t->info().kind != TABLE_KIND_DENSE) {
-    CountRejection("wrong_kind");
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", name, "' is sparse: address it by keys, not blocks"));
+    return Reject("wrong_kind",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", name, "' is sparse: address it by keys, not blocks")));
   }
   return static_cast<DenseTablePart*>(t);
 }
@@ -132,32 +160,31 @@ absl::StatusOr<DenseTablePart*> Shard::FindDenseTable(absl::string_view name) {
 absl::StatusOr<SparseTablePart*> Shard::FindSparseTable(absl::string_view name) {
   ASSIGN_OR_RETURN(TablePart * t, FindTable(name));
   if (t->info().kind != TABLE_KIND_SPARSE) {
-    CountRejection("wrong_kind");
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", name, "' is dense: address it by blocks, not keys"));
+    return Reject("wrong_kind",
+                  absl::InvalidArgumentError(
+                      absl::StrCat("table '", name, "' is dense: address it by blocks, not keys")));
   }
   return static_cast<SparseTablePart*>(t);
 }
 
 absl::Status Shard::CheckBlock(const DenseTablePart& table, uint32_t block, int64_t num_values) {
   if (block >= table.info().num_blocks) {
-    CountRejection("bad_block");
-    return absl::InvalidArgumentError(absl::StrCat("table '", table.name(), "' block ", block,
-                                                   ": out of range (the table has ",
-                                                   table.info().num_blocks, " blocks)"));
+    return Reject("bad_block",
+                  absl::InvalidArgumentError(absl::StrCat("table '", table.name(), "' block ",
+                                                          block, ": out of range (the table has ",
+                                                          table.info().num_blocks, " blocks)")));
   }
   if (!table.Owns(block)) {
-    CountRejection("wrong_server");
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table '", table.name(), "' block ", block, " belongs to server ",
-        partitioner_.ServerForBlock(table.info(), block), ", not server ",
-        options_.server_index));
+    return Reject("wrong_server",
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "table '", table.name(), "' block ", block, " belongs to server ",
+                      partitioner_.ServerForBlock(table.info(), block), ", not server ",
+                      options_.server_index)));
   }
   if (num_values >= 0 && static_cast<size_t>(num_values) != table.BlockSize(block)) {
-    CountRejection("bad_size");
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", table.name(), "' block ", block, ": expected ", table.BlockSize(block),
-        " values, got ", num_values));
+    return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
+                                  "table '", table.name(), "' block ", block, ": expected ",
+                                  table.BlockSize(block), " values, got ", num_values)));
   }
   return absl::OkStatus();
 }
@@ -167,17 +194,17 @@ absl::Status Shard::CheckKeys(const SparseTablePart& table, absl::Span<const uin
   for (uint64_t key : keys) {
     const uint32_t owner = partitioner_.ServerForKey(key);
     if (owner != options_.server_index) {
-      CountRejection("wrong_server");
-      return absl::FailedPreconditionError(absl::StrCat("table '", table.name(), "' key ", key,
-                                                        " belongs to server ", owner,
-                                                        ", not server ", options_.server_index));
+      return Reject("wrong_server",
+                    absl::FailedPreconditionError(
+                        absl::StrCat("table '", table.name(), "' key ", key, " belongs to server ",
+                                     owner, ", not server ", options_.server_index)));
     }
   }
   if (num_values >= 0 && static_cast<uint64_t>(num_values) != keys.size() * table.info().dim) {
-    CountRejection("bad_size");
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", table.name(), "': ", keys.size(), " keys of dim ", table.info().dim,
-        " need ", keys.size() * table.info().dim, " values, got ", num_values));
+    return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
+                                  "table '", table.name(), "': ", keys.size(), " keys of dim ",
+                                  table.info().dim, " need ", keys.size() * table.info().dim,
+                                  " values, got ", num_values)));
   }
   return absl::OkStatus();
 }
@@ -193,29 +220,39 @@ absl::Status Shard::CheckFinite(const TablePart& table, absl::string_view part,
     nonfinite_values_ += bad;
   }
   if (!options_.reject_nonfinite) return absl::OkStatus();
-  CountRejection("nonfinite");
-  return absl::InvalidArgumentError(absl::StrCat("table '", table.name(), "' ", part, ": ",
-                                                 bad, " non-finite gradient values (first at ",
-                                                 "index ", first, ", value ", values[first],
-                                                 ")"));
+  return Reject("nonfinite",
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", table.name(), "' ", part, ": ", bad, " non-finite values (first at ",
+                    "index ", first, ", value ", values[first], ")")));
 }
 
 // ---- Pulls and pushes -------------------------------------------------------------------
 
-absl::Status Shard::CheckClock(const RequestInfo& info) {
+absl::Status Shard::CheckWorkerAndClock(const RequestInfo& info) {
   // A clock counts completed steps. The consistency bound subtracts clocks (clock -
   // staleness, clock - slowest clock), which a negative clock from a peer would overflow.
+  const uint32_t num_workers = config_.cluster().num_workers();
+  if (info.worker_id >= 0 && static_cast<uint32_t>(info.worker_id) >= num_workers) {
+    // Each worker id holds exactly-once state: ids beyond the job would let a peer grow it.
+    return Reject("bad_worker",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "worker ", info.worker_id, " is not in this job (cluster.num_workers is ",
+                      num_workers, ")")));
+  }
   if (info.worker_id < 0 || info.clock >= 0) return absl::OkStatus();
-  CountRejection("bad_clock");
-  return absl::InvalidArgumentError(
-      absl::StrCat("worker ", info.worker_id, ": clock ", info.clock, " is negative"));
+  return Reject("bad_clock",
+                absl::InvalidArgumentError(absl::StrCat("worker ", info.worker_id, ": clock ",
+                                                        info.clock, " is negative")));
 }
 
 absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
   if (info.worker_id < 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckClock(info));
-  RETURN_IF_ERROR(workers_.Touch(info.worker_id, info.worker_incarnation));
-  return workers_.WaitForBound(info.worker_id, info.clock, deadline);
+  RETURN_IF_ERROR(CheckWorkerAndClock(info));
+  if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation); !s.ok()) {
+    return Reject(HeaderRejection(s), std::move(s));
+  }
+  return WithRejectionReason(workers_.WaitForBound(info.worker_id, info.clock, deadline),
+                             "bound_timeout");
 }
 
 void Shard::CountPull(uint64_t bytes_out) {
@@ -228,16 +265,33 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
                                             absl::Span<const PendingUpdate> updates,
                                             const UpdateOptions& options, uint64_t bytes_in) {
   const bool tracked = info.worker_id >= 0;
-  RETURN_IF_ERROR(CheckClock(info));
+  RETURN_IF_ERROR(CheckWorkerAndClock(info));
   {
     // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
     // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
     // parameters always agree in a checkpoint.
     absl::ReaderMutexLock lock(&apply_mu_);
+    // Rows of tables over their memory budget come into memory (and stay pinned there) before
+    // the push is admitted: if the spill store fails, nothing is applied nor recorded, and
+    // applying cannot fail half-way.
+    std::vector<const PendingUpdate*> pinned;
+    auto unpin = absl::MakeCleanup([&pinned] {
+      for (const PendingUpdate* u : pinned) static_cast<SparseTablePart*>(u->table)->Unpin(u->keys);
+    });
+    for (const PendingUpdate& u : updates) {
+      if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
+      auto* sparse = static_cast<SparseTablePart*>(u.table);
+      if (!sparse->spills()) continue;
+      RETURN_IF_ERROR(sparse->Pin(u.keys));
+      pinned.push_back(&u);
+    }
     if (tracked) {
-      ASSIGN_OR_RETURN(WorkerTracker::Admission admission,
-                       workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence));
-      if (admission == WorkerTracker::Admission::kDuplicate) {
+      absl::StatusOr<WorkerTracker::Admission> admission =
+          workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
+      if (!admission.ok()) {
+        return Reject(HeaderRejection(admission.status()), admission.status());
+      }
+      if (*admission == WorkerTracker::Admission::kDuplicate) {
         absl::MutexLock stats(&stats_mu_);
         ++duplicates_;
         return PushResult{true, updates_applied_};
@@ -259,6 +313,12 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
   }
 }
 
+float Shard::delta_scale() const {
+  const uint32_t workers = std::max<uint32_t>(1, config_.cluster().num_workers());
+  return config_.training().local_sgd().merge() == LocalSgdConfig::AVERAGE ? 1.0f / workers
+                                                                            : 1.0f;
+}
+
 uint64_t Shard::updates_applied() const {
   absl::MutexLock lock(&stats_mu_);
   return updates_applied_;
@@ -274,11 +334,11 @@ absl::StatusOr<CheckpointMeta> Shard::Snapshot(const SnapshotSink& sink, size_t 
   std::vector<SnapshotSink> table_sinks;
   table_sinks.reserve(tables_.size());
   for (auto& t : tables_) {
-    table_sinks.push_back([&sink, &sink_mu, name = t->name()](absl::string_view part,
-                                                               absl::string_view value) {
-      absl::MutexLock lock(&sink_mu);
-      return sink(RecordKey(name, part), value);
-    });
+    table_sinks.push_back(
+        [&sink, &sink_mu, name = t->name()](absl::string_view part, absl::string_view value) {
+          absl::MutexLock lock(&sink_mu);
+          return sink(RecordKey(name, part), value);
+        });
   }
   CheckpointMeta meta;
   {
@@ -346,8 +406,7 @@ absl::Status Shard::BeginRestore(const CheckpointMeta& meta) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table '", tc.name(), "': the checkpoint holds optimizer kind ", tc.optimizer_kind(),
           " with ", tc.num_slots(), " slots; the config asks for kind ",
-          static_cast<int>(it->second->optimizer().kind), " with ",
-          it->second->num_slots()));
+          static_cast<int>(it->second->optimizer().kind), " with ", it->second->num_slots()));
     }
   }
   return absl::OkStatus();
@@ -381,8 +440,16 @@ void Shard::FillStats(StatsResponse* out) {
     TableStats* ts = out->add_tables();
     ts->set_name(t->name());
     ts->set_kind(t->info().kind);
-    ts->set_rows(t->NumRows());
-    ts->set_rows_in_memory(ts->rows());
+    if (t->info().kind == TABLE_KIND_SPARSE) {
+      const SpillStats spill = static_cast<const SparseTablePart*>(t.get())->spill_stats();
+      ts->set_rows(spill.resident_rows + spill.spilled_rows);
+      ts->set_rows_in_memory(spill.resident_rows);
+      ts->set_rows_faulted_in(spill.faults);
+      ts->set_rows_evicted(spill.evictions);
+    } else {
+      ts->set_rows(t->NumRows());
+      ts->set_rows_in_memory(ts->rows());
+    }
     ts->set_bytes(t->NumBytes());
     ts->set_updates_applied(t->updates_applied());
   }

@@ -24,9 +24,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/partitioner.h"
+#include "kernels/optimizer_config.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "proto/ps.pb.h"
+#include "server/storage/spill_store.h"
 #include "server/table.h"
 #include "server/worker_tracker.h"
 
@@ -41,6 +43,10 @@ struct ShardOptions {
   bool reject_nonfinite = true;
   // Injected clock for leases (nullptr = absl::Now).
   std::function<absl::Time()> now;
+  // Directory of the spill store, where sparse tables with a memory_budget_rows keep the rows
+  // beyond their budget (storage::SpillStore; its previous contents are deleted). Empty: such
+  // tables keep every row in memory (a warning is logged).
+  std::string spill_dir;
 };
 
 // Who sent a request (from the wire header, or the in-process store).
@@ -69,7 +75,8 @@ struct PushResult {
 class Shard {
  public:
   // `config` must be prepared (common::LoadAndPrepareJobConfig). INVALID_ARGUMENT for a bad
-  // server index or optimizer settings.
+  // server index or optimizer settings, or a memory_budget_rows on a dense table; the errors of
+  // storage::SpillStore::Open when a sparse table has a budget and options.spill_dir is set.
   static absl::StatusOr<std::unique_ptr<Shard>> Create(const JobConfig& config,
                                                        const ShardOptions& options);
 
@@ -78,6 +85,8 @@ class Shard {
   uint32_t server_index() const { return options_.server_index; }
   uint64_t incarnation() const { return options_.incarnation; }
   WorkerTracker& workers() { return workers_; }
+  // The spill store of tables with a memory budget; null if none (tests damage it).
+  storage::SpillStore* SpillStoreForTest() const { return spill_store_.get(); }
 
   // ---- Checks (phase 1). Each failure is counted under a reason in Stats.
   // FAILED_PRECONDITION if the sender's layout differs from this server's.
@@ -99,6 +108,9 @@ class Shard {
   absl::Status CheckFinite(const TablePart& table, absl::string_view part,
                            absl::Span<const float> values);
   void CountRejection(absl::string_view reason);
+  // Counts a refused request under `reason` (as CountRejection) and returns `status` tagged
+  // with it, for RejectionReason. REQUIRES: !status.ok().
+  absl::Status Reject(absl::string_view reason, absl::Status status);
 
   // ---- Pulls.
   // Waits for the consistency bound (see WorkerTracker) and records the sender as alive.
@@ -108,7 +120,10 @@ class Shard {
 
   // ---- Pushes (phase 2): applies every update of a checked push, at most once per
   // (worker, incarnation, sequence). A worker id < 0 (tools, tests) skips exactly-once.
-  // INVALID_ARGUMENT (nothing applied) for a worker with a negative clock.
+  // INVALID_ARGUMENT (nothing applied) for a worker with a negative clock. Rows of tables over
+  // their memory budget are brought into memory first; if the spill store fails (DATA_LOSS,
+  // UNAVAILABLE, RESOURCE_EXHAUSTED, naming the table and key) nothing is applied and the push
+  // is not recorded as seen.
   absl::StatusOr<PushResult> ApplyPush(const RequestInfo& info,
                                        absl::Span<const PendingUpdate> updates,
                                        const UpdateOptions& options, uint64_t bytes_in);
@@ -130,17 +145,24 @@ class Shard {
   void FillStats(StatsResponse* out);
   void FillServerInfo(ServerInfoResponse* out) const;
   uint64_t updates_applied() const;
+  // The factor a pushed local-SGD delta is added with (training.local_sgd.merge): 1 for SUM,
+  // 1 / cluster.num_workers for AVERAGE.
+  float delta_scale() const;
 
  private:
   Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
-        const WorkerTrackerOptions& tracker_options);
+        const WorkerTrackerOptions& tracker_options,
+        std::unique_ptr<storage::SpillStore> spill_store);
   // INVALID_ARGUMENT (counted as "bad_clock") for a worker's negative clock.
-  absl::Status CheckClock(const RequestInfo& info);
+  absl::Status CheckWorkerAndClock(const RequestInfo& info);
 
   // Constant after construction.
   const JobConfig config_;
   const ShardOptions options_;
   const common::Partitioner partitioner_;
+  // The spilled rows of sparse tables with a memory budget (null if none). Declared before the
+  // tables, which use it: members are destroyed in reverse order.
+  std::unique_ptr<storage::SpillStore> spill_store_;
   std::vector<std::unique_ptr<TablePart>> tables_;  // index = Partitioner table index
   absl::flat_hash_map<std::string, TablePart*> by_name_;
   const absl::Time start_time_;
@@ -164,8 +186,15 @@ class Shard {
   absl::flat_hash_map<std::string, uint64_t> rejected_ ABSL_GUARDED_BY(stats_mu_);
 };
 
+// The short reason ("nonfinite", "unknown_table", "stale_incarnation", ...) a refused request
+// was tagged with by Shard::Reject or WithRejectionReason; "" if none.
+std::string RejectionReason(const absl::Status& status);
+// `status` tagged with `reason` without counting it (for failures that are not bad input,
+// such as a pull that timed out waiting for the consistency bound).
+absl::Status WithRejectionReason(absl::Status status, absl::string_view reason);
+
 // The kernels' optimizer parameters for a table's configured optimizer.
-kernels::OptimizerParams ToOptimizerParams(const OptimizerConfig& config);
+using kernels::ToOptimizerParams;
 
 }  // namespace ps::server
 

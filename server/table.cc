@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/initializer.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace ps::server {
@@ -220,16 +221,63 @@ absl::Status DenseTablePart::RestoreRecord(absl::string_view key, absl::string_v
 }
 
 // ---- SparseTablePart --------------------------------------------------------------------
+//
+// Snapshot record keys of a sparse table (8 bytes; RestoreRecord reads only the values):
+//   [0][stripe][record number, 6 bytes]   rows in memory at the cut and rows copied aside
+//   [1][0][record number, 6 bytes]        rows that were in the spill table at the cut
+// A row in the spill table is a record entry without its key: [int64 step][float row].
+
+namespace {
+
+// Flags of a row in memory (spilling tables): a copy of it is in the spill table (kOnDisk), and
+// it changed since it was last written there or created (kDirty).
+constexpr uint8_t kOnDisk = 1;
+constexpr uint8_t kDirty = 2;
+
+// Rows sampled to pick an eviction victim, and the LFU aging period in multiples of a stripe's
+// budget (uses are halved that often): tools/eviction_sim measured these on Zipf keys.
+constexpr int kVictimSamples = 16;
+constexpr uint64_t kAgingPeriod = 20;
+
+std::string SparseRecordKey(uint8_t kind, uint8_t group, uint64_t r) {
+  const char key[8] = {static_cast<char>(kind),   static_cast<char>(group),
+                       static_cast<char>(r >> 40), static_cast<char>(r >> 32),
+                       static_cast<char>(r >> 24), static_cast<char>(r >> 16),
+                       static_cast<char>(r >> 8),  static_cast<char>(r)};
+  return std::string(key, 8);
+}
+
+// Rows per arena chunk: 1024 without a budget; with one, about a stripe's share of the budget,
+// so that small budgets do not allocate far more memory than they allow.
+uint32_t RowsPerChunk(bool spills, uint64_t budget_rows) {
+  if (!spills) return 1024;
+  const uint64_t share = budget_rows / SparseTablePart::kNumStripes + 1;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(share, 16, 1024));
+}
+
+}  // namespace
 
 SparseTablePart::SparseTablePart(const common::TableInfo& info,
-                                 const kernels::OptimizerParams& optimizer)
+                                 const kernels::OptimizerParams& optimizer,
+                                 storage::SpillTable* spill, uint64_t budget_rows)
     : TablePart(info, optimizer),
       dim_(info.dim),
       row_floats_(info.dim * (1 + num_slots_)),
+      spill_(budget_rows > 0 ? spill : nullptr),
+      budget_rows_(spill != nullptr ? budget_rows : 0),
+      rows_per_chunk_(RowsPerChunk(spill_ != nullptr, budget_rows_)),
       stripes_(new Stripe[kNumStripes]) {
   slot_init_.resize(row_floats_ - dim_);
   for (int s = 0; s < num_slots_; ++s) {
     std::fill_n(slot_init_.data() + dim_ * s, dim_, kernels::SlotInitialValue(optimizer_, s));
+  }
+  if (spills()) {
+    for (int i = 0; i < kNumStripes; ++i) {
+      Stripe& s = stripes_[i];
+      s.budget = budget_rows_ / kNumStripes + (static_cast<uint64_t>(i) < budget_rows_ % kNumStripes);
+      absl::MutexLock lock(&s.mu);
+      s.random = common::Mix64(static_cast<uint64_t>(i) + 1) | 1;
+    }
   }
 }
 
@@ -240,40 +288,253 @@ int SparseTablePart::StripeOf(uint64_t key) {
 }
 
 float* SparseTablePart::RowPtr(Stripe& s, uint32_t slot) const {
-  return s.chunks[slot / kRowsPerChunk].get() + size_t{slot % kRowsPerChunk} * row_floats_;
+  return s.chunks[slot / rows_per_chunk_].get() + size_t{slot % rows_per_chunk_} * row_floats_;
 }
 
 uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
   const uint32_t slot = static_cast<uint32_t>(s.keys.size());
-  if (slot % kRowsPerChunk == 0) {
-    s.chunks.emplace_back(new float[kRowsPerChunk * row_floats_]);
+  if (slot / rows_per_chunk_ >= s.chunks.size()) {
+    s.chunks.emplace_back(new float[size_t{rows_per_chunk_} * row_floats_]);
   }
   s.keys.push_back(key);
   s.steps.push_back(0);
-  // A row created while a snapshot runs is not part of it.
+  // A row created while a snapshot runs is not part of it; a row faulted in while one runs
+  // was saved already (see the class comment).
   s.saved_epoch.push_back(active_epoch_.load(std::memory_order_acquire));
+  if (spills()) {
+    s.uses.push_back(0);
+    s.pins.push_back(0);
+    s.flags.push_back(kDirty);  // a new row; FindOrFault clears it for a row read back
+  }
   s.index.emplace(key, slot);
   return slot;
+}
+
+void SparseTablePart::InitRow(uint64_t key, float* row) const {
+  common::InitializeSparseRow(info_.config->initializer(), info_.name, key,
+                              absl::Span<float>(row, dim_));
+  std::copy(slot_init_.begin(), slot_init_.end(), row + dim_);
 }
 
 uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
   auto it = s.index.find(key);
   if (it != s.index.end()) return it->second;
   const uint32_t slot = AddRow(s, key);
-  float* row = RowPtr(s, slot);
-  common::InitializeSparseRow(info_.config->initializer(), info_.name, key,
-                              absl::Span<float>(row, dim_));
-  std::copy(slot_init_.begin(), slot_init_.end(), row + dim_);
+  InitRow(key, RowPtr(s, slot));
   return slot;
 }
 
-void SparseTablePart::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
+void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
+  const uint32_t last = static_cast<uint32_t>(s.keys.size() - 1);
+  s.index.erase(s.keys[slot]);
+  if (slot != last) {
+    std::memcpy(RowPtr(s, slot), RowPtr(s, last), row_floats_ * sizeof(float));
+    s.keys[slot] = s.keys[last];
+    s.steps[slot] = s.steps[last];
+    s.saved_epoch[slot] = s.saved_epoch[last];
+    s.uses[slot] = s.uses[last];
+    s.pins[slot] = s.pins[last];
+    s.flags[slot] = s.flags[last];
+    s.index[s.keys[slot]] = slot;
+  }
+  s.keys.pop_back();
+  s.steps.pop_back();
+  s.saved_epoch.pop_back();
+  s.uses.pop_back();
+  s.pins.pop_back();
+  s.flags.pop_back();
+  // Give back chunks no longer needed, keeping one spare against churn at a boundary.
+  const size_t needed = (s.keys.size() + rows_per_chunk_ - 1) / rows_per_chunk_;
+  while (s.chunks.size() > needed + 1) s.chunks.pop_back();
+}
+
+// ---- Moves between memory and the spill table.
+
+void SparseTablePart::Use(Stripe& s, uint32_t slot) {
+  if (s.uses[slot] < UINT16_MAX) ++s.uses[slot];
+  if (++s.uses_since_aging >= kAgingPeriod * std::max<uint64_t>(s.budget, 8)) {
+    s.uses_since_aging = 0;
+    for (uint16_t& u : s.uses) u >>= 1;
+  }
+}
+
+int64_t SparseTablePart::PickVictim(Stripe& s) {
+  const size_t n = s.keys.size();
+  int64_t best = -1;
+  auto consider = [&](size_t j) {
+    if (s.pins[j] == 0 && (best < 0 || s.uses[j] < s.uses[best])) best = static_cast<int64_t>(j);
+  };
+  if (n <= kVictimSamples) {
+    for (size_t j = 0; j < n; ++j) consider(j);
+    return best;
+  }
+  for (int i = 0; i < kVictimSamples; ++i) {
+    s.random ^= s.random << 13;
+    s.random ^= s.random >> 7;
+    s.random ^= s.random << 17;
+    consider(s.random % n);
+  }
+  if (best >= 0) return best;
+  // Every sample was pinned (a large push in flight): look at all rows.
+  for (size_t j = 0; j < n; ++j) {
+    if (s.pins[j] == 0) return static_cast<int64_t>(j);
+  }
+  return -1;
+}
+
+absl::Status SparseTablePart::Evict(Stripe& s, uint32_t slot) {
+  const uint64_t key = s.keys[slot];
+  const float* row = RowPtr(s, slot);
+  const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
+  if (epoch != 0 && s.saved_epoch[slot] < epoch) {
+    // The snapshot in progress has not saved this row, and it will not find it in memory nor
+    // in its view of the spill table: keep the value for the writer, as an update would.
+    s.pending.emplace(key,
+                      std::make_pair(s.steps[slot], std::vector<float>(row, row + row_floats_)));
+    s.saved_epoch[slot] = epoch;
+  }
+  const uint8_t flags = s.flags[slot];
+  if ((flags & kDirty) != 0 || (flags & kOnDisk) == 0) {
+    thread_local std::string value;
+    value.clear();
+    AppendRaw(&value, &s.steps[slot], sizeof(int64_t));
+    AppendRaw(&value, row, row_floats_ * sizeof(float));
+    if (absl::Status st = spill_->Put(key, value); !st.ok()) {
+      ++s.eviction_errors;
+      return st;
+    }
+    ++s.writes;
+    if ((flags & kOnDisk) == 0) ++s.on_disk;
+  }
+  // Otherwise the spill table's copy is this row as it is: nothing to write.
+  if ((flags & kOnDisk) != 0) --s.resident_on_disk;
+  RemoveSlot(s, slot);
+  ++s.evictions;
+  return absl::OkStatus();
+}
+
+absl::Status SparseTablePart::MakeRoom(Stripe& s) {
+  // Room for one more row. A stripe whose share is 0 (budgets under kNumStripes rows) takes
+  // the row over its share; Trim evicts it after use.
+  while (s.keys.size() >= std::max<uint64_t>(s.budget, 1)) {
+    const int64_t victim = PickVictim(s);
+    if (victim < 0) return absl::OkStatus();  // all pinned: over the share until Unpin
+    RETURN_IF_ERROR(Evict(s, static_cast<uint32_t>(victim)));
+  }
+  return absl::OkStatus();
+}
+
+void SparseTablePart::Trim(Stripe& s) {
+  while (s.keys.size() > s.budget) {
+    const int64_t victim = PickVictim(s);
+    if (victim < 0) return;
+    if (absl::Status st = Evict(s, static_cast<uint32_t>(victim)); !st.ok()) {
+      LOG_EVERY_N(ERROR, 1000) << "table '" << name() << "': cannot spill a row (it stays in "
+                               << "memory, over the budget; " << google::COUNTER
+                               << " such errors so far in this process): " << st;
+      return;
+    }
+  }
+}
+
+absl::StatusOr<uint32_t> SparseTablePart::FindOrFault(Stripe& s, uint64_t key) {
+  if (auto it = s.index.find(key); it != s.index.end()) return it->second;
+  RETURN_IF_ERROR(MakeRoom(s));
+  thread_local std::string value;
+  ASSIGN_OR_RETURN(const bool found, spill_->Get(key, &value));
+  if (!found) {
+    const uint32_t slot = AddRow(s, key);
+    InitRow(key, RowPtr(s, slot));
+    return slot;
+  }
+  const size_t want = sizeof(int64_t) + row_floats_ * sizeof(float);
+  if (value.size() != want) {
+    return absl::DataLossError(absl::StrCat("table '", name(), "' key ", key, ": spilled row of ",
+                                            value.size(), " bytes, expected ", want));
+  }
+  const int64_t step = LoadRaw<int64_t>(value.data());
+  if (!ValidStep(step)) {
+    return absl::DataLossError(
+        absl::StrCat("table '", name(), "' key ", key, ": spilled row has step ", step));
+  }
+  // The spill table keeps its copy: if the row is dropped again unchanged, nothing is written.
+  const uint32_t slot = AddRow(s, key);
+  s.steps[slot] = step;
+  std::memcpy(RowPtr(s, slot), value.data() + sizeof(int64_t), row_floats_ * sizeof(float));
+  s.flags[slot] = kOnDisk;
+  ++s.resident_on_disk;
+  ++s.faults;
+  return slot;
+}
+
+// ---- Reads and updates.
+
+absl::Status SparseTablePart::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
   CHECK_EQ(out.size(), keys.size() * dim_);
   for (size_t i = 0; i < keys.size(); ++i) {
     Stripe& s = stripes_[StripeOf(keys[i])];
+    float* dst = out.data() + i * dim_;
+    if (!spills()) {
+      absl::MutexLock lock(&s.mu);
+      std::memcpy(dst, RowPtr(s, FindOrCreate(s, keys[i])), dim_ * sizeof(float));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&s.mu);
+      if (auto it = s.index.find(keys[i]); it != s.index.end()) {
+        std::memcpy(dst, RowPtr(s, it->second), dim_ * sizeof(float));
+        Use(s, it->second);
+        continue;
+      }
+    }
+    // Not in memory: the row has to move, which needs move_mu_ (taken before the stripe).
+    absl::ReaderMutexLock move(&move_mu_);
     absl::MutexLock lock(&s.mu);
-    const uint32_t slot = FindOrCreate(s, keys[i]);
-    std::memcpy(out.data() + i * dim_, RowPtr(s, slot), dim_ * sizeof(float));
+    ASSIGN_OR_RETURN(const uint32_t slot, FindOrFault(s, keys[i]));
+    std::memcpy(dst, RowPtr(s, slot), dim_ * sizeof(float));
+    Use(s, slot);
+    Trim(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTablePart::Pin(absl::Span<const uint64_t> keys) {
+  if (!spills()) return absl::OkStatus();
+  absl::ReaderMutexLock move(&move_mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Stripe& s = stripes_[StripeOf(keys[i])];
+    absl::Status status;
+    {
+      absl::MutexLock lock(&s.mu);
+      absl::StatusOr<uint32_t> slot = FindOrFault(s, keys[i]);
+      if (slot.ok()) {
+        ++s.pins[*slot];
+        Use(s, *slot);
+        continue;
+      }
+      status = slot.status();
+    }
+    UnpinHeld(keys.first(i));
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+void SparseTablePart::Unpin(absl::Span<const uint64_t> keys) {
+  if (!spills()) return;
+  absl::ReaderMutexLock move(&move_mu_);
+  UnpinHeld(keys);
+}
+
+void SparseTablePart::UnpinHeld(absl::Span<const uint64_t> keys) {
+  for (uint64_t key : keys) {
+    Stripe& s = stripes_[StripeOf(key)];
+    absl::MutexLock lock(&s.mu);
+    auto it = s.index.find(key);
+    CHECK(it != s.index.end() && s.pins[it->second] > 0)
+        << "table '" << name() << "': Unpin of key " << key << " that is not pinned";
+    --s.pins[it->second];
+    Trim(s);
   }
 }
 
@@ -283,7 +544,16 @@ void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const fl
   for (size_t i = 0; i < keys.size(); ++i) {
     Stripe& s = stripes_[StripeOf(keys[i])];
     absl::MutexLock lock(&s.mu);
-    const uint32_t slot = FindOrCreate(s, keys[i]);
+    uint32_t slot;
+    if (spills()) {
+      auto it = s.index.find(keys[i]);
+      CHECK(it != s.index.end()) << "table '" << name() << "': Apply to key " << keys[i]
+                                 << " without Pin";
+      slot = it->second;
+      s.flags[slot] |= kDirty;
+    } else {
+      slot = FindOrCreate(s, keys[i]);
+    }
     float* row = RowPtr(s, slot);
     const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
     if (epoch != 0 && s.saved_epoch[slot] < epoch) {
@@ -298,20 +568,47 @@ void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const fl
   CountUpdate();
 }
 
-uint64_t SparseTablePart::NumRows() const {
-  uint64_t n = 0;
+SpillStats SparseTablePart::spill_stats() const {
+  SpillStats st;
   for (int i = 0; i < kNumStripes; ++i) {
     absl::MutexLock lock(&stripes_[i].mu);
-    n += stripes_[i].keys.size();
+    st.resident_rows += stripes_[i].keys.size();
+    st.spilled_rows += stripes_[i].on_disk - stripes_[i].resident_on_disk;
+    st.faults += stripes_[i].faults;
+    st.evictions += stripes_[i].evictions;
+    st.writes += stripes_[i].writes;
+    st.eviction_errors += stripes_[i].eviction_errors;
   }
-  return n;
+  return st;
 }
 
-uint64_t SparseTablePart::NumBytes() const { return NumRows() * row_floats_ * sizeof(float); }
+uint64_t SparseTablePart::NumRows() const {
+  const SpillStats st = spill_stats();
+  return st.resident_rows + st.spilled_rows;
+}
+
+uint64_t SparseTablePart::NumBytes() const {
+  return spill_stats().resident_rows * row_floats_ * sizeof(float);
+}
+
+// ---- Snapshots and restore.
 
 void SparseTablePart::BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) {
   CHECK_GT(epoch, 0u);
+  // No row moves while the cut is taken: memory and the spill table are cut at one instant.
+  absl::WriterMutexLock move(&move_mu_);
   sink_ = sink;
+  if (spills()) {
+    spill_snapshot_ = spill_->Snapshot();
+    in_memory_at_cut_.clear();
+    for (int i = 0; i < kNumStripes; ++i) {
+      Stripe& s = stripes_[i];
+      absl::MutexLock lock(&s.mu);
+      for (uint32_t slot = 0; slot < s.keys.size(); ++slot) {
+        if ((s.flags[slot] & kOnDisk) != 0) in_memory_at_cut_.insert(s.keys[slot]);
+      }
+    }
+  }
   active_epoch_.store(epoch, std::memory_order_release);
 }
 
@@ -346,20 +643,51 @@ absl::Status SparseTablePart::WriteSnapshot(size_t record_bytes) {
     }
     for (size_t r = 0; r < records.size(); ++r) {
       if (records[r].empty()) continue;
-      char key[8] = {static_cast<char>(i >> 8), static_cast<char>(i),
-                     static_cast<char>(r >> 40), static_cast<char>(r >> 32),
-                     static_cast<char>(r >> 24), static_cast<char>(r >> 16),
-                     static_cast<char>(r >> 8),  static_cast<char>(r)};
-      absl::Status st = sink(absl::string_view(key, 8), records[r]);
+      absl::Status st = sink(SparseRecordKey(0, static_cast<uint8_t>(i), r), records[r]);
       if (!st.ok()) return st;
     }
   }
+  if (spills()) RETURN_IF_ERROR(WriteSpilled(record_bytes));
   return absl::OkStatus();
 }
 
+absl::Status SparseTablePart::WriteSpilled(size_t record_bytes) {
+  const size_t value_bytes = sizeof(int64_t) + row_floats_ * sizeof(float);
+  const size_t entry_bytes = sizeof(uint64_t) + value_bytes;
+  std::string record;
+  uint64_t r = 0;
+  auto flush = [&]() -> absl::Status {
+    if (record.empty()) return absl::OkStatus();
+    absl::Status st = (*sink_)(SparseRecordKey(1, 0, r++), record);
+    record.clear();
+    return st;
+  };
+  RETURN_IF_ERROR(spill_snapshot_->ForEach(
+      [&](uint64_t key, absl::string_view value) -> absl::Status {
+        // In memory at the cut: saved from there (this copy may be stale).
+        if (false) return absl::OkStatus();
+        if (value.size() != value_bytes) {
+          return absl::DataLossError(absl::StrCat("table '", name(), "' key ", key,
+                                                  ": spilled row of ", value.size(),
+                                                  " bytes, expected ", value_bytes));
+        }
+        if (!record.empty() && record.size() + entry_bytes > record_bytes) {
+          RETURN_IF_ERROR(flush());
+        }
+        AppendRaw(&record, &key, sizeof(key));
+        record.append(value.data(), value.size());
+        return absl::OkStatus();
+      }));
+  return flush();
+}
+
 void SparseTablePart::EndSnapshot() {
+  // Exclusive, so that no eviction copies a row aside for this snapshot after it is over.
+  absl::WriterMutexLock move(&move_mu_);
   active_epoch_.store(0, std::memory_order_release);
   sink_ = nullptr;
+  spill_snapshot_.reset();
+  in_memory_at_cut_.clear();
   for (int i = 0; i < kNumStripes; ++i) {
     absl::MutexLock lock(&stripes_[i].mu);
     stripes_[i].pending.clear();
@@ -382,15 +710,30 @@ absl::Status SparseTablePart::RestoreRecord(absl::string_view key, absl::string_
                                               ": record has step ", step));
     }
   }
+  if (!spills()) {
+    for (size_t off = 0; off < value.size(); off += entry_bytes) {
+      const uint64_t k = LoadRaw<uint64_t>(value.data() + off);
+      Stripe& s = stripes_[StripeOf(k)];
+      absl::MutexLock lock(&s.mu);
+      auto it = s.index.find(k);
+      const uint32_t slot = it != s.index.end() ? it->second : AddRow(s, k);
+      s.steps[slot] = LoadRaw<int64_t>(value.data() + off + 8);
+      std::memcpy(RowPtr(s, slot), value.data() + off + 16, row_floats_ * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+  // Spilling: rows beyond the budget go to the spill table as they are restored (a spill
+  // error may leave the record half restored; the restore fails as a whole then).
+  absl::ReaderMutexLock move(&move_mu_);
   for (size_t off = 0; off < value.size(); off += entry_bytes) {
     const uint64_t k = LoadRaw<uint64_t>(value.data() + off);
-    const int64_t step = LoadRaw<int64_t>(value.data() + off + 8);
     Stripe& s = stripes_[StripeOf(k)];
     absl::MutexLock lock(&s.mu);
-    auto it = s.index.find(k);
-    const uint32_t slot = it != s.index.end() ? it->second : AddRow(s, k);
-    s.steps[slot] = step;
+    ASSIGN_OR_RETURN(const uint32_t slot, FindOrFault(s, k));
+    s.steps[slot] = LoadRaw<int64_t>(value.data() + off + 8);
     std::memcpy(RowPtr(s, slot), value.data() + off + 16, row_floats_ * sizeof(float));
+    s.flags[slot] |= kDirty;
+    Trim(s);
   }
   return absl::OkStatus();
 }

@@ -17,6 +17,9 @@
 // after the snapshot began are not part of it. The result equals the table exactly as it was
 // at BeginSnapshot while pushes and pulls continue; the extra memory is one block per
 // concurrent push plus the sparse rows updated during the write.
+//
+// A sparse table may have a memory budget: rows beyond it live in a spill table on disk and
+// move in and out as they are used; SparseTablePart describes how snapshots stay exact then.
 #ifndef PS_SERVER_TABLE_H_
 #define PS_SERVER_TABLE_H_
 
@@ -29,13 +32,16 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/partitioner.h"
 #include "kernels/optimizer.h"
 #include "proto/config.pb.h"
+#include "server/storage/spill_table.h"
 
 namespace ps::server {
 
@@ -153,32 +159,95 @@ class DenseTablePart final : public TablePart {
   absl::Status sink_error_ ABSL_GUARDED_BY(error_mu_);
 };
 
+// Counters of a sparse table's memory budget (zero for a table that keeps every row in memory,
+// apart from resident_rows).
+struct SpillStats {
+  uint64_t resident_rows = 0;    // rows in memory
+  uint64_t spilled_rows = 0;     // rows only in the spill table
+  uint64_t faults = 0;           // rows read back from the spill table
+  uint64_t evictions = 0;        // rows dropped from memory (written out if they changed)
+  uint64_t writes = 0;           // rows written to the spill table
+  uint64_t eviction_errors = 0;  // evictions that failed (the row stayed in memory)
+};
+
 // This server's rows of a sparse table: key -> row, created on first pull with the table's
 // deterministic initializer. Thread-safe.
+//
+// Memory budget. Given a SpillTable and budget_rows > 0, at most budget_rows rows stay in
+// memory; the others live in the spill table, each with its step and optimizer slots, and are
+// faulted back in when a pull or push names them. The spill table keeps the copy it had of a
+// row faulted in: a row that was only read since is dropped at eviction without writing it
+// again, and one that changed ("dirty") is written over its old copy. So the spill table holds
+// every row that is not in memory, plus older copies of some rows that are. The budget is split
+// evenly over the stripes (rows hash evenly onto them), and each stripe evicts on its own,
+// under its own lock, so pulls and pushes of rows in different stripes never wait for each
+// other's I/O. Rows pinned by a push in flight are never evicted; a stripe whose rows are all
+// pinned goes over its share until the push is done.
+//
+// Eviction picks the least frequently used of 16 rows sampled at random in the stripe (LFU by
+// sampling, as Redis does): a use counter per row, halved every 20 x (stripe budget) uses so
+// that popularity can change. On Zipf-distributed keys this keeps clearly more hot rows than
+// LRU or CLOCK at small budgets (docs/performance.md has the measured hit ratios), costs a
+// counter increment per use instead of list updates, and needs no structure beyond the rows.
+//
+// Snapshots with spilled rows. Rows move between memory and the spill table only while
+// holding move_mu_ shared; BeginSnapshot holds it exclusively while it sets the epoch, takes a
+// Snapshot() of the spill table and notes which keys in memory have a copy there, so the cut is
+// one instant for both places. Rows in memory at the cut are handled as above (copy-on-write);
+// the rows that were only in the spill table at the cut are read from its snapshot, skipping
+// the noted keys (their copy there is stale). A row evicted before the writer saved it is
+// copied aside like an updated one; a row faulted in after the cut counts as saved (its cut
+// value is in the spill snapshot, or was saved before it was evicted). So every row is written
+// exactly once, as of the cut.
 class SparseTablePart final : public TablePart {
  public:
   static constexpr int kNumStripes = 256;
 
-  SparseTablePart(const common::TableInfo& info, const kernels::OptimizerParams& optimizer);
+  // `spill` (not owned; must outlive the table) with budget_rows > 0 limits the rows in memory
+  // as described above; with nullptr or 0 every row stays in memory.
+  SparseTablePart(const common::TableInfo& info, const kernels::OptimizerParams& optimizer,
+                  storage::SpillTable* spill = nullptr, uint64_t budget_rows = 0);
 
-  // Copies the rows of `keys` into out (keys.size() * dim), creating missing rows.
-  // REQUIRES: out.size() == keys.size() * dim.
-  void Read(absl::Span<const uint64_t> keys, absl::Span<float> out);
+  // True if rows beyond the budget go to a spill table.
+  bool spills() const { return spill_ != nullptr; }
+  uint64_t budget_rows() const { return budget_rows_; }
+
+  // Copies the rows of `keys` into out (keys.size() * dim), creating missing rows and
+  // faulting spilled ones in. REQUIRES: out.size() == keys.size() * dim.
+  // Errors (only when spilling) from the spill table, naming the table and key: DATA_LOSS (a
+  // spilled row is corrupt), UNAVAILABLE / RESOURCE_EXHAUSTED / PERMISSION_DENIED (I/O). The
+  // rows' values are unchanged then; `out` is partly written.
+  [[nodiscard]] absl::Status Read(absl::Span<const uint64_t> keys, absl::Span<float> out);
+
+  // A push to a spilling table goes Pin, Apply, Unpin: Pin brings the rows of `keys` into
+  // memory (creating missing ones) and keeps them there until Unpin(keys), so that Apply cannot
+  // fail half-way. Errors: as Read; nothing stays pinned then. No-op for a table that does not
+  // spill.
+  [[nodiscard]] absl::Status Pin(absl::Span<const uint64_t> keys);
+  // Releases one Pin(keys) and evicts rows above the budget. An eviction that fails is logged
+  // and counted; the row stays in memory and a later call evicts it.
+  void Unpin(absl::Span<const uint64_t> keys);
+
   // Applies one update per key (rows of dim values). Missing rows are created first.
+  // REQUIRES: when spilling, the keys are pinned.
   void Apply(absl::Span<const uint64_t> keys, absl::Span<const float> values,
              const UpdateOptions& options);
 
+  // All rows (in memory and spilled); NumBytes counts the rows in memory.
   uint64_t NumRows() const override;
   uint64_t NumBytes() const override;
+  SpillStats spill_stats() const;
   void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) override;
   absl::Status WriteSnapshot(size_t record_bytes) override;
   void EndSnapshot() override;
+  // When spilling, may fail as Read does (rows beyond the budget are spilled while restoring).
   absl::Status RestoreRecord(absl::string_view key, absl::string_view value) override;
 
  private:
-  static constexpr uint32_t kRowsPerChunk = 1024;
   struct Stripe {
     mutable absl::Mutex mu;
+    // Rows in memory occupy slots [0, keys.size()); evicting a row moves the last one into its
+    // slot.
     absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // key -> row slot
     std::vector<std::unique_ptr<float[]>> chunks ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> keys ABSL_GUARDED_BY(mu);         // per slot
@@ -187,20 +256,67 @@ class SparseTablePart final : public TablePart {
     // Rows copied aside for the snapshot in progress: key -> (step, row).
     absl::flat_hash_map<uint64_t, std::pair<int64_t, std::vector<float>>> pending
         ABSL_GUARDED_BY(mu);
+    // Spilling tables only.
+    uint64_t budget = 0;                             // this stripe's share; const after ctor
+    std::vector<uint16_t> uses ABSL_GUARDED_BY(mu);  // per slot: LFU counter
+    std::vector<uint32_t> pins ABSL_GUARDED_BY(mu);  // per slot: pushes in flight
+    std::vector<uint8_t> flags ABSL_GUARDED_BY(mu);  // per slot: kOnDisk, kDirty
+    uint64_t uses_since_aging ABSL_GUARDED_BY(mu) = 0;
+    uint64_t random ABSL_GUARDED_BY(mu) = 0;  // xorshift state for sampling
+    uint64_t on_disk ABSL_GUARDED_BY(mu) = 0;           // keys in the spill table
+    uint64_t resident_on_disk ABSL_GUARDED_BY(mu) = 0;  // ... of rows also in memory
+    uint64_t faults ABSL_GUARDED_BY(mu) = 0;
+    uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
+    uint64_t writes ABSL_GUARDED_BY(mu) = 0;
+    uint64_t eviction_errors ABSL_GUARDED_BY(mu) = 0;
   };
   static int StripeOf(uint64_t key);
   size_t row_floats() const { return row_floats_; }
   float* RowPtr(Stripe& s, uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // Returns the slot of `key`, creating and initializing the row if missing.
+  // Returns the slot of `key`, creating and initializing the row if missing (no budget).
   uint32_t FindOrCreate(Stripe& s, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   uint32_t AddRow(Stripe& s, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void InitRow(uint64_t key, float* row) const;
+  void RemoveSlot(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+
+  // Spilling tables: moves between memory and the spill table.
+  // The slot of `key` in memory: found, faulted in, or created.
+  absl::StatusOr<uint32_t> FindOrFault(Stripe& s, uint64_t key)
+      ABSL_SHARED_LOCKS_REQUIRED(move_mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Evicts rows until one more fits in the stripe's share (or only pinned rows are left).
+  absl::Status MakeRoom(Stripe& s) ABSL_SHARED_LOCKS_REQUIRED(move_mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Evicts rows until the stripe is within its share (or only pinned rows are left); errors
+  // are logged and counted.
+  void Trim(Stripe& s) ABSL_SHARED_LOCKS_REQUIRED(move_mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  absl::Status Evict(Stripe& s, uint32_t slot) ABSL_SHARED_LOCKS_REQUIRED(move_mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // A slot holding no pin, by sampled LFU; -1 if every row is pinned.
+  int64_t PickVictim(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Counts a use of the row in `slot` (LFU).
+  void Use(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void UnpinHeld(absl::Span<const uint64_t> keys) ABSL_SHARED_LOCKS_REQUIRED(move_mu_);
+  // The spilled rows of the snapshot in progress, as records of about record_bytes.
+  absl::Status WriteSpilled(size_t record_bytes);
 
   const size_t dim_;
   const size_t row_floats_;  // dim * (1 + num_slots)
+  storage::SpillTable* const spill_;  // Not owned; null = no budget.
+  const uint64_t budget_rows_;
+  const uint32_t rows_per_chunk_;
   std::vector<float> slot_init_;  // a fresh row's slot values (row_floats - dim)
   std::unique_ptr<Stripe[]> stripes_;
   std::atomic<uint64_t> active_epoch_{0};
   const SnapshotSink* sink_ = nullptr;
+  // Held shared while a row moves between memory and the spill table, exclusively while a
+  // snapshot begins or ends. Lock order: Shard::apply_mu_, move_mu_, a stripe's mu; never
+  // acquired while holding a stripe's mu.
+  absl::Mutex move_mu_;
+  // The spill table as of BeginSnapshot, and the keys that were in memory then with a (stale)
+  // copy in it; set and reset with move_mu_ held exclusively, used by the snapshot writer in
+  // between.
+  std::unique_ptr<storage::SpillSnapshot> spill_snapshot_;
+  absl::flat_hash_set<uint64_t> in_memory_at_cut_;
 };
 
 }  // namespace ps::server

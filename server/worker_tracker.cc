@@ -8,18 +8,19 @@
 
 namespace ps::server {
 
-WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options,
-                             std::function<absl::Time()> now)
+WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options, std::function<absl::Time()> now)
     : options_(options), now_(now ? std::move(now) : [] { return absl::Now(); }) {}
 
-absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker,
-                                                             uint64_t incarnation) {
+absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uint64_t incarnation) {
+  if (worker < 0 || static_cast<uint32_t>(worker) >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " is not in this job (",
+                                                   options_.num_workers, " workers)"));
+  }
   Worker& w = workers_[worker];
   if (w.seen && incarnation < w.incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker, " incarnation ", incarnation,
-                     " is older than its current incarnation ", w.incarnation,
-                     ": that process was replaced"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " incarnation ", incarnation, " is older than its current incarnation ",
+        w.incarnation, ": that process was replaced"));
   }
   if (!w.seen || incarnation > w.incarnation) {
     // A new process for this worker id: its pushes start again at sequence 1. Its clock and
@@ -34,8 +35,7 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker,
   return &w;
 }
 
-absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker,
-                                                              uint64_t incarnation,
+absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
                                                               uint64_t sequence) {
   if (sequence == 0) {
     return absl::InvalidArgumentError(

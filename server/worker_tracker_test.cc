@@ -32,7 +32,7 @@ WorkerTrackerOptions Options(uint32_t workers, std::optional<int32_t> staleness)
 }
 
 TEST(WorkerTracker, AdmitsEachSequenceOnce) {
-  WorkerTracker t(Options(1, std::nullopt));
+  WorkerTracker t(Options(2, std::nullopt));
   EXPECT_EQ(*t.Admit(0, 7, 1), Admission::kApply);
   EXPECT_EQ(*t.Admit(0, 7, 1), Admission::kDuplicate);
   // Out of order: 3 before 2, each once.
@@ -58,6 +58,16 @@ TEST(WorkerTracker, LostSequencesDoNotGrowTheStateForever) {
   EXPECT_EQ(saved->applied_floor(), 10 + 3 * WorkerTracker::kMaxAbove);
   // Recent sequences are still recognized as duplicates.
   EXPECT_EQ(*t.Admit(0, 1, 10 + 3 * WorkerTracker::kMaxAbove), Admission::kDuplicate);
+}
+
+TEST(WorkerTracker, RefusesWorkersOutsideTheJob) {
+  // Each worker id holds exactly-once state; ids beyond num_workers would grow it unbounded.
+  WorkerTracker t(Options(2, std::nullopt));
+  EXPECT_THAT(t.Admit(2, 1, 1).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.Admit(-1, 1, 1).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.Touch(1000000, 1), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(t.Get(2).has_value());
+  EXPECT_EQ(*t.Admit(1, 1, 1), Admission::kApply);
 }
 
 TEST(WorkerTracker, RejectsSequenceZero) {

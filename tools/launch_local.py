@@ -13,96 +13,15 @@ through PR_SET_PDEATHSIG).
 """
 
 import argparse
-import ctypes
+import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent():
-    """preexec_fn: the child gets SIGTERM if the launcher dies, however it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def config_count(path, field):
-    """Reads `cluster { field: N }` from a textproto (enough for the launcher's defaults)."""
-    text = open(path).read()
-    m = re.search(r"\b%s\s*:\s*(\d+)" % field, text)
-    return int(m.group(1)) if m else None
-
-
-class Proc:
-    def __init__(self, name, argv, out_lock, log_dir):
-        self.name = name
-        self.argv = argv
-        self.out_lock = out_lock
-        self.log = open(os.path.join(log_dir, name.replace(" ", "_") + ".log"), "a")
-        self.lines = []
-        self.start()
-
-    def start(self):
-        self.popen = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent, start_new_session=True, bufsize=0)
-        self.started = time.time()
-        self.reader = threading.Thread(target=self._pump, daemon=True)
-        self.reader.start()
-
-    def _pump(self):
-        buf = b""
-        while True:
-            chunk = self.popen.stdout.read(4096)
-            if not chunk:
-                break
-            buf += chunk
-            # Progress displays redraw with \r; treat it as a line end.
-            parts = re.split(rb"\r\n|\n|\r", buf)
-            buf = parts.pop()
-            for p in parts:
-                self._emit(p)
-        if buf:
-            self._emit(buf)
-
-    def _emit(self, raw):
-        line = raw.decode("utf-8", "replace").replace("\x1b[K", "")
-        if not line.strip():
-            return
-        self.lines.append(line)
-        del self.lines[:-200]
-        self.log.write(line + "\n")
-        self.log.flush()
-        with self.out_lock:
-            sys.stdout.write("[%s] %s\n" % (self.name, line))
-            sys.stdout.flush()
-
-    def poll(self):
-        return self.popen.poll()
-
-    def signal(self, sig):
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def wait(self, timeout):
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def finish_output(self):
-        self.reader.join(timeout=5)
+from launch_common import Proc, config_count
 
 
 def main():
@@ -123,6 +42,10 @@ def main():
                          "the servers saw it last")
     ap.add_argument("--start_timeout", type=float, default=120, help="seconds to wait for servers")
     ap.add_argument("--stop_timeout", type=float, default=60, help="seconds servers get to exit")
+    ap.add_argument("--metrics", action="store_true",
+                    help="give every process a Prometheus /metrics endpoint on a free port of "
+                         "127.0.0.1, print where each is, and keep <data_root>/metrics_targets.json "
+                         "(Prometheus file_sd format) up to date")
     args = ap.parse_args()
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,6 +65,8 @@ def main():
     os.makedirs(log_dir, exist_ok=True)
     overrides = list(args.set) + ["cluster.num_servers=%d" % num_servers,
                                   "cluster.num_workers=%d" % num_workers]
+    if args.metrics:
+        overrides.append("metrics.host=127.0.0.1")
     set_flags = ["--set=" + ",".join(overrides)]
     out_lock = threading.Lock()
     procs = []
@@ -179,10 +104,47 @@ def main():
     servers = []
     ports = []
 
+    # Metrics endpoints: name -> (port file, role, index); ports seen so far.
+    metrics_files = {}
+    metrics_ports = {}
+
+    def metrics_flags(role, index):
+        if not args.metrics:
+            return []
+        path = os.path.join(data_root, "%s-%d.metrics_port" % (role, index))
+        if os.path.exists(path):
+            os.remove(path)
+        metrics_files["%s %d" % (role, index)] = (path, role, index)
+        return ["--metrics_port=0", "--metrics_port_file=" + path]
+
+    def report_metrics():
+        """Prints endpoints that appeared or moved (restarts) and rewrites the file_sd targets."""
+        changed = False
+        for name, (path, role, index) in sorted(metrics_files.items()):
+            try:
+                port = int(open(path).read().strip())
+            except (OSError, ValueError):
+                continue
+            if metrics_ports.get(name) != port:
+                metrics_ports[name] = port
+                changed = True
+                say("metrics of %s: http://127.0.0.1:%d/metrics" % (name, port))
+        if changed:
+            targets = [{"targets": ["127.0.0.1:%d" % metrics_ports[name]],
+                        "labels": {"role": role, "index": str(index)}}
+                       for name, (_, role, index) in sorted(metrics_files.items())
+                       if name in metrics_ports]
+            tmp = os.path.join(data_root, "metrics_targets.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(targets, f, indent=1)
+            os.replace(tmp, os.path.join(data_root, "metrics_targets.json"))
+
     def server_argv(i, port):
-        return [server_bin, "--config=" + args.config, "--server_index=%d" % i, "--host=127.0.0.1",
+        return [server_bin, "--config=" + args.config, "--server_index=%d" % i, "--cluster_from=flags",
+                "--host=127.0.0.1",
                 "--port=%d" % port, "--port_file=" + os.path.join(data_root, "server-%d.port" % i),
-                "--data_dir=" + os.path.join(data_root, "server-%d" % i)] + set_flags + args.server_arg
+                "--data_dir=" + os.path.join(data_root, "server-%d" % i)] + set_flags + \
+            metrics_flags("server", i) + args.server_arg
 
     for i in range(num_servers):
         port_file = os.path.join(data_root, "server-%d.port" % i)
@@ -211,7 +173,7 @@ def main():
     workers = []
     for j in range(num_workers):
         argv = [worker_bin, "--config=" + args.config, "--worker_index=%d" % j,
-                "--servers=" + addresses] + set_flags + args.worker_arg
+                "--cluster_from=flags", "--servers=" + addresses] + set_flags + metrics_flags("worker", j) + args.worker_arg
         p = Proc("worker %d" % j, argv, out_lock, log_dir)
         procs.append(p)
         workers.append(p)
@@ -220,6 +182,7 @@ def main():
     worker_restarts = [0] * num_workers
     failed = None
     while failed is None:
+        report_metrics()
         if all(w.poll() == 0 for w in workers):
             break
         for j, w in enumerate(workers):

@@ -62,6 +62,7 @@ absl::Status LocalCluster::StartServers() {
         options_.server_binary,
         absl::StrCat("--config=", config_path_),
         absl::StrCat("--server_index=", i),
+        "--cluster_from=flags",
         "--host=127.0.0.1",
         "--port=0",
         absl::StrCat("--port_file=", dir_, "/server", i, ".port"),

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,11 +18,58 @@ std::string JsonNumber(double v) {
   return absl::StrFormat("%.6g", v);
 }
 
+enum Phase { kData = 0, kPull, kCompute, kPush, kNumPhases };
+constexpr const char* kPhaseNames[kNumPhases] = {"data", "pull", "compute", "push"};
+
 }  // namespace
 
+struct Trainer::Metrics {
+  explicit Metrics(common::metrics::Registry* r)
+      : steps(r->AddCounter("ps_worker_steps_total", "Training steps done by this worker.")),
+        samples(r->AddCounter("ps_worker_samples_total", "Training samples processed.")),
+        samples_per_second(r->AddGauge(
+            "ps_worker_samples_per_second",
+            "Training samples per second since the run started, evaluation time excluded.")),
+        epoch(r->AddGauge("ps_worker_epoch", "Epoch being trained (1-based).")),
+        clock(r->AddGauge("ps_worker_clock",
+                          "This worker's clock: steps pushed, resumes "
+                          "included.")),
+        loss(r->AddGauge("ps_worker_loss", "Training loss of the last step (batch mean).")),
+        loss_smoothed(r->AddGauge("ps_worker_loss_smoothed",
+                                  "Training loss, exponential moving average (0.98) over steps.")),
+        eval(r->AddGaugeFamily("ps_worker_eval_metric",
+                               "Last evaluation on the test set: accuracy (classification), auc "
+                               "(binary), loss (mean).",
+                               {"metric"})) {
+    auto* phases = r->AddHistogramFamily(
+        "ps_worker_step_phase_seconds",
+        "Time of each training step's phases: data (batch assembly), pull, compute (forward "
+        "and backward), push; seconds.",
+        {"phase"}, common::metrics::LatencyBuckets());
+    for (int p = 0; p < kNumPhases; ++p) phase[p] = phases->WithLabels({kPhaseNames[p]});
+  }
+
+  common::metrics::Counter* const steps;
+  common::metrics::Counter* const samples;
+  common::metrics::Gauge* const samples_per_second;
+  common::metrics::Gauge* const epoch;
+  common::metrics::Gauge* const clock;
+  common::metrics::Gauge* const loss;
+  common::metrics::Gauge* const loss_smoothed;
+  common::metrics::Family<common::metrics::Gauge>* const eval;
+  common::metrics::Histogram* phase[kNumPhases];
+};
+
 Trainer::Trainer(Model* model, common::ParameterStore* store, const Dataset* train,
-                 const Dataset* test, const TrainerOptions& options)
-    : model_(model), store_(store), train_(train), test_(test), options_(options) {
+                 const Dataset* test, const TrainerOptions& options,
+                 common::metrics::Registry* metrics)
+    : model_(model),
+      store_(store),
+      train_(train),
+      test_(test),
+      options_(options),
+      own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
+      metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())) {
   if (!options_.log_path.empty()) log_ = std::fopen(options_.log_path.c_str(), "a");
 }
 
@@ -65,6 +113,20 @@ void Trainer::Progress(bool force, uint32_t epoch, uint64_t step, double loss) {
                    ",\"epoch\":", epoch, ",\"step\":", step, ",\"time_s\":", JsonNumber(elapsed),
                    ",\"samples\":", samples_, ",\"samples_per_s\":", JsonNumber(rate),
                    ",\"loss\":", JsonNumber(loss)));
+}
+
+void Trainer::RecordStep(uint32_t epoch, int64_t clock, uint64_t batch_size, double loss,
+                         const std::array<absl::Time, 5>& t, absl::Duration eval_time) {
+  Metrics& m = *metrics_;
+  for (int p = 0; p < kNumPhases; ++p) m.phase[p]->Observe(absl::ToDoubleSeconds(t[p + 1] - t[p]));
+  m.steps->Increment();
+  m.samples->Increment(batch_size);
+  const double training_s = absl::ToDoubleSeconds(t[4] - start_ - eval_time);
+  if (training_s > 0) m.samples_per_second->Set(samples_ / training_s);
+  m.epoch->Set(epoch + 1);
+  m.clock->Set(static_cast<double>(clock));
+  m.loss->Set(loss);
+  m.loss_smoothed->Set(loss_ema_);
 }
 
 absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t clock) {
@@ -146,6 +208,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       result.breakdown.push += t4 - t3;
       loss = step.loss;
       loss_ema_ = result.steps == 1 ? loss : 0.98 * loss_ema_ + 0.02 * loss;
+      RecordStep(epoch, clock, batch.size, loss, {t0, t1, t2, t3, t4}, result.eval_time);
       if (options_.on_step) options_.on_step(epoch, it.offset());
       Progress(false, epoch, result.steps, loss_ema_);
       if (options_.max_steps > 0 && result.steps >= options_.max_steps) stop = true;
@@ -177,6 +240,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                        options_.binary ? absl::StrCat(",\"auc\":", JsonNumber(m.auc))
                                        : absl::StrCat(",\"accuracy\":", JsonNumber(m.accuracy))));
       result.final_eval = m;
+      metrics_->eval->WithLabels({"loss"})->Set(m.loss);
+      metrics_->eval->WithLabels({options_.binary ? "auc" : "accuracy"})
+          ->Set(options_.binary ? m.auc : m.accuracy);
       const double metric = options_.binary ? m.auc : m.accuracy;
       if (options_.target_metric > 0 && metric >= options_.target_metric) stop = true;
     }

@@ -6,6 +6,7 @@
 #ifndef PS_WORKER_TRAINER_H_
 #define PS_WORKER_TRAINER_H_
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
 #include "common/parameter_store.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
@@ -77,10 +79,17 @@ struct TrainResult {
 };
 
 // Thread-compatible. Borrows everything it is given (Not owned).
+//
+// Metrics (ps_worker_, registered in the registry given to the constructor, updated once per
+// step with atomic adds): steps, samples and samples/s, epoch, clock, last and smoothed loss,
+// the time of each step's phases (data, pull, compute, push) as histograms, and the last
+// evaluation.
 class Trainer {
  public:
+  // `metrics` (may be null: a registry of its own) must outlive the trainer.
   Trainer(Model* model, common::ParameterStore* store, const Dataset* train,
-          const Dataset* test /* may be null */, const TrainerOptions& options);
+          const Dataset* test /* may be null */, const TrainerOptions& options,
+          common::metrics::Registry* metrics = nullptr);
   ~Trainer();
 
   absl::StatusOr<TrainResult> Run();
@@ -88,6 +97,10 @@ class Trainer {
   absl::StatusOr<EvalMetrics> Evaluate(int64_t clock);
 
  private:
+  struct Metrics;
+  // Updates the metrics after a step: `t` are the times the step's phases began, and its end.
+  void RecordStep(uint32_t epoch, int64_t clock, uint64_t batch_size, double loss,
+                  const std::array<absl::Time, 5>& t, absl::Duration eval_time);
   void Progress(bool force, uint32_t epoch, uint64_t step, double loss);
   void Log(const std::string& json);
 
@@ -96,6 +109,8 @@ class Trainer {
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
+  std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
+  std::unique_ptr<Metrics> metrics_;
   FILE* log_ = nullptr;
   absl::Time start_;
   absl::Time last_progress_;

@@ -7,9 +7,13 @@
 //
 // Prints live progress on stderr, one evaluation line per epoch, and at the end a line
 // "final test accuracy <a>" (or "final test auc <a>") on stdout. Exit status 0 on success.
+//
+// Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index and the servers come from the
+// environment instead (--cluster_from, see common/cluster_env.h).
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -22,7 +26,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/cluster_env.h"
 #include "common/config.h"
+#include "common/metrics/http_server.h"
+#include "common/metrics/metrics.h"
 #include "common/overrides.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -31,6 +38,7 @@
 #include "server/shard.h"
 #include "worker/data/load.h"
 #include "worker/models/model_factory.h"
+#include "worker/local_sgd_store.h"
 #include "worker/rpc/grpc_store.h"
 #include "worker/trainer.h"
 
@@ -38,7 +46,17 @@ ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (requi
 ABSL_FLAG(std::string, set, "",
           "Config overrides, comma-separated path=value (e.g. "
           "training.epochs=3,model.mlp.hidden=256,128); see README.");
-ABSL_FLAG(int32_t, worker_index, 0, "This worker's index, 0..cluster.num_workers-1.");
+ABSL_FLAG(int32_t, worker_index, -1,
+          "This worker's index, 0..cluster.num_workers-1; unset = the environment's, else 0.");
+ABSL_FLAG(std::string, cluster_from, "auto",
+          "Where the index and cluster come from: flags, tf_config (Kubeflow TF_CONFIG), slurm "
+          "(srun), mpi (mpirun, with --rendezvous_dir), or auto (TF_CONFIG if set, else SLURM "
+          "if SLURM_PROCID is set, else flags).");
+ABSL_FLAG(int32_t, base_port, 0,
+          "SLURM: the servers' base port (they listen on it + their local rank on the node); "
+          "0 = derived from SLURM_JOB_ID.");
+ABSL_FLAG(std::string, rendezvous_dir, "",
+          "MPI: a directory every rank shares, where the servers leave their host:port.");
 ABSL_FLAG(bool, centralized, false,
           "Train in this process through the in-process store: no servers, no sockets.");
 ABSL_FLAG(std::string, servers, "",
@@ -52,6 +70,11 @@ ABSL_FLAG(double, wait_for_servers_s, 120, "How long to wait for the servers at 
 ABSL_FLAG(int32_t, threads, 1,
           "CPU BLAS threads per worker (0 = the library's default: all cores). Small batches run "
           "fastest on one.");
+ABSL_FLAG(int32_t, metrics_port, -2,
+          "Port of the Prometheus /metrics endpoint; overrides metrics.port (-1 = off, 0 = a "
+          "free port, printed). The default, -2, keeps metrics.port.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, the metrics endpoint's port is written to this file once it serves.");
 
 namespace ps::worker {
 namespace {
@@ -70,21 +93,48 @@ absl::Status Run() {
   if (!absl::GetFlag(FLAGS_log_path).empty()) {
     overrides.push_back(absl::StrCat("training.log_path=", absl::GetFlag(FLAGS_log_path)));
   }
-  ASSIGN_OR_RETURN(JobConfig config,
-                   common::LoadAndPrepareJobConfig(absl::GetFlag(FLAGS_config), overrides));
-  RETURN_IF_ERROR_CTX(common::CheckTrainable(config), absl::GetFlag(FLAGS_config));
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  const bool centralized = absl::GetFlag(FLAGS_centralized);
+  ASSIGN_OR_RETURN(JobConfig config, common::LoadJobConfig(config_path, overrides));
+  // The cluster identity: from the flags, or from the environment (checked against them).
+  common::ClusterOptions cluster_options;
+  cluster_options.cluster_from = absl::GetFlag(FLAGS_cluster_from);
+  if (centralized) {
+    if (cluster_options.cluster_from != "auto" && cluster_options.cluster_from != "flags") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--centralized runs no cluster: drop --cluster_from=", cluster_options.cluster_from));
+    }
+    cluster_options.cluster_from = "flags";
+  }
+  cluster_options.role = common::ClusterRole::kWorker;
+  if (absl::GetFlag(FLAGS_worker_index) != -1) {
+    cluster_options.index = absl::GetFlag(FLAGS_worker_index);
+  }
+  cluster_options.index_flag = "--worker_index";
+  cluster_options.servers_origin =
+      absl::GetFlag(FLAGS_servers).empty() ? "the config's cluster.servers" : "--servers";
+  cluster_options.base_port = absl::GetFlag(FLAGS_base_port);
+  cluster_options.rendezvous_dir = absl::GetFlag(FLAGS_rendezvous_dir);
+  cluster_options.rendezvous_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s));
+  ASSIGN_OR_RETURN(
+      common::ClusterIdentity cluster,
+      common::ResolveCluster(cluster_options, common::EnvMapFromEnviron(environ), &config));
+  RETURN_IF_ERROR_CTX(common::ExpandModelTables(&config), config_path);
+  RETURN_IF_ERROR_CTX(common::ValidateJobConfig(config), config_path);
+  RETURN_IF_ERROR_CTX(common::CheckTrainable(config), config_path);
+  if (!cluster.description.empty()) LOG(INFO) << cluster.description;
   // Fields of the schema whose features are not built yet: refuse rather than ignore them.
   if (config.training().prefetch()) {
     return absl::UnimplementedError("training.prefetch is not implemented yet; remove it");
   }
-  if (config.training().local_sgd().steps() > 0) {
-    return absl::UnimplementedError("training.local_sgd is not implemented yet; remove it");
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port) == -2
+                                   ? config.metrics().port()
+                                   : absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port=", metrics_port, ": expected -1 (off), 0 or a port"));
   }
-  if (config.metrics().port() >= 0) {
-    return absl::UnimplementedError("metrics.port: the /metrics endpoint is not implemented yet");
-  }
-  const bool centralized = absl::GetFlag(FLAGS_centralized);
-  const int32_t index = absl::GetFlag(FLAGS_worker_index);
+  const int32_t index = cluster.index.value_or(0);
   const int32_t num_workers = centralized ? 1 : static_cast<int32_t>(config.cluster().num_workers());
   if (index < 0 || index >= num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("--worker_index=", index,
@@ -92,6 +142,31 @@ absl::Status Run() {
                                                    num_workers, " workers"));
   }
   const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+
+  // Metrics: served from here on, while the data loads and the servers are awaited. The
+  // registry outlives everything that registers in it (the store, the trainer).
+  common::metrics::Registry metrics;
+  metrics
+      .AddGaugeFamily("ps_worker_info", "Constant 1, labelled with the worker's index and mode.",
+                      {"worker_index", "mode"})
+      ->WithLabels({absl::StrCat(index), centralized ? "centralized" : "distributed"})
+      ->Set(1);
+  common::metrics::CollectorHandle process_metrics =
+      common::metrics::RegisterProcessMetrics(&metrics);
+  std::unique_ptr<common::metrics::MetricsHttpServer> metrics_server;
+  if (metrics_port >= 0) {
+    common::metrics::HttpServerOptions http;
+    http.host = config.metrics().has_host() ? config.metrics().host() : "0.0.0.0";
+    http.port = metrics_port;
+    ASSIGN_OR_RETURN(metrics_server, common::metrics::MetricsHttpServer::Start(http, &metrics));
+    std::cout << "ps_worker " << index << " metrics on http://" << http.host << ":"
+              << metrics_server->port() << "/metrics" << std::endl;
+    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
+      const std::string tmp = absl::GetFlag(FLAGS_metrics_port_file) + ".tmp";
+      std::ofstream(tmp) << metrics_server->port() << "\n";
+      std::rename(tmp.c_str(), absl::GetFlag(FLAGS_metrics_port_file).c_str());
+    }
+  }
 
   kernels::BackendOptions backend_options;
   backend_options.num_threads = absl::GetFlag(FLAGS_threads);
@@ -140,11 +215,23 @@ absl::Status Run() {
       LOG(WARNING) << "server " << server << " answers again after " << retries
                    << " retries, " << absl::ToDoubleSeconds(down) << " s after the first failure";
     };
-    ASSIGN_OR_RETURN(auto s, GrpcParameterStore::Create(config, options));
+    ASSIGN_OR_RETURN(auto s, GrpcParameterStore::Create(config, options, &metrics));
     RETURN_IF_ERROR(s->WaitForServers(absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s))));
     grpc_store = s.get();
     store = std::move(s);
   }
+
+  // Local SGD: the trainer works on a local copy; every k steps its change goes to the servers.
+  std::unique_ptr<LocalSgdStore> local_sgd;
+  if (config.training().local_sgd().steps() > 0) {
+    const std::vector<TableConfig> tables(config.tables().begin(), config.tables().end());
+    ASSIGN_OR_RETURN(local_sgd, LocalSgdStore::Create(store.get(), tables,
+                                                      config.training().local_sgd().steps()));
+    LOG(INFO) << "worker " << index << ": local SGD, merging every "
+              << config.training().local_sgd().steps() << " steps ("
+              << LocalSgdConfig::Merge_Name(config.training().local_sgd().merge()) << ")";
+  }
+  common::ParameterStore* const train_store = local_sgd ? local_sgd.get() : store.get();
 
   TrainerOptions options;
   options.worker_index = index;
@@ -189,9 +276,10 @@ absl::Status Run() {
       if (!r.ok()) LOG(WARNING) << "heartbeat: " << r.status();
     };
   }
-  Trainer trainer(model.get(), store.get(), data.train.get(), data.test.get(), options);
+  Trainer trainer(model.get(), train_store, data.train.get(), data.test.get(), options,
+                  &metrics);
   ASSIGN_OR_RETURN(TrainResult result, trainer.Run());
-  RETURN_IF_ERROR(store->Finish());
+  RETURN_IF_ERROR(train_store->Finish());
   LOG(INFO) << "worker " << index << ": " << result.steps << " steps, " << result.samples
             << " samples in " << result.wall << " (" << static_cast<int64_t>(result.samples_per_s)
             << " samples/s; pull " << result.breakdown.pull << ", compute "

@@ -25,9 +25,10 @@ RequestInfo InfoOf(const RequestHeader& h) {
   return info;
 }
 
-absl::Status CheckEncoding(Encoding e) {
+absl::Status CheckEncoding(Shard* shard, Encoding e) {
   if (common::IsKnownEncoding(e)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("unknown payload encoding ", e));
+  return shard->Reject("bad_encoding",
+                       absl::InvalidArgumentError(absl::StrCat("unknown payload encoding ", e)));
 }
 
 absl::Span<const uint64_t> KeysOf(const google::protobuf::RepeatedField<uint64_t>& keys) {
@@ -51,44 +52,137 @@ void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& status) {
   reactor->Finish(common::ToGrpcStatus(status));
 }
 
+constexpr const char* kMethodNames[] = {"pull", "push"};
+
 }  // namespace
 
+// ---- Metrics ----------------------------------------------------------------------------
+
+struct ParameterServerService::Metrics {
+  explicit Metrics(common::metrics::Registry* r)
+      : requests(r->AddCounterFamily("ps_server_requests_total",
+                                     "Requests answered, by method and status code.",
+                                     {"method", "code"})),
+        refused(r->AddCounterFamily(
+            "ps_server_requests_refused_total",
+            "Pulls and pushes answered with an error, by method, status code and reason "
+            "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
+            "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, "
+            "bad_encoding, bound_timeout, other).",
+            {"method", "code", "reason"})) {
+    latency[kPull] = r->AddHistogram(
+        "ps_server_pull_latency_seconds",
+        "Pulls from arrival to answer (queueing and consistency-bound waits included), seconds.",
+        common::metrics::LatencyBuckets());
+    latency[kPush] =
+        r->AddHistogram("ps_server_push_latency_seconds",
+                        "Pushes from arrival to answer (queueing and optimizer included), seconds.",
+                        common::metrics::LatencyBuckets());
+    pull_wait = r->AddHistogram("ps_server_pull_wait_seconds",
+                                "Time workers' pulls waited for the consistency bound, seconds.",
+                                common::metrics::LatencyBuckets());
+    auto* request_family =
+        r->AddCounterFamily("ps_server_request_bytes_total",
+                            "Bytes of pull and push requests (protobuf encoded).", {"method"});
+    auto* response_family =
+        r->AddCounterFamily("ps_server_response_bytes_total",
+                            "Bytes of pull and push answers (protobuf encoded).", {"method"});
+    for (Method m : {kPull, kPush}) {
+      request_bytes[m] = request_family->WithLabels({kMethodNames[m]});
+      response_bytes[m] = response_family->WithLabels({kMethodNames[m]});
+      ok[m] = requests->WithLabels({kMethodNames[m], "OK"});
+    }
+  }
+
+  common::metrics::Family<common::metrics::Counter>* const requests;
+  common::metrics::Family<common::metrics::Counter>* const refused;
+  common::metrics::Histogram* latency[2];
+  common::metrics::Histogram* pull_wait;
+  // Children looked up once: the hot path only adds.
+  common::metrics::Counter* request_bytes[2];
+  common::metrics::Counter* response_bytes[2];
+  common::metrics::Counter* ok[2];
+};
+
 ParameterServerService::ParameterServerService(Shard* shard, const ServiceOptions& options,
-                                               ServiceHooks hooks)
-    : shard_(shard), options_(options), hooks_(std::move(hooks)), pool_(options.num_threads) {}
+                                               ServiceHooks hooks,
+                                               common::metrics::Registry* metrics)
+    : shard_(shard),
+      options_(options),
+      hooks_(std::move(hooks)),
+      own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
+      metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())),
+      pool_(options.num_threads) {}
 
 ParameterServerService::~ParameterServerService() = default;
+
+void ParameterServerService::Record(Method method, absl::Time arrived, const absl::Status& status,
+                                    size_t bytes_in, size_t bytes_out) {
+  metrics_->latency[method]->Observe(absl::ToDoubleSeconds(absl::Now() - arrived));
+  metrics_->request_bytes[method]->Increment(bytes_in);
+  metrics_->response_bytes[method]->Increment(bytes_out);
+  if (status.ok()) {
+    metrics_->ok[method]->Increment();
+    return;
+  }
+  const std::string code = absl::StatusCodeToString(status.code());
+  std::string reason = RejectionReason(status);
+  if (reason.empty()) reason = "other";
+  metrics_->requests->WithLabels({kMethodNames[method], code})->Increment();
+  metrics_->refused->WithLabels({kMethodNames[method], code, reason})->Increment();
+}
+
+void ParameterServerService::CountCall(const char* method, const absl::Status& status) {
+  metrics_->requests->WithLabels({method, absl::StatusCodeToString(status.code())})->Increment();
+}
 
 // ---- Pull -------------------------------------------------------------------------------
 
 absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl::Time deadline,
                                                 PullResponse* response) {
+  return ServePull(request, deadline, response, absl::Now());
+}
+
+absl::Status ParameterServerService::ServePull(const PullRequest& request, absl::Time deadline,
+                                               PullResponse* response, absl::Time arrived) {
+  const absl::Status status = PullImpl(request, deadline, response);
+  Record(kPull, arrived, status, request.ByteSizeLong(),
+         status.ok() ? response->ByteSizeLong() : 0);
+  return status;
+}
+
+absl::Status ParameterServerService::PullImpl(const PullRequest& request, absl::Time deadline,
+                                              PullResponse* response) {
   const RequestInfo info = InfoOf(request.header());
   RETURN_IF_ERROR(shard_->CheckLayout(info));
   // Phase 1: check every part before waiting or reading anything.
   for (const TablePullRequest& t : request.tables()) {
-    RETURN_IF_ERROR(CheckEncoding(t.encoding()));
+    RETURN_IF_ERROR(CheckEncoding(shard_, t.encoding()));
     ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
     if (part->info().kind == TABLE_KIND_DENSE) {
       if (!t.keys().empty()) {
-        shard_->CountRejection("wrong_kind");
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", t.table(), "' is dense: pull it by blocks, not keys"));
+        return shard_->Reject(
+            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                              "table '", t.table(), "' is dense: pull it by blocks, not keys")));
       }
       for (uint32_t b : t.block_ids()) {
         RETURN_IF_ERROR(shard_->CheckBlock(*static_cast<DenseTablePart*>(part), b, -1));
       }
     } else {
       if (!t.block_ids().empty()) {
-        shard_->CountRejection("wrong_kind");
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", t.table(), "' is sparse: pull it by keys, not blocks"));
+        return shard_->Reject(
+            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                              "table '", t.table(), "' is sparse: pull it by keys, not blocks")));
       }
-      RETURN_IF_ERROR(shard_->CheckKeys(*static_cast<SparseTablePart*>(part), KeysOf(t.keys()),
-                                        -1));
+      RETURN_IF_ERROR(
+          shard_->CheckKeys(*static_cast<SparseTablePart*>(part), KeysOf(t.keys()), -1));
     }
   }
-  RETURN_IF_ERROR(shard_->BeginPull(info, std::min(deadline, absl::Now() + options_.max_pull_wait)));
+  const absl::Time wait_start = absl::Now();
+  RETURN_IF_ERROR(shard_->BeginPull(info, std::min(deadline, wait_start + options_.max_pull_wait)));
+  if (info.worker_id >= 0) {
+    metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
+  }
   // Phase 2: read.
   std::vector<float> scratch;
   uint64_t bytes_out = 0;
@@ -125,10 +219,11 @@ absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl
       if (encoding == ENCODING_FLOAT32) {
         std::string* bytes = out->mutable_rows();
         bytes->resize(n * sizeof(float));
-        sparse->Read(KeysOf(t.keys()), absl::Span<float>(reinterpret_cast<float*>(bytes->data()), n));
+        RETURN_IF_ERROR(sparse->Read(
+            KeysOf(t.keys()), absl::Span<float>(reinterpret_cast<float*>(bytes->data()), n)));
       } else {
         scratch.resize(n);
-        sparse->Read(KeysOf(t.keys()), absl::MakeSpan(scratch));
+        RETURN_IF_ERROR(sparse->Read(KeysOf(t.keys()), absl::MakeSpan(scratch)));
         common::EncodeFloats(scratch, encoding, out->mutable_rows());
       }
       bytes_out += n * bpv;
@@ -143,10 +238,11 @@ absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const PullRequest* request,
                                                        PullResponse* response) {
+  const absl::Time arrived = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  pool_.Schedule([this, reactor, request, response, deadline] {
-    Finish(reactor, HandlePull(*request, deadline, response));
+  pool_.Schedule([this, reactor, request, response, deadline, arrived] {
+    Finish(reactor, ServePull(*request, deadline, response, arrived));
   });
   return reactor;
 }
@@ -155,6 +251,18 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
 
 absl::Status ParameterServerService::HandlePush(const PushRequest& request,
                                                 PushResponse* response) {
+  return ServePush(request, response, absl::Now());
+}
+
+absl::Status ParameterServerService::ServePush(const PushRequest& request, PushResponse* response,
+                                               absl::Time arrived) {
+  const absl::Status status = PushImpl(request, response);
+  Record(kPush, arrived, status, request.ByteSizeLong(),
+         status.ok() ? response->ByteSizeLong() : 0);
+  return status;
+}
+
+absl::Status ParameterServerService::PushImpl(const PushRequest& request, PushResponse* response) {
   const RequestInfo info = InfoOf(request.header());
   RETURN_IF_ERROR(shard_->CheckLayout(info));
   // Phase 1: resolve, decode and check every part; nothing changes on any error.
@@ -166,33 +274,34 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
   decoded.reserve(parts);
   uint64_t bytes_in = 0;
   for (const TableValues& t : request.tables()) {
-    RETURN_IF_ERROR(CheckEncoding(t.encoding()));
+    RETURN_IF_ERROR(CheckEncoding(shard_, t.encoding()));
     const size_t bpv = common::BytesPerValue(t.encoding());
     ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
     if (part->info().kind == TABLE_KIND_DENSE) {
       auto* dense = static_cast<DenseTablePart*>(part);
       if (!t.keys().empty() || !t.rows().empty()) {
-        shard_->CountRejection("wrong_kind");
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", t.table(), "' is dense: push blocks, not keyed rows"));
+        return shard_->Reject(
+            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                              "table '", t.table(), "' is dense: push blocks, not keyed rows")));
       }
       for (const DenseBlock& block : t.blocks()) {
         const uint32_t b = block.block_id();
         if (block.values().size() % bpv != 0) {
-          shard_->CountRejection("bad_size");
-          return absl::InvalidArgumentError(absl::StrCat(
-              "table '", t.table(), "' block ", b, ": payload of ", block.values().size(),
-              " bytes is not a whole number of ", common::EncodingName(t.encoding()),
-              " values"));
+          return shard_->Reject("bad_size",
+                                absl::InvalidArgumentError(absl::StrCat(
+                                    "table '", t.table(), "' block ", b, ": payload of ",
+                                    block.values().size(), " bytes is not a whole number of ",
+                                    common::EncodingName(t.encoding()), " values")));
         }
         RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, block.values().size() / bpv));
         absl::Span<const float> values = Floats(block.values(), t.encoding());
         if (values.empty() && dense->BlockSize(b) > 0) {
           auto& buffer = decoded.emplace_back(dense->BlockSize(b));
-          RETURN_IF_ERROR(common::DecodeFloats(block.values(), t.encoding(), absl::MakeSpan(buffer)));
+          RETURN_IF_ERROR(
+              common::DecodeFloats(block.values(), t.encoding(), absl::MakeSpan(buffer)));
           values = buffer;
         }
-        if (!request.is_delta()) {
+        {  // Gradients and deltas alike.
           RETURN_IF_ERROR(shard_->CheckFinite(*dense, absl::StrCat("block ", b), values));
         }
         updates.push_back(PendingUpdate{dense, b, {}, values});
@@ -201,15 +310,15 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
     } else {
       auto* sparse = static_cast<SparseTablePart*>(part);
       if (!t.blocks().empty()) {
-        shard_->CountRejection("wrong_kind");
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", t.table(), "' is sparse: push keyed rows, not blocks"));
+        return shard_->Reject(
+            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                              "table '", t.table(), "' is sparse: push keyed rows, not blocks")));
       }
       if (t.rows().size() % bpv != 0) {
-        shard_->CountRejection("bad_size");
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", t.table(), "': rows payload of ", t.rows().size(),
-            " bytes is not a whole number of ", common::EncodingName(t.encoding()), " values"));
+        return shard_->Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
+                                              "table '", t.table(), "': rows payload of ",
+                                              t.rows().size(), " bytes is not a whole number of ",
+                                              common::EncodingName(t.encoding()), " values")));
       }
       RETURN_IF_ERROR(shard_->CheckKeys(*sparse, KeysOf(t.keys()), t.rows().size() / bpv));
       absl::Span<const float> values = Floats(t.rows(), t.encoding());
@@ -218,7 +327,7 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
         RETURN_IF_ERROR(common::DecodeFloats(t.rows(), t.encoding(), absl::MakeSpan(buffer)));
         values = buffer;
       }
-      if (!request.is_delta()) RETURN_IF_ERROR(shard_->CheckFinite(*sparse, "rows", values));
+      RETURN_IF_ERROR(shard_->CheckFinite(*sparse, "rows", values));
       updates.push_back(PendingUpdate{sparse, 0, KeysOf(t.keys()), values});
       bytes_in += t.rows().size();
     }
@@ -226,6 +335,7 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
   // Phase 2.
   UpdateOptions options;
   options.kind = request.is_delta() ? UpdateKind::kDelta : UpdateKind::kGradient;
+  options.delta_scale = shard_->delta_scale();
   ASSIGN_OR_RETURN(PushResult result, shard_->ApplyPush(info, updates, options, bytes_in));
   response->set_duplicate(result.duplicate);
   response->set_updates_applied(result.updates_applied);
@@ -236,9 +346,10 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
                                                        const PushRequest* request,
                                                        PushResponse* response) {
+  const absl::Time arrived = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  pool_.Schedule([this, reactor, request, response] {
-    Finish(reactor, HandlePush(*request, response));
+  pool_.Schedule([this, reactor, request, response, arrived] {
+    Finish(reactor, ServePush(*request, response, arrived));
   });
   return reactor;
 }
@@ -250,40 +361,46 @@ grpc::ServerUnaryReactor* ParameterServerService::Stats(grpc::CallbackServerCont
                                                         StatsResponse* response) {
   shard_->FillStats(response);
   if (hooks_.stats) hooks_.stats(response);
+  CountCall("stats", absl::OkStatus());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(
-    grpc::CallbackServerContext* context, const CheckpointRequest* /*request*/,
-    CheckpointResponse* response) {
+grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServerContext* context,
+                                                             const CheckpointRequest* /*request*/,
+                                                             CheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!hooks_.checkpoint) {
-    Finish(reactor, absl::FailedPreconditionError("this server has no data dir to checkpoint to"));
+    const absl::Status status =
+        absl::FailedPreconditionError("this server has no data dir to checkpoint to");
+    CountCall("checkpoint", status);
+    Finish(reactor, status);
     return reactor;
   }
   pool_.Schedule([this, reactor, response] {
     absl::StatusOr<CheckpointResponse> result = hooks_.checkpoint();
     if (result.ok()) *response = *std::move(result);
+    CountCall("checkpoint", result.status());
     Finish(reactor, result.status());
   });
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::ServerInfo(
-    grpc::CallbackServerContext* context, const ServerInfoRequest* /*request*/,
-    ServerInfoResponse* response) {
+grpc::ServerUnaryReactor* ParameterServerService::ServerInfo(grpc::CallbackServerContext* context,
+                                                             const ServerInfoRequest* /*request*/,
+                                                             ServerInfoResponse* response) {
   shard_->FillServerInfo(response);
   if (hooks_.server_info) hooks_.server_info(response);
+  CountCall("server_info", absl::OkStatus());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(
-    grpc::CallbackServerContext* context, const HeartbeatRequest* request,
-    HeartbeatResponse* response) {
+grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
+                                                            const HeartbeatRequest* request,
+                                                            HeartbeatResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const RequestHeader& h = request->header();
   absl::Status status = shard_->CheckLayout(InfoOf(h));
@@ -303,6 +420,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(
     }
   }
   response->set_server_incarnation(shard_->incarnation());
+  CountCall("heartbeat", status);
   Finish(reactor, status);
   return reactor;
 }
@@ -312,9 +430,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Shutdown(grpc::CallbackServerC
                                                            ShutdownResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!hooks_.shutdown) {
-    Finish(reactor, absl::UnimplementedError("this server cannot be shut down remotely"));
+    const absl::Status status =
+        absl::UnimplementedError("this server cannot be shut down remotely");
+    CountCall("shutdown", status);
+    Finish(reactor, status);
     return reactor;
   }
+  CountCall("shutdown", absl::OkStatus());
   hooks_.shutdown(request->checkpoint());
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
 #include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/shard.h"
@@ -38,10 +39,19 @@ struct ServiceHooks {
 };
 
 // Thread-safe.
+//
+// Metrics (registered in the registry given to the constructor): latency histograms of pulls
+// and pushes from arrival to answer (ps_server_{pull,push}_latency_seconds), the time pulls
+// wait for the consistency bound, request and response bytes, answers by method and code,
+// and refused requests by method, code and reason (the reason Shard::Reject tagged the status
+// with; "other" when none). Each pull or push costs a few atomic adds; a refused one also a
+// lookup under a mutex.
 class ParameterServerService final : public ParameterServer::CallbackService {
  public:
-  // `shard` is not owned and must outlive the service.
-  ParameterServerService(Shard* shard, const ServiceOptions& options, ServiceHooks hooks);
+  // `shard` is not owned and must outlive the service. The service registers its metrics in
+  // `metrics` (not owned, must outlive the service; nullptr = a registry of its own).
+  ParameterServerService(Shard* shard, const ServiceOptions& options, ServiceHooks hooks,
+                         common::metrics::Registry* metrics = nullptr);
   ~ParameterServerService() override;
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
@@ -64,14 +74,30 @@ class ParameterServerService final : public ParameterServer::CallbackService {
                                      ShutdownResponse* response) override;
 
   // The request handlers without gRPC around them (used by the service and by tests/fuzzers).
+  // They count in the metrics as requests do.
   absl::Status HandlePull(const PullRequest& request, absl::Time deadline,
                           PullResponse* response);
   absl::Status HandlePush(const PushRequest& request, PushResponse* response);
 
  private:
+  struct Metrics;
+  enum Method { kPull = 0, kPush = 1 };
+  // Handle*, with the latency counted from `arrived`.
+  absl::Status ServePull(const PullRequest& request, absl::Time deadline, PullResponse* response,
+                         absl::Time arrived);
+  absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived);
+  absl::Status PullImpl(const PullRequest& request, absl::Time deadline, PullResponse* response);
+  absl::Status PushImpl(const PushRequest& request, PushResponse* response);
+  void Record(Method method, absl::Time arrived, const absl::Status& status, size_t bytes_in,
+              size_t bytes_out);
+  // Counts an answer of one of the other methods.
+  void CountCall(const char* method, const absl::Status& status);
+
   Shard* const shard_;  // Not owned.
   const ServiceOptions options_;
   const ServiceHooks hooks_;
+  std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
+  std::unique_ptr<Metrics> metrics_;
   common::ThreadPool pool_;
 };
 

@@ -222,6 +222,28 @@ TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCounted) {
   EXPECT_EQ(Rejected("nonfinite"), 2u);
 }
 
+TEST_F(ServiceTest, NonFiniteDeltaIsRejectedToo) {
+  PushRequest request = ValidPush(1);
+  request.set_is_delta(true);
+  std::vector<float> rows(keys_.size() * 3, 0.5f);
+  rows[1] = std::numeric_limits<float>::quiet_NaN();
+  common::EncodeFloats(rows, ENCODING_FLOAT32, request.mutable_tables(1)->mutable_rows());
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "first at index 1");
+}
+
+TEST_F(ServiceTest, WorkerOutsideTheJobIsInvalidArgument) {
+  PushRequest request = ValidPush(1);
+  request.mutable_header()->set_worker_id(1000);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "not in this job");
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  pull.mutable_header()->set_worker_id(1000);
+  PullResponse response;
+  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not in this job")));
+  EXPECT_EQ(Rejected("bad_worker"), 2u);
+}
+
 TEST_F(ServiceTest, LayoutMismatchIsFailedPrecondition) {
   PushRequest request = ValidPush(1);
   request.mutable_header()->set_layout_fingerprint(12345);

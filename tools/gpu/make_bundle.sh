@@ -18,7 +18,7 @@ targets=(
   //worker:ps_worker //server:ps_server
 )
 # --dynamic_mode=off: the tests link our own libraries statically too (no _solib_ folders).
-bazel --output_base="$output_base" build --config=cuda --dynamic_mode=off "${targets[@]}"
+bazel --output_base="$output_base" build --config=cuda --dynamic_mode=off --symlink_prefix=/ "${targets[@]}"
 bin="$(bazel --output_base="$output_base" info --config=cuda --dynamic_mode=off bazel-bin)"
 
 rm -rf "$out"

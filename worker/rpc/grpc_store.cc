@@ -49,19 +49,48 @@ absl::Status BadResponse(uint32_t server, absl::string_view what) {
 
 }  // namespace
 
+struct GrpcParameterStore::Metrics {
+  Metrics(common::metrics::Registry* r, size_t num_servers)
+      : failures(r->AddCounterFamily(
+            "ps_worker_rpc_failures_total",
+            "Failed RPC attempts to each server, by status code (retried or not).",
+            {"server", "code"})),
+        bytes_sent(r->AddCounter("ps_worker_bytes_sent_total",
+                                 "Parameter bytes pushed to the servers (payload only).")),
+        bytes_received(r->AddCounter("ps_worker_bytes_received_total",
+                                     "Parameter bytes pulled from the servers (payload only).")),
+        duplicates(r->AddCounter(
+            "ps_worker_push_duplicates_total",
+            "Push answers saying the server had applied the push already (after a retry).")) {
+    auto* family = r->AddCounterFamily(
+        "ps_worker_rpc_retries_total",
+        "RPCs to each server retried after UNAVAILABLE or DEADLINE_EXCEEDED.", {"server"});
+    for (size_t s = 0; s < num_servers; ++s) {
+      retries.push_back(family->WithLabels({absl::StrCat(s)}));
+    }
+  }
+
+  common::metrics::Family<common::metrics::Counter>* const failures;
+  common::metrics::Counter* const bytes_sent;
+  common::metrics::Counter* const bytes_received;
+  common::metrics::Counter* const duplicates;
+  std::vector<common::metrics::Counter*> retries;  // per server
+};
+
 absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::Create(
-    const JobConfig& config, const GrpcStoreOptions& options) {
+    const JobConfig& config, const GrpcStoreOptions& options, common::metrics::Registry* metrics) {
   std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs;
   for (const std::string& address : config.cluster().servers()) {
     ASSIGN_OR_RETURN(auto channel, common::MakeChannel(address, config));
     stubs.push_back(ParameterServer::NewStub(channel));
   }
-  return CreateWithStubs(config, options, std::move(stubs));
+  return CreateWithStubs(config, options, std::move(stubs), metrics);
 }
 
 absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWithStubs(
     const JobConfig& config, const GrpcStoreOptions& options,
-    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs) {
+    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
+    common::metrics::Registry* metrics) {
   ASSIGN_OR_RETURN(common::Partitioner partitioner, common::Partitioner::Create(config));
   if (stubs.size() != partitioner.num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("the layout has ", partitioner.num_servers(),
@@ -69,16 +98,22 @@ absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWi
                                                    " addresses are given (cluster.servers)"));
   }
   return std::unique_ptr<GrpcParameterStore>(
-      new GrpcParameterStore(config, options, std::move(partitioner), std::move(stubs)));
+      new GrpcParameterStore(config, options, std::move(partitioner), std::move(stubs), metrics));
 }
 
 GrpcParameterStore::GrpcParameterStore(
     const JobConfig& config, const GrpcStoreOptions& options, common::Partitioner partitioner,
-    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs)
+    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
+    common::metrics::Registry* metrics)
     : config_(config),
       options_(options),
       partitioner_(std::move(partitioner)),
-      stubs_(std::move(stubs)) {}
+      stubs_(std::move(stubs)),
+      own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
+      metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get(),
+                                         stubs_.size())) {}
+
+GrpcParameterStore::~GrpcParameterStore() = default;
 
 RequestHeader GrpcParameterStore::Header(int64_t clock, uint64_t sequence) const {
   RequestHeader h;
@@ -139,6 +174,8 @@ absl::Status GrpcParameterStore::FanOut(
         continue;
       }
       first_failure[s] = std::min(first_failure[s], absl::Now());
+      metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status[s].code())})
+          ->Increment();
       if (!Retryable(status[s]) || attempt >= options_.max_retries) {
         return common::Annotate(status[s], absl::StrCat("server ", s, " (",
                                                         config_.cluster().servers_size() > s
@@ -151,6 +188,7 @@ absl::Status GrpcParameterStore::FanOut(
     if (retry.empty()) break;
     retries_ += retry.size();
     for (uint32_t s : retry) {
+      metrics_->retries[s]->Increment();
       if (options_.on_retry) options_.on_retry(s, attempt + 1, status[s]);
     }
     absl::SleepFor(Backoff(attempt));
@@ -266,6 +304,7 @@ absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
     }
   }
   bytes_received_ += received;
+  metrics_->bytes_received->Increment(received);
   return absl::OkStatus();
 }
 
@@ -329,9 +368,13 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
   RETURN_IF_ERROR(FanOut(requests, &responses, std::vector<bool>(n, true),
                          &ParameterServer::StubInterface::async_interface::Push));
   for (const PushResponse& r : responses) {
-    if (r.duplicate()) ++duplicates_;
+    if (r.duplicate()) {
+      ++duplicates_;
+      metrics_->duplicates->Increment();
+    }
   }
   bytes_sent_ += sent;
+  metrics_->bytes_sent->Increment(sent);
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
 #include "common/parameter_store.h"
 #include "common/partitioner.h"
 #include "proto/config.pb.h"
@@ -52,16 +53,25 @@ struct GrpcStoreStats {
 };
 
 // Thread-safe.
+//
+// Metrics (ps_worker_, in the registry given to Create): retries and failed attempts per
+// server, payload bytes sent and received, pushes the servers answered as duplicates.
 class GrpcParameterStore final : public common::ParameterStore {
  public:
   // Connects to config.cluster().servers (the config must be prepared). INVALID_ARGUMENT if
-  // the server list does not match the layout; errors of the credentials.
+  // the server list does not match the layout; errors of the credentials. The store
+  // registers its metrics in `metrics` (not owned, must outlive the store; nullptr = a
+  // registry of its own).
   static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> Create(
-      const JobConfig& config, const GrpcStoreOptions& options);
+      const JobConfig& config, const GrpcStoreOptions& options,
+      common::metrics::Registry* metrics = nullptr);
   // With explicit stubs (tests).
   static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> CreateWithStubs(
       const JobConfig& config, const GrpcStoreOptions& options,
-      std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs);
+      std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
+      common::metrics::Registry* metrics = nullptr);
+
+  ~GrpcParameterStore() override;
 
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
@@ -85,9 +95,11 @@ class GrpcParameterStore final : public common::ParameterStore {
   const common::Partitioner& partitioner() const { return partitioner_; }
 
  private:
+  struct Metrics;
   GrpcParameterStore(const JobConfig& config, const GrpcStoreOptions& options,
                      common::Partitioner partitioner,
-                     std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs);
+                     std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
+                     common::metrics::Registry* metrics);
   RequestHeader Header(int64_t clock, uint64_t sequence) const;
   // Sends `requests[s]` to server s for every s where send[s], concurrently, with retries.
   template <typename Request, typename Response>
@@ -107,6 +119,8 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> duplicates_{0};
+  std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
+  std::unique_ptr<Metrics> metrics_;
 };
 
 }  // namespace ps::worker

@@ -1,0 +1,165 @@
+// The /metrics endpoint over a real socket on 127.0.0.1 (port 0). The brief for the
+// endpoint asks for real HTTP round trips, so unlike other unit tests this one opens
+// sockets; it binds only the loopback address and a free port.
+#include "common/metrics/http_server.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "common/metrics/testing.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps::common::metrics {
+namespace {
+
+using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    registry_.AddCounter("ps_test_requests_total", "Requests.")->Increment(3);
+    HttpServerOptions options;
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.max_request_bytes = 1024;
+    options.io_timeout = absl::Seconds(2);
+    auto server = MetricsHttpServer::Start(options, &registry_);
+    ASSERT_THAT(server.status(), IsOk());
+    server_ = *std::move(server);
+    ASSERT_GT(server_->port(), 0);
+  }
+
+  // The status code of the answer to `request` sent raw.
+  int StatusOf(const std::string& request) {
+    auto raw = testing::SendRaw(server_->port(), request);
+    EXPECT_THAT(raw.status(), IsOk());
+    if (!raw.ok()) return -1;
+    auto response = testing::ParseResponse(*raw);
+    EXPECT_THAT(response.status(), IsOk()) << *raw;
+    return response.ok() ? response->status : -1;
+  }
+
+  Registry registry_;
+  std::unique_ptr<MetricsHttpServer> server_;
+};
+
+TEST_F(HttpServerTest, GetMetricsServesTheRegistry) {
+  auto response = testing::HttpGet(server_->port(), "/metrics");
+  ASSERT_THAT(response.status(), IsOk());
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(response->headers["connection"], "close");
+  EXPECT_EQ(response->body, registry_.Render());
+  auto parsed = testing::ParseText(response->body);
+  ASSERT_THAT(parsed.status(), IsOk());
+  EXPECT_EQ(parsed->Get("ps_test_requests_total"), 3);
+}
+
+TEST_F(HttpServerTest, ScrapesSeeNewValues) {
+  Counter* c = registry_.AddCounter("ps_test_later_total", "Registered after start.");
+  for (int i = 1; i <= 3; ++i) {
+    c->Increment();
+    auto response = testing::HttpGet(server_->port(), "/metrics?x=1");
+    ASSERT_THAT(response.status(), IsOk());
+    auto parsed = testing::ParseText(response->body);
+    ASSERT_THAT(parsed.status(), IsOk());
+    EXPECT_EQ(parsed->Get("ps_test_later_total"), i);
+  }
+}
+
+TEST_F(HttpServerTest, HealthzIsOk) {
+  auto response = testing::HttpGet(server_->port(), "/healthz");
+  ASSERT_THAT(response.status(), IsOk());
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->body, "ok\n");
+}
+
+TEST_F(HttpServerTest, OtherPathsAreNotFound) {
+  for (const char* path : {"/", "/metric", "/metrics/x", "/healthz2"}) {
+    auto response = testing::HttpGet(server_->port(), path);
+    ASSERT_THAT(response.status(), IsOk());
+    EXPECT_EQ(response->status, 404) << path;
+  }
+}
+
+TEST_F(HttpServerTest, HeadHasHeadersOnly) {
+  auto raw = testing::SendRaw(server_->port(), "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_THAT(raw.status(), IsOk());
+  EXPECT_THAT(*raw, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(*raw, HasSubstr("Content-Length: " + std::to_string(registry_.Render().size())));
+  EXPECT_TRUE(absl::EndsWith(*raw, "\r\n\r\n")) << *raw;
+}
+
+TEST_F(HttpServerTest, OtherMethodsAreNotAllowed) {
+  auto raw = testing::SendRaw(server_->port(),
+                              "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  ASSERT_THAT(raw.status(), IsOk());
+  EXPECT_THAT(*raw, StartsWith("HTTP/1.1 405 Method Not Allowed\r\n"));
+  EXPECT_THAT(*raw, HasSubstr("Allow: GET, HEAD\r\n"));
+}
+
+TEST_F(HttpServerTest, MalformedRequestsAreBadRequests) {
+  EXPECT_EQ(StatusOf("GARBAGE\r\n\r\n"), 400);
+  EXPECT_EQ(StatusOf("GET /metrics\r\n\r\n"), 400);                      // no version
+  EXPECT_EQ(StatusOf("GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n"), 400);  // not HTTP/1.x
+  EXPECT_EQ(StatusOf("GET metrics HTTP/1.1\r\nHost: x\r\n\r\n"), 400);   // not a path
+  EXPECT_EQ(StatusOf("GET /metrics HTTP/1.1\r\n\r\n"), 400);             // 1.1 needs Host
+  EXPECT_EQ(StatusOf("GET /metrics HTTP/1.1\r\nno colon\r\n\r\n"), 400);
+  EXPECT_EQ(StatusOf("GET  /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), 400);  // two spaces
+  EXPECT_EQ(StatusOf("GET /metrics HTTP/1.0\r\n\r\n"), 200);              // 1.0: no Host needed
+  EXPECT_EQ(StatusOf("GET /metrics HTTP/1.1\nHost: x\n\n"), 200);         // bare LF line ends
+}
+
+TEST_F(HttpServerTest, OversizedRequestsAreRefused) {
+  const std::string big =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(4096, 'a') + "\r\n\r\n";
+  EXPECT_EQ(StatusOf(big), 431);
+  // It still serves afterwards.
+  EXPECT_EQ(StatusOf("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+}
+
+TEST_F(HttpServerTest, IncompleteRequestTimesOut) {
+  // Half a request and no more: after io_timeout the server answers 408 and closes.
+  EXPECT_EQ(StatusOf("GET /metrics HTTP/1.1\r\nHost"), 408);
+}
+
+TEST_F(HttpServerTest, ClientClosingEarlyDoesNotStopTheServer) {
+  {
+    // Connect and send nothing: the server closes after io_timeout without an answer.
+    auto raw = testing::SendRaw(server_->port(), "", absl::Seconds(5));
+    EXPECT_THAT(raw.status(), IsOk());
+  }
+  auto response = testing::HttpGet(server_->port(), "/healthz");
+  ASSERT_THAT(response.status(), IsOk());
+  EXPECT_EQ(response->status, 200);
+}
+
+TEST_F(HttpServerTest, StopClosesThePort) {
+  const int port = server_->port();
+  server_->Stop();
+  server_->Stop();  // idempotent
+  EXPECT_THAT(testing::HttpGet(port, "/metrics").status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(HttpServer, BusyPortIsUnavailable) {
+  Registry registry;
+  HttpServerOptions options;
+  options.host = "127.0.0.1";
+  auto first = MetricsHttpServer::Start(options, &registry);
+  ASSERT_THAT(first.status(), IsOk());
+  options.port = (*first)->port();
+  EXPECT_THAT(MetricsHttpServer::Start(options, &registry).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  options.port = 70000;
+  EXPECT_THAT(MetricsHttpServer::Start(options, &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace ps::common::metrics

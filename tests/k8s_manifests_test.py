@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""tools/render_k8s.py: the manifests are valid Kubernetes objects and describe the config's job.
+
+Renders configs/fashion_mnist_2x2_async.textproto (as committed under deploy/k8s/, which must be
+current) and configs/ctr_synthetic_2x2.textproto with other counts, namespace and port;
+validates every object offline with tests/k8s_validate.js (kubernetes-models: the Kubernetes
+API schema, strict about unknown fields; the TFJob by its API structure); checks that the
+cluster matches the config (replicas, the servers' DNS names in the workers' arguments, ports,
+config volume); and checks that the validator rejects broken objects.
+
+Needs node and the npm packages kubernetes-models and yaml (tools/setup.sh installs them).
+"""
+
+import copy
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+SRCDIR = os.path.join(os.environ["TEST_SRCDIR"], "ps") if "TEST_SRCDIR" in os.environ else \
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SRCDIR, "tools"))
+from launch_common import field, parse_textproto  # noqa: E402
+
+MLP = "configs/fashion_mnist_2x2_async.textproto"
+CTR = "configs/ctr_synthetic_2x2.textproto"
+FILES = ("configmap.yaml", "servers.yaml", "workers.yaml", "tfjob.yaml")
+TMP = tempfile.mkdtemp(prefix="k8s-test-", dir=os.environ.get("TEST_TMPDIR"))
+
+
+def render(config, out, *flags):
+    p = subprocess.run([sys.executable, os.path.join(SRCDIR, "tools/render_k8s.py"), os.path.join(SRCDIR, config),
+                        "--out", out] + list(flags), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.returncode == 0, "render_k8s.py %s failed:\n%s" % (config, p.stdout)
+    return out
+
+
+def node_modules():
+    """The global node_modules that holds kubernetes-models and yaml."""
+    candidates = []
+    npm = shutil.which("npm")
+    if npm:
+        env = dict(os.environ, HOME=TMP, npm_config_update_notifier="false")
+        p = subprocess.run([npm, "root", "-g"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        candidates.append(p.stdout.strip())
+    candidates += ["/usr/local/lib/node_modules", "/usr/lib/node_modules"]
+    for c in candidates:
+        if c and all(os.path.isdir(os.path.join(c, m)) for m in ("kubernetes-models", "yaml")):
+            return c
+    raise AssertionError("node packages kubernetes-models and yaml not found (looked in %s); "
+                         "run: bash tools/setup.sh" % ", ".join(c for c in candidates if c))
+
+
+def validate(files, json_out=None):
+    """Runs the validator; returns (exit code, {file: output line})."""
+    node = shutil.which("node")
+    assert node, "node not found; run: bash tools/setup.sh"
+    argv = [node, os.path.join(SRCDIR, "tests/k8s_validate.js")] + (["--json", json_out] if json_out else []) + files
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, NODE_PATH=node_modules()))
+    lines = {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"^(ok|invalid) (\S+)", line)
+        assert m, "unexpected validator output: %r\n%s" % (line, p.stdout)
+        lines.setdefault(m.group(2), []).append(line)
+    return p.returncode, lines, p.stdout
+
+
+def load(out_dir):
+    """Validates a rendered directory; returns its objects by kind."""
+    files = [os.path.join(out_dir, f) for f in FILES]
+    dump = os.path.join(out_dir, "objects.json")
+    code, lines, text = validate(files, dump)
+    assert code == 0, "the validator rejected rendered manifests:\n" + text
+    print(text, end="")
+    objects = {}
+    for entry in json.load(open(dump)):
+        objects.setdefault(entry["doc"]["kind"], []).append(entry["doc"])
+    for kind in ("ConfigMap", "Service", "StatefulSet", "Job", "TFJob"):
+        assert len(objects.get(kind, [])) == 1, "expected one %s, got %d" % (kind, len(objects.get(kind, [])))
+    return {k: v[0] for k, v in objects.items()}
+
+
+def flag(argv, name):
+    values = [a.split("=", 1)[1] for a in argv if a.startswith("--%s=" % name)]
+    assert len(values) == 1, "expected one --%s in %s" % (name, argv)
+    return values[0]
+
+
+def check_cluster(objs, config_path, servers, workers, port, namespace=None):
+    """The rendered objects describe the config's cluster."""
+    config_text = open(os.path.join(SRCDIR, config_path)).read()
+    cm, svc, sts, job, tf = (objs[k] for k in ("ConfigMap", "Service", "StatefulSet", "Job", "TFJob"))
+    assert cm["data"]["job.textproto"] == config_text, "the ConfigMap does not hold the config as it is"
+    for o in objs.values():
+        assert o["metadata"].get("namespace") == namespace, "%s namespace" % o["kind"]
+
+    # Servers: a headless Service in front of a StatefulSet of `servers` pods, one volume each.
+    assert sts["spec"]["replicas"] == servers, "StatefulSet replicas %s != %d" % (sts["spec"]["replicas"], servers)
+    assert svc["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    pod = sts["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"] == labels
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "Service selects no server pod"
+    (server,) = pod["spec"]["containers"]
+    assert server["command"][:2] == ["/bin/sh", "-c"]
+    server_argv = shlex.split(server["command"][2])
+    assert server_argv[:2] == ["exec", "ps_server"]
+    assert flag(server_argv, "port") == str(port)
+    assert flag(server_argv, "server_index") == "${HOSTNAME##*-}"  # the pod's ordinal
+    assert server["ports"][0]["containerPort"] == port and server["ports"][0]["name"] == "grpc"
+    assert svc["spec"]["ports"][0]["port"] == port and svc["spec"]["ports"][0]["targetPort"] == "grpc"
+    assert server["readinessProbe"]["grpc"]["port"] == port, "readiness probe on another port"
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 60
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    data_mount = [m for m in server["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
+    assert data_mount and flag(server_argv, "data_dir").startswith(data_mount[0]["mountPath"] + "/")
+    check_config_volume(pod["spec"], server, server_argv, cm)
+
+    # Workers: an Indexed Job of `workers` pods, given every server's stable DNS name in order.
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == workers and spec["parallelism"] == workers, "Job completions/parallelism"
+    (worker,) = spec["template"]["spec"]["containers"]
+    assert worker["command"][0] == "ps_worker"
+    assert flag(worker["command"], "worker_index") == "$(JOB_COMPLETION_INDEX)"
+    domain = ".%s.svc" % namespace if namespace else ""
+    expected = ["%s-%d.%s%s:%d" % (sts["metadata"]["name"], i, svc["metadata"]["name"], domain, port)
+                for i in range(servers)]
+    assert flag(worker["command"], "servers").split(",") == expected, "worker --servers %s != %s" % (
+        flag(worker["command"], "servers"), expected)
+    check_config_volume(spec["template"]["spec"], worker, worker["command"], cm)
+    counts = "cluster.num_servers=%d,cluster.num_workers=%d" % (servers, workers)
+    for argv in (server_argv, worker["command"]):
+        assert flag(argv, "set").endswith(counts), "--set lacks %s" % counts
+
+    # The TFJob: PS and Worker replicas, cluster from TF_CONFIG on the port named tfjob-port.
+    replicas = tf["spec"]["tfReplicaSpecs"]
+    assert set(replicas) == {"PS", "Worker"}
+    assert replicas["PS"]["replicas"] == servers and replicas["Worker"]["replicas"] == workers
+    for kind in ("PS", "Worker"):
+        (c,) = replicas[kind]["template"]["spec"]["containers"]
+        assert c["name"] == "tensorflow" and "--cluster_from=tf_config" in c["command"]
+        check_config_volume(replicas[kind]["template"]["spec"], c, c["command"], cm)
+    (ps,) = replicas["PS"]["template"]["spec"]["containers"]
+    # TF_CONFIG carries the port named tfjob-port; the server listens on its own entry's port.
+    assert [p["containerPort"] for p in ps["ports"] if p["name"] == "tfjob-port"] == [port]
+    assert ps["readinessProbe"]["grpc"]["port"] == port
+    assert not [a for a in ps["command"] if a.startswith("--port=")], "--port would compete with TF_CONFIG"
+
+
+def check_config_volume(pod_spec, container, argv, cm):
+    """--config names the ConfigMap's key in a volume of that ConfigMap."""
+    (volume,) = [v for v in pod_spec["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert flag(argv, "config") == mount["mountPath"] + "/job.textproto"
+
+
+def test_mlp_manifests_are_valid_and_match_the_config():
+    config = parse_textproto(open(os.path.join(SRCDIR, MLP)).read())
+    objs = load(render(MLP, os.path.join(TMP, "mlp")))
+    check_cluster(objs, MLP, field(config, "cluster.num_servers"), field(config, "cluster.num_workers"), 7000)
+
+
+def test_committed_manifests_are_current():
+    rendered = os.path.join(TMP, "mlp-committed")
+    render(MLP, rendered)
+    for f in FILES:
+        committed = open(os.path.join(SRCDIR, "deploy/k8s", f)).read()
+        assert committed == open(os.path.join(rendered, f)).read(), (
+            "deploy/k8s/%s is out of date: tools/render_k8s.py %s --out deploy/k8s" % (f, MLP))
+
+
+def test_other_counts_namespace_and_port():
+    out = render(CTR, os.path.join(TMP, "ctr"), "--servers", "3", "--workers", "4", "--namespace", "ml",
+                 "--port", "7100", "--image", "registry.local/ps:1")
+    objs = load(out)
+    check_cluster(objs, CTR, 3, 4, 7100, namespace="ml")
+    assert objs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/ps:1"
+
+
+def test_validator_rejects_broken_objects():
+    objs = load(render(MLP, os.path.join(TMP, "broken-base")))
+    broken = {}
+
+    def variant(name, kind, mutate):
+        o = copy.deepcopy(objs[kind])
+        mutate(o)
+        path = os.path.join(TMP, "broken-%s.yaml" % name)
+        json.dump(o, open(path, "w"))  # JSON is YAML
+        broken[path] = name
+
+    def misspell_probe(o):
+        c = o["spec"]["template"]["spec"]["containers"][0]
+        c["readinesProbe"] = c.pop("readinessProbe")
+
+    def bad_tfjob(o):
+        r = o["spec"]["tfReplicaSpecs"]
+        r["Parameter"] = r.pop("PS")
+        r["Worker"]["template"]["spec"]["containers"][0]["name"] = "worker"
+
+    variant("replicas", "StatefulSet", lambda o: o["spec"].update(replicas="two"))
+    variant("unknown-field", "StatefulSet", misspell_probe)
+    variant("no-template", "Job", lambda o: o["spec"].pop("template"))
+    variant("completion-mode", "Job", lambda o: o["spec"].update(completionMode="Numbered"))
+    variant("top-level", "Job", lambda o: o.update(specs=o["spec"]))
+    variant("port", "Service", lambda o: o["spec"]["ports"][0].update(port="grpc"))
+    variant("tfjob", "TFJob", bad_tfjob)
+    expected = {
+        "replicas": "/spec/replicas must be integer",
+        "unknown-field": "/spec/template/spec/containers/0/readinesProbe: unknown field",
+        "no-template": "/spec must have required property",
+        "completion-mode": "/spec/completionMode must be equal to one of the allowed values",
+        "top-level": "/specs: unknown field",
+        "port": "/spec/ports/0/port must be integer",
+        "tfjob": "replica type must be one of",
+    }
+    code, lines, text = validate(sorted(broken))
+    print(text, end="")
+    assert code == 1, "the validator accepted broken objects (exit %d)" % code
+    for path, name in broken.items():
+        out = " ".join(lines.get(path, []))
+        assert out.startswith("invalid"), "broken object %s passed: %s" % (name, out)
+        assert expected[name] in out, "broken object %s: expected %r in %r" % (name, expected[name], out)
+    assert 'needs a container named "tensorflow"' in text
+
+
+def main():
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    results = []
+    for name, fn in tests:
+        try:
+            fn()
+            results.append((name, None))
+            print("PASS %s" % name)
+        except Exception:  # noqa: BLE001 -- every failure is reported, then the next test runs
+            results.append((name, traceback.format_exc()))
+            print("FAIL %s\n%s" % (name, results[-1][1]))
+    failed = [n for n, err in results if err]
+    xml = os.environ.get("XML_OUTPUT_FILE")
+    if xml:
+        esc = lambda s: s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+        cases = "".join('<testcase name="%s" classname="k8s_manifests_test">%s</testcase>' % (
+            n, '<failure message="%s"/>' % esc(err.strip().splitlines()[-1]) if err else "") for n, err in results)
+        with open(xml, "w") as f:
+            f.write('<?xml version="1.0" encoding="UTF-8"?>\n<testsuites><testsuite name="k8s_manifests_test" '
+                    'tests="%d" failures="%d">%s</testsuite></testsuites>\n' % (len(results), len(failed), cases))
+    print("k8s_manifests_test: %d of %d passed" % (len(results) - len(failed), len(results)))
+    shutil.rmtree(TMP, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

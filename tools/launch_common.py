@@ -1,0 +1,234 @@
+"""What the launchers share: child processes with prefixed output, and reading a JobConfig.
+
+tools/launch_local.py (one machine) and tools/launch_ssh.py (several hosts) start ps_server
+and ps_worker processes through Proc; tools/render_k8s.py reads the config with
+parse_textproto. Nothing here knows about hosts or Kubernetes.
+"""
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """preexec_fn: the child gets SIGTERM if the launcher dies, however it dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def config_count(path, field):
+    """Reads `cluster { field: N }` from a textproto (enough for the launchers' defaults)."""
+    text = open(path).read()
+    m = re.search(r"\b%s\s*:\s*(\d+)" % field, text)
+    return int(m.group(1)) if m else None
+
+
+class Proc:
+    """A child process whose output lines are printed as "[prefix] line" and kept in a log.
+
+    on_line(line), when given, is called (on the reader thread) for every line.
+    """
+
+    def __init__(self, name, argv, out_lock, log_dir, prefix=None, on_line=None):
+        self.name = name
+        self.argv = argv
+        self.out_lock = out_lock
+        self.prefix = prefix or name
+        self.on_line = on_line
+        self.log_path = os.path.join(log_dir, name.replace(" ", "_") + ".log")
+        self.log = open(self.log_path, "a")
+        self.lines = []
+        self.start()
+
+    def start(self):
+        self.popen = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent, start_new_session=True, bufsize=0)
+        self.started = time.time()
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def _pump(self):
+        buf = b""
+        while True:
+            chunk = self.popen.stdout.read(4096)
+            if not chunk:
+                break
+            buf += chunk
+            # Progress displays redraw with \r; treat it as a line end.
+            parts = re.split(rb"\r\n|\n|\r", buf)
+            buf = parts.pop()
+            for p in parts:
+                self._emit(p)
+        if buf:
+            self._emit(buf)
+
+    def _emit(self, raw):
+        line = raw.decode("utf-8", "replace").replace("\x1b[K", "")
+        if not line.strip():
+            return
+        self.lines.append(line)
+        del self.lines[:-200]
+        self.log.write(line + "\n")
+        self.log.flush()
+        with self.out_lock:
+            sys.stdout.write("[%s] %s\n" % (self.prefix, line))
+            sys.stdout.flush()
+        if self.on_line is not None:
+            self.on_line(line)
+
+    def poll(self):
+        return self.popen.poll()
+
+    def signal(self, sig):
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout):
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def finish_output(self):
+        self.reader.join(timeout=5)
+
+
+# ---- Text-format protobuf, without the schema ------------------------------------------------
+#
+# The launchers and the renderer need a few fields of a JobConfig (counts, name, ports, table
+# shapes) and must run where no protobuf module for Python is installed. parse_textproto reads
+# the text format into {field: [value, ...]}: every field maps to the list of its values in file
+# order (a singular field has one), a message is a nested dict of the same kind, and scalars stay
+# as written: str for strings and enum names, int or float for numbers, bool for true/false.
+
+_TOKEN = re.compile(r"""
+    \s+ | \#[^\n]* |                               # whitespace, comments
+    (?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*') |
+    (?P<word>[A-Za-z0-9_.+\-]+) |
+    (?P<punct>[{}\[\]<>:,;])
+""", re.VERBOSE)
+
+
+def _tokens(text):
+    pos = 0
+    out = []
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise ValueError("textproto: unexpected %r at offset %d" % (text[pos], pos))
+        pos = m.end()
+        if m.group("str") is not None:
+            out.append(("str", _unquote(m.group("str"))))
+        elif m.group("word") is not None:
+            out.append(("word", m.group("word")))
+        elif m.group("punct") is not None:
+            out.append(("punct", m.group("punct")))
+    return out
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
+
+
+def _unquote(s):
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), s[1:-1])
+
+
+def _scalar(kind, value):
+    if kind == "str":
+        return value
+    if value in ("true", "True"):
+        return True
+    if value in ("false", "False"):
+        return False
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value
+
+
+class _Parser:
+    def __init__(self, tokens):
+        self.t = tokens
+        self.i = 0
+
+    def peek(self):
+        return self.t[self.i] if self.i < len(self.t) else (None, None)
+
+    def take(self, punct=None):
+        tok = self.peek()
+        if tok[0] is None or (punct is not None and tok != ("punct", punct)):
+            raise ValueError("textproto: expected %s, found %r" % (punct or "a token", tok[1]))
+        self.i += 1
+        return tok
+
+    def message(self, close):
+        fields = {}
+        while True:
+            kind, value = self.peek()
+            if kind is None and close is None:
+                return fields
+            if kind == "punct" and value == close:
+                self.i += 1
+                return fields
+            kind, name = self.take()
+            if kind != "word":
+                raise ValueError("textproto: expected a field name, found %r" % name)
+            values = fields.setdefault(name, [])
+            if self.peek() == ("punct", ":"):
+                self.i += 1
+            values.extend(self.value())
+            if self.peek() in (("punct", ","), ("punct", ";")):
+                self.i += 1
+
+    def value(self):
+        kind, value = self.peek()
+        if (kind, value) in (("punct", "{"), ("punct", "<")):
+            self.i += 1
+            return [self.message("}" if value == "{" else ">")]
+        if (kind, value) == ("punct", "["):
+            self.i += 1
+            items = []
+            while self.peek() != ("punct", "]"):
+                items.extend(self.value())
+                if self.peek() == ("punct", ","):
+                    self.i += 1
+            self.i += 1
+            return items
+        kind, value = self.take()
+        if kind == "punct":
+            raise ValueError("textproto: unexpected %r" % value)
+        # Adjacent string literals concatenate, as in C.
+        while kind == "str" and self.peek()[0] == "str":
+            value += self.take()[1]
+        return [_scalar(kind, value)]
+
+
+def parse_textproto(text):
+    """Text-format protobuf -> {field: [values]} (see above). Raises ValueError when malformed."""
+    return _Parser(_tokens(text)).message(None)
+
+
+def field(message, path, default=None):
+    """The last value of a dotted path in a parsed message ("cluster.num_servers"), or default."""
+    node = message
+    for name in path.split("."):
+        values = node.get(name) if isinstance(node, dict) else None
+        if not values:
+            return default
+        node = values[-1]
+    return node

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Local SGD against asynchronous and bulk-synchronous training, on one machine.
+
+    python3 tools/local_sgd_study.py [--epochs 5] [--config CONFIG] [--json out.jsonl]
+
+Runs the 2-server, 2-worker Fashion-MNIST job (tools/launch_local.py) once per mode:
+asynchronous, BSP, and local SGD merging every k = 1, 4 and 16 steps (model averaging
+under BSP: each worker's delta is added / num_workers). Prints a markdown table of the final
+test accuracy, the bytes the workers sent and received (summed), samples/s (summed over
+workers) and wall time. Build first: bazel build //server:ps_server //worker:ps_worker
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MODES = [
+    ("async", ""),
+    ("BSP", "training.staleness=0"),
+    ("local SGD k=1", "training.staleness=0,training.local_sgd.steps=1"),
+    ("local SGD k=4", "training.staleness=0,training.local_sgd.steps=4"),
+    ("local SGD k=16", "training.staleness=0,training.local_sgd.steps=16"),
+]
+
+
+def parse(output):
+    rates = [float(x) for x in re.findall(r"samples/s ([0-9.]+) wall_s", output)]
+    accuracy = re.search(r"final test accuracy ([0-9.]+)", output)
+    sent = [int(x) for x in re.findall(r"sent ([0-9]+) bytes", output)]
+    received = [int(x) for x in re.findall(r"received ([0-9]+) bytes", output)]
+    return dict(samples_per_s=sum(rates), accuracy=float(accuracy.group(1)) if accuracy else None,
+                bytes_sent=sum(sent), bytes_received=sum(received))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--config", default="configs/fashion_mnist_2x2_async.textproto")
+    ap.add_argument("--modes", default=",".join(m for m, _ in MODES),
+                    help="comma-separated subset of: " + ", ".join(m for m, _ in MODES))
+    ap.add_argument("--json", default=None, help="append one JSON line per run here")
+    args = ap.parse_args()
+    wanted = args.modes.split(",")
+    rows = []
+    for name, overrides in MODES:
+        if name not in wanted:
+            continue
+        sets = ",".join(x for x in ["training.epochs=%d" % args.epochs, overrides] if x)
+        cmd = [sys.executable, "tools/launch_local.py", args.config, "--set", sets]
+        start = time.time()
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+        if p.returncode != 0:
+            sys.exit("local_sgd_study: %s failed:\n%s" % (" ".join(cmd), p.stdout[-3000:]))
+        row = dict(mode=name, epochs=args.epochs, wall_s=round(time.time() - start, 1),
+                   **parse(p.stdout))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    print("\n| mode | test accuracy | MB sent by workers | MB received | samples/s (sum) | wall s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print("| %s | %s | %.1f | %.1f | %.0f | %.1f |" % (
+            r["mode"], "%.4f" % r["accuracy"] if r["accuracy"] is not None else "-",
+            r["bytes_sent"] / 1e6, r["bytes_received"] / 1e6, r["samples_per_s"], r["wall_s"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+#!/bin/bash
+# One rank of a parameter-server job under Open MPI's mpirun: ranks 0..S-1 become ps_server,
+# the others ps_worker, each with --cluster_from=mpi. MPI tells no process where the others
+# are, so the servers leave their host:port in a rendezvous directory that every rank must
+# see (a shared filesystem across hosts; any directory on one host) and the workers wait
+# for them there (up to ps_worker's --wait_for_servers_s).
+#
+#   mpirun -n 4 tools/mpi/ps_rank.sh --rendezvous_dir=/shared/ps-rdv \
+#       --config=configs/fashion_mnist_2x2_async.textproto --set=training.epochs=1
+#   (as root add --allow-run-as-root; more ranks than cores: --oversubscribe)
+#
+# Options:
+#   --config=FILE          the JobConfig (required)
+#   --rendezvous_dir=DIR   the shared directory (required); each mpirun uses its own
+#                          subdirectory, named after its job id
+#   --servers=S            how many ranks are servers [cluster.num_servers of the config]; must
+#                          match the config, which the binaries check. The job has -n minus S
+#                          workers (the config's cluster.num_workers, if set, must agree)
+#   --bin_dir=DIR          holds server/ps_server and worker/ps_worker [bazel-bin of this checkout]
+#   --data_root=DIR        server i checkpoints into DIR/server-i [no persistence]
+#   --set=...              config overrides for every process
+#   --server_arg=F, --worker_arg=F   an extra flag for every server / worker (repeatable),
+#                          e.g. --server_arg=--host=10.0.0.5 to listen on (and advertise) one
+#                          address; by default a server listens on every address and
+#                          advertises its host name
+set -euo pipefail
+
+die() { echo "ps_rank: $*" >&2; exit 2; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+config="" rendezvous="" servers="" bin_dir="$here/../../bazel-bin" data_root="" set_flag=""
+server_args=() worker_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --config=*) config=${arg#*=} ;;
+    --rendezvous_dir=*) rendezvous=${arg#*=} ;;
+    --servers=*) servers=${arg#*=} ;;
+    --bin_dir=*) bin_dir=${arg#*=} ;;
+    --data_root=*) data_root=${arg#*=} ;;
+    --set=*) set_flag=$arg ;;
+    --server_arg=*) server_args+=("${arg#*=}") ;;
+    --worker_arg=*) worker_args+=("${arg#*=}") ;;
+    *) die "unknown argument '$arg' (see the top of tools/mpi/ps_rank.sh)" ;;
+  esac
+done
+rank=${OMPI_COMM_WORLD_RANK:-}
+size=${OMPI_COMM_WORLD_SIZE:-}
+[ -n "$rank" ] && [ -n "$size" ] || die "OMPI_COMM_WORLD_RANK/SIZE are not set: start this with Open MPI's mpirun"
+[ -n "$config" ] || die "--config=FILE is required"
+[ -n "$rendezvous" ] || die "--rendezvous_dir=DIR is required"
+[ -r "$config" ] || die "cannot read the config '$config'"
+if [ -z "$servers" ]; then
+  servers=$(sed -n 's/.*\bnum_servers[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$config" | head -1)
+  [ -n "$servers" ] || die "the config sets no cluster.num_servers: give --servers=S"
+fi
+[[ $servers =~ ^[0-9]+$ ]] && ((servers >= 1 && servers < size)) ||
+  die "--servers=$servers: need 1 <= S < the $size ranks (at least one worker)"
+
+common=("--cluster_from=mpi" "--config=$config" "--rendezvous_dir=$rendezvous")
+[ -z "$set_flag" ] || common+=("$set_flag")
+if ((rank < servers)); then
+  data=()
+  [ -z "$data_root" ] || data=("--data_dir=$data_root/server-$rank")
+  exec "$bin_dir/server/ps_server" "${common[@]}" "${data[@]}" "${server_args[@]}"
+fi
+exec "$bin_dir/worker/ps_worker" "${common[@]}" "${worker_args[@]}"

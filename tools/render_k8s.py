@@ -1,0 +1,401 @@
+#!/usr/bin/env python3
+"""Kubernetes manifests for a job, from its JobConfig.
+
+    tools/render_k8s.py configs/fashion_mnist_2x2_async.textproto --image REGISTRY/ps:TAG --out DIR
+    kubectl apply -f DIR/configmap.yaml -f DIR/servers.yaml -f DIR/workers.yaml
+
+Writes into --out (or prints to stdout):
+    configmap.yaml  the config as ConfigMap NAME-config (key job.textproto, mounted at /etc/ps)
+    servers.yaml    headless Service NAME-server and StatefulSet NAME-server: cluster.num_servers
+                    ps_server pods; server i = pod NAME-server-i, with a PersistentVolumeClaim
+                    each for its RocksDB checkpoints, ready when grpc.health.v1 says SERVING
+    workers.yaml    Indexed Job NAME-worker: cluster.num_workers ps_worker pods, worker i =
+                    completion index i, given the servers' stable DNS names
+    tfjob.yaml      the same job as a Kubeflow TFJob (PS and Worker replicas); the binaries take
+                    their index and the servers' addresses from TF_CONFIG (--cluster_from=tf_config)
+
+NAME is the config's `name`. The image must hold ps_server and ps_worker on its PATH, a
+/bin/sh, and every file the config names (the data: Debian's dataset-fashion-mnist package for
+the Fashion-MNIST configs). The servers run with --exit_when_done=false: when the Job has
+completed, `kubectl delete statefulset NAME-server` stops them, and each writes a final
+checkpoint to its volume within terminationGracePeriodSeconds (which is sized from the model:
+60 s, or 30 s plus the biggest server's share of parameters and optimizer slots at 20 MiB/s).
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+from launch_common import field, parse_textproto
+
+CONFIG_DIR = "/etc/ps"
+CONFIG_KEY = "job.textproto"
+DATA_MOUNT = "/var/lib/ps"
+DATA_DIR = DATA_MOUNT + "/data"  # a subdirectory: a fresh volume's root may hold lost+found
+OPTIMIZER_SLOTS = {"SGD": 0, "MOMENTUM": 1, "ADAGRAD": 1, "ADAM": 2, "FTRL": 2}
+CHECKPOINT_BYTES_PER_S = 20 << 20
+
+
+# ---- YAML -----------------------------------------------------------------------------------
+
+# Plain (unquoted) only when no YAML 1.1 or 1.2 reader could take the text for anything but a
+# string: no number-like start, no indicator characters, no reserved word.
+_PLAIN = re.compile(r"^(?![-+.]?[0-9])[A-Za-z0-9_/$.-][A-Za-z0-9_./$()=:,@+-]*$")
+_RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def _scalar(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if _PLAIN.fullmatch(v) and not v.endswith(":") and v not in ("-", ".") and v.lower() not in _RESERVED:
+        return v
+    return json.dumps(v)  # a JSON string is a valid YAML double-quoted scalar
+
+
+def _block(text, indent):
+    """A multi-line string as a YAML literal block."""
+    chomp = "+" if text.endswith("\n\n") else ("" if text.endswith("\n") else "-")
+    head = "|" + ("2" if text[:1] in (" ", "\n") else "") + chomp
+    pad = " " * indent
+    body = "".join((pad + line if line else "") + "\n" for line in text.rstrip("\n").split("\n"))
+    return head + "\n" + body + ("\n" * (len(text) - len(text.rstrip("\n")) - 1) if chomp == "+" else "")
+
+
+def to_yaml(v, indent=0):
+    """YAML of JSON-like data: block mappings and sequences, literal blocks for multi-line text."""
+    pad = " " * indent
+    out = []
+    if isinstance(v, dict):
+        for k, item in v.items():
+            if isinstance(item, (dict, list)) and item:
+                child = to_yaml(item, indent + (0 if isinstance(item, list) else 2))
+                out.append("%s%s:\n%s" % (pad, _scalar(k), child))
+            elif isinstance(item, str) and "\n" in item:
+                out.append("%s%s: %s" % (pad, _scalar(k), _block(item, indent + 2)))
+            else:
+                out.append("%s%s: %s\n" % (pad, _scalar(k), _inline(item)))
+    else:
+        for item in v:
+            if isinstance(item, (dict, list)) and item:
+                child = to_yaml(item, indent + 2)
+                out.append("%s- %s" % (pad, child[indent + 2:]))
+            else:
+                out.append("%s- %s\n" % (pad, _inline(item)))
+    return "".join(out)
+
+
+def _inline(v):
+    if isinstance(v, dict):
+        return "{}"
+    if isinstance(v, list):
+        return "[]"
+    return _scalar(v)
+
+
+def documents_yaml(docs):
+    return "---\n".join(to_yaml(d) for d in docs)
+
+
+# ---- The job --------------------------------------------------------------------------------
+
+def dns_name(text):
+    """A DNS-1123 label from a job name: lower case, [a-z0-9-], at most 40 characters (room for
+    the -server-N / -worker-N-xxxxx suffixes Kubernetes adds)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].strip("-")
+    return name or "ps-job"
+
+
+def dense_shapes(config):
+    """(name, number of values, optimizer kind) of every dense table, generated ones included."""
+    default_opt = field(config, "default_optimizer.kind", "SGD")
+    tables = []
+    for t in config.get("tables", []):
+        if field(t, "kind", "TABLE_KIND_DENSE") == "TABLE_KIND_DENSE":
+            tables.append((field(t, "name"), math.prod(t.get("shape", [0])), field(t, "optimizer.kind", default_opt)))
+    mlp = field(config, "model.mlp")
+    if mlp is not None:
+        widths = [field(mlp, "input_dim", 784)] + mlp.get("hidden", []) + [field(mlp, "num_classes", 10)]
+        for i in range(len(widths) - 1):
+            tables.append(("layer%d.w" % i, widths[i] * widths[i + 1], default_opt))
+            tables.append(("layer%d.b" % i, widths[i + 1], default_opt))
+    ctr = field(config, "model.ctr")
+    if ctr is not None:
+        widths = [field(ctr, "embedding_dim", 16)] + ctr.get("hidden", []) + [1]
+        for i in range(len(widths) - 1):
+            tables.append(("dense%d" % i, widths[i] * widths[i + 1] + widths[i + 1], default_opt))
+    return tables
+
+
+def sparse_bytes(config):
+    """Bytes of the sparse tables, where the config bounds their rows; None if it does not."""
+    default_opt = field(config, "default_optimizer.kind", "SGD")
+    ctr = field(config, "model.ctr")
+    sparse = [(field(t, "dim", 0), field(t, "optimizer.kind", default_opt))
+              for t in config.get("tables", []) if field(t, "kind") == "TABLE_KIND_SPARSE"]
+    if ctr is not None and not sparse:
+        sparse.append((field(ctr, "embedding_dim", 16), default_opt))
+    if not sparse:
+        return 0
+    rows = field(ctr, "hash_buckets", 0) if ctr is not None else 0
+    if not rows and field(config, "data.format") == "SYNTHETIC_CTR":
+        rows = field(config, "data.synthetic.num_fields", 0) * field(config, "data.synthetic.vocabulary_per_field", 0)
+    if not rows:
+        return None
+    return sum(rows * (dim * 4 * (1 + OPTIMIZER_SLOTS.get(opt, 2)) + 16) for dim, opt in sparse)
+
+
+def sizing(config, num_servers):
+    """(terminationGracePeriodSeconds, storage request) that fit the biggest server's checkpoint."""
+    dense = sum(n * 4 * (1 + OPTIMIZER_SLOTS.get(opt, 2)) for _, n, opt in dense_shapes(config))
+    sparse = sparse_bytes(config)
+    if sparse is None:
+        return 300, "10Gi"  # rows unbounded by the config: room for a large table
+    # Dense tables are cut into blocks spread over servers; a server holds at most its share
+    # rounded up by a block, and sparse rows hash evenly.
+    block = field(config, "cluster.dense_block_floats", 65536) * 4 * 3
+    per_server = dense / num_servers + block + sparse / num_servers
+    grace = max(60, int(math.ceil((30 + per_server / CHECKPOINT_BYTES_PER_S) / 10.0)) * 10)
+    keep = field(config, "checkpoint.keep", 2)
+    gib = max(1, int(math.ceil(per_server * (keep + 1) * 2 / (1 << 30))))
+    return grace, "%dGi" % gib
+
+
+class Job:
+    def __init__(self, args, config_text):
+        self.args = args
+        self.config_text = config_text
+        config = parse_textproto(config_text)
+        self.config = config
+        self.name = dns_name(args.name or field(config, "name", "job"))
+        self.num_servers = args.servers or field(config, "cluster.num_servers", 0) or len(
+            config.get("cluster", [{}])[-1].get("servers", [])) or 1
+        self.num_workers = args.workers or field(config, "cluster.num_workers", 1)
+        self.port = args.port
+        self.metrics_port = field(config, "metrics.port", -1)
+        grace, storage = sizing(config, self.num_servers)
+        self.grace = args.grace_s or grace
+        self.storage = args.storage or storage
+        self.servers_name = self.name + "-server"
+        self.configmap = self.name + "-config"
+        suffix = ".%s.svc" % args.namespace if args.namespace else ""
+        self.server_addresses = ["%s-%d.%s%s:%d" % (self.servers_name, i, self.servers_name, suffix, self.port)
+                                 for i in range(self.num_servers)]
+        overrides = list(args.set) + ["cluster.num_servers=%d" % self.num_servers,
+                                      "cluster.num_workers=%d" % self.num_workers]
+        self.set_flag = "--set=" + ",".join(overrides)
+
+    def labels(self, component):
+        return {"app.kubernetes.io/name": "ps", "app.kubernetes.io/instance": self.name,
+                "app.kubernetes.io/component": component}
+
+    def metadata(self, name, component):
+        meta = {"name": name}
+        if self.args.namespace:
+            meta["namespace"] = self.args.namespace
+        meta["labels"] = self.labels(component)
+        return meta
+
+    def config_volume(self):
+        return {"name": "config", "configMap": {"name": self.configmap}}
+
+    def config_mount(self):
+        return {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
+
+    def ports(self, grpc_name):
+        ports = [{"name": grpc_name, "containerPort": self.port, "protocol": "TCP"}]
+        if self.metrics_port > 0:
+            ports.append({"name": "metrics", "containerPort": self.metrics_port, "protocol": "TCP"})
+        return ports
+
+    def server_container(self, name, command, grpc_name):
+        return {
+            "name": name,
+            "image": self.args.image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": command,
+            "ports": self.ports(grpc_name),
+            # The servers serve grpc.health.v1.Health: SERVING once they take calls, NOT_SERVING
+            # while they drain on SIGTERM.
+            "readinessProbe": {"grpc": {"port": self.port}, "periodSeconds": 5, "failureThreshold": 2},
+            "volumeMounts": [self.config_mount(), {"name": "data", "mountPath": DATA_MOUNT}],
+        }
+
+    def config_flag(self):
+        return "--config=%s/%s" % (CONFIG_DIR, CONFIG_KEY)
+
+    def server_flags(self):
+        return [self.config_flag(), "--port=%d" % self.port, "--data_dir=" + DATA_DIR]
+
+    def configmap_doc(self):
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.metadata(self.configmap, "config"),
+                "data": {CONFIG_KEY: self.config_text}}
+
+    def servers_docs(self):
+        labels = self.labels("server")
+        service = {
+            "apiVersion": "v1", "kind": "Service", "metadata": self.metadata(self.servers_name, "server"),
+            "spec": {
+                "clusterIP": "None",
+                # Workers wait for the servers themselves; their names resolve from the start.
+                "publishNotReadyAddresses": True,
+                "selector": labels,
+                "ports": [{"name": "grpc", "port": self.port, "targetPort": "grpc", "protocol": "TCP"}],
+            },
+        }
+        # Server i is pod NAME-server-i: its index is the ordinal at the end of its host name.
+        script = "exec ps_server --server_index=\"${HOSTNAME##*-}\" --cluster_from=flags %s --exit_when_done=false %s" % (
+            " ".join(self.server_flags()), sh_quote(self.set_flag))
+        template_meta = {"labels": labels}
+        if self.metrics_port > 0:
+            template_meta["annotations"] = {"prometheus.io/scrape": "true",
+                                            "prometheus.io/port": str(self.metrics_port)}
+        statefulset = {
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": self.metadata(self.servers_name, "server"),
+            "spec": {
+                "serviceName": self.servers_name,
+                "replicas": self.num_servers,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": template_meta,
+                    "spec": {
+                        # SIGTERM: drain, then the final checkpoint into the volume.
+                        "terminationGracePeriodSeconds": self.grace,
+                        "containers": [self.server_container("ps-server", ["/bin/sh", "-c", script], "grpc")],
+                        "volumes": [self.config_volume()],
+                    },
+                },
+                "volumeClaimTemplates": [{
+                    "metadata": {"name": "data", "labels": labels},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": self.storage}}},
+                }],
+            },
+        }
+        return [service, statefulset]
+
+    def workers_doc(self):
+        labels = self.labels("worker")
+        return {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": self.metadata(self.name + "-worker", "worker"),
+            "spec": {
+                "completionMode": "Indexed",
+                "completions": self.num_workers,
+                "parallelism": self.num_workers,
+                # A failed worker restarts in its pod and resumes where the servers saw it last.
+                "backoffLimit": 3 * self.num_workers,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "OnFailure",
+                        "containers": [{
+                            "name": "ps-worker",
+                            "image": self.args.image,
+                            "imagePullPolicy": "IfNotPresent",
+                            # Kubernetes expands $(JOB_COMPLETION_INDEX), which the Job sets.
+                            "command": ["ps_worker", self.config_flag(),
+                                        "--worker_index=$(JOB_COMPLETION_INDEX)",
+                                        "--cluster_from=flags",
+                                        "--servers=" + ",".join(self.server_addresses),
+                                        "--wait_for_servers_s=%d" % self.args.wait_for_servers_s, self.set_flag],
+                            "volumeMounts": [self.config_mount()],
+                        }],
+                        "volumes": [self.config_volume()],
+                    },
+                },
+            },
+        }
+
+    def tfjob_doc(self):
+        def replica(count, container, extra_volumes, grace=None):
+            spec = {"containers": [container], "volumes": [self.config_volume()] + extra_volumes}
+            if grace:
+                spec = {"terminationGracePeriodSeconds": grace, **spec}
+            return {"replicas": count, "restartPolicy": "OnFailure",
+                    "template": {"metadata": {"labels": self.labels(container["name"])}, "spec": spec}}
+
+        # The training operator runs the container named tensorflow and builds TF_CONFIG from
+        # the port named tfjob-port: each server listens on the port of its own TF_CONFIG entry,
+        # and exits by itself once every worker has finished.
+        ps = self.server_container("tensorflow", ["ps_server", "--cluster_from=tf_config", self.config_flag(),
+                                                  "--data_dir=" + DATA_DIR, self.set_flag], "tfjob-port")
+        worker = {"name": "tensorflow", "image": self.args.image, "imagePullPolicy": "IfNotPresent",
+                  "command": ["ps_worker", "--cluster_from=tf_config", self.config_flag(),
+                              "--wait_for_servers_s=%d" % self.args.wait_for_servers_s, self.set_flag],
+                  "volumeMounts": [self.config_mount()]}
+        meta = self.metadata(self.name, "tfjob")
+        return {
+            "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": meta,
+            "spec": {
+                "runPolicy": {"cleanPodPolicy": "None"},
+                "tfReplicaSpecs": {
+                    # A TFJob has no volume claim templates: the PS checkpoints live as long as the pod.
+                    "PS": replica(self.num_servers, ps, [{"name": "data", "emptyDir": {}}], self.grace),
+                    "Worker": replica(self.num_workers, worker, []),
+                },
+            },
+        }
+
+    def files(self):
+        header = "# Rendered by tools/render_k8s.py from %s; do not edit by hand.\n" % self.args.config_label
+        return {
+            "configmap.yaml": header + documents_yaml([self.configmap_doc()]),
+            "servers.yaml": header + documents_yaml(self.servers_docs()),
+            "workers.yaml": header + documents_yaml([self.workers_doc()]),
+            "tfjob.yaml": header + "# Needs the Kubeflow training operator, and the ConfigMap of configmap.yaml.\n"
+                          + documents_yaml([self.tfjob_doc()]),
+        }
+
+
+def sh_quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", help="the job's JobConfig textproto")
+    ap.add_argument("--image", default="ps:latest", help="container image with ps_server, ps_worker and the data")
+    ap.add_argument("--out", default=None, help="write the manifests into this directory (default: stdout)")
+    ap.add_argument("--namespace", default=None, help="namespace of every object (default: none, kubectl's)")
+    ap.add_argument("--name", default=None, help="object name prefix (default: the config's name)")
+    ap.add_argument("--servers", type=int, help="number of servers (default: cluster.num_servers)")
+    ap.add_argument("--workers", type=int, help="number of workers (default: cluster.num_workers)")
+    ap.add_argument("--port", type=int, default=7000, help="the servers' gRPC port")
+    ap.add_argument("--set", action="append", default=[], help="config override path=value, for every process")
+    ap.add_argument("--grace_s", type=int, default=0, help="terminationGracePeriodSeconds of servers (default: sized)")
+    ap.add_argument("--storage", default=None, help="each server's volume size, e.g. 5Gi (default: sized)")
+    ap.add_argument("--wait_for_servers_s", type=int, default=600, help="how long workers wait for servers")
+    args = ap.parse_args()
+    try:
+        text = open(args.config).read()
+    except OSError as e:
+        sys.exit("render_k8s: %s" % e)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.abspath(args.config)
+    args.config_label = os.path.relpath(path, root) if path.startswith(root + os.sep) else os.path.basename(path)
+    try:
+        job = Job(args, text)
+    except ValueError as e:
+        sys.exit("render_k8s: %s: %s" % (args.config, e))
+    if field(job.config, "security.plaintext") is not True:
+        sys.stderr.write("render_k8s: the config uses TLS: its certificate files must be in the image or mounted "
+                         "at the same paths, and the server certificate must name %s\n" % ", ".join(
+                             a.rsplit(":", 1)[0] for a in job.server_addresses))
+    files = job.files()
+    if args.out is None:
+        sys.stdout.write("---\n".join(files[f] for f in ("configmap.yaml", "servers.yaml", "workers.yaml")))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    for name, content in files.items():
+        with open(os.path.join(args.out, name), "w") as f:
+            f.write(content)
+    print("render_k8s: wrote %s into %s" % (", ".join(sorted(files)), args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -249,6 +249,14 @@ void ValidateTraining(const ps::TrainingConfig& training, Errors* errors) {
   if (training.prefetch() && training.has_staleness() && training.staleness() == 0) {
     errors->Add("training.prefetch", "needs asynchronous (staleness unset) or SSP (staleness > 0)");
   }
+  // Local SGD pulls from the worker's own copy: there is nothing to overlap, and a prefetched
+  // pull would miss the previous local step.
+  if (training.prefetch() && training.local_sgd().steps() > 0) {
+    errors->Add("training.prefetch", "does not combine with local_sgd (its pulls are local)");
+  }
+  if (training.deterministic() && !(training.has_staleness() && training.staleness() == 0)) {
+    errors->Add("training.deterministic", "needs BSP (staleness: 0)");
+  }
 }
 
 void ValidateSecurity(const ps::SecurityConfig& security, Errors* errors) {

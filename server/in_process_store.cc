@@ -150,7 +150,8 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
     }
   }
   // Phase 2: apply. Every server gets the push (even an empty one) so that its clock moves.
-  const RequestInfo info = Info(options.clock, next_sequence_.fetch_add(1));
+  RequestInfo info = Info(options.clock, next_sequence_.fetch_add(1));
+  info.deadline = absl::Now() + options_.pull_timeout;  // a deterministic push's turn
   UpdateOptions update;
   update.kind = options.is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
   update.delta_scale = shards_[0]->delta_scale();

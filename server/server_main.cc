@@ -1,6 +1,6 @@
 // ps_server: one parameter server of a job.
 //
-//   ps_server --config=configs/mnist_mlp_2x2_async.textproto --server_index=0 --port=0 \
+//   ps_server --config=configs/fashion_mnist_2x2_async.textproto --server_index=0 --port=0
 //             --data_dir=/var/lib/ps/server0
 //
 // Holds its part of every table in memory, applies pushes with each table's optimizer,
@@ -156,8 +156,8 @@ void LogSparseTables(Shard* shard) {
     }
     LOG(INFO) << "table '" << t.name << "': " << st.resident_rows + st.spilled_rows << " rows, "
               << st.resident_rows << " in memory (budget " << (*part)->budget_rows() << "), "
-              << st.spilled_rows << " spilled; " << st.faults << " faulted in and "
-              << st.evictions << " evicted since the start"
+              << st.spilled_rows << " spilled; since the start " << st.faults
+              << " faulted in and " << st.evictions << " evicted (" << st.writes << " written)"
               << (st.eviction_errors > 0 ? absl::StrCat(", ", st.eviction_errors,
                                                         " evictions failed")
                                          : "");
@@ -303,6 +303,17 @@ absl::Status Run() {
                                     : (config.server().num_threads() > 0
                                            ? static_cast<int>(config.server().num_threads())
                                            : std::max(2u, std::thread::hardware_concurrency()));
+  // Under SSP/BSP a pull (and, deterministic, a push) holds its thread while it waits for the
+  // others: with fewer threads than workers, the push that would release them never runs.
+  if (config.training().has_staleness()) {
+    const int needed = static_cast<int>(config.cluster().num_workers()) + 2;
+    if (service_options.num_threads < needed) {
+      LOG(WARNING) << "serving with " << needed << " threads instead of "
+                   << service_options.num_threads
+                   << ": a synchronous job needs one per worker waiting, plus room";
+      service_options.num_threads = needed;
+    }
+  }
   service_options.max_pull_wait = absl::Seconds(config.server().max_pull_wait_s());
   ParameterServerService service(shard.get(), service_options, hooks, &metrics);
 

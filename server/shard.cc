@@ -84,9 +84,9 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
     : config_(config),
       options_(options),
       partitioner_(std::move(partitioner)),
+      spill_store_(std::move(spill_store)),
       start_time_(absl::Now()),
-      workers_(tracker_options, options.now),
-      spill_store_(std::move(spill_store)) {
+      workers_(tracker_options, options.now) {
   size_t next_spill_table = 0;  // Create() opened one spill table per budgeted sparse table
   for (const auto& info : partitioner_.tables()) {
     const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
@@ -266,6 +266,15 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
                                             const UpdateOptions& options, uint64_t bytes_in) {
   const bool tracked = info.worker_id >= 0;
   RETURN_IF_ERROR(CheckWorkerAndClock(info));
+  if (tracked && config_.training().deterministic()) {
+    // Deterministic BSP: this clock's pushes go in worker order, once all have arrived.
+    if (absl::Status s = workers_.WaitForTurn(info.worker_id, info.worker_incarnation, info.clock,
+                                              info.deadline);
+        !s.ok()) {
+      return absl::IsFailedPrecondition(s) ? Reject("stale_incarnation", std::move(s))
+                                           : WithRejectionReason(std::move(s), "turn_timeout");
+    }
+  }
   {
     // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
     // the pushes in flight and cuts between pushes, so admission (exactly-once state) and

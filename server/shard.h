@@ -56,6 +56,8 @@ struct RequestInfo {
   uint64_t sequence = 0;
   int64_t clock = 0;
   uint64_t layout_fingerprint = 0;
+  // Until when a push may wait for its turn (training.deterministic).
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // One checked part of a push. Spans must stay valid until ApplyPush returns.

@@ -665,7 +665,7 @@ absl::Status SparseTablePart::WriteSpilled(size_t record_bytes) {
   RETURN_IF_ERROR(spill_snapshot_->ForEach(
       [&](uint64_t key, absl::string_view value) -> absl::Status {
         // In memory at the cut: saved from there (this copy may be stale).
-        if (false) return absl::OkStatus();
+        if (in_memory_at_cut_.contains(key)) return absl::OkStatus();
         if (value.size() != value_bytes) {
           return absl::DataLossError(absl::StrCat("table '", name(), "' key ", key,
                                                   ": spilled row of ", value.size(),

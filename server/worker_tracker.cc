@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ps::server {
 
@@ -131,6 +132,44 @@ absl::Status WorkerTracker::WaitForBound(int32_t worker, int64_t clock, absl::Ti
   }
   auto [min_clock, slowest] = MinLive(now_());
   if (slowest >= 0) max_staleness_seen_ = std::max(max_staleness_seen_, clock - min_clock);
+  return absl::OkStatus();
+}
+
+bool WorkerTracker::IsTurn(TurnArgs* args) {
+  const WorkerTracker& t = *args->tracker;
+  const absl::Time now = t.now_();
+  for (uint32_t id = 0; id < t.options_.num_workers; ++id) {
+    const int32_t v = static_cast<int32_t>(id);
+    if (v == args->worker) continue;
+    auto it = t.workers_.find(v);
+    Worker absent;
+    const Worker& w = it == t.workers_.end() ? absent : it->second;
+    if (!t.Live(w, now)) continue;
+    // Lower ids apply first; higher ids must at least have arrived with this clock's push.
+    const bool ready =
+        v < args->worker ? w.clock >= args->clock : std::max(w.clock, w.arrived) >= args->clock;
+    if (!ready) {
+      args->blocker = v;
+      return false;
+    }
+  }
+  args->blocker = -1;
+  return true;
+}
+
+absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, int64_t clock,
+                                        absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
+  w->arrived = std::max(w->arrived, clock);
+  w->last_seen = now_();
+  TurnArgs args{this, worker, clock, -1};
+  if (!mu_.AwaitWithDeadline(absl::Condition(&IsTurn, &args), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("worker ", worker, ": push of clock ", clock,
+                                                    " waited too long for its turn "
+                                                    "(deterministic BSP): waiting for worker ",
+                                                    args.blocker));
+  }
   return absl::OkStatus();
 }
 

@@ -74,6 +74,15 @@ class WorkerTracker {
   // staleness), or until `deadline` (DEADLINE_EXCEEDED naming the slowest worker).
   // Returns at once when asynchronous. Records the staleness seen.
   absl::Status WaitForBound(int32_t worker, int64_t clock, absl::Time deadline);
+  // Deterministic BSP: blocks the push of `clock` from `worker` until it is its turn, i.e.
+  // every live worker has arrived with its push of `clock` (or got past it), and every live
+  // worker with a lower id has had its push of `clock` applied (AdvanceClock). So the pushes
+  // of one clock are applied together, in worker order, and after every pull of the previous
+  // clock: with the same seeds, runs give bitwise-identical parameters. DEADLINE_EXCEEDED at
+  // `deadline` naming the worker waited for; the push may be retried. FAILED_PRECONDITION for
+  // an older incarnation.
+  absl::Status WaitForTurn(int32_t worker, uint64_t incarnation, int64_t clock,
+                           absl::Time deadline);
   // Wakes waiters so they re-check leases (called periodically by the server). Returns the
   // workers whose lease ran out since the previous call (each reported once per silence).
   std::vector<int32_t> Poke();
@@ -104,6 +113,8 @@ class WorkerTracker {
     bool seen = false;
     bool expiry_reported = false;
     absl::Time last_seen = absl::InfinitePast();
+    // Deterministic BSP: the newest clock this worker has a push waiting for.
+    int64_t arrived = 0;
   };
   // Returns the worker's record, switching to a newer incarnation if this is one.
   absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation)
@@ -117,6 +128,14 @@ class WorkerTracker {
     int64_t need;
   };
   static bool BoundHolds(BoundArgs* args) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  struct TurnArgs {
+    const WorkerTracker* tracker;
+    int32_t worker;
+    int64_t clock;
+    int32_t blocker;  // out: the worker waited for, -1 when it is the turn
+  };
+  static bool IsTurn(TurnArgs* args) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   const WorkerTrackerOptions options_;
   const std::function<absl::Time()> now_;

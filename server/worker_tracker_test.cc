@@ -132,6 +132,48 @@ TEST(WorkerTracker, UnseenWorkerHoldsBspBack) {
               StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
+// Deterministic BSP: the pushes of one clock go in worker order, once all have arrived.
+TEST(WorkerTracker, PushesOfAClockTakeTurnsInWorkerOrder) {
+  WorkerTracker t(Options(3, 0));
+  // Worker 0 alone: workers 1 and 2 (not heard from yet) have not arrived.
+  EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("worker 1")));
+  std::vector<int> order;
+  absl::Mutex order_mu;
+  auto push = [&](int worker) {
+    ASSERT_THAT(t.WaitForTurn(worker, 1, 1, absl::Now() + absl::Seconds(30)), IsOk());
+    {
+      absl::MutexLock lock(&order_mu);
+      order.push_back(worker);
+    }
+    t.AdvanceClock(worker, 1, 1);  // "applied"
+  };
+  // Arrivals in reverse order; applications still in worker order.
+  std::thread w2(push, 2);
+  std::thread w1(push, 1);
+  std::thread w0(push, 0);
+  w0.join();
+  w1.join();
+  w2.join();
+  EXPECT_THAT(order, ::testing::ElementsAre(0, 1, 2));
+  // A retried push of an applied clock passes at once.
+  EXPECT_THAT(t.WaitForTurn(2, 1, 1, absl::Now() + absl::Milliseconds(20)), IsOk());
+}
+
+TEST(WorkerTracker, TurnsSkipFinishedAndExpiredWorkers) {
+  FakeClock clock;
+  WorkerTracker t(Options(3, 0), clock.fn());
+  for (int w = 0; w < 3; ++w) ASSERT_THAT(t.Touch(w, 1), IsOk());
+  t.Finish(1, 1);
+  // Worker 2 is live and has not arrived: worker 0 waits for it.
+  EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("worker 2")));
+  clock.seconds += 31;  // worker 2's lease runs out (worker 0 was just heard from)
+  EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Seconds(5)), IsOk());
+  EXPECT_THAT(t.WaitForTurn(0, 0, 2, absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));  // an older incarnation
+}
+
 TEST(WorkerTracker, ExpiredLeaseAndFinishedWorkersLeaveTheBound) {
   FakeClock clock;
   WorkerTracker t(Options(3, 0), clock.fn());
@@ -143,7 +185,7 @@ TEST(WorkerTracker, ExpiredLeaseAndFinishedWorkersLeaveTheBound) {
               StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_TRUE(t.Poke().empty());
   clock.seconds += 31;
-  t.AdvanceClock(0, 1, 5);  // worker 0 is alive
+  t.AdvanceClock(0, 1, 5);                           // worker 0 is alive
   EXPECT_THAT(t.Poke(), ::testing::ElementsAre(2));  // reported once
   EXPECT_TRUE(t.Poke().empty());
   EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Seconds(5)), IsOk());

@@ -9,7 +9,8 @@ pairs to one bridge (which has no address: nothing reaches the host's own networ
 (configs/fashion_mnist_2x2_async.textproto) runs across them through
 `tools/launch_ssh.py --exec "ip netns exec {host}"`; while it trains, `psctl status` from a
 worker host must show the live job (updates growing on every server, both workers live with
-advancing clocks). The run stops early once worker 0's test accuracy reaches --target (each
+advancing clocks), and every process's Prometheus /metrics, scraped twice from that host, must
+parse and show the job moving (updates applied, push and pull counts, worker steps). The run stops early once worker 0's test accuracy reaches --target (each
 worker evaluates every epoch), at most --epochs epochs; the final accuracy must be >= --target,
 every process must exit 0, and every server must write its final checkpoint.
 
@@ -42,8 +43,9 @@ def runfiles_root():
 ROOT, BIN_DIR = runfiles_root()
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from launch_common import die_with_parent  # noqa: E402
+from netns import Network, check_netns, rate_bits  # noqa: E402
 
-PREFIX = "pse2e"  # namespaces pse2e-<pid>-<host>, bridge psbr<pid>, veths psv<pid><host>
+TAG = "ps"  # namespaces pse2e-<pid>-<host>, bridge psbr<pid>, veths psv<pid><host> (tools/netns.py)
 SUBNET = "10.77.0"
 CONFIG = "configs/fashion_mnist_2x2_async.textproto"
 HOSTS = [("s0", "server", 1), ("s1", "server", 2), ("w0", "worker", 3), ("w1", "worker", 4)]
@@ -53,13 +55,6 @@ SERVER_PORT = 7000
 def log(msg):
     sys.stdout.write("[netns_e2e] %s\n" % msg)
     sys.stdout.flush()
-
-
-def sh(*argv, check=True):
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if check and p.returncode != 0:
-        raise RuntimeError("%s: exit %d: %s" % (" ".join(argv), p.returncode, p.stdout.strip()))
-    return p
 
 
 def skip(reason):
@@ -76,95 +71,10 @@ def skip(reason):
     sys.exit(0)
 
 
-def tbf_args(rate):
-    """tc tbf arguments for a rate like 100mbit: the bucket holds 10 ms of traffic (>= 32 KiB)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)", rate.lower())
-    if not m:
-        raise SystemExit("--shape: expected a rate like 100mbit, got %r" % rate)
-    bits = float(m.group(1)) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)]
-    return ["tbf", "rate", rate, "burst", str(max(32768, int(bits / 8 / 100))), "latency", "50ms"]
-
-
-class Network:
-    """The namespaces, veths and bridge of one run (names carry this process's pid)."""
-
-    def __init__(self, owner_pid):
-        self.pid = owner_pid
-        self.bridge = "psbr%d" % owner_pid
-
-    def ns(self, host):
-        return "%s-%d-%s" % (PREFIX, self.pid, host)
-
-    def veth(self, host):
-        return "psv%d%s" % (self.pid, host)
-
-    def create(self, shape):
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
-        # Bridged frames must not meet the host's iptables (a FORWARD policy of DROP would eat them).
-        sh("ip", "link", "set", self.bridge, "type", "bridge", "nf_call_iptables", "0", check=False)
-        sh("ip", "link", "set", self.bridge, "up")
-        for host, _, octet in HOSTS:
-            ns, veth = self.ns(host), self.veth(host)
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            sh("ip", "link", "set", veth, "master", self.bridge)
-            sh("ip", "link", "set", veth, "up")
-            sh("ip", "-n", ns, "addr", "add", "%s.%d/24" % (SUBNET, octet), "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            if shape:
-                # Both directions: the bridge side shapes what enters the host, eth0 what leaves it.
-                sh("tc", "qdisc", "add", "dev", veth, "root", *tbf_args(shape))
-                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf_args(shape))
-        log("network: bridge %s, hosts %s" % (self.bridge, ", ".join(
-            "%s=%s.%d" % (self.ns(h), SUBNET, o) for h, _, o in HOSTS)) + (", tbf %s" % shape if shape else ""))
-
-    @staticmethod
-    def remove(pid):
-        """Removes everything of run `pid`: processes in its namespaces first, then the links."""
-        net = Network(pid)
-        existing = set(sh("ip", "netns", "list", check=False).stdout.split())
-        for host, _, _ in HOSTS:
-            ns = net.ns(host)
-            if ns not in existing:
-                continue
-            pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
-            for p in pids:
-                try:
-                    os.kill(int(p), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            sh("ip", "netns", "del", ns, check=False)
-        for host, _, _ in HOSTS:
-            sh("ip", "link", "del", net.veth(host), check=False)
-        sh("ip", "link", "del", net.bridge, check=False)
-
-    @staticmethod
-    def remove_stale():
-        """Removes what runs that died without cleaning up (SIGKILL) left behind."""
-        pids = set()
-        for name in sh("ip", "netns", "list", check=False).stdout.split():
-            m = re.fullmatch(r"%s-(\d+)-\w+" % PREFIX, name)
-            if m:
-                pids.add(int(m.group(1)))
-        for pid in pids:
-            if pid != os.getpid() and not os.path.exists("/proc/%d" % pid):
-                log("removing the namespaces of dead run %d" % pid)
-                Network.remove(pid)
-
-
 def check_root():
-    os.environ["PATH"] = os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
-    if os.geteuid() != 0:
-        skip("needs root (creates network namespaces); run as root to test")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            skip("'%s' not found (Debian package iproute2)" % tool)
-    probe = "%s-%d-probe" % (PREFIX, os.getpid())
-    p = sh("ip", "netns", "add", probe, check=False)
-    if p.returncode != 0:
-        skip("'ip netns add' is not permitted here: " + p.stdout.strip())
-    sh("ip", "netns", "del", probe, check=False)
+    reason = check_netns()
+    if reason:
+        skip(reason + "; run as root to test" if reason.startswith("needs root") else reason)
 
 
 class Psctl:
@@ -177,6 +87,8 @@ class Psctl:
         self.servers = servers
         self.previous = None
         self.seen_live = False
+        self.ns = ns
+        self.metrics_error = "never scraped"
 
     def sample(self):
         try:
@@ -223,24 +135,66 @@ class Psctl:
                     table = subprocess.run(self.text_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True, timeout=60).stdout
                     log("psctl status (table):\n" + table)
-                    check_metrics(self.servers)
+                    workers = ["%s.%d:0" % (SUBNET, o) for _, role, o in HOSTS if role == "worker"]
+                    try:
+                        check_metrics(self.ns, self.servers, workers)
+                        self.metrics_error = None
+                    except (AssertionError, ValueError, subprocess.SubprocessError) as e:
+                        self.metrics_error = str(e)
                     return
                 self.previous = now
             done.wait(0.5)
 
 
-def check_metrics(servers):
-    """Prometheus /metrics of the servers, scraped from a worker host while the job trains.
+METRICS_PORT = 9100  # every host (namespace) has its own ports
 
-    PLACE FOR THE /metrics CHECKS. To fill in once ps_server's /metrics endpoint (flag
-    --metrics_port, or the config's metrics.port) is in: start the servers with a fixed metrics
-    port (every namespace has its own ports), e.g. add "--server_arg=--metrics_port=9100" to the
-    launch_ssh.py command in main(); here, scrape http://ADDR:9100/metrics of every server twice
-    from worker 0's namespace (`ip netns exec`, like Psctl) and check that a few values move
-    between the scrapes: updates applied and pushes grow, the pull/push latency histograms' counts
-    grow, and every server holds rows of the model. Until then this checks nothing.
-    """
-    del servers
+# Reads a Prometheus text page and prints {"name{labels}": value} as JSON (run in a namespace).
+SCRAPE = r"""
+import json, sys, urllib.request
+out = {}
+for line in urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().splitlines():
+    if line and not line.startswith("#"):
+        key, _, value = line.rpartition(" ")
+        out[key] = float(value)
+print(json.dumps(out))
+"""
+
+
+def scrape(ns, address):
+    host = address.rsplit(":", 1)[0]
+    url = "http://%s:%d/metrics" % (host, METRICS_PORT)
+    p = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", SCRAPE, url],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    if p.returncode != 0:
+        raise AssertionError("scraping %s from %s failed:\n%s" % (url, ns, p.stdout))
+    return json.loads(p.stdout)
+
+
+def check_metrics(ns, servers, workers):
+    """Prometheus /metrics of every server and worker, scraped twice from worker 0's host
+    while the job trains: the pages parse and a few values move between the scrapes."""
+    def total(page, name):
+        return sum(v for k, v in page.items() if k == name or k.startswith(name + "{"))
+
+    first = {a: scrape(ns, a) for a in servers + workers}
+    time.sleep(2)
+    second = {a: scrape(ns, a) for a in servers + workers}
+    for a in servers:
+        before, after = first[a], second[a]
+        assert after.get("ps_server_up") == 1, "%s: ps_server_up is not 1" % a
+        for name in ("ps_server_updates_applied_total", "ps_server_push_latency_seconds_count",
+                     "ps_server_pull_latency_seconds_count"):
+            assert total(after, name) > total(before, name), "%s: %s did not grow (%s -> %s)" % (
+                a, name, total(before, name), total(after, name))
+        assert total(after, "ps_server_table_rows") > 0, "%s holds no rows" % a
+        log("metrics %s: %d updates applied, %d pushes timed, %d rows" % (
+            a, total(after, "ps_server_updates_applied_total"),
+            total(after, "ps_server_push_latency_seconds_count"), total(after, "ps_server_table_rows")))
+    for a in workers:
+        grew = total(second[a], "ps_worker_steps_total") > total(first[a], "ps_worker_steps_total")
+        assert grew, "%s: ps_worker_steps_total did not grow" % a
+        log("metrics %s: %d steps, %.0f samples/s" % (
+            a, total(second[a], "ps_worker_steps_total"), total(second[a], "ps_worker_samples_per_second")))
 
 
 def main():
@@ -250,12 +204,17 @@ def main():
     ap.add_argument("--epochs", type=int, default=15, help="at most this many epochs")
     ap.add_argument("--target", type=float, default=0.88, help="test accuracy to reach")
     args = ap.parse_args()
+    if args.shape:
+        try:
+            rate_bits(args.shape)
+        except ValueError as e:
+            ap.error("--shape: %s" % e)
 
     check_root()
     root, bin_dir = ROOT, BIN_DIR
     os.chdir(root)
-    Network.remove_stale()
-    net = Network(os.getpid())
+    Network.remove_stale(tag=TAG, log=log)
+    net = Network(os.getpid(), [(h, o) for h, _, o in HOSTS], tag=TAG, subnet=SUBNET, log=log)
     work = tempfile.mkdtemp(prefix="ps-netns-e2e-", dir=os.environ.get("TEST_TMPDIR"))
     launcher = None
 
@@ -275,7 +234,8 @@ def main():
                 "--remote_dir", os.path.join(work, "hosts-dir"), "--log_dir", os.path.join(work, "logs"),
                 "--set", "training.epochs=%d" % args.epochs, "--set", "training.target_metric=%g" % args.target,
                 # Every worker evaluates, so each stops at the target instead of running every epoch.
-                "--worker_arg=--eval=always", "--worker_arg=--wait_for_servers_s=30"]
+                "--worker_arg=--eval=always", "--worker_arg=--wait_for_servers_s=30",
+                "--server_arg=--metrics_port=%d" % METRICS_PORT, "--worker_arg=--metrics_port=%d" % METRICS_PORT]
         log("running: " + " ".join(argv))
         start = time.time()
         # If this test is killed outright, the launcher still gets SIGTERM and stops the job.
@@ -311,6 +271,8 @@ def main():
         for i in range(2):
             if not any(re.match(r"^\[server %d@\S+\] .*final checkpoint \d+" % i, l) for l in lines):
                 failures.append("server %d wrote no final checkpoint" % i)
+        if psctl.seen_live and psctl.metrics_error:
+            failures.append("/metrics: " + psctl.metrics_error)
         if not psctl.seen_live:
             failures.append("psctl status never showed the job live (updates growing on both servers, "
                             "workers 0 and 1 live with advancing clocks)")
@@ -328,7 +290,7 @@ def main():
                 launcher.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(launcher.pid, signal.SIGKILL)
-        Network.remove(os.getpid())
+        Network.remove(os.getpid(), tag=TAG)
         shutil.rmtree(work, ignore_errors=True)
 
 

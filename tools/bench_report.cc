@@ -62,7 +62,18 @@ std::string FormatTable(const std::vector<BenchRow>& rows) {
   const std::vector<std::string> header = {"mode",  "op",    "payload", "clients", "window",
                                            "calls/s", "MB/s", "rows/s", "p50 ms",  "p99 ms",
                                            "vs raw TCP"};
+  // The spill columns only when a row has them.
+  const bool spill = std::any_of(rows.begin(), rows.end(), [](const BenchRow& r) {
+    return r.in_memory.has_value() || r.hit_ratio.has_value();
+  });
   std::vector<std::vector<std::string>> cells = {header};
+  if (spill) {
+    cells[0].push_back("in memory");
+    cells[0].push_back("hits");
+  }
+  auto percent = [](const std::optional<double>& v) {
+    return v.has_value() ? absl::StrFormat("%.1f%%", 100 * *v) : std::string();
+  };
   for (const BenchRow& r : rows) {
     cells.push_back({r.mode, r.op, r.payload, absl::StrCat(r.clients), absl::StrCat(r.window),
                      Number(r.calls_per_second), Number(r.mb_per_second),
@@ -70,8 +81,12 @@ std::string FormatTable(const std::vector<BenchRow>& rows) {
                      r.calls > 0 ? Ms(r.p99_ms) : "-",
                      r.vs_tcp.has_value() ? absl::StrFormat("%.2f", *r.vs_tcp) : ""});
     if (r.retries > 0) cells.back().back() += absl::StrCat(" (", r.retries, " retries)");
+    if (spill) {
+      cells.back().push_back(percent(r.in_memory));
+      cells.back().push_back(percent(r.hit_ratio));
+    }
   }
-  std::vector<size_t> width(header.size(), 0);
+  std::vector<size_t> width(cells[0].size(), 0);
   for (const auto& line : cells) {
     for (size_t i = 0; i < line.size(); ++i) width[i] = std::max(width[i], line[i].size());
   }
@@ -114,6 +129,8 @@ std::string ToJsonLine(const BenchRow& r) {
       absl::StrCat("\"vs_tcp\":", r.vs_tcp.has_value() ? JsonNumber(*r.vs_tcp) : "null"),
       absl::StrCat("\"retries\":", r.retries),
   };
+  if (r.in_memory.has_value()) fields.push_back(absl::StrCat("\"in_memory\":", JsonNumber(*r.in_memory)));
+  if (r.hit_ratio.has_value()) fields.push_back(absl::StrCat("\"hit_ratio\":", JsonNumber(*r.hit_ratio)));
   return absl::StrCat("{", absl::StrJoin(fields, ","), "}");
 }
 

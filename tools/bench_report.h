@@ -39,6 +39,10 @@ struct BenchRow {
   std::optional<double> vs_tcp;
   // Client retries during the measurement (should be 0 on loopback).
   uint64_t retries = 0;
+  // Spill rows: the share of the table's rows the servers may keep in memory (1 = no budget),
+  // and the share of pulled rows served from memory (not read back from the spill store).
+  std::optional<double> in_memory;
+  std::optional<double> hit_ratio;
 };
 
 // "4KB", "1MB", "64MB", "1.5MB", "100B".

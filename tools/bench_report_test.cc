@@ -49,5 +49,21 @@ TEST(FormatTable, PrintsHeaderAndTheTcpRatio) {
   EXPECT_THAT(table, Not(HasSubstr("retries")));
 }
 
+TEST(FormatTable, ShowsTheSpillColumnsOnlyWhenSet) {
+  BenchRow row;
+  row.mode = "spill";
+  row.op = "zipf_pull";
+  row.payload = "1k keys";
+  row.calls = 10;
+  row.calls_per_second = 500;
+  EXPECT_THAT(FormatTable({row}), Not(HasSubstr("hits")));
+  EXPECT_THAT(ToJsonLine(row), Not(HasSubstr("hit_ratio")));
+  row.in_memory = 0.05;
+  row.hit_ratio = 0.612;
+  EXPECT_THAT(FormatTable({row}), HasSubstr("61.2%"));
+  EXPECT_THAT(FormatTable({row}), HasSubstr("5.0%"));
+  EXPECT_THAT(ToJsonLine(row), HasSubstr("\"in_memory\":0.05,\"hit_ratio\":0.612"));
+}
+
 }  // namespace
 }  // namespace ps::tools

@@ -12,6 +12,11 @@
 //          count; a client is its own store with its own worker id (0..C-1, asynchronous),
 //          running --window calls in flight (one thread per call).
 //   sparse GrpcParameterStore pulls of --sparse_keys uniform keys from a --key_space key space.
+//   spill  (not in the default --modes) pulls of --sparse_keys unique keys drawn from a Zipf
+//          (--zipf) stream over --key_space rows, once per --spill_budgets entry: fresh servers
+//          whose sparse table keeps at most that percentage of its rows in memory
+//          (memory_budget_rows; 100 = no budget), the rest spilled to their data dirs. Reports
+//          rows/s and the share of rows served from memory (the servers' fault counters).
 // Prints a table (and JSON lines with --json). Servers are stopped on exit and on Ctrl-C.
 #include <pthread.h>
 #include <signal.h>
@@ -19,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -44,9 +51,12 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/parameter_store.h"
+#include "common/rpc/credentials.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "proto/config.pb.h"
+#include "proto/ps.grpc.pb.h"
 #include "tools/bench_load.h"
 #include "tools/bench_report.h"
 #include "tools/local_cluster.h"
@@ -66,13 +76,17 @@ ABSL_FLAG(std::string, config, "",
           "--write_config).");
 ABSL_FLAG(std::string, write_config, "",
           "Write the bench's tables-only config for --servers servers to this file and exit.");
-ABSL_FLAG(std::string, modes, "tcp,dense,sparse", "What to measure: any of tcp,dense,sparse.");
+ABSL_FLAG(std::string, modes, "tcp,dense,sparse",
+          "What to measure: any of tcp,dense,sparse,spill (spill: see --spill_budgets).");
 ABSL_FLAG(std::string, payloads, "4KB,1MB,64MB",
           "Dense and raw-TCP payloads per call (B, KB, MB; KB = 1024 bytes; multiples of 4).");
 ABSL_FLAG(std::string, clients, "1,2,4", "Concurrent client counts for dense and sparse.");
 ABSL_FLAG(std::string, dense_ops, "push,pull", "Dense operations to measure: push, pull or both.");
 ABSL_FLAG(int32_t, window, 1, "Calls in flight per client (threads per client).");
-ABSL_FLAG(std::string, sparse_keys, "1000,10000", "Keys per sparse pull.");
+ABSL_FLAG(std::string, sparse_keys, "1000,10000", "Keys per sparse pull or push.");
+ABSL_FLAG(std::string, sparse_ops, "pull,push",
+          "Sparse operations to measure: pull, push or both (a push sends one gradient row per "
+          "key; the server applies it with SGD).");
 ABSL_FLAG(int32_t, sparse_dim, 16, "Width of the sparse table's rows.");
 ABSL_FLAG(uint64_t, key_space, 1000000, "Sparse keys are drawn uniformly from [0, key_space).");
 ABSL_FLAG(bool, sparse_prefill, true,
@@ -89,6 +103,15 @@ ABSL_FLAG(size_t, tcp_stream_write, 4 << 20, "Bytes per write() of the TCP strea
 ABSL_FLAG(std::string, json, "", "Also write one JSON object per measurement to this file.");
 ABSL_FLAG(bool, keep_temp, false, "Keep the servers' temporary directory (logs, data dirs).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the sparse key draws.");
+ABSL_FLAG(std::string, spill_budgets, "100,25,5",
+          "spill mode: the rows each server may keep in memory, in percent of its share of the "
+          "--key_space rows; 100 = no memory_budget_rows (every row in memory).");
+ABSL_FLAG(double, zipf, 1.1,
+          "spill mode: key k of [0, key_space) is drawn with probability ~ (k + 1)^-zipf "
+          "(0 = uniform).");
+ABSL_FLAG(int32_t, zipf_batches, 64,
+          "spill mode: pre-drawn pulls of --sparse_keys unique keys each client thread cycles "
+          "through.");
 
 namespace ps::tools {
 namespace {
@@ -102,8 +125,10 @@ struct BenchFlags {
   std::vector<uint64_t> payloads;
   std::vector<int> clients;
   std::vector<uint64_t> sparse_keys;
-  bool tcp = false, dense = false, sparse = false;
+  bool tcp = false, dense = false, sparse = false, spill = false;
+  std::vector<int> spill_budgets;  // percent of the rows in memory
   std::vector<bool> dense_ops;  // true = push, false = pull
+  std::vector<bool> sparse_ops;  // true = push, false = pull
   int window = 1;
   int repeat = 1;
   LoadOptions load;
@@ -161,6 +186,8 @@ absl::StatusOr<BenchFlags> ParseFlags() {
       f.dense = true;
     } else if (m == "sparse") {
       f.sparse = true;
+    } else if (m == "spill") {
+      f.spill = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("--modes: unknown mode '", m, "'"));
     }
@@ -171,6 +198,24 @@ absl::StatusOr<BenchFlags> ParseFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--dense_ops: unknown op '", op, "'"));
     }
     f.dense_ops.push_back(op == "push");
+  }
+  for (absl::string_view op :
+       absl::StrSplit(absl::GetFlag(FLAGS_sparse_ops), ',', absl::SkipWhitespace())) {
+    if (op != "push" && op != "pull") {
+      return absl::InvalidArgumentError(absl::StrCat("--sparse_ops: unknown op '", op, "'"));
+    }
+    f.sparse_ops.push_back(op == "push");
+  }
+  ASSIGN_OR_RETURN(f.spill_budgets,
+                   ParseList<int>("spill_budgets", absl::GetFlag(FLAGS_spill_budgets)));
+  for (int b : f.spill_budgets) {
+    if (b > 100) return absl::InvalidArgumentError("--spill_budgets: percentages are 1..100");
+  }
+  if (f.spill && !(absl::GetFlag(FLAGS_zipf) >= 0)) {
+    return absl::InvalidArgumentError("--zipf must be >= 0");
+  }
+  if (absl::GetFlag(FLAGS_zipf_batches) < 1) {
+    return absl::InvalidArgumentError("--zipf_batches must be >= 1");
   }
   f.window = absl::GetFlag(FLAGS_window);
   if (f.window < 1) return absl::InvalidArgumentError("--window must be >= 1");
@@ -443,7 +488,8 @@ absl::Status PrefillSparse(const BenchEnv& env, const std::string& table, int di
   return absl::OkStatus();
 }
 
-absl::StatusOr<BenchRow> RunSparse(const BenchEnv& env, uint64_t num_keys, int clients) {
+absl::StatusOr<BenchRow> RunSparse(const BenchEnv& env, uint64_t num_keys, int clients,
+                                   bool push) {
   const int window = env.flags->window;
   const int threads = clients * window;
   const int dim = absl::GetFlag(FLAGS_sparse_dim);
@@ -462,20 +508,31 @@ absl::StatusOr<BenchRow> RunSparse(const BenchEnv& env, uint64_t num_keys, int c
       for (auto& k : batch) k = draw(rng);
     }
   }
+  // Push: small gradients (the rows stay near their values however long the bench runs).
+  if (push) {
+    for (auto& rows : out) std::fill(rows.begin(), rows.end(), 1e-6f);
+  }
   auto call = [&](int t) -> absl::Status {
+    const std::vector<uint64_t>& k = keys[t][next[t]++ % kBatches];
+    if (push) {
+      common::PushBatch batch;
+      batch.sparse.push_back({table, k, absl::MakeConstSpan(out[t])});
+      return env.stores[t / window]->Push(batch, common::PushOptions{});
+    }
     common::PullBatch batch;
-    batch.sparse.push_back({table, keys[t][next[t]++ % kBatches], absl::MakeSpan(out[t])});
+    batch.sparse.push_back({table, k, absl::MakeSpan(out[t])});
     return env.stores[t / window]->Pull(batch, common::PullOptions{});
   };
+  const char* op = push ? "sparse_push" : "sparse_pull";
   const uint64_t retries = TotalRetries(env);
   ASSIGN_OR_RETURN(LoadResult r,
                    RunChecked(env, threads, call,
-                              absl::StrCat("sparse pull ", num_keys, " keys, ", clients,
+                              absl::StrCat(op, " ", num_keys, " keys, ", clients,
                                            " clients")));
   const std::string label = num_keys % 1000 == 0 ? absl::StrCat(num_keys / 1000, "k keys")
                                                   : absl::StrCat(num_keys, " keys");
-  BenchRow row = MakeRow("grpc", "sparse_pull", label, num_keys * dim * sizeof(float), num_keys,
-                         clients, window, r);
+  BenchRow row = MakeRow("grpc", op, label, num_keys * dim * sizeof(float), num_keys, clients,
+                         window, r);
   row.retries = TotalRetries(env) - retries;
   return row;
 }
@@ -535,10 +592,12 @@ absl::Status RunGrpc(BenchEnv* env, const JobConfig& config, Reporter* reporter)
     if (absl::GetFlag(FLAGS_sparse_prefill)) {
       RETURN_IF_ERROR(PrefillSparse(*env, SparseTableName(dim), dim));
     }
-    for (uint64_t k : f.sparse_keys) {
-      for (int c : f.clients) {
-        ASSIGN_OR_RETURN(BenchRow row, RunSparse(*env, k, c));
-        reporter->Add(row);
+    for (bool push : f.sparse_ops) {
+      for (uint64_t k : f.sparse_keys) {
+        for (int c : f.clients) {
+          ASSIGN_OR_RETURN(BenchRow row, RunSparse(*env, k, c, push));
+          reporter->Add(row);
+        }
       }
     }
   }
@@ -642,6 +701,215 @@ absl::Status RunAgainstServers(BenchEnv* env, SignalStopper* stopper, Reporter* 
   return status;
 }
 
+// ---- Spill mode ---------------------------------------------------------------------------
+
+// The spill mode's tables-only config: the sparse bench table keeping at most budget_rows
+// rows in memory on each server (0 = no budget), SGD, asynchronous, no checkpoints, plaintext.
+std::string SpillConfigText(int num_servers, int num_workers, uint64_t budget_rows) {
+  const int dim = absl::GetFlag(FLAGS_sparse_dim);
+  return absl::StrCat(
+      "# Written by tools/ps_bench --modes=spill.\n", "name: \"ps_bench_spill\"\n",
+      "cluster {\n  num_servers: ", num_servers, "\n  num_workers: ", num_workers, "\n}\n",
+      "default_optimizer { kind: SGD learning_rate: 0.01 }\n", "tables {\n  name: \"",
+      SparseTableName(dim), "\"\n  kind: TABLE_KIND_SPARSE\n  dim: ", dim,
+      "\n  initializer { kind: ZEROS }\n",
+      budget_rows > 0 ? absl::StrCat("  memory_budget_rows: ", budget_rows, "\n") : "", "}\n",
+      "checkpoint {\n  interval_s: 0\n  on_shutdown: false\n}\n",
+      "security { plaintext: true }\n");
+}
+
+// Inverse-CDF sampling of k in [0, n) with P(k) ~ (k + 1)^-s. Thread-safe (const).
+class ZipfKeys {
+ public:
+  ZipfKeys(uint64_t n, double s) : cdf_(n) {
+    double c = 0;
+    for (uint64_t k = 0; k < n; ++k) {
+      c += std::pow(static_cast<double>(k) + 1, -s);
+      cdf_[k] = c;
+    }
+    for (double& v : cdf_) v /= c;
+  }
+  uint64_t operator()(std::mt19937_64& rng) const {
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    const uint64_t k = std::lower_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin();
+    return std::min<uint64_t>(k, cdf_.size() - 1);
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+// The servers' counters of the bench's sparse table, summed over the servers.
+struct SpillCounters {
+  uint64_t rows = 0, in_memory = 0, faulted_in = 0;
+};
+
+absl::StatusOr<SpillCounters> ReadSpillCounters(const JobConfig& config) {
+  SpillCounters total;
+  const std::string table = SparseTableName(absl::GetFlag(FLAGS_sparse_dim));
+  for (const std::string& address : config.cluster().servers()) {
+    ASSIGN_OR_RETURN(auto channel, common::MakeChannel(address, config));
+    auto stub = ParameterServer::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    StatsResponse stats;
+    RETURN_IF_ERROR_CTX(common::FromGrpcStatus(stub->Stats(&context, StatsRequest(), &stats)),
+                        absl::StrCat("stats of ", address));
+    for (const TableStats& t : stats.tables()) {
+      if (t.name() != table) continue;
+      total.rows += t.rows();
+      total.in_memory += t.rows_in_memory();
+      total.faulted_in += t.rows_faulted_in();
+    }
+  }
+  return total;
+}
+
+// Pulls of num_keys unique keys from the Zipf stream; the hit ratio comes from the servers'
+// fault counters over exactly the pulls made (warm-up included).
+absl::StatusOr<BenchRow> RunZipf(const BenchEnv& env, const JobConfig& config,
+                                 const ZipfKeys& zipf, uint64_t num_keys, int clients,
+                                 double in_memory) {
+  const int window = env.flags->window;
+  const int threads = clients * window;
+  const int dim = absl::GetFlag(FLAGS_sparse_dim);
+  const std::string table = SparseTableName(dim);
+  if (num_keys > absl::GetFlag(FLAGS_key_space) / 4) {
+    return absl::InvalidArgumentError(
+        "spill mode draws --sparse_keys unique keys per pull: keep it under --key_space / 4");
+  }
+  const int batches = absl::GetFlag(FLAGS_zipf_batches);
+  std::vector<std::vector<std::vector<uint64_t>>> keys(threads);
+  for (int t = 0; t < threads; ++t) {
+    std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + t * 7919 + num_keys);
+    keys[t].resize(batches);
+    for (auto& batch : keys[t]) {
+      absl::flat_hash_set<uint64_t> seen;
+      while (batch.size() < num_keys) {
+        const uint64_t k = zipf(rng);
+        if (seen.insert(k).second) batch.push_back(k);
+      }
+    }
+  }
+  std::vector<std::vector<float>> out(threads, std::vector<float>(num_keys * dim));
+  std::vector<int> next(threads, 0);
+  std::atomic<uint64_t> rows_pulled{0};
+  auto call = [&](int t) -> absl::Status {
+    common::PullBatch batch;
+    batch.sparse.push_back({table, keys[t][next[t]++ % batches], absl::MakeSpan(out[t])});
+    RETURN_IF_ERROR(env.stores[t / window]->Pull(batch, common::PullOptions{}));
+    rows_pulled.fetch_add(num_keys);
+    return absl::OkStatus();
+  };
+  const uint64_t retries = TotalRetries(env);
+  ASSIGN_OR_RETURN(const SpillCounters before, ReadSpillCounters(config));
+  ASSIGN_OR_RETURN(LoadResult r,
+                   RunChecked(env, threads, call,
+                              absl::StrCat("zipf pull ", num_keys, " keys, ", clients,
+                                           " clients")));
+  ASSIGN_OR_RETURN(const SpillCounters after, ReadSpillCounters(config));
+  const std::string label =
+      absl::StrCat(num_keys % 1000 == 0 ? absl::StrCat(num_keys / 1000, "k") : absl::StrCat(num_keys),
+                   " keys zipf ", absl::GetFlag(FLAGS_zipf));
+  BenchRow row = MakeRow("spill", "zipf_pull", label, num_keys * dim * sizeof(float), num_keys,
+                         clients, window, r);
+  row.retries = TotalRetries(env) - retries;
+  row.in_memory = in_memory;
+  if (rows_pulled.load() > 0) {
+    row.hit_ratio = 1.0 - static_cast<double>(after.faulted_in - before.faulted_in) /
+                              static_cast<double>(rows_pulled.load());
+  }
+  return row;
+}
+
+// One client store per worker id 0..n-1 (env->stores points into the result).
+absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeStores(
+    const JobConfig& config, int n, BenchEnv* env) {
+  std::vector<std::unique_ptr<worker::GrpcParameterStore>> stores;
+  const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  for (int i = 0; i < n; ++i) {
+    worker::GrpcStoreOptions options;
+    options.worker_id = i;
+    options.worker_incarnation = incarnation;
+    options.deadline = absl::Seconds(config.rpc().deadline_s());
+    options.max_retries = config.rpc().max_retries();
+    ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
+    stores.push_back(std::move(store));
+    env->stores.push_back(stores.back().get());
+  }
+  RETURN_IF_ERROR(stores[0]->WaitForServers(absl::Seconds(30)));
+  return stores;
+}
+
+// The spill rows of one budget, against fresh servers.
+absl::Status RunSpillBudget(BenchEnv* env, const JobConfig& config, const ZipfKeys& zipf,
+                            double in_memory, Reporter* reporter) {
+  const BenchFlags& f = *env->flags;
+  int max_clients = 1;
+  for (int c : f.clients) max_clients = std::max(max_clients, c);
+  ASSIGN_OR_RETURN(auto stores, MakeStores(config, max_clients, env));
+  const int dim = absl::GetFlag(FLAGS_sparse_dim);
+  RETURN_IF_ERROR(PrefillSparse(*env, SparseTableName(dim), dim));
+  ASSIGN_OR_RETURN(const SpillCounters c, ReadSpillCounters(config));
+  std::cerr << "  " << c.rows << " rows, " << c.in_memory << " of them in memory" << std::endl;
+  for (uint64_t k : f.sparse_keys) {
+    for (int clients : f.clients) {
+      ASSIGN_OR_RETURN(BenchRow row, RunZipf(*env, config, zipf, k, clients, in_memory));
+      reporter->Add(row);
+    }
+  }
+  for (auto& s : stores) s->Finish().IgnoreError();  // the servers are stopped right after
+  env->stores.clear();
+  return absl::OkStatus();
+}
+
+absl::Status RunSpill(BenchEnv* env, SignalStopper* stopper, Reporter* reporter) {
+  if (!absl::GetFlag(FLAGS_connect).empty()) {
+    return absl::InvalidArgumentError(
+        "--modes=spill starts fresh servers for every --spill_budgets entry; it cannot use "
+        "--connect");
+  }
+  const int num_servers = absl::GetFlag(FLAGS_servers);
+  if (num_servers < 1) return absl::InvalidArgumentError("--servers must be >= 1");
+  int max_clients = 1;
+  for (int c : env->flags->clients) max_clients = std::max(max_clients, c);
+  const uint64_t space = absl::GetFlag(FLAGS_key_space);
+  std::cerr << "spill: " << space << " rows of dim " << absl::GetFlag(FLAGS_sparse_dim)
+            << " over " << num_servers << " servers, keys drawn from Zipf "
+            << absl::GetFlag(FLAGS_zipf) << std::endl;
+  const ZipfKeys zipf(space, absl::GetFlag(FLAGS_zipf));
+  for (int percent : env->flags->spill_budgets) {
+    const uint64_t budget =
+        percent >= 100 ? 0 : std::max<uint64_t>(1, space * percent / 100 / num_servers);
+    LocalClusterOptions options;
+    options.server_binary = FindServerBinary();
+    options.num_servers = num_servers;
+    options.config_text = SpillConfigText(num_servers, max_clients, budget);
+    options.keep_dir = absl::GetFlag(FLAGS_keep_temp);
+    ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(options));
+    stopper->Watch(cluster.get(), options.keep_dir);
+    env->cluster = cluster.get();
+    std::cerr << "spill: "
+              << (budget == 0 ? std::string("no budget, every row in memory")
+                              : absl::StrCat("memory_budget_rows ", budget, " per server (",
+                                             percent, "% of the rows in memory)"))
+              << std::endl;
+    absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(JobConfig config, ClientConfig(cluster->config_path(), cluster->addresses()));
+      return RunSpillBudget(env, config, zipf, percent / 100.0, reporter);
+    }();
+    stopper->Watch(nullptr, false);
+    env->cluster = nullptr;
+    env->stores.clear();
+    cluster->Stop();
+    if (absl::Status exits = cluster->CheckExitedCleanly(); !exits.ok()) {
+      std::cerr << "warning: " << exits.message() << std::endl;
+    }
+    RETURN_IF_ERROR(status);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(SignalStopper* stopper) {
   ASSIGN_OR_RETURN(BenchFlags flags, ParseFlags());
   if (const std::string path = absl::GetFlag(FLAGS_write_config); !path.empty()) {
@@ -668,6 +936,7 @@ absl::Status Run(SignalStopper* stopper) {
     for (const auto& r : rows) reporter.Add(r);
   }
   if (flags.dense || flags.sparse) RETURN_IF_ERROR(RunAgainstServers(&env, stopper, &reporter));
+  if (flags.spill) RETURN_IF_ERROR(RunSpill(&env, stopper, &reporter));
   std::cout << "\n" << FormatTable(reporter.rows());
   return absl::OkStatus();
 }

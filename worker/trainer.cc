@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "worker/data/metrics.h"
 #include "worker/data/shard_iterator.h"
+#include "worker/serial_executor.h"
 
 namespace ps::worker {
 namespace {
@@ -18,8 +19,104 @@ std::string JsonNumber(double v) {
   return absl::StrFormat("%.6g", v);
 }
 
-enum Phase { kData = 0, kPull, kCompute, kPush, kNumPhases };
-constexpr const char* kPhaseNames[kNumPhases] = {"data", "pull", "compute", "push"};
+enum Phase { kData = 0, kPull, kCompute, kPush, kWait, kNumPhases };
+constexpr const char* kPhaseNames[kNumPhases] = {"data", "pull", "compute", "push", "wait"};
+
+// A pull or push issued ahead (prefetch): the tables, keys and values it names, copied into
+// buffers of its own so that the model may move on to another batch meanwhile. The vectors
+// keep their capacity from step to step.
+struct Staged {
+  std::vector<std::string> dense_tables, sparse_tables;
+  std::vector<std::vector<uint64_t>> keys;     // per sparse entry
+  std::vector<std::vector<float>> dense, sparse;  // values per entry
+  common::PullBatch pull;  // spans into the vectors above
+  common::PushBatch push;
+};
+
+template <typename Entry>
+void CopyInto(const Entry& from, std::vector<float>* to) {
+  to->assign(from.begin(), from.end());
+}
+
+// Copies the shape of `spec` (tables, keys, value sizes) into `staged` and points
+// staged->pull at its buffers.
+void StagePull(const common::PullBatch& spec, Staged* staged) {
+  staged->dense_tables.resize(spec.dense.size());
+  staged->dense.resize(spec.dense.size());
+  for (size_t i = 0; i < spec.dense.size(); ++i) {
+    staged->dense_tables[i] = spec.dense[i].table;
+    staged->dense[i].resize(spec.dense[i].out.size());
+  }
+  staged->sparse_tables.resize(spec.sparse.size());
+  staged->keys.resize(spec.sparse.size());
+  staged->sparse.resize(spec.sparse.size());
+  for (size_t i = 0; i < spec.sparse.size(); ++i) {
+    staged->sparse_tables[i] = spec.sparse[i].table;
+    staged->keys[i].assign(spec.sparse[i].keys.begin(), spec.sparse[i].keys.end());
+    staged->sparse[i].resize(spec.sparse[i].out.size());
+  }
+  staged->pull = common::PullBatch();
+  for (size_t i = 0; i < spec.dense.size(); ++i) {
+    staged->pull.dense.push_back({staged->dense_tables[i], absl::MakeSpan(staged->dense[i])});
+  }
+  for (size_t i = 0; i < spec.sparse.size(); ++i) {
+    staged->pull.sparse.push_back({staged->sparse_tables[i], absl::MakeConstSpan(staged->keys[i]),
+                                   absl::MakeSpan(staged->sparse[i])});
+  }
+}
+
+// Copies the values of a completed staged pull into the buffers `spec` names. The model
+// asked for the same batch both times, so the requests match; INTERNAL if they do not.
+absl::Status UnstagePull(const Staged& staged, const common::PullBatch& spec) {
+  if (spec.dense.size() != staged.pull.dense.size() ||
+      spec.sparse.size() != staged.pull.sparse.size()) {
+    return absl::InternalError("prefetch: the model asked for other tables the second time");
+  }
+  for (size_t i = 0; i < spec.dense.size(); ++i) {
+    const common::DensePull& a = staged.pull.dense[i];
+    const common::DensePull& b = spec.dense[i];
+    if (a.table != b.table || a.out.size() != b.out.size()) {
+      return absl::InternalError(absl::StrCat("prefetch: table '", b.table, "' differs"));
+    }
+    std::copy(a.out.begin(), a.out.end(), b.out.begin());
+  }
+  for (size_t i = 0; i < spec.sparse.size(); ++i) {
+    const common::SparsePull& a = staged.pull.sparse[i];
+    const common::SparsePull& b = spec.sparse[i];
+    if (a.table != b.table || a.out.size() != b.out.size() ||
+        !std::equal(a.keys.begin(), a.keys.end(), b.keys.begin(), b.keys.end())) {
+      return absl::InternalError(absl::StrCat("prefetch: keys of table '", b.table, "' differ"));
+    }
+    std::copy(a.out.begin(), a.out.end(), b.out.begin());
+  }
+  return absl::OkStatus();
+}
+
+// Copies the gradients `spec` names into `staged` and points staged->push at them.
+void StagePush(const common::PushBatch& spec, Staged* staged) {
+  staged->dense_tables.resize(spec.dense.size());
+  staged->dense.resize(spec.dense.size());
+  for (size_t i = 0; i < spec.dense.size(); ++i) {
+    staged->dense_tables[i] = spec.dense[i].table;
+    CopyInto(spec.dense[i].values, &staged->dense[i]);
+  }
+  staged->sparse_tables.resize(spec.sparse.size());
+  staged->keys.resize(spec.sparse.size());
+  staged->sparse.resize(spec.sparse.size());
+  for (size_t i = 0; i < spec.sparse.size(); ++i) {
+    staged->sparse_tables[i] = spec.sparse[i].table;
+    staged->keys[i].assign(spec.sparse[i].keys.begin(), spec.sparse[i].keys.end());
+    CopyInto(spec.sparse[i].values, &staged->sparse[i]);
+  }
+  staged->push = common::PushBatch();
+  for (size_t i = 0; i < spec.dense.size(); ++i) {
+    staged->push.dense.push_back({staged->dense_tables[i], absl::MakeConstSpan(staged->dense[i])});
+  }
+  for (size_t i = 0; i < spec.sparse.size(); ++i) {
+    staged->push.sparse.push_back({staged->sparse_tables[i], absl::MakeConstSpan(staged->keys[i]),
+                                   absl::MakeConstSpan(staged->sparse[i])});
+  }
+}
 
 }  // namespace
 
@@ -31,9 +128,8 @@ struct Trainer::Metrics {
             "ps_worker_samples_per_second",
             "Training samples per second since the run started, evaluation time excluded.")),
         epoch(r->AddGauge("ps_worker_epoch", "Epoch being trained (1-based).")),
-        clock(r->AddGauge("ps_worker_clock",
-                          "This worker's clock: steps pushed, resumes "
-                          "included.")),
+        clock(
+            r->AddGauge("ps_worker_clock", "This worker's clock: steps pushed, resumes included.")),
         loss(r->AddGauge("ps_worker_loss", "Training loss of the last step (batch mean).")),
         loss_smoothed(r->AddGauge("ps_worker_loss_smoothed",
                                   "Training loss, exponential moving average (0.98) over steps.")),
@@ -44,7 +140,8 @@ struct Trainer::Metrics {
     auto* phases = r->AddHistogramFamily(
         "ps_worker_step_phase_seconds",
         "Time of each training step's phases: data (batch assembly), pull, compute (forward "
-        "and backward), push; seconds.",
+        "and backward), push, wait (blocked on the overlapped pull and push of "
+        "training.prefetch); seconds.",
         {"phase"}, common::metrics::LatencyBuckets());
     for (int p = 0; p < kNumPhases; ++p) phase[p] = phases->WithLabels({kPhaseNames[p]});
   }
@@ -116,12 +213,15 @@ void Trainer::Progress(bool force, uint32_t epoch, uint64_t step, double loss) {
 }
 
 void Trainer::RecordStep(uint32_t epoch, int64_t clock, uint64_t batch_size, double loss,
-                         const std::array<absl::Time, 5>& t, absl::Duration eval_time) {
+                         const PhaseTimes& d, absl::Time end, absl::Duration eval_time) {
   Metrics& m = *metrics_;
-  for (int p = 0; p < kNumPhases; ++p) m.phase[p]->Observe(absl::ToDoubleSeconds(t[p + 1] - t[p]));
+  for (int p = 0; p < kNumPhases; ++p) {
+    if (p == kWait && !options_.prefetch) continue;
+    m.phase[p]->Observe(absl::ToDoubleSeconds(d[p]));
+  }
   m.steps->Increment();
   m.samples->Increment(batch_size);
-  const double training_s = absl::ToDoubleSeconds(t[4] - start_ - eval_time);
+  const double training_s = absl::ToDoubleSeconds(end - start_ - eval_time);
   if (training_s > 0) m.samples_per_second->Set(samples_ / training_s);
   m.epoch->Set(epoch + 1);
   m.clock->Set(static_cast<double>(clock));
@@ -155,6 +255,140 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t clock) {
   return m;
 }
 
+void Trainer::EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, double loss,
+                      const PhaseTimes& d, RunState* state) {
+  TrainResult& result = *state->result;
+  ++state->clock;
+  ++result.steps;
+  samples_ += batch_size;
+  result.breakdown.data += d[kData];
+  result.breakdown.pull += d[kPull];
+  result.breakdown.compute += d[kCompute];
+  result.breakdown.push += d[kPush];
+  result.breakdown.wait += d[kWait];
+  state->loss = loss;
+  loss_ema_ = result.steps == 1 ? loss : 0.98 * loss_ema_ + 0.02 * loss;
+  RecordStep(epoch, state->clock, batch_size, loss, d, absl::Now(), result.eval_time);
+  if (options_.on_step) options_.on_step(epoch, offset);
+  Progress(false, epoch, result.steps, loss_ema_);
+  if (options_.max_steps > 0 && result.steps >= options_.max_steps) state->stop = true;
+}
+
+absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state) {
+  Batch batch;
+  std::vector<int64_t> indices;
+  while (!state->stop) {
+    const absl::Time t0 = absl::Now();
+    if (!it->Next(&indices)) break;
+    train_->FillBatch(indices, &batch);
+    common::PullBatch pull;
+    RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
+    const absl::Time t1 = absl::Now();
+    common::PullOptions pull_options;
+    pull_options.clock = state->clock;
+    RETURN_IF_ERROR_CTX(store_->Pull(pull, pull_options),
+                        absl::StrCat("step ", state->clock + 1, " pull"));
+    const absl::Time t2 = absl::Now();
+    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batch));
+    common::PushBatch push;
+    RETURN_IF_ERROR(model_->PreparePush(&push));
+    const absl::Time t3 = absl::Now();
+    common::PushOptions push_options;
+    push_options.clock = state->clock + 1;
+    RETURN_IF_ERROR_CTX(store_->Push(push, push_options),
+                        absl::StrCat("step ", state->clock + 1, " push"));
+    const absl::Time t4 = absl::Now();
+    EndStep(epoch, it->offset(), batch.size, step.loss,
+            {t1 - t0, t2 - t1, t3 - t2, t4 - t3, absl::ZeroDuration()}, state);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state) {
+  // Two of each, alternating by step parity; the class comment says why reuse is safe: the
+  // call that last used a buffer is always done before the buffer is filled again.
+  Batch batches[2];
+  uint64_t offsets[2] = {0, 0};  // the iterator's offset after each batch
+  Staged pulls[2], pushes[2];
+  uint64_t pull_ticket[2] = {0, 0};
+  std::vector<int64_t> indices;
+  // Declared after the buffers its calls use, so it is destroyed (joined) before them.
+  SerialExecutor background;
+  auto steps_left = [&](uint64_t done) {
+    return options_.max_steps == 0 || done < options_.max_steps;
+  };
+  // Queues the pull of step `clock`+1 for the batch in slot `b`.
+  auto issue_pull = [&](int b, int64_t clock) -> absl::Status {
+    common::PullBatch spec;
+    RETURN_IF_ERROR(model_->PreparePull(batches[b], &spec));
+    StagePull(spec, &pulls[b]);
+    pull_ticket[b] = background.Submit(absl::StrCat("step ", clock + 1, " pull"),
+                                       [this, staged = &pulls[b], clock] {
+                                         common::PullOptions options;
+                                         options.clock = clock;
+                                         return store_->Pull(staged->pull, options);
+                                       });
+    return absl::OkStatus();
+  };
+
+  absl::Time t0 = absl::Now();
+  if (state->stop || !it->Next(&indices)) return absl::OkStatus();
+  train_->FillBatch(indices, &batches[0]);
+  offsets[0] = it->offset();
+  RETURN_IF_ERROR(issue_pull(0, state->clock));
+  absl::Duration carried_data = absl::Now() - t0;  // the first batch's, charged to step 1
+  int cur = 0;
+  while (true) {
+    const int next = 1 - cur;
+    t0 = absl::Now();
+    const bool has_next = steps_left(state->result->steps + 1) && it->Next(&indices);
+    if (has_next) {
+      train_->FillBatch(indices, &batches[next]);
+      offsets[next] = it->offset();
+    }
+    const absl::Time t1 = absl::Now();
+    RETURN_IF_ERROR(background.Wait(pull_ticket[cur]));
+    const absl::Time t2 = absl::Now();
+    // The next step's pull goes out before this step computes; then the model is pointed
+    // back at this step's batch and given the parameters pulled for it.
+    if (has_next) RETURN_IF_ERROR(issue_pull(next, state->clock + 1));
+    common::PullBatch spec;
+    RETURN_IF_ERROR(model_->PreparePull(batches[cur], &spec));
+    RETURN_IF_ERROR(UnstagePull(pulls[cur], spec));
+    const absl::Time t3 = absl::Now();
+    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
+    common::PushBatch push;
+    RETURN_IF_ERROR(model_->PreparePush(&push));
+    const absl::Time t4 = absl::Now();
+    StagePush(push, &pushes[cur]);
+    const int64_t push_clock = state->clock + 1;
+    background.Submit(absl::StrCat("step ", push_clock, " push"),
+                      [this, staged = &pushes[cur], push_clock] {
+                        common::PushOptions options;
+                        options.clock = push_clock;
+                        return store_->Push(staged->push, options);
+                      });
+    absl::Time t5 = absl::Now();
+    absl::Duration wait = t2 - t1;
+    if (!has_next) {
+      // The end of the epoch (or of the run): every push is applied before anything else.
+      RETURN_IF_ERROR(background.Drain());
+      const absl::Time drained = absl::Now();
+      wait += drained - t5;
+      t5 = drained;
+    }
+    // The position reported is that of the step just computed; its push may still be in
+    // flight (a worker restarted now would lose that one step, as without prefetch a worker
+    // killed during a push does).
+    EndStep(epoch, offsets[cur], batches[cur].size, step.loss,
+            {carried_data + (t1 - t0), t3 - t2, t4 - t3, t5 - t4, wait}, state);
+    carried_data = absl::ZeroDuration();
+    if (!has_next) break;
+    cur = next;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainResult> Trainer::Run() {
   TrainResult result;
   start_ = absl::Now();
@@ -169,50 +403,19 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (options_.max_steps > 0) {
     total_steps_estimate_ = std::min<uint64_t>(total_steps_estimate_, options_.max_steps);
   }
-  int64_t clock = options_.start_clock;
-  Batch batch;
-  std::vector<int64_t> indices;
-  bool stop = false;
-  double loss = 0;
-  for (uint32_t epoch = options_.start_epoch; epoch < options_.epochs && !stop; ++epoch) {
+  RunState state;
+  state.result = &result;
+  state.clock = options_.start_clock;
+  for (uint32_t epoch = options_.start_epoch; epoch < options_.epochs && !state.stop; ++epoch) {
     if (epoch == options_.start_epoch && options_.start_offset > 0) {
       RETURN_IF_ERROR(it.Seek(epoch, options_.start_offset));
     } else {
       it.StartEpoch(epoch);
     }
-    while (!stop) {
-      absl::Time t0 = absl::Now();
-      if (!it.Next(&indices)) break;
-      train_->FillBatch(indices, &batch);
-      common::PullBatch pull;
-      RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
-      absl::Time t1 = absl::Now();
-      common::PullOptions pull_options;
-      pull_options.clock = clock;
-      RETURN_IF_ERROR_CTX(store_->Pull(pull, pull_options), absl::StrCat("step ", clock + 1, " pull"));
-      absl::Time t2 = absl::Now();
-      ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batch));
-      common::PushBatch push;
-      RETURN_IF_ERROR(model_->PreparePush(&push));
-      absl::Time t3 = absl::Now();
-      common::PushOptions push_options;
-      push_options.clock = clock + 1;
-      RETURN_IF_ERROR_CTX(store_->Push(push, push_options), absl::StrCat("step ", clock + 1, " push"));
-      absl::Time t4 = absl::Now();
-      ++clock;
-      ++result.steps;
-      samples_ += batch.size;
-      result.breakdown.data += t1 - t0;
-      result.breakdown.pull += t2 - t1;
-      result.breakdown.compute += t3 - t2;
-      result.breakdown.push += t4 - t3;
-      loss = step.loss;
-      loss_ema_ = result.steps == 1 ? loss : 0.98 * loss_ema_ + 0.02 * loss;
-      RecordStep(epoch, clock, batch.size, loss, {t0, t1, t2, t3, t4}, result.eval_time);
-      if (options_.on_step) options_.on_step(epoch, it.offset());
-      Progress(false, epoch, result.steps, loss_ema_);
-      if (options_.max_steps > 0 && result.steps >= options_.max_steps) stop = true;
-    }
+    RETURN_IF_ERROR(options_.prefetch ? TrainEpochOverlapped(epoch, &it, &state)
+                                      : TrainEpoch(epoch, &it, &state));
+    const bool stop = state.stop;
+    const int64_t clock = state.clock;
     const bool last = epoch + 1 == options_.epochs || stop;
     const bool due = options_.eval_every_epochs > 0 && (epoch + 1) % options_.eval_every_epochs == 0;
     if (options_.evaluate && test_ != nullptr && (due || last)) {
@@ -244,7 +447,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       metrics_->eval->WithLabels({options_.binary ? "auc" : "accuracy"})
           ->Set(options_.binary ? m.auc : m.accuracy);
       const double metric = options_.binary ? m.auc : m.accuracy;
-      if (options_.target_metric > 0 && metric >= options_.target_metric) stop = true;
+      if (options_.target_metric > 0 && metric >= options_.target_metric) state.stop = true;
     }
   }
   result.wall = absl::Now() - start_;
@@ -264,7 +467,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.pull)), ",\"compute_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)), ",\"push_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.push)), ",\"data_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.data))));
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.data)), ",\"wait_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"prefetch\":",
+      options_.prefetch ? "true" : "false"));
   return result;
 }
 

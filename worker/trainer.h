@@ -23,6 +23,8 @@
 
 namespace ps::worker {
 
+class ShardIterator;
+
 struct TrainerOptions {
   int32_t worker_index = 0;
   int32_t num_workers = 1;
@@ -53,6 +55,12 @@ struct TrainerOptions {
   std::function<void(uint32_t, uint64_t)> on_step;
   // Extra fields for every JSON log line (e.g. "\"mode\":\"centralized\"").
   std::string log_tag;
+  // Overlapped steps (training.prefetch): while step t computes, the pull of step t+1 and the
+  // push of step t-1 run on a background thread, in that order (see Trainer). The parameters
+  // of step t+1 then lack this worker's own step-t gradient: one step more staleness than
+  // without prefetch, never more. REQUIRES: a store whose consistency bound is not BSP (a
+  // pull of clock t+1 issued before the push of clock t+1 would wait for itself).
+  bool prefetch = false;
 };
 
 struct EvalMetrics {
@@ -62,9 +70,12 @@ struct EvalMetrics {
   double auc = 0;       // binary
 };
 
-// Time spent per phase over a run, summed.
+// Time spent per phase over a run, summed. Without prefetch, pull and push are the store's
+// calls. With prefetch they are the trainer's share (staging the next pull, copying the
+// prefetched parameters in, copying the gradients out), and `wait` is the time blocked on the
+// background pull and push; without prefetch it is zero.
 struct StepBreakdown {
-  absl::Duration pull, compute, push, data;
+  absl::Duration pull, compute, push, data, wait;
 };
 
 struct TrainResult {
@@ -79,6 +90,20 @@ struct TrainResult {
 };
 
 // Thread-compatible. Borrows everything it is given (Not owned).
+//
+// With options.prefetch, a step t of an epoch runs as:
+//   data:    batch t+1 from the iterator
+//   wait:    until the background pull of step t is done
+//   pull:    stage the pull of step t+1 (keys copied, values into a staging buffer) and queue
+//            it; then PreparePull(batch t) again and copy step t's staged values into the model
+//   compute: ForwardBackward(batch t), PreparePush
+//   push:    copy the gradients into a staging buffer and queue their push (clock t+1)
+// One background thread runs the queued calls in order: ... push t-1, pull t+1, push t ...
+// So each pull sees every earlier push of this worker except the one just before it, and at
+// most one push is in flight when a pull starts. Two staging buffers of each kind alternate.
+// The pipeline does not cross epochs: it drains at the end of each (evaluation, progress and
+// a following epoch see every push applied). A failed background call fails the run with its
+// error ("step 12 push: ..."); the calls queued after it are dropped.
 //
 // Metrics (ps_worker_, registered in the registry given to the constructor, updated once per
 // step with atomic adds): steps, samples and samples/s, epoch, clock, last and smoothed loss,
@@ -98,9 +123,24 @@ class Trainer {
 
  private:
   struct Metrics;
-  // Updates the metrics after a step: `t` are the times the step's phases began, and its end.
+  // Per-step phase times: data, pull, compute, push, wait.
+  using PhaseTimes = std::array<absl::Duration, 5>;
+  // Where a run stands; shared by the step loops.
+  struct RunState {
+    TrainResult* result;
+    int64_t clock = 0;
+    bool stop = false;
+    double loss = 0;
+  };
+  // One epoch of steps, each one after the other (TrainEpoch) or overlapped (prefetch).
+  absl::Status TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state);
+  absl::Status TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state);
+  // Bookkeeping after a step: counters, breakdown, metrics, on_step, progress, max_steps.
+  void EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, double loss,
+               const PhaseTimes& d, RunState* state);
+  // Updates the metrics after a step.
   void RecordStep(uint32_t epoch, int64_t clock, uint64_t batch_size, double loss,
-                  const std::array<absl::Time, 5>& t, absl::Duration eval_time);
+                  const PhaseTimes& d, absl::Time end, absl::Duration eval_time);
   void Progress(bool force, uint32_t epoch, uint64_t step, double loss);
   void Log(const std::string& json);
 

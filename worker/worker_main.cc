@@ -123,10 +123,6 @@ absl::Status Run() {
   RETURN_IF_ERROR_CTX(common::ValidateJobConfig(config), config_path);
   RETURN_IF_ERROR_CTX(common::CheckTrainable(config), config_path);
   if (!cluster.description.empty()) LOG(INFO) << cluster.description;
-  // Fields of the schema whose features are not built yet: refuse rather than ignore them.
-  if (config.training().prefetch()) {
-    return absl::UnimplementedError("training.prefetch is not implemented yet; remove it");
-  }
   const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port) == -2
                                    ? config.metrics().port()
                                    : absl::GetFlag(FLAGS_metrics_port);
@@ -253,6 +249,7 @@ absl::Status Run() {
   options.progress = stderr;
   options.progress_tty = isatty(fileno(stderr));
   options.progress_interval = absl::Seconds(config.training().progress_interval_s());
+  options.prefetch = config.training().prefetch();
   options.log_tag = absl::StrFormat("\"job\":\"%s\",\"mode\":\"%s\"", config.name(),
                                     centralized ? "centralized" : "distributed");
   absl::Time last_heartbeat = absl::Now();
@@ -282,8 +279,10 @@ absl::Status Run() {
   RETURN_IF_ERROR(train_store->Finish());
   LOG(INFO) << "worker " << index << ": " << result.steps << " steps, " << result.samples
             << " samples in " << result.wall << " (" << static_cast<int64_t>(result.samples_per_s)
-            << " samples/s; pull " << result.breakdown.pull << ", compute "
-            << result.breakdown.compute << ", push " << result.breakdown.push << ")";
+            << " samples/s; data " << result.breakdown.data << ", pull "
+            << result.breakdown.pull << ", compute " << result.breakdown.compute << ", push "
+            << result.breakdown.push << ", wait " << result.breakdown.wait
+            << (options.prefetch ? ", prefetch on" : "") << ")";
   if (grpc_store != nullptr) {
     const GrpcStoreStats s = grpc_store->stats();
     LOG(INFO) << "worker " << index << ": sent " << s.bytes_sent << " bytes, received "

@@ -263,7 +263,8 @@ absl::Status ParameterServerService::ServePush(const PushRequest& request, PushR
 }
 
 absl::Status ParameterServerService::PushImpl(const PushRequest& request, PushResponse* response) {
-  const RequestInfo info = InfoOf(request.header());
+  RequestInfo info = InfoOf(request.header());
+  info.deadline = absl::Now() + options_.max_pull_wait;  // a deterministic push's turn
   RETURN_IF_ERROR(shard_->CheckLayout(info));
   // Phase 1: resolve, decode and check every part; nothing changes on any error.
   std::vector<PendingUpdate> updates;

@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Predicts samples/s of a job centralized and on 1..N workers, and says which to run.
+
+    tools/ps_advise.py configs/fashion_mnist_2x2_async.textproto [--set model.mlp.hidden=2048,2048]
+        [--link 1gbit | --probe_exec_server "ip netns exec A" --probe_exec_client "ip netns exec B"
+         --probe_addr 10.0.0.1] [--cores 2] [--max_workers 4] [--servers 1,2] [--json]
+
+What it measures on this machine (about 15 s):
+  1. compute per step: a short centralized run (ps_worker --centralized, training.max_steps);
+     its JSON log gives compute_s (forward + backward) and push_s (in-process optimizer apply).
+  2. the cost of the gRPC path per byte and per call: tools/ps_bench on loopback, one client
+     and one server, pushing and pulling one model's worth of bytes (sparse models: pulls of
+     the expected number of unique keys per batch). On loopback the path is CPU-bound, so
+     this is what one transfer costs in CPU, on any link.
+  3. the link: a Python TCP stream and ping-pong between two hosts (--probe_*), or the rate
+     given with --link (no latency), or loopback (the default).
+Bytes per step come from the model: an MLP pulls and pushes every weight (4 bytes each);
+a CTR model pulls and pushes one row (8-byte key + 4 * dim bytes) per unique key of a batch,
+the expected count under the generator's Zipf popularity.
+
+The model (all times per step of one worker, batch b):
+  transfer(x bytes)  = overhead + max(x / grpc_rate, x / link_rate) + rtt
+  step_async         = compute + transfer(pull) + transfer(push) + apply
+  server link bound  = S * link_rate / (pull + push bytes) steps/s (W workers share S servers'
+                       links; workers stay in phase, so pulls and pushes do not overlap)
+  CPU bound          = cores * b / cpu_per_step, cpu_per_step = compute + apply + cpu of the
+                       transfers (grpc_cpu_factor * the loopback transfer time)
+  async samples/s    = min(W * b / step_async, server link bound, CPU bound)
+  BSP                = async with every step waiting for the slowest worker (+ barrier rtt,
+                       + a straggler allowance of 5% per extra worker)
+  local SGD k        = compute + apply_local every step, the transfers once per k steps
+Centralized = b / (compute + apply + in-process pull). The recommendation is the fastest
+prediction, preferring centralized unless a cluster is at least --min_gain faster.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from launch_common import parse_textproto  # noqa: E402
+
+GRPC_CPU_FACTOR = 1.5  # CPU seconds (client + server) per second of a loopback transfer
+STRAGGLER = 0.05        # BSP: extra step time per additional worker
+
+
+# ---------------------------------------------------------------- the model's bytes per step
+
+def _get(cfg, path, default=None):
+    """A value of the parsed config ({field: [values]}); "hidden" gives the whole list."""
+    node = cfg
+    for part in path.split("."):
+        values = node.get(part) if isinstance(node, dict) else None
+        if not values:
+            return default
+        if part == "hidden":
+            return values
+        node = values[-1]
+    return node
+
+
+def apply_sets(cfg, sets):
+    """Applies --set path=value[,path=value] overrides (as the binaries take them) to cfg."""
+    for group in sets:
+        for item in re.split(r",(?=[a-z_.]+=)", group):
+            path, _, value = item.partition("=")
+            parts = path.split(".")
+            node = cfg
+            for p in parts[:-1]:
+                values = node.setdefault(p, [{}])
+                node = values[-1]
+            if parts[-1] == "hidden":
+                node["hidden"] = [int(v) for v in value.split(",") if v]
+            else:
+                node[parts[-1]] = [value]
+    return cfg
+
+
+def model_bytes(cfg, batch):
+    """(kind, pull bytes, push bytes, unique keys per batch or 0) of one step of one worker."""
+    if _get(cfg, "model.mlp") is not None:
+        sizes = [int(_get(cfg, "model.mlp.input_dim", 784))]
+        sizes += [int(h) for h in _get(cfg, "model.mlp.hidden", [])]
+        sizes.append(int(_get(cfg, "model.mlp.num_classes", 10)))
+        params = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+        return "mlp", 4 * params, 4 * params, 0, params
+    if _get(cfg, "model.ctr") is not None:
+        dim = int(_get(cfg, "model.ctr.embedding_dim", 16))
+        fields = int(_get(cfg, "data.synthetic.num_fields", 8))
+        vocab = int(_get(cfg, "data.synthetic.vocabulary_per_field", 10000))
+        s = float(_get(cfg, "data.synthetic.zipf_exponent", 1.1))
+        weights = [(v + 1) ** -s for v in range(vocab)]
+        total = sum(weights)
+        # E[distinct values of one field in a batch] = sum_v 1 - (1 - p_v)^b.
+        unique = fields * sum(1 - (1 - w / total) ** batch for w in weights)
+        row = 8 + 4 * dim
+        dense = 4 * (dim + 1)
+        return "ctr", unique * row + dense, unique * row + dense, unique, int(unique) * dim
+    raise SystemExit("ps_advise: the config has neither model.mlp nor model.ctr")
+
+
+# ---------------------------------------------------------------- measurements
+
+def measure_compute(worker, config, sets, steps, threads=1):
+    """Per-step seconds of a short centralized run: dict(compute, apply, pull, step, batch)."""
+    log = tempfile.mktemp(prefix="ps-advise-", suffix=".jsonl")
+    argv = [worker, "--config=" + config, "--centralized", "--eval=never", "--threads=%d" % threads,
+            # One --set: the binaries keep only the last one.
+            "--log_path=" + log, "--set=" + ",".join(list(sets) + ["training.max_steps=%d" % steps,
+                                                                  "training.epochs=1000"])]
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise SystemExit("ps_advise: centralized run failed:\n" + p.stdout[-2000:])
+    done = [json.loads(l) for l in open(log) if '"type":"done"' in l][-1]
+    os.unlink(log)
+    n = done["steps"]
+    return dict(compute=done["compute_s"] / n, apply=done["push_s"] / n, pull=done["pull_s"] / n,
+                step=done["wall_s"] / n, batch=done["samples"] / n, samples_per_s=done["samples_per_s"])
+
+
+def measure_grpc(bench, kind, pull_bytes, keys, dim):
+    """Loopback gRPC costs with ps_bench (1 server, 1 client): dict(pull_rate, push_rate, overhead)."""
+    out = tempfile.mktemp(prefix="ps-advise-bench-", suffix=".jsonl")
+    payload = max(4096, int(pull_bytes) // 4 * 4)
+    argv = [bench, "--servers=1", "--clients=1", "--seconds=1", "--warmup=0.3", "--json=" + out,
+            "--server_binary=" + os.path.join(os.path.dirname(os.path.dirname(bench)), "server/ps_server"),
+            "--payloads=4KB,%dB" % payload]
+    if kind == "ctr":
+        argv += ["--modes=dense,sparse", "--sparse_keys=%d" % max(1, int(keys)), "--sparse_dim=%d" % dim,
+                 "--key_space=%d" % max(10 * int(keys), 100000)]
+    else:
+        argv += ["--modes=dense"]
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise SystemExit("ps_advise: ps_bench failed:\n" + p.stdout[-2000:])
+    rows = [json.loads(l) for l in open(out)]
+    os.unlink(out)
+    # Mean seconds per call (1 / calls/s): steadier than a percentile on a busy machine.
+    res = {}
+    for op in ("push", "pull"):
+        small, big = _call_s(rows, op, 4096), _call_s(rows, op, payload)
+        res["overhead_" + op] = small
+        res[op + "_rate"] = payload / (big - small if big > 1.5 * small else big)
+    if kind == "ctr":
+        sp = [r for r in rows if r.get("op") == "sparse_pull"]
+        res["sparse_pull_s"] = 1 / float(sp[0]["calls_per_s"]) if sp else None
+    return res
+
+
+def _call_s(rows, op, payload):
+    for r in rows:
+        if r.get("op") == op and int(r.get("payload_bytes", -1)) == payload:
+            return 1 / float(r["calls_per_s"])
+    raise SystemExit("ps_advise: ps_bench reported no %s of %d bytes" % (op, payload))
+
+
+PROBE_SERVER = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    m = c.recv(1)
+    if not m or m == b"q": break
+    if m == b"p": c.sendall(b"p"); continue
+    n = int.from_bytes(c.recv(8, socket.MSG_WAITALL), "little"); left = n
+    while left > 0: left -= len(c.recv(min(left, 1 << 20)))
+    c.sendall(b"d")
+"""
+
+PROBE_CLIENT = r"""
+import socket, sys, time, json
+c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(50):
+    t = time.perf_counter(); c.sendall(b"p"); c.recv(1); rtts.append(time.perf_counter() - t)
+rtts.sort()
+n = int(sys.argv[3]); buf = b"x" * (1 << 20); t = time.perf_counter()
+c.sendall(b"s" + n.to_bytes(8, "little")); left = n
+while left > 0: k = min(left, len(buf)); c.sendall(buf[:k]); left -= k
+c.recv(1); dt = time.perf_counter() - t; c.sendall(b"q")
+print(json.dumps({"rtt_s": rtts[len(rtts) // 2], "bandwidth_Bps": n / dt, "probe_bytes": n}))
+"""
+
+
+def probe_link(exec_server, exec_client, addr, port=7999, nbytes=32 << 20):
+    """TCP ping-pong (median of 50) and one stream of nbytes from client host to server host.
+
+    exec_server / exec_client: argv prefixes that run a command on each host ([] = here).
+    """
+    srv = subprocess.Popen(exec_server + [sys.executable, "-c", PROBE_SERVER, "0.0.0.0", str(port)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if srv.stdout.readline().strip() != "ready":
+            raise RuntimeError("link probe: the receiver did not start")
+        p = subprocess.run(exec_client + [sys.executable, "-c", PROBE_CLIENT, addr, str(port), str(nbytes)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        if p.returncode != 0:
+            raise RuntimeError("link probe failed: " + p.stdout[-500:])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+        srv.wait()
+
+
+# ---------------------------------------------------------------- prediction
+
+def predict(m, g, link, cores, workers, servers, batch, ks=(4,)):
+    """List of dicts (mode, servers, workers, samples_per_s, bound) for every candidate."""
+    out = [dict(mode="centralized", servers=0, workers=1, bound="compute",
+                samples_per_s=batch / (m["compute"] + m["apply"] + m["pull"]))]
+    bw, rtt = link["bandwidth_Bps"], link["rtt_s"]
+
+    def transfer(nbytes, op):
+        rate = g[op + "_rate"]
+        if m.get("kind") == "ctr" and op == "pull" and g.get("sparse_pull_s"):
+            wire = g["sparse_pull_s"]
+            return wire + nbytes / bw, wire
+        base = g["overhead_" + op] + nbytes / rate
+        return g["overhead_" + op] + max(nbytes / rate, nbytes / bw) + rtt, base
+
+    t_pull, cpu_pull = transfer(m["pull_bytes"], "pull")
+    t_push, cpu_push = transfer(m["push_bytes"], "push")
+    # Workers that start together stay in phase: all pull, then all push, so a server's link
+    # carries the pulls and the pushes one after the other, not overlapped.
+    step_bytes = m["pull_bytes"] + m["push_bytes"]
+
+    def bounded(w, s, every):
+        """(samples/s, what bounds it) with the transfers once per `every` steps."""
+        step = m["compute"] + m["apply"] + (t_pull + t_push) / every
+        cands = [(w * batch / step, "per-worker step (%.1f ms: compute %.1f, transfers %.1f)" % (
+            step * 1e3, m["compute"] * 1e3, (t_pull + t_push) / every * 1e3))]
+        # All servers' links together carry every worker's bytes, each direction.
+        cands.append((batch * s * bw * every / step_bytes, "the servers' links"))
+        cpu = m["compute"] + m["apply"] + GRPC_CPU_FACTOR * (cpu_pull + cpu_push) / every
+        cands.append((min(cores, w + s) * batch / cpu, "CPU (%d cores for %d processes)" % (cores, w + s)))
+        return min(cands)
+
+    for s in servers:
+        for w in workers:
+            r, why = bounded(w, s, 1)
+            out.append(dict(mode="async", servers=s, workers=w, samples_per_s=r, bound=why))
+            if w > 1:
+                out.append(dict(mode="BSP", servers=s, workers=w, bound=why,
+                                samples_per_s=w * batch / (w * batch / r * (1 + STRAGGLER * (w - 1)) + rtt)))
+            for k in ks:
+                r, why = bounded(w, s, k)
+                out.append(dict(mode="local SGD k=%d" % k, servers=s, workers=w, samples_per_s=r, bound=why))
+    return out
+
+
+def recommend(preds, min_gain):
+    central = preds[0]
+    best = max(preds[1:], key=lambda p: p["samples_per_s"])
+    if best["samples_per_s"] < min_gain * central["samples_per_s"]:
+        return central, ("centralized: the best cluster (%s, %d servers x %d workers, %.0f samples/s, bound by %s) "
+                         "is not %.2fx faster than one process (%.0f samples/s)" % (
+                             best["mode"], best["servers"], best["workers"], best["samples_per_s"],
+                             best["bound"], min_gain, central["samples_per_s"]))
+    return best, ("%s on %d servers x %d workers: %.0f samples/s, %.2fx centralized (%.0f); bound by %s" % (
+        best["mode"], best["servers"], best["workers"], best["samples_per_s"],
+        best["samples_per_s"] / central["samples_per_s"], central["samples_per_s"], best["bound"]))
+
+
+def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_workers=4, servers=(1, 2),
+           steps=None, measured=None):
+    """Runs the measurements (or takes `measured`) and returns a report dict."""
+    cfg = apply_sets(parse_textproto(open(config).read()), sets)
+    batch = int(_get(cfg, "training.batch_size", 64))
+    kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
+    dim = int(_get(cfg, "model.ctr.embedding_dim", 16)) if kind == "ctr" else 0
+    if measured is None:
+        m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 30)
+        g = measure_grpc(os.path.join(bin_dir, "tools/ps_bench"), kind, pull_b, keys, dim)
+        if probe:
+            link = probe_link(*probe)
+        elif link_spec and link_spec != "loopback":
+            from netns import rate_bits
+            link = {"bandwidth_Bps": rate_bits(link_spec) / 8, "rtt_s": 0.0}
+        else:
+            link = probe_link([], [], "127.0.0.1")
+    else:
+        m, g, link = measured
+    m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b)
+    cores = cores or os.cpu_count()
+    preds = predict(m, g, link, cores, list(range(1, max_workers + 1)), list(servers), batch)
+    choice, why = recommend(preds, 1.1)
+    return dict(config=config, sets=sets, batch=batch, kind=kind, pull_bytes=pull_b, push_bytes=push_b,
+                unique_keys=keys, compute=m, grpc=g, link=link, cores=cores, predictions=preds,
+                recommendation=choice, reason=why)
+
+
+def validate(path, bin_dir, cores):
+    """Predictions for every run of a tools/crossover_study.py JSON-lines file, next to its measurement.
+
+    Compute per step comes from the study's own centralized run on the same link (the same short
+    run the advisor makes), the link from the study's probe, the gRPC costs from ps_bench now.
+    """
+    from crossover_study import MODELS
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
+    grpc = {}
+    out = []
+    for r in rows:
+        if r["mode"] in ("probe", "centralized"):
+            continue
+        config, sets = MODELS[r["model"]]
+        central = [c for c in rows if c["mode"] == "centralized" and c["model"] == r["model"] and c["link"] == r["link"]]
+        if not central or r["link"] not in probes:
+            continue
+        c = central[-1]
+        n = max(1, c["steps"])
+        m = dict(compute=c["compute_s"] / n, apply=c["push_s"] / n, pull=c["pull_s"] / n)
+        cfg = apply_sets(parse_textproto(open(os.path.join(ROOT, config)).read()), sets)
+        batch = int(_get(cfg, "training.batch_size", 64))
+        kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
+        if r["model"] not in grpc:
+            dim = int(_get(cfg, "model.ctr.embedding_dim", 16)) if kind == "ctr" else 0
+            grpc[r["model"]] = measure_grpc(os.path.join(bin_dir, "tools/ps_bench"), kind, pull_b, keys, dim)
+        m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b)
+        mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
+        preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch)
+        p = [x for x in preds if x["mode"] == mode][0]
+        base = batch / (m["compute"] + m["apply"] + m["pull"])
+        steps = max(1, r["steps"])
+        out.append(dict(model=r["model"], link=r["link"], mode=r["mode"], servers=r["servers"], workers=r["workers"],
+                        measured=r["samples_per_s"], predicted=p["samples_per_s"], bound=p["bound"],
+                        error=p["samples_per_s"] / r["samples_per_s"] - 1,
+                        measured_vs_central=r["samples_per_s"] / c["samples_per_s"], predicted_vs_central=
+                        p["samples_per_s"] / base, bytes_predicted=pull_b + push_b,
+                        bytes_measured=(r["bytes_sent"] + r["bytes_received"]) / steps))
+    return out, grpc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", help="the job config (not with --validate)")
+    ap.add_argument("--set", action="append", default=[], help="config override path=value (repeatable)")
+    ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
+    ap.add_argument("--link", default="loopback", help="loopback (probed) or a rate like 1gbit (taken as given)")
+    ap.add_argument("--probe_exec_server", default=None, help="command prefix running on the server host")
+    ap.add_argument("--probe_exec_client", default=None, help="command prefix running on the worker host")
+    ap.add_argument("--probe_addr", default=None, help="the server host's address for the probe")
+    ap.add_argument("--cores", type=int, default=None, help="cores all processes share (default: this machine's)")
+    ap.add_argument("--max_workers", type=int, default=4)
+    ap.add_argument("--servers", default="1,2")
+    ap.add_argument("--steps", type=int, default=30, help="steps of the centralized measurement")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ap.add_argument("--validate", default=None,
+                    help="instead: predict every run of this tools/crossover_study.py output and compare")
+    args = ap.parse_args()
+    if args.validate:
+        rows, grpc = validate(args.validate, args.bin_dir, args.cores or os.cpu_count())
+        for model, g in grpc.items():
+            print("gRPC on loopback, %s: pull %.0f MB/s, push %.0f MB/s, per call %.2f / %.2f ms%s" % (
+                model, g["pull_rate"] / 1e6, g["push_rate"] / 1e6, g["overhead_pull"] * 1e3, g["overhead_push"] * 1e3,
+                ", sparse pull %.2f ms" % (g["sparse_pull_s"] * 1e3) if g.get("sparse_pull_s") else ""))
+        print("\n| model | link | mode | servers x workers | measured samples/s | predicted | error | "
+              "measured / predicted vs centralized | MB per step (model / measured) | predicted bound |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print("| %s | %s | %s | %dx%d | %.0f | %.0f | %+.0f%% | %.2fx / %.2fx | %.3f / %.3f | %s |" % (
+                r["model"], r["link"], r["mode"], r["servers"], r["workers"], r["measured"], r["predicted"],
+                100 * r["error"], r["measured_vs_central"], r["predicted_vs_central"], r["bytes_predicted"] / 1e6,
+                r["bytes_measured"] / 1e6, r["bound"]))
+        within = sum(abs(r["error"]) <= 0.25 for r in rows)
+        print("\nwithin 25%%: %d of %d" % (within, len(rows)))
+        if args.json:
+            for r in rows:
+                print(json.dumps(r))
+        return
+    probe = None
+    if args.probe_addr:
+        probe = (shlex.split(args.probe_exec_server or ""), shlex.split(args.probe_exec_client or ""),
+                 args.probe_addr)
+    rep = advise(args.config, args.set, args.bin_dir, args.link, probe, args.cores, args.max_workers,
+                 [int(s) for s in args.servers.split(",")], args.steps)
+    if args.json:
+        print(json.dumps(rep))
+        return
+    m, g, l = rep["compute"], rep["grpc"], rep["link"]
+    print("model: %s, batch %d, %.2f MB pulled and %.2f MB pushed per step%s" % (
+        rep["kind"], rep["batch"], rep["pull_bytes"] / 1e6, rep["push_bytes"] / 1e6,
+        " (%.0f unique keys)" % rep["unique_keys"] if rep["unique_keys"] else ""))
+    print("measured: compute %.2f ms, optimizer apply %.2f ms, in-process pull %.2f ms per step; "
+          "gRPC pull %.0f MB/s, push %.0f MB/s, per-call %.2f ms; link %.0f MB/s, rtt %.3f ms; %d cores" % (
+              m["compute"] * 1e3, m["apply"] * 1e3, m["pull"] * 1e3, g["pull_rate"] / 1e6, g["push_rate"] / 1e6,
+              g["overhead_pull"] * 1e3, l["bandwidth_Bps"] / 1e6, l["rtt_s"] * 1e3, rep["cores"]))
+    print("\n| mode | servers | workers | predicted samples/s | vs centralized | bound by |")
+    print("|---|---|---|---|---|---|")
+    base = rep["predictions"][0]["samples_per_s"]
+    for p in rep["predictions"]:
+        print("| %s | %s | %d | %.0f | %.2fx | %s |" % (p["mode"], p["servers"] or "-", p["workers"],
+                                                       p["samples_per_s"], p["samples_per_s"] / base, p["bound"]))
+    print("\nrecommended: " + rep["reason"])
+
+
+if __name__ == "__main__":
+    main()

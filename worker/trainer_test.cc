@@ -1,0 +1,226 @@
+// Trainer with and without overlapped steps (prefetch), against an in-memory store.
+#include "worker/trainer.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/config.h"
+#include "common/parameter_store.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "proto/config.pb.h"
+#include "worker/data/load.h"
+#include "worker/models/fake_parameter_store.h"
+#include "worker/models/model_factory.h"
+
+namespace ps::worker {
+namespace {
+
+using ::ps::common::StatusIs;
+using ::testing::HasSubstr;
+
+// A small synthetic CTR job: 16k training examples, batch 64, 2 epochs.
+constexpr char kJob[] = R"pb(
+  name: "trainer-test"
+  cluster { num_servers: 1 num_workers: 1 }
+  model { ctr { embedding_table: "emb" embedding_dim: 4 combiner: SUM } }
+  data {
+    format: SYNTHETIC_CTR
+    synthetic {
+      num_train: 16000 num_test: 4000 num_fields: 6 vocabulary_per_field: 200
+      zipf_exponent: 1.1 weight_stddev: 1.0 seed: 7
+    }
+  }
+  training { batch_size: 64 epochs: 2 device: "cpu" seed: 1 }
+  security { plaintext: true }
+)pb";
+
+// Wraps a store: records the order of calls (pull clock, push clock) and fails the n-th
+// pull or push when asked to.
+class RecordingStore final : public common::ParameterStore {
+ public:
+  struct Call {
+    bool push;
+    int64_t clock;
+  };
+  explicit RecordingStore(common::ParameterStore* inner) : inner_(inner) {}
+  void FailPushNumber(int n) { fail_push_ = n; }
+  void FailPullNumber(int n) { fail_pull_ = n; }
+
+  absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override {
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.push_back({false, options.clock});
+      if (++pulls_ == fail_pull_) return absl::UnavailableError("pull refused by the test");
+    }
+    return inner_->Pull(batch, options);
+  }
+  absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override {
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.push_back({true, options.clock});
+      if (++pushes_ == fail_push_) return absl::UnavailableError("push refused by the test");
+    }
+    return inner_->Push(batch, options);
+  }
+  absl::Status Finish() override { return inner_->Finish(); }
+
+  std::vector<Call> calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  common::ParameterStore* const inner_;
+  mutable absl::Mutex mu_;
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+  int pulls_ ABSL_GUARDED_BY(mu_) = 0;
+  int pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int fail_push_ = -1;
+  int fail_pull_ = -1;
+};
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<JobConfig> config = common::ParseJobConfigText(kJob, "job");
+    ASSERT_OK(config.status());
+    config_ = *std::move(config);
+    ASSERT_OK(common::ExpandModelTables(&config_));
+    absl::StatusOr<LoadedData> data = LoadData(config_.data(), config_.training());
+    ASSERT_OK(data.status());
+    data_ = *std::move(data);
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
+        kernels::CreateBackend("cpu", kernels::BackendOptions());
+    ASSERT_OK(backend.status());
+    backend_ = *std::move(backend);
+  }
+
+  // A fresh model and store (plain SGD) and a trainer run over them.
+  absl::StatusOr<TrainResult> Train(bool prefetch, uint64_t max_steps = 0,
+                                    RecordingStore** recorder = nullptr,
+                                    int fail_push = -1, int fail_pull = -1) {
+    const std::vector<TableConfig> tables(config_.tables().begin(), config_.tables().end());
+    absl::StatusOr<std::unique_ptr<FakeParameterStore>> fake = FakeParameterStore::ForTables(tables);
+    if (!fake.ok()) return fake.status();
+    fake_ = *std::move(fake);
+    fake_->set_learning_rate(0.05f);
+    store_ = std::make_unique<RecordingStore>(fake_.get());
+    store_->FailPushNumber(fail_push);
+    store_->FailPullNumber(fail_pull);
+    if (recorder != nullptr) *recorder = store_.get();
+    absl::StatusOr<std::unique_ptr<Model>> model =
+        CreateModel(config_, backend_.get(), config_.training().batch_size());
+    if (!model.ok()) return model.status();
+    model_ = *std::move(model);
+    TrainerOptions options;
+    options.batch_size = config_.training().batch_size();
+    options.epochs = config_.training().epochs();
+    options.max_steps = max_steps;
+    options.seed = 1;
+    options.binary = true;
+    options.progress = nullptr;
+    options.prefetch = prefetch;
+    Trainer trainer(model_.get(), store_.get(), data_.train.get(), data_.test.get(), options);
+    return trainer.Run();
+  }
+
+  JobConfig config_;
+  LoadedData data_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<FakeParameterStore> fake_;
+  std::unique_ptr<RecordingStore> store_;
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(TrainerTest, PrefetchTrainsToTheSameAucRange) {
+  absl::StatusOr<TrainResult> plain = Train(/*prefetch=*/false);
+  ASSERT_OK(plain.status());
+  absl::StatusOr<TrainResult> overlapped = Train(/*prefetch=*/true);
+  ASSERT_OK(overlapped.status());
+  ASSERT_TRUE(plain->final_eval.has_value());
+  ASSERT_TRUE(overlapped->final_eval.has_value());
+  EXPECT_EQ(plain->steps, overlapped->steps);
+  EXPECT_EQ(plain->samples, overlapped->samples);
+  // Learning happened, and one step of extra staleness costs (almost) nothing.
+  EXPECT_GT(plain->final_eval->auc, 0.75);
+  EXPECT_NEAR(overlapped->final_eval->auc, plain->final_eval->auc, 0.01);
+  EXPECT_EQ(plain->breakdown.wait, absl::ZeroDuration());
+  EXPECT_EQ(fake_->num_pushes(), static_cast<int64_t>(overlapped->steps));
+}
+
+// Each pull of clock c (for step c+1) sees this worker's pushes up to clock c-1 at least:
+// at most one step more staleness than without prefetch, and pushes keep their order.
+TEST_F(TrainerTest, PrefetchedPullIsAtMostOneStepBehindOwnPushes) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, 0, &recorder);
+  ASSERT_OK(result.status());
+  int64_t pushes = 0;
+  int64_t ahead = 0;  // pulls issued before the previous step's push
+  for (const RecordingStore::Call& call : recorder->calls()) {
+    if (call.push) {
+      EXPECT_EQ(call.clock, pushes + 1) << "pushes out of order";
+      ++pushes;
+      continue;
+    }
+    if (call.clock > static_cast<int64_t>(result->steps)) continue;  // evaluation pulls
+    EXPECT_GE(pushes, call.clock - 1) << "pull of clock " << call.clock;
+    EXPECT_LE(pushes, call.clock) << "pull of clock " << call.clock;
+    if (pushes == call.clock - 1) ++ahead;
+  }
+  EXPECT_EQ(pushes, static_cast<int64_t>(result->steps));
+  // All but the first pull of each epoch overlap the previous step.
+  EXPECT_EQ(ahead, static_cast<int64_t>(result->steps) - 2);
+}
+
+TEST_F(TrainerTest, PrefetchStopsAtMaxStepsWithoutExtraCalls) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, /*max_steps=*/10, &recorder);
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->steps, 10u);
+  int64_t pulls = 0, pushes = 0;
+  for (const RecordingStore::Call& call : recorder->calls()) {
+    if (call.push) ++pushes;
+    if (!call.push && call.clock < 10) ++pulls;  // evaluation pulls carry clock 10
+  }
+  EXPECT_EQ(pulls, 10);
+  EXPECT_EQ(pushes, 10);
+}
+
+TEST_F(TrainerTest, BackgroundPushErrorFailsTheRun) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result =
+      Train(/*prefetch=*/true, 0, &recorder, /*fail_push=*/5);
+  EXPECT_THAT(result.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                        HasSubstr("step 5 push: push refused by the test")));
+  // Nothing queued behind the failed push ran.
+  int64_t after = -1;
+  for (const RecordingStore::Call& call : recorder->calls()) {
+    if (after >= 0) ++after;
+    if (call.push && call.clock == 5) after = 0;
+  }
+  EXPECT_EQ(after, 0);
+}
+
+TEST_F(TrainerTest, BackgroundPullErrorFailsTheRun) {
+  absl::StatusOr<TrainResult> result =
+      Train(/*prefetch=*/true, 0, nullptr, /*fail_push=*/-1, /*fail_pull=*/7);
+  EXPECT_THAT(result.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                        HasSubstr("step 7 pull: pull refused by the test")));
+}
+
+TEST_F(TrainerTest, ErrorOnTheLastStepOfAnEpochSurfacesAtTheDrain) {
+  // 16000 / 64 = 250 steps per epoch: push 250 is the last of epoch 1.
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, 0, nullptr, /*fail_push=*/250);
+  EXPECT_THAT(result.status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("step 250 push")));
+}
+
+}  // namespace
+}  // namespace ps::worker

@@ -6,7 +6,7 @@
 Runs the 2-server, 2-worker Fashion-MNIST job (tools/launch_local.py) once per mode:
 asynchronous, BSP, and local SGD merging every k = 1, 4 and 16 steps (model averaging
 under BSP: each worker's delta is added / num_workers). Prints a markdown table of the final
-test accuracy, the bytes the workers sent and received (summed), samples/s (summed over
+test accuracy, the time until worker 0's test accuracy first reached --target, the bytes the workers sent and received (summed), samples/s (summed over
 workers) and wall time. Build first: bazel build //server:ps_server //worker:ps_worker
 """
 
@@ -29,6 +29,15 @@ MODES = [
 ]
 
 
+def time_to(output, target):
+    """Seconds until worker 0 first evaluated at >= target test accuracy (None if never)."""
+    for epoch, accuracy, seconds in re.findall(
+            r"worker 0  epoch (\d+)  test accuracy ([0-9.]+)  loss [0-9.]+  \(([0-9.]+) s\)", output):
+        if float(accuracy) >= target:
+            return float(seconds)
+    return None
+
+
 def parse(output):
     rates = [float(x) for x in re.findall(r"samples/s ([0-9.]+) wall_s", output)]
     accuracy = re.search(r"final test accuracy ([0-9.]+)", output)
@@ -46,6 +55,8 @@ def main():
     ap.add_argument("--modes", default=",".join(m for m, _ in MODES),
                     help="comma-separated subset of: " + ", ".join(m for m, _ in MODES))
     ap.add_argument("--json", default=None, help="append one JSON line per run here")
+    ap.add_argument("--target", type=float, default=0.88,
+                    help="report the time until worker 0's test accuracy first reaches this")
     args = ap.parse_args()
     wanted = args.modes.split(",")
     rows = []
@@ -60,17 +71,20 @@ def main():
         if p.returncode != 0:
             sys.exit("local_sgd_study: %s failed:\n%s" % (" ".join(cmd), p.stdout[-3000:]))
         row = dict(mode=name, epochs=args.epochs, wall_s=round(time.time() - start, 1),
+                   target=args.target, seconds_to_target=time_to(p.stdout, args.target),
                    **parse(p.stdout))
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    print("\n| mode | test accuracy | MB sent by workers | MB received | samples/s (sum) | wall s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| mode | test accuracy | s to %.2f | MB sent by workers | MB received | samples/s (sum) | wall s |"
+          % args.target)
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print("| %s | %s | %.1f | %.1f | %.0f | %.1f |" % (
+        print("| %s | %s | %s | %.1f | %.1f | %.0f | %.1f |" % (
             r["mode"], "%.4f" % r["accuracy"] if r["accuracy"] is not None else "-",
+            "%.1f" % r["seconds_to_target"] if r["seconds_to_target"] is not None else "never",
             r["bytes_sent"] / 1e6, r["bytes_received"] / 1e6, r["samples_per_s"], r["wall_s"]))
 
 

@@ -109,9 +109,12 @@ ABSL_FLAG(std::string, spill_budgets, "100,25,5",
 ABSL_FLAG(double, zipf, 1.1,
           "spill mode: key k of [0, key_space) is drawn with probability ~ (k + 1)^-zipf "
           "(0 = uniform).");
-ABSL_FLAG(int32_t, zipf_batches, 64,
-          "spill mode: pre-drawn pulls of --sparse_keys unique keys each client thread cycles "
-          "through.");
+ABSL_FLAG(uint64_t, zipf_stream_keys, 2000000,
+          "spill mode: keys pre-drawn for each client thread (in pulls of --sparse_keys unique "
+          "keys), cycled through; the same streams serve every budget.");
+ABSL_FLAG(double, spill_settle_s, 5,
+          "spill mode: pause after the prefill, so that the servers' RocksDB has compacted what "
+          "the prefill spilled before anything is measured.");
 
 namespace ps::tools {
 namespace {
@@ -214,8 +217,8 @@ absl::StatusOr<BenchFlags> ParseFlags() {
   if (f.spill && !(absl::GetFlag(FLAGS_zipf) >= 0)) {
     return absl::InvalidArgumentError("--zipf must be >= 0");
   }
-  if (absl::GetFlag(FLAGS_zipf_batches) < 1) {
-    return absl::InvalidArgumentError("--zipf_batches must be >= 1");
+  if (absl::GetFlag(FLAGS_zipf_stream_keys) < 1) {
+    return absl::InvalidArgumentError("--zipf_stream_keys must be >= 1");
   }
   f.window = absl::GetFlag(FLAGS_window);
   if (f.window < 1) return absl::InvalidArgumentError("--window must be >= 1");
@@ -550,6 +553,9 @@ class Reporter {
               << absl::StrFormat("%.1f MB/s", row.mb_per_second)
               << (row.rows_per_second > 0 ? absl::StrFormat(", %.0f rows/s", row.rows_per_second)
                                           : "")
+              << (row.hit_ratio.has_value()
+                      ? absl::StrFormat(", %.1f%% of rows from memory", 100 * *row.hit_ratio)
+                      : "")
               << std::endl;
     if (json_ != nullptr) *json_ << ToJsonLine(row) << std::endl;
   }
@@ -765,38 +771,46 @@ absl::StatusOr<SpillCounters> ReadSpillCounters(const JobConfig& config) {
   return total;
 }
 
-// Pulls of num_keys unique keys from the Zipf stream; the hit ratio comes from the servers'
-// fault counters over exactly the pulls made (warm-up included).
+// Each client thread's pre-drawn pulls of num_keys unique keys: streams[thread][pull].
+using ZipfStreams = std::vector<std::vector<std::vector<uint64_t>>>;
+
+ZipfStreams DrawZipfStreams(const ZipfKeys& zipf, uint64_t num_keys, int threads) {
+  const uint64_t pulls =
+      std::max<uint64_t>(1, absl::GetFlag(FLAGS_zipf_stream_keys) / std::max<uint64_t>(num_keys, 1));
+  ZipfStreams streams(threads);
+  std::vector<std::thread> drawers;
+  for (int t = 0; t < threads; ++t) {
+    drawers.emplace_back([&, t] {
+      std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + t * 7919 + num_keys);
+      streams[t].resize(pulls);
+      for (auto& pull : streams[t]) {
+        absl::flat_hash_set<uint64_t> seen;
+        while (pull.size() < num_keys) {
+          const uint64_t k = zipf(rng);
+          if (seen.insert(k).second) pull.push_back(k);
+        }
+      }
+    });
+  }
+  for (auto& d : drawers) d.join();
+  return streams;
+}
+
+// Pulls from the Zipf streams; the hit ratio comes from the servers' fault counters over
+// exactly the pulls made (warm-up included).
 absl::StatusOr<BenchRow> RunZipf(const BenchEnv& env, const JobConfig& config,
-                                 const ZipfKeys& zipf, uint64_t num_keys, int clients,
+                                 const ZipfStreams& keys, uint64_t num_keys, int clients,
                                  double in_memory) {
   const int window = env.flags->window;
   const int threads = clients * window;
   const int dim = absl::GetFlag(FLAGS_sparse_dim);
   const std::string table = SparseTableName(dim);
-  if (num_keys > absl::GetFlag(FLAGS_key_space) / 4) {
-    return absl::InvalidArgumentError(
-        "spill mode draws --sparse_keys unique keys per pull: keep it under --key_space / 4");
-  }
-  const int batches = absl::GetFlag(FLAGS_zipf_batches);
-  std::vector<std::vector<std::vector<uint64_t>>> keys(threads);
-  for (int t = 0; t < threads; ++t) {
-    std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + t * 7919 + num_keys);
-    keys[t].resize(batches);
-    for (auto& batch : keys[t]) {
-      absl::flat_hash_set<uint64_t> seen;
-      while (batch.size() < num_keys) {
-        const uint64_t k = zipf(rng);
-        if (seen.insert(k).second) batch.push_back(k);
-      }
-    }
-  }
   std::vector<std::vector<float>> out(threads, std::vector<float>(num_keys * dim));
   std::vector<int> next(threads, 0);
   std::atomic<uint64_t> rows_pulled{0};
   auto call = [&](int t) -> absl::Status {
     common::PullBatch batch;
-    batch.sparse.push_back({table, keys[t][next[t]++ % batches], absl::MakeSpan(out[t])});
+    batch.sparse.push_back({table, keys[t][next[t]++ % keys[t].size()], absl::MakeSpan(out[t])});
     RETURN_IF_ERROR(env.stores[t / window]->Pull(batch, common::PullOptions{}));
     rows_pulled.fetch_add(num_keys);
     return absl::OkStatus();
@@ -842,8 +856,9 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
 }
 
 // The spill rows of one budget, against fresh servers.
-absl::Status RunSpillBudget(BenchEnv* env, const JobConfig& config, const ZipfKeys& zipf,
-                            double in_memory, Reporter* reporter) {
+absl::Status RunSpillBudget(BenchEnv* env, const JobConfig& config,
+                            const std::map<uint64_t, ZipfStreams>& streams, double in_memory,
+                            Reporter* reporter) {
   const BenchFlags& f = *env->flags;
   int max_clients = 1;
   for (int c : f.clients) max_clients = std::max(max_clients, c);
@@ -852,9 +867,11 @@ absl::Status RunSpillBudget(BenchEnv* env, const JobConfig& config, const ZipfKe
   RETURN_IF_ERROR(PrefillSparse(*env, SparseTableName(dim), dim));
   ASSIGN_OR_RETURN(const SpillCounters c, ReadSpillCounters(config));
   std::cerr << "  " << c.rows << " rows, " << c.in_memory << " of them in memory" << std::endl;
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_spill_settle_s)));
   for (uint64_t k : f.sparse_keys) {
     for (int clients : f.clients) {
-      ASSIGN_OR_RETURN(BenchRow row, RunZipf(*env, config, zipf, k, clients, in_memory));
+      ASSIGN_OR_RETURN(BenchRow row,
+                       RunZipf(*env, config, streams.at(k), k, clients, in_memory));
       reporter->Add(row);
     }
   }
@@ -877,7 +894,17 @@ absl::Status RunSpill(BenchEnv* env, SignalStopper* stopper, Reporter* reporter)
   std::cerr << "spill: " << space << " rows of dim " << absl::GetFlag(FLAGS_sparse_dim)
             << " over " << num_servers << " servers, keys drawn from Zipf "
             << absl::GetFlag(FLAGS_zipf) << std::endl;
-  const ZipfKeys zipf(space, absl::GetFlag(FLAGS_zipf));
+  std::map<uint64_t, ZipfStreams> streams;
+  {
+    const ZipfKeys zipf(space, absl::GetFlag(FLAGS_zipf));
+    for (uint64_t k : env->flags->sparse_keys) {
+      if (k > space / 4) {
+        return absl::InvalidArgumentError(
+            "spill mode draws --sparse_keys unique keys per pull: keep it under --key_space / 4");
+      }
+      streams[k] = DrawZipfStreams(zipf, k, max_clients * env->flags->window);
+    }
+  }
   for (int percent : env->flags->spill_budgets) {
     const uint64_t budget =
         percent >= 100 ? 0 : std::max<uint64_t>(1, space * percent / 100 / num_servers);
@@ -896,7 +923,7 @@ absl::Status RunSpill(BenchEnv* env, SignalStopper* stopper, Reporter* reporter)
               << std::endl;
     absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(JobConfig config, ClientConfig(cluster->config_path(), cluster->addresses()));
-      return RunSpillBudget(env, config, zipf, percent / 100.0, reporter);
+      return RunSpillBudget(env, config, streams, percent / 100.0, reporter);
     }();
     stopper->Watch(nullptr, false);
     env->cluster = nullptr;

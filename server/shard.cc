@@ -100,6 +100,11 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
     } else {
       part = std::make_unique<SparseTablePart>(info, opt);
     }
+    if (info.kind == TABLE_KIND_SPARSE) {
+      static_cast<SparseTablePart*>(part.get())->set_key_owner([this](uint64_t key) {
+        return partitioner_.ServerForKey(key) == options_.server_index;
+      });
+    }
     by_name_[info.name] = part.get();
     tables_.push_back(std::move(part));
   }

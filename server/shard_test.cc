@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status_matchers.h"
@@ -417,6 +418,45 @@ TEST(Shard, RestoreRecordRejectsStepsUpdatesCannotContinueFrom) {
   }
   EXPECT_THAT(PullDense(*fresh_store, "w", 10), ElementsAreArray(dense_before));
   EXPECT_THAT(PullRows(*fresh_store, {1, 2}), ElementsAreArray(rows_before));
+}
+
+// A sparse record holding keys another server owns (another server's checkpoint, or a
+// damaged key) is refused: the shard would otherwise serve rows no pull can reach.
+TEST(Shard, RestoreRecordRejectsSparseKeysOfAnotherServer) {
+  JobConfig config = MakeConfig("kind: SGD learning_rate: 0.1", /*num_servers=*/2);
+  auto server0 = MakeShard(config, 0);
+  const common::Partitioner& p = server0->partitioner();
+  std::vector<uint64_t> own, other;
+  for (uint64_t k = 1; own.empty() || other.empty(); ++k) {
+    (p.ServerForKey(k) == 0 ? own : other).push_back(k);
+  }
+  // Rows of server 0 only: its own keys.
+  auto peer = MakeShard(config, 1);
+  auto store = *InProcessParameterStore::Create({server0.get(), peer.get()}, {});
+  std::vector<float> rows(own.size() * 3, 0.25f);
+  common::PushBatch push;
+  push.sparse.push_back({"emb", own, rows});
+  ASSERT_THAT(store->Push(push, {1, false}), IsOk());
+  Records records;
+  auto meta = SnapshotTo(*server0, &records);
+  ASSERT_THAT(meta.status(), IsOk());
+  // Server 1 restoring server 0's checkpoint.
+  CheckpointMeta as_server1 = *meta;
+  as_server1.set_server_index(1);
+  auto server1 = MakeShard(config, 1);
+  ASSERT_THAT(server1->BeginRestore(as_server1), IsOk());
+  bool refused = false;
+  for (const auto& [k, v] : records) {
+    if (!absl::StartsWith(k, std::string("emb\0", 4))) continue;
+    EXPECT_THAT(server1->RestoreRecord(k, v),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("key of another server")));
+    refused = true;
+  }
+  EXPECT_TRUE(refused);
+  // Server 0 itself restores them.
+  auto restored = MakeShard(config, 0);
+  ASSERT_THAT(restored->BeginRestore(*meta), IsOk());
+  for (const auto& [k, v] : records) EXPECT_THAT(restored->RestoreRecord(k, v), IsOk());
 }
 
 TEST(Shard, RestoreRecordRejectsRecordsThatDoNotFit) {

@@ -703,6 +703,11 @@ absl::Status SparseTablePart::RestoreRecord(absl::string_view key, absl::string_
   }
   // Check every row before changing any: a record that does not fit changes nothing.
   for (size_t off = 0; off < value.size(); off += entry_bytes) {
+    const uint64_t key = LoadRaw<uint64_t>(value.data() + off);
+    if (owns_key_ && !owns_key_(key)) {
+      return absl::DataLossError(absl::StrCat("table '", name(), "' key ", key,
+                                              ": the record holds a key of another server"));
+    }
     const int64_t step = LoadRaw<int64_t>(value.data() + off + 8);
     if (!ValidStep(step)) {
       return absl::DataLossError(absl::StrCat("table '", name(), "' key ",

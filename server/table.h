@@ -210,6 +210,9 @@ class SparseTablePart final : public TablePart {
 
   // True if rows beyond the budget go to a spill table.
   bool spills() const { return spill_ != nullptr; }
+  // RestoreRecord refuses (DATA_LOSS) a record holding a key for which `owns` is false: a
+  // checkpoint of another server, or of another layout. Unset: every key is accepted.
+  void set_key_owner(std::function<bool(uint64_t)> owns) { owns_key_ = std::move(owns); }
   uint64_t budget_rows() const { return budget_rows_; }
 
   // Copies the rows of `keys` into out (keys.size() * dim), creating missing rows and
@@ -244,6 +247,7 @@ class SparseTablePart final : public TablePart {
   absl::Status RestoreRecord(absl::string_view key, absl::string_view value) override;
 
  private:
+  std::function<bool(uint64_t)> owns_key_;
   struct Stripe {
     mutable absl::Mutex mu;
     // Rows in memory occupy slots [0, keys.size()); evicting a row moves the last one into its

@@ -36,23 +36,23 @@ constexpr int kSteps = 16;
 constexpr int kW = 600, kDim = 4, kKeys = 40;
 
 std::string ConfigText(int workers) {
-  return absl::StrCat(R"pb(
-                        cluster { num_servers: 2 num_workers:)pb",
-                      workers, R"pb(                                     dense_block_floats: 256 num_virtual_shards: 64 }
-                                                                         tables {
-      name: "w" kind: TABLE_KIND_DENSE shape: [ 30, 20 ]
-      initializer { kind: UNIFORM low: -1 high: 1 seed: 3 }
-      optimizer { kind: ADAM learning_rate: 0.01 }
-    }
-    tables {
-      name: "emb" kind: TABLE_KIND_SPARSE dim: 4
-      initializer { kind: NORMAL stddev: 0.1 seed: 5 }
-      optimizer { kind: ADAGRAD learning_rate: 0.1 }
-    }
-    training { staleness: 0 deterministic: true }
-    checkpoint { interval_s: 0 }
-    security { plaintext: true }
-  )pb");
+  return absl::StrCat(
+      "cluster { num_servers: 2 num_workers: ", workers,
+      " dense_block_floats: 256 num_virtual_shards: 64 }\n", R"pb(
+        tables {
+          name: "w" kind: TABLE_KIND_DENSE shape: [ 30, 20 ]
+          initializer { kind: UNIFORM low: -1 high: 1 seed: 3 }
+          optimizer { kind: ADAM learning_rate: 0.01 }
+        }
+        tables {
+          name: "emb" kind: TABLE_KIND_SPARSE dim: 4
+          initializer { kind: NORMAL stddev: 0.1 seed: 5 }
+          optimizer { kind: ADAGRAD learning_rate: 0.1 }
+        }
+        training { staleness: 0 deterministic: true }
+        checkpoint { interval_s: 0 }
+        security { plaintext: true }
+      )pb");
 }
 
 // One step of worker `worker`: pull, a gradient that depends on the values pulled (so any

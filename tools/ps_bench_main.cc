@@ -836,6 +836,38 @@ absl::StatusOr<BenchRow> RunZipf(const BenchEnv& env, const JobConfig& config,
   return row;
 }
 
+// The resident set of a process, MiB (-1 if unreadable).
+double RssMiB(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  long kb = -1;
+  while (std::getline(in, line)) {
+    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) break;
+  }
+  return kb < 0 ? -1 : kb / 1024.0;
+}
+
+// Pulls `rows` keys of a Zipf stream through store 0, so that the rows in memory are the hot
+// ones (after the prefill they are the last keys created) before anything is measured.
+absl::Status WarmUpSpill(const BenchEnv& env, const ZipfStreams& streams, uint64_t rows) {
+  const int dim = absl::GetFlag(FLAGS_sparse_dim);
+  const absl::Time start = absl::Now();
+  std::vector<float> out;
+  uint64_t pulled = 0;
+  for (size_t i = 0; pulled < rows; ++i) {
+    if (env.cancel->load()) return absl::CancelledError("cancelled");
+    const std::vector<uint64_t>& keys = streams[0][i % streams[0].size()];
+    out.resize(keys.size() * dim);
+    common::PullBatch batch;
+    batch.sparse.push_back({SparseTableName(dim), keys, absl::MakeSpan(out)});
+    RETURN_IF_ERROR_CTX(env.stores[0]->Pull(batch, common::PullOptions{}), "spill warm-up");
+    pulled += keys.size();
+  }
+  std::cerr << absl::StrFormat("  warm-up: %d rows of the Zipf stream pulled in %.2f s\n", pulled,
+                               absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
 // One client store per worker id 0..n-1 (env->stores points into the result).
 absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeStores(
     const JobConfig& config, int n, BenchEnv* env) {
@@ -859,6 +891,9 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
 absl::Status RunSpillBudget(BenchEnv* env, const JobConfig& config,
                             const std::map<uint64_t, ZipfStreams>& streams, double in_memory,
                             Reporter* reporter) {
+  // Warm-up: 4 times the rows that fit in memory, from the stream with the largest pulls.
+  const uint64_t warm_rows =
+      in_memory < 1 ? static_cast<uint64_t>(4 * in_memory * absl::GetFlag(FLAGS_key_space)) : 0;
   const BenchFlags& f = *env->flags;
   int max_clients = 1;
   for (int c : f.clients) max_clients = std::max(max_clients, c);
@@ -868,12 +903,18 @@ absl::Status RunSpillBudget(BenchEnv* env, const JobConfig& config,
   ASSIGN_OR_RETURN(const SpillCounters c, ReadSpillCounters(config));
   std::cerr << "  " << c.rows << " rows, " << c.in_memory << " of them in memory" << std::endl;
   absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_spill_settle_s)));
+  if (warm_rows > 0) RETURN_IF_ERROR(WarmUpSpill(*env, streams.rbegin()->second, warm_rows));
   for (uint64_t k : f.sparse_keys) {
     for (int clients : f.clients) {
       ASSIGN_OR_RETURN(BenchRow row,
                        RunZipf(*env, config, streams.at(k), k, clients, in_memory));
       reporter->Add(row);
     }
+  }
+  if (env->cluster != nullptr) {
+    std::cerr << "  servers' resident set after the runs:";
+    for (pid_t pid : env->cluster->pids()) std::cerr << absl::StrFormat(" %.0f MiB", RssMiB(pid));
+    std::cerr << std::endl;
   }
   for (auto& s : stores) s->Finish().IgnoreError();  // the servers are stopped right after
   env->stores.clear();

@@ -86,6 +86,10 @@ rocksdb::ColumnFamilyOptions MakeTableOptions(const SpillStoreOptions& o,
   options.write_buffer_size = o.write_buffer_bytes;
   options.max_write_buffer_number = 3;
   options.level_compaction_dynamic_level_bytes = true;
+  // Most lookups are for rows that are not in the memtables (only recently evicted rows are):
+  // a bloom filter over the memtables' keys skips searching them.
+  options.memtable_whole_key_filtering = true;
+  options.memtable_prefix_bloom_size_ratio = 0.05;
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = std::move(cache);
   // Point lookups: a row that was never spilled (a new key) is ruled out by the filter without

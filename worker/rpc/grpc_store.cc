@@ -23,6 +23,11 @@ bool Retryable(const absl::Status& s) {
 
 Encoding EncodingOf(const common::TableInfo& t) { return t.config->wire_encoding(); }
 
+// Whether pushes of `t` go through PushResiduals (16-bit encodings only: float32 is exact).
+bool ErrorFeedback(const common::TableInfo& t) {
+  return t.config->wire_encoding() != ENCODING_FLOAT32 && t.config->wire_error_feedback();
+}
+
 // A sparse request's keys without duplicates: unique[j] is the j-th distinct key and
 // slot[i] the index in `unique` of keys[i].
 struct DedupedKeys {
@@ -109,6 +114,7 @@ GrpcParameterStore::GrpcParameterStore(
       options_(options),
       partitioner_(std::move(partitioner)),
       stubs_(std::move(stubs)),
+      residuals_(options.max_residual_rows),
       own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get(),
                                          stubs_.size())) {}
@@ -318,6 +324,8 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
     r.set_is_delta(options.is_delta);
   }
   uint64_t sent = 0;
+  // Encoding happens here, once per Push; FanOut's retries resend these requests unchanged.
+  absl::ReleasableMutexLock residuals_lock(&residuals_mu_);
   for (const common::DensePush& p : batch.dense) {
     const common::TableInfo* t = partitioner_.FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
@@ -336,8 +344,14 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
       DenseBlock* block = per_server[s]->add_blocks();
       block->set_block_id(b);
       auto [begin, end] = partitioner_.BlockRange(*t, b);
-      common::EncodeFloats(p.values.subspan(begin, end - begin), EncodingOf(*t),
-                           block->mutable_values());
+      if (ErrorFeedback(*t)) {
+        block->mutable_values()->clear();
+        residuals_.AppendDense(p.table, t->numel, begin, p.values.subspan(begin, end - begin),
+                               EncodingOf(*t), block->mutable_values());
+      } else {
+        common::EncodeFloats(p.values.subspan(begin, end - begin), EncodingOf(*t),
+                             block->mutable_values());
+      }
       sent += block->values().size();
     }
   }
@@ -359,11 +373,17 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
       std::string* rows = tv->mutable_rows();
       for (uint32_t i : positions[s]) {
         tv->add_keys(p.keys[i]);
-        common::AppendFloats(p.values.subspan(size_t{i} * t->dim, t->dim), EncodingOf(*t), rows);
+        auto row = p.values.subspan(size_t{i} * t->dim, t->dim);
+        if (ErrorFeedback(*t)) {
+          residuals_.AppendSparseRow(p.table, p.keys[i], row, EncodingOf(*t), rows);
+        } else {
+          common::AppendFloats(row, EncodingOf(*t), rows);
+        }
       }
       sent += rows->size();
     }
   }
+  residuals_lock.Release();
   std::vector<PushResponse> responses;
   RETURN_IF_ERROR(FanOut(requests, &responses, std::vector<bool>(n, true),
                          &ParameterServer::StubInterface::async_interface::Push));

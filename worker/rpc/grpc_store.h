@@ -6,6 +6,12 @@
 // exponential back-off and jitter (pushes carry (worker, incarnation, sequence), so a
 // retried push is applied at most once). Every server receives every push, empty or not,
 // so that each server's view of the worker's clock advances.
+//
+// Pushes of tables with a 16-bit wire_encoding use error feedback (PushResiduals) unless
+// the table sets wire_error_feedback: false. Each Push encodes its gradients once, before
+// the first attempt, and every retry resends those bytes, so a retried push neither re-adds
+// nor loses a residual. A push that fails for good has still moved the residuals (its
+// gradient is lost either way).
 #ifndef PS_WORKER_RPC_GRPC_STORE_H_
 #define PS_WORKER_RPC_GRPC_STORE_H_
 
@@ -17,12 +23,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/parameter_store.h"
 #include "common/partitioner.h"
 #include "proto/config.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/rpc/push_residuals.h"
 
 namespace ps::worker {
 
@@ -42,6 +50,9 @@ struct GrpcStoreOptions {
   // Called when a server answers again after failed attempts (server index, retries, time
   // since the first failure); for logs and recovery measurements.
   std::function<void(uint32_t, uint32_t, absl::Duration)> on_recovered;
+  // Error feedback of 16-bit pushes: the most sparse rows per table that keep a residual
+  // (LRU; each costs dim floats plus about 64 bytes). 0 = no feedback for sparse tables.
+  size_t max_residual_rows = PushResiduals::kDefaultMaxSparseRows;
 };
 
 // Counters of one store (for the trainer's throughput log).
@@ -119,6 +130,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> duplicates_{0};
+  // Held while a Push encodes (not while it sends).
+  absl::Mutex residuals_mu_;
+  PushResiduals residuals_ ABSL_GUARDED_BY(residuals_mu_);
   std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
   std::unique_ptr<Metrics> metrics_;
 };

@@ -39,17 +39,19 @@ constexpr uint64_t kKeys = 2000;
 JobConfig MakeConfig(uint64_t budget, const std::string& optimizer = "kind: ADAGRAD") {
   auto config = common::ParseJobConfigText(
       absl::StrCat(R"pb(
-        cluster { num_servers: 1 num_workers: 1 dense_block_floats: 16 }
+                     cluster { num_servers: 1 num_workers: 1 dense_block_floats: 16 }
+                     tables { name: "w" kind: TABLE_KIND_DENSE shape: 40
+                              initializer { kind: UNIFORM low: -1 high: 1 }
+                              optimizer {)pb",
+                   optimizer, R"pb(}
+                                   }
         tables {
-          name: "w" kind: TABLE_KIND_DENSE shape: 40
-          initializer { kind: UNIFORM low: -1 high: 1 }
-          optimizer { )pb", optimizer, R"pb( }
-        }
-        tables {
-          name: "emb" kind: TABLE_KIND_SPARSE dim: 4 memory_budget_rows: )pb", budget, R"pb(
-          initializer { kind: NORMAL stddev: 0.5 }
-          optimizer { )pb", optimizer, R"pb( }
-        })pb"),
+          name: "emb" kind: TABLE_KIND_SPARSE dim: 4 memory_budget_rows: )pb",
+                   budget, R"pb(
+                     initializer { kind: NORMAL stddev: 0.5 }
+                     optimizer {)pb",
+                   optimizer, R"pb(}
+                                   })pb"),
       "test");
   EXPECT_THAT(config.status(), IsOk());
   return *config;
@@ -124,9 +126,7 @@ class ShardSpillTest : public ::testing::Test {
       }
     }
   }
-  static SpillStats Spill(Shard* shard) {
-    return (*shard->FindSparseTable("emb"))->spill_stats();
-  }
+  static SpillStats Spill(Shard* shard) { return (*shard->FindSparseTable("emb"))->spill_stats(); }
   static bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
@@ -325,8 +325,8 @@ TEST_F(ShardSpillTest, SpillErrorRefusesThePushBeforeItIsSeen) {
   // Nothing was applied, and the push was not recorded: the same sequence without the bad row
   // is applied (not answered as a duplicate).
   const std::vector<uint64_t> good_only = {good};
-  auto retry = shard->ApplyPush(info, {{emb, 0, good_only, absl::MakeConstSpan(g).first(kDim)}},
-                                {}, 0);
+  auto retry =
+      shard->ApplyPush(info, {{emb, 0, good_only, absl::MakeConstSpan(g).first(kDim)}}, {}, 0);
   ASSERT_THAT(retry.status(), IsOk());
   EXPECT_FALSE(retry->duplicate);
   std::vector<float> row(kDim);

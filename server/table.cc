@@ -274,7 +274,8 @@ SparseTablePart::SparseTablePart(const common::TableInfo& info,
   if (spills()) {
     for (int i = 0; i < kNumStripes; ++i) {
       Stripe& s = stripes_[i];
-      s.budget = budget_rows_ / kNumStripes + (static_cast<uint64_t>(i) < budget_rows_ % kNumStripes);
+      s.budget = budget_rows_ / kNumStripes +
+                 (static_cast<uint64_t>(i) < budget_rows_ % kNumStripes ? 1 : 0);
       absl::MutexLock lock(&s.mu);
       s.random = common::Mix64(static_cast<uint64_t>(i) + 1) | 1;
     }

@@ -37,14 +37,15 @@ constexpr int kDim = 4;
 // A partitioner holding one sparse table "emb" of dim 4 with `optimizer` (it owns the
 // TableConfig the table part points into).
 common::Partitioner MakePartitioner(const std::string& optimizer) {
-  auto config = common::ParseJobConfigText(absl::StrCat(R"pb(
-    cluster { num_servers: 1 num_workers: 1 }
-    tables {
-      name: "emb" kind: TABLE_KIND_SPARSE dim: 4
-      initializer { kind: NORMAL stddev: 0.5 seed: 3 }
-      optimizer { )pb", optimizer, R"pb( }
-    })pb"),
-                                           "test");
+  auto config = common::ParseJobConfigText(
+      absl::StrCat(R"pb(
+                     cluster { num_servers: 1 num_workers: 1 }
+                     tables { name: "emb" kind: TABLE_KIND_SPARSE dim: 4
+                              initializer { kind: NORMAL stddev: 0.5 seed: 3 }
+                              optimizer {)pb",
+                   optimizer, R"pb(}
+                                   })pb"),
+      "test");
   EXPECT_THAT(config.status(), IsOk());
   auto p = common::Partitioner::Create(*config);
   EXPECT_THAT(p.status(), IsOk());

@@ -87,11 +87,11 @@ class Job {
 
   void StartServer(int i, int port) {
     const std::string port_file = absl::StrCat(dir_, "/port", i, "_", ++starts_);
-    auto p = Subprocess::Start({testing::RunfilePath("server/ps_server"), "--config=" + Config(),
-                                kOverrides, absl::StrCat("--server_index=", i), "--host=127.0.0.1",
-                                absl::StrCat("--port=", port), "--port_file=" + port_file,
-                                absl::StrCat("--data_dir=", dir_, "/data", i)},
-                               ServerLog(i));
+    auto p = Subprocess::Start(
+        {testing::RunfilePath("server/ps_server"), "--config=" + Config(), kOverrides,
+         absl::StrCat("--server_index=", i), "--host=127.0.0.1", absl::StrCat("--port=", port),
+         "--port_file=" + port_file, absl::StrCat("--data_dir=", dir_, "/data", i)},
+        ServerLog(i));
     ASSERT_THAT(p.status(), IsOk());
     auto got = testing::WaitForFileLine(port_file, absl::Seconds(60), p->get());
     ASSERT_THAT(got.status(), IsOk()) << ReadFile(ServerLog(i));
@@ -130,15 +130,13 @@ class Job {
     for (auto& w : workers_) {
       auto status = w->Wait(absl::Minutes(5));
       EXPECT_THAT(status.status(), IsOk()) << w->ReadLog();
-      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-          << w->ReadLog();
+      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << w->ReadLog();
     }
     for (auto& s : servers_) s->Signal(SIGTERM);  // final checkpoint, exit 0
     for (auto& s : servers_) {
       auto status = s->Wait(absl::Seconds(60));
       EXPECT_THAT(status.status(), IsOk()) << s->ReadLog();
-      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-          << s->ReadLog();
+      EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << s->ReadLog();
     }
     std::smatch m;
     const std::string log = workers_[0]->ReadLog();
@@ -187,10 +185,10 @@ TEST(SpillE2e, TrainsAsInMemoryAndSurvivesARestart) {
     ASSERT_TRUE(t.found && !t.spills) << ReadFile(memory.ServerLog(i));
     rows += t.rows;
   }
-  ASSERT_GT(rows, 50000u);  // large enough that 5% of it is a real constraint
+  ASSERT_GT(rows, 50000u);            // large enough that 5% of it is a real constraint
   const uint64_t budget = rows / 40;  // per server: rows / 20 in memory over the job
-  std::cout << "embedding table: " << rows << " rows; budget " << budget
-            << " rows per server (" << 2 * budget << " = 5% in memory)\n";
+  std::cout << "embedding table: " << rows << " rows; budget " << budget << " rows per server ("
+            << 2 * budget << " = 5% in memory)\n";
 
   Job spilled("spilled", budget);
   spilled.Start();

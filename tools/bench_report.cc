@@ -129,8 +129,12 @@ std::string ToJsonLine(const BenchRow& r) {
       absl::StrCat("\"vs_tcp\":", r.vs_tcp.has_value() ? JsonNumber(*r.vs_tcp) : "null"),
       absl::StrCat("\"retries\":", r.retries),
   };
-  if (r.in_memory.has_value()) fields.push_back(absl::StrCat("\"in_memory\":", JsonNumber(*r.in_memory)));
-  if (r.hit_ratio.has_value()) fields.push_back(absl::StrCat("\"hit_ratio\":", JsonNumber(*r.hit_ratio)));
+  if (r.in_memory.has_value()) {
+    fields.push_back(absl::StrCat("\"in_memory\":", JsonNumber(*r.in_memory)));
+  }
+  if (r.hit_ratio.has_value()) {
+    fields.push_back(absl::StrCat("\"hit_ratio\":", JsonNumber(*r.hit_ratio)));
+  }
   return absl::StrCat("{", absl::StrJoin(fields, ","), "}");
 }
 

@@ -207,8 +207,8 @@ std::vector<std::vector<uint64_t>> Stream(uint64_t space, double s, uint64_t per
     absl::flat_hash_set<uint64_t> seen;
     while (pull.size() < per_pull) {
       const double u = std::uniform_real_distribution<double>(0, 1)(rng);
-      const uint64_t k = std::min<uint64_t>(
-          std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(), space - 1);
+      const uint64_t k =
+          std::min<uint64_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin(), space - 1);
       if (seen.insert(k).second) pull.push_back(k);
     }
   }
@@ -249,8 +249,7 @@ int Main() {
         return 2;
       }
       const uint64_t budget = static_cast<uint64_t>(space * percent / 100);
-      std::printf("%-8.2f %-8s %8.3f %8.3f %12.3f %8.3f\n", s,
-                  (std::string(b) + "%").c_str(),
+      std::printf("%-8.2f %-8s %8.3f %8.3f %12.3f %8.3f\n", s, (std::string(b) + "%").c_str(),
                   HitRatio(Sharded<Lru>(budget), stream), HitRatio(Sharded<Clock>(budget), stream),
                   HitRatio(Sharded<Lfu>(budget, true, uint64_t{7}), stream),
                   HitRatio(Sharded<Lfu>(budget, false, uint64_t{7}), stream));

@@ -776,7 +776,8 @@ using ZipfStreams = std::vector<std::vector<std::vector<uint64_t>>>;
 
 ZipfStreams DrawZipfStreams(const ZipfKeys& zipf, uint64_t num_keys, int threads) {
   const uint64_t pulls =
-      std::max<uint64_t>(1, absl::GetFlag(FLAGS_zipf_stream_keys) / std::max<uint64_t>(num_keys, 1));
+      std::max<uint64_t>(1, absl::GetFlag(FLAGS_zipf_stream_keys) /
+                                std::max<uint64_t>(num_keys, 1));
   ZipfStreams streams(threads);
   std::vector<std::thread> drawers;
   for (int t = 0; t < threads; ++t) {
@@ -823,7 +824,8 @@ absl::StatusOr<BenchRow> RunZipf(const BenchEnv& env, const JobConfig& config,
                                            " clients")));
   ASSIGN_OR_RETURN(const SpillCounters after, ReadSpillCounters(config));
   const std::string label =
-      absl::StrCat(num_keys % 1000 == 0 ? absl::StrCat(num_keys / 1000, "k") : absl::StrCat(num_keys),
+      absl::StrCat(num_keys % 1000 == 0 ? absl::StrCat(num_keys / 1000, "k")
+                                        : absl::StrCat(num_keys),
                    " keys zipf ", absl::GetFlag(FLAGS_zipf));
   BenchRow row = MakeRow("spill", "zipf_pull", label, num_keys * dim * sizeof(float), num_keys,
                          clients, window, r);
@@ -963,7 +965,8 @@ absl::Status RunSpill(BenchEnv* env, SignalStopper* stopper, Reporter* reporter)
                                              percent, "% of the rows in memory)"))
               << std::endl;
     absl::Status status = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(JobConfig config, ClientConfig(cluster->config_path(), cluster->addresses()));
+      ASSIGN_OR_RETURN(JobConfig config,
+                       ClientConfig(cluster->config_path(), cluster->addresses()));
       return RunSpillBudget(env, config, streams, percent / 100.0, reporter);
     }();
     stopper->Watch(nullptr, false);

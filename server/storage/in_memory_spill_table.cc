@@ -35,8 +35,8 @@ absl::StatusOr<bool> InMemorySpillTable::Get(uint64_t key, std::string* value) {
   auto it = rows_.find(key);
   if (it == rows_.end()) return false;
   if (corrupt_.count(key) > 0) {
-    return absl::DataLossError(absl::StrCat("fake spill table '", name_, "' key ", key,
-                                            ": checksum mismatch"));
+    return absl::DataLossError(
+        absl::StrCat("fake spill table '", name_, "' key ", key, ": checksum mismatch"));
   }
   *value = it->second;
   return true;
@@ -64,8 +64,8 @@ std::unique_ptr<SpillSnapshot> InMemorySpillTable::Snapshot() {
   std::vector<std::pair<uint64_t, absl::StatusOr<std::string>>> rows;
   for (const auto& [key, value] : rows_) {
     if (corrupt_.count(key) > 0) {
-      rows.emplace_back(key, absl::DataLossError(absl::StrCat(
-                                 "fake spill table '", name_, "' key ", key, ": checksum mismatch")));
+      rows.emplace_back(key, absl::DataLossError(absl::StrCat("fake spill table '", name_, "' key ",
+                                                              key, ": checksum mismatch")));
     } else {
       rows.emplace_back(key, value);
     }

@@ -56,7 +56,8 @@ absl::StatusOr<absl::string_view> DecodeValue(absl::string_view context, uint64_
                                             stored.size(), " bytes has no checksum"));
   }
   uint32_t crc = 0;
-  for (size_t i = 0; i < kCrcBytes; ++i) crc |= uint32_t{static_cast<uint8_t>(stored[i])} << (8 * i);
+  for (size_t i = 0; i < kCrcBytes; ++i)
+    crc |= uint32_t{static_cast<uint8_t>(stored[i])} << (8 * i);
   absl::string_view value = stored.substr(kCrcBytes);
   if (Checksum(key_bytes, value) != crc) {
     return absl::DataLossError(
@@ -152,8 +153,8 @@ class RocksDbSpillSnapshot final : public SpillSnapshot {
   }
 
  private:
-  rocksdb::DB* const db_;                   // Not owned.
-  rocksdb::ColumnFamilyHandle* const cf_;   // Not owned.
+  rocksdb::DB* const db_;                  // Not owned.
+  rocksdb::ColumnFamilyHandle* const cf_;  // Not owned.
   const rocksdb::Snapshot* const snapshot_;
   const std::string context_;
 };
@@ -190,10 +191,9 @@ class SpillStore::Table final : public SpillTable {
   }
 
   absl::Status PutRaw(uint64_t key, absl::string_view stored) {
-    return FromRocksDbStatus(
-        db_->Put(SpillWriteOptions(), cf_.get(), EncodeKey(key),
-                 rocksdb::Slice(stored.data(), stored.size())),
-        absl::StrCat(context_, " key ", key));
+    return FromRocksDbStatus(db_->Put(SpillWriteOptions(), cf_.get(), EncodeKey(key),
+                                      rocksdb::Slice(stored.data(), stored.size())),
+                             absl::StrCat(context_, " key ", key));
   }
 
   absl::Status Delete(uint64_t key) override {
@@ -222,8 +222,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(
 }
 
 absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::OpenWithEnvForTest(
-    const SpillStoreOptions& options, const std::vector<std::string>& tables,
-    rocksdb::Env* env) {
+    const SpillStoreOptions& options, const std::vector<std::string>& tables, rocksdb::Env* env) {
   return OpenImpl(options, tables, env);
 }
 
@@ -231,16 +230,15 @@ SpillStore::SpillStore(const SpillStoreOptions& options, rocksdb::Env* env)
     : options_(options), env_(env) {}
 
 absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::OpenImpl(
-    const SpillStoreOptions& options, const std::vector<std::string>& tables,
-    rocksdb::Env* env) {
+    const SpillStoreOptions& options, const std::vector<std::string>& tables, rocksdb::Env* env) {
   if (options.path.empty()) return absl::InvalidArgumentError("spill store: empty path");
   const std::string context = absl::StrCat("spill store ", options.path);
   if (tables.empty()) return absl::InvalidArgumentError(context + ": no tables");
   absl::flat_hash_set<std::string> names;
   for (const std::string& t : tables) {
     if (t.empty() || t == rocksdb::kDefaultColumnFamilyName || !names.insert(t).second) {
-      return absl::InvalidArgumentError(absl::StrCat(context, ": bad or repeated table name '",
-                                                     t, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(context, ": bad or repeated table name '", t, "'"));
     }
   }
   std::unique_ptr<SpillStore> store(new SpillStore(options, env));

@@ -66,8 +66,7 @@ class SpillStore {
   // As Open(), with RocksDB running on `env` (fault injection). `env` is not owned and must
   // outlive the store.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<SpillStore>> OpenWithEnvForTest(
-      const SpillStoreOptions& options, const std::vector<std::string>& tables,
-      rocksdb::Env* env);
+      const SpillStoreOptions& options, const std::vector<std::string>& tables, rocksdb::Env* env);
 
   // Closes the database and deletes its files (best effort: an error is logged).
   ~SpillStore();
@@ -94,8 +93,7 @@ class SpillStore {
   class Table;
   SpillStore(const SpillStoreOptions& options, rocksdb::Env* env);
   static absl::StatusOr<std::unique_ptr<SpillStore>> OpenImpl(
-      const SpillStoreOptions& options, const std::vector<std::string>& tables,
-      rocksdb::Env* env);
+      const SpillStoreOptions& options, const std::vector<std::string>& tables, rocksdb::Env* env);
   std::string db_path() const { return options_.path + "/db"; }
 
   // Constant after construction.

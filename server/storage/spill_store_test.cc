@@ -23,9 +23,9 @@ using ::testing::HasSubstr;
 class SpillStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_.path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                                 ::testing::UnitTest::GetInstance()->current_test_info()->name(),
-                                 "/spill");
+    options_.path =
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name(), "/spill");
   }
   std::unique_ptr<SpillStore> Open(std::vector<std::string> tables = {"a", "b"}) {
     auto store = SpillStore::Open(options_, tables);
@@ -91,8 +91,8 @@ TEST_F(SpillStoreTest, SnapshotSeesTheTableAsItWas) {
   // In numeric key order, as of the snapshot.
   EXPECT_EQ(seen, (std::vector<std::pair<uint64_t, std::string>>{
                       {1, "one"}, {3, "three"}, {~uint64_t{0}, "max"}}));
-  EXPECT_EQ(Contents(t), (std::map<uint64_t, std::string>{
-                             {1, "uno"}, {2, "two"}, {~uint64_t{0}, "max"}}));
+  EXPECT_EQ(Contents(t),
+            (std::map<uint64_t, std::string>{{1, "uno"}, {2, "two"}, {~uint64_t{0}, "max"}}));
 }
 
 TEST_F(SpillStoreTest, SnapshotStopsAtTheVisitorsError) {
@@ -110,7 +110,8 @@ TEST_F(SpillStoreTest, SnapshotStopsAtTheVisitorsError) {
 
 TEST_F(SpillStoreTest, ReadsFromFilesAfterFlush) {
   auto store = Open();
-  for (uint64_t k = 0; k < 1000; ++k) ASSERT_THAT(store->table(1)->Put(k, std::string(100, 'a' + k % 26)), IsOk());
+  for (uint64_t k = 0; k < 1000; ++k)
+    ASSERT_THAT(store->table(1)->Put(k, std::string(100, 'a' + k % 26)), IsOk());
   ASSERT_THAT(store->FlushForTest(), IsOk());
   std::string value;
   ASSERT_TRUE(*store->table(1)->Get(999, &value));
@@ -196,7 +197,10 @@ TEST_F(SpillStoreTest, PathUnderARegularFileIsAnError) {
 }
 
 TEST_F(SpillStoreTest, DestructorDeletesTheData) {
-  { auto store = Open(); ASSERT_THAT(store->table(0)->Put(1, "x"), IsOk()); }
+  {
+    auto store = Open();
+    ASSERT_THAT(store->table(0)->Put(1, "x"), IsOk());
+  }
   struct stat st;
   EXPECT_NE(stat((options_.path + "/db/CURRENT").c_str(), &st), 0);
 }

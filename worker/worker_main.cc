@@ -1,7 +1,7 @@
 // ps_worker: trains a model, against parameter servers (distributed) or in this process
 // (--centralized).
 //
-//   ps_worker --config=configs/fashion_mnist_2x2_async.textproto --worker_index=0 \
+//   ps_worker --config=configs/fashion_mnist_2x2_async.textproto --worker_index=0
 //             --servers=host0:7000,host1:7000
 //   ps_worker --config=configs/fashion_mnist_centralized.textproto --centralized
 //

@@ -405,4 +405,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (OSError, ValueError, KeyError) as e:  # unreadable files, malformed configs or logs
+        sys.exit("ps_advise: %s" % e)

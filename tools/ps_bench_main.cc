@@ -566,13 +566,12 @@ class Reporter {
   std::vector<BenchRow> rows_;
 };
 
-absl::Status RunGrpc(BenchEnv* env, const JobConfig& config, Reporter* reporter) {
-  const BenchFlags& f = *env->flags;
-  int max_clients = 1;
-  for (int c : f.clients) max_clients = std::max(max_clients, c);
+// One client store per worker id 0..n-1 (env->stores points into the result).
+absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeStores(
+    const JobConfig& config, int n, BenchEnv* env) {
   std::vector<std::unique_ptr<worker::GrpcParameterStore>> stores;
   const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  for (int i = 0; i < max_clients; ++i) {
+  for (int i = 0; i < n; ++i) {
     worker::GrpcStoreOptions options;
     options.worker_id = i;
     options.worker_incarnation = incarnation;
@@ -583,6 +582,15 @@ absl::Status RunGrpc(BenchEnv* env, const JobConfig& config, Reporter* reporter)
     env->stores.push_back(stores.back().get());
   }
   RETURN_IF_ERROR(stores[0]->WaitForServers(absl::Seconds(30)));
+  return stores;
+}
+
+absl::Status RunGrpc(BenchEnv* env, const JobConfig& config, Reporter* reporter) {
+  const BenchFlags& f = *env->flags;
+  int max_clients = 1;
+  for (int c : f.clients) max_clients = std::max(max_clients, c);
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<worker::GrpcParameterStore>> stores,
+                   MakeStores(config, max_clients, env));
   if (f.dense) {
     for (uint64_t bytes : f.payloads) {
       for (bool push : f.dense_ops) {
@@ -868,25 +876,6 @@ absl::Status WarmUpSpill(const BenchEnv& env, const ZipfStreams& streams, uint64
   std::cerr << absl::StrFormat("  warm-up: %d rows of the Zipf stream pulled in %.2f s\n", pulled,
                                absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();
-}
-
-// One client store per worker id 0..n-1 (env->stores points into the result).
-absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeStores(
-    const JobConfig& config, int n, BenchEnv* env) {
-  std::vector<std::unique_ptr<worker::GrpcParameterStore>> stores;
-  const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  for (int i = 0; i < n; ++i) {
-    worker::GrpcStoreOptions options;
-    options.worker_id = i;
-    options.worker_incarnation = incarnation;
-    options.deadline = absl::Seconds(config.rpc().deadline_s());
-    options.max_retries = config.rpc().max_retries();
-    ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
-    stores.push_back(std::move(store));
-    env->stores.push_back(stores.back().get());
-  }
-  RETURN_IF_ERROR(stores[0]->WaitForServers(absl::Seconds(30)));
-  return stores;
 }
 
 // The spill rows of one budget, against fresh servers.

@@ -68,7 +68,7 @@ struct ParameterServerService::Metrics {
             "Pulls and pushes answered with an error, by method, status code and reason "
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, "
-            "bad_encoding, bound_timeout, other).",
+            "bad_encoding, bound_timeout, turn_timeout, other).",
             {"method", "code", "reason"})) {
     latency[kPull] = r->AddHistogram(
         "ps_server_pull_latency_seconds",

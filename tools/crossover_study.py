@@ -15,13 +15,23 @@ Links (--links): `loopback` runs every process on this machine's 127.0.0.1 (laun
 with an empty --exec); every other link is a rate for tc tbf (e.g. 10gbit, 1gbit, 100mbit;
 `unshaped` = veths with no qdisc): each server and worker is its own host, a network
 namespace (tools/netns.py), started through launch_ssh.py --exec "ip netns exec {host}".
-Per link the study first probes it (TCP ping-pong and a 32 MB stream, tools/ps_advise.py),
+Per link the study first probes it (TCP ping-pong, a 32 MB stream, and each model's step: its
+push bytes out and pull bytes back, tools/ps_advise.py),
 then runs each model centralized (one process, no network; repeated per link, which shows
 the run-to-run noise) and on every --cells SERVERSxWORKERS, asynchronous, plus --extra_modes
 (BSP, local SGD) on --extra_cells.
 
 Every process runs under a wrapper that reports its CPU time (user + system), so the table
 can show how much of the machine a run used: all "hosts" share this machine's cores.
+
+--target: time to a target test metric instead (TARGETS: accuracy 0.85 small, 0.84 large, AUC
+0.82 ctr). Per link and model, the cells of TARGET_CELLS train with worker 0 evaluating after
+each of its epochs, until an evaluation reaches the target (then the run is stopped) or the
+model's time limit passes (TARGET_LIMITS; recorded as not reached, with the best metric seen).
+The time is worker 0's training clock, evaluations included: what a user waits for.
+    python3 tools/crossover_study.py --target --links 10gbit,1gbit,100mbit --out docs/runs/crossover_target.jsonl
+    /usr/bin/python3 tools/crossover_study.py --report docs/runs/crossover_target.jsonl \
+        --target_plot docs/crossover_target.png
 
 Output: one JSON line per run (--out): samples/s summed over workers, wall time, bytes the
 workers sent and received, the workers' pull/compute/push breakdown, CPU seconds per
@@ -40,6 +50,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +74,17 @@ EXTRA_MODES = {
     "BSP": ["training.staleness=0"],
     "lsgd4": ["training.staleness=0", "training.local_sgd.steps=4"],
 }
+# Time-to-target runs (--target): per model, the test metric to reach (accuracy; AUC for ctr), and
+# the longest a run may take (seconds) before it is recorded as not reaching it.
+TARGETS = {"small": 0.85, "large": 0.84, "ctr": 0.82}
+TARGET_LIMITS = {"small": 90, "large": 240, "ctr": 90}
+# The cells of the time-to-target runs, per model: (mode, servers, workers).
+TARGET_CELLS = {
+    "small": [("centralized", 0, 1), ("async", 1, 2), ("async", 2, 4)],
+    "large": [("centralized", 0, 1), ("async", 2, 2), ("BSP", 2, 2), ("lsgd4", 2, 2)],
+    "ctr": [("centralized", 0, 1), ("async", 1, 2), ("async", 2, 4)],
+}
+EVAL_LINE = re.compile(r"worker 0  epoch (\d+)  test (?:accuracy|AUC) ([0-9.]+)  (?:loss|log-loss) [0-9.]+  \(([0-9.]+) s\)")
 SERVERS = [("s0", 1), ("s1", 2)]
 WORKERS = [("w%d" % i, 11 + i) for i in range(4)]
 TAG = "px"
@@ -105,6 +127,17 @@ def make_wrappers(bin_dir, tmp):
             f.write(WRAPPER % {"real": os.path.join(bin_dir, role, "ps_" + role)})
         os.chmod(path, 0o755)
     return tmp
+
+
+def parse_pairs(text, kind):
+    """"small=0.85,ctr=0.8" -> {"small": 0.85, "ctr": 0.8}."""
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in MODELS or not value:
+            sys.exit("crossover_study: %r: expected MODEL=VALUE with MODEL one of %s" % (item, ", ".join(MODELS)))
+        out[key] = kind(value)
+    return out
 
 
 def cpu_seconds(text):
@@ -150,6 +183,44 @@ def parse_run(out):
     return r
 
 
+def run_until(argv, target, limit):
+    """Runs argv (in its own process group), reading worker 0's evaluations from its output, until
+    one reaches target (then SIGTERM to the group) or limit seconds pass (the same).
+
+    Returns ([(epoch, metric, seconds)], the first one reaching target or None, output, wall s)."""
+    start = time.time()
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+
+    def stop():
+        try:
+            os.killpg(p.pid, signal.SIGTERM)  # a launcher stops every process it started
+        except ProcessLookupError:
+            pass
+
+    evals, reached, lines = [], None, []
+    timer = threading.Timer(limit, stop)
+    timer.start()
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            m = EVAL_LINE.search(line)
+            if m and reached is None:
+                e = (int(m.group(1)), float(m.group(2)), float(m.group(3)))
+                evals.append(e)
+                if e[1] >= target:
+                    reached = e
+                    stop()
+    finally:
+        timer.cancel()
+        try:
+            p.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return evals, reached, "".join(lines), time.time() - start
+
+
 class Study:
     def __init__(self, args, bin_dir):
         self.args = args
@@ -157,6 +228,8 @@ class Study:
         self.work = tempfile.mkdtemp(prefix="ps-crossover-")
         self.wrapped = make_wrappers(args.bin_dir, os.path.join(self.work, "bin"))
         self.net = None
+        self.targets = dict(TARGETS, **parse_pairs(args.target_metrics, float))
+        self.target_limits = dict(TARGET_LIMITS, **parse_pairs(args.target_limits, float))
 
     def record(self, row):
         row["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -189,9 +262,9 @@ class Study:
         self.record(dict(link=link, model=model, mode="centralized", servers=0, workers=1, steps_per_worker=steps,
                          wall_s=round(wall, 2), **parse_run(out)))
 
-    def cluster(self, link, model, s, w, mode, steps):
-        config, sets = MODELS[model]
-        sets = sets + EXTRA_MODES.get(mode, []) + ["training.max_steps=%d" % steps, "training.epochs=1000"]
+    def cluster_argv(self, link, model, s, w, mode, sets, run_dir, eval_mode):
+        """launch_ssh.py command line for s servers and w workers of `model` on `link`."""
+        config, model_sets = MODELS[model]
         hosts = os.path.join(self.work, "hosts")
         with open(hosts, "w") as f:
             for role, entries, count in (("server", SERVERS, s), ("worker", WORKERS, w)):
@@ -201,12 +274,17 @@ class Study:
                     else:
                         f.write("%s %s addr=%s.%d%s\n" % (role, self.net.ns(host), SUBNET, octet,
                                                          " port=7000" if role == "server" else ""))
-        run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
-        argv = [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, os.path.join(ROOT, config),
+        sets = model_sets + EXTRA_MODES.get(mode, []) + sets
+        return [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, os.path.join(ROOT, config),
                 "--exec", "" if link == "loopback" else "ip netns exec {host}", "--bin_dir", self.wrapped,
                 "--remote_dir", run_dir, "--log_dir", os.path.join(run_dir, "logs"),
                 "--set", ",".join(sets + ["checkpoint.on_shutdown=false", "checkpoint.interval_s=0"]),
-                "--worker_arg=--eval=never", "--worker_arg=--wait_for_servers_s=60"]
+                "--worker_arg=--eval=" + eval_mode, "--worker_arg=--wait_for_servers_s=60"]
+
+    def cluster(self, link, model, s, w, mode, steps):
+        run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
+        argv = self.cluster_argv(link, model, s, w, mode, ["training.max_steps=%d" % steps, "training.epochs=1000"],
+                                 run_dir, "never")
         code, out, wall = self.run(argv, self.args.run_timeout)
         shutil.rmtree(run_dir, ignore_errors=True)
         if code != 0:
@@ -217,11 +295,46 @@ class Study:
         self.record(dict(link=link, model=model, mode=mode, servers=s, workers=w, steps_per_worker=steps,
                          wall_s=round(wall, 2), **parse_run(out)))
 
+    def to_target(self, link, model, mode, s, w):
+        """Trains until worker 0's test metric reaches the model's target, or the time limit.
+
+        Worker 0 evaluates after each of its epochs (in a cluster of W workers, one epoch of
+        worker 0 is about one pass over the data by all of them); the run is stopped as soon
+        as an evaluation reaches the target. The time is worker 0's own clock since it started
+        training, evaluations included."""
+        config, model_sets = MODELS[model]
+        target = self.targets[model]
+        limit = self.target_limits[model]
+        sets = ["training.epochs=%d" % self.args.target_epochs, "training.target_metric=%g" % target,
+                "training.eval_every_epochs=1"]
+        run_dir = None
+        if mode == "centralized":
+            argv = [os.path.join(self.wrapped, "worker/ps_worker"), "--config=" + config, "--centralized",
+                    "--eval=always", "--threads=1", "--set=" + ",".join(model_sets + sets)]
+        else:
+            run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
+            argv = self.cluster_argv(link, model, s, w, mode, sets, run_dir, "auto")
+        evals, reached, out, wall = run_until(argv, target, limit)
+        if run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if self.net:
+            self.net.kill_processes()
+        if not evals and reached is None:
+            log("%s %s %dx%d on %s: no evaluation within %.0f s:\n%s" % (model, mode, s, w, link, limit, out[-3000:]))
+        self.record(dict(link=link, model=model, mode=mode, servers=s, workers=w, kind="target", target=target,
+                         limit_s=limit, seconds_to_target=reached[2] if reached else None,
+                         epochs_to_target=reached[0] if reached else None,
+                         best_metric=max([e[1] for e in evals], default=None), evals=evals,
+                         wall_s=round(wall, 2)))
+
     def probe(self, link):
-        from ps_advise import probe_link
+        from ps_advise import probe_link, step_bytes
+        # Besides the rate and round trip: one worker step's pull and push, back to back, per model.
+        exchanges = [step_bytes(os.path.join(ROOT, MODELS[m][0]), MODELS[m][1]) for m in self.args.models.split(",")]
         if link == "loopback":
-            return probe_link([], [], "127.0.0.1")
-        return probe_link(self.net.exec_prefix("s0"), self.net.exec_prefix("w0"), "%s.%d" % (SUBNET, 1))
+            return probe_link([], [], "127.0.0.1", exchanges=exchanges)
+        return probe_link(self.net.exec_prefix("s0"), self.net.exec_prefix("w0"), "%s.%d" % (SUBNET, 1),
+                          exchanges=exchanges)
 
     def link(self, link):
         if link != "loopback":
@@ -233,6 +346,11 @@ class Study:
             self.net.shape("" if link == "unshaped" else link)
         probe = self.probe(link)
         self.record(dict(link=link, mode="probe", **probe))
+        if self.args.target:
+            for model in self.args.models.split(","):
+                for mode, s, w in TARGET_CELLS[model]:
+                    self.to_target(link, model, mode, s, w)
+            return
         for model in self.args.models.split(","):
             steps = max(1, int(STEPS[model][link_class(link)] * self.args.steps_scale))
             self.centralized(link, model, steps)
@@ -261,11 +379,7 @@ def load(path):
 
 def report(rows, cores):
     """Markdown: per model, samples/s per cell (rows) and link (columns), and vs centralized."""
-    links = []
-    for r in rows:
-        if r["link"] not in links:
-            links.append(r["link"])
-    out = []
+    links, out = unique(r["link"] for r in rows), []
     for model in MODELS:
         mine = [r for r in rows if r.get("model") == model]
         if not mine:
@@ -273,16 +387,11 @@ def report(rows, cores):
         out.append("\n**%s** (samples/s: all workers' samples over the longest worker's training time; in brackets: vs centralized on the same link)\n" % model)
         out.append("| mode | servers x workers | " + " | ".join(links) + " |")
         out.append("|---|---|" + "---|" * len(links))
-        keys = []
-        for r in mine:
-            k = (r["mode"], r["servers"], r["workers"])
-            if k not in keys:
-                keys.append(k)
-        for k in keys:
+        for k in unique(cell_key(r) for r in mine):
             cells = []
             for l in links:
                 base = [x for x in mine if x["link"] == l and x["mode"] == "centralized"]
-                hit = [x for x in mine if x["link"] == l and (x["mode"], x["servers"], x["workers"]) == k]
+                hit = [x for x in mine if x["link"] == l and cell_key(x) == k]
                 if not hit:
                     cells.append("-")
                     continue
@@ -310,38 +419,129 @@ def report(rows, cores):
             top, r.get("train_s", 0), r["wall_s"]))
     probes = [r for r in rows if r["mode"] == "probe"]
     if probes:
-        out.append("\nLink probes (TCP, Python, worker host -> server host):\n")
-        out.append("| link | stream MB/s | ping-pong rtt ms |")
-        out.append("|---|---|---|")
+        specs = unique(k for p in probes for k in p.get("exchange_s", {}))
+        names = ["%s / %s MB step" % tuple("%.3f" % (int(v) / 1e6) for v in k.split("x")) for k in specs]
+        out.append("\nLink probes (TCP, Python, worker host -> server host; a step: push bytes out, pull bytes "
+                   "back, median ms):\n")
+        out.append("| link | stream MB/s | ping-pong rtt ms |" + "".join(" %s |" % n for n in names))
+        out.append("|---|---|---|" + "---|" * len(specs))
         for p in probes:
-            out.append("| %s | %.0f | %.3f |" % (p["link"], p["bandwidth_Bps"] / 1e6, p["rtt_s"] * 1e3))
+            ex = p.get("exchange_s", {})
+            out.append("| %s | %.0f | %.3f |" % (p["link"], p["bandwidth_Bps"] / 1e6, p["rtt_s"] * 1e3) +
+                       "".join(" %s |" % ("%.1f" % (ex[k] * 1e3) if k in ex else "-") for k in specs))
     return "\n".join(out)
 
 
-def plot(rows, path):
+def unique(items):
+    """items without repeats, in their first order."""
+    out = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def model_panels(rows):
+    """A figure with a panel per model: (fig, links, [(axes, model, its rows, its cells)])."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    links = []
-    for r in rows:
-        if r["link"] not in links and r["mode"] != "probe":
-            links.append(r["link"])
+    links = unique(r["link"] for r in rows if r["mode"] != "probe")
     models = [m for m in MODELS if any(r.get("model") == m for r in rows)]
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    panels = []
     for ax, model in zip(axes[0], models):
         mine = [r for r in rows if r.get("model") == model]
-        keys = []
-        for r in mine:
-            k = (r["mode"], r["servers"], r["workers"])
-            if k not in keys:
-                keys.append(k)
+        panels.append((ax, model, mine, unique(cell_key(r) for r in mine)))
+    return fig, links, panels
+
+
+def cell_key(r):
+    return (r["mode"], r["servers"], r["workers"])
+
+
+def cell_name(k):
+    return "centralized" if k[0] == "centralized" else "%s %dx%d" % k
+
+
+def target_report(rows):
+    """Markdown: per model, seconds to the target per cell (rows) and link (columns)."""
+    links, out = unique(r["link"] for r in rows), []
+    for model in MODELS:
+        mine = [r for r in rows if r.get("model") == model]
+        if not mine:
+            continue
+        metric = "AUC" if model == "ctr" else "test accuracy"
+        out.append("\n**%s**, seconds until worker 0's %s reached %g (epochs of worker 0 in brackets; "
+                   "x: centralized's time over this one, above 1 = faster than centralized)\n"
+                   % (model, metric, mine[0]["target"]))
+        out.append("| mode | " + " | ".join(links) + " |")
+        out.append("|---|" + "---|" * len(links))
+        for k in unique(cell_key(r) for r in mine):
+            cells = []
+            for l in links:
+                hit = [x for x in mine if x["link"] == l and cell_key(x) == k]
+                base = [x for x in mine if x["link"] == l and x["mode"] == "centralized"]
+                if not hit:
+                    cells.append("-")
+                    continue
+                r = hit[-1]
+                if r["seconds_to_target"] is None:
+                    best = "%.4f" % r["best_metric"] if r["best_metric"] is not None else "no evaluation"
+                    cells.append("not in %.0f s (best %s)" % (r["limit_s"], best))
+                    continue
+                text = "%.1f (%d)" % (r["seconds_to_target"], r["epochs_to_target"])
+                if k[0] != "centralized" and base and base[-1]["seconds_to_target"]:
+                    text += " %.2fx" % (base[-1]["seconds_to_target"] / r["seconds_to_target"])
+                cells.append(text)
+            out.append("| %s | %s |" % (cell_name(k), " | ".join(cells)))
+    return "\n".join(out)
+
+
+def plot_target(rows, path):
+    """Bars: seconds to the target per link, one group per link and a bar per cell (log scale);
+    a run that did not reach it is drawn at its limit, hatched."""
+    fig, links, panels = model_panels(rows)
+    for ax, model, mine, keys in panels:
+        width = 0.8 / len(keys)
+        for i, k in enumerate(keys):
+            for j, l in enumerate(links):
+                hit = [x for x in mine if x["link"] == l and cell_key(x) == k]
+                if not hit:
+                    continue
+                r = hit[-1]
+                missed = r["seconds_to_target"] is None
+                ax.bar(j + (i - (len(keys) - 1) / 2) * width, r["limit_s"] if missed else r["seconds_to_target"],
+                       width, color="black" if k[0] == "centralized" else "C%d" % i, hatch="//" if missed else None,
+                       alpha=0.35 if missed else 1.0, label=cell_name(k))
+        ax.set_xticks(range(len(links)))
+        ax.set_xticklabels(links)
+        ax.set_yscale("log")
+        ax.set_title("%s: seconds to %s %g" % (model, "AUC" if model == "ctr" else "accuracy", mine[0]["target"]))
+        ax.set_xlabel("link (hatched: not reached within the limit)")
+        ax.set_ylabel("seconds (lower is better)")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        seen = {}
+        for h, lab in zip(handles, labels):
+            seen.setdefault(lab, h)
+        ax.legend(seen.values(), seen.keys(), fontsize=7)
+    fig.suptitle("Time to a target test metric (all processes on one %d-core machine)" % os.cpu_count())
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log("wrote " + path)
+
+
+def plot(rows, path):
+    fig, links, panels = model_panels(rows)
+    for ax, model, mine, keys in panels:
         xs = list(range(len(links)))
         for k in keys:
             ys = []
             for l in links:
-                hit = [x["samples_per_s"] for x in mine if x["link"] == l and (x["mode"], x["servers"], x["workers"]) == k]
+                hit = [x["samples_per_s"] for x in mine if x["link"] == l and cell_key(x) == k]
                 ys.append(hit[-1] if hit else float("nan"))
-            label = "centralized" if k[0] == "centralized" else "%s %dx%d" % (k[0], k[1], k[2])
+            label = cell_name(k)
             ax.plot(xs, ys, marker="o", linestyle="--" if k[0] == "centralized" else "-",
                     linewidth=2.5 if k[0] == "centralized" else 1.2, color="black" if k[0] == "centralized" else None,
                     label=label)
@@ -359,6 +559,20 @@ def plot(rows, path):
     log("wrote " + path)
 
 
+def show(rows, args):
+    """Prints the tables of a study's rows; draws the plots asked for."""
+    fixed = [r for r in rows if r.get("kind") != "target"]
+    target = [r for r in rows if r.get("kind") == "target"]
+    if any(r["mode"] != "probe" for r in fixed):
+        print(report(fixed, os.cpu_count()))
+        if args.plot:
+            plot(fixed, args.plot)
+    if target:
+        print(target_report(target))
+        if args.target_plot:
+            plot_target(target, args.target_plot)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="crossover.jsonl", help="append one JSON line per run here")
@@ -371,15 +585,19 @@ def main():
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
     ap.add_argument("--steps_scale", type=float, default=1.0, help="multiply every run's steps by this")
     ap.add_argument("--run_timeout", type=float, default=240, help="seconds one run may take")
+    ap.add_argument("--target", action="store_true",
+                    help="time-to-target runs instead of fixed-step ones: per link and model, the cells "
+                         "of TARGET_CELLS train until worker 0's test metric reaches the target")
+    ap.add_argument("--target_metrics", default="", help="override targets, e.g. small=0.85,large=0.84,ctr=0.82")
+    ap.add_argument("--target_limits", default="", help="override the seconds limits, e.g. large=300")
+    ap.add_argument("--target_epochs", type=int, default=30, help="most epochs of a time-to-target run")
     ap.add_argument("--report", default=None, help="only print the tables of this JSON-lines file")
     ap.add_argument("--plot", default=None, help="draw the crossover plot (PNG) from --out / --report")
+    ap.add_argument("--target_plot", default=None, help="draw the time-to-target plot (PNG) from --out / --report")
     args = ap.parse_args()
     args.bin_dir = os.path.realpath(args.bin_dir)
     if args.report:
-        rows = load(args.report)
-        print(report(rows, os.cpu_count()))
-        if args.plot:
-            plot(rows, args.plot)
+        show(load(args.report), args)
         return 0
     if any(l != "loopback" for l in args.links.split(",")):
         from netns import check_netns
@@ -393,10 +611,7 @@ def main():
             study.link(link)
     finally:
         study.close()
-    rows = load(args.out)
-    print(report(rows, os.cpu_count()))
-    if args.plot:
-        plot(rows, args.plot)
+    show(load(args.out), args)
     return 0
 
 

@@ -54,6 +54,11 @@ STRAGGLER = 0.05        # BSP: extra step time per additional worker
 
 # ---------------------------------------------------------------- the model's bytes per step
 
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
 def _get(cfg, path, default=None):
     """A value of the parsed config ({field: [values]}); "hidden" gives the whole list."""
     node = cfg
@@ -165,14 +170,18 @@ def _call_s(rows, op, payload):
 PROBE_SERVER = r"""
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", s.getsockname()[1], flush=True)
 c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def drain(n):
+    while n > 0: n -= len(c.recv(min(n, 1 << 20)))
 while True:
     m = c.recv(1)
     if not m or m == b"q": break
     if m == b"p": c.sendall(b"p"); continue
-    n = int.from_bytes(c.recv(8, socket.MSG_WAITALL), "little"); left = n
-    while left > 0: left -= len(c.recv(min(left, 1 << 20)))
+    if m == b"x":  # an exchange: take n bytes, answer with k bytes
+        h = c.recv(16, socket.MSG_WAITALL)
+        drain(int.from_bytes(h[:8], "little")); c.sendall(bytes(int.from_bytes(h[8:], "little"))); continue
+    drain(int.from_bytes(c.recv(8, socket.MSG_WAITALL), "little"))
     c.sendall(b"d")
 """
 
@@ -184,25 +193,51 @@ for _ in range(50):
     t = time.perf_counter(); c.sendall(b"p"); c.recv(1); rtts.append(time.perf_counter() - t)
 rtts.sort()
 n = int(sys.argv[3]); buf = b"x" * (1 << 20); t = time.perf_counter()
-c.sendall(b"s" + n.to_bytes(8, "little")); left = n
-while left > 0: k = min(left, len(buf)); c.sendall(buf[:k]); left -= k
-c.recv(1); dt = time.perf_counter() - t; c.sendall(b"q")
-print(json.dumps({"rtt_s": rtts[len(rtts) // 2], "bandwidth_Bps": n / dt, "probe_bytes": n}))
+def send(n):
+    while n > 0: k = min(n, len(buf)); c.sendall(buf[:k]); n -= k
+c.sendall(b"s" + n.to_bytes(8, "little")); send(n)
+c.recv(1); dt = time.perf_counter() - t
+# Exchanges "PUSHxPULL": send PUSH bytes, receive PULL bytes, back to back like a worker's
+# steps; the median of the repetitions after one warm-up.
+exchanges = {}
+for spec in filter(None, sys.argv[4].split(",")):
+    push, pull = (int(v) for v in spec.split("x"))
+    times = []
+    for i in range(int(sys.argv[5]) + 1):
+        t = time.perf_counter(); c.sendall(b"x" + push.to_bytes(8, "little") + pull.to_bytes(8, "little")); send(push)
+        left = pull
+        while left > 0: left -= len(c.recv(min(left, 1 << 20)))
+        times.append(time.perf_counter() - t)
+    times = sorted(times[1:])
+    exchanges[spec] = times[len(times) // 2]
+c.sendall(b"q")
+print(json.dumps({"rtt_s": rtts[len(rtts) // 2], "bandwidth_Bps": n / dt, "probe_bytes": n, "exchange_s": exchanges}))
 """
 
 
-def probe_link(exec_server, exec_client, addr, port=7999, nbytes=32 << 20):
-    """TCP ping-pong (median of 50) and one stream of nbytes from client host to server host.
+def exchange_key(push_bytes, pull_bytes):
+    return "%dx%d" % (int(push_bytes), int(pull_bytes))
+
+
+def probe_link(exec_server, exec_client, addr, port=7999, nbytes=32 << 20, exchanges=(), repeat=5):
+    """TCP ping-pong (median of 50), one stream of nbytes from client host to server host, and
+    the median time of `repeat` back-to-back exchanges per (push bytes, pull bytes) pair: the
+    client sends push bytes, the server answers with pull bytes, as a worker's step does.
 
     exec_server / exec_client: argv prefixes that run a command on each host ([] = here).
+    Returns dict(rtt_s, bandwidth_Bps, probe_bytes, exchange_s={"PUSHxPULL": seconds}).
     """
+    specs = ",".join(exchange_key(a, b) for a, b in exchanges)
     srv = subprocess.Popen(exec_server + [sys.executable, "-c", PROBE_SERVER, "0.0.0.0", str(port)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        if srv.stdout.readline().strip() != "ready":
-            raise RuntimeError("link probe: the receiver did not start")
-        p = subprocess.run(exec_client + [sys.executable, "-c", PROBE_CLIENT, addr, str(port), str(nbytes)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        ready = srv.stdout.readline().split()
+        if len(ready) != 2 or ready[0] != "ready":
+            raise RuntimeError("link probe: the receiver did not start: %s" % " ".join(ready))
+        port = int(ready[1])  # the one asked for, or the one the kernel picked for port 0
+        p = subprocess.run(exec_client + [sys.executable, "-c", PROBE_CLIENT, addr, str(port), str(nbytes), specs,
+                                          str(repeat)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
         if p.returncode != 0:
             raise RuntimeError("link probe failed: " + p.stdout[-500:])
         return json.loads(p.stdout.strip().splitlines()[-1])
@@ -214,34 +249,46 @@ def probe_link(exec_server, exec_client, addr, port=7999, nbytes=32 << 20):
 
 # ---------------------------------------------------------------- prediction
 
-def predict(m, g, link, cores, workers, servers, batch, ks=(4,)):
+def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC_CPU_FACTOR,
+            straggler=STRAGGLER):
     """List of dicts (mode, servers, workers, samples_per_s, bound) for every candidate."""
     out = [dict(mode="centralized", servers=0, workers=1, bound="compute",
                 samples_per_s=batch / (m["compute"] + m["apply"] + m["pull"]))]
     bw, rtt = link["bandwidth_Bps"], link["rtt_s"]
 
-    def transfer(nbytes, op):
-        rate = g[op + "_rate"]
+    def grpc_time(nbytes, op):
+        """Seconds of one call on loopback: what it costs in CPU, on any link."""
         if m.get("kind") == "ctr" and op == "pull" and g.get("sparse_pull_s"):
-            wire = g["sparse_pull_s"]
-            return wire + nbytes / bw, wire
-        base = g["overhead_" + op] + nbytes / rate
-        return g["overhead_" + op] + max(nbytes / rate, nbytes / bw) + rtt, base
+            return g["sparse_pull_s"]
+        return g["overhead_" + op] + nbytes / g[op + "_rate"]
 
-    t_pull, cpu_pull = transfer(m["pull_bytes"], "pull")
-    t_push, cpu_push = transfer(m["push_bytes"], "push")
+    cpu_pull, cpu_push = grpc_time(m["pull_bytes"], "pull"), grpc_time(m["push_bytes"], "push")
+    exchange = link.get("exchange_s", {}).get(exchange_key(m["push_bytes"], m["pull_bytes"]))
+    if exchange is not None:
+        # The link's time for one step's bytes was measured (both directions, back to back):
+        # it includes the round trips and whatever the link does to transfers of this size.
+        t_transfers = max(cpu_pull + cpu_push, g["overhead_pull"] + g["overhead_push"] + exchange)
+    else:
+        def transfer(nbytes, op):
+            if m.get("kind") == "ctr" and op == "pull" and g.get("sparse_pull_s"):
+                return g["sparse_pull_s"] + nbytes / bw
+            return g["overhead_" + op] + max(nbytes / g[op + "_rate"], nbytes / bw) + rtt
+        t_transfers = transfer(m["pull_bytes"], "pull") + transfer(m["push_bytes"], "push")
     # Workers that start together stay in phase: all pull, then all push, so a server's link
     # carries the pulls and the pushes one after the other, not overlapped.
     step_bytes = m["pull_bytes"] + m["push_bytes"]
 
     def bounded(w, s, every):
         """(samples/s, what bounds it) with the transfers once per `every` steps."""
-        step = m["compute"] + m["apply"] + (t_pull + t_push) / every
+        step = m["compute"] + m["apply"] + t_transfers / every
         cands = [(w * batch / step, "per-worker step (%.1f ms: compute %.1f, transfers %.1f)" % (
-            step * 1e3, m["compute"] * 1e3, (t_pull + t_push) / every * 1e3))]
-        # All servers' links together carry every worker's bytes, each direction.
-        cands.append((batch * s * bw * every / step_bytes, "the servers' links"))
-        cpu = m["compute"] + m["apply"] + GRPC_CPU_FACTOR * (cpu_pull + cpu_push) / every
+            step * 1e3, m["compute"] * 1e3, t_transfers / every * 1e3))]
+        # All servers' links together carry every worker's bytes, each direction. With no more
+        # workers than servers, a measured exchange already holds what one link does to a
+        # step's bytes (the worker's own link is the narrower one).
+        if exchange is None or w > s:
+            cands.append((batch * s * bw * every / step_bytes, "the servers' links"))
+        cpu = m["compute"] + m["apply"] + cpu_factor * (cpu_pull + cpu_push) / every
         cands.append((min(cores, w + s) * batch / cpu, "CPU (%d cores for %d processes)" % (cores, w + s)))
         return min(cands)
 
@@ -251,7 +298,7 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,)):
             out.append(dict(mode="async", servers=s, workers=w, samples_per_s=r, bound=why))
             if w > 1:
                 out.append(dict(mode="BSP", servers=s, workers=w, bound=why,
-                                samples_per_s=w * batch / (w * batch / r * (1 + STRAGGLER * (w - 1)) + rtt)))
+                                samples_per_s=w * batch / (w * batch / r * (1 + straggler * (w - 1)) + rtt)))
             for k in ks:
                 r, why = bounded(w, s, k)
                 out.append(dict(mode="local SGD k=%d" % k, servers=s, workers=w, samples_per_s=r, bound=why))
@@ -274,7 +321,7 @@ def recommend(preds, min_gain):
 def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_workers=4, servers=(1, 2),
            steps=None, measured=None):
     """Runs the measurements (or takes `measured`) and returns a report dict."""
-    cfg = apply_sets(parse_textproto(open(config).read()), sets)
+    cfg = apply_sets(parse_textproto(read_text(config)), sets)
     batch = int(_get(cfg, "training.batch_size", 64))
     kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
     dim = int(_get(cfg, "model.ctr.embedding_dim", 16)) if kind == "ctr" else 0
@@ -282,12 +329,12 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
         m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 30)
         g = measure_grpc(os.path.join(bin_dir, "tools/ps_bench"), kind, pull_b, keys, dim)
         if probe:
-            link = probe_link(*probe)
+            link = probe_link(*probe, exchanges=[(push_b, pull_b)])
         elif link_spec and link_spec != "loopback":
             from netns import rate_bits
             link = {"bandwidth_Bps": rate_bits(link_spec) / 8, "rtt_s": 0.0}
         else:
-            link = probe_link([], [], "127.0.0.1")
+            link = probe_link([], [], "127.0.0.1", exchanges=[(push_b, pull_b)])
     else:
         m, g, link = measured
     m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b)
@@ -299,16 +346,25 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
                 recommendation=choice, reason=why)
 
 
-def validate(path, bin_dir, cores):
+def step_bytes(config, sets):
+    """(push bytes, pull bytes) of one worker step of config with --set overrides `sets`."""
+    cfg = apply_sets(parse_textproto(read_text(config)), sets)
+    _, pull_b, push_b, _, _ = model_bytes(cfg, int(_get(cfg, "training.batch_size", 64)))
+    return push_b, pull_b
+
+
+def validate(path, bin_dir, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER, grpc=None):
     """Predictions for every run of a tools/crossover_study.py JSON-lines file, next to its measurement.
 
     Compute per step comes from the study's own centralized run on the same link (the same short
-    run the advisor makes), the link from the study's probe, the gRPC costs from ps_bench now.
+    run the advisor makes), the link from the study's probe, the gRPC costs from ps_bench now
+    (or `grpc`: {model: costs} measured before).
     """
     from crossover_study import MODELS
-    rows = [json.loads(l) for l in open(path) if l.strip()]
+    rows = [json.loads(l) for l in read_text(path).splitlines() if l.strip()]
+    rows = [r for r in rows if r.get("kind") != "target"]
     probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
-    grpc = {}
+    grpc = {} if grpc is None else grpc
     out = []
     for r in rows:
         if r["mode"] in ("probe", "centralized"):
@@ -320,7 +376,7 @@ def validate(path, bin_dir, cores):
         c = central[-1]
         n = max(1, c["steps"])
         m = dict(compute=c["compute_s"] / n, apply=c["push_s"] / n, pull=c["pull_s"] / n)
-        cfg = apply_sets(parse_textproto(open(os.path.join(ROOT, config)).read()), sets)
+        cfg = apply_sets(parse_textproto(read_text(os.path.join(ROOT, config))), sets)
         batch = int(_get(cfg, "training.batch_size", 64))
         kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
         if r["model"] not in grpc:
@@ -328,7 +384,8 @@ def validate(path, bin_dir, cores):
             grpc[r["model"]] = measure_grpc(os.path.join(bin_dir, "tools/ps_bench"), kind, pull_b, keys, dim)
         m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b)
         mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
-        preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch)
+        preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,
+                        cpu_factor=cpu_factor, straggler=straggler)
         p = [x for x in preds if x["mode"] == mode][0]
         base = batch / (m["compute"] + m["apply"] + m["pull"])
         steps = max(1, r["steps"])
@@ -339,6 +396,44 @@ def validate(path, bin_dir, cores):
                         p["samples_per_s"] / base, bytes_predicted=pull_b + push_b,
                         bytes_measured=(r["bytes_sent"] + r["bytes_received"]) / steps))
     return out, grpc
+
+
+FIT_GRID = [0.5 + 0.25 * i for i in range(15)]  # cpu_factor candidates, 0.5 .. 4.0
+
+
+def fit_cpu_factor(path, bin_dir, cores, grpc):
+    """Leave one link out: for each link, the cpu_factor that minimizes the other links' mean
+    |log(predicted / measured)|, then that link's rows predicted with it. Returns (rows predicted
+    out of sample, {link: factor}, the factor fitted on every link)."""
+    by_factor = {f: validate(path, bin_dir, cores, cpu_factor=f, grpc=grpc)[0] for f in FIT_GRID}
+
+    def loss(rows):
+        return sum(abs(math.log(r["predicted"] / r["measured"])) for r in rows) / max(1, len(rows))
+
+    links = []
+    for r in by_factor[FIT_GRID[0]]:
+        if r["link"] not in links:
+            links.append(r["link"])
+    chosen, out = {}, []
+    for link in links:
+        f = min(FIT_GRID, key=lambda f: loss([r for r in by_factor[f] if r["link"] != link]))
+        chosen[link] = f
+        out += [r for r in by_factor[f] if r["link"] == link]
+    overall = min(FIT_GRID, key=lambda f: loss(by_factor[f]))
+    return out, chosen, overall
+
+
+def print_validation(rows):
+    print("\n| model | link | mode | servers x workers | measured samples/s | predicted | error | "
+          "measured / predicted vs centralized | MB per step (model / measured) | predicted bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| %s | %s | %s | %dx%d | %.0f | %.0f | %+.0f%% | %.2fx / %.2fx | %.3f / %.3f | %s |" % (
+            r["model"], r["link"], r["mode"], r["servers"], r["workers"], r["measured"], r["predicted"],
+            100 * r["error"], r["measured_vs_central"], r["predicted_vs_central"], r["bytes_predicted"] / 1e6,
+            r["bytes_measured"] / 1e6, r["bound"]))
+    within = sum(abs(r["error"]) <= 0.25 for r in rows)
+    print("\nwithin 25%%: %d of %d" % (within, len(rows)))
 
 
 def main():
@@ -357,23 +452,24 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     ap.add_argument("--validate", default=None,
                     help="instead: predict every run of this tools/crossover_study.py output and compare")
+    ap.add_argument("--fit", action="store_true",
+                    help="with --validate: also fit the gRPC CPU factor, leaving each link out in turn")
     args = ap.parse_args()
     if args.validate:
-        rows, grpc = validate(args.validate, args.bin_dir, args.cores or os.cpu_count())
+        cores = args.cores or os.cpu_count()
+        rows, grpc = validate(args.validate, args.bin_dir, cores)
         for model, g in grpc.items():
             print("gRPC on loopback, %s: pull %.0f MB/s, push %.0f MB/s, per call %.2f / %.2f ms%s" % (
                 model, g["pull_rate"] / 1e6, g["push_rate"] / 1e6, g["overhead_pull"] * 1e3, g["overhead_push"] * 1e3,
                 ", sparse pull %.2f ms" % (g["sparse_pull_s"] * 1e3) if g.get("sparse_pull_s") else ""))
-        print("\n| model | link | mode | servers x workers | measured samples/s | predicted | error | "
-              "measured / predicted vs centralized | MB per step (model / measured) | predicted bound |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            print("| %s | %s | %s | %dx%d | %.0f | %.0f | %+.0f%% | %.2fx / %.2fx | %.3f / %.3f | %s |" % (
-                r["model"], r["link"], r["mode"], r["servers"], r["workers"], r["measured"], r["predicted"],
-                100 * r["error"], r["measured_vs_central"], r["predicted_vs_central"], r["bytes_predicted"] / 1e6,
-                r["bytes_measured"] / 1e6, r["bound"]))
-        within = sum(abs(r["error"]) <= 0.25 for r in rows)
-        print("\nwithin 25%%: %d of %d" % (within, len(rows)))
+        print("\nWith the built-in constants (cpu_factor %.2f, BSP straggler %.2f per extra worker):" % (
+            GRPC_CPU_FACTOR, STRAGGLER))
+        print_validation(rows)
+        if args.fit:
+            fitted, chosen, overall = fit_cpu_factor(args.validate, args.bin_dir, cores, grpc)
+            print("\nWith cpu_factor fitted on the other links (leave one link out: %s; on all links: %.2f):" % (
+                ", ".join("%s %.2f" % kv for kv in chosen.items()), overall))
+            print_validation(fitted)
         if args.json:
             for r in rows:
                 print(json.dumps(r))

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Tests of tools/ps_advise.py (bytes per step, the prediction's limits, the link probe) and of
+tools/crossover_study.py's time-to-target parts (evaluation lines, stopping a run at the target
+or at its limit, the report)."""
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import crossover_study  # noqa: E402
+import ps_advise  # noqa: E402
+
+MNIST = os.path.join(HERE, "..", "configs", "fashion_mnist_2x2_async.textproto")
+
+
+def mlp_cfg(hidden, batch=64):
+    return ps_advise.apply_sets(ps_advise.parse_textproto(ps_advise.read_text(MNIST)),
+                                ["model.mlp.hidden=%s" % ",".join(map(str, hidden)),
+                                 "training.batch_size=%d" % batch])
+
+
+def ctr_cfg(vocab, fields, dim):
+    return {"model": [{"ctr": [{"embedding_dim": [str(dim)]}]}],
+            "data": [{"synthetic": [{"vocabulary_per_field": [str(vocab)], "num_fields": [str(fields)],
+                                     "zipf_exponent": ["1.1"]}]}]}
+
+
+# Costs of the gRPC path and of a step, round numbers so that each limit can be computed by hand.
+GRPC = dict(overhead_pull=0.001, overhead_push=0.001, pull_rate=100e6, push_rate=100e6)
+
+
+def step(compute=0.010, apply=0.002, nbytes=1e6):
+    return dict(compute=compute, apply=apply, pull=0.0, kind="mlp", pull_bytes=nbytes, push_bytes=nbytes)
+
+
+def pick(preds, mode, s, w):
+    return [p for p in preds if p["mode"] == mode and p["servers"] == s and p["workers"] == w][0]
+
+
+class ModelBytesTest(unittest.TestCase):
+    def test_mlp_moves_every_weight_and_bias_each_way(self):
+        kind, pull, push, keys, params = ps_advise.model_bytes(mlp_cfg([64]), 64)
+        self.assertEqual(kind, "mlp")
+        self.assertEqual(params, 784 * 64 + 64 + 64 * 10 + 10)
+        self.assertEqual((pull, push, keys), (4 * params, 4 * params, 0))
+
+    def test_ctr_batch_of_one_touches_one_row_per_field(self):
+        _, pull, push, keys, _ = ps_advise.model_bytes(ctr_cfg(1000, 8, 16), 1)
+        self.assertAlmostEqual(keys, 8, places=6)
+        self.assertAlmostEqual(pull, 8 * (8 + 4 * 16) + 4 * 17, places=3)
+        self.assertEqual(pull, push)
+
+    def test_ctr_unique_keys_grow_with_the_batch_but_never_past_the_vocabulary(self):
+        prev = 0
+        for batch in (1, 16, 256, 4096, 1 << 20):
+            keys = ps_advise.model_bytes(ctr_cfg(50, 4, 8), batch)[3]
+            self.assertGreater(keys, prev)
+            self.assertLessEqual(keys, 4 * 50 + 1e-6)
+            prev = keys
+        self.assertGreater(prev, 4 * 50 - 1)
+
+    def test_step_bytes_reads_the_overrides(self):
+        self.assertEqual(ps_advise.step_bytes(MNIST, ["model.mlp.hidden=64"]), (203560, 203560))
+
+
+class PredictTest(unittest.TestCase):
+    def test_centralized_is_the_batch_over_its_step(self):
+        preds = ps_advise.predict(step(), GRPC, dict(bandwidth_Bps=1e12, rtt_s=0), 64, [1], [1], 64)
+        self.assertAlmostEqual(preds[0]["samples_per_s"], 64 / 0.012)
+
+    def test_one_worker_on_many_cores_is_bound_by_its_step(self):
+        link = dict(bandwidth_Bps=1e12, rtt_s=0)
+        p = pick(ps_advise.predict(step(), GRPC, link, 64, [1], [1], 64), "async", 1, 1)
+        # compute + apply + 2 x (1 ms per call + 1 MB at 100 MB/s)
+        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 2 * 0.011))
+        self.assertIn("per-worker step", p["bound"])
+
+    def test_a_slow_link_caps_the_servers_links(self):
+        link = dict(bandwidth_Bps=1e6, rtt_s=0)  # 1 MB/s: 2 s per step for the bytes alone
+        p = pick(ps_advise.predict(step(), GRPC, link, 64, [4], [2], 64), "async", 2, 4)
+        self.assertEqual(p["bound"], "the servers' links")
+        self.assertAlmostEqual(p["samples_per_s"], 64 * 2 * 1e6 / 2e6)
+
+    def test_shared_cores_cap_the_cluster(self):
+        link = dict(bandwidth_Bps=1e12, rtt_s=0)
+        p = pick(ps_advise.predict(step(), GRPC, link, 1, [4], [1], 64, cpu_factor=2.0), "async", 1, 4)
+        self.assertIn("CPU (1 cores for 5 processes)", p["bound"])
+        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 2.0 * 2 * 0.011))
+
+    def test_local_sgd_moves_the_transfers_to_one_step_in_k(self):
+        link = dict(bandwidth_Bps=1e12, rtt_s=0)
+        preds = ps_advise.predict(step(), GRPC, link, 64, [1], [1], 64, ks=(4,))
+        self.assertAlmostEqual(pick(preds, "local SGD k=4", 1, 1)["samples_per_s"], 64 / (0.012 + 2 * 0.011 / 4))
+
+    def test_bsp_is_slower_than_async_by_the_straggler_allowance(self):
+        link = dict(bandwidth_Bps=1e12, rtt_s=0)
+        preds = ps_advise.predict(step(), GRPC, link, 64, [3], [1], 64, straggler=0.1)
+        a, b = pick(preds, "async", 1, 3)["samples_per_s"], pick(preds, "BSP", 1, 3)["samples_per_s"]
+        self.assertAlmostEqual(b, a / 1.2)
+
+    def test_a_measured_exchange_replaces_the_rate_for_the_workers_step(self):
+        m = step()
+        # The rate alone says 2 s per step; the measured exchange of this step's bytes took 0.5 s
+        # (a token bucket that lets a burst through, say).
+        link = dict(bandwidth_Bps=1e6, rtt_s=0, exchange_s={ps_advise.exchange_key(1e6, 1e6): 0.5})
+        p = pick(ps_advise.predict(m, GRPC, link, 64, [1], [1], 64), "async", 1, 1)
+        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 0.002 + 0.5))
+        # An exchange measured for other bytes is not used.
+        link["exchange_s"] = {ps_advise.exchange_key(2e6, 2e6): 0.5}
+        p = pick(ps_advise.predict(m, GRPC, link, 64, [1], [1], 64), "async", 1, 1)
+        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 2 * (0.001 + 1.0)))
+
+    def test_recommends_centralized_unless_a_cluster_is_clearly_faster(self):
+        preds = [dict(mode="centralized", servers=0, workers=1, samples_per_s=100, bound="compute"),
+                 dict(mode="async", servers=1, workers=2, samples_per_s=105, bound="x")]
+        self.assertEqual(ps_advise.recommend(preds, 1.1)[0]["mode"], "centralized")
+        preds[1]["samples_per_s"] = 150
+        self.assertEqual(ps_advise.recommend(preds, 1.1)[0]["mode"], "async")
+
+
+class ProbeTest(unittest.TestCase):
+    def test_loopback_probe_measures_rate_round_trip_and_exchanges(self):
+        r = ps_advise.probe_link([], [], "127.0.0.1", port=0, nbytes=1 << 20,
+                                 exchanges=[(1000, 200000), (300000, 10)], repeat=3)
+        self.assertGreater(r["bandwidth_Bps"], 0)
+        self.assertGreater(r["rtt_s"], 0)
+        self.assertEqual(sorted(r["exchange_s"]), ["1000x200000", "300000x10"])
+        for v in r["exchange_s"].values():
+            self.assertGreater(v, 0)
+            self.assertLess(v, 10)
+
+
+FAKE_RUN = r"""
+import sys, time
+for epoch, metric in enumerate([float(v) for v in sys.argv[1].split(",")], 1):
+    print("[worker 1@h] worker 1  epoch %d  test accuracy 0.9999  loss 0.1  (0.1 s)" % epoch, flush=True)
+    print("[worker 0@h] worker 0  epoch %d  test accuracy %.4f  loss 0.3  (%.1f s)" % (epoch, metric, epoch * 1.5),
+          flush=True)
+    time.sleep(0.05)
+time.sleep(60)
+"""
+
+
+class TimeToTargetTest(unittest.TestCase):
+    def test_eval_lines_of_both_kinds_of_model(self):
+        m = crossover_study.EVAL_LINE.search("[worker 0@ns-w0] worker 0  epoch 3  test accuracy 0.8512  loss 0.4  (7.5 s)")
+        self.assertEqual(m.groups(), ("3", "0.8512", "7.5"))
+        m = crossover_study.EVAL_LINE.search("worker 0  epoch 2  test AUC 0.8237  log-loss 0.4735  (4.1 s)")
+        self.assertEqual(m.groups(), ("2", "0.8237", "4.1"))
+        self.assertIsNone(crossover_study.EVAL_LINE.search("worker 1  epoch 2  test AUC 0.9  log-loss 0.4  (4.1 s)"))
+
+    def test_stops_the_run_at_the_first_evaluation_reaching_the_target(self):
+        start = time.time()
+        evals, reached, _, _ = crossover_study.run_until(
+            [sys.executable, "-c", FAKE_RUN, "0.80,0.84,0.86,0.90"], 0.85, 60)
+        self.assertEqual(reached, (3, 0.86, 4.5))
+        self.assertEqual([e[0] for e in evals], [1, 2, 3])
+        self.assertLess(time.time() - start, 30)  # stopped, not left to sleep out its 60 s
+
+    def test_a_run_that_never_reaches_it_ends_at_the_limit(self):
+        evals, reached, _, wall = crossover_study.run_until([sys.executable, "-c", FAKE_RUN, "0.80,0.81"], 0.85, 1.0)
+        self.assertIsNone(reached)
+        self.assertEqual(len(evals), 2)
+        self.assertLess(wall, 30)
+
+    def test_target_overrides(self):
+        self.assertEqual(crossover_study.parse_pairs("small=0.8,ctr=0.7", float), {"small": 0.8, "ctr": 0.7})
+        with self.assertRaises(SystemExit):
+            crossover_study.parse_pairs("tiny=0.8", float)
+        with self.assertRaises(SystemExit):
+            crossover_study.parse_pairs("small", float)
+
+    def test_report_gives_ratios_to_centralized_and_the_misses(self):
+        def row(mode, s, w, secs, epochs, best):
+            return dict(link="1gbit", model="small", mode=mode, servers=s, workers=w, kind="target", target=0.85,
+                        limit_s=90, seconds_to_target=secs, epochs_to_target=epochs, best_metric=best)
+        text = crossover_study.target_report([row("centralized", 0, 1, 2.0, 2, 0.86), row("async", 1, 2, 4.0, 2, 0.85),
+                                              row("async", 2, 4, None, None, 0.8312)])
+        self.assertIn("| centralized | 2.0 (2) |", text)
+        self.assertIn("| async 1x2 | 4.0 (2) 0.50x |", text)
+        self.assertIn("| async 2x4 | not in 90 s (best 0.8312) |", text)
+
+
+class ValidateTest(unittest.TestCase):
+    def test_predicts_each_run_of_a_study_file_from_its_own_centralized_run(self):
+        rows = [
+            dict(link="l", mode="probe", rtt_s=0.0, bandwidth_Bps=1e12),
+            dict(link="l", model="small", mode="centralized", servers=0, workers=1, steps=100, compute_s=1.0,
+                 push_s=0.2, pull_s=0.0, samples_per_s=5000.0),
+            dict(link="l", model="small", mode="async", servers=1, workers=1, steps=100, compute_s=1.0, push_s=1.0,
+                 pull_s=1.0, samples_per_s=1000.0, bytes_sent=100 * 203560, bytes_received=100 * 203560),
+            dict(link="l", model="small", mode="async", kind="target", servers=1, workers=1),
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        try:
+            out, _ = ps_advise.validate(f.name, "", 64, grpc={"small": GRPC})
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(len(out), 1)  # the time-to-target row is not a throughput run
+        r = out[0]
+        expected = 64 / (0.010 + 0.002 + 2 * (0.001 + 203560 / 100e6))
+        self.assertAlmostEqual(r["predicted"], expected, places=3)
+        self.assertAlmostEqual(r["error"], expected / 1000 - 1, places=6)
+        self.assertAlmostEqual(r["bytes_measured"], 2 * 203560)
+        self.assertTrue(math.isclose(r["measured_vs_central"], 0.2))
+
+
+if __name__ == "__main__":
+    unittest.main()

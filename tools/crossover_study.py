@@ -487,8 +487,8 @@ def target_report(rows):
                     continue
                 r = hit[-1]
                 if r["seconds_to_target"] is None:
-                    best = "%.4f" % r["best_metric"] if r["best_metric"] is not None else "no evaluation"
-                    cells.append("not in %.0f s (best %s)" % (r["limit_s"], best))
+                    cells.append("not in %.0f s (%s)" % (r["limit_s"], "best %.4f" % r["best_metric"] if r["best_metric"]
+                                                         is not None else "worker 0 finished no epoch"))
                     continue
                 text = "%.1f (%d)" % (r["seconds_to_target"], r["epochs_to_target"])
                 if k[0] != "centralized" and base and base[-1]["seconds_to_target"]:

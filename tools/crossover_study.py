@@ -148,6 +148,16 @@ def cpu_seconds(text):
     return total
 
 
+# An absl::Duration as glog prints it: "1h2m3.5s", "238.5ms", "12us", "0".
+DURATION = r"(?:\d+(?:\.\d+)?(?:h|ms|us|ns|m|s))+|0"
+
+
+def duration_s(text):
+    """"1m7.25s" -> 67.25; "238.5ms" -> 0.2385; "0" -> 0."""
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    return sum(float(v) * scale[u] for v, u in re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|ns|m|s)", text))
+
+
 def parse_run(out):
     """Launcher / worker output -> the measured values of one run."""
     r = dict(samples_per_s=0.0, worker_rates=[], bytes_sent=0, bytes_received=0, cpu_s={},
@@ -162,16 +172,16 @@ def parse_run(out):
         if m:
             r["bytes_sent"] += int(m.group(1))
             r["bytes_received"] += int(m.group(2))
-        m = re.search(r"(\d+) steps, \d+ samples in .*; pull ([0-9.]+)(m?s), compute ([0-9.]+)(m?s), "
-                      r"push ([0-9.]+)(m?s)", text)
+        # "worker 0: 20 steps, 5120 samples in 1m2.5s (81 samples/s; data 1.2ms, pull 3.1s, compute ...)"
+        m = re.search(r"(\d+) steps, (\d+) samples in (%s) \(.*\)" % DURATION, text)
         if m:
             r["steps"] += int(m.group(1))
-            for key, v, unit in (("pull_s", 2, 3), ("compute_s", 4, 5), ("push_s", 6, 7)):
-                r[key] += float(m.group(v)) / (1e3 if m.group(unit) == "ms" else 1)
-        m = re.search(r"\d+ steps, (\d+) samples in ([0-9.]+)(m?s) ", text)
-        if m:
-            r["samples"] += int(m.group(1))
-            r["train_s"] = max(r["train_s"], float(m.group(2)) / (1e3 if m.group(3) == "ms" else 1))
+            r["samples"] += int(m.group(2))
+            r["train_s"] = max(r["train_s"], duration_s(m.group(3)))
+            for key in ("pull", "compute", "push"):
+                part = re.search(r"[(;,] %s (%s)[,)]" % (key, DURATION), m.group(0))
+                if part:
+                    r[key + "_s"] += duration_s(part.group(1))
         # bash `times`: the wrapper's own line, then its child's; the last one counts.
         if re.fullmatch(r"\d+m[0-9.]+s \d+m[0-9.]+s", text.strip()):
             r["cpu_s"][name] = round(cpu_seconds(text), 3)

@@ -188,6 +188,26 @@ class TimeToTargetTest(unittest.TestCase):
         self.assertIn("| async 2x4 | not in 90 s (best 0.8312) |", text)
 
 
+class ParseRunTest(unittest.TestCase):
+    def test_the_workers_summaries_with_every_duration_format(self):
+        out = ("[worker 0@h0] I1130 03:30:48.300982 10172 worker_main.cc:280] worker 0: 3752 steps, 240000 samples in "
+               "1m1.5s (3902 samples/s; data 238.5ms, pull 46.25ms, compute 1.015s, push 260.25ms, wait 0)\n"
+               "[worker 1@h1] I1130 03:30:48.300982 10172 worker_main.cc:280] worker 1: 10 steps, 2560 samples in 2.5s "
+               "(1024 samples/s; data 0, pull 1m2s, compute 10us, push 0, wait 0)\n"
+               "[worker 1@h1] samples/s 1024 wall_s 2.6\n"
+               "[worker 1@h1] sent 1000 bytes, received 3000 bytes\n"
+               "[server 0@h2] 0m1.250s 0m0.250s\n")
+        r = crossover_study.parse_run(out)
+        self.assertEqual((r["steps"], r["samples"]), (3762, 242560))
+        self.assertAlmostEqual(r["train_s"], 61.5)
+        self.assertAlmostEqual(r["pull_s"], 0.04625 + 62)
+        self.assertAlmostEqual(r["compute_s"], 1.015 + 10e-6)
+        self.assertAlmostEqual(r["push_s"], 0.26025)
+        self.assertEqual((r["bytes_sent"], r["bytes_received"]), (1000, 3000))
+        self.assertEqual(r["cpu_s"], {"server 0": 1.5})
+        self.assertAlmostEqual(r["samples_per_s"], 242560 / 61.5)
+
+
 class ValidateTest(unittest.TestCase):
     def test_predicts_each_run_of_a_study_file_from_its_own_centralized_run(self):
         rows = [

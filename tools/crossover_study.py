@@ -228,6 +228,7 @@ def run_until(argv, target, limit):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        p.stdout.close()
     return evals, reached, "".join(lines), time.time() - start
 
 

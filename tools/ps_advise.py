@@ -5,30 +5,35 @@
         [--link 1gbit | --probe_exec_server "ip netns exec A" --probe_exec_client "ip netns exec B"
          --probe_addr 10.0.0.1] [--cores 2] [--max_workers 4] [--servers 1,2] [--json]
 
-What it measures on this machine (about 15 s):
+What it measures on this machine (about 20 s):
   1. compute per step: a short centralized run (ps_worker --centralized, training.max_steps);
      its JSON log gives compute_s (forward + backward) and push_s (in-process optimizer apply).
-  2. the cost of the gRPC path per byte and per call: tools/ps_bench on loopback, one client
-     and one server, pushing and pulling one model's worth of bytes (sparse models: pulls of
-     the expected number of unique keys per batch). On loopback the path is CPU-bound, so
-     this is what one transfer costs in CPU, on any link.
-  3. the link: a Python TCP stream and ping-pong between two hosts (--probe_*), or the rate
-     given with --link (no latency), or loopback (the default).
+  2. a step's transfers: a short job of one ps_server and one ps_worker on loopback
+     (tools/launch_ssh.py); the worker's pull and push time per step (serialization, gRPC,
+     the server's lookups and optimizer). On loopback this is what a step's transfers cost
+     in CPU, on any link.
+  3. the link: a Python TCP ping-pong, a 32 MB stream and the median time of a step's bytes
+     (push bytes out, pull bytes back, back to back) between two hosts (--probe_*), on
+     loopback (the default), or only a rate given with --link (no latency).
 Bytes per step come from the model: an MLP pulls and pushes every weight (4 bytes each);
 a CTR model pulls and pushes one row (8-byte key + 4 * dim bytes) per unique key of a batch,
 the expected count under the generator's Zipf popularity.
 
 The model (all times per step of one worker, batch b):
-  transfer(x bytes)  = overhead + max(x / grpc_rate, x / link_rate) + rtt
-  step_async         = compute + transfer(pull) + transfer(push) + apply
+  transfers          = loopback step transfers + what the link adds: the probe's step time
+                       minus its loopback time (gRPC serializes a whole message, then sends
+                       it: the two add up), or without a probe (pull + push bytes) / rate + 2 rtt
+  step_async         = compute + transfers (the server applies the optimizer inside the push)
   server link bound  = S * link_rate / (pull + push bytes) steps/s (W workers share S servers'
-                       links; workers stay in phase, so pulls and pushes do not overlap)
-  CPU bound          = cores * b / cpu_per_step, cpu_per_step = compute + apply + cpu of the
-                       transfers (grpc_cpu_factor * the loopback transfer time)
+                       links; workers stay in phase, so pulls and pushes do not overlap); only
+                       when W > S if the link was probed (else the step time covers it)
+  CPU bound          = min(cores, W + S) * b / cpu_per_step, cpu_per_step = compute +
+                       cpu_factor (1.5) * the loopback step transfers
   async samples/s    = min(W * b / step_async, server link bound, CPU bound)
   BSP                = async with every step waiting for the slowest worker (+ barrier rtt,
                        + a straggler allowance of 5% per extra worker)
-  local SGD k        = compute + apply_local every step, the transfers once per k steps
+  local SGD k        = compute + the optimizer on the worker every step, the transfers once
+                       per k steps
 Centralized = b / (compute + apply + in-process pull). The recommendation is the fastest
 prediction, preferring centralized unless a cluster is at least --min_gain faster.
 """
@@ -131,40 +136,30 @@ def measure_compute(worker, config, sets, steps, threads=1):
                 step=done["wall_s"] / n, batch=done["samples"] / n, samples_per_s=done["samples_per_s"])
 
 
-def measure_grpc(bench, kind, pull_bytes, keys, dim):
-    """Loopback gRPC costs with ps_bench (1 server, 1 client): dict(pull_rate, push_rate, overhead)."""
-    out = tempfile.mktemp(prefix="ps-advise-bench-", suffix=".jsonl")
-    payload = max(4096, int(pull_bytes) // 4 * 4)
-    argv = [bench, "--servers=1", "--clients=1", "--seconds=1", "--warmup=0.3", "--json=" + out,
-            "--server_binary=" + os.path.join(os.path.dirname(os.path.dirname(bench)), "server/ps_server"),
-            "--payloads=4KB,%dB" % payload]
-    if kind == "ctr":
-        argv += ["--modes=dense,sparse", "--sparse_keys=%d" % max(1, int(keys)), "--sparse_dim=%d" % dim,
-                 "--key_space=%d" % max(10 * int(keys), 100000)]
-    else:
-        argv += ["--modes=dense"]
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        raise SystemExit("ps_advise: ps_bench failed:\n" + p.stdout[-2000:])
-    rows = [json.loads(l) for l in open(out)]
-    os.unlink(out)
-    # Mean seconds per call (1 / calls/s): steadier than a percentile on a busy machine.
-    res = {}
-    for op in ("push", "pull"):
-        small, big = _call_s(rows, op, 4096), _call_s(rows, op, payload)
-        res["overhead_" + op] = small
-        res[op + "_rate"] = payload / (big - small if big > 1.5 * small else big)
-    if kind == "ctr":
-        sp = [r for r in rows if r.get("op") == "sparse_pull"]
-        res["sparse_pull_s"] = 1 / float(sp[0]["calls_per_s"]) if sp else None
-    return res
-
-
-def _call_s(rows, op, payload):
-    for r in rows:
-        if r.get("op") == op and int(r.get("payload_bytes", -1)) == payload:
-            return 1 / float(r["calls_per_s"])
-    raise SystemExit("ps_advise: ps_bench reported no %s of %d bytes" % (op, payload))
+def measure_step(bin_dir, config, sets, steps):
+    """Seconds of one worker step's pull + push, gRPC included, on a real 1-server, 1-worker job
+    on loopback (tools/launch_ssh.py, this host): what a step's transfers cost in CPU and time,
+    apart from the link, for any model (dense or sparse, the server's optimizer included)."""
+    from crossover_study import parse_run
+    work = tempfile.mkdtemp(prefix="ps-advise-step-")
+    try:
+        hosts = os.path.join(work, "hosts")
+        with open(hosts, "w") as f:
+            f.write("server 127.0.0.1 port=0\nworker 127.0.0.1\n")
+        argv = [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, config, "--exec", "",
+                "--bin_dir", bin_dir, "--remote_dir", work, "--log_dir", os.path.join(work, "logs"),
+                "--set", ",".join(list(sets) + ["training.max_steps=%d" % steps, "training.epochs=1000",
+                                                "checkpoint.on_shutdown=false", "checkpoint.interval_s=0"]),
+                "--worker_arg=--eval=never"]
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:
+            raise SystemExit("ps_advise: the loopback job failed:\n" + p.stdout[-2000:])
+        r = parse_run(p.stdout)
+    finally:
+        subprocess.run(["rm", "-rf", work])
+    if not r["steps"]:
+        raise SystemExit("ps_advise: the loopback job reported no steps")
+    return (r["pull_s"] + r["push_s"]) / r["steps"]
 
 
 PROBE_SERVER = r"""
@@ -245,6 +240,7 @@ def probe_link(exec_server, exec_client, addr, port=7999, nbytes=32 << 20, excha
         if srv.poll() is None:
             srv.kill()
         srv.wait()
+        srv.stdout.close()
 
 
 # ---------------------------------------------------------------- prediction
@@ -256,31 +252,26 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
                 samples_per_s=batch / (m["compute"] + m["apply"] + m["pull"]))]
     bw, rtt = link["bandwidth_Bps"], link["rtt_s"]
 
-    def grpc_time(nbytes, op):
-        """Seconds of one call on loopback: what it costs in CPU, on any link."""
-        if m.get("kind") == "ctr" and op == "pull" and g.get("sparse_pull_s"):
-            return g["sparse_pull_s"]
-        return g["overhead_" + op] + nbytes / g[op + "_rate"]
-
-    cpu_pull, cpu_push = grpc_time(m["pull_bytes"], "pull"), grpc_time(m["push_bytes"], "push")
+    # A real loopback step's pull + push (serialization, gRPC, the server's apply), then what
+    # the link adds to it: gRPC serializes a whole message before sending it, so the wire time
+    # adds to it rather than overlapping.
+    cpu_transfers = g["grpc_step"]
     exchange = link.get("exchange_s", {}).get(exchange_key(m["push_bytes"], m["pull_bytes"]))
     if exchange is not None:
-        # The link's time for one step's bytes was measured (both directions, back to back):
-        # it includes the round trips and whatever the link does to transfers of this size.
-        t_transfers = max(cpu_pull + cpu_push, g["overhead_pull"] + g["overhead_push"] + exchange)
+        wire = max(0.0, exchange - g.get("loopback_exchange_s", 0.0))
     else:
-        def transfer(nbytes, op):
-            if m.get("kind") == "ctr" and op == "pull" and g.get("sparse_pull_s"):
-                return g["sparse_pull_s"] + nbytes / bw
-            return g["overhead_" + op] + max(nbytes / g[op + "_rate"], nbytes / bw) + rtt
-        t_transfers = transfer(m["pull_bytes"], "pull") + transfer(m["push_bytes"], "push")
+        wire = (m["pull_bytes"] + m["push_bytes"]) / bw + 2 * rtt
+    t_transfers = cpu_transfers + wire
     # Workers that start together stay in phase: all pull, then all push, so a server's link
     # carries the pulls and the pushes one after the other, not overlapped.
     step_bytes = m["pull_bytes"] + m["push_bytes"]
 
     def bounded(w, s, every):
         """(samples/s, what bounds it) with the transfers once per `every` steps."""
-        step = m["compute"] + m["apply"] + t_transfers / every
+        # Local SGD applies the optimizer on the worker every step; otherwise the server does,
+        # inside the push.
+        apply = m["apply"] if every > 1 else 0.0
+        step = m["compute"] + apply + t_transfers / every
         cands = [(w * batch / step, "per-worker step (%.1f ms: compute %.1f, transfers %.1f)" % (
             step * 1e3, m["compute"] * 1e3, t_transfers / every * 1e3))]
         # All servers' links together carry every worker's bytes, each direction. With no more
@@ -288,7 +279,7 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
         # step's bytes (the worker's own link is the narrower one).
         if exchange is None or w > s:
             cands.append((batch * s * bw * every / step_bytes, "the servers' links"))
-        cpu = m["compute"] + m["apply"] + cpu_factor * (cpu_pull + cpu_push) / every
+        cpu = m["compute"] + apply + cpu_factor * cpu_transfers / every
         cands.append((min(cores, w + s) * batch / cpu, "CPU (%d cores for %d processes)" % (cores, w + s)))
         return min(cands)
 
@@ -324,17 +315,18 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
     cfg = apply_sets(parse_textproto(read_text(config)), sets)
     batch = int(_get(cfg, "training.batch_size", 64))
     kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
-    dim = int(_get(cfg, "model.ctr.embedding_dim", 16)) if kind == "ctr" else 0
     if measured is None:
-        m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 30)
-        g = measure_grpc(os.path.join(bin_dir, "tools/ps_bench"), kind, pull_b, keys, dim)
+        m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 50)
+        loopback = probe_link([], [], "127.0.0.1", port=0, exchanges=[(push_b, pull_b)])
+        g = dict(grpc_step=measure_step(bin_dir, config, sets, steps or 50),
+                 loopback_exchange_s=loopback["exchange_s"][exchange_key(push_b, pull_b)])
         if probe:
             link = probe_link(*probe, exchanges=[(push_b, pull_b)])
         elif link_spec and link_spec != "loopback":
             from netns import rate_bits
             link = {"bandwidth_Bps": rate_bits(link_spec) / 8, "rtt_s": 0.0}
         else:
-            link = probe_link([], [], "127.0.0.1", exchanges=[(push_b, pull_b)])
+            link = loopback
     else:
         m, g, link = measured
     m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b)
@@ -353,22 +345,33 @@ def step_bytes(config, sets):
     return push_b, pull_b
 
 
-def validate(path, bin_dir, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER, grpc=None):
+def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
     """Predictions for every run of a tools/crossover_study.py JSON-lines file, next to its measurement.
 
-    Compute per step comes from the study's own centralized run on the same link (the same short
-    run the advisor makes), the link from the study's probe, the gRPC costs from ps_bench now
-    (or `grpc`: {model: costs} measured before).
+    The inputs are the study's own measurements of the same window, as the advisor would make
+    them: compute per step from the centralized run on the same link, a step's pull + push on
+    loopback from the asynchronous 1x1 run on loopback (that run is the input, not predicted),
+    the link from the study's probe. Returns (rows, {model: the loopback step's costs}).
     """
     from crossover_study import MODELS
     rows = [json.loads(l) for l in read_text(path).splitlines() if l.strip()]
     rows = [r for r in rows if r.get("kind") != "target"]
     probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
-    grpc = {} if grpc is None else grpc
-    out = []
+    grpc, out = {}, []
     for r in rows:
-        if r["mode"] in ("probe", "centralized"):
+        if r["mode"] != "async" or r["link"] != "loopback" or (r["servers"], r["workers"]) != (1, 1):
             continue
+        config, sets = MODELS[r["model"]]
+        push_b, pull_b = step_bytes(os.path.join(ROOT, config), sets)
+        lo = probes.get("loopback", {}).get("exchange_s", {}).get(exchange_key(push_b, pull_b))
+        if lo is None:
+            raise SystemExit("ps_advise: %s has no loopback probe of a %s step" % (path, r["model"]))
+        grpc[r["model"]] = dict(grpc_step=(r["pull_s"] + r["push_s"]) / max(1, r["steps"]), loopback_exchange_s=lo)
+    for r in rows:
+        if r["mode"] in ("probe", "centralized") or r["model"] not in grpc:
+            continue
+        if r["link"] == "loopback" and r["mode"] == "async" and (r["servers"], r["workers"]) == (1, 1):
+            continue  # the input
         config, sets = MODELS[r["model"]]
         central = [c for c in rows if c["mode"] == "centralized" and c["model"] == r["model"] and c["link"] == r["link"]]
         if not central or r["link"] not in probes:
@@ -379,9 +382,6 @@ def validate(path, bin_dir, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGL
         cfg = apply_sets(parse_textproto(read_text(os.path.join(ROOT, config))), sets)
         batch = int(_get(cfg, "training.batch_size", 64))
         kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
-        if r["model"] not in grpc:
-            dim = int(_get(cfg, "model.ctr.embedding_dim", 16)) if kind == "ctr" else 0
-            grpc[r["model"]] = measure_grpc(os.path.join(bin_dir, "tools/ps_bench"), kind, pull_b, keys, dim)
         m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b)
         mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
         preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,
@@ -401,11 +401,11 @@ def validate(path, bin_dir, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGL
 FIT_GRID = [0.5 + 0.25 * i for i in range(15)]  # cpu_factor candidates, 0.5 .. 4.0
 
 
-def fit_cpu_factor(path, bin_dir, cores, grpc):
+def fit_cpu_factor(path, cores):
     """Leave one link out: for each link, the cpu_factor that minimizes the other links' mean
     |log(predicted / measured)|, then that link's rows predicted with it. Returns (rows predicted
     out of sample, {link: factor}, the factor fitted on every link)."""
-    by_factor = {f: validate(path, bin_dir, cores, cpu_factor=f, grpc=grpc)[0] for f in FIT_GRID}
+    by_factor = {f: validate(path, cores, cpu_factor=f)[0] for f in FIT_GRID}
 
     def loss(rows):
         return sum(abs(math.log(r["predicted"] / r["measured"])) for r in rows) / max(1, len(rows))
@@ -457,16 +457,15 @@ def main():
     args = ap.parse_args()
     if args.validate:
         cores = args.cores or os.cpu_count()
-        rows, grpc = validate(args.validate, args.bin_dir, cores)
+        rows, grpc = validate(args.validate, cores)
         for model, g in grpc.items():
-            print("gRPC on loopback, %s: pull %.0f MB/s, push %.0f MB/s, per call %.2f / %.2f ms%s" % (
-                model, g["pull_rate"] / 1e6, g["push_rate"] / 1e6, g["overhead_pull"] * 1e3, g["overhead_push"] * 1e3,
-                ", sparse pull %.2f ms" % (g["sparse_pull_s"] * 1e3) if g.get("sparse_pull_s") else ""))
+            print("a %s step's pull + push on loopback (the study's async 1x1 run): %.2f ms; the same bytes "
+                  "over raw TCP: %.2f ms" % (model, g["grpc_step"] * 1e3, g["loopback_exchange_s"] * 1e3))
         print("\nWith the built-in constants (cpu_factor %.2f, BSP straggler %.2f per extra worker):" % (
             GRPC_CPU_FACTOR, STRAGGLER))
         print_validation(rows)
         if args.fit:
-            fitted, chosen, overall = fit_cpu_factor(args.validate, args.bin_dir, cores, grpc)
+            fitted, chosen, overall = fit_cpu_factor(args.validate, cores)
             print("\nWith cpu_factor fitted on the other links (leave one link out: %s; on all links: %.2f):" % (
                 ", ".join("%s %.2f" % kv for kv in chosen.items()), overall))
             print_validation(fitted)
@@ -487,10 +486,12 @@ def main():
     print("model: %s, batch %d, %.2f MB pulled and %.2f MB pushed per step%s" % (
         rep["kind"], rep["batch"], rep["pull_bytes"] / 1e6, rep["push_bytes"] / 1e6,
         " (%.0f unique keys)" % rep["unique_keys"] if rep["unique_keys"] else ""))
-    print("measured: compute %.2f ms, optimizer apply %.2f ms, in-process pull %.2f ms per step; "
-          "gRPC pull %.0f MB/s, push %.0f MB/s, per-call %.2f ms; link %.0f MB/s, rtt %.3f ms; %d cores" % (
-              m["compute"] * 1e3, m["apply"] * 1e3, m["pull"] * 1e3, g["pull_rate"] / 1e6, g["push_rate"] / 1e6,
-              g["overhead_pull"] * 1e3, l["bandwidth_Bps"] / 1e6, l["rtt_s"] * 1e3, rep["cores"]))
+    print("measured: compute %.2f ms, optimizer apply %.2f ms, in-process pull %.2f ms per step; a step's pull + "
+          "push over gRPC on loopback %.2f ms (raw TCP: %.2f ms); link %.0f MB/s, rtt %.3f ms%s; %d cores" % (
+              m["compute"] * 1e3, m["apply"] * 1e3, m["pull"] * 1e3, g["grpc_step"] * 1e3,
+              g["loopback_exchange_s"] * 1e3, l["bandwidth_Bps"] / 1e6, l["rtt_s"] * 1e3,
+              "".join(", a step's bytes %.2f ms" % (v * 1e3) for v in l.get("exchange_s", {}).values()),
+              rep["cores"]))
     print("\n| mode | servers | workers | predicted samples/s | vs centralized | bound by |")
     print("|---|---|---|---|---|---|")
     base = rep["predictions"][0]["samples_per_s"]

@@ -32,8 +32,9 @@ def ctr_cfg(vocab, fields, dim):
                                      "zipf_exponent": ["1.1"]}]}]}
 
 
-# Costs of the gRPC path and of a step, round numbers so that each limit can be computed by hand.
-GRPC = dict(overhead_pull=0.001, overhead_push=0.001, pull_rate=100e6, push_rate=100e6)
+# A step's pull + push on loopback (22 ms) and the same bytes over raw TCP there (none), round
+# numbers so that each limit can be computed by hand.
+GRPC = dict(grpc_step=0.022, loopback_exchange_s=0.0)
 
 
 def step(compute=0.010, apply=0.002, nbytes=1e6):
@@ -71,51 +72,61 @@ class ModelBytesTest(unittest.TestCase):
 
 
 class PredictTest(unittest.TestCase):
+    def assertClose(self, a, b, rel=1e-4):
+        self.assertLess(abs(a - b), rel * abs(b), "%r is not within %g of %r" % (a, rel, b))
+
     def test_centralized_is_the_batch_over_its_step(self):
         preds = ps_advise.predict(step(), GRPC, dict(bandwidth_Bps=1e12, rtt_s=0), 64, [1], [1], 64)
-        self.assertAlmostEqual(preds[0]["samples_per_s"], 64 / 0.012)
+        self.assertClose(preds[0]["samples_per_s"], 64 / 0.012)
 
     def test_one_worker_on_many_cores_is_bound_by_its_step(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)
         p = pick(ps_advise.predict(step(), GRPC, link, 64, [1], [1], 64), "async", 1, 1)
-        # compute + apply + 2 x (1 ms per call + 1 MB at 100 MB/s)
-        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 2 * 0.011))
+        # compute + the loopback step's transfers (the server's apply is inside the push)
+        self.assertClose(p["samples_per_s"], 64 / (0.010 + 0.022))
         self.assertIn("per-worker step", p["bound"])
+
+    def test_the_link_adds_the_wire_time_and_round_trips(self):
+        link = dict(bandwidth_Bps=100e6, rtt_s=0.001)
+        p = pick(ps_advise.predict(step(), GRPC, link, 64, [1], [1], 64), "async", 1, 1)
+        self.assertClose(p["samples_per_s"], 64 / (0.010 + 0.022 + 2e6 / 100e6 + 0.002))
 
     def test_a_slow_link_caps_the_servers_links(self):
         link = dict(bandwidth_Bps=1e6, rtt_s=0)  # 1 MB/s: 2 s per step for the bytes alone
         p = pick(ps_advise.predict(step(), GRPC, link, 64, [4], [2], 64), "async", 2, 4)
         self.assertEqual(p["bound"], "the servers' links")
-        self.assertAlmostEqual(p["samples_per_s"], 64 * 2 * 1e6 / 2e6)
+        self.assertClose(p["samples_per_s"], 64 * 2 * 1e6 / 2e6)
 
     def test_shared_cores_cap_the_cluster(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)
         p = pick(ps_advise.predict(step(), GRPC, link, 1, [4], [1], 64, cpu_factor=2.0), "async", 1, 4)
         self.assertIn("CPU (1 cores for 5 processes)", p["bound"])
-        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 2.0 * 2 * 0.011))
+        self.assertClose(p["samples_per_s"], 64 / (0.010 + 2.0 * 0.022))
 
     def test_local_sgd_moves_the_transfers_to_one_step_in_k(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)
         preds = ps_advise.predict(step(), GRPC, link, 64, [1], [1], 64, ks=(4,))
-        self.assertAlmostEqual(pick(preds, "local SGD k=4", 1, 1)["samples_per_s"], 64 / (0.012 + 2 * 0.011 / 4))
+        # Every step: compute and the worker's own optimizer; the transfers once in 4 steps.
+        self.assertClose(pick(preds, "local SGD k=4", 1, 1)["samples_per_s"], 64 / (0.010 + 0.002 + 0.022 / 4))
 
     def test_bsp_is_slower_than_async_by_the_straggler_allowance(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)
         preds = ps_advise.predict(step(), GRPC, link, 64, [3], [1], 64, straggler=0.1)
         a, b = pick(preds, "async", 1, 3)["samples_per_s"], pick(preds, "BSP", 1, 3)["samples_per_s"]
-        self.assertAlmostEqual(b, a / 1.2)
+        self.assertClose(b, a / 1.2)
 
     def test_a_measured_exchange_replaces_the_rate_for_the_workers_step(self):
         m = step()
-        # The rate alone says 2 s per step; the measured exchange of this step's bytes took 0.5 s
-        # (a token bucket that lets a burst through, say).
+        g = dict(grpc_step=0.022, loopback_exchange_s=0.1)
+        # The rate alone says 2 s per step; the link's measured time for this step's bytes was
+        # 0.5 s (a token bucket that lets a burst through, say), 0.1 s of it also on loopback.
         link = dict(bandwidth_Bps=1e6, rtt_s=0, exchange_s={ps_advise.exchange_key(1e6, 1e6): 0.5})
-        p = pick(ps_advise.predict(m, GRPC, link, 64, [1], [1], 64), "async", 1, 1)
-        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 0.002 + 0.5))
+        p = pick(ps_advise.predict(m, g, link, 64, [1], [1], 64), "async", 1, 1)
+        self.assertClose(p["samples_per_s"], 64 / (0.010 + 0.022 + 0.4))
         # An exchange measured for other bytes is not used.
         link["exchange_s"] = {ps_advise.exchange_key(2e6, 2e6): 0.5}
-        p = pick(ps_advise.predict(m, GRPC, link, 64, [1], [1], 64), "async", 1, 1)
-        self.assertAlmostEqual(p["samples_per_s"], 64 / (0.012 + 2 * (0.001 + 1.0)))
+        p = pick(ps_advise.predict(m, g, link, 64, [1], [1], 64), "async", 1, 1)
+        self.assertClose(p["samples_per_s"], 64 / (0.010 + 0.022 + 2.0))
 
     def test_recommends_centralized_unless_a_cluster_is_clearly_faster(self):
         preds = [dict(mode="centralized", servers=0, workers=1, samples_per_s=100, bound="compute"),
@@ -209,28 +220,55 @@ class ParseRunTest(unittest.TestCase):
 
 
 class ValidateTest(unittest.TestCase):
-    def test_predicts_each_run_of_a_study_file_from_its_own_centralized_run(self):
+    def test_predicts_each_run_of_a_study_file_from_the_same_windows_inputs(self):
+        key = ps_advise.exchange_key(203560, 203560)
         rows = [
-            dict(link="l", mode="probe", rtt_s=0.0, bandwidth_Bps=1e12),
-            dict(link="l", model="small", mode="centralized", servers=0, workers=1, steps=100, compute_s=1.0,
+            dict(link="loopback", mode="probe", rtt_s=0.0, bandwidth_Bps=1e12, exchange_s={key: 0.0002}),
+            dict(link="loopback", model="small", mode="centralized", servers=0, workers=1, steps=100, compute_s=1.0,
                  push_s=0.2, pull_s=0.0, samples_per_s=5000.0),
-            dict(link="l", model="small", mode="async", servers=1, workers=1, steps=100, compute_s=1.0, push_s=1.0,
-                 pull_s=1.0, samples_per_s=1000.0, bytes_sent=100 * 203560, bytes_received=100 * 203560),
-            dict(link="l", model="small", mode="async", kind="target", servers=1, workers=1),
+            # The input: a step's transfers on loopback, 2 ms.
+            dict(link="loopback", model="small", mode="async", servers=1, workers=1, steps=100, compute_s=1.0,
+                 push_s=0.1, pull_s=0.1, samples_per_s=1000.0, bytes_sent=1, bytes_received=1),
+            dict(link="loopback", model="small", mode="async", servers=1, workers=2, steps=200, compute_s=2.0,
+                 push_s=0.2, pull_s=0.2, samples_per_s=4000.0, bytes_sent=200 * 203560, bytes_received=200 * 203560),
+            dict(link="loopback", model="small", mode="async", kind="target", servers=1, workers=1),
         ]
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
         try:
-            out, _ = ps_advise.validate(f.name, "", 64, grpc={"small": GRPC})
+            out, grpc = ps_advise.validate(f.name, 64)
         finally:
             os.unlink(f.name)
-        self.assertEqual(len(out), 1)  # the time-to-target row is not a throughput run
+        self.assertAlmostEqual(grpc["small"]["grpc_step"], 0.002)
+        # Only the 1x2 run is predicted: the 1x1 run is the input, the target row no throughput run.
+        self.assertEqual([(r["servers"], r["workers"]) for r in out], [(1, 2)])
         r = out[0]
-        expected = 64 / (0.010 + 0.002 + 2 * (0.001 + 203560 / 100e6))
+        expected = 2 * 64 / (0.010 + 0.002)  # two workers, each compute + the loopback transfers
         self.assertAlmostEqual(r["predicted"], expected, places=3)
-        self.assertAlmostEqual(r["error"], expected / 1000 - 1, places=6)
+        self.assertAlmostEqual(r["error"], expected / 4000 - 1, places=6)
         self.assertAlmostEqual(r["bytes_measured"], 2 * 203560)
-        self.assertTrue(math.isclose(r["measured_vs_central"], 0.2))
+        self.assertTrue(math.isclose(r["measured_vs_central"], 0.8))
+
+
+ROOT = os.path.dirname(HERE)
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(ROOT, "server", "ps_server")) and
+                     os.path.exists(os.path.join(ROOT, "worker", "ps_worker")), "needs the built binaries")
+class AdviseTest(unittest.TestCase):
+    def test_measures_a_real_job_and_recommends(self):
+        config = os.path.join(ROOT, "configs", "ctr_synthetic_2x2.textproto")
+        sets = ["data.synthetic.num_train=20000", "data.synthetic.num_test=2000"]
+        rep = ps_advise.advise(config, sets, ROOT, cores=2, max_workers=2, servers=(1,), steps=20)
+        self.assertEqual(rep["kind"], "ctr")
+        self.assertGreater(rep["grpc"]["grpc_step"], 0)
+        self.assertGreater(rep["compute"]["compute"], 0)
+        modes = [(p["mode"], p["servers"], p["workers"]) for p in rep["predictions"]]
+        self.assertEqual(modes, [("centralized", 0, 1), ("async", 1, 1), ("local SGD k=4", 1, 1), ("async", 1, 2),
+                                 ("BSP", 1, 2), ("local SGD k=4", 1, 2)])
+        for p in rep["predictions"]:
+            self.assertGreater(p["samples_per_s"], 0)
+        self.assertIn(rep["recommendation"], rep["predictions"])
 
 
 if __name__ == "__main__":

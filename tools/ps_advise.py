@@ -28,12 +28,12 @@ The model (all times per step of one worker, batch b):
                        links; workers stay in phase, so pulls and pushes do not overlap); only
                        when W > S if the link was probed (else the step time covers it)
   CPU bound          = min(cores, W + S) * b / cpu_per_step, cpu_per_step = compute +
-                       cpu_factor (1.5) * the loopback step transfers
+                       cpu_factor (1.25) * the loopback step transfers
   async samples/s    = min(W * b / step_async, server link bound, CPU bound)
   BSP                = async with every step waiting for the slowest worker (+ barrier rtt,
                        + a straggler allowance of 5% per extra worker)
   local SGD k        = compute + the optimizer on the worker every step, the transfers once
-                       per k steps
+                       per k steps (for a sparse model: of every row the k batches touched)
 Centralized = b / (compute + apply + in-process pull). The recommendation is the fastest
 prediction, preferring centralized unless a cluster is at least --min_gain faster.
 """
@@ -53,7 +53,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from launch_common import parse_textproto  # noqa: E402
 
-GRPC_CPU_FACTOR = 1.5  # CPU seconds (client + server) per second of a loopback transfer
+# CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
+# crossover study of 2026-11-30 (`--validate docs/runs/crossover.jsonl --fit`: 1.25 with any link left out).
+GRPC_CPU_FACTOR = 1.25
 STRAGGLER = 0.05        # BSP: extra step time per additional worker
 
 
@@ -92,6 +94,14 @@ def apply_sets(cfg, sets):
             else:
                 node[parts[-1]] = [value]
     return cfg
+
+
+def period_bytes(cfg, batch, ks):
+    """{k: bytes a worker moves for k steps in one transfer / bytes of one step}: 1 for an MLP
+    (the whole model either way); for a CTR model the rows of k batches, fewer than k times
+    one batch's (popular keys repeat)."""
+    one = model_bytes(cfg, batch)[1]
+    return {k: model_bytes(cfg, batch * k)[1] / one for k in ks}
 
 
 def model_bytes(cfg, batch):
@@ -269,17 +279,19 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
     def bounded(w, s, every):
         """(samples/s, what bounds it) with the transfers once per `every` steps."""
         # Local SGD applies the optimizer on the worker every step; otherwise the server does,
-        # inside the push.
+        # inside the push. Its delta holds every row the period touched: for a sparse model
+        # more than one step's rows (period_bytes: a period's bytes over one step's).
         apply = m["apply"] if every > 1 else 0.0
-        step = m["compute"] + apply + t_transfers / every
+        per = m.get("period_bytes", {}).get(every, 1.0) / every
+        step = m["compute"] + apply + t_transfers * per
         cands = [(w * batch / step, "per-worker step (%.1f ms: compute %.1f, transfers %.1f)" % (
-            step * 1e3, m["compute"] * 1e3, t_transfers / every * 1e3))]
+            step * 1e3, m["compute"] * 1e3, t_transfers * per * 1e3))]
         # All servers' links together carry every worker's bytes, each direction. With no more
         # workers than servers, a measured exchange already holds what one link does to a
         # step's bytes (the worker's own link is the narrower one).
         if exchange is None or w > s:
-            cands.append((batch * s * bw * every / step_bytes, "the servers' links"))
-        cpu = m["compute"] + apply + cpu_factor * cpu_transfers / every
+            cands.append((batch * s * bw / (step_bytes * per), "the servers' links"))
+        cpu = m["compute"] + apply + cpu_factor * cpu_transfers * per
         cands.append((min(cores, w + s) * batch / cpu, "CPU (%d cores for %d processes)" % (cores, w + s)))
         return min(cands)
 
@@ -296,16 +308,22 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
     return out
 
 
+def shape(p):
+    """"1 server x 2 workers"."""
+    return "%d server%s x %d worker%s" % (p["servers"], "s" * (p["servers"] != 1), p["workers"],
+                                          "s" * (p["workers"] != 1))
+
+
 def recommend(preds, min_gain):
     central = preds[0]
     best = max(preds[1:], key=lambda p: p["samples_per_s"])
     if best["samples_per_s"] < min_gain * central["samples_per_s"]:
-        return central, ("centralized: the best cluster (%s, %d servers x %d workers, %.0f samples/s, bound by %s) "
+        return central, ("centralized: the best cluster (%s, %s, %.0f samples/s, bound by %s) "
                          "is not %.2fx faster than one process (%.0f samples/s)" % (
-                             best["mode"], best["servers"], best["workers"], best["samples_per_s"],
+                             best["mode"], shape(best), best["samples_per_s"],
                              best["bound"], min_gain, central["samples_per_s"]))
-    return best, ("%s on %d servers x %d workers: %.0f samples/s, %.2fx centralized (%.0f); bound by %s" % (
-        best["mode"], best["servers"], best["workers"], best["samples_per_s"],
+    return best, ("%s on %s: %.0f samples/s, %.2fx centralized (%.0f); bound by %s" % (
+        best["mode"], shape(best), best["samples_per_s"],
         best["samples_per_s"] / central["samples_per_s"], central["samples_per_s"], best["bound"]))
 
 
@@ -329,7 +347,7 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
             link = loopback
     else:
         m, g, link = measured
-    m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b)
+    m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
     cores = cores or os.cpu_count()
     preds = predict(m, g, link, cores, list(range(1, max_workers + 1)), list(servers), batch)
     choice, why = recommend(preds, 1.1)
@@ -382,7 +400,7 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
         cfg = apply_sets(parse_textproto(read_text(os.path.join(ROOT, config))), sets)
         batch = int(_get(cfg, "training.batch_size", 64))
         kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
-        m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b)
+        m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
         mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
         preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,
                         cpu_factor=cpu_factor, straggler=straggler)

@@ -67,6 +67,12 @@ class ModelBytesTest(unittest.TestCase):
             prev = keys
         self.assertGreater(prev, 4 * 50 - 1)
 
+    def test_a_local_sgd_period_moves_the_whole_mlp_but_fewer_than_k_times_the_rows(self):
+        self.assertEqual(ps_advise.period_bytes(mlp_cfg([64]), 64, (4,)), {4: 1.0})
+        ratio = ps_advise.period_bytes(ctr_cfg(100000, 8, 32), 256, (4,))[4]
+        self.assertGreater(ratio, 1.5)  # most keys of a batch are rare: a period has more rows ...
+        self.assertLess(ratio, 4.0)     # ... but popular ones repeat across its batches
+
     def test_step_bytes_reads_the_overrides(self):
         self.assertEqual(ps_advise.step_bytes(MNIST, ["model.mlp.hidden=64"]), (203560, 203560))
 
@@ -108,6 +114,12 @@ class PredictTest(unittest.TestCase):
         preds = ps_advise.predict(step(), GRPC, link, 64, [1], [1], 64, ks=(4,))
         # Every step: compute and the worker's own optimizer; the transfers once in 4 steps.
         self.assertClose(pick(preds, "local SGD k=4", 1, 1)["samples_per_s"], 64 / (0.010 + 0.002 + 0.022 / 4))
+
+    def test_local_sgd_on_a_sparse_model_moves_a_periods_rows(self):
+        link = dict(bandwidth_Bps=1e12, rtt_s=0)
+        m = dict(step(), period_bytes={4: 2.5})
+        preds = ps_advise.predict(m, GRPC, link, 64, [1], [1], 64, ks=(4,))
+        self.assertClose(pick(preds, "local SGD k=4", 1, 1)["samples_per_s"], 64 / (0.010 + 0.002 + 0.022 * 2.5 / 4))
 
     def test_bsp_is_slower_than_async_by_the_straggler_allowance(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)

@@ -197,7 +197,8 @@ def run_until(argv, target, limit):
     """Runs argv (in its own process group), reading worker 0's evaluations from its output, until
     one reaches target (then SIGTERM to the group) or limit seconds pass (the same).
 
-    Returns ([(epoch, metric, seconds)], the first one reaching target or None, output, wall s)."""
+    Returns ([(epoch, metric, seconds)], the first one reaching target or None, output, wall s,
+    whether it failed: exited non-zero before reaching the target or the limit)."""
     start = time.time()
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
@@ -208,8 +209,8 @@ def run_until(argv, target, limit):
         except ProcessLookupError:
             pass
 
-    evals, reached, lines = [], None, []
-    timer = threading.Timer(limit, stop)
+    evals, reached, lines, timed_out = [], None, [], []
+    timer = threading.Timer(limit, lambda: (timed_out.append(True), stop()))
     timer.start()
     try:
         for line in p.stdout:
@@ -229,7 +230,8 @@ def run_until(argv, target, limit):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         p.stdout.close()
-    return evals, reached, "".join(lines), time.time() - start
+    failed = reached is None and not timed_out and p.returncode != 0
+    return evals, reached, "".join(lines), time.time() - start, failed
 
 
 class Study:
@@ -325,11 +327,14 @@ class Study:
         else:
             run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
             argv = self.cluster_argv(link, model, s, w, mode, sets, run_dir, "auto")
-        evals, reached, out, wall = run_until(argv, target, limit)
+        evals, reached, out, wall, failed = run_until(argv, target, limit)
         if run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
         if self.net:
             self.net.kill_processes()
+        if failed:
+            log("%s %s %dx%d on %s failed:\n%s" % (model, mode, s, w, link, out[-3000:]))
+            return
         if not evals and reached is None:
             log("%s %s %dx%d on %s: no evaluation within %.0f s:\n%s" % (model, mode, s, w, link, limit, out[-3000:]))
         self.record(dict(link=link, model=model, mode=mode, servers=s, workers=w, kind="target", target=target,

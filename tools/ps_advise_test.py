@@ -181,17 +181,27 @@ class TimeToTargetTest(unittest.TestCase):
 
     def test_stops_the_run_at_the_first_evaluation_reaching_the_target(self):
         start = time.time()
-        evals, reached, _, _ = crossover_study.run_until(
+        evals, reached, _, _, failed = crossover_study.run_until(
             [sys.executable, "-c", FAKE_RUN, "0.80,0.84,0.86,0.90"], 0.85, 60)
         self.assertEqual(reached, (3, 0.86, 4.5))
+        self.assertFalse(failed)
         self.assertEqual([e[0] for e in evals], [1, 2, 3])
         self.assertLess(time.time() - start, 30)  # stopped, not left to sleep out its 60 s
 
     def test_a_run_that_never_reaches_it_ends_at_the_limit(self):
-        evals, reached, _, wall = crossover_study.run_until([sys.executable, "-c", FAKE_RUN, "0.80,0.81"], 0.85, 1.0)
+        evals, reached, _, wall, failed = crossover_study.run_until(
+            [sys.executable, "-c", FAKE_RUN, "0.80,0.81"], 0.85, 1.0)
         self.assertIsNone(reached)
         self.assertEqual(len(evals), 2)
         self.assertLess(wall, 30)
+        self.assertFalse(failed)  # stopped at its limit: not reached, not failed
+
+    def test_a_run_that_exits_with_an_error_failed(self):
+        evals, reached, out, _, failed = crossover_study.run_until(
+            [sys.executable, "-c", "import sys; print('bad config'); sys.exit(2)"], 0.85, 60)
+        self.assertTrue(failed)
+        self.assertEqual((evals, reached), ([], None))
+        self.assertIn("bad config", out)
 
     def test_target_overrides(self):
         self.assertEqual(crossover_study.parse_pairs("small=0.8,ctr=0.7", float), {"small": 0.8, "ctr": 0.7})

@@ -234,15 +234,29 @@ def run_until(argv, target, limit):
     return evals, reached, "".join(lines), time.time() - start, failed
 
 
+def launch_argv(host_lines, config, sets, bin_dir, run_dir, exec_template, eval_mode):
+    """The tools/launch_ssh.py command line of a job measured for throughput: its hosts file
+    (written to run_dir) from host_lines, config with the --set overrides `sets`, no
+    checkpoints, workers evaluating per eval_mode (never, auto, always)."""
+    os.makedirs(run_dir, exist_ok=True)
+    hosts = os.path.join(run_dir, "hosts")
+    with open(hosts, "w") as f:
+        f.write("".join(line + "\n" for line in host_lines))
+    return [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, config, "--exec", exec_template,
+            "--bin_dir", bin_dir, "--remote_dir", run_dir, "--log_dir", os.path.join(run_dir, "logs"),
+            "--set", ",".join(list(sets) + ["checkpoint.on_shutdown=false", "checkpoint.interval_s=0"]),
+            "--worker_arg=--eval=" + eval_mode, "--worker_arg=--wait_for_servers_s=60"]
+
+
 class Study:
     def __init__(self, args, bin_dir):
         self.args = args
         self.bin_dir = bin_dir
-        self.work = tempfile.mkdtemp(prefix="ps-crossover-")
-        self.wrapped = make_wrappers(args.bin_dir, os.path.join(self.work, "bin"))
-        self.net = None
         self.targets = dict(TARGETS, **parse_pairs(args.target_metrics, float))
         self.target_limits = dict(TARGET_LIMITS, **parse_pairs(args.target_limits, float))
+        self.net = None
+        self.work = tempfile.mkdtemp(prefix="ps-crossover-")  # removed by close()
+        self.wrapped = make_wrappers(args.bin_dir, os.path.join(self.work, "bin"))
 
     def record(self, row):
         row["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -278,21 +292,16 @@ class Study:
     def cluster_argv(self, link, model, s, w, mode, sets, run_dir, eval_mode):
         """launch_ssh.py command line for s servers and w workers of `model` on `link`."""
         config, model_sets = MODELS[model]
-        hosts = os.path.join(self.work, "hosts")
-        with open(hosts, "w") as f:
-            for role, entries, count in (("server", SERVERS, s), ("worker", WORKERS, w)):
-                for host, octet in entries[:count]:
-                    if link == "loopback":
-                        f.write("%s 127.0.0.1%s\n" % (role, " port=0" if role == "server" else ""))
-                    else:
-                        f.write("%s %s addr=%s.%d%s\n" % (role, self.net.ns(host), SUBNET, octet,
-                                                         " port=7000" if role == "server" else ""))
-        sets = model_sets + EXTRA_MODES.get(mode, []) + sets
-        return [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, os.path.join(ROOT, config),
-                "--exec", "" if link == "loopback" else "ip netns exec {host}", "--bin_dir", self.wrapped,
-                "--remote_dir", run_dir, "--log_dir", os.path.join(run_dir, "logs"),
-                "--set", ",".join(sets + ["checkpoint.on_shutdown=false", "checkpoint.interval_s=0"]),
-                "--worker_arg=--eval=" + eval_mode, "--worker_arg=--wait_for_servers_s=60"]
+        lines = []
+        for role, entries, count in (("server", SERVERS, s), ("worker", WORKERS, w)):
+            for host, octet in entries[:count]:
+                if link == "loopback":
+                    lines.append("%s 127.0.0.1%s" % (role, " port=0" if role == "server" else ""))
+                else:
+                    lines.append("%s %s addr=%s.%d%s" % (role, self.net.ns(host), SUBNET, octet,
+                                                        " port=7000" if role == "server" else ""))
+        return launch_argv(lines, os.path.join(ROOT, config), model_sets + EXTRA_MODES.get(mode, []) + sets,
+                           self.wrapped, run_dir, "" if link == "loopback" else "ip netns exec {host}", eval_mode)
 
     def cluster(self, link, model, s, w, mode, steps):
         run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
@@ -390,7 +399,16 @@ class Study:
 # ---------------------------------------------------------------- report
 
 def load(path):
-    return [json.loads(l) for l in open(path) if l.strip()]
+    """The rows of a study's JSON-lines file; a line that is not JSON is named."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise ValueError("%s line %d: not JSON (%s)" % (path, n, e))
+    return rows
 
 
 def report(rows, cores):
@@ -589,6 +607,31 @@ def show(rows, args):
             plot_target(target, args.target_plot)
 
 
+def check_args(args):
+    """Exits with the first bad argument named, before anything starts."""
+    from netns import rate_bits
+    for model in filter(None, (args.models + "," + args.extra_models).split(",")):
+        if model not in MODELS:
+            sys.exit("crossover_study: unknown model %r (one of %s)" % (model, ", ".join(MODELS)))
+    for link in args.links.split(","):
+        if link not in ("loopback", "unshaped"):
+            try:
+                rate_bits(link)
+            except ValueError as e:
+                sys.exit("crossover_study: --links: %s (or loopback, unshaped)" % e)
+    for cell in filter(None, (args.cells + "," + args.extra_cells).split(",")):
+        if not re.fullmatch(r"[1-9]\d*x[1-9]\d*", cell):
+            sys.exit("crossover_study: cell %r: expected SERVERSxWORKERS, e.g. 2x4" % cell)
+    for mode in filter(None, args.extra_modes.split(",")):
+        if mode not in EXTRA_MODES:
+            sys.exit("crossover_study: unknown mode %r (one of %s)" % (mode, ", ".join(EXTRA_MODES)))
+    for flag, value in (("--target_metrics", args.target_metrics), ("--target_limits", args.target_limits)):
+        try:
+            parse_pairs(value, float)
+        except ValueError as e:
+            sys.exit("crossover_study: %s: %s" % (flag, e))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="crossover.jsonl", help="append one JSON line per run here")
@@ -612,6 +655,7 @@ def main():
     ap.add_argument("--target_plot", default=None, help="draw the time-to-target plot (PNG) from --out / --report")
     args = ap.parse_args()
     args.bin_dir = os.path.realpath(args.bin_dir)
+    check_args(args)
     if args.report:
         show(load(args.report), args)
         return 0
@@ -632,4 +676,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (OSError, ValueError, KeyError) as e:  # unreadable or malformed result files
+        sys.exit("crossover_study: %s" % e)

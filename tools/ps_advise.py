@@ -44,10 +44,10 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -150,23 +150,18 @@ def measure_step(bin_dir, config, sets, steps):
     """Seconds of one worker step's pull + push, gRPC included, on a real 1-server, 1-worker job
     on loopback (tools/launch_ssh.py, this host): what a step's transfers cost in CPU and time,
     apart from the link, for any model (dense or sparse, the server's optimizer included)."""
-    from crossover_study import parse_run
+    from crossover_study import launch_argv, parse_run
     work = tempfile.mkdtemp(prefix="ps-advise-step-")
     try:
-        hosts = os.path.join(work, "hosts")
-        with open(hosts, "w") as f:
-            f.write("server 127.0.0.1 port=0\nworker 127.0.0.1\n")
-        argv = [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, config, "--exec", "",
-                "--bin_dir", bin_dir, "--remote_dir", work, "--log_dir", os.path.join(work, "logs"),
-                "--set", ",".join(list(sets) + ["training.max_steps=%d" % steps, "training.epochs=1000",
-                                                "checkpoint.on_shutdown=false", "checkpoint.interval_s=0"]),
-                "--worker_arg=--eval=never"]
+        argv = launch_argv(["server 127.0.0.1 port=0", "worker 127.0.0.1"], config,
+                           list(sets) + ["training.max_steps=%d" % steps, "training.epochs=1000"], bin_dir, work,
+                           "", "never")
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if p.returncode != 0:
             raise SystemExit("ps_advise: the loopback job failed:\n" + p.stdout[-2000:])
         r = parse_run(p.stdout)
     finally:
-        subprocess.run(["rm", "-rf", work])
+        shutil.rmtree(work, ignore_errors=True)
     if not r["steps"]:
         raise SystemExit("ps_advise: the loopback job reported no steps")
     return (r["pull_s"] + r["push_s"]) / r["steps"]
@@ -372,8 +367,8 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
     the link from the study's probe. Returns (rows, {model: the loopback step's costs}).
     """
     from crossover_study import MODELS
-    rows = [json.loads(l) for l in read_text(path).splitlines() if l.strip()]
-    rows = [r for r in rows if r.get("kind") != "target"]
+    from crossover_study import load
+    rows = [r for r in load(path) if r.get("kind") != "target"]
     probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
     grpc, out = {}, []
     for r in rows:
@@ -413,6 +408,9 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
                         measured_vs_central=r["samples_per_s"] / c["samples_per_s"], predicted_vs_central=
                         p["samples_per_s"] / base, bytes_predicted=pull_b + push_b,
                         bytes_measured=(r["bytes_sent"] + r["bytes_received"]) / steps))
+    if not out:
+        raise SystemExit("ps_advise: %s: nothing to validate (needs per model an asynchronous 1x1 run on loopback, "
+                         "a loopback probe, and per link a probe and a centralized run)" % path)
     return out, grpc
 
 
@@ -428,12 +426,9 @@ def fit_cpu_factor(path, cores):
     def loss(rows):
         return sum(abs(math.log(r["predicted"] / r["measured"])) for r in rows) / max(1, len(rows))
 
-    links = []
-    for r in by_factor[FIT_GRID[0]]:
-        if r["link"] not in links:
-            links.append(r["link"])
+    from crossover_study import unique
     chosen, out = {}, []
-    for link in links:
+    for link in unique(r["link"] for r in by_factor[FIT_GRID[0]]):
         f = min(FIT_GRID, key=lambda f: loss([r for r in by_factor[f] if r["link"] != link]))
         chosen[link] = f
         out += [r for r in by_factor[f] if r["link"] == link]
@@ -473,6 +468,11 @@ def main():
     ap.add_argument("--fit", action="store_true",
                     help="with --validate: also fit the gRPC CPU factor, leaving each link out in turn")
     args = ap.parse_args()
+    if bool(args.config) == bool(args.validate):
+        ap.error("give a config to advise on, or --validate FILE")
+    if args.link != "loopback":
+        from netns import rate_bits
+        rate_bits(args.link)  # a bad rate is refused before anything is measured
     if args.validate:
         cores = args.cores or os.cpu_count()
         rows, grpc = validate(args.validate, cores)

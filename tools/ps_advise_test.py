@@ -6,9 +6,9 @@ or at its limit, the report)."""
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -161,13 +161,17 @@ class ProbeTest(unittest.TestCase):
 
 
 FAKE_RUN = r"""
-import sys, time
+import signal, sys
+def stopped(signum, frame):
+    print("stopped by signal %d" % signum, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
 for epoch, metric in enumerate([float(v) for v in sys.argv[1].split(",")], 1):
     print("[worker 1@h] worker 1  epoch %d  test accuracy 0.9999  loss 0.1  (0.1 s)" % epoch, flush=True)
     print("[worker 0@h] worker 0  epoch %d  test accuracy %.4f  loss 0.3  (%.1f s)" % (epoch, metric, epoch * 1.5),
           flush=True)
-    time.sleep(0.05)
-time.sleep(60)
+signal.pause()  # a job that would go on training: only a signal ends it
+print("ran to its end", flush=True)
 """
 
 
@@ -180,20 +184,19 @@ class TimeToTargetTest(unittest.TestCase):
         self.assertIsNone(crossover_study.EVAL_LINE.search("worker 1  epoch 2  test AUC 0.9  log-loss 0.4  (4.1 s)"))
 
     def test_stops_the_run_at_the_first_evaluation_reaching_the_target(self):
-        start = time.time()
-        evals, reached, _, _, failed = crossover_study.run_until(
-            [sys.executable, "-c", FAKE_RUN, "0.80,0.84,0.86,0.90"], 0.85, 60)
+        evals, reached, out, _, failed = crossover_study.run_until(
+            [sys.executable, "-c", FAKE_RUN, "0.80,0.84,0.86,0.90"], 0.85, 3600)  # no limit in a test's time
         self.assertEqual(reached, (3, 0.86, 4.5))
         self.assertFalse(failed)
-        self.assertEqual([e[0] for e in evals], [1, 2, 3])
-        self.assertLess(time.time() - start, 30)  # stopped, not left to sleep out its 60 s
+        self.assertEqual([e[0] for e in evals], [1, 2, 3])  # none counted after the target
+        self.assertIn("stopped by signal %d" % signal.SIGTERM, out)
 
     def test_a_run_that_never_reaches_it_ends_at_the_limit(self):
-        evals, reached, _, wall, failed = crossover_study.run_until(
+        evals, reached, out, _, failed = crossover_study.run_until(
             [sys.executable, "-c", FAKE_RUN, "0.80,0.81"], 0.85, 1.0)
         self.assertIsNone(reached)
         self.assertEqual(len(evals), 2)
-        self.assertLess(wall, 30)
+        self.assertIn("stopped by signal %d" % signal.SIGTERM, out)  # by the limit's timer
         self.assertFalse(failed)  # stopped at its limit: not reached, not failed
 
     def test_a_run_that_exits_with_an_error_failed(self):
@@ -202,6 +205,25 @@ class TimeToTargetTest(unittest.TestCase):
         self.assertTrue(failed)
         self.assertEqual((evals, reached), ([], None))
         self.assertIn("bad config", out)
+
+    def test_bad_arguments_are_refused_before_anything_runs(self):
+        import argparse
+        good = dict(models="small", extra_models="large", links="loopback,1gbit", cells="1x2", extra_cells="2x2",
+                    extra_modes="BSP,lsgd4", target_metrics="", target_limits="")
+        crossover_study.check_args(argparse.Namespace(**good))
+        for key, bad in (("models", "huge"), ("links", "5parsecs"), ("cells", "2y4"), ("cells", "0x2"),
+                         ("extra_modes", "SSP"), ("target_metrics", "small=x"), ("target_limits", "tiny=9")):
+            with self.assertRaises(SystemExit, msg="%s=%s" % (key, bad)):
+                crossover_study.check_args(argparse.Namespace(**dict(good, **{key: bad})))
+
+    def test_a_results_line_that_is_not_json_is_named(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write('{"link": "loopback", "mode": "probe"}\n\nnot json\n')
+        try:
+            with self.assertRaisesRegex(ValueError, r"line 3: not JSON"):
+                crossover_study.load(f.name)
+        finally:
+            os.unlink(f.name)
 
     def test_target_overrides(self):
         self.assertEqual(crossover_study.parse_pairs("small=0.8,ctr=0.7", float), {"small": 0.8, "ctr": 0.7})

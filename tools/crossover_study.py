@@ -38,7 +38,7 @@ workers sent and received, the workers' pull/compute/push breakdown, CPU seconds
 process, the link probe. --report prints the markdown tables; --plot draws samples/s
 against link speed per model (needs matplotlib: Debian's /usr/bin/python3 with
 python3-matplotlib). Namespaces, qdiscs and processes are removed however the study ends.
-Build first: bazel build //server:ps_server //worker:ps_worker //tools:ps_bench
+Build first: bazel build //server:ps_server //worker:ps_worker
 """
 
 import argparse

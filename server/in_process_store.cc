@@ -163,7 +163,7 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
 
 absl::Status InProcessParameterStore::Finish() {
   for (Shard* shard : shards_) {
-    shard->workers().Finish(options_.worker_id, options_.worker_incarnation);
+    RETURN_IF_ERROR(shard->workers().Finish(options_.worker_id, options_.worker_incarnation));
   }
   return absl::OkStatus();
 }

@@ -278,7 +278,9 @@ absl::Status Run() {
   }
 
   if (config.security().plaintext()) {
-    LOG(WARNING) << "security.plaintext is set: calls are neither encrypted nor authenticated";
+    LOG(WARNING) << "security.plaintext is set: calls are neither encrypted nor authenticated, "
+                    "and identities are not checked: any client can act as any worker or as "
+                    "the operator";
   }
   ASSIGN_OR_RETURN(auto credentials, common::MakeServerCredentials(config.security()));
 
@@ -315,6 +317,8 @@ absl::Status Run() {
     }
   }
   service_options.max_pull_wait = absl::Seconds(config.server().max_pull_wait_s());
+  service_options.auth.check_identities = !config.security().plaintext();
+  service_options.auth.operator_token_required = !config.security().operator_token_file().empty();
   ParameterServerService service(shard.get(), service_options, hooks, &metrics);
 
   // Metrics read at scrape time; the handles go before the shard and checkpointer they read.
@@ -381,7 +385,8 @@ absl::Status Run() {
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    if (sig == SIGTERM || sig == SIGINT) {
+    // After a Shutdown call, the SIGTERM is ours (sent below to wake this thread).
+    if ((sig == SIGTERM || sig == SIGINT) && !shutdown_requested.HasBeenNotified()) {
       LOG(INFO) << "signal " << sig << ": shutting down";
       if (!shutdown_requested.HasBeenNotified()) shutdown_requested.Notify();
     }

@@ -250,9 +250,21 @@ absl::Status Shard::CheckWorkerAndClock(const RequestInfo& info) {
                                                         info.clock, " is negative")));
 }
 
+absl::Status Shard::CheckPusher(const RequestInfo& info) {
+  if (info.worker_id >= 0) return absl::OkStatus();
+  // Pushes without a worker slot would skip exactly-once bookkeeping: the same bytes sent
+  // twice would change the parameters twice.
+  return Reject("bad_worker", absl::InvalidArgumentError(absl::StrCat(
+                                  "push from worker ", info.worker_id, ": pushes need a worker "
+                                  "id in [0, cluster.num_workers); negative ids may only read")));
+}
+
 absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
   if (info.worker_id < 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckWorkerAndClock(info));
+  if (absl::Status s = workers_.CheckPullClock(info.worker_id, info.clock); !s.ok()) {
+    return Reject("clock_ahead", std::move(s));
+  }
   if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation); !s.ok()) {
     return Reject(HeaderRejection(s), std::move(s));
   }
@@ -269,6 +281,7 @@ void Shard::CountPull(uint64_t bytes_out) {
 absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
                                             absl::Span<const PendingUpdate> updates,
                                             const UpdateOptions& options, uint64_t bytes_in) {
+  RETURN_IF_ERROR(CheckPusher(info));
   const bool tracked = info.worker_id >= 0;
   RETURN_IF_ERROR(CheckWorkerAndClock(info));
   if (tracked && config_.training().deterministic()) {

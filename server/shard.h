@@ -116,7 +116,8 @@ class Shard {
 
   // ---- Pulls.
   // Waits for the consistency bound (see WorkerTracker) and records the sender as alive.
-  // INVALID_ARGUMENT for a worker (id >= 0) with a negative clock.
+  // INVALID_ARGUMENT for a worker (id >= 0) with a negative clock, or with a clock no push
+  // could let through (WorkerTracker::CheckPullClock).
   absl::Status BeginPull(const RequestInfo& info, absl::Time deadline);
   void CountPull(uint64_t bytes_out);
 
@@ -157,6 +158,9 @@ class Shard {
         std::unique_ptr<storage::SpillStore> spill_store);
   // INVALID_ARGUMENT (counted as "bad_clock") for a worker's negative clock.
   absl::Status CheckWorkerAndClock(const RequestInfo& info);
+  // INVALID_ARGUMENT for a push without a worker slot (negative id): every push goes through
+  // exactly-once admission.
+  absl::Status CheckPusher(const RequestInfo& info);
 
   // Constant after construction.
   const JobConfig config_;

@@ -39,7 +39,7 @@ constexpr uint64_t kKeys = 2000;
 JobConfig MakeConfig(uint64_t budget, const std::string& optimizer = "kind: ADAGRAD") {
   auto config = common::ParseJobConfigText(
       absl::StrCat(R"pb(
-                     cluster { num_servers: 1 num_workers: 1 dense_block_floats: 16 }
+                     cluster { num_servers: 1 num_workers: 2 dense_block_floats: 16 }
                      tables { name: "w" kind: TABLE_KIND_DENSE shape: 40
                               initializer { kind: UNIFORM low: -1 high: 1 }
                               optimizer {)pb",
@@ -83,8 +83,14 @@ class ShardSpillTest : public ::testing::Test {
     EXPECT_THAT(c.status(), IsOk());
     return c.ok() ? *std::move(c) : nullptr;
   }
+  // A reader (a tool: worker id -1).
   static std::unique_ptr<InProcessParameterStore> Store(Shard* shard) {
     return *InProcessParameterStore::Create({shard}, {-1, 1});
+  }
+  // A pusher: worker `worker`, as a new process each time (its sequences start over).
+  static std::unique_ptr<InProcessParameterStore> Pusher(Shard* shard, int32_t worker = 0) {
+    static std::atomic<uint64_t> incarnation{0};
+    return *InProcessParameterStore::Create({shard}, {worker, ++incarnation});
   }
   static std::vector<uint64_t> AllKeys() {
     std::vector<uint64_t> keys;
@@ -122,7 +128,7 @@ class ShardSpillTest : public ::testing::Test {
         common::PushBatch batch;
         batch.dense.push_back({"w", dense});
         batch.sparse.push_back({"emb", keys, rows});
-        ASSERT_THAT(Store(shard)->Push(batch, {1, false}), IsOk());
+        ASSERT_THAT(Pusher(shard)->Push(batch, {1, false}), IsOk());
       }
     }
   }
@@ -232,8 +238,8 @@ TEST_F(ShardSpillTest, CheckpointsTakenWhileRowsMoveAreExactCuts) {
     std::atomic<int> pushers_left{2};
     std::vector<std::thread> threads;
     for (int p = 0; p < 2; ++p) {
-      threads.emplace_back([&] {
-        auto store = Store(s.get());
+      threads.emplace_back([&, p] {
+        auto store = Pusher(s.get(), p);
         const std::vector<float> minus_one(pushed.size() * kDim, -1.0f);
         for (int i = 0; i < 25; ++i) {
           common::PushBatch batch;

@@ -314,7 +314,8 @@ TEST(Shard, SnapshotUnderConcurrentPushesIsAConsistentCut) {
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 500; ++k) keys.push_back(k);
   InProcessStoreOptions options;
-  options.worker_id = -1;  // no exactly-once bookkeeping needed
+  options.worker_id = 0;  // pushes need a worker slot
+  options.worker_incarnation = 1;
   auto store = *InProcessParameterStore::Create({shard.get()}, options);
   std::atomic<bool> stop{false};
   std::thread pusher([&] {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
@@ -12,11 +13,27 @@ namespace ps::server {
 WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options, std::function<absl::Time()> now)
     : options_(options), now_(now ? std::move(now) : [] { return absl::Now(); }) {}
 
+uint64_t WorkerTracker::MaxIncarnation() const {
+  const absl::Time limit = now_() + options_.max_incarnation_lead;
+  if (limit <= absl::UnixEpoch()) return 0;
+  return static_cast<uint64_t>(absl::ToUnixNanos(limit));
+}
+
+absl::Status WorkerTracker::CheckIncarnation(int32_t worker, uint64_t incarnation) const {
+  if (incarnation <= MaxIncarnation()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "worker ", worker, " incarnation ", incarnation,
+      " is further ahead of this server's clock than ",
+      absl::FormatDuration(options_.max_incarnation_lead),
+      ": an incarnation is the worker's start time in ns since the Unix epoch"));
+}
+
 absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uint64_t incarnation) {
   if (worker < 0 || static_cast<uint32_t>(worker) >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " is not in this job (",
                                                    options_.num_workers, " workers)"));
   }
+  RETURN_IF_ERROR(CheckIncarnation(worker, incarnation));
   Worker& w = workers_[worker];
   if (w.seen && incarnation < w.incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -47,6 +64,12 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
   if (!found.ok()) return found.status();
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
+  const uint64_t highest = w.above.empty() ? w.floor : *w.above.rbegin();
+  if (sequence > highest && sequence - highest > kSequenceWindow) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, ": push sequence ", sequence, " is more than ", kSequenceWindow,
+        " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
+  }
   w.above.insert(sequence);
   // Sequences that never arrive (pushes lost with a server restored from an older
   // checkpoint) would keep the floor down and the set growing: past kMaxAbove entries the
@@ -75,11 +98,32 @@ absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation) {
   return Lookup(worker, incarnation).status();
 }
 
-void WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
+absl::Status WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  Worker& w = workers_[worker];
-  if (w.seen && incarnation < w.incarnation) return;
-  w.finished = true;
+  auto it = workers_.find(worker);
+  if (it != workers_.end() && it->second.seen && incarnation != it->second.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " incarnation ", incarnation, " cannot finish: the worker's current "
+        "incarnation is ", it->second.incarnation));
+  }
+  // A worker this server has no record of (a server restarted without a checkpoint) may
+  // finish with its first word: Lookup registers it with the usual checks.
+  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
+  w->finished = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerTracker::CheckPullClock(int32_t worker, int64_t clock) const {
+  if (!options_.staleness.has_value()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  int64_t newest = 0;
+  for (const auto& [id, w] : workers_) newest = std::max(newest, w.clock);
+  // clock >= 0 (checked by the shard) and staleness >= 0: no overflow below.
+  if (clock - *options_.staleness <= newest + kPullClockLead) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "worker ", worker, ": pull at clock ", clock, " with staleness ", *options_.staleness,
+      " waits for clock ", clock - *options_.staleness, ", but the newest clock any worker has ",
+      "pushed here is ", newest, ": no push can let it through"));
 }
 
 void WorkerTracker::SetDataPosition(int32_t worker, uint64_t offset, uint32_t epoch) {
@@ -257,12 +301,18 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
   absl::MutexLock lock(&mu_);
   workers_.clear();
   const absl::Time now = now_();
+  const uint64_t max_incarnation = MaxIncarnation();
   for (const auto& c : workers) {
     Worker& w = workers_[c.worker_id()];
-    w.incarnation = c.incarnation();
+    // An incarnation too far ahead was forged into an older checkpoint: keep where the worker
+    // is (clock, data position), not who it was, so that its next real incarnation takes over.
+    const bool forged = c.incarnation() > max_incarnation;
+    w.incarnation = forged ? 0 : c.incarnation();
     w.clock = c.clock();
-    w.floor = c.applied_floor();
-    w.above.insert(c.applied_above().begin(), c.applied_above().end());
+    if (!forged) {
+      w.floor = c.applied_floor();
+      w.above.insert(c.applied_above().begin(), c.applied_above().end());
+    }
     w.data_offset = c.data_offset();
     w.epoch = c.epoch();
     w.finished = c.finished();

@@ -11,6 +11,18 @@
 // tracker keeps its newest incarnation, a floor F (every sequence <= F applied) and the
 // applied sequences above F; a push is applied at most once. A push from an older
 // incarnation than the newest seen is refused (FAILED_PRECONDITION): that process is gone.
+//
+// Validated, not trusted. A peer could claim any incarnation, sequence or clock; the tracker
+// bounds each so that no request can lock a worker out or make its honest pushes duplicates:
+// - an incarnation is the worker's start time in ns since the Unix epoch, so a new one may
+//   lead the server's clock by at most max_incarnation_lead (clock skew); one further ahead
+//   is INVALID_ARGUMENT (2^64-1 would otherwise outrank every real restart for good), and a
+//   checkpoint holding one is restored without it;
+// - a sequence may lead the highest one applied for its incarnation by at most
+//   kSequenceWindow (INVALID_ARGUMENT), so pushes with huge sequences cannot fill the
+//   applied set and push the floor past the real worker's next sequence;
+// - a pull may ask for a clock at most staleness + kPullClockLead ahead of the newest clock
+//   any worker has pushed here (INVALID_ARGUMENT at once, instead of a wait no push can end).
 #ifndef PS_SERVER_WORKER_TRACKER_H_
 #define PS_SERVER_WORKER_TRACKER_H_
 
@@ -38,6 +50,9 @@ struct WorkerTrackerOptions {
   std::optional<int32_t> staleness;
   // A worker not heard from for this long leaves the bound.
   absl::Duration lease = absl::Seconds(30);
+  // How far a worker's incarnation (its start time, ns since the Unix epoch) may lead this
+  // server's clock: the clock skew tolerated between machines.
+  absl::Duration max_incarnation_lead = absl::Hours(1);
 };
 
 // Thread-safe.
@@ -45,6 +60,13 @@ class WorkerTracker {
  public:
   // Applied sequences kept above a worker's floor; older gaps are given up on.
   static constexpr size_t kMaxAbove = 1024;
+  // How far a push's sequence may lead the highest applied one of its incarnation. An honest
+  // worker's pushes to one server skip the steps that had nothing for it, and a server
+  // restored from an older checkpoint misses the pushes since: both stay far below this.
+  static constexpr uint64_t kSequenceWindow = uint64_t{1} << 24;
+  // How far beyond (newest pushed clock + staleness) a pull's clock may be: a worker issues
+  // the pull of its next step while the push of the current one is in flight.
+  static constexpr int64_t kPullClockLead = 2;
 
   // `now` is the clock (injected for tests); defaults to absl::Now.
   explicit WorkerTracker(const WorkerTrackerOptions& options,
@@ -57,19 +79,27 @@ class WorkerTracker {
   // applied at once, so that a concurrent retry of the same push gets kDuplicate; the
   // caller must apply it (callers hold the shard's apply lock across Admit and the apply,
   // so a snapshot never sees one without the other). FAILED_PRECONDITION for an incarnation
-  // older than the newest seen; INVALID_ARGUMENT for sequence 0.
+  // older than the newest seen; INVALID_ARGUMENT for sequence 0, for a sequence beyond
+  // kSequenceWindow ahead, and for an incarnation too far ahead of the clock.
   absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence);
   // Advances the worker's clock to at least `clock`, after its push was applied (so that a
   // pull released by the new clock sees the push).
   void AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock);
 
   // A sign of life without a push (pulls, heartbeats). Returns FAILED_PRECONDITION for an
-  // older incarnation than the newest seen.
+  // older incarnation than the newest seen, INVALID_ARGUMENT for one too far ahead.
   absl::Status Touch(int32_t worker, uint64_t incarnation);
-  // The worker is done: it leaves the bound for good (until heard from again).
-  void Finish(int32_t worker, uint64_t incarnation);
+  // The worker is done: it leaves the bound for good (until heard from again). Only the
+  // worker's current incarnation may finish it (or the first one heard of, for a worker this
+  // server has no record of): FAILED_PRECONDITION for any other, so a finish cannot come
+  // with a new incarnation of its own; INVALID_ARGUMENT for an id outside the job.
+  absl::Status Finish(int32_t worker, uint64_t incarnation);
   void SetDataPosition(int32_t worker, uint64_t offset, uint32_t epoch);
 
+  // OK when a pull at `clock` can be served by pushes that may come: INVALID_ARGUMENT when
+  // clock - staleness is more than kPullClockLead beyond the newest clock any worker has
+  // pushed here. Always OK when asynchronous (pulls never wait).
+  absl::Status CheckPullClock(int32_t worker, int64_t clock) const;
   // Blocks until the bound lets a worker at `clock` read (min live clock >= clock -
   // staleness), or until `deadline` (DEADLINE_EXCEEDED naming the slowest worker).
   // Returns at once when asynchronous. Records the staleness seen.
@@ -95,7 +125,9 @@ class WorkerTracker {
   void FillStats(std::vector<WorkerClock>* out) const;
 
   // Checkpoint state, and restore from it (replaces everything; restored workers count as
-  // last seen now).
+  // last seen now). A saved incarnation too far ahead of the clock (a forged one that got
+  // into an older checkpoint) is dropped with its exactly-once state: the worker's next real
+  // incarnation takes over.
   std::vector<WorkerCheckpoint> Save() const;
   void Restore(const std::vector<WorkerCheckpoint>& workers);
   // Saved position of a worker (for a restarted worker), if any.
@@ -120,6 +152,10 @@ class WorkerTracker {
   absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
+  absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;
+  // The newest incarnation this server accepts now.
+  uint64_t MaxIncarnation() const;
   // Min clock over live participants, and the slowest one's id (-1 if none live).
   std::pair<int64_t, int32_t> MinLive(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

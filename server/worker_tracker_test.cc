@@ -164,7 +164,7 @@ TEST(WorkerTracker, TurnsSkipFinishedAndExpiredWorkers) {
   FakeClock clock;
   WorkerTracker t(Options(3, 0), clock.fn());
   for (int w = 0; w < 3; ++w) ASSERT_THAT(t.Touch(w, 1), IsOk());
-  t.Finish(1, 1);
+  ASSERT_THAT(t.Finish(1, 1), IsOk());
   // Worker 2 is live and has not arrived: worker 0 waits for it.
   EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Milliseconds(20)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("worker 2")));
@@ -180,7 +180,7 @@ TEST(WorkerTracker, ExpiredLeaseAndFinishedWorkersLeaveTheBound) {
   for (int w = 0; w < 3; ++w) ASSERT_THAT(t.Touch(w, 1), IsOk());
   t.AdvanceClock(0, 1, 5);
   // Worker 1 finished; worker 2 goes silent past its lease.
-  t.Finish(1, 1);
+  ASSERT_THAT(t.Finish(1, 1), IsOk());
   EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Milliseconds(10)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_TRUE(t.Poke().empty());
@@ -205,11 +205,11 @@ TEST(WorkerTracker, AllFinishedOnlyWhenEveryWorkerFinished) {
   WorkerTracker t(Options(2, std::nullopt));
   EXPECT_FALSE(t.AllFinished());
   ASSERT_THAT(t.Touch(0, 1), IsOk());
-  t.Finish(0, 1);
+  ASSERT_THAT(t.Finish(0, 1), IsOk());
   EXPECT_FALSE(t.AllFinished());  // worker 1 never showed up
   ASSERT_THAT(t.Touch(1, 1), IsOk());
   EXPECT_FALSE(t.AllFinished());
-  t.Finish(1, 1);
+  ASSERT_THAT(t.Finish(1, 1), IsOk());
   EXPECT_TRUE(t.AllFinished());
   ASSERT_THAT(t.Touch(1, 2), IsOk());  // a restarted worker 1 is back
   EXPECT_FALSE(t.AllFinished());
@@ -232,6 +232,88 @@ TEST(WorkerTracker, SaveAndRestoreKeepExactlyOnceState) {
   EXPECT_EQ(saved->clock(), 4);
   EXPECT_EQ(saved->data_offset(), 640u);
   EXPECT_EQ(saved->epoch(), 2u);
+}
+
+// ---- Forged headers: each of these locked out or fooled the server before they were
+// validated.
+
+TEST(WorkerTracker, IncarnationFarAheadOfTheClockIsRefusedAndLocksNobodyOut) {
+  FakeClock clock;
+  WorkerTracker t(Options(2, std::nullopt), clock.fn());
+  const uint64_t now_ns = uint64_t{1000} * 1000000000;
+  EXPECT_THAT(t.Admit(1, UINT64_MAX, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("ahead")));
+  EXPECT_THAT(t.Touch(1, UINT64_MAX), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.Finish(1, UINT64_MAX), StatusIs(absl::StatusCode::kInvalidArgument));
+  // The real worker 1, started now, is still welcome.
+  EXPECT_EQ(*t.Admit(1, now_ns, 1), Admission::kApply);
+  // An incarnation within the tolerated clock skew is a normal restart.
+  EXPECT_EQ(*t.Admit(1, now_ns + 60 * uint64_t{1000000000}, 1), Admission::kApply);
+}
+
+TEST(WorkerTracker, ForgedIncarnationInACheckpointDoesNotSurviveTheRestore) {
+  // A checkpoint written before incarnations were validated holds worker 1 at 2^64-1.
+  WorkerCheckpoint forged;
+  forged.set_worker_id(1);
+  forged.set_incarnation(UINT64_MAX);
+  forged.set_clock(7);
+  forged.set_applied_floor(UINT64_MAX - 1);
+  forged.set_data_offset(64);
+  FakeClock clock;
+  WorkerTracker t(Options(2, std::nullopt), clock.fn());
+  t.Restore({forged});
+  // The real worker's pushes are applied, and where it was is kept.
+  EXPECT_EQ(*t.Admit(1, 5, 1), Admission::kApply);
+  auto saved = t.Get(1);
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->incarnation(), 5u);
+  EXPECT_EQ(saved->clock(), 7);
+  EXPECT_EQ(saved->data_offset(), 64u);
+}
+
+TEST(WorkerTracker, HugeSequencesCannotMakeTheNextRealPushADuplicate) {
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 3, 1), Admission::kApply);
+  for (uint64_t i = 0; i <= WorkerTracker::kMaxAbove; ++i) {
+    EXPECT_THAT(t.Admit(0, 3, (uint64_t{1} << 62) + i).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+  EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kApply);
+  // Gaps within the window are honest (pushes that had nothing for this server).
+  EXPECT_EQ(*t.Admit(0, 3, 2 + WorkerTracker::kSequenceWindow), Admission::kApply);
+}
+
+TEST(WorkerTracker, OnlyTheCurrentIncarnationFinishesAWorker) {
+  WorkerTracker t(Options(2, std::nullopt));
+  ASSERT_THAT(t.Touch(0, 5), IsOk());
+  ASSERT_THAT(t.Touch(1, 5), IsOk());
+  // A finish that would register a new incarnation, or come from an old one, is refused.
+  EXPECT_THAT(t.Finish(1, 6), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(t.Finish(1, 4), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(t.Finish(2, 5), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.Finish(-1, 5), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(t.Finish(0, 5), IsOk());
+  EXPECT_FALSE(t.AllFinished());
+  ASSERT_THAT(t.Finish(1, 5), IsOk());
+  EXPECT_TRUE(t.AllFinished());
+}
+
+TEST(WorkerTracker, PullClockNoPushCanReachIsRefusedAtOnce) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  t.AdvanceClock(0, 1, 3);
+  // The next step's pull (issued while the push is in flight) is legitimate...
+  EXPECT_THAT(t.CheckPullClock(1, 3 + WorkerTracker::kPullClockLead), IsOk());
+  // ...one that needs clocks nobody has pushed is not.
+  EXPECT_THAT(t.CheckPullClock(0, 1000000),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("pushed here is 3")));
+  WorkerTracker ssp(Options(2, 4));
+  EXPECT_THAT(ssp.CheckPullClock(0, 4 + WorkerTracker::kPullClockLead), IsOk());
+  EXPECT_THAT(ssp.CheckPullClock(0, 5 + WorkerTracker::kPullClockLead),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Asynchronous pulls never wait, so never need refusing.
+  WorkerTracker async(Options(2, std::nullopt));
+  EXPECT_THAT(async.CheckPullClock(0, 1000000), IsOk());
 }
 
 }  // namespace

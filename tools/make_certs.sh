@@ -1,24 +1,31 @@
 #!/bin/bash
-# Creates the TLS material of one job: a CA, one certificate for every process, a
-# client-only certificate, and a bearer token. For tests and small clusters; a site with its
-# own PKI should issue the certificates there instead.
+# Creates the TLS material of one job: a CA, a certificate for every process that names its
+# role (and index), and one bearer token per role. For tests and small clusters; a site with
+# its own PKI should issue the certificates there instead, naming roles the same way.
 #
-#   tools/make_certs.sh [--force] OUT_DIR [HOST...]
+#   tools/make_certs.sh [--force] [--workers N] [--job NAME] OUT_DIR [HOST...]
 #
 # Writes into OUT_DIR (created if missing):
-#   ca.pem, ca.key          the job's CA (EC P-256, 10 years). Keep ca.key off the cluster.
-#   server.pem, server.key  signed by the CA; extendedKeyUsage serverAuth AND clientAuth;
-#                           subjectAltName localhost, 127.0.0.1, ::1 and every HOST (an IP
-#                           address becomes an IP entry, anything else a DNS entry).
-#   client.pem, client.key  signed by the CA; clientAuth only, no subjectAltName.
-#   token.txt               64 random hex digits (the shared bearer token).
-# Keys and the token are mode 600, certificates 644.
+#   ca.pem, ca.key            the job's CA (EC P-256, 10 years). Keep ca.key off the cluster.
+#   server.pem, server.key    for every ps_server: serverAuth and clientAuth; subjectAltName
+#                             URI ps://NAME/server, localhost, 127.0.0.1, ::1 and every HOST
+#                             (an IP address becomes an IP entry, anything else a DNS entry).
+#   worker-I.pem, worker-I.key  for worker I (0..N-1, N = --workers, default 1): clientAuth;
+#                             URI ps://NAME/worker/I. Servers let a worker push, pull and
+#                             heartbeat only as the index its certificate names.
+#   operator.pem, operator.key  for psctl: clientAuth; URI ps://NAME/operator. Only this
+#                             role may call Shutdown and Checkpoint.
+#   client.pem, client.key    clientAuth, no role: may only read (Stats, pulls as a tool).
+#   token.txt                 the workers' bearer token (64 random hex digits).
+#   operator_token.txt        the operator's bearer token; admin calls need it too.
+# Keys and tokens are mode 600, certificates 644. The common name of each role certificate
+# is its URI as well, for tools that show only the CN.
 #
-# Which pair a process uses: SecurityConfig has one cert/key for servers and clients alike,
-# and the server pair is valid in both roles, so the printed snippet (server.pem/server.key)
-# works unchanged for every ps_server, ps_worker and tool of the job. A worker host that
-# should not hold the server key can use the client pair instead:
-#   ps_worker ... --set security.cert=OUT_DIR/client.pem,security.key=OUT_DIR/client.key
+# Which files a process uses (the printed snippet is the servers' security section):
+#   ps_server  cert server.pem, token_file token.txt, operator_token_file operator_token.txt
+#   ps_worker  --set security.cert=OUT_DIR/worker-I.pem,security.key=OUT_DIR/worker-I.key
+#   psctl      --set security.cert=OUT_DIR/operator.pem,security.key=OUT_DIR/operator.key,
+#                    security.token_file=OUT_DIR/operator_token.txt
 # Servers must keep server.pem: clients check the server's name against its
 # subjectAltName, so list every host (or IP) that appears in cluster.servers / --servers.
 #
@@ -27,27 +34,40 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 [--force] OUT_DIR [HOST...]" >&2
+  echo "usage: $0 [--force] [--workers N] [--job NAME] OUT_DIR [HOST...]" >&2
   exit 2
 }
 
 force=0
+workers=1
+job=job
 args=()
-for a in "$@"; do
-  case "$a" in
+while (($#)); do
+  case "$1" in
     --force) force=1 ;;
+    --workers) shift; workers="${1:-}" ;;
+    --workers=*) workers="${1#--workers=}" ;;
+    --job) shift; job="${1:-}" ;;
+    --job=*) job="${1#--job=}" ;;
     -h | --help) usage ;;
-    -*) echo "make_certs: unknown flag $a" >&2; usage ;;
-    *) args+=("$a") ;;
+    -*) echo "make_certs: unknown flag $1" >&2; usage ;;
+    *) args+=("$1") ;;
   esac
+  shift
 done
+[[ "$workers" =~ ^[0-9]+$ ]] && ((workers >= 1 && workers <= 10000)) ||
+  { echo "make_certs: --workers must be a number in [1, 10000], got '$workers'" >&2; exit 2; }
+[[ "$job" =~ ^[A-Za-z0-9._-]+$ ]] ||
+  { echo "make_certs: --job must be letters, digits, '.', '_' or '-', got '$job'" >&2; exit 2; }
 ((${#args[@]} >= 1)) || usage
 out="${args[0]}"
 hosts=("${args[@]:1}")
 
 command -v openssl >/dev/null || { echo "make_certs: openssl not found (tools/setup.sh installs it)" >&2; exit 1; }
 
-files=(ca.pem ca.key server.pem server.key client.pem client.key token.txt)
+files=(ca.pem ca.key server.pem server.key operator.pem operator.key client.pem client.key
+  token.txt operator_token.txt)
+for ((i = 0; i < workers; i++)); do files+=("worker-$i.pem" "worker-$i.key"); done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 if ((!force)); then
@@ -66,7 +86,7 @@ trap 'rm -rf "$tmp"' EXIT
 umask 077
 
 days=3650
-san="DNS:localhost,IP:127.0.0.1,IP:::1"
+san="URI:ps://$job/server,DNS:localhost,IP:127.0.0.1,IP:::1"
 for h in "${hosts[@]+"${hosts[@]}"}"; do
   if [[ "$h" =~ ^[0-9.]+$ || "$h" == *:* ]]; then
     san+=",IP:$h"
@@ -100,31 +120,50 @@ subjectAltName=$san
 EOF
 sign server
 
-newkey "$tmp/client.key"
-openssl req -new -key "$tmp/client.key" -subj "/CN=ps client" -out "$tmp/client.csr"
-cat >"$tmp/client.ext" <<EOF
+# A client certificate: $1 = file stem, $2 = common name, $3 = extra extension lines.
+client_cert() {
+  newkey "$tmp/$1.key"
+  # -subj separates fields with '/': escape the URI's own slashes.
+  openssl req -new -key "$tmp/$1.key" -subj "/CN=${2//\//\\/}" -out "$tmp/$1.csr"
+  cat >"$tmp/$1.ext" <<EOF
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth
+$3
 EOF
-sign client
+  sign "$1"
+}
+
+client_cert client "ps client" ""
+client_cert operator "ps://$job/operator" "subjectAltName=URI:ps://$job/operator"
+for ((i = 0; i < workers; i++)); do
+  client_cert "worker-$i" "ps://$job/worker/$i" "subjectAltName=URI:ps://$job/worker/$i"
+done
 
 openssl rand -hex 32 >"$tmp/token.txt"
+openssl rand -hex 32 >"$tmp/operator_token.txt"
 
-openssl verify -CAfile "$tmp/ca.pem" "$tmp/server.pem" "$tmp/client.pem" >/dev/null
-chmod 600 "$tmp"/*.key "$tmp/token.txt"
+for f in "${files[@]}"; do
+  if [[ "$f" == *.pem && "$f" != ca.pem ]]; then
+    openssl verify -CAfile "$tmp/ca.pem" "$tmp/$f" >/dev/null
+  fi
+done
+chmod 600 "$tmp"/*.key "$tmp/token.txt" "$tmp/operator_token.txt"
 chmod 644 "$tmp"/*.pem
 for f in "${files[@]}"; do mv -f "$tmp/$f" "$out/$f"; done
 
 cat <<EOF
-make_certs: wrote ${files[*]} to $out
-subjectAltName: $san
-Paste into the job config (every server and worker reads the same files):
+make_certs: wrote CA, server, operator, client and $workers worker certificates to $out
+server subjectAltName: $san
+The servers' security section (workers and psctl override cert/key/token_file, see above):
 
 security {
   ca_cert: "$out/ca.pem"
   cert: "$out/server.pem"
   key: "$out/server.key"
   token_file: "$out/token.txt"
+  operator_token_file: "$out/operator_token.txt"
 }
+Worker I: --set security.cert=$out/worker-I.pem,security.key=$out/worker-I.key
+psctl:    --set security.cert=$out/operator.pem,security.key=$out/operator.key,security.token_file=$out/operator_token.txt
 EOF

@@ -2,10 +2,12 @@
 //
 //   psctl status     --config=job.textproto --servers=h0:p0,h1:p1 [--json]
 //   psctl checkpoint --config=job.textproto --servers=...            # now, on all, and wait
-//   psctl shutdown   --config=job.textproto --servers=... [--checkpoint=false]
+//   psctl shutdown   --config=job.textproto --servers=... --reason="why" [--checkpoint=false]
 //
 // --servers defaults to the config's cluster.servers. The config supplies the security
-// settings (TLS certificates, token) and the RPC limits.
+// settings (TLS certificates, token) and the RPC limits; --set overrides fields of it, e.g.
+// the operator's certificate and token (tools/make_certs.sh): checkpoint and shutdown need
+// the operator role, status does not. The servers log the reason with the caller.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -22,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/overrides.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -33,6 +36,10 @@ ABSL_FLAG(std::string, servers, "", "Server addresses h:p,... (default: cluster.
 ABSL_FLAG(bool, json, false, "Print JSON (one object per server per line) instead of tables.");
 ABSL_FLAG(double, rate_interval_s, 1.0, "status: seconds between the two samples for rates.");
 ABSL_FLAG(bool, checkpoint, true, "shutdown: write a final checkpoint first.");
+ABSL_FLAG(std::string, reason, "",
+          "shutdown (required): why; each server logs it with who asked.");
+ABSL_FLAG(std::string, set, "",
+          "Config overrides path=value,... e.g. security.cert=operator.pem,security.key=...");
 ABSL_FLAG(double, timeout_s, 120, "Deadline of each call, seconds.");
 
 namespace ps::tools {
@@ -147,6 +154,10 @@ absl::Status Checkpoint(std::vector<Server>& servers) {
 absl::Status Shutdown(std::vector<Server>& servers) {
   ShutdownRequest request;
   request.set_checkpoint(absl::GetFlag(FLAGS_checkpoint));
+  request.set_reason(absl::GetFlag(FLAGS_reason));
+  if (request.reason().empty()) {
+    return absl::InvalidArgumentError("shutdown needs --reason=\"...\" (the servers log it)");
+  }
   for (Server& s : servers) {
     ShutdownResponse response;
     RETURN_IF_ERROR(Call(s, &ParameterServer::Stub::Shutdown, request, &response));
@@ -159,7 +170,9 @@ absl::Status Shutdown(std::vector<Server>& servers) {
 
 absl::Status Run(const std::string& command) {
   if (absl::GetFlag(FLAGS_config).empty()) return absl::InvalidArgumentError("--config is required");
-  ASSIGN_OR_RETURN(JobConfig config, common::LoadJobConfig(absl::GetFlag(FLAGS_config), {}));
+  ASSIGN_OR_RETURN(JobConfig config,
+                   common::LoadJobConfig(absl::GetFlag(FLAGS_config),
+                                         common::SplitOverrides(absl::GetFlag(FLAGS_set))));
   std::vector<std::string> addresses(config.cluster().servers().begin(),
                                      config.cluster().servers().end());
   if (!absl::GetFlag(FLAGS_servers).empty()) {
@@ -185,7 +198,8 @@ absl::Status Run(const std::string& command) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "psctl status|checkpoint|shutdown --config=job.textproto [--servers=h:p,...] [--json]");
+      "psctl status|checkpoint|shutdown --config=job.textproto [--servers=h:p,...] [--json] "
+      "[--set=security.cert=...] [--reason=why (shutdown)]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::cerr << "usage: psctl status|checkpoint|shutdown --config=F [--servers=h:p,...] [--json]\n";

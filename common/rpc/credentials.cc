@@ -24,26 +24,37 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-// Checks "authorization: Bearer <token>" on every call. Thread-safe (immutable).
+// Checks "authorization: Bearer <token>" on every call against the worker role's token and
+// the operator role's (either may be empty = not accepted), and records the role of the one
+// that matched in the call's AuthContext. Thread-safe (immutable).
 class TokenChecker final : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenChecker(std::string token) : token_(std::move(token)) {}
+  TokenChecker(std::string worker_token, std::string operator_token)
+      : worker_token_(std::move(worker_token)), operator_token_(std::move(operator_token)) {}
   bool IsBlocking() const override { return false; }
-  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* /*context*/,
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
                        OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
     auto it = auth_metadata.find("authorization");
     if (it == auth_metadata.end()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
     }
     absl::string_view value(it->second.data(), it->second.size());
-    if (!absl::ConsumePrefix(&value, "Bearer ") || !ConstantTimeEquals(value, token_)) {
+    if (!absl::ConsumePrefix(&value, "Bearer ")) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
     }
+    // Both comparisons always run, so the time taken does not say which role came close.
+    const bool worker = !worker_token_.empty() && ConstantTimeEquals(value, worker_token_);
+    const bool op = !operator_token_.empty() && ConstantTimeEquals(value, operator_token_);
+    if (!worker && !op) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+    }
+    context->AddProperty(kTokenRoleProperty, op ? kOperatorTokenRole : kWorkerTokenRole);
     return grpc::Status::OK;
   }
 
  private:
-  const std::string token_;
+  const std::string worker_token_;
+  const std::string operator_token_;
 };
 
 // Adds the bearer token to every call.
@@ -61,16 +72,19 @@ class TokenPlugin final : public grpc::MetadataCredentialsPlugin {
   const std::string token_;
 };
 
-absl::StatusOr<std::string> ReadToken(const SecurityConfig& security) {
-  if (security.token_file().empty()) return std::string();
-  ASSIGN_OR_RETURN(std::string token, ReadFileToString(security.token_file()),
-                   "security.token_file");
+// The token in `path` (security.<field>), whitespace trimmed; "" when no file is named.
+absl::StatusOr<std::string> ReadToken(const std::string& path, absl::string_view field) {
+  if (path.empty()) return std::string();
+  ASSIGN_OR_RETURN(std::string token, ReadFileToString(path), absl::StrCat("security.", field));
   std::string trimmed(absl::StripAsciiWhitespace(token));
   if (trimmed.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("security.token_file ", security.token_file(), " is empty"));
+    return absl::InvalidArgumentError(absl::StrCat("security.", field, " ", path, " is empty"));
   }
   return trimmed;
+}
+
+absl::StatusOr<std::string> ReadToken(const SecurityConfig& security) {
+  return ReadToken(security.token_file(), "token_file");
 }
 
 // Reads a PEM file named by security.<field>. An empty file must not get through: gRPC
@@ -88,7 +102,7 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_vi
 
 absl::Status CheckTls(const SecurityConfig& security) {
   if (security.plaintext()) {
-    if (!security.token_file().empty()) {
+    if (!security.token_file().empty() || !security.operator_token_file().empty()) {
       // gRPC attaches call credentials only to secure channels.
       return absl::InvalidArgumentError(
           "security.token_file needs TLS: bearer tokens are never sent in plaintext");
@@ -122,6 +136,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityConfig& security) {
   RETURN_IF_ERROR(CheckTls(security));
   ASSIGN_OR_RETURN(std::string token, ReadToken(security));
+  ASSIGN_OR_RETURN(std::string operator_token,
+                   ReadToken(security.operator_token_file(), "operator_token_file"));
+  if (!operator_token.empty() && token.empty()) {
+    return absl::InvalidArgumentError(
+        "security.operator_token_file needs security.token_file (the workers' token) too");
+  }
+  if (!operator_token.empty() && operator_token == token) {
+    return absl::InvalidArgumentError(
+        "security.operator_token_file holds the same token as security.token_file: the "
+        "operator role needs a token of its own");
+  }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (security.plaintext()) {
     creds = grpc::InsecureServerCredentials();
@@ -135,8 +160,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     options.pem_key_cert_pairs.push_back(std::move(pair));
     creds = grpc::SslServerCredentials(options);
   }
-  if (!token.empty()) {
-    creds->SetAuthMetadataProcessor(std::make_shared<TokenChecker>(std::move(token)));
+  if (!token.empty() || !operator_token.empty()) {
+    creds->SetAuthMetadataProcessor(
+        std::make_shared<TokenChecker>(std::move(token), std::move(operator_token)));
   }
   return creds;
 }

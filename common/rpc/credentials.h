@@ -2,7 +2,10 @@
 //
 // TLS is mutual: the server requires and verifies a client certificate signed by the job's
 // CA, and clients verify the server's certificate against the same CA. On top of it, an
-// optional shared bearer token ("authorization: Bearer <token>") is checked on every call.
+// optional bearer token ("authorization: Bearer <token>") is checked on every call: servers
+// accept the worker role's token (security.token_file) and the operator role's
+// (security.operator_token_file), and record which one a call carried in its AuthContext
+// (kTokenRoleProperty) for the service's role checks (server/rpc/auth.h).
 // Plaintext must be chosen explicitly (security.plaintext: true).
 #ifndef PS_COMMON_RPC_CREDENTIALS_H_
 #define PS_COMMON_RPC_CREDENTIALS_H_
@@ -16,6 +19,12 @@
 #include "proto/config.pb.h"
 
 namespace ps::common {
+
+// AuthContext property naming the role of the token a call carried: kWorkerTokenRole or
+// kOperatorTokenRole.
+inline constexpr char kTokenRoleProperty[] = "ps_token_role";
+inline constexpr char kWorkerTokenRole[] = "worker";
+inline constexpr char kOperatorTokenRole[] = "operator";
 
 // Reads a whole file. NOT_FOUND / PERMISSION_DENIED naming the path.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);

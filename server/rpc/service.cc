@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/rpc/grpc_status.h"
@@ -67,7 +68,7 @@ struct ParameterServerService::Metrics {
             "ps_server_requests_refused_total",
             "Pulls and pushes answered with an error, by method, status code and reason "
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
-            "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, "
+            "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, identity, "
             "bad_encoding, bound_timeout, turn_timeout, other).",
             {"method", "code", "reason"})) {
     latency[kPull] = r->AddHistogram(
@@ -110,6 +111,7 @@ ParameterServerService::ParameterServerService(Shard* shard, const ServiceOption
     : shard_(shard),
       options_(options),
       hooks_(std::move(hooks)),
+      auth_(options.auth),
       own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())),
       pool_(options.num_threads) {}
@@ -134,6 +136,12 @@ void ParameterServerService::Record(Method method, absl::Time arrived, const abs
 
 void ParameterServerService::CountCall(const char* method, const absl::Status& status) {
   metrics_->requests->WithLabels({method, absl::StatusCodeToString(status.code())})->Increment();
+}
+
+absl::Status ParameterServerService::CheckWorker(const grpc::CallbackServerContext& context,
+                                                 int32_t worker_id, const char* method) {
+  absl::Status status = auth_.CheckWorker(auth_.Identify(context), worker_id, method);
+  return status.ok() ? status : shard_->Reject("identity", std::move(status));
 }
 
 // ---- Pull -------------------------------------------------------------------------------
@@ -241,6 +249,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   const absl::Time arrived = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time deadline = absl::FromChrono(context->deadline());
+  if (absl::Status s = CheckWorker(*context, request->header().worker_id(), "pull"); !s.ok()) {
+    Record(kPull, arrived, s, request->ByteSizeLong(), 0);
+    Finish(reactor, s);
+    return reactor;
+  }
   pool_.Schedule([this, reactor, request, response, deadline, arrived] {
     Finish(reactor, ServePull(*request, deadline, response, arrived));
   });
@@ -349,6 +362,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        PushResponse* response) {
   const absl::Time arrived = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckWorker(*context, request->header().worker_id(), "push"); !s.ok()) {
+    Record(kPush, arrived, s, request->ByteSizeLong(), 0);
+    Finish(reactor, s);
+    return reactor;
+  }
   pool_.Schedule([this, reactor, request, response, arrived] {
     Finish(reactor, ServePush(*request, response, arrived));
   });
@@ -372,6 +390,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServe
                                                              const CheckpointRequest* /*request*/,
                                                              CheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = auth_.CheckOperator(auth_.Identify(*context), "checkpoint"); !s.ok()) {
+    CountCall("checkpoint", s);
+    Finish(reactor, s);
+    return reactor;
+  }
   if (!hooks_.checkpoint) {
     const absl::Status status =
         absl::FailedPreconditionError("this server has no data dir to checkpoint to");
@@ -403,44 +426,73 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServer
                                                             const HeartbeatRequest* request,
                                                             HeartbeatResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const RequestHeader& h = request->header();
-  absl::Status status = shard_->CheckLayout(InfoOf(h));
-  if (status.ok() && h.worker_id() >= 0) {
-    WorkerTracker& workers = shard_->workers();
-    status = workers.Touch(h.worker_id(), h.worker_incarnation());
-    if (status.ok()) {
-      if (request->finished()) workers.Finish(h.worker_id(), h.worker_incarnation());
-      if (request->data_offset() > 0 || request->epoch() > 0) {
-        workers.SetDataPosition(h.worker_id(), request->data_offset(), request->epoch());
-      }
-      if (auto saved = workers.Get(h.worker_id()); saved.has_value()) {
-        response->set_data_offset(saved->data_offset());
-        response->set_epoch(saved->epoch());
-        response->set_clock(saved->clock());
-      }
-    }
-  }
-  response->set_server_incarnation(shard_->incarnation());
+  const absl::Status status = HandleHeartbeat(auth_.Identify(*context), *request, response);
   CountCall("heartbeat", status);
   Finish(reactor, status);
   return reactor;
+}
+
+absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
+                                                     const HeartbeatRequest& request,
+                                                     HeartbeatResponse* response) {
+  response->set_server_incarnation(shard_->incarnation());
+  const RequestHeader& h = request.header();
+  RETURN_IF_ERROR(shard_->CheckLayout(InfoOf(h)));
+  if (h.worker_id() < 0) {
+    // A tool's liveness probe: it has no worker state to touch or finish.
+    if (!request.finished()) return absl::OkStatus();
+    return shard_->Reject("bad_worker", absl::InvalidArgumentError(absl::StrCat(
+                                            "heartbeat with finished=true from worker ",
+                                            h.worker_id(), ": only a worker can finish")));
+  }
+  if (absl::Status s = auth_.CheckWorker(peer, h.worker_id(), "heartbeat"); !s.ok()) {
+    return shard_->Reject("identity", std::move(s));
+  }
+  WorkerTracker& workers = shard_->workers();
+  if (request.finished()) {
+    // Finishing takes the worker out of the bound (and, with --exit_when_done, can stop the
+    // servers): only its current incarnation may, never a new one announced by this call.
+    RETURN_IF_ERROR(workers.Finish(h.worker_id(), h.worker_incarnation()));
+  } else {
+    RETURN_IF_ERROR(workers.Touch(h.worker_id(), h.worker_incarnation()));
+  }
+  if (request.data_offset() > 0 || request.epoch() > 0) {
+    workers.SetDataPosition(h.worker_id(), request.data_offset(), request.epoch());
+  }
+  if (auto saved = workers.Get(h.worker_id()); saved.has_value()) {
+    response->set_data_offset(saved->data_offset());
+    response->set_epoch(saved->epoch());
+    response->set_clock(saved->clock());
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Shutdown(grpc::CallbackServerContext* context,
                                                            const ShutdownRequest* request,
                                                            ShutdownResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!hooks_.shutdown) {
-    const absl::Status status =
-        absl::UnimplementedError("this server cannot be shut down remotely");
-    CountCall("shutdown", status);
-    Finish(reactor, status);
-    return reactor;
-  }
-  CountCall("shutdown", absl::OkStatus());
-  hooks_.shutdown(request->checkpoint());
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status status = HandleShutdown(auth_.Identify(*context), *request);
+  CountCall("shutdown", status);
+  Finish(reactor, status);
   return reactor;
+}
+
+absl::Status ParameterServerService::HandleShutdown(const PeerIdentity& peer,
+                                                    const ShutdownRequest& request) {
+  RETURN_IF_ERROR(auth_.CheckOperator(peer, "shutdown"));
+  if (request.reason().empty()) {
+    // An empty body parses as a ShutdownRequest: a stop must be asked for in so many words.
+    return absl::InvalidArgumentError(
+        "shutdown needs a reason (ShutdownRequest.reason): it is logged with the caller");
+  }
+  if (!hooks_.shutdown) {
+    return absl::UnimplementedError("this server cannot be shut down remotely");
+  }
+  LOG(WARNING) << "shutdown requested by " << peer.name << " (final checkpoint "
+               << (request.checkpoint() ? "asked for" : "not asked for") << "): "
+               << absl::CHexEscape(request.reason().substr(0, 256));
+  hooks_.shutdown(request.checkpoint());
+  return absl::OkStatus();
 }
 
 }  // namespace ps::server

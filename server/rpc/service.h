@@ -15,6 +15,7 @@
 #include "common/metrics/metrics.h"
 #include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/rpc/auth.h"
 #include "server/shard.h"
 
 namespace ps::server {
@@ -24,6 +25,9 @@ struct ServiceOptions {
   int num_threads = 4;
   // Longest a pull waits for the consistency bound (also capped by the call's deadline).
   absl::Duration max_pull_wait = absl::Minutes(10);
+  // Whose calls are checked, and how (server/rpc/auth.h): who may act as which worker, who
+  // may administer.
+  AuthOptions auth;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -78,6 +82,14 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   absl::Status HandlePull(const PullRequest& request, absl::Time deadline,
                           PullResponse* response);
   absl::Status HandlePush(const PushRequest& request, PushResponse* response);
+  // Heartbeat from `peer`: PERMISSION_DENIED when the peer is not the worker the header
+  // names; FAILED_PRECONDITION for `finished` from an incarnation that is not the worker's
+  // current one (only the running process may say it is done).
+  absl::Status HandleHeartbeat(const PeerIdentity& peer, const HeartbeatRequest& request,
+                               HeartbeatResponse* response);
+  // Shutdown from `peer`: PERMISSION_DENIED unless an operator; INVALID_ARGUMENT without a
+  // reason; UNIMPLEMENTED without a shutdown hook. Logs who asked and why.
+  absl::Status HandleShutdown(const PeerIdentity& peer, const ShutdownRequest& request);
 
  private:
   struct Metrics;
@@ -92,10 +104,15 @@ class ParameterServerService final : public ParameterServer::CallbackService {
               size_t bytes_out);
   // Counts an answer of one of the other methods.
   void CountCall(const char* method, const absl::Status& status);
+  // The peer of `context` may act as worker `worker_id` (see PeerAuthorizer::CheckWorker);
+  // a refusal is counted under the reason "identity".
+  absl::Status CheckWorker(const grpc::CallbackServerContext& context, int32_t worker_id,
+                           const char* method);
 
   Shard* const shard_;  // Not owned.
   const ServiceOptions options_;
   const ServiceHooks hooks_;
+  const PeerAuthorizer auth_;
   std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
   std::unique_ptr<Metrics> metrics_;
   common::ThreadPool pool_;

@@ -274,6 +274,132 @@ TEST_F(ServiceTest, SequenceZeroAndOldIncarnationAreRefused) {
   ExpectRejected(ValidPush(2), absl::StatusCode::kFailedPrecondition, "older");
 }
 
+// ---- Forged requests (a client lying about who it is or where it is) ------------------
+
+PeerIdentity Peer(PeerRole role, int32_t index) {
+  PeerIdentity p;
+  p.role = role;
+  p.index = index;
+  p.authenticated = role != PeerRole::kUnchecked;
+  p.name = "test peer";
+  return p;
+}
+
+TEST_F(ServiceTest, PushWithoutAWorkerSlotIsRefused) {
+  // A negative id used to skip exactly-once admission: the same bytes applied every time.
+  PushRequest request = ValidPush(0);
+  request.mutable_header()->set_worker_id(-1);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "negative ids may only read");
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "negative ids may only read");
+  EXPECT_EQ(Rejected("bad_worker"), 2u);
+}
+
+TEST_F(ServiceTest, IncarnationFarAheadIsRefusedAndLocksNobodyOut) {
+  PushRequest forged = ValidPush(1);
+  forged.mutable_header()->set_worker_incarnation(UINT64_MAX);
+  ExpectRejected(forged, absl::StatusCode::kInvalidArgument, "ahead of this server's clock");
+  PushResponse response;
+  ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
+  EXPECT_FALSE(response.duplicate());
+}
+
+TEST_F(ServiceTest, HugeSequencesDoNotMakeTheRealNextPushADuplicate) {
+  PushResponse response;
+  ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
+  for (uint64_t i = 0; i <= WorkerTracker::kMaxAbove; ++i) {
+    ASSERT_THAT(service_->HandlePush(ValidPush((uint64_t{1} << 62) + i), &response),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead of the highest")));
+  }
+  const std::string before = State();
+  ASSERT_THAT(service_->HandlePush(ValidPush(2), &response), IsOk());
+  EXPECT_FALSE(response.duplicate());
+  EXPECT_NE(State(), before);
+}
+
+TEST_F(ServiceTest, ShutdownNeedsTheOperatorAndAReason) {
+  int stops = 0;
+  ServiceHooks hooks;
+  hooks.shutdown = [&stops](bool) { ++stops; };
+  ParameterServerService service(shard_.get(), ServiceOptions{}, hooks);
+  ShutdownRequest empty;
+  EXPECT_THAT(service.HandleShutdown(Peer(PeerRole::kOperator, -1), empty),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reason")));
+  ShutdownRequest request;
+  request.set_reason("maintenance");
+  EXPECT_THAT(service.HandleShutdown(Peer(PeerRole::kWorker, 0), request),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(service.HandleShutdown(Peer(PeerRole::kUnknown, -1), request),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(stops, 0);
+  EXPECT_THAT(service.HandleShutdown(Peer(PeerRole::kOperator, -1), request), IsOk());
+  EXPECT_EQ(stops, 1);
+}
+
+TEST_F(ServiceTest, EmptyShutdownIsRefusedEvenInPlaintext) {
+  int stops = 0;
+  ServiceHooks hooks;
+  hooks.shutdown = [&stops](bool) { ++stops; };
+  ServiceOptions options;
+  options.auth.check_identities = false;
+  ParameterServerService service(shard_.get(), options, hooks);
+  EXPECT_THAT(service.HandleShutdown(Peer(PeerRole::kUnchecked, -1), ShutdownRequest()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(stops, 0);
+}
+
+TEST_F(ServiceTest, HeartbeatsCannotFinishAnotherWorker) {
+  HeartbeatRequest hello;
+  *hello.mutable_header() = Header(0);
+  HeartbeatResponse response;
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), hello, &response), IsOk());
+  HeartbeatRequest finish = hello;
+  finish.set_finished(true);
+  // Another worker's certificate, or one naming no worker.
+  EXPECT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 1), finish, &response),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kUnknown, -1), finish, &response),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  // A tool's id, and (unchecked) a new incarnation announced with its finish.
+  HeartbeatRequest tool = finish;
+  tool.mutable_header()->set_worker_id(-1);
+  EXPECT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kUnchecked, -1), tool, &response),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  HeartbeatRequest newer = finish;
+  newer.mutable_header()->set_worker_incarnation(2);
+  EXPECT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kUnchecked, -1), newer, &response),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(shard_->workers().AllFinished());
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), finish, &response), IsOk());
+  EXPECT_TRUE(shard_->workers().AllFinished());
+}
+
+TEST(ServiceBoundTest, PullAtAClockNoPushCanReachIsRefusedAtOnce) {
+  auto config = common::ParseJobConfigText(R"pb(
+    cluster { num_servers: 1 num_workers: 2 }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 4 optimizer { kind: SGD } }
+    training { staleness: 0 }
+  )pb", "test");
+  ASSERT_THAT(config.status(), IsOk());
+  auto shard = Shard::Create(*config, ShardOptions{});
+  ASSERT_THAT(shard.status(), IsOk());
+  ParameterServerService service(shard->get(), ServiceOptions{}, ServiceHooks{});
+  PullRequest pull;
+  pull.mutable_header()->set_worker_id(0);
+  pull.mutable_header()->set_worker_incarnation(1);
+  pull.mutable_header()->set_clock(1000000);
+  pull.mutable_header()->set_layout_fingerprint((*shard)->partitioner().layout_fingerprint());
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  PullResponse response;
+  // Under BSP this pull used to wait (holding a thread) for its whole deadline.
+  const absl::Time deadline = absl::InfiniteFuture();
+  EXPECT_THAT(service.HandlePull(pull, deadline, &response),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no push can")));
+  // The first step's pull is fine.
+  pull.mutable_header()->set_clock(0);
+  EXPECT_THAT(service.HandlePull(pull, deadline, &response), IsOk());
+}
+
 TEST_F(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
   std::vector<std::vector<float>> got;
   for (Encoding e : {ENCODING_FLOAT32, ENCODING_FP16, ENCODING_BF16}) {

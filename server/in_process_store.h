@@ -17,7 +17,8 @@
 namespace ps::server {
 
 struct InProcessStoreOptions {
-  // The worker this store speaks for (exactly-once and the consistency bound); -1 = none.
+  // The worker this store speaks for (exactly-once and the consistency bound); -1 = a reader
+  // (pulls only: pushes need a worker slot).
   int32_t worker_id = 0;
   uint64_t worker_incarnation = 1;
   // Longest a pull waits for the consistency bound.

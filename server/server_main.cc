@@ -42,6 +42,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/checkpointer.h"
+#include "server/memory_budget.h"
 #include "server/rpc/service.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
@@ -216,6 +217,12 @@ absl::Status Run() {
   shard_options.server_index = static_cast<uint32_t>(index);
   shard_options.incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   shard_options.reject_nonfinite = config.server().reject_nonfinite();
+  shard_options.max_memory_bytes = config.server().max_memory_bytes() > 0
+                                       ? config.server().max_memory_bytes()
+                                       : DefaultMaxMemoryBytes();
+  LOG(INFO) << "memory budget: " << shard_options.max_memory_bytes
+            << " bytes for parameters, optimizer slots and sparse rows"
+            << (config.server().max_memory_bytes() > 0 ? "" : " (80% of physical memory)");
   if (!absl::GetFlag(FLAGS_data_dir).empty()) {
     shard_options.spill_dir = absl::GetFlag(FLAGS_data_dir) + "/spill";
   }

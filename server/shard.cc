@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
                                                    " is out of range: the job has ",
                                                    partitioner.num_servers(), " servers"));
   }
+  RETURN_IF_ERROR(CheckDenseMemory(partitioner, options));
   std::vector<std::string> spilling;  // sparse tables with a memory budget, in table order
   for (const auto& table : partitioner.tables()) {
     RETURN_IF_ERROR_CTX(
@@ -78,6 +79,26 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
                                           TrackerOptions(config), std::move(spill_store)));
 }
 
+absl::Status Shard::CheckDenseMemory(const common::Partitioner& partitioner,
+                                     const ShardOptions& options) {
+  if (options.max_memory_bytes == 0) return absl::OkStatus();
+  uint64_t total = 0;
+  for (const auto& table : partitioner.tables()) {
+    if (table.kind != TABLE_KIND_DENSE) continue;
+    const int slots = kernels::NumSlots(ToOptimizerParams(table.config->optimizer()).kind);
+    const uint64_t bytes = DenseBytesOnServer(partitioner, table, options.server_index, slots);
+    total = bytes > UINT64_MAX - total ? UINT64_MAX : total + bytes;
+    if (total <= options.max_memory_bytes) continue;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", table.name, "' needs ", bytes, " bytes on server ", options.server_index,
+        " (", table.numel, " values in all, parameters and ", slots,
+        " optimizer slots); with the tables before it that is ", total,
+        " bytes, over server.max_memory_bytes ", options.max_memory_bytes,
+        ": add servers, shrink the table or raise the limit"));
+  }
+  return absl::OkStatus();
+}
+
 Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
              const WorkerTrackerOptions& tracker_options,
              std::unique_ptr<storage::SpillStore> spill_store)
@@ -85,6 +106,7 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
       options_(options),
       partitioner_(std::move(partitioner)),
       spill_store_(std::move(spill_store)),
+      memory_(options.max_memory_bytes),
       start_time_(absl::Now()),
       workers_(tracker_options, options.now) {
   size_t next_spill_table = 0;  // Create() opened one spill table per budgeted sparse table
@@ -101,9 +123,13 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
       part = std::make_unique<SparseTablePart>(info, opt);
     }
     if (info.kind == TABLE_KIND_SPARSE) {
-      static_cast<SparseTablePart*>(part.get())->set_key_owner([this](uint64_t key) {
+      auto* sparse = static_cast<SparseTablePart*>(part.get());
+      sparse->set_key_owner([this](uint64_t key) {
         return partitioner_.ServerForKey(key) == options_.server_index;
       });
+      sparse->set_memory_budget(&memory_);
+    } else {
+      memory_.Add(static_cast<int64_t>(part->NumBytes()));
     }
     by_name_[info.name] = part.get();
     tables_.push_back(std::move(part));
@@ -308,7 +334,10 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
     for (const PendingUpdate& u : updates) {
       if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
       auto* sparse = static_cast<SparseTablePart*>(u.table);
-      if (!sparse->spills()) continue;
+      if (!sparse->spills()) {
+        RETURN_IF_ERROR(sparse->CheckRoomForNewRows(u.keys));
+        continue;
+      }
       RETURN_IF_ERROR(sparse->Pin(u.keys));
       pinned.push_back(&u);
     }

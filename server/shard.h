@@ -28,6 +28,7 @@
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
 #include "proto/ps.pb.h"
+#include "server/memory_budget.h"
 #include "server/storage/spill_store.h"
 #include "server/table.h"
 #include "server/worker_tracker.h"
@@ -47,6 +48,11 @@ struct ShardOptions {
   // beyond their budget (storage::SpillStore; its previous contents are deleted). Empty: such
   // tables keep every row in memory (a warning is logged).
   std::string spill_dir;
+  // Bytes this server may hold in parameters, optimizer slots and sparse rows (see
+  // MemoryBudget); 0 = unlimited. Create refuses a layout whose dense tables do not fit
+  // (RESOURCE_EXHAUSTED, nothing allocated); sparse rows beyond it are refused to the call
+  // that would create them (tables that spill evict instead).
+  uint64_t max_memory_bytes = 0;
 };
 
 // Who sent a request (from the wire header, or the in-process store).
@@ -161,6 +167,10 @@ class Shard {
   // INVALID_ARGUMENT for a push without a worker slot (negative id): every push goes through
   // exactly-once admission.
   absl::Status CheckPusher(const RequestInfo& info);
+  // RESOURCE_EXHAUSTED naming the table and the bytes when the dense tables' parameters and
+  // slots on this server exceed options.max_memory_bytes. Allocates nothing.
+  static absl::Status CheckDenseMemory(const common::Partitioner& partitioner,
+                                       const ShardOptions& options);
 
   // Constant after construction.
   const JobConfig config_;
@@ -169,6 +179,7 @@ class Shard {
   // The spilled rows of sparse tables with a memory budget (null if none). Declared before the
   // tables, which use it: members are destroyed in reverse order.
   std::unique_ptr<storage::SpillStore> spill_store_;
+  MemoryBudget memory_;  // charged by the tables: declared before them
   std::vector<std::unique_ptr<TablePart>> tables_;  // index = Partitioner table index
   absl::flat_hash_map<std::string, TablePart*> by_name_;
   const absl::Time start_time_;

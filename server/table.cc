@@ -308,7 +308,50 @@ uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
     s.flags.push_back(kDirty);  // a new row; FindOrFault clears it for a row read back
   }
   s.index.emplace(key, slot);
+  Recount(s);
   return slot;
+}
+
+int64_t SparseTablePart::StripeBytes(const Stripe& s) const {
+  // flat_hash_map: one slot (key, value pair) and one control byte per capacity entry.
+  using Entry = std::pair<const uint64_t, uint32_t>;
+  const size_t index = s.index.capacity() * (sizeof(Entry) + 1);
+  const size_t per_row = s.keys.capacity() * sizeof(uint64_t) +
+                         s.steps.capacity() * sizeof(int64_t) +
+                         s.saved_epoch.capacity() * sizeof(uint64_t) +
+                         s.uses.capacity() * sizeof(uint16_t) +
+                         s.pins.capacity() * sizeof(uint32_t) + s.flags.capacity();
+  const size_t chunks = s.chunks.capacity() * sizeof(s.chunks[0]) +
+                        s.chunks.size() * size_t{rows_per_chunk_} * row_floats_ * sizeof(float);
+  return static_cast<int64_t>(index + per_row + chunks);
+}
+
+void SparseTablePart::Recount(Stripe& s) {
+  const int64_t now = StripeBytes(s);
+  const int64_t delta = now - s.bytes;
+  if (delta == 0) return;
+  s.bytes = now;
+  bytes_.fetch_add(delta, std::memory_order_relaxed);
+  if (memory_ != nullptr) memory_->Add(delta);
+}
+
+uint64_t SparseTablePart::RowCost() const {
+  // Index entry at a typical load, keys/steps/saved_epoch entries, the row itself.
+  constexpr uint64_t kPerRow = 2 * (sizeof(uint64_t) + sizeof(uint32_t) + 1) + 3 * 8;
+  return row_floats_ * sizeof(float) + kPerRow;
+}
+
+absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
+  if (memory_ == nullptr || spills()) return absl::OkStatus();
+  uint64_t missing = 0;
+  for (uint64_t k : keys) {
+    const Stripe& s = stripes_[StripeOf(k)];
+    absl::MutexLock lock(&s.mu);
+    if (!s.index.contains(k)) ++missing;
+  }
+  if (missing == 0) return absl::OkStatus();
+  return memory_->CheckRoom(missing * RowCost(),
+                            absl::StrCat("table '", name(), "': ", missing, " new rows"));
 }
 
 void SparseTablePart::InitRow(uint64_t key, float* row) const {
@@ -347,6 +390,7 @@ void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
   // Give back chunks no longer needed, keeping one spare against churn at a boundary.
   const size_t needed = (s.keys.size() + rows_per_chunk_ - 1) / rows_per_chunk_;
   while (s.chunks.size() > needed + 1) s.chunks.pop_back();
+  Recount(s);
 }
 
 // ---- Moves between memory and the spill table.
@@ -477,6 +521,10 @@ absl::Status SparseTablePart::Read(absl::Span<const uint64_t> keys, absl::Span<f
     float* dst = out.data() + i * dim_;
     if (!spills()) {
       absl::MutexLock lock(&s.mu);
+      if (memory_ != nullptr && !s.index.contains(keys[i])) {
+        RETURN_IF_ERROR(memory_->CheckRoom(
+            RowCost(), absl::StrCat("table '", name(), "': a new row for key ", keys[i])));
+      }
       std::memcpy(dst, RowPtr(s, FindOrCreate(s, keys[i])), dim_ * sizeof(float));
       continue;
     }
@@ -589,7 +637,7 @@ uint64_t SparseTablePart::NumRows() const {
 }
 
 uint64_t SparseTablePart::NumBytes() const {
-  return spill_stats().resident_rows * row_floats_ * sizeof(float);
+  return static_cast<uint64_t>(std::max<int64_t>(0, bytes_.load(std::memory_order_relaxed)));
 }
 
 // ---- Snapshots and restore.

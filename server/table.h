@@ -41,6 +41,7 @@
 #include "common/partitioner.h"
 #include "kernels/optimizer.h"
 #include "proto/config.pb.h"
+#include "server/memory_budget.h"
 #include "server/storage/spill_table.h"
 
 namespace ps::server {
@@ -214,9 +215,19 @@ class SparseTablePart final : public TablePart {
   // checkpoint of another server, or of another layout. Unset: every key is accepted.
   void set_key_owner(std::function<bool(uint64_t)> owns) { owns_key_ = std::move(owns); }
   uint64_t budget_rows() const { return budget_rows_; }
+  // Charges the bytes this table allocates (rows, index, per-row bookkeeping) to `budget`
+  // (not owned; must outlive the table), and, for a table that does not spill, refuses to
+  // create rows beyond it. Call before the first row is created.
+  void set_memory_budget(MemoryBudget* budget) { memory_ = budget; }
+  // RESOURCE_EXHAUSTED when the rows of `keys` that do not exist yet would not fit in the
+  // memory budget (a table that spills makes room by evicting instead: always OK). A push
+  // checks this before it is admitted, since Apply cannot fail half-way.
+  [[nodiscard]] absl::Status CheckRoomForNewRows(absl::Span<const uint64_t> keys) const;
 
   // Copies the rows of `keys` into out (keys.size() * dim), creating missing rows and
   // faulting spilled ones in. REQUIRES: out.size() == keys.size() * dim.
+  // RESOURCE_EXHAUSTED (naming the table, key and bytes) when a row to create does not fit
+  // in the memory budget and the table does not spill; rows created before it stay.
   // Errors (only when spilling) from the spill table, naming the table and key: DATA_LOSS (a
   // spilled row is corrupt), UNAVAILABLE / RESOURCE_EXHAUSTED / PERMISSION_DENIED (I/O). The
   // rows' values are unchanged then; `out` is partly written.
@@ -236,7 +247,9 @@ class SparseTablePart final : public TablePart {
   void Apply(absl::Span<const uint64_t> keys, absl::Span<const float> values,
              const UpdateOptions& options);
 
-  // All rows (in memory and spilled); NumBytes counts the rows in memory.
+  // All rows (in memory and spilled); NumBytes counts what the rows in memory really take:
+  // their floats in allocated chunks, the hash index at its capacity and the per-row vectors
+  // at theirs (not the spill table's disk).
   uint64_t NumRows() const override;
   uint64_t NumBytes() const override;
   SpillStats spill_stats() const;
@@ -273,7 +286,14 @@ class SparseTablePart final : public TablePart {
     uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
     uint64_t writes ABSL_GUARDED_BY(mu) = 0;
     uint64_t eviction_errors ABSL_GUARDED_BY(mu) = 0;
+    int64_t bytes ABSL_GUARDED_BY(mu) = 0;  // what StripeBytes() said last
   };
+  // Bytes the stripe's containers hold (capacities, not sizes).
+  int64_t StripeBytes(const Stripe& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Brings bytes_, s.bytes and the memory budget up to date after s changed size.
+  void Recount(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // About what one more row costs: its floats plus index and bookkeeping entries.
+  uint64_t RowCost() const;
   static int StripeOf(uint64_t key);
   size_t row_floats() const { return row_floats_; }
   float* RowPtr(Stripe& s, uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
@@ -308,6 +328,8 @@ class SparseTablePart final : public TablePart {
   storage::SpillTable* const spill_;  // Not owned; null = no budget.
   const uint64_t budget_rows_;
   const uint32_t rows_per_chunk_;
+  MemoryBudget* memory_ = nullptr;  // Not owned; null = no budget.
+  std::atomic<int64_t> bytes_{0};   // sum of the stripes' bytes
   std::vector<float> slot_init_;  // a fresh row's slot values (row_floats - dim)
   std::unique_ptr<Stripe[]> stripes_;
   std::atomic<uint64_t> active_epoch_{0};

@@ -7,6 +7,12 @@
 // (plaintext client, certificate of another CA, server not trusted), UNAUTHENTICATED when
 // the handshake succeeds but the token is wrong or missing. Bad clients get one attempt with a
 // short deadline, so each refusal takes milliseconds, not the retry schedule.
+//
+// Identities: every process has a certificate naming its role (worker-I, operator, server,
+// or client with no role). A worker may push, pull and heartbeat only as itself
+// (PERMISSION_DENIED otherwise), admin calls (psctl checkpoint/shutdown) need the operator's
+// certificate and token, and forged headers (negative ids, incarnation 2^64-1) are refused
+// without locking the real worker out.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,7 +45,7 @@ constexpr float kLearningRate = 0.5f;
 
 // Tables only: one small dense table, no checkpoints. The security section is appended.
 constexpr char kTablesConfig[] = R"pb(
-  cluster { num_servers: 1 num_workers: 1 }
+  cluster { num_servers: 1 num_workers: 2 }
   tables {
     name: "w"
     kind: TABLE_KIND_DENSE
@@ -57,17 +63,31 @@ std::string SecurityText(const SecurityConfig& s) {
   if (!s.cert().empty()) absl::StrAppend(&text, " cert: \"", s.cert(), "\"");
   if (!s.key().empty()) absl::StrAppend(&text, " key: \"", s.key(), "\"");
   if (!s.token_file().empty()) absl::StrAppend(&text, " token_file: \"", s.token_file(), "\"");
+  if (!s.operator_token_file().empty()) {
+    absl::StrAppend(&text, " operator_token_file: \"", s.operator_token_file(), "\"");
+  }
   return text + " }\n";
 }
 
-// What make_certs.sh wrote into `dir`, as the snippet it prints: every process uses the
-// server pair.
+// What make_certs.sh wrote into `dir`, as the snippet it prints: the servers' section.
 SecurityConfig JobSecurity(const std::string& dir) {
   SecurityConfig s;
   s.set_ca_cert(dir + "/ca.pem");
   s.set_cert(dir + "/server.pem");
   s.set_key(dir + "/server.key");
   s.set_token_file(dir + "/token.txt");
+  s.set_operator_token_file(dir + "/operator_token.txt");
+  return s;
+}
+
+// A process of the job using the certificate pair `stem` (worker-0, operator, client...).
+SecurityConfig RoleSecurity(const std::string& dir, const std::string& stem,
+                            const std::string& token = "token.txt") {
+  SecurityConfig s;
+  s.set_ca_cert(dir + "/ca.pem");
+  s.set_cert(absl::StrCat(dir, "/", stem, ".pem"));
+  s.set_key(absl::StrCat(dir, "/", stem, ".key"));
+  s.set_token_file(absl::StrCat(dir, "/", token));
   return s;
 }
 
@@ -118,8 +138,9 @@ class SecurityE2eTest : public ::testing::Test {
   }
 
   static void MakeCerts(const std::string& out) {
-    auto p = Subprocess::Start({"/bin/bash", testing::RunfilePath("tools/make_certs.sh"), out},
-                               out + ".log");
+    auto p = Subprocess::Start(
+        {"/bin/bash", testing::RunfilePath("tools/make_certs.sh"), "--workers=2", out},
+        out + ".log");
     ASSERT_THAT(p.status(), IsOk());
     auto status = (*p)->Wait(absl::Seconds(30));
     ASSERT_THAT(status.status(), IsOk());
@@ -151,10 +172,11 @@ class SecurityE2eTest : public ::testing::Test {
   }
 
   // A worker that waits for the server and retries as in training.
-  static std::unique_ptr<worker::GrpcParameterStore> GoodClient(const SecurityConfig& security) {
+  static std::unique_ptr<worker::GrpcParameterStore> GoodClient(const SecurityConfig& security,
+                                                                int32_t worker_id = 0) {
     worker::GrpcStoreOptions options;
-    options.worker_id = 0;
-    // Each store is a new incarnation of worker 0, newer than the last one.
+    options.worker_id = worker_id;
+    // Each store is a new incarnation of its worker, newer than the last one.
     options.worker_incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
     options.deadline = absl::Seconds(10);
     auto store = worker::GrpcParameterStore::Create(ClientConfig(security), options);
@@ -187,6 +209,56 @@ class SecurityE2eTest : public ::testing::Test {
     return status;
   }
 
+  // A client that gives up at the first refusal, acting as `worker_id`.
+  static std::unique_ptr<worker::GrpcParameterStore> OneShotClient(
+      const SecurityConfig& security, int32_t worker_id,
+      uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {
+    worker::GrpcStoreOptions options;
+    options.worker_id = worker_id;
+    options.worker_incarnation = incarnation;
+    options.deadline = absl::Seconds(5);
+    options.max_retries = 0;
+    auto store = worker::GrpcParameterStore::Create(ClientConfig(security), options);
+    EXPECT_THAT(store.status(), IsOk());
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  static absl::Status PushOnes(worker::GrpcParameterStore* store, int64_t clock = 1) {
+    common::PushBatch batch;
+    const std::vector<float> grad(kFloats, 1.0f);
+    batch.dense.push_back({"w", grad});
+    return store->Push(batch, {clock, false});
+  }
+
+  // What a tool reads: the parameters, pulled as worker -1 with the client-only pair.
+  static std::vector<float> Parameters() {
+    auto store = OneShotClient(RoleSecurity(*dir_ + "/job", "client"), -1);
+    std::vector<float> w;
+    EXPECT_THAT(Pull(store.get(), &w), IsOk());
+    return w;
+  }
+
+  // Runs psctl `command` with a client config using `security` against `address`; returns
+  // its exit code, with its output in *log.
+  static int Psctl(const std::vector<std::string>& command, const SecurityConfig& security,
+                   const std::string& address, std::string* log) {
+    static int runs = 0;
+    const std::string name = absl::StrCat(*dir_, "/psctl", ++runs);
+    std::ofstream(name + ".textproto") << kTablesConfig << SecurityText(security);
+    std::vector<std::string> argv = {testing::RunfilePath("tools/psctl")};
+    argv.insert(argv.end(), command.begin(), command.end());
+    argv.push_back("--config=" + name + ".textproto");
+    argv.push_back("--servers=" + address);
+    argv.push_back("--timeout_s=10");
+    auto p = Subprocess::Start(argv, name + ".log");
+    EXPECT_THAT(p.status(), IsOk());
+    if (!p.ok()) return -1;
+    auto status = (*p)->Wait(absl::Seconds(30));
+    *log = (*p)->ReadLog();
+    if (!status.ok() || !WIFEXITED(*status)) return -1;
+    return WEXITSTATUS(*status);
+  }
+
   static std::string Job(const std::string& file) { return *dir_ + "/job/" + file; }
   static std::string Other(const std::string& file) { return *dir_ + "/other/" + file; }
 
@@ -201,7 +273,7 @@ std::string* SecurityE2eTest::address_ = nullptr;
 Subprocess* SecurityE2eTest::server_ = nullptr;
 
 TEST_F(SecurityE2eTest, ConfiguredClientPullsAndPushes) {
-  auto store = GoodClient(JobSecurity(*dir_ + "/job"));
+  auto store = GoodClient(RoleSecurity(*dir_ + "/job", "worker-0"));
   ASSERT_NE(store, nullptr);
   std::vector<float> before, after;
   ASSERT_THAT(Pull(store.get(), &before), IsOk());
@@ -215,14 +287,14 @@ TEST_F(SecurityE2eTest, ConfiguredClientPullsAndPushes) {
   }
 }
 
-TEST_F(SecurityE2eTest, ClientCertificateWithoutServerAuthIsAccepted) {
-  // The client-only pair make_certs.sh writes for worker hosts.
-  SecurityConfig s = JobSecurity(*dir_ + "/job");
-  s.set_cert(Job("client.pem"));
-  s.set_key(Job("client.key"));
-  auto store = GoodClient(s);
+TEST_F(SecurityE2eTest, ClientCertificateWithoutARoleMayReadButNotAct) {
+  // The client-only pair (clientAuth, no role): a tool may read, never act as a worker.
+  const SecurityConfig s = RoleSecurity(*dir_ + "/job", "client");
+  EXPECT_THAT(BadClientPull(s), IsOk());
+  auto store = OneShotClient(s, 0);
   ASSERT_NE(store, nullptr);
-  EXPECT_THAT(Pull(store.get(), nullptr), IsOk());
+  EXPECT_THAT(PushOnes(store.get()), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(Pull(store.get(), nullptr), StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
 TEST_F(SecurityE2eTest, PlaintextClientIsUnavailable) {
@@ -283,9 +355,107 @@ TEST_F(SecurityE2eTest, ServerKeepsServingAfterRefusals) {
     EXPECT_THAT(BadClientPull(wrong_token), StatusIs(absl::StatusCode::kUnauthenticated));
   }
   EXPECT_TRUE(server_->running());
-  auto store = GoodClient(JobSecurity(*dir_ + "/job"));
+  auto store = GoodClient(RoleSecurity(*dir_ + "/job", "worker-0"));
   ASSERT_NE(store, nullptr);
   EXPECT_THAT(Pull(store.get(), nullptr), IsOk());
+}
+
+// ---- Identities: who may act as whom ------------------------------------------------
+
+TEST_F(SecurityE2eTest, WorkerCannotActAsAnotherWorker) {
+  const std::vector<float> before = Parameters();
+  // Worker 1's certificate, claiming worker 0; and the servers' shared certificate.
+  for (const char* stem : {"worker-1", "server"}) {
+    SCOPED_TRACE(stem);
+    auto impostor = OneShotClient(RoleSecurity(*dir_ + "/job", stem), 0);
+    ASSERT_NE(impostor, nullptr);
+    EXPECT_THAT(PushOnes(impostor.get()),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("worker 0")));
+    EXPECT_THAT(Pull(impostor.get(), nullptr), StatusIs(absl::StatusCode::kPermissionDenied));
+    // A forged finished=true heartbeat would take worker 0 out of the job.
+    EXPECT_THAT(impostor->Finish(), StatusIs(absl::StatusCode::kPermissionDenied));
+  }
+  EXPECT_EQ(Parameters(), before);
+}
+
+TEST_F(SecurityE2eTest, PushWithoutAWorkerSlotIsRefused) {
+  // Tools used to push as worker -1: applied every time, without exactly-once.
+  const std::vector<float> before = Parameters();
+  auto tool = OneShotClient(RoleSecurity(*dir_ + "/job", "client"), -1);
+  ASSERT_NE(tool, nullptr);
+  EXPECT_THAT(PushOnes(tool.get()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PushOnes(tool.get()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(Parameters(), before);
+}
+
+TEST_F(SecurityE2eTest, ForgedIncarnationDoesNotLockTheWorkerOut) {
+  // Worker 1 itself (a buggy or compromised process) claims incarnation 2^64-1.
+  auto forged = OneShotClient(RoleSecurity(*dir_ + "/job", "worker-1"), 1, UINT64_MAX);
+  ASSERT_NE(forged, nullptr);
+  EXPECT_THAT(PushOnes(forged.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead")));
+  // A real worker 1 started afterwards pushes, and its push is applied.
+  const std::vector<float> before = Parameters();
+  auto real = GoodClient(RoleSecurity(*dir_ + "/job", "worker-1"), 1);
+  ASSERT_NE(real, nullptr);
+  ASSERT_THAT(PushOnes(real.get()), IsOk());
+  const std::vector<float> after = Parameters();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_NEAR(after[i], before[i] - kLearningRate, 1e-6) << "w[" << i << "]";
+  }
+}
+
+TEST_F(SecurityE2eTest, AdminCallsNeedTheOperatorCertificateAndToken) {
+  const std::string job = *dir_ + "/job";
+  const struct {
+    std::string name;
+    SecurityConfig security;
+  } cases[] = {{"client", RoleSecurity(job, "client")},
+               {"worker", RoleSecurity(job, "worker-0")},
+               {"server", RoleSecurity(job, "server")},
+               {"operator_with_worker_token", RoleSecurity(job, "operator")},
+               {"client_with_operator_token", RoleSecurity(job, "client", "operator_token.txt")}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string log;
+    EXPECT_EQ(Psctl({"shutdown", "--reason=test"}, c.security, *address_, &log), 1) << log;
+    EXPECT_THAT(log, HasSubstr("PERMISSION_DENIED"));
+    EXPECT_EQ(Psctl({"checkpoint"}, c.security, *address_, &log), 1) << log;
+    EXPECT_THAT(log, HasSubstr("PERMISSION_DENIED"));
+  }
+  EXPECT_TRUE(server_->running());
+  // The operator gets through to the call itself (this server has no data dir).
+  std::string log;
+  EXPECT_EQ(
+      Psctl({"checkpoint"}, RoleSecurity(job, "operator", "operator_token.txt"), *address_, &log),
+      1);
+  EXPECT_THAT(log, HasSubstr("FAILED_PRECONDITION"));
+  // Anyone of the job may read the status.
+  EXPECT_EQ(Psctl({"status"}, RoleSecurity(job, "client"), *address_, &log), 0) << log;
+}
+
+TEST_F(SecurityE2eTest, OperatorShutdownNeedsAReasonAndIsLoggedWithWhoAsked) {
+  std::unique_ptr<Subprocess> p = StartServer("stoppable", JobSecurity(*dir_ + "/job"));
+  ASSERT_NE(p, nullptr);
+  auto port = testing::WaitForFileLine(*dir_ + "/stoppable.port", absl::Seconds(30), p.get());
+  ASSERT_THAT(port.status(), IsOk());
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  const SecurityConfig op = RoleSecurity(*dir_ + "/job", "operator", "operator_token.txt");
+  std::string log;
+  EXPECT_EQ(Psctl({"shutdown"}, op, address, &log), 1) << log;  // no --reason
+  EXPECT_TRUE(p->running());
+  EXPECT_EQ(
+      Psctl({"shutdown", "--reason=disk swap on rack 4", "--checkpoint=false"}, op, address, &log),
+      0)
+      << log;
+  auto status = p->Wait(absl::Seconds(30));
+  ASSERT_THAT(status.status(), IsOk());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << p->ReadLog();
+  const std::string server_log = p->ReadLog();
+  EXPECT_THAT(server_log, HasSubstr("shutdown requested by operator (ps://job/operator)"));
+  EXPECT_THAT(server_log, HasSubstr("disk swap on rack 4"));
+  EXPECT_THAT(server_log, ::testing::Not(HasSubstr("signal 15")));
 }
 
 TEST_F(SecurityE2eTest, ServerWithoutSecurityChoiceExitsNamingSecurity) {
@@ -322,6 +492,7 @@ TEST_F(SecurityE2eTest, PlaintextServerWarns) {
       IsOk());
   EXPECT_THAT(p->ReadLog(), HasSubstr("security.plaintext is set: calls are neither encrypted nor "
                                       "authenticated"));
+  EXPECT_THAT(p->ReadLog(), HasSubstr("identities are not checked"));
   p->Signal(SIGTERM);
   auto status = p->Wait(absl::Seconds(20));
   ASSERT_THAT(status.status(), IsOk());

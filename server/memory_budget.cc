@@ -1,0 +1,45 @@
+#include "server/memory_budget.h"
+
+#include <unistd.h>
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps::server {
+
+absl::Status MemoryBudget::CheckRoom(uint64_t bytes, absl::string_view what) const {
+  if (limit_ == 0) return absl::OkStatus();
+  const int64_t in_use = std::max<int64_t>(0, used());
+  if (bytes <= limit_ && static_cast<uint64_t>(in_use) <= limit_ - bytes) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes,
+                                                   " bytes; this server holds ", in_use, " of its ",
+                                                   limit_, " (server.max_memory_bytes)"));
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+uint64_t DefaultMaxMemoryBytes() { return PhysicalMemoryBytes() / 10 * 8; }
+
+uint64_t DenseBytesOnServer(const common::Partitioner& partitioner, const common::TableInfo& table,
+                            uint32_t server, int num_slots) {
+  uint64_t values = 0;
+  for (uint32_t b : partitioner.BlocksOnServer(table, server)) {
+    auto [begin, end] = partitioner.BlockRange(table, b);
+    values += end - begin;
+  }
+  const uint64_t per_value = sizeof(float) * (1 + static_cast<uint64_t>(num_slots));
+  if (values > std::numeric_limits<uint64_t>::max() / per_value) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return values * per_value;
+}
+
+}  // namespace ps::server

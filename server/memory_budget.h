@@ -1,0 +1,55 @@
+// MemoryBudget: how many bytes one server may hold in parameters, optimizer slots and sparse
+// rows (server.max_memory_bytes), and how many it holds now.
+//
+// Dense tables are sized before anything is allocated (DenseBytesOnServer): a layout that
+// does not fit is refused at start with RESOURCE_EXHAUSTED naming the table, instead of
+// allocating until the kernel's OOM killer ends the process (a SIGTERM cannot interrupt an
+// allocation, so refusing first is what keeps the server stoppable). Sparse tables charge
+// the real bytes of their rows and index structures as they grow, and refuse to create rows
+// that would not fit (see SparseTablePart).
+#ifndef PS_SERVER_MEMORY_BUDGET_H_
+#define PS_SERVER_MEMORY_BUDGET_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/partitioner.h"
+
+namespace ps::server {
+
+// Thread-safe.
+class MemoryBudget {
+ public:
+  // `limit_bytes` 0 = unlimited.
+  explicit MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
+
+  uint64_t limit() const { return limit_; }
+  // Bytes charged now (may briefly exceed the limit by what concurrent callers add between
+  // their check and their charge: a few rows).
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
+  // Charges (delta > 0) or releases (delta < 0) bytes actually allocated.
+  void Add(int64_t delta) { used_.fetch_add(delta, std::memory_order_relaxed); }
+  // OK when `bytes` more fit; RESOURCE_EXHAUSTED naming `what`, the bytes, the limit and the
+  // use otherwise.
+  absl::Status CheckRoom(uint64_t bytes, absl::string_view what) const;
+
+ private:
+  const uint64_t limit_;
+  std::atomic<int64_t> used_{0};
+};
+
+// The machine's physical memory in bytes (0 if unknown).
+uint64_t PhysicalMemoryBytes();
+// server.max_memory_bytes when it is 0: 80% of physical memory (0 = unlimited if unknown).
+uint64_t DefaultMaxMemoryBytes();
+
+// Bytes of parameters and optimizer slots (`num_slots` arrays) of `table`'s blocks on
+// `server`. Saturates at UINT64_MAX instead of overflowing.
+uint64_t DenseBytesOnServer(const common::Partitioner& partitioner, const common::TableInfo& table,
+                            uint32_t server, int num_slots);
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_MEMORY_BUDGET_H_

@@ -51,14 +51,8 @@ TEST(MemoryBudget, DenseTableBeyondTheBudgetIsRefusedBeforeAllocating) {
   for (const char* shape : {"shape: 1000000000000", "shape: [1000000, 1000000]"}) {
     SCOPED_TRACE(shape);
     JobConfig config = Config(absl::StrCat(
-        R"pb(tables {
-               name: "small"
-               kind: TABLE_KIND_DENSE
-               shape: 16
-               optimizer { kind: SGD }
-             }
-             tables { name: "huge" kind: TABLE_KIND_DENSE)pb",
-        shape, " optimizer { kind: ADAM } }"));
+        "tables { name: 'small' kind: TABLE_KIND_DENSE shape: 16 optimizer { kind: SGD } }\n",
+        "tables { name: 'huge' kind: TABLE_KIND_DENSE ", shape, " optimizer { kind: ADAM } }"));
     ShardOptions options;
     options.max_memory_bytes = uint64_t{1} << 30;
     EXPECT_THAT(Shard::Create(config, options).status(),

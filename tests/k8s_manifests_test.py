@@ -220,9 +220,15 @@ def test_committed_manifests_are_current():
 
 def test_other_counts_namespace_and_port():
     out = render(CTR, os.path.join(TMP, "ctr"), "--servers", "3", "--workers", "4", "--namespace", "ml",
-                 "--port", "7100", "--image", "registry.local/ps:1")
+                 "--port", "7100", "--image", "registry.local/ps:1", "--set", "metrics.port=9100")
     objs = load(out)
     check_cluster(objs, CTR, 3, 4, 7100, namespace="ml")
+    # --set metrics.port: the pods declare the port, and the servers are marked for scraping.
+    server_pod = objs["StatefulSet"]["spec"]["template"]
+    worker = objs["Job"]["spec"]["template"]["spec"]["containers"][0]
+    for c in (server_pod["spec"]["containers"][0], worker):
+        assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in c["ports"], c["ports"]
+    assert server_pod["metadata"]["annotations"]["prometheus.io/port"] == "9100"
     assert images(objs) == {"registry.local/ps:1"}, images(objs)
 
 

@@ -184,6 +184,10 @@ class Job:
         self.num_workers = args.workers or field(config, "cluster.num_workers", 1)
         self.port = args.port
         self.metrics_port = field(config, "metrics.port", -1)
+        for override in args.set:  # --set metrics.port=P: the pods declare it as the config would
+            m = re.search(r"(?:^|,)metrics\.port=(-?[0-9]+)(?:,|$)", override)
+            if m:
+                self.metrics_port = int(m.group(1))
         grace, storage = sizing(config, self.num_servers)
         self.grace = args.grace_s or grace
         self.storage = args.storage or storage
@@ -316,6 +320,7 @@ class Job:
                                         "--cluster_from=flags",
                                         "--servers=" + ",".join(self.server_addresses),
                                         "--wait_for_servers_s=%d" % self.args.wait_for_servers_s, self.set_flag],
+                            **({"ports": self.ports("metrics")[1:]} if self.metrics_port > 0 else {}),
                             "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [self.config_mount()],
                         }],

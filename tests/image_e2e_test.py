@@ -10,8 +10,8 @@ ps_server and one ps_worker in two containers made from the oci-archive, with
 `buildah run --isolation=chroot`, on 127.0.0.1 (host network; the server picks a free port and
 writes it to --port_file). The config comes from a read-only mount at /etc/ps, each process's
 /var/lib/ps is a host directory. While the server runs, it must answer grpc.health.v1 Check
-with SERVING (what Kubernetes' grpc readiness probe asks), run as uid 65532, and be rooted in
-the image. After one epoch: test accuracy >= 0.80, both exit 0, the server wrote its final
+with SERVING (what Kubernetes' grpc readiness probe asks), answer `psctl status` run from the
+image, run as uid 65532, and be rooted in the image. After one epoch: test accuracy >= 0.80, both exit 0, the server wrote its final
 checkpoint into the mounted directory, and every file the processes wrote belongs to 65532.
 
 Needs root and buildah (tools/setup.sh installs it); otherwise it prints why and passes as
@@ -170,6 +170,7 @@ class Job:
     def __init__(self, buildah, archive, work):
         self.b, self.archive, self.work = buildah, archive, work
         self.procs = {}
+        self.containers = {}
         self.dirs = {}
         self.logs = {}
         # The config, copied: under Bazel configs/ holds symlinks the container cannot follow.
@@ -177,16 +178,20 @@ class Job:
         os.makedirs(self.config_dir)
         shutil.copy(os.path.join(ROOT, "configs", CONFIG), self.config_dir)
 
+    def run_argv(self, role, argv):
+        """`buildah run` of argv in the role's container (made from the archive on first use)."""
+        if role not in self.containers:
+            self.containers[role] = self.b.run("from", "--quiet", "oci-archive:" + self.archive)
+            directory = os.path.join(self.work, role)
+            os.makedirs(directory)
+            os.chown(directory, UID, UID)  # the host directory mounted at /var/lib/ps
+            self.dirs[role] = directory
+        return self.b.argv("run", "--isolation=chroot", "--volume", "%s:/etc/ps:ro" % self.config_dir,
+                           "--volume", "%s:/var/lib/ps" % self.dirs[role], self.containers[role], "--") + argv
+
     def start(self, role, argv):
-        container = self.b.run("from", "--quiet", "oci-archive:" + self.archive)
-        directory = os.path.join(self.work, role)
-        os.makedirs(directory)
-        os.chown(directory, UID, UID)  # the host directory mounted at /var/lib/ps
-        self.dirs[role] = directory
+        run = self.run_argv(role, argv)
         self.logs[role] = open(os.path.join(self.work, role + ".log"), "w+")
-        run = self.b.argv("run", "--isolation=chroot",
-                          "--volume", "%s:/etc/ps:ro" % self.config_dir,
-                          "--volume", "%s:/var/lib/ps" % directory, container, "--") + argv
         log("%s: %s" % (role, " ".join(run)))
         self.procs[role] = subprocess.Popen(run, stdout=self.logs[role], stderr=subprocess.STDOUT, env=self.b.env,
                                             start_new_session=True)
@@ -244,6 +249,17 @@ def check_health(port):
     log("health: " + p.stdout.strip())
 
 
+def check_psctl(job, port):
+    """psctl from the image (in the worker's container, before the worker runs there)."""
+    p = subprocess.run(job.run_argv("worker", ["psctl", "status", "--config=/etc/ps/" + CONFIG,
+                                               "--servers=127.0.0.1:" + port, "--json", "--rate_interval_s=0.2"]),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job.b.env, timeout=120)
+    assert p.returncode == 0, "psctl status failed (%d):\n%s%s" % (p.returncode, p.stdout, p.stderr)
+    (row,) = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert row["address"] == "127.0.0.1:" + port, row
+    log("psctl status from the image: %s" % json.dumps(row, sort_keys=True)[:200])
+
+
 def train(b, archive, work):
     job = Job(b, archive, work)
     counts = "cluster.num_servers=1,cluster.num_workers=1,training.epochs=1"
@@ -256,6 +272,7 @@ def train(b, archive, work):
         log("server listening on 127.0.0.1:%s" % port)
         check_server_inside(job, UID)
         check_health(port)
+        check_psctl(job, port)
         job.start("worker", ["ps_worker", config, "--set=" + counts, "--cluster_from=flags", "--worker_index=0",
                              "--servers=127.0.0.1:" + port, "--log_path=/var/lib/ps/train.jsonl",
                              "--metrics_port=-1", "--wait_for_servers_s=60"])

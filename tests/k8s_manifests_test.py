@@ -32,6 +32,7 @@ MLP = "configs/fashion_mnist_2x2_async.textproto"
 CTR = "configs/ctr_synthetic_2x2.textproto"
 FILES = ("configmap.yaml", "servers.yaml", "workers.yaml", "tfjob.yaml")
 IMAGE_USER = 65532  # the user tools/build_image.sh's image runs as
+COMMITTED_FLAGS = ("--set", "metrics.port=9100")  # deploy/k8s/ (see deploy/k8s/BUILD)
 TMP = tempfile.mkdtemp(prefix="k8s-test-", dir=os.environ.get("TEST_TMPDIR"))
 
 
@@ -211,11 +212,12 @@ def test_default_image_without_data():
 
 def test_committed_manifests_are_current():
     rendered = os.path.join(TMP, "mlp-committed")
-    render(MLP, rendered)
+    render(MLP, rendered, *COMMITTED_FLAGS)
     for f in FILES:
         committed = open(os.path.join(SRCDIR, "deploy/k8s", f)).read()
         assert committed == open(os.path.join(rendered, f)).read(), (
-            "deploy/k8s/%s is out of date: tools/render_k8s.py %s --out deploy/k8s" % (f, MLP))
+            "deploy/k8s/%s is out of date: tools/render_k8s.py %s %s --out deploy/k8s" % (
+                f, MLP, " ".join(COMMITTED_FLAGS)))
 
 
 def test_other_counts_namespace_and_port():

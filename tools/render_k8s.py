@@ -362,7 +362,8 @@ class Job:
         }
 
     def files(self):
-        header = "# Rendered by tools/render_k8s.py from %s; do not edit by hand.\n" % self.args.config_label
+        sets = "".join(" --set " + o for o in self.args.set)
+        header = "# Rendered by tools/render_k8s.py from %s%s; do not edit by hand.\n" % (self.args.config_label, sets)
         return {
             "configmap.yaml": header + documents_yaml([self.configmap_doc()]),
             "servers.yaml": header + documents_yaml(self.servers_docs()),

@@ -93,12 +93,6 @@ install_file() {
   install -m "$mode" "$(readlink -f "$path")" "$root$dir/$(basename "$path")"
 }
 
-# The top-level symlinks of a merged-/usr host (/lib -> usr/lib, ...), so that the ELF
-# interpreter path and the loader's default directories resolve as on the host.
-for link in /bin /sbin /lib /lib32 /lib64 /libx32; do
-  [ -L "$link" ] && ln -s "$(readlink "$link")" "$root$link"
-done
-
 mkdir -p "$root/usr/local/bin"
 for b in "${BINARIES[@]}"; do
   install -m 0755 "$bin_dir/$b" "$root/usr/local/bin/$(basename "$b")"
@@ -116,6 +110,14 @@ if ldd "${BINARIES[@]/#/$bin_dir/}" | grep -q "not found"; then
 fi
 [ -n "$libs" ] || die "ldd found no libraries (statically linked binaries?)"
 for lib in $libs; do install_file "$lib" 0755; done
+# The top-level symlinks of a merged-/usr host (/lib -> usr/lib, ...) that lead to something
+# in the image, so that the ELF interpreter path and the loader's default directories resolve
+# as on the host.
+for link in /bin /sbin /lib /lib32 /lib64 /libx32; do
+  if [ -L "$link" ] && [ -e "$root/$(readlink -f "$link")" ]; then
+    ln -s "$(readlink "$link")" "$root$link"
+  fi
+done
 
 # The /etc a gRPC process reads: its user (glibc, gRPC's logging), name service order and
 # localhost (the resolver; Kubernetes mounts its own hosts and resolv.conf over these).

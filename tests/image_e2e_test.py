@@ -19,6 +19,7 @@ skipped. Containers, images and storage are removed on every exit path.
 """
 
 import gzip
+import json
 import os
 import re
 import shutil
@@ -27,7 +28,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import json
 import time
 
 
@@ -288,6 +288,7 @@ def train(b, archive, work):
         assert checkpoint, "the server wrote no final checkpoint"
         data = os.path.join(job.dirs["server"], "data")
         assert os.path.isdir(data) and os.listdir(data), "nothing in the mounted data dir"
+        assert os.path.getsize(os.path.join(job.dirs["worker"], "train.jsonl")) > 0, "the worker wrote no log"
         files = check_owned(job.dirs["server"]) + check_owned(job.dirs["worker"])
         log("test accuracy %.4f, final checkpoint %s in the mounted dir (%s); %d files written, all uid %d" % (
             accuracy[-1], checkpoint.group(1), ", ".join(sorted(os.listdir(data))[:4]), files, UID))

@@ -92,7 +92,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   return client;
 }
 
-// As ps_worker --centralized: one shard per server index, called directly.
+// As ps_worker --centralized (InProcessParameterStore::CreateCentralized, whose shards are
+// private): one shard per server index with the same options, called directly; composed here
+// because Stats and Checkpoint need the shards.
 absl::Status Client::InitCentralized(uint64_t incarnation) {
   ASSIGN_OR_RETURN(uint32_t num_servers, common::NumServers(config_.cluster()));
   std::vector<server::Shard*> raw;
@@ -124,15 +126,10 @@ absl::Status Client::InitCentralized(uint64_t incarnation) {
   return absl::OkStatus();
 }
 
-// As ps_worker: GrpcParameterStore with the config's rpc settings.
+// As ps_worker: GrpcParameterStore with the job's rpc settings (JobStoreOptions).
 absl::Status Client::InitDistributed(uint64_t incarnation) {
-  worker::GrpcStoreOptions store_options;
-  store_options.worker_id = options_.worker_index;
-  store_options.worker_incarnation = incarnation;
-  store_options.deadline = absl::Seconds(config_.rpc().deadline_s());
-  store_options.max_retries = config_.rpc().max_retries();
-  store_options.initial_backoff = absl::Seconds(config_.rpc().initial_backoff_s());
-  store_options.max_backoff = absl::Seconds(config_.rpc().max_backoff_s());
+  const worker::GrpcStoreOptions store_options =
+      worker::JobStoreOptions(config_, options_.worker_index, incarnation);
   ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config_, store_options));
   RETURN_IF_ERROR(store->WaitForServers(options_.wait_for_servers));
   store_ = std::move(store);

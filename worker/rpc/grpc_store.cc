@@ -13,6 +13,7 @@
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace ps::worker {
 namespace {
@@ -398,6 +399,25 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
   return absl::OkStatus();
 }
 
+GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
+                                 uint64_t incarnation) {
+  GrpcStoreOptions options;
+  options.worker_id = worker_id;
+  options.worker_incarnation = incarnation;
+  options.deadline = absl::Seconds(config.rpc().deadline_s());
+  options.max_retries = config.rpc().max_retries();
+  options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
+  options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
+  options.on_retry = [](uint32_t server, uint32_t attempt, const absl::Status& status) {
+    LOG(WARNING) << "server " << server << " retry " << attempt << ": " << status;
+  };
+  options.on_recovered = [](uint32_t server, uint32_t retries, absl::Duration down) {
+    LOG(WARNING) << "server " << server << " answers again after " << retries << " retries, "
+                 << absl::ToDoubleSeconds(down) << " s after the first failure";
+  };
+  return options;
+}
+
 absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint32_t epoch,
                                                                           uint64_t offset,
                                                                           bool finished) {
@@ -421,6 +441,11 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     saved.clock = std::max(saved.clock, r.clock());
   }
   return saved;
+}
+
+absl::StatusOr<common::WorkerPosition> GrpcParameterStore::ReportPosition(uint32_t epoch,
+                                                                          uint64_t offset) {
+  return Heartbeat(epoch, offset, /*finished=*/false);
 }
 
 absl::Status GrpcParameterStore::Finish() {

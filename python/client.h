@@ -96,8 +96,8 @@ class Client {
 
   // Writes a checkpoint on every server (or every in-process shard, under data_dir) and
   // returns one CheckpointResponse per server, as JSON objects. FAILED_PRECONDITION for a
-  // centralized client without data_dir; PERMISSION_DENIED when TLS identities lack the
-  // operator role; errors of the servers' stores.
+  // centralized client without data_dir; errors of the calls (UNAUTHENTICATED, ...) and of the
+  // servers' stores.
   absl::StatusOr<std::vector<std::string>> Checkpoint();
   // One StatsResponse per server, as JSON objects.
   absl::StatusOr<std::vector<std::string>> Stats();

@@ -11,6 +11,7 @@ bit.
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -333,6 +334,66 @@ class BspGilTest(unittest.TestCase):
         finally:
             sys.setswitchinterval(switch)
             shutil.rmtree(root, ignore_errors=True)
+
+
+def find_make_certs():
+    for base in (os.path.join(os.environ.get("TEST_SRCDIR", ""), "ps"), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+        path = os.path.join(base, "tools", "make_certs.sh")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+@unittest.skipIf(find_make_certs() is None or shutil.which("openssl") is None, "needs tools/make_certs.sh and openssl")
+class TlsTest(unittest.TestCase):
+    """A ps_server with mutual TLS and a bearer token; the client's TLS options override a
+    plaintext config."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="ps-py-tls-", dir=os.environ.get("TEST_TMPDIR"))
+        cls.certs = os.path.join(cls.root, "certs")
+        subprocess.run(["bash", find_make_certs(), cls.certs, "127.0.0.1"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(cls.root, "wrong_token.txt"), "w") as f:
+            f.write("not-the-token\n")
+        server_security = 'security { ca_cert: "%s" cert: "%s" key: "%s" token_file: "%s" }' % tuple(
+            os.path.join(cls.certs, n) for n in ("ca.pem", "server.pem", "server.key", "token.txt"))
+        cls.server_config = os.path.join(cls.root, "server.textproto")
+        with open(cls.server_config, "w") as f:
+            f.write(config_text().replace("security { plaintext: true }", server_security))
+        cls.plain_config = os.path.join(cls.root, "client.textproto")
+        with open(cls.plain_config, "w") as f:
+            f.write(config_text())
+        cls.servers = ps.cluster.LocalServers(cls.server_config, num_servers=2).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.servers.stop()
+        shutil.rmtree(cls.root, ignore_errors=True)
+
+    def tls(self, token="token.txt"):
+        return dict(plaintext=False, ca_cert=os.path.join(self.certs, "ca.pem"),
+                    cert=os.path.join(self.certs, "client.pem"), key=os.path.join(self.certs, "client.key"),
+                    token_file=os.path.join(self.certs, token) if token == "token.txt" else token)
+
+    def test_tls_options_connect_and_round_trip(self):
+        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=0, **self.tls()) as c:
+            g = rand((5, 7), 10)
+            c.push_dense("d_roundtrip", g)
+            self.assertEqual(c.pull_dense("d_roundtrip").tobytes(), (-g).tobytes())
+
+    def test_wrong_token_is_refused(self):
+        with self.assertRaises(ps.Unauthenticated) as cm:
+            ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=-1, wait_for_servers_s=5,
+                      **self.tls(token=os.path.join(self.root, "wrong_token.txt")))
+        self.assertEqual(cm.exception.code, 16)
+        self.assertIn("token", cm.exception.message)
+
+    def test_stats_and_checkpoint_go_over_tls(self):
+        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=-1, **self.tls()) as c:
+            self.assertEqual(len(c.stats()), 2)
+            self.assertTrue(all(int(r["checkpoint_id"]) >= 1 for r in c.checkpoint()))
 
 
 class ErrorsTest(unittest.TestCase):

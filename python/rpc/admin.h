@@ -26,8 +26,7 @@ class AdminClient {
 
   // Every server's Stats, in server order. Errors: the first failing server's, naming it.
   virtual absl::StatusOr<std::vector<StatsResponse>> Stats() = 0;
-  // Asks every server for a checkpoint and waits until each is durable. Errors as Stats
-  // (PERMISSION_DENIED when the caller's certificate lacks the operator role).
+  // Asks every server for a checkpoint and waits until each is durable. Errors as Stats.
   virtual absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint() = 0;
 };
 

@@ -9,6 +9,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist openssl iproute2 procps
   slurm-wlm munge openmpi-bin
+  buildah
   python3-dev pybind11-dev python3-numpy python3-torch
 )
 # From the npm registry, for tests/k8s_manifests_test: the Kubernetes API schema

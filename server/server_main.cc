@@ -13,6 +13,7 @@
 // from the environment instead (--cluster_from, see common/cluster_env.h).
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/cluster_env.h"
@@ -93,6 +95,35 @@ sigset_t BlockStopSignals() {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+// Flag ranges, checked before anything starts: a value out of range is refused, never wrapped
+// (a port of 99999 used to listen on 99999 mod 65536) or taken as "unset".
+absl::Status ValidateFlags() {
+  std::vector<std::string> errors;
+  auto port = [&](const char* name, int32_t value, int32_t min) {
+    if (value < min || value > 65535) {
+      errors.push_back(absl::StrCat("--", name, "=", value, ": expected ", min, "..65535"));
+    }
+  };
+  port("port", absl::GetFlag(FLAGS_port), 0);
+  port("base_port", absl::GetFlag(FLAGS_base_port), 0);
+  if (absl::GetFlag(FLAGS_metrics_port) != -2) port("metrics_port", absl::GetFlag(FLAGS_metrics_port), -1);
+  if (absl::GetFlag(FLAGS_server_index) < -1) {
+    errors.push_back(absl::StrCat("--server_index=", absl::GetFlag(FLAGS_server_index),
+                                  ": expected 0..num_servers-1"));
+  }
+  if (absl::GetFlag(FLAGS_threads) < 0 || absl::GetFlag(FLAGS_threads) > 4096) {
+    errors.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads),
+                                  ": expected 0 (server.num_threads) or 1..4096"));
+  }
+  const double interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  if (!(interval >= 0 || interval == -1) || !std::isfinite(interval)) {
+    errors.push_back(absl::StrCat("--checkpoint_interval=", interval,
+                                  ": expected seconds >= 0 (0 = off), or -1 for the config's"));
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }
 
 absl::StatusOr<std::optional<uint64_t>> ParseRestore(const std::string& flag, bool* skip) {
@@ -165,6 +196,7 @@ void LogSparseTables(Shard* shard) {
 }
 
 absl::Status Run() {
+  RETURN_IF_ERROR(ValidateFlags());
   const sigset_t stop_signals = BlockStopSignals();
   const std::string config_path = absl::GetFlag(FLAGS_config);
   if (config_path.empty()) return absl::InvalidArgumentError("--config is required");
@@ -208,7 +240,7 @@ absl::Status Run() {
   }
   // Outlives everything that registers metrics in it (declared first, destroyed last).
   common::metrics::Registry metrics;
-  if (absl::GetFlag(FLAGS_checkpoint_interval) >= 0) {
+  if (absl::GetFlag(FLAGS_checkpoint_interval) != -1) {
     config.mutable_checkpoint()->set_interval_s(absl::GetFlag(FLAGS_checkpoint_interval));
   }
 
@@ -255,6 +287,9 @@ absl::Status Run() {
     if (!skip) {
       ASSIGN_OR_RETURN(RestoreReport report, checkpointer->Restore(which),
                        absl::StrCat("restoring from ", data_dir));
+      for (const absl::Status& skipped : report.skipped) {
+        LOG(ERROR) << "skipped a checkpoint that fails verification: " << skipped;
+      }
       if (report.checkpoint_id == 0) {
         LOG(INFO) << "no checkpoint in " << data_dir << ": starting from initial values";
       } else {
@@ -268,9 +303,12 @@ absl::Status Run() {
         updates_lost = *previous_updates > report.updates_applied
                            ? *previous_updates - report.updates_applied
                            : 0;
-        LOG(WARNING) << "the previous run of this server had applied " << *previous_updates
-                     << " updates: " << updates_lost
-                     << " updates since the restored checkpoint were lost";
+        // PROGRESS is rewritten once a second, so updates applied after its last write are not
+        // in it: the count is a lower bound, short by at most about one second of updates.
+        LOG(WARNING) << "the previous run of this server had applied at least "
+                     << *previous_updates << " updates: at least " << updates_lost
+                     << " updates since the restored checkpoint were lost (a lower bound: "
+                        "updates applied in the last second before it stopped are not counted)";
       }
     }
   } else {
@@ -408,6 +446,9 @@ absl::Status Run() {
   up->Set(0);
   // Drain: calls in flight finish (bounded), new ones are refused.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // A failed final checkpoint is the exit status: a supervisor must not take this stop for a
+  // clean one, since a restart resumes from an older checkpoint.
+  absl::Status final_status;
   if (checkpointer != nullptr) {
     checkpointer->Stop();
     if (final_checkpoint) {
@@ -417,6 +458,7 @@ absl::Status Run() {
                   << " bytes in " << r->duration_s() << " s";
       } else {
         LOG(ERROR) << "final checkpoint failed: " << r.status();
+        final_status = common::Annotate(r.status(), "final checkpoint failed");
       }
     }
   }
@@ -427,7 +469,7 @@ absl::Status Run() {
   signal_thread.join();
   LogSparseTables(shard.get());
   LOG(INFO) << "stopped after " << shard->updates_applied() << " updates";
-  return absl::OkStatus();
+  return final_status;
 }
 
 }  // namespace

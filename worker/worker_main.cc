@@ -12,6 +12,7 @@
 // environment instead (--cluster_from, see common/cluster_env.h).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -24,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/cluster_env.h"
@@ -79,7 +81,36 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 namespace ps::worker {
 namespace {
 
+// Flag ranges, checked before anything starts: out of range is refused, never wrapped or
+// taken as "unset".
+absl::Status ValidateFlags() {
+  std::vector<std::string> errors;
+  const int32_t base_port = absl::GetFlag(FLAGS_base_port);
+  if (base_port < 0 || base_port > 65535) {
+    errors.push_back(absl::StrCat("--base_port=", base_port, ": expected 0..65535"));
+  }
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port != -2 && (metrics_port < -1 || metrics_port > 65535)) {
+    errors.push_back(absl::StrCat("--metrics_port=", metrics_port, ": expected -1 (off), 0 or a port"));
+  }
+  if (absl::GetFlag(FLAGS_worker_index) < -1) {
+    errors.push_back(absl::StrCat("--worker_index=", absl::GetFlag(FLAGS_worker_index),
+                                  ": expected 0..num_workers-1"));
+  }
+  const int32_t threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > 4096) {
+    errors.push_back(absl::StrCat("--threads=", threads, ": expected 0 (all cores) or 1..4096"));
+  }
+  const double wait_s = absl::GetFlag(FLAGS_wait_for_servers_s);
+  if (!(wait_s > 0) || !std::isfinite(wait_s)) {
+    errors.push_back(absl::StrCat("--wait_for_servers_s=", wait_s, ": expected seconds > 0"));
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
 absl::Status Run() {
+  RETURN_IF_ERROR(ValidateFlags());
   if (absl::GetFlag(FLAGS_config).empty()) {
     return absl::InvalidArgumentError("--config is required");
   }

@@ -42,6 +42,7 @@
 #include "worker/models/model_factory.h"
 #include "worker/local_sgd_store.h"
 #include "worker/rpc/grpc_store.h"
+#include "worker/rpc/unanswered.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (required).");
@@ -235,10 +236,15 @@ absl::Status Run() {
     options.max_retries = config.rpc().max_retries();
     options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
     options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
-    options.on_retry = [](uint32_t server, uint32_t attempt, const absl::Status& status) {
-      LOG(WARNING) << "server " << server << " retry " << attempt << ": " << status;
+    auto silent = std::make_shared<NotAnsweringLog>(
+        std::vector<std::string>(config.cluster().servers().begin(),
+                                 config.cluster().servers().end()),
+        options.deadline);
+    options.on_retry = [silent](uint32_t server, uint32_t attempt, const absl::Status& status) {
+      LOG(WARNING) << silent->OnRetry(server, attempt, status, absl::Now());
     };
-    options.on_recovered = [](uint32_t server, uint32_t retries, absl::Duration down) {
+    options.on_recovered = [silent](uint32_t server, uint32_t retries, absl::Duration down) {
+      silent->OnAnswer(server);
       LOG(WARNING) << "server " << server << " answers again after " << retries
                    << " retries, " << absl::ToDoubleSeconds(down) << " s after the first failure";
     };

@@ -13,6 +13,7 @@
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
+#include "worker/rpc/unanswered.h"
 
 namespace ps::worker {
 namespace {
@@ -446,6 +447,14 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
           return common::Annotate(st, absl::StrCat("server ", s, " (", config_.cluster().servers(s), ")"));
         }
         last_error = st;
+        if (absl::IsDeadlineExceeded(st)) {
+          // Waiting for the channel hides why it is not ready: ask once without waiting.
+          grpc::ClientContext probe;
+          probe.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+          last_error = common::FromGrpcStatus(stubs_[s]->ServerInfo(&probe, request, &response));
+          auto tls = TlsHandshakeFailure(last_error, s, config_.cluster().servers(s));
+          if (tls.has_value()) return *tls;
+        }
         continue;
       }
       if (response.layout_fingerprint() != partitioner_.layout_fingerprint() ||

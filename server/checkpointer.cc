@@ -37,7 +37,16 @@ Checkpointer::~Checkpointer() { Stop(); }
 absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) {
   absl::ReaderMutexLock store_lock(&store_mu_);
   if (store_ == nullptr) return absl::FailedPreconditionError("checkpoint store is not open");
-  ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> all, store_->List());
+  absl::StatusOr<std::vector<storage::CheckpointInfo>> listed = store_->List();
+  if (!listed.ok() && absl::IsDataLoss(listed.status()) && !id.has_value()) {
+    // An unreadable commit record (of any checkpoint) fails the list: try the newest alone.
+    LOG(ERROR) << "listing checkpoints: " << listed.status() << "; trying the newest one";
+    ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> latest, store_->Latest());
+    listed = std::vector<storage::CheckpointInfo>();
+    if (latest.has_value()) listed->push_back(*std::move(latest));
+  }
+  RETURN_IF_ERROR(listed.status());
+  const std::vector<storage::CheckpointInfo>& all = *listed;
   RestoreReport report;
   if (id.has_value()) {
     for (const storage::CheckpointInfo& c : all) {

@@ -255,9 +255,10 @@ absl::Status RefuseStoreWithoutCurrent(rocksdb::Env* env, const std::string& pat
   RETURN_IF_ERROR(FromRocksDbStatus(env->GetChildren(path, &children), "list files"));
   std::vector<std::string> found;
   for (const std::string& child : children) {
-    if (absl::StartsWith(child, "MANIFEST-") || absl::StartsWith(child, "OPTIONS-") ||
-        absl::EndsWith(child, ".sst") || absl::EndsWith(child, ".log") ||
-        absl::EndsWith(child, ".damaged") || child == "IDENTITY") {
+    // IDENTITY, LOCK and OPTIONS files hold no data: a process killed while RocksDB created
+    // the store leaves them, and opening creates it afresh.
+    if (absl::StartsWith(child, "MANIFEST-") || absl::EndsWith(child, ".sst") ||
+        absl::EndsWith(child, ".log") || absl::EndsWith(child, ".damaged")) {
       found.push_back(child);
     }
   }

@@ -101,6 +101,28 @@ class Job {
     return accuracy;
   }
 
+  // Waits until the log of `name` holds `more` progress lines (one a second while a worker
+  // trains: "worker J  epoch E/N  step S ...") beyond those it holds now, so that kills land
+  // while the job trains, however long the processes took to start and load their data.
+  void WaitForMoreSteps(const std::string& name, int more) const {
+    const int start = ProgressLines(name);
+    const absl::Time deadline = absl::Now() + absl::Minutes(3);
+    while (absl::Now() < deadline) {
+      if (ProgressLines(name) >= start + more) return;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ADD_FAILURE() << name << " printed fewer than " << more << " progress lines in 3 minutes";
+  }
+
+  int ProgressLines(const std::string& name) const {
+    const std::string log = Log(name);
+    int n = 0;
+    for (size_t at = log.find("  step "); at != std::string::npos; at = log.find("  step ", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
   std::string Log(const std::string& name) const {
     std::ifstream in(absl::StrCat(dir_, "/", name, ".log"));
     std::stringstream s;
@@ -129,11 +151,14 @@ TEST(FaultE2e, JobSurvivesKilledServersAndWorker) {
 
   Job job("faults");
   job.Start();
-  absl::SleepFor(absl::Seconds(4));
+  // Each kill waits for training progress (printed every second, as are checkpoints and the
+  // workers' positions), not for a fixed time since the start.
+  job.WaitForMoreSteps("worker0", 3);
+  job.WaitForMoreSteps("worker1", 3);
   job.KillServer(0);
-  absl::SleepFor(absl::Seconds(3));
+  job.WaitForMoreSteps("worker1", 3);
   job.KillWorker(1);
-  absl::SleepFor(absl::Seconds(3));
+  job.WaitForMoreSteps("worker1", 3);  // the restarted worker trains again
   job.KillServer(0);
   const double disturbed = job.Finish();
 

@@ -46,7 +46,7 @@ struct ServiceHooks {
 // and refused requests by method, code and reason (the reason Shard::Reject tagged the status
 // with; "other" when none). Each pull or push costs a few atomic adds; a refused one also a
 // lookup under a mutex.
-class ParameterServerService final : public ParameterServer::CallbackService {
+class ParameterServerService final : public ::ps::ParameterServer::CallbackService {
  public:
   // `shard` is not owned and must outlive the service. The service registers its metrics in
   // `metrics` (not owned, must outlive the service; nullptr = a registry of its own).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "worker/rpc/unanswered.h"
 
 namespace ps::worker {
@@ -399,6 +401,30 @@ absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
   return absl::OkStatus();
 }
 
+GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
+                                 uint64_t incarnation) {
+  GrpcStoreOptions options;
+  options.worker_id = worker_id;
+  options.worker_incarnation = incarnation;
+  options.deadline = absl::Seconds(config.rpc().deadline_s());
+  options.max_retries = config.rpc().max_retries();
+  options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
+  options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
+  auto silent = std::make_shared<NotAnsweringLog>(
+      std::vector<std::string>(config.cluster().servers().begin(),
+                               config.cluster().servers().end()),
+      options.deadline);
+  options.on_retry = [silent](uint32_t server, uint32_t attempt, const absl::Status& status) {
+    LOG(WARNING) << silent->OnRetry(server, attempt, status, absl::Now());
+  };
+  options.on_recovered = [silent](uint32_t server, uint32_t retries, absl::Duration down) {
+    silent->OnAnswer(server);
+    LOG(WARNING) << "server " << server << " answers again after " << retries << " retries, "
+                 << absl::ToDoubleSeconds(down) << " s after the first failure";
+  };
+  return options;
+}
+
 absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint32_t epoch,
                                                                           uint64_t offset,
                                                                           bool finished) {
@@ -422,6 +448,11 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     saved.clock = std::max(saved.clock, r.clock());
   }
   return saved;
+}
+
+absl::StatusOr<common::WorkerPosition> GrpcParameterStore::ReportPosition(uint32_t epoch,
+                                                                          uint64_t offset) {
+  return Heartbeat(epoch, offset, /*finished=*/false);
 }
 
 absl::Status GrpcParameterStore::Finish() {

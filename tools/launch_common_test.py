@@ -20,10 +20,14 @@ sys.path.insert(0, HERE)
 
 from launch_common import StopRequest, Stopped  # noqa: E402
 
-# Stands in for ps_server / ps_worker: a server writes its --port_file; both wait for SIGTERM
+# Stands in for ps_server / ps_worker: answers --print_config with a 2 x 2 cluster; a server
+# writes its --port_file; both wait for SIGTERM
 # (taken with sigwait, not a handler) and write a line to --mark_dir's file when they stop.
 FAKE_BINARY = r"""#!/usr/bin/env python3
 import os, signal, sys, time
+if "--print_config" in sys.argv:  # what launch_local asks ps_server for the cluster's size
+    print('{"cluster": {"num_servers": 2, "num_workers": 2}}')
+    sys.exit(0)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 for arg in sys.argv[1:]:
     if arg.startswith("--port_file="):

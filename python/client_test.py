@@ -372,16 +372,29 @@ class TlsTest(unittest.TestCase):
         cls.servers.stop()
         shutil.rmtree(cls.root, ignore_errors=True)
 
-    def tls(self, token="token.txt"):
+    def tls(self, token="token.txt", stem="client"):
+        """TLS options with the certificate pair `stem`: client (no role, read only), worker-0,
+        or operator (admin calls)."""
         return dict(plaintext=False, ca_cert=os.path.join(self.certs, "ca.pem"),
-                    cert=os.path.join(self.certs, "client.pem"), key=os.path.join(self.certs, "client.key"),
+                    cert=os.path.join(self.certs, stem + ".pem"), key=os.path.join(self.certs, stem + ".key"),
                     token_file=os.path.join(self.certs, token) if token == "token.txt" else token)
 
     def test_tls_options_connect_and_round_trip(self):
-        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=0, **self.tls()) as c:
+        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=0,
+                       **self.tls(stem="worker-0")) as c:
             g = rand((5, 7), 10)
             c.push_dense("d_roundtrip", g)
             self.assertEqual(c.pull_dense("d_roundtrip").tobytes(), (-g).tobytes())
+
+    def test_client_certificate_cannot_push_or_checkpoint(self):
+        # The client-only certificate names no role: it may read, never act as worker 0.
+        c = ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=0, **self.tls())
+        with self.assertRaises(ps.PermissionDenied):
+            c.push_dense("d_roundtrip", rand((5, 7), 11))
+        with self.assertRaises(ps.PermissionDenied):
+            c.checkpoint()
+        with self.assertRaises(ps.PermissionDenied):
+            c.close()  # its finish, a heartbeat as worker 0
 
     def test_wrong_token_is_refused(self):
         with self.assertRaises(ps.Unauthenticated) as cm:
@@ -391,7 +404,8 @@ class TlsTest(unittest.TestCase):
         self.assertIn("token", cm.exception.message)
 
     def test_stats_and_checkpoint_go_over_tls(self):
-        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=-1, **self.tls()) as c:
+        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=-1,
+                       **self.tls(stem="operator")) as c:
             self.assertEqual(len(c.stats()), 2)
             self.assertTrue(all(int(r["checkpoint_id"]) >= 1 for r in c.checkpoint()))
 

@@ -438,13 +438,9 @@ absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
   response->set_server_incarnation(shard_->incarnation());
   const RequestHeader& h = request.header();
   RETURN_IF_ERROR(shard_->CheckLayout(InfoOf(h)));
-  if (h.worker_id() < 0) {
-    // A tool's liveness probe: it has no worker state to touch or finish.
-    if (!request.finished()) return absl::OkStatus();
-    return shard_->Reject("bad_worker", absl::InvalidArgumentError(absl::StrCat(
-                                            "heartbeat with finished=true from worker ",
-                                            h.worker_id(), ": only a worker can finish")));
-  }
+  // A tool (negative id) has no worker state: its heartbeats, finished or not, change
+  // nothing (a tool's client says finished when it closes).
+  if (h.worker_id() < 0) return absl::OkStatus();
   if (absl::Status s = auth_.CheckWorker(peer, h.worker_id(), "heartbeat"); !s.ok()) {
     return shard_->Reject("identity", std::move(s));
   }

@@ -84,7 +84,8 @@ class ParameterServerService final : public ::ps::ParameterServer::CallbackServi
   absl::Status HandlePush(const PushRequest& request, PushResponse* response);
   // Heartbeat from `peer`: PERMISSION_DENIED when the peer is not the worker the header
   // names; FAILED_PRECONDITION for `finished` from an incarnation that is not the worker's
-  // current one (only the running process may say it is done).
+  // current one (only the running process may say it is done). A tool's heartbeat (negative
+  // id) changes nothing.
   absl::Status HandleHeartbeat(const PeerIdentity& peer, const HeartbeatRequest& request,
                                HeartbeatResponse* response);
   // Shutdown from `peer`: PERMISSION_DENIED unless an operator; INVALID_ARGUMENT without a

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/process_memory.h"
 #include "common/cluster_env.h"
 #include "common/config.h"
 #include "common/metrics/http_server.h"
@@ -314,6 +315,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Before any thread starts: freed payload memory stays mapped for the next call.
+  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
   absl::Status status = ps::worker::Run();
   if (!status.ok()) {
     std::cerr << "ps_worker: " << status << std::endl;

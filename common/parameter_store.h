@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace ps::common {
@@ -73,6 +74,14 @@ struct PushOptions {
   bool is_delta = false;
 };
 
+// Where a worker is in its data shard, as a store remembers it: what a restarted worker
+// resumes from.
+struct WorkerPosition {
+  uint32_t epoch = 0;   // epochs completed
+  uint64_t offset = 0;  // examples consumed in the current epoch
+  int64_t clock = 0;    // steps pushed
+};
+
 // Thread-safe: implementations accept concurrent calls.
 class ParameterStore {
  public:
@@ -103,6 +112,17 @@ class ParameterStore {
   // The worker will push no more: it leaves the consistency bound so that it does not hold
   // back the others. Safe to call more than once.
   virtual absl::Status Finish() = 0;
+
+  // Tells the store where this worker is in its data (epoch 0 and offset 0 = say nothing new)
+  // and returns what it remembers of this worker: the furthest position it saw, which a
+  // restarted worker resumes from; zeros for a worker it has not seen. The gRPC store keeps
+  // it on the servers (and in their checkpoints), the in-process store in its shards. The
+  // default remembers nothing. Errors as Pull.
+  virtual absl::StatusOr<WorkerPosition> ReportPosition(uint32_t epoch, uint64_t offset) {
+    (void)epoch;
+    (void)offset;
+    return WorkerPosition{};
+  }
 };
 
 }  // namespace ps::common

@@ -1,8 +1,11 @@
 #include "server/in_process_store.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/partitioner.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
@@ -24,6 +27,25 @@ absl::StatusOr<std::unique_ptr<InProcessParameterStore>> InProcessParameterStore
   }
   return std::unique_ptr<InProcessParameterStore>(
       new InProcessParameterStore(std::move(shards), options));
+}
+
+absl::StatusOr<std::unique_ptr<InProcessParameterStore>> InProcessParameterStore::CreateCentralized(
+    JobConfig config, const InProcessStoreOptions& options) {
+  config.mutable_cluster()->set_num_workers(1);
+  ASSIGN_OR_RETURN(uint32_t num_servers, common::NumServers(config.cluster()));
+  std::vector<std::unique_ptr<Shard>> owned;
+  std::vector<Shard*> raw;
+  for (uint32_t s = 0; s < num_servers; ++s) {
+    ShardOptions shard_options;
+    shard_options.server_index = s;
+    shard_options.reject_nonfinite = config.server().reject_nonfinite();
+    ASSIGN_OR_RETURN(std::unique_ptr<Shard> shard, Shard::Create(config, shard_options));
+    raw.push_back(shard.get());
+    owned.push_back(std::move(shard));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<InProcessParameterStore> store, Create(raw, options));
+  store->owned_shards_ = std::move(owned);
+  return store;
 }
 
 InProcessParameterStore::InProcessParameterStore(std::vector<Shard*> shards,
@@ -159,6 +181,24 @@ absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
     RETURN_IF_ERROR(shards_[s]->ApplyPush(info, updates[s], update, 0).status());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<common::WorkerPosition> InProcessParameterStore::ReportPosition(uint32_t epoch,
+                                                                               uint64_t offset) {
+  common::WorkerPosition saved;
+  for (Shard* shard : shards_) {
+    WorkerTracker& workers = shard->workers();
+    RETURN_IF_ERROR(workers.Touch(options_.worker_id, options_.worker_incarnation));
+    if (offset > 0 || epoch > 0) workers.SetDataPosition(options_.worker_id, offset, epoch);
+    const std::optional<WorkerCheckpoint> w = workers.Get(options_.worker_id);
+    if (!w.has_value()) continue;
+    if (std::make_pair(w->epoch(), w->data_offset()) > std::make_pair(saved.epoch, saved.offset)) {
+      saved.epoch = w->epoch();
+      saved.offset = w->data_offset();
+    }
+    saved.clock = std::max(saved.clock, w->clock());
+  }
+  return saved;
 }
 
 absl::Status InProcessParameterStore::Finish() {

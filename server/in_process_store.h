@@ -31,16 +31,26 @@ class InProcessParameterStore final : public common::ParameterStore {
   // INVALID_ARGUMENT when they are not the job's servers 0..N-1 with one layout.
   static absl::StatusOr<std::unique_ptr<InProcessParameterStore>> Create(
       std::vector<Shard*> shards, const InProcessStoreOptions& options);
+  // Centralized mode: builds the shards of every server of `config` (validated: see
+  // common::ValidateJobConfig), owned by the store, as one worker's job
+  // (cluster.num_workers = 1). Tables' memory budgets are ignored (no spill directory; logged).
+  // Errors: those of Shard::Create.
+  static absl::StatusOr<std::unique_ptr<InProcessParameterStore>> CreateCentralized(
+      JobConfig config, const InProcessStoreOptions& options);
 
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
   absl::Status Finish() override;
+  // Records the position in every shard's WorkerTracker and returns the furthest one there.
+  absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,
+                                                        uint64_t offset) override;
 
  private:
   InProcessParameterStore(std::vector<Shard*> shards, const InProcessStoreOptions& options);
   RequestInfo Info(int64_t clock, uint64_t sequence) const;
 
-  const std::vector<Shard*> shards_;  // Not owned.
+  std::vector<std::unique_ptr<Shard>> owned_shards_;  // CreateCentralized's; else empty
+  std::vector<Shard*> shards_;  // owned_shards_, or not owned
   const InProcessStoreOptions options_;
   const common::Partitioner* partitioner_;  // shards_[0]'s
   std::atomic<uint64_t> next_sequence_{1};

@@ -64,6 +64,11 @@ class LocalSgdStore final : public common::ParameterStore {
   // with the next step's delta included).
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
   absl::Status Finish() override;
+  // The remote store's.
+  absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,
+                                                        uint64_t offset) override {
+    return remote_->ReportPosition(epoch, offset);
+  }
 
   LocalSgdStats stats() const;
 

@@ -57,7 +57,8 @@ struct ServiceHooks {
 // with; "other" when none). Each pull or push costs a few atomic adds; a refused one also a
 // lookup under a mutex.
 class ParameterServerService final
-    : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
+    : public ::ps::ParameterServer::WithRawCallbackMethod_PushPull<
+          ::ps::ParameterServer::CallbackService> {
  public:
   // `shard` is not owned and must outlive the service. The service registers its metrics in
   // `metrics` (not owned, must outlive the service; nullptr = a registry of its own).

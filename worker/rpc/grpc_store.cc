@@ -16,6 +16,7 @@
 #include "common/rpc/frame.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace ps::worker {
 namespace {
@@ -513,6 +514,25 @@ absl::Status GrpcParameterStore::PushPull(const common::PushBatch& push,
   return Run(&push, push_options, &pull, pull_options);
 }
 
+GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
+                                 uint64_t incarnation) {
+  GrpcStoreOptions options;
+  options.worker_id = worker_id;
+  options.worker_incarnation = incarnation;
+  options.deadline = absl::Seconds(config.rpc().deadline_s());
+  options.max_retries = config.rpc().max_retries();
+  options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
+  options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
+  options.on_retry = [](uint32_t server, uint32_t attempt, const absl::Status& status) {
+    LOG(WARNING) << "server " << server << " retry " << attempt << ": " << status;
+  };
+  options.on_recovered = [](uint32_t server, uint32_t retries, absl::Duration down) {
+    LOG(WARNING) << "server " << server << " answers again after " << retries << " retries, "
+                 << absl::ToDoubleSeconds(down) << " s after the first failure";
+  };
+  return options;
+}
+
 absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint32_t epoch,
                                                                           uint64_t offset,
                                                                           bool finished) {
@@ -539,6 +559,11 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     saved.clock = std::max(saved.clock, r.clock());
   }
   return saved;
+}
+
+absl::StatusOr<common::WorkerPosition> GrpcParameterStore::ReportPosition(uint32_t epoch,
+                                                                          uint64_t offset) {
+  return Heartbeat(epoch, offset, /*finished=*/false);
 }
 
 absl::Status GrpcParameterStore::Finish() {

@@ -60,6 +60,11 @@ struct GrpcStoreOptions {
   size_t max_residual_rows = PushResiduals::kDefaultMaxSparseRows;
 };
 
+// The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
+// back-off from the config's rpc section, and retries and recoveries logged as warnings.
+GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
+                                 uint64_t incarnation);
+
 // Counters of one store (for the trainer's throughput log).
 struct GrpcStoreStats {
   uint64_t bytes_sent = 0;
@@ -97,16 +102,15 @@ class GrpcParameterStore final : public common::ParameterStore {
                         const common::PullBatch& pull,
                         const common::PullOptions& pull_options) override;
   absl::Status Finish() override;
+  // Heartbeat(epoch, offset, /*finished=*/false).
+  absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,
+                                                        uint64_t offset) override;
 
   // Waits until every server answers ServerInfo with this job's layout (FAILED_PRECONDITION
   // if one differs) or `timeout` passes (UNAVAILABLE naming the silent servers).
   absl::Status WaitForServers(absl::Duration timeout);
   // Where a worker is, as the servers remember it.
-  struct Position {
-    uint32_t epoch = 0;
-    uint64_t offset = 0;  // examples consumed in the epoch
-    int64_t clock = 0;
-  };
+  using Position = common::WorkerPosition;
   // Tells every server where this worker is in its data (offset 0 and epoch 0 = say
   // nothing) and reads back what they remember: the furthest position over the servers,
   // which a restarted worker resumes from.

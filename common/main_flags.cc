@@ -1,0 +1,98 @@
+#include "common/main_flags.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
+#include "common/config.h"
+#include "common/overrides.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (required).");
+ABSL_FLAG(std::string, set, "",
+          "Config overrides, comma-separated path=value (e.g. "
+          "training.epochs=3,model.mlp.hidden=256,128); see docs/configuration.md.");
+ABSL_FLAG(std::string, cluster_from, "auto",
+          "Where the index, port and cluster come from: flags, tf_config (Kubeflow TF_CONFIG), "
+          "slurm (srun), mpi (mpirun, with --rendezvous_dir), or auto (TF_CONFIG if set, else "
+          "SLURM if SLURM_PROCID is set, else flags).");
+ABSL_FLAG(int32_t, base_port, 0,
+          "SLURM: the servers listen on this port + their local rank on the node; 0 = derived "
+          "from SLURM_JOB_ID.");
+ABSL_FLAG(std::string, rendezvous_dir, "",
+          "MPI: a directory every rank shares, where the servers leave their host:port.");
+ABSL_FLAG(int32_t, metrics_port, -2,
+          "Port of the Prometheus /metrics endpoint; overrides metrics.port (-1 = off, 0 = a "
+          "free port, printed). The default, -2, keeps metrics.port.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, the metrics endpoint's port is written to this file once it serves.");
+
+namespace ps::common {
+
+absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
+                                                const std::vector<std::string>& extra_overrides) {
+  StartupConfig out;
+  out.config_path = absl::GetFlag(FLAGS_config);
+  if (out.config_path.empty()) return absl::InvalidArgumentError("--config is required");
+  std::vector<std::string> overrides = SplitOverrides(absl::GetFlag(FLAGS_set));
+  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  ASSIGN_OR_RETURN(out.config, LoadJobConfig(out.config_path, overrides));
+  if (cluster_options.cluster_from == "auto") {
+    cluster_options.cluster_from = absl::GetFlag(FLAGS_cluster_from);
+  }
+  cluster_options.base_port = absl::GetFlag(FLAGS_base_port);
+  cluster_options.rendezvous_dir = absl::GetFlag(FLAGS_rendezvous_dir);
+  ASSIGN_OR_RETURN(out.cluster,
+                   ResolveCluster(cluster_options, EnvMapFromEnviron(environ), &out.config));
+  RETURN_IF_ERROR_CTX(ExpandModelTables(&out.config), out.config_path);
+  RETURN_IF_ERROR_CTX(ValidateJobConfig(out.config), out.config_path);
+  if (!out.cluster.description.empty()) LOG(INFO) << out.cluster.description;
+  const int32_t flag = absl::GetFlag(FLAGS_metrics_port);
+  out.metrics_port = flag == -2 ? out.config.metrics().port() : flag;
+  if (out.metrics_port < -1 || out.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port=", out.metrics_port, ": expected -1 (off), 0 or a port"));
+  }
+  return out;
+}
+
+absl::Status AnnounceMetricsPort(const std::string& who, const std::string& host, int port) {
+  std::cout << who << " metrics on http://" << host << ":" << port << "/metrics" << std::endl;
+  const std::string path = absl::GetFlag(FLAGS_metrics_port_file);
+  if (path.empty()) return absl::OkStatus();
+  return WriteFileAtomically(path, absl::StrCat(port, "\n"));
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+bool WaitForStopSignal(const sigset_t& signals, const std::atomic<bool>* woken_internally) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  if (woken_internally != nullptr && woken_internally->load()) return false;
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  return true;
+}
+
+std::string AdvertisedHost(const std::string& listen_host) {
+  if (!listen_host.empty() && listen_host != "0.0.0.0" && listen_host != "::" &&
+      listen_host != "[::]") {
+    return listen_host;
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+}  // namespace ps::common

@@ -1,0 +1,58 @@
+#include "server/rpc/grpc_server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/credentials.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/rpc/service.h"
+
+namespace ps::server {
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
+                                                              const SecurityConfig& security,
+                                                              ParameterServerService* service) {
+  ASSIGN_OR_RETURN(auto credentials, common::MakeServerCredentials(security));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.address, credentials, &port);
+  const int max_bytes = static_cast<int>(std::min<uint64_t>(options.max_message_bytes, INT_MAX));
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  // Workers keep idle channels alive with pings (rpc.keepalive_s); allow them, at most one
+  // per 5 s.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address));
+  }
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port));
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port)
+    : server_(std::move(server)), port_(port) {}
+
+GrpcServer::~GrpcServer() {
+  Shutdown(absl::ZeroDuration());
+  Wait();
+}
+
+void GrpcServer::SetServing(bool serving) {
+  server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
+void GrpcServer::Shutdown(absl::Duration drain) {
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(drain));
+}
+
+void GrpcServer::Wait() { server_->Wait(); }
+
+}  // namespace ps::server

@@ -1,0 +1,62 @@
+// GrpcServer: the gRPC server a ParameterServer serves its service on.
+//
+// The one place of the server that builds a grpc::Server: listening port and credentials
+// (mutual TLS or plaintext, from the job's SecurityConfig), message size limits, keepalive
+// policy and the standard grpc.health.v1 service. The header names no gRPC type, so
+// server/parameter_server.cc composes it without including grpcpp.
+#ifndef PS_SERVER_RPC_GRPC_SERVER_H_
+#define PS_SERVER_RPC_GRPC_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/config.pb.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace ps::server {
+
+class ParameterServerService;
+
+struct GrpcServerOptions {
+  // Address to listen on, "host:port"; port 0 picks a free one (see GrpcServer::port()).
+  std::string address = "0.0.0.0:0";
+  // Largest message received or sent, in bytes (server.max_message_bytes; capped at 2^31-1).
+  uint64_t max_message_bytes = 64ull << 20;
+};
+
+// Thread-safe. STARTED by Start(); Shutdown() then Wait() stop it (the destructor does both).
+class GrpcServer {
+ public:
+  // Builds and starts the server with `service` (not owned; must outlive the server).
+  // Errors: INVALID_ARGUMENT (credentials: see common/rpc/credentials.h), UNAVAILABLE (the
+  // address cannot be bound, naming it).
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
+                                                           const SecurityConfig& security,
+                                                           ParameterServerService* service);
+  ~GrpcServer();
+
+  // The port bound (the one asked for, or the free one picked for port 0).
+  int port() const { return port_; }
+  // What the health service answers: SERVING or NOT_SERVING.
+  void SetServing(bool serving);
+  // Refuses new calls and lets calls in flight finish for up to `drain`, then cancels them.
+  void Shutdown(absl::Duration drain);
+  // Blocks until Shutdown() has completed.
+  void Wait();
+
+ private:
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port);
+
+  const std::unique_ptr<grpc::Server> server_;
+  const int port_;
+};
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_RPC_GRPC_SERVER_H_

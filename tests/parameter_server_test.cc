@@ -1,0 +1,133 @@
+// ParameterServer (server/parameter_server.h) started in this process on 127.0.0.1, port 0,
+// driven by the real gRPC client: the lifecycle (Create/Start/RequestStop/Wait), the final
+// checkpoint and the restore of the next server on the same data dir, and the refusals of
+// Create and Wait.
+#include "server/parameter_server.h"
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+#include "worker/rpc/grpc_store.h"
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+
+constexpr char kConfig[] = R"pb(
+  cluster { num_servers: 1 num_workers: 1 }
+  tables {
+    name: "w" kind: TABLE_KIND_DENSE shape: 300
+    initializer { kind: UNIFORM low: -1 high: 1 seed: 3 }
+    optimizer { kind: SGD learning_rate: 0.5 }
+  }
+  checkpoint { interval_s: 0 }
+  security { plaintext: true }
+)pb";
+
+JobConfig Config() {
+  absl::StatusOr<JobConfig> config = common::ParseJobConfigText(kConfig, "test");
+  CHECK(config.ok()) << config.status();
+  CHECK(common::ValidateJobConfig(*config).ok());
+  return *config;
+}
+
+ParameterServerOptions Options(const std::string& data_dir) {
+  ParameterServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.data_dir = data_dir;
+  options.exit_when_done = false;
+  return options;
+}
+
+std::unique_ptr<worker::GrpcParameterStore> Client(int port, uint64_t incarnation) {
+  JobConfig config = Config();
+  config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", port));
+  worker::GrpcStoreOptions options;
+  options.worker_id = 0;
+  options.worker_incarnation = incarnation;
+  auto store = worker::GrpcParameterStore::Create(config, options);
+  CHECK(store.ok()) << store.status();
+  CHECK((*store)->WaitForServers(absl::Seconds(30)).ok());
+  return std::move(*store);
+}
+
+std::vector<float> PullW(worker::GrpcParameterStore* store) {
+  std::vector<float> w(300);
+  common::PullBatch pull;
+  pull.dense.push_back({"w", absl::MakeSpan(w)});
+  CHECK(store->Pull(pull, {}).ok());
+  return w;
+}
+
+TEST(ParameterServer, ServesOnAFreePortAndRestoresItsFinalCheckpoint) {
+  const std::string dir = testing::MakeTempDir("ps");
+  std::vector<float> after_push;
+  {
+    auto server = ParameterServer::Create(Config(), Options(dir));
+    ASSERT_THAT(server.status(), IsOk());
+    ASSERT_THAT((*server)->Start(), IsOk());
+    ASSERT_GT((*server)->port(), 0);
+    auto client = Client((*server)->port(), 1);
+    const std::vector<float> before = PullW(client.get());
+    std::vector<float> grad(300, 1.0f);
+    common::PushBatch push;
+    push.dense.push_back({"w", grad});
+    common::PushOptions push_options;
+    push_options.clock = 1;
+    ASSERT_THAT(client->Push(push, push_options), IsOk());
+    after_push = PullW(client.get());
+    EXPECT_FLOAT_EQ(after_push[7], before[7] - 0.5f);
+    std::thread stopper([&] { (*server)->RequestStop(); });
+    EXPECT_THAT((*server)->Wait(), IsOk());  // final checkpoint written
+    stopper.join();
+  }
+  auto restored = ParameterServer::Create(Config(), Options(dir));
+  ASSERT_THAT(restored.status(), IsOk());
+  ASSERT_THAT((*restored)->Start(), IsOk());
+  auto client = Client((*restored)->port(), 2);
+  EXPECT_EQ(PullW(client.get()), after_push);
+  (*restored)->RequestStop(/*final_checkpoint=*/false);
+  EXPECT_THAT((*restored)->Wait(), IsOk());
+}
+
+TEST(ParameterServer, WaitBeforeStartIsAFailedPrecondition) {
+  auto server = ParameterServer::Create(Config(), Options(""));
+  ASSERT_THAT(server.status(), IsOk());
+  EXPECT_THAT((*server)->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(ParameterServer, RefusesAMemoryBudgetWithoutADataDir) {
+  JobConfig config = Config();
+  TableConfig* emb = config.add_tables();
+  emb->set_name("emb");
+  emb->set_kind(TABLE_KIND_SPARSE);
+  emb->set_dim(4);
+  emb->set_memory_budget_rows(10);
+  EXPECT_THAT(ParameterServer::Create(config, Options("")).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("--data_dir")));
+}
+
+TEST(ParameterServer, RefusesPortsOutOfRange) {
+  ParameterServerOptions options = Options("");
+  options.port = 99999;
+  EXPECT_THAT(ParameterServer::Create(Config(), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  options.port = 0;
+  options.metrics_port = 70000;
+  EXPECT_THAT(ParameterServer::Create(Config(), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace ps::server

@@ -1,0 +1,174 @@
+#include "worker/training_job.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/metrics/http_server.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "kernels/backend.h"
+#include "worker/data/load.h"
+#include "worker/local_sgd_store.h"
+#include "worker/models/model.h"
+#include "worker/models/model_factory.h"
+
+namespace ps::worker {
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
+    const JobConfig& config, const TrainingJobOptions& options, const StoreFactory& make_store) {
+  const int32_t num_workers =
+      options.centralized ? 1 : static_cast<int32_t>(config.cluster().num_workers());
+  if (options.worker_index < 0 || options.worker_index >= num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("--worker_index=", options.worker_index,
+                                                   " is out of range: the job has ", num_workers,
+                                                   " workers"));
+  }
+  if (options.eval != "auto" && options.eval != "always" && options.eval != "never") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval=", options.eval, ": expected auto, always or never"));
+  }
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics port ", options.metrics_port, ": expected -1 (off), 0 or a port"));
+  }
+  std::unique_ptr<TrainingJob> job(new TrainingJob(config, options));
+  RETURN_IF_ERROR(job->Build(make_store));
+  return job;
+}
+
+TrainingJob::TrainingJob(const JobConfig& config, const TrainingJobOptions& options)
+    : config_(config), options_(options) {}
+
+TrainingJob::~TrainingJob() = default;
+
+absl::Status TrainingJob::Build(const StoreFactory& make_store) {
+  const int32_t index = options_.worker_index;
+  // Metrics: served from here on, while the data loads and the servers are awaited.
+  metrics_
+      .AddGaugeFamily("ps_worker_info", "Constant 1, labelled with the worker's index and mode.",
+                      {"worker_index", "mode"})
+      ->WithLabels({absl::StrCat(index), options_.centralized ? "centralized" : "distributed"})
+      ->Set(1);
+  process_metrics_ = common::metrics::RegisterProcessMetrics(&metrics_);
+  if (options_.metrics_port >= 0) {
+    common::metrics::HttpServerOptions http;
+    http.host = config_.metrics().has_host() ? config_.metrics().host() : options_.metrics_host;
+    http.port = options_.metrics_port;
+    ASSIGN_OR_RETURN(metrics_server_, common::metrics::MetricsHttpServer::Start(http, &metrics_));
+  }
+
+  kernels::BackendOptions backend_options;
+  backend_options.num_threads = options_.blas_threads;
+  ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(config_.training().device(), backend_options));
+  LOG(INFO) << "worker " << index << ": device " << backend_->Description();
+  ASSIGN_OR_RETURN(LoadedData data, LoadData(config_.data(), config_.training()));
+  data_ = std::make_unique<LoadedData>(std::move(data));
+  LOG(INFO) << "data: " << data_->train->size() << " training examples, "
+            << (data_->test ? data_->test->size() : 0) << " test examples";
+  ASSIGN_OR_RETURN(model_,
+                   CreateModel(config_, backend_.get(), config_.training().batch_size()));
+  ASSIGN_OR_RETURN(store_, make_store(config_, &metrics_));
+
+  // Local SGD: the trainer works on a local copy; every k steps its change goes to the store.
+  if (config_.training().local_sgd().steps() > 0) {
+    const std::vector<TableConfig> tables(config_.tables().begin(), config_.tables().end());
+    ASSIGN_OR_RETURN(local_sgd_, LocalSgdStore::Create(store_.get(), tables,
+                                                       config_.training().local_sgd().steps()));
+    LOG(INFO) << "worker " << index << ": local SGD, merging every "
+              << config_.training().local_sgd().steps() << " steps ("
+              << LocalSgdConfig::Merge_Name(config_.training().local_sgd().merge()) << ")";
+  }
+  return absl::OkStatus();
+}
+
+int TrainingJob::metrics_port() const {
+  return metrics_server_ ? metrics_server_->port() : -1;
+}
+
+double TrainingJob::ground_truth_auc() const { return data_->ground_truth_auc; }
+
+std::string TrainingJob::FinalReport(const TrainResult& result) const {
+  std::string out;
+  if (result.final_eval.has_value()) {
+    if (binary()) {
+      absl::StrAppendFormat(&out, "final test auc %.4f logloss %.4f", result.final_eval->auc,
+                            result.final_eval->loss);
+      if (ground_truth_auc() > 0) absl::StrAppendFormat(&out, " ground_truth_auc %.4f", ground_truth_auc());
+      out += "\n";
+    } else {
+      absl::StrAppendFormat(&out, "final test accuracy %.4f\n", result.final_eval->accuracy);
+    }
+  }
+  absl::StrAppendFormat(&out, "samples/s %.0f wall_s %.1f\n", result.samples_per_s,
+                        absl::ToDoubleSeconds(result.wall));
+  return out;
+}
+
+absl::StatusOr<TrainerOptions> TrainingJob::MakeTrainerOptions() {
+  const int32_t index = options_.worker_index;
+  TrainerOptions options;
+  options.worker_index = index;
+  options.num_workers =
+      options_.centralized ? 1 : static_cast<int32_t>(config_.cluster().num_workers());
+  options.batch_size = config_.training().batch_size();
+  options.epochs = config_.training().epochs();
+  options.max_steps = config_.training().max_steps();
+  options.shuffle = config_.data().shuffle();
+  options.seed = config_.training().seed();
+  options.eval_every_epochs = config_.training().eval_every_epochs();
+  options.evaluate = options_.eval == "always" ||
+                     (options_.eval == "auto" && (options_.centralized || index == 0));
+  options.target_metric = config_.training().target_metric();
+  options.binary = binary();
+  options.log_path = config_.training().log_path();
+  options.progress = stderr;
+  options.progress_tty = isatty(fileno(stderr));
+  options.progress_interval = absl::Seconds(config_.training().progress_interval_s());
+  options.prefetch = config_.training().prefetch();
+  options.log_tag = absl::StrFormat("\"job\":\"%s\",\"mode\":\"%s\"", config_.name(),
+                                    options_.centralized ? "centralized" : "distributed");
+  // A restarted worker resumes where the store saw it last (its data position and clock); a
+  // new one gets zeros.
+  ASSIGN_OR_RETURN(common::WorkerPosition saved, store_->ReportPosition(0, 0));
+  if (saved.epoch > 0 || saved.offset > 0 || saved.clock > 0) {
+    LOG(INFO) << "worker " << index << ": resuming at epoch " << saved.epoch + 1 << ", example "
+              << saved.offset << " of its shard, clock " << saved.clock
+              << " (as the store remembers it)";
+    options.start_epoch = saved.epoch;
+    options.start_offset = saved.offset;
+    options.start_clock = saved.clock;
+  }
+  // Report the position now and then.
+  options.on_step = [this](uint32_t epoch, uint64_t offset) {
+    if (absl::Now() - last_position_report_ < options_.position_interval) return;
+    last_position_report_ = absl::Now();
+    absl::StatusOr<common::WorkerPosition> r = store_->ReportPosition(epoch, offset);
+    if (!r.ok()) LOG(WARNING) << "reporting the data position: " << r.status();
+  };
+  return options;
+}
+
+absl::StatusOr<TrainResult> TrainingJob::Run() {
+  ASSIGN_OR_RETURN(TrainerOptions options, MakeTrainerOptions());
+  last_position_report_ = absl::Now();
+  common::ParameterStore* const train_store =
+      local_sgd_ ? static_cast<common::ParameterStore*>(local_sgd_.get()) : store_.get();
+  Trainer trainer(model_.get(), train_store, data_->train.get(), data_->test.get(), options,
+                  &metrics_);
+  ASSIGN_OR_RETURN(TrainResult result, trainer.Run());
+  RETURN_IF_ERROR(train_store->Finish());
+  LOG(INFO) << "worker " << options_.worker_index << ": " << result.steps << " steps, "
+            << result.samples << " samples in " << result.wall << " ("
+            << static_cast<int64_t>(result.samples_per_s) << " samples/s; data "
+            << result.breakdown.data << ", pull " << result.breakdown.pull << ", compute "
+            << result.breakdown.compute << ", push " << result.breakdown.push << ", wait "
+            << result.breakdown.wait << (options.prefetch ? ", prefetch on" : "") << ")";
+  return result;
+}
+
+}  // namespace ps::worker

@@ -1,0 +1,110 @@
+// TrainingJob: one worker's training run, without flags: metrics endpoint, compute backend,
+// data, model, the parameter store (handed in by the caller), local SGD, resuming where the
+// store saw this worker last, the training loop and the store's Finish.
+//
+// ps_worker's main turns flags into TrainingJobOptions and a StoreFactory (the gRPC store for
+// a distributed job; server/'s in-process store for --centralized: only a main links both
+// sides) and calls
+//
+//   ASSIGN_OR_RETURN(auto job, TrainingJob::Create(config, options, factory));
+//   ASSIGN_OR_RETURN(TrainResult result, job->Run());
+//
+// Thread-compatible: Create and Run are called once each, from one thread.
+#ifndef PS_WORKER_TRAINING_JOB_H_
+#define PS_WORKER_TRAINING_JOB_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics/metrics.h"
+#include "common/parameter_store.h"
+#include "proto/config.pb.h"
+#include "worker/trainer.h"
+
+namespace ps::common::metrics {
+class MetricsHttpServer;
+}  // namespace ps::common::metrics
+namespace ps::kernels {
+class Backend;
+}  // namespace ps::kernels
+
+namespace ps::worker {
+
+class LocalSgdStore;
+class Model;
+struct LoadedData;
+
+struct TrainingJobOptions {
+  // This worker's index, 0..num_workers-1 (num_workers = cluster.num_workers, 1 centralized).
+  int32_t worker_index = 0;
+  // Centralized mode (for the logs, the metrics' `mode` label and evaluation's "auto").
+  bool centralized = false;
+  // Evaluate on the test set: "always", "never" or "auto" (worker 0 and centralized).
+  std::string eval = "auto";
+  // CPU BLAS threads (0 = the library's default).
+  int blas_threads = 1;
+  // The Prometheus endpoint: -1 = off, 0 = a free port; served from Create to destruction.
+  int32_t metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+  // How often the worker tells the store where it is in its data.
+  absl::Duration position_interval = absl::Seconds(1);
+};
+
+// Makes the parameter store once the metrics endpoint serves (a gRPC store waits for its
+// servers here). `metrics` outlives the store.
+using StoreFactory = std::function<absl::StatusOr<std::unique_ptr<common::ParameterStore>>(
+    const JobConfig& config, common::metrics::Registry* metrics)>;
+
+class TrainingJob {
+ public:
+  // Validates the options against `config` (validated and trainable: common::CheckTrainable),
+  // starts the metrics endpoint, creates the backend, loads the data, builds the model and
+  // the store. Errors: INVALID_ARGUMENT (options), those of each step.
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> Create(const JobConfig& config,
+                                                             const TrainingJobOptions& options,
+                                                             const StoreFactory& make_store);
+  ~TrainingJob();
+
+  // Resumes where the store saw this worker last, trains, and finishes with the store (the
+  // worker leaves the consistency bound). Logs the step breakdown. Errors: those of training.
+  absl::StatusOr<TrainResult> Run();
+
+  // What ps_worker prints at the end: "final test accuracy A" (or "final test auc A logloss
+  // L [ground_truth_auc G]") when there was a final evaluation, then "samples/s S wall_s W",
+  // each on its own line.
+  std::string FinalReport(const TrainResult& result) const;
+
+  int metrics_port() const;
+  // The store the job trains against (the gRPC or in-process one; local SGD wraps it).
+  common::ParameterStore* store() const { return store_.get(); }
+  // A binary classifier (AUC is its metric), and the synthetic data's ground-truth AUC (0 =
+  // none).
+  bool binary() const { return config_.model().has_ctr(); }
+  double ground_truth_auc() const;
+
+ private:
+  TrainingJob(const JobConfig& config, const TrainingJobOptions& options);
+  absl::Status Build(const StoreFactory& make_store);
+  absl::StatusOr<TrainerOptions> MakeTrainerOptions();
+
+  const JobConfig config_;
+  const TrainingJobOptions options_;
+  // Declared first: outlives everything that registers metrics in it.
+  common::metrics::Registry metrics_;
+  common::metrics::CollectorHandle process_metrics_;
+  std::unique_ptr<common::metrics::MetricsHttpServer> metrics_server_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<LoadedData> data_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<common::ParameterStore> store_;
+  std::unique_ptr<LocalSgdStore> local_sgd_;  // wraps store_ when local SGD is on
+  absl::Time last_position_report_ = absl::InfinitePast();
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_TRAINING_JOB_H_

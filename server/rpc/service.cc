@@ -531,7 +531,9 @@ absl::Status ParameterServerService::PushPullImpl(const grpc::ByteBuffer& reques
     RETURN_IF_ERROR(status);
   }
   common::BufferPool::Buffer out;
-  if (header.pull_size() > 0) {
+  // A frame without a push is a pull, even of no table (it still checks the worker and
+  // waits for the bound, as Pull does).
+  if (header.pull_size() > 0 || !header.has_push()) {
     RequestInfo pull_info = info;
     pull_info.clock = header.pull_clock();
     RETURN_IF_ERROR(WaitForPull(pull_info, deadline));

@@ -101,6 +101,18 @@ class Job {
     return accuracy;
   }
 
+  // Waits (up to two minutes) until the log of `name` holds `text`: the kills below follow the
+  // job's own progress, not wall-clock guesses, so that they land while it trains however fast
+  // or loaded the machine is.
+  bool WaitForLog(const std::string& name, const std::string& text) const {
+    const absl::Time deadline = absl::Now() + absl::Minutes(2);
+    while (absl::Now() < deadline) {
+      if (Log(name).find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
   std::string Log(const std::string& name) const {
     std::ifstream in(absl::StrCat(dir_, "/", name, ".log"));
     std::stringstream s;
@@ -129,11 +141,13 @@ TEST(FaultE2e, JobSurvivesKilledServersAndWorker) {
 
   Job job("faults");
   job.Start();
-  absl::SleepFor(absl::Seconds(4));
+  ASSERT_TRUE(job.WaitForLog("worker0", "  step ") && job.WaitForLog("worker1", "  step "));
   job.KillServer(0);
-  absl::SleepFor(absl::Seconds(3));
+  ASSERT_TRUE(job.WaitForLog("worker0", "answers again after") &&
+              job.WaitForLog("worker1", "answers again after"));
   job.KillWorker(1);
-  absl::SleepFor(absl::Seconds(3));
+  ASSERT_TRUE(job.WaitForLog("worker1", "resuming at epoch") &&
+              job.WaitForLog("worker1", "  step "));
   job.KillServer(0);
   const double disturbed = job.Finish();
 

@@ -101,16 +101,26 @@ class Job {
     return accuracy;
   }
 
-  // Waits (up to two minutes) until the log of `name` holds `text`: the kills below follow the
-  // job's own progress, not wall-clock guesses, so that they land while it trains however fast
-  // or loaded the machine is.
-  bool WaitForLog(const std::string& name, const std::string& text) const {
-    const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  // Waits until the log of `name` holds `more` progress lines (one a second while a worker
+  // trains: "worker J  epoch E/N  step S ...") beyond those it holds now, so that kills land
+  // while the job trains, however long the processes took to start and load their data.
+  void WaitForMoreSteps(const std::string& name, int more) const {
+    const int start = ProgressLines(name);
+    const absl::Time deadline = absl::Now() + absl::Minutes(3);
     while (absl::Now() < deadline) {
-      if (Log(name).find(text) != std::string::npos) return true;
-      absl::SleepFor(absl::Milliseconds(20));
+      if (ProgressLines(name) >= start + more) return;
+      absl::SleepFor(absl::Milliseconds(100));
     }
-    return false;
+    ADD_FAILURE() << name << " printed fewer than " << more << " progress lines in 3 minutes";
+  }
+
+  int ProgressLines(const std::string& name) const {
+    const std::string log = Log(name);
+    int n = 0;
+    for (size_t at = log.find("  step "); at != std::string::npos; at = log.find("  step ", at + 1)) {
+      ++n;
+    }
+    return n;
   }
 
   std::string Log(const std::string& name) const {
@@ -141,13 +151,14 @@ TEST(FaultE2e, JobSurvivesKilledServersAndWorker) {
 
   Job job("faults");
   job.Start();
-  ASSERT_TRUE(job.WaitForLog("worker0", "  step ") && job.WaitForLog("worker1", "  step "));
+  // Each kill waits for training progress (printed every second, as are checkpoints and the
+  // workers' positions), not for a fixed time since the start.
+  job.WaitForMoreSteps("worker0", 3);
+  job.WaitForMoreSteps("worker1", 3);
   job.KillServer(0);
-  ASSERT_TRUE(job.WaitForLog("worker0", "answers again after") &&
-              job.WaitForLog("worker1", "answers again after"));
+  job.WaitForMoreSteps("worker1", 3);
   job.KillWorker(1);
-  ASSERT_TRUE(job.WaitForLog("worker1", "resuming at epoch") &&
-              job.WaitForLog("worker1", "  step "));
+  job.WaitForMoreSteps("worker1", 3);  // the restarted worker trains again
   job.KillServer(0);
   const double disturbed = job.Finish();
 

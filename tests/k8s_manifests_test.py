@@ -6,7 +6,9 @@ current) and configs/ctr_synthetic_2x2.textproto with other counts, namespace an
 validates every object offline with tests/k8s_validate.js (kubernetes-models: the Kubernetes
 API schema, strict about unknown fields; the TFJob by its API structure); checks that the
 cluster matches the config (replicas, the servers' DNS names in the workers' arguments, ports,
-config volume); and checks that the validator rejects broken objects.
+config volume); that every pod runs tools/build_image.sh's image (its tag, with or without the
+data as the config needs) as its non-root user, without a shell; and checks that the validator
+rejects broken objects.
 
 Needs node and the npm packages kubernetes-models and yaml (tools/setup.sh installs them).
 """
@@ -15,7 +17,6 @@ import copy
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from launch_common import field, parse_textproto  # noqa: E402
 MLP = "configs/fashion_mnist_2x2_async.textproto"
 CTR = "configs/ctr_synthetic_2x2.textproto"
 FILES = ("configmap.yaml", "servers.yaml", "workers.yaml", "tfjob.yaml")
+IMAGE_USER = 65532  # the user tools/build_image.sh's image runs as
+COMMITTED_FLAGS = ("--set", "metrics.port=9100")  # deploy/k8s/ (see deploy/k8s/BUILD)
 TMP = tempfile.mkdtemp(prefix="k8s-test-", dir=os.environ.get("TEST_TMPDIR"))
 
 
@@ -108,11 +111,13 @@ def check_cluster(objs, config_path, servers, workers, port, namespace=None):
     assert sts["spec"]["selector"]["matchLabels"] == labels
     assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "Service selects no server pod"
     (server,) = pod["spec"]["containers"]
-    assert server["command"][:2] == ["/bin/sh", "-c"]
-    server_argv = shlex.split(server["command"][2])
-    assert server_argv[:2] == ["exec", "ps_server"]
+    server_argv = server["command"]
+    assert server_argv[0] == "ps_server"
     assert flag(server_argv, "port") == str(port)
-    assert flag(server_argv, "server_index") == "${HOSTNAME##*-}"  # the pod's ordinal
+    # The pod's ordinal, from the label the StatefulSet sets, expanded by Kubernetes (no shell).
+    assert flag(server_argv, "server_index") == "$(POD_INDEX)"
+    (index_env,) = [e for e in server["env"] if e["name"] == "POD_INDEX"]
+    assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     assert server["ports"][0]["containerPort"] == port and server["ports"][0]["name"] == "grpc"
     assert svc["spec"]["ports"][0]["port"] == port and svc["spec"]["ports"][0]["targetPort"] == "grpc"
     assert server["readinessProbe"]["grpc"]["port"] == port, "readiness probe on another port"
@@ -147,11 +152,41 @@ def check_cluster(objs, config_path, servers, workers, port, namespace=None):
         (c,) = replicas[kind]["template"]["spec"]["containers"]
         assert c["name"] == "tensorflow" and "--cluster_from=tf_config" in c["command"]
         check_config_volume(replicas[kind]["template"]["spec"], c, c["command"], cm)
+    check_runs_as_image_user([pod["spec"], spec["template"]["spec"]]
+                             + [replicas[k]["template"]["spec"] for k in ("PS", "Worker")])
     (ps,) = replicas["PS"]["template"]["spec"]["containers"]
     # TF_CONFIG carries the port named tfjob-port; the server listens on its own entry's port.
     assert [p["containerPort"] for p in ps["ports"] if p["name"] == "tfjob-port"] == [port]
     assert ps["readinessProbe"]["grpc"]["port"] == port
     assert not [a for a in ps["command"] if a.startswith("--port=")], "--port would compete with TF_CONFIG"
+
+
+def check_runs_as_image_user(pod_specs):
+    """Every pod runs as the image's non-root user, unprivileged, and starts no shell."""
+    for spec in pod_specs:
+        security = spec["securityContext"]
+        assert security["runAsNonRoot"] is True and security["runAsUser"] == IMAGE_USER, security
+        assert security["fsGroup"] == IMAGE_USER, "the volumes would not be writable by the image's user"
+        for c in spec["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            assert os.path.basename(c["command"][0]) in ("ps_server", "ps_worker"), c["command"]
+
+
+def image_tag(*flags):
+    """The NAME:TAG tools/build_image.sh gives its image."""
+    p = subprocess.run(["bash", os.path.join(SRCDIR, "tools/build_image.sh"), "--print-tag"] + list(flags),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.returncode == 0, "build_image.sh --print-tag: %s" % p.stdout
+    return p.stdout.strip()
+
+
+def images(objs):
+    """The image of every container."""
+    tf = objs["TFJob"]["spec"]["tfReplicaSpecs"]
+    specs = [objs["StatefulSet"]["spec"]["template"]["spec"], objs["Job"]["spec"]["template"]["spec"]] + [
+        tf[k]["template"]["spec"] for k in ("PS", "Worker")]
+    return {c["image"] for spec in specs for c in spec["containers"]}
 
 
 def check_config_volume(pod_spec, container, argv, cm):
@@ -165,23 +200,38 @@ def test_mlp_manifests_are_valid_and_match_the_config():
     config = parse_textproto(open(os.path.join(SRCDIR, MLP)).read())
     objs = load(render(MLP, os.path.join(TMP, "mlp")))
     check_cluster(objs, MLP, field(config, "cluster.num_servers"), field(config, "cluster.num_workers"), 7000)
+    # The image tools/build_image.sh builds --with-data: the config reads Fashion-MNIST.
+    assert images(objs) == {image_tag("--with-data")}, images(objs)
+
+
+def test_default_image_without_data():
+    """A config that reads no Fashion-MNIST files gets the image without the data."""
+    objs = load(render(CTR, os.path.join(TMP, "ctr-default")))
+    assert images(objs) == {image_tag()}, images(objs)
 
 
 def test_committed_manifests_are_current():
     rendered = os.path.join(TMP, "mlp-committed")
-    render(MLP, rendered)
+    render(MLP, rendered, *COMMITTED_FLAGS)
     for f in FILES:
         committed = open(os.path.join(SRCDIR, "deploy/k8s", f)).read()
         assert committed == open(os.path.join(rendered, f)).read(), (
-            "deploy/k8s/%s is out of date: tools/render_k8s.py %s --out deploy/k8s" % (f, MLP))
+            "deploy/k8s/%s is out of date: tools/render_k8s.py %s %s --out deploy/k8s" % (
+                f, MLP, " ".join(COMMITTED_FLAGS)))
 
 
 def test_other_counts_namespace_and_port():
     out = render(CTR, os.path.join(TMP, "ctr"), "--servers", "3", "--workers", "4", "--namespace", "ml",
-                 "--port", "7100", "--image", "registry.local/ps:1")
+                 "--port", "7100", "--image", "registry.local/ps:1", "--set", "metrics.port=9100")
     objs = load(out)
     check_cluster(objs, CTR, 3, 4, 7100, namespace="ml")
-    assert objs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/ps:1"
+    # --set metrics.port: the pods declare the port, and the servers are marked for scraping.
+    server_pod = objs["StatefulSet"]["spec"]["template"]
+    worker = objs["Job"]["spec"]["template"]["spec"]["containers"][0]
+    for c in (server_pod["spec"]["containers"][0], worker):
+        assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in c["ports"], c["ports"]
+    assert server_pod["metadata"]["annotations"]["prometheus.io/port"] == "9100"
+    assert images(objs) == {"registry.local/ps:1"}, images(objs)
 
 
 def test_validator_rejects_broken_objects():

@@ -1,4 +1,4 @@
-"""Counts test cases in Bazel's test.xml files: prints 'N passed, N failed, N skipped'.
+"""Counts test cases in the test.xml files under each root (default bazel-testlogs): prints 'N passed, N failed, N skipped'.
 
 Bazel counts test targets (and shows a skipped gtest as PASSED); users want test cases.
 A target that produced no test.xml with cases (a shell test, a crash) counts as one case.
@@ -8,9 +8,10 @@ import os
 import sys
 import xml.etree.ElementTree as ET
 
-root = sys.argv[1] if len(sys.argv) > 1 else "bazel-testlogs"
+roots = sys.argv[1:] or ["bazel-testlogs"]
 passed = failed = skipped = 0
-for path in glob.glob(os.path.join(root, "**", "test.xml"), recursive=True):
+paths = [p for root in roots for p in glob.glob(os.path.join(root, "**", "test.xml"), recursive=True)]
+for path in paths:
     try:
         cases = list(ET.parse(path).getroot().iter("testcase"))
     except ET.ParseError:

@@ -50,11 +50,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+from job_runs import EVAL_LINE, launch_argv, parse_run, run_until  # noqa: E402, F401
+from link_probe import probe_link  # noqa: E402
+from step_cost import step_bytes  # noqa: E402
 
 MNIST = "configs/fashion_mnist_2x2_async.textproto"
 CTR = "configs/ctr_synthetic_2x2.textproto"
@@ -84,7 +86,6 @@ TARGET_CELLS = {
     "large": [("centralized", 0, 1), ("async", 2, 2), ("BSP", 2, 2), ("lsgd4", 2, 2)],
     "ctr": [("centralized", 0, 1), ("async", 1, 2), ("async", 2, 4)],
 }
-EVAL_LINE = re.compile(r"worker 0  epoch (\d+)  test (?:accuracy|AUC) ([0-9.]+)  (?:loss|log-loss) [0-9.]+  \(([0-9.]+) s\)")
 SERVERS = [("s0", 1), ("s1", 2)]
 WORKERS = [("w%d" % i, 11 + i) for i in range(4)]
 TAG = "px"
@@ -138,114 +139,6 @@ def parse_pairs(text, kind):
             sys.exit("crossover_study: %r: expected MODEL=VALUE with MODEL one of %s" % (item, ", ".join(MODELS)))
         out[key] = kind(value)
     return out
-
-
-def cpu_seconds(text):
-    """bash `times` children line "0m7.740s 0m0.560s" -> 8.3."""
-    total = 0.0
-    for m, s in re.findall(r"(\d+)m([0-9.]+)s", text):
-        total += int(m) * 60 + float(s)
-    return total
-
-
-# An absl::Duration as glog prints it: "1h2m3.5s", "238.5ms", "12us", "0".
-DURATION = r"(?:\d+(?:\.\d+)?(?:h|ms|us|ns|m|s))+|0"
-
-
-def duration_s(text):
-    """"1m7.25s" -> 67.25; "238.5ms" -> 0.2385; "0" -> 0."""
-    scale = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-    return sum(float(v) * scale[u] for v, u in re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|ns|m|s)", text))
-
-
-def parse_run(out):
-    """Launcher / worker output -> the measured values of one run."""
-    r = dict(samples_per_s=0.0, worker_rates=[], bytes_sent=0, bytes_received=0, cpu_s={},
-             pull_s=0.0, compute_s=0.0, push_s=0.0, steps=0, samples=0, train_s=0.0)
-    for line in out.splitlines():
-        who = re.match(r"^\[(server|worker) (\d+)@[^\]]*\] (.*)$", line)
-        name, text = (("%s %s" % who.group(1, 2)), who.group(3)) if who else ("worker 0", line)
-        m = re.search(r"samples/s ([0-9.]+) wall_s", text)
-        if m:
-            r["worker_rates"].append(float(m.group(1)))
-        m = re.search(r"sent (\d+) bytes, received (\d+) bytes", text)
-        if m:
-            r["bytes_sent"] += int(m.group(1))
-            r["bytes_received"] += int(m.group(2))
-        # "worker 0: 20 steps, 5120 samples in 1m2.5s (81 samples/s; data 1.2ms, pull 3.1s, compute ...)"
-        m = re.search(r"(\d+) steps, (\d+) samples in (%s) \(.*\)" % DURATION, text)
-        if m:
-            r["steps"] += int(m.group(1))
-            r["samples"] += int(m.group(2))
-            r["train_s"] = max(r["train_s"], duration_s(m.group(3)))
-            for key in ("pull", "compute", "push"):
-                part = re.search(r"[(;,] %s (%s)[,)]" % (key, DURATION), m.group(0))
-                if part:
-                    r[key + "_s"] += duration_s(part.group(1))
-        # bash `times`: the wrapper's own line, then its child's; the last one counts.
-        if re.fullmatch(r"\d+m[0-9.]+s \d+m[0-9.]+s", text.strip()):
-            r["cpu_s"][name] = round(cpu_seconds(text), 3)
-    # The cluster's rate: every worker's samples over the longest worker's training time
-    # (summing per-worker rates would count a worker that finishes early as still running).
-    r["sum_of_worker_rates"] = sum(r["worker_rates"])
-    r["samples_per_s"] = r["samples"] / r["train_s"] if r["train_s"] else r["sum_of_worker_rates"]
-    r["cpu_total_s"] = round(sum(r["cpu_s"].values()), 3)
-    return r
-
-
-def run_until(argv, target, limit):
-    """Runs argv (in its own process group), reading worker 0's evaluations from its output, until
-    one reaches target (then SIGTERM to the group) or limit seconds pass (the same).
-
-    Returns ([(epoch, metric, seconds)], the first one reaching target or None, output, wall s,
-    whether it failed: exited non-zero before reaching the target or the limit)."""
-    start = time.time()
-    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-
-    def stop():
-        try:
-            os.killpg(p.pid, signal.SIGTERM)  # a launcher stops every process it started
-        except ProcessLookupError:
-            pass
-
-    evals, reached, lines, timed_out = [], None, [], []
-    timer = threading.Timer(limit, lambda: (timed_out.append(True), stop()))
-    timer.start()
-    try:
-        for line in p.stdout:
-            lines.append(line)
-            m = EVAL_LINE.search(line)
-            if m and reached is None:
-                e = (int(m.group(1)), float(m.group(2)), float(m.group(3)))
-                evals.append(e)
-                if e[1] >= target:
-                    reached = e
-                    stop()
-    finally:
-        timer.cancel()
-        try:
-            p.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        p.stdout.close()
-    failed = reached is None and not timed_out and p.returncode != 0
-    return evals, reached, "".join(lines), time.time() - start, failed
-
-
-def launch_argv(host_lines, config, sets, bin_dir, run_dir, exec_template, eval_mode):
-    """The tools/launch_ssh.py command line of a job measured for throughput: its hosts file
-    (written to run_dir) from host_lines, config with the --set overrides `sets`, no
-    checkpoints, workers evaluating per eval_mode (never, auto, always)."""
-    os.makedirs(run_dir, exist_ok=True)
-    hosts = os.path.join(run_dir, "hosts")
-    with open(hosts, "w") as f:
-        f.write("".join(line + "\n" for line in host_lines))
-    return [sys.executable, os.path.join(ROOT, "tools/launch_ssh.py"), hosts, config, "--exec", exec_template,
-            "--bin_dir", bin_dir, "--remote_dir", run_dir, "--log_dir", os.path.join(run_dir, "logs"),
-            "--set", ",".join(list(sets) + ["checkpoint.on_shutdown=false", "checkpoint.interval_s=0"]),
-            "--worker_arg=--eval=" + eval_mode, "--worker_arg=--wait_for_servers_s=60"]
 
 
 class Study:
@@ -353,7 +246,6 @@ class Study:
                          wall_s=round(wall, 2)))
 
     def probe(self, link):
-        from ps_advise import probe_link, step_bytes
         # Besides the rate and round trip: one worker step's pull and push, back to back, per model.
         exchanges = [step_bytes(os.path.join(ROOT, MODELS[m][0]), MODELS[m][1]) for m in self.args.models.split(",")]
         if link == "loopback":

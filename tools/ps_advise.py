@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -51,7 +50,11 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+import crossover_study  # noqa: E402  (the study's runs, for --validate)
+from job_runs import launch_argv, parse_run  # noqa: E402
+from link_probe import exchange_key, probe_link  # noqa: E402, F401
 from launch_common import parse_textproto  # noqa: E402
+from step_cost import _get, apply_sets, model_bytes, period_bytes, read_text, step_bytes  # noqa: E402, F401
 
 # CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
 # crossover study of 2026-11-30 (`--validate docs/runs/crossover.jsonl --fit`: 1.25 with any link left out).
@@ -60,72 +63,6 @@ STRAGGLER = 0.05        # BSP: extra step time per additional worker
 
 
 # ---------------------------------------------------------------- the model's bytes per step
-
-def read_text(path):
-    with open(path) as f:
-        return f.read()
-
-
-def _get(cfg, path, default=None):
-    """A value of the parsed config ({field: [values]}); "hidden" gives the whole list."""
-    node = cfg
-    for part in path.split("."):
-        values = node.get(part) if isinstance(node, dict) else None
-        if not values:
-            return default
-        if part == "hidden":
-            return values
-        node = values[-1]
-    return node
-
-
-def apply_sets(cfg, sets):
-    """Applies --set path=value[,path=value] overrides (as the binaries take them) to cfg."""
-    for group in sets:
-        for item in re.split(r",(?=[a-z_.]+=)", group):
-            path, _, value = item.partition("=")
-            parts = path.split(".")
-            node = cfg
-            for p in parts[:-1]:
-                values = node.setdefault(p, [{}])
-                node = values[-1]
-            if parts[-1] == "hidden":
-                node["hidden"] = [int(v) for v in value.split(",") if v]
-            else:
-                node[parts[-1]] = [value]
-    return cfg
-
-
-def period_bytes(cfg, batch, ks):
-    """{k: bytes a worker moves for k steps in one transfer / bytes of one step}: 1 for an MLP
-    (the whole model either way); for a CTR model the rows of k batches, fewer than k times
-    one batch's (popular keys repeat)."""
-    one = model_bytes(cfg, batch)[1]
-    return {k: model_bytes(cfg, batch * k)[1] / one for k in ks}
-
-
-def model_bytes(cfg, batch):
-    """(kind, pull bytes, push bytes, unique keys per batch or 0) of one step of one worker."""
-    if _get(cfg, "model.mlp") is not None:
-        sizes = [int(_get(cfg, "model.mlp.input_dim", 784))]
-        sizes += [int(h) for h in _get(cfg, "model.mlp.hidden", [])]
-        sizes.append(int(_get(cfg, "model.mlp.num_classes", 10)))
-        params = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
-        return "mlp", 4 * params, 4 * params, 0, params
-    if _get(cfg, "model.ctr") is not None:
-        dim = int(_get(cfg, "model.ctr.embedding_dim", 16))
-        fields = int(_get(cfg, "data.synthetic.num_fields", 8))
-        vocab = int(_get(cfg, "data.synthetic.vocabulary_per_field", 10000))
-        s = float(_get(cfg, "data.synthetic.zipf_exponent", 1.1))
-        weights = [(v + 1) ** -s for v in range(vocab)]
-        total = sum(weights)
-        # E[distinct values of one field in a batch] = sum_v 1 - (1 - p_v)^b.
-        unique = fields * sum(1 - (1 - w / total) ** batch for w in weights)
-        row = 8 + 4 * dim
-        dense = 4 * (dim + 1)
-        return "ctr", unique * row + dense, unique * row + dense, unique, int(unique) * dim
-    raise SystemExit("ps_advise: the config has neither model.mlp nor model.ctr")
-
 
 # ---------------------------------------------------------------- measurements
 
@@ -150,7 +87,6 @@ def measure_step(bin_dir, config, sets, steps):
     """Seconds of one worker step's pull + push, gRPC included, on a real 1-server, 1-worker job
     on loopback (tools/launch_ssh.py, this host): what a step's transfers cost in CPU and time,
     apart from the link, for any model (dense or sparse, the server's optimizer included)."""
-    from crossover_study import launch_argv, parse_run
     work = tempfile.mkdtemp(prefix="ps-advise-step-")
     try:
         argv = launch_argv(["server 127.0.0.1 port=0", "worker 127.0.0.1"], config,
@@ -165,87 +101,6 @@ def measure_step(bin_dir, config, sets, steps):
     if not r["steps"]:
         raise SystemExit("ps_advise: the loopback job reported no steps")
     return (r["pull_s"] + r["push_s"]) / r["steps"]
-
-
-PROBE_SERVER = r"""
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", s.getsockname()[1], flush=True)
-c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-def drain(n):
-    while n > 0: n -= len(c.recv(min(n, 1 << 20)))
-while True:
-    m = c.recv(1)
-    if not m or m == b"q": break
-    if m == b"p": c.sendall(b"p"); continue
-    if m == b"x":  # an exchange: take n bytes, answer with k bytes
-        h = c.recv(16, socket.MSG_WAITALL)
-        drain(int.from_bytes(h[:8], "little")); c.sendall(bytes(int.from_bytes(h[8:], "little"))); continue
-    drain(int.from_bytes(c.recv(8, socket.MSG_WAITALL), "little"))
-    c.sendall(b"d")
-"""
-
-PROBE_CLIENT = r"""
-import socket, sys, time, json
-c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-rtts = []
-for _ in range(50):
-    t = time.perf_counter(); c.sendall(b"p"); c.recv(1); rtts.append(time.perf_counter() - t)
-rtts.sort()
-n = int(sys.argv[3]); buf = b"x" * (1 << 20); t = time.perf_counter()
-def send(n):
-    while n > 0: k = min(n, len(buf)); c.sendall(buf[:k]); n -= k
-c.sendall(b"s" + n.to_bytes(8, "little")); send(n)
-c.recv(1); dt = time.perf_counter() - t
-# Exchanges "PUSHxPULL": send PUSH bytes, receive PULL bytes, back to back like a worker's
-# steps; the median of the repetitions after one warm-up.
-exchanges = {}
-for spec in filter(None, sys.argv[4].split(",")):
-    push, pull = (int(v) for v in spec.split("x"))
-    times = []
-    for i in range(int(sys.argv[5]) + 1):
-        t = time.perf_counter(); c.sendall(b"x" + push.to_bytes(8, "little") + pull.to_bytes(8, "little")); send(push)
-        left = pull
-        while left > 0: left -= len(c.recv(min(left, 1 << 20)))
-        times.append(time.perf_counter() - t)
-    times = sorted(times[1:])
-    exchanges[spec] = times[len(times) // 2]
-c.sendall(b"q")
-print(json.dumps({"rtt_s": rtts[len(rtts) // 2], "bandwidth_Bps": n / dt, "probe_bytes": n, "exchange_s": exchanges}))
-"""
-
-
-def exchange_key(push_bytes, pull_bytes):
-    return "%dx%d" % (int(push_bytes), int(pull_bytes))
-
-
-def probe_link(exec_server, exec_client, addr, port=7999, nbytes=32 << 20, exchanges=(), repeat=5):
-    """TCP ping-pong (median of 50), one stream of nbytes from client host to server host, and
-    the median time of `repeat` back-to-back exchanges per (push bytes, pull bytes) pair: the
-    client sends push bytes, the server answers with pull bytes, as a worker's step does.
-
-    exec_server / exec_client: argv prefixes that run a command on each host ([] = here).
-    Returns dict(rtt_s, bandwidth_Bps, probe_bytes, exchange_s={"PUSHxPULL": seconds}).
-    """
-    specs = ",".join(exchange_key(a, b) for a, b in exchanges)
-    srv = subprocess.Popen(exec_server + [sys.executable, "-c", PROBE_SERVER, "0.0.0.0", str(port)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        ready = srv.stdout.readline().split()
-        if len(ready) != 2 or ready[0] != "ready":
-            raise RuntimeError("link probe: the receiver did not start: %s" % " ".join(ready))
-        port = int(ready[1])  # the one asked for, or the one the kernel picked for port 0
-        p = subprocess.run(exec_client + [sys.executable, "-c", PROBE_CLIENT, addr, str(port), str(nbytes), specs,
-                                          str(repeat)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-        if p.returncode != 0:
-            raise RuntimeError("link probe failed: " + p.stdout[-500:])
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-        srv.wait()
-        srv.stdout.close()
 
 
 # ---------------------------------------------------------------- prediction
@@ -351,13 +206,6 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
                 recommendation=choice, reason=why)
 
 
-def step_bytes(config, sets):
-    """(push bytes, pull bytes) of one worker step of config with --set overrides `sets`."""
-    cfg = apply_sets(parse_textproto(read_text(config)), sets)
-    _, pull_b, push_b, _, _ = model_bytes(cfg, int(_get(cfg, "training.batch_size", 64)))
-    return push_b, pull_b
-
-
 def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
     """Predictions for every run of a tools/crossover_study.py JSON-lines file, next to its measurement.
 
@@ -366,8 +214,7 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
     loopback from the asynchronous 1x1 run on loopback (that run is the input, not predicted),
     the link from the study's probe. Returns (rows, {model: the loopback step's costs}).
     """
-    from crossover_study import MODELS
-    from crossover_study import load
+    MODELS, load = crossover_study.MODELS, crossover_study.load
     rows = [r for r in load(path) if r.get("kind") != "target"]
     probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
     grpc, out = {}, []
@@ -426,7 +273,7 @@ def fit_cpu_factor(path, cores):
     def loss(rows):
         return sum(abs(math.log(r["predicted"] / r["measured"])) for r in rows) / max(1, len(rows))
 
-    from crossover_study import unique
+    unique = crossover_study.unique
     chosen, out = {}, []
     for link in unique(r["link"] for r in by_factor[FIT_GRID[0]]):
         f = min(FIT_GRID, key=lambda f: loss([r for r in by_factor[f] if r["link"] != link]))

@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
 """Kubernetes manifests for a job, from its JobConfig.
 
-    tools/render_k8s.py configs/fashion_mnist_2x2_async.textproto --image REGISTRY/ps:TAG --out DIR
+    tools/render_k8s.py configs/fashion_mnist_2x2_async.textproto [--image NAME:TAG] --out DIR
     kubectl apply -f DIR/configmap.yaml -f DIR/servers.yaml -f DIR/workers.yaml
 
 Writes into --out (or prints to stdout):
     configmap.yaml  the config as ConfigMap NAME-config (key job.textproto, mounted at /etc/ps)
     servers.yaml    headless Service NAME-server and StatefulSet NAME-server: cluster.num_servers
-                    ps_server pods; server i = pod NAME-server-i, with a PersistentVolumeClaim
+                    ps_server pods; server i = pod NAME-server-i (its index from the pod's label
+                    apps.kubernetes.io/pod-index, Kubernetes 1.28+), with a PersistentVolumeClaim
                     each for its RocksDB checkpoints, ready when grpc.health.v1 says SERVING
     workers.yaml    Indexed Job NAME-worker: cluster.num_workers ps_worker pods, worker i =
                     completion index i, given the servers' stable DNS names
     tfjob.yaml      the same job as a Kubeflow TFJob (PS and Worker replicas); the binaries take
                     their index and the servers' addresses from TF_CONFIG (--cluster_from=tf_config)
 
-NAME is the config's `name`. The image must hold ps_server and ps_worker on its PATH, a
-/bin/sh, and every file the config names (the data: Debian's dataset-fashion-mnist package for
-the Fashion-MNIST configs). The servers run with --exit_when_done=false: when the Job has
+NAME is the config's `name`. The image is the one tools/build_image.sh builds: ps_server and
+ps_worker on its PATH, user 65532 (every pod runs as it, without privileges; the servers' volumes
+get it as fsGroup), and every file the config names. The default --image is the script's tag,
+with its -fashion-mnist variant (built --with-data) for a config that reads Fashion-MNIST from
+Debian's dataset-fashion-mnist. No shell is needed. The servers run with --exit_when_done=false: when the Job has
 completed, `kubectl delete statefulset NAME-server` stops them, and each writes a final
 checkpoint to its volume within terminationGracePeriodSeconds (which is sized from the model:
 60 s, or 30 s plus the biggest server's share of parameters and optimizer slots at 20 MiB/s).
@@ -37,6 +40,10 @@ DATA_MOUNT = "/var/lib/ps"
 DATA_DIR = DATA_MOUNT + "/data"  # a subdirectory: a fresh volume's root may hold lost+found
 OPTIMIZER_SLOTS = {"SGD": 0, "MOMENTUM": 1, "ADAGRAD": 1, "ADAM": 2, "FTRL": 2}
 CHECKPOINT_BYTES_PER_S = 20 << 20
+# tools/build_image.sh's image (--print-tag), and the user it runs as.
+IMAGE = "localhost/ps:0.1"
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist/"
+IMAGE_USER = 65532
 
 
 # ---- YAML -----------------------------------------------------------------------------------
@@ -177,6 +184,10 @@ class Job:
         self.num_workers = args.workers or field(config, "cluster.num_workers", 1)
         self.port = args.port
         self.metrics_port = field(config, "metrics.port", -1)
+        for override in args.set:  # --set metrics.port=P: the pods declare it as the config would
+            m = re.search(r"(?:^|,)metrics\.port=(-?[0-9]+)(?:,|$)", override)
+            if m:
+                self.metrics_port = int(m.group(1))
         grace, storage = sizing(config, self.num_servers)
         self.grace = args.grace_s or grace
         self.storage = args.storage or storage
@@ -188,6 +199,7 @@ class Job:
         overrides = list(args.set) + ["cluster.num_servers=%d" % self.num_servers,
                                       "cluster.num_workers=%d" % self.num_workers]
         self.set_flag = "--set=" + ",".join(overrides)
+        self.image = args.image or default_image(config)
 
     def labels(self, component):
         return {"app.kubernetes.io/name": "ps", "app.kubernetes.io/instance": self.name,
@@ -215,13 +227,14 @@ class Job:
     def server_container(self, name, command, grpc_name):
         return {
             "name": name,
-            "image": self.args.image,
+            "image": self.image,
             "imagePullPolicy": "IfNotPresent",
             "command": command,
             "ports": self.ports(grpc_name),
             # The servers serve grpc.health.v1.Health: SERVING once they take calls, NOT_SERVING
             # while they drain on SIGTERM.
             "readinessProbe": {"grpc": {"port": self.port}, "periodSeconds": 5, "failureThreshold": 2},
+            "securityContext": CONTAINER_SECURITY,
             "volumeMounts": [self.config_mount(), {"name": "data", "mountPath": DATA_MOUNT}],
         }
 
@@ -247,9 +260,12 @@ class Job:
                 "ports": [{"name": "grpc", "port": self.port, "targetPort": "grpc", "protocol": "TCP"}],
             },
         }
-        # Server i is pod NAME-server-i: its index is the ordinal at the end of its host name.
-        script = "exec ps_server --server_index=\"${HOSTNAME##*-}\" --cluster_from=flags %s --exit_when_done=false %s" % (
-            " ".join(self.server_flags()), sh_quote(self.set_flag))
+        # Server i is pod NAME-server-i: the StatefulSet labels it with its ordinal, which
+        # Kubernetes expands into the command as $(POD_INDEX) (the image has no shell).
+        server = self.server_container("ps-server", ["ps_server", "--server_index=$(POD_INDEX)", "--cluster_from=flags"]
+                                       + self.server_flags() + ["--exit_when_done=false", self.set_flag], "grpc")
+        server["env"] = [{"name": "POD_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}]
         template_meta = {"labels": labels}
         if self.metrics_port > 0:
             template_meta["annotations"] = {"prometheus.io/scrape": "true",
@@ -266,7 +282,8 @@ class Job:
                     "spec": {
                         # SIGTERM: drain, then the final checkpoint into the volume.
                         "terminationGracePeriodSeconds": self.grace,
-                        "containers": [self.server_container("ps-server", ["/bin/sh", "-c", script], "grpc")],
+                        "securityContext": pod_security(),
+                        "containers": [server],
                         "volumes": [self.config_volume()],
                     },
                 },
@@ -292,9 +309,10 @@ class Job:
                     "metadata": {"labels": labels},
                     "spec": {
                         "restartPolicy": "OnFailure",
+                        "securityContext": pod_security(),
                         "containers": [{
                             "name": "ps-worker",
-                            "image": self.args.image,
+                            "image": self.image,
                             "imagePullPolicy": "IfNotPresent",
                             # Kubernetes expands $(JOB_COMPLETION_INDEX), which the Job sets.
                             "command": ["ps_worker", self.config_flag(),
@@ -302,6 +320,8 @@ class Job:
                                         "--cluster_from=flags",
                                         "--servers=" + ",".join(self.server_addresses),
                                         "--wait_for_servers_s=%d" % self.args.wait_for_servers_s, self.set_flag],
+                            **({"ports": self.ports("metrics")[1:]} if self.metrics_port > 0 else {}),
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [self.config_mount()],
                         }],
                         "volumes": [self.config_volume()],
@@ -312,7 +332,8 @@ class Job:
 
     def tfjob_doc(self):
         def replica(count, container, extra_volumes, grace=None):
-            spec = {"containers": [container], "volumes": [self.config_volume()] + extra_volumes}
+            spec = {"securityContext": pod_security(), "containers": [container],
+                    "volumes": [self.config_volume()] + extra_volumes}
             if grace:
                 spec = {"terminationGracePeriodSeconds": grace, **spec}
             return {"replicas": count, "restartPolicy": "OnFailure",
@@ -323,10 +344,10 @@ class Job:
         # and exits by itself once every worker has finished.
         ps = self.server_container("tensorflow", ["ps_server", "--cluster_from=tf_config", self.config_flag(),
                                                   "--data_dir=" + DATA_DIR, self.set_flag], "tfjob-port")
-        worker = {"name": "tensorflow", "image": self.args.image, "imagePullPolicy": "IfNotPresent",
+        worker = {"name": "tensorflow", "image": self.image, "imagePullPolicy": "IfNotPresent",
                   "command": ["ps_worker", "--cluster_from=tf_config", self.config_flag(),
                               "--wait_for_servers_s=%d" % self.args.wait_for_servers_s, self.set_flag],
-                  "volumeMounts": [self.config_mount()]}
+                  "securityContext": CONTAINER_SECURITY, "volumeMounts": [self.config_mount()]}
         meta = self.metadata(self.name, "tfjob")
         return {
             "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": meta,
@@ -341,7 +362,8 @@ class Job:
         }
 
     def files(self):
-        header = "# Rendered by tools/render_k8s.py from %s; do not edit by hand.\n" % self.args.config_label
+        sets = "".join(" --set " + o for o in self.args.set)
+        header = "# Rendered by tools/render_k8s.py from %s%s; do not edit by hand.\n" % (self.args.config_label, sets)
         return {
             "configmap.yaml": header + documents_yaml([self.configmap_doc()]),
             "servers.yaml": header + documents_yaml(self.servers_docs()),
@@ -351,14 +373,28 @@ class Job:
         }
 
 
-def sh_quote(s):
-    return "'" + s.replace("'", "'\\''") + "'"
+# Every container: the image's user, no privileges.
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security():
+    """Every pod runs as the image's user; volumes (the servers' checkpoints) are group-owned by it."""
+    return {"runAsNonRoot": True, "runAsUser": IMAGE_USER, "runAsGroup": IMAGE_USER, "fsGroup": IMAGE_USER}
+
+
+def default_image(config):
+    """The image tools/build_image.sh tags: with Fashion-MNIST baked in when the config reads it."""
+    paths = [field(config, "data." + f, "") for f in ("train_images", "train_labels", "test_images", "test_labels")]
+    if any(p.startswith(FASHION_MNIST_DIR) for p in paths):
+        return IMAGE + "-fashion-mnist"
+    return IMAGE
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", help="the job's JobConfig textproto")
-    ap.add_argument("--image", default="ps:latest", help="container image with ps_server, ps_worker and the data")
+    ap.add_argument("--image", default=None, help="container image with ps_server, ps_worker and the data (default: "
+                    "tools/build_image.sh's, %s or %s-fashion-mnist)" % (IMAGE, IMAGE))
     ap.add_argument("--out", default=None, help="write the manifests into this directory (default: stdout)")
     ap.add_argument("--namespace", default=None, help="namespace of every object (default: none, kubectl's)")
     ap.add_argument("--name", default=None, help="object name prefix (default: the config's name)")

@@ -9,6 +9,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist openssl iproute2 procps
   slurm-wlm munge openmpi-bin
+  buildah
 )
 # From the npm registry, for tests/k8s_manifests_test: the Kubernetes API schema
 # (kubernetes-models; its 4.x line runs on Debian 12's Node.js 18) and a YAML parser.

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The test command: installs what is missing, builds, runs every test that needs no GPU, and
-# prints "N passed, N failed, N skipped" counted per test case (from bazel-testlogs/**/test.xml).
+# prints "N passed, N failed, N skipped" counted per test case (from bazel-testlogs/**/test.xml),
+# with the layering rules of tools/check_layering.py.
 # Extra arguments go to `bazel test` (e.g. --config=asan, or a target pattern instead of //...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,5 +11,9 @@ targets=("$@")
 rm -rf bazel-testlogs/ 2>/dev/null || true
 rc=0
 bazel test "${targets[@]}" || rc=$?
-python3 tools/count_tests.py bazel-testlogs
+# The layering rules of docs/design.md, counted as test cases with the others.
+layering="$(mktemp -d)"
+trap 'rm -rf "$layering"' EXIT
+python3 tools/check_layering.py --xml "$layering/test.xml" || rc=1
+python3 tools/count_tests.py bazel-testlogs "$layering"
 exit $rc

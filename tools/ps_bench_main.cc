@@ -17,7 +17,10 @@
 //          whose sparse table keeps at most that percentage of its rows in memory
 //          (memory_budget_rows; 100 = no budget), the rest spilled to their data dirs. Reports
 //          rows/s and the share of rows served from memory (the servers' fault counters).
-// Prints a table (and JSON lines with --json). Servers are stopped on exit and on Ctrl-C.
+// Dense and sparse rows also report costs per call in the steady state (after one call per
+// thread): CPU time, minor page faults and context switches of this process and of the started
+// servers (from getrusage and /proc). Prints a table (and JSON lines with --json). Servers are
+// stopped on exit and on Ctrl-C.
 #include <pthread.h>
 #include <sys/resource.h>
 #include <signal.h>

@@ -12,6 +12,7 @@
 #include "common/overrides.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, config, "", "Path of the job's JobConfig textproto (required).");
 ABSL_FLAG(std::string, set, "",
@@ -31,6 +32,9 @@ ABSL_FLAG(int32_t, metrics_port, -2,
           "free port, printed). The default, -2, keeps metrics.port.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the metrics endpoint's port is written to this file once it serves.");
+ABSL_FLAG(bool, print_config, false,
+          "Print the job config as this process would run it (after --set, the environment's "
+          "cluster and the model's tables) as JSON on stdout, and exit.");
 
 namespace ps::common {
 
@@ -59,6 +63,18 @@ absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
         absl::StrCat("--metrics_port=", out.metrics_port, ": expected -1 (off), 0 or a port"));
   }
   return out;
+}
+
+bool PrintConfigIfAsked(const JobConfig& config) {
+  if (!absl::GetFlag(FLAGS_print_config)) return false;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Serializing a valid message cannot fail.
+  CHECK(google::protobuf::util::MessageToJsonString(config, &json, options).ok());
+  std::cout << json << std::endl;
+  return true;
 }
 
 absl::Status AnnounceMetricsPort(const std::string& who, const std::string& host, int port) {

@@ -26,6 +26,7 @@ ABSL_DECLARE_FLAG(int32_t, base_port);
 ABSL_DECLARE_FLAG(std::string, rendezvous_dir);
 ABSL_DECLARE_FLAG(int32_t, metrics_port);
 ABSL_DECLARE_FLAG(std::string, metrics_port_file);
+ABSL_DECLARE_FLAG(bool, print_config);
 
 namespace ps::common {
 
@@ -48,6 +49,11 @@ struct StartupConfig {
 // ResolveCluster.
 absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
                                                 const std::vector<std::string>& extra_overrides);
+
+// With --print_config: prints `config` as JSON on stdout (field names as in the .proto, every
+// field, defaults included; 64-bit integers as strings, as proto3's JSON mapping has them) and
+// returns true, for the launchers to read the job the binaries will run. Else returns false.
+bool PrintConfigIfAsked(const JobConfig& config);
 
 // Prints "<who> metrics on http://HOST:PORT/metrics" on stdout and writes the port to
 // --metrics_port_file (if set). Errors: those of WriteFileAtomically.

@@ -78,6 +78,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(common::StartupConfig startup,
                    common::LoadStartupConfig(cluster_options, /*extra_overrides=*/{}));
   JobConfig& config = startup.config;
+  if (common::PrintConfigIfAsked(config)) return absl::OkStatus();
   const common::ClusterIdentity& cluster = startup.cluster;
   if (!cluster.index.has_value()) return absl::InvalidArgumentError("--server_index is required");
   if (absl::GetFlag(FLAGS_checkpoint_interval) >= 0) {

@@ -32,7 +32,7 @@ using ::ps::testing::Subprocess;
 
 constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
 constexpr char kOverrides[] =
-    "--set=training.epochs=3,checkpoint.interval_s=1,training.progress_interval_s=1";
+    "--set=training.epochs=4,checkpoint.interval_s=1,training.progress_interval_s=1";
 
 class Job {
  public:
@@ -153,12 +153,12 @@ TEST(FaultE2e, JobSurvivesKilledServersAndWorker) {
   job.Start();
   // Each kill waits for training progress (printed every second, as are checkpoints and the
   // workers' positions), not for a fixed time since the start.
-  job.WaitForMoreSteps("worker0", 3);
-  job.WaitForMoreSteps("worker1", 3);
+  job.WaitForMoreSteps("worker0", 2);
+  job.WaitForMoreSteps("worker1", 2);
   job.KillServer(0);
-  job.WaitForMoreSteps("worker1", 3);
+  job.WaitForMoreSteps("worker1", 2);
   job.KillWorker(1);
-  job.WaitForMoreSteps("worker1", 3);  // the restarted worker trains again
+  job.WaitForMoreSteps("worker1", 1);  // the restarted worker trains again
   job.KillServer(0);
   const double disturbed = job.Finish();
 

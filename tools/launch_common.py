@@ -6,6 +6,7 @@ parse_textproto. Nothing here knows about hosts or Kubernetes.
 """
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -25,11 +26,27 @@ def die_with_parent():
         pass
 
 
-def config_count(path, field):
-    """Reads `cluster { field: N }` from a textproto (enough for the launchers' defaults)."""
-    text = open(path).read()
-    m = re.search(r"\b%s\s*:\s*(\d+)" % field, text)
-    return int(m.group(1)) if m else None
+def effective_config(bin_dir, config, sets):
+    """The job config as ps_server runs it: the file with the --set overrides `sets` applied by
+    the binary itself (`ps_server --print_config`), as a dict of the proto's JSON form (field
+    names as in config.proto; 64-bit integers as strings). Raises RuntimeError with the
+    binary's message when it refuses the config."""
+    argv = [os.path.join(bin_dir, "server", "ps_server"), "--config=" + config, "--cluster_from=flags",
+            "--print_config"]
+    if sets:
+        argv.append("--set=" + ",".join(sets))
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError((p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1])
+    return json.loads(p.stdout)
+
+
+def cluster_size(cfg):
+    """(servers, workers) of an effective_config: cluster.num_servers (else the number of
+    cluster.servers), cluster.num_workers."""
+    cluster = cfg.get("cluster", {})
+    servers = int(cluster.get("num_servers") or 0) or len(cluster.get("servers", [])) or 1
+    return servers, int(cluster.get("num_workers") or 0) or 1
 
 
 class Proc:

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, config_count
+from launch_common import Proc, cluster_size, effective_config
 
 
 def main():
@@ -58,8 +58,13 @@ def main():
     if not os.path.exists(args.config):
         sys.exit("launch_local: no config file %s" % args.config)
 
-    num_servers = args.servers or config_count(args.config, "num_servers") or 1
-    num_workers = args.workers or config_count(args.config, "num_workers") or 1
+    # The job's counts as the binaries read them: the file with --set applied.
+    try:
+        cfg_servers, cfg_workers = cluster_size(effective_config(bin_dir, args.config, args.set))
+    except RuntimeError as e:
+        sys.exit("launch_local: %s: %s" % (args.config, e))
+    num_servers = args.servers or cfg_servers
+    num_workers = args.workers or cfg_workers
     data_root = args.data_root or tempfile.mkdtemp(prefix="ps-job-")
     log_dir = args.log_dir or os.path.join(data_root, "logs")
     os.makedirs(log_dir, exist_ok=True)

@@ -10,6 +10,7 @@ PKGS=(
   dataset-fashion-mnist openssl iproute2 procps
   slurm-wlm munge openmpi-bin
   buildah
+  python3-dev pybind11-dev python3-numpy python3-torch
 )
 # From the npm registry, for tests/k8s_manifests_test: the Kubernetes API schema
 # (kubernetes-models; its 4.x line runs on Debian 12's Node.js 18) and a YAML parser.

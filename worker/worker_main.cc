@@ -90,6 +90,7 @@ absl::Status Run() {
   cluster_options.rendezvous_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s));
   ASSIGN_OR_RETURN(common::StartupConfig startup,
                    common::LoadStartupConfig(cluster_options, overrides));
+  if (common::PrintConfigIfAsked(startup.config)) return absl::OkStatus();
   RETURN_IF_ERROR_CTX(common::CheckTrainable(startup.config), startup.config_path);
 
   TrainingJobOptions options;

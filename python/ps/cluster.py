@@ -1,0 +1,171 @@
+"""Local clusters for examples and tests: ps_server processes on free ports of 127.0.0.1.
+
+    with ps.cluster.LocalServers("job.textproto", num_servers=2) as servers:
+        client = ps.Client("job.textproto", servers=servers.addresses, worker_index=0)
+
+    # Or a whole job: servers plus one Python process per worker, as tools/launch_local.py
+    # runs ps_worker processes (each worker gets --worker_index=i --servers=h:p,...).
+    ps.cluster.run_job("job.textproto", [sys.executable, "train.py"], num_workers=2)
+
+Servers are started as tools/launch_local.py starts them (--port=0 with a port file, a data
+dir each, plaintext as the config says) and stopped with SIGTERM (a final checkpoint); no
+process is left behind when the caller exits or is killed (PR_SET_PDEATHSIG).
+"""
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _repo_root():
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def find_binary(rel):
+    """bazel-bin/<rel> or the runfiles' <rel> (rel: "server/ps_server")."""
+    candidates = []
+    if os.environ.get("PS_BIN_DIR"):
+        candidates.append(os.path.join(os.environ["PS_BIN_DIR"], rel))
+    if os.environ.get("TEST_SRCDIR"):
+        candidates.append(os.path.join(os.environ["TEST_SRCDIR"], "ps", rel))
+    candidates.append(os.path.join(_repo_root(), "bazel-bin", rel))
+    candidates.append(os.path.join(_repo_root(), rel))  # a runfiles tree
+    for c in candidates:
+        if os.access(c, os.X_OK) and os.path.isfile(c):
+            return c
+    raise FileNotFoundError("%s not found (looked in %s); build it: bazel build //%s:%s" % (
+        rel, ", ".join(candidates), os.path.dirname(rel), os.path.basename(rel)))
+
+
+def _die_with_parent():
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class LocalServers:
+    """num_servers ps_server processes of `config` on 127.0.0.1; `.addresses` once started."""
+
+    def __init__(self, config, num_servers=None, overrides=(), data_root=None, server_args=(),
+                 start_timeout=120.0, quiet=True):
+        self.config = os.path.abspath(config)
+        self.num_servers = num_servers or _config_int(self.config, "num_servers") or 1
+        self.overrides = list(overrides) + ["cluster.num_servers=%d" % self.num_servers]
+        self._own_root = data_root is None
+        self.data_root = data_root or tempfile.mkdtemp(prefix="ps-servers-", dir=os.environ.get("TEST_TMPDIR"))
+        self.server_args = list(server_args)
+        self.start_timeout = start_timeout
+        self.quiet = quiet
+        self.procs = []
+        self.addresses = []
+
+    def start(self):
+        binary = find_binary("server/ps_server")
+        port_files = []
+        for i in range(self.num_servers):
+            port_file = os.path.join(self.data_root, "server-%d.port" % i)
+            if os.path.exists(port_file):
+                os.remove(port_file)
+            port_files.append(port_file)
+            argv = [binary, "--config=" + self.config, "--server_index=%d" % i, "--cluster_from=flags",
+                    "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
+                    "--data_dir=" + os.path.join(self.data_root, "server-%d" % i),
+                    "--set=" + ",".join(self.overrides)] + self.server_args
+            log = open(os.path.join(self.data_root, "server-%d.log" % i), "wb")
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                               preexec_fn=_die_with_parent))
+            log.close()
+        deadline = time.time() + self.start_timeout
+        for i, (p, port_file) in enumerate(zip(self.procs, port_files)):
+            while not os.path.exists(port_file):
+                if p.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("ps_server %d exited with code %s while starting:\n%s" % (
+                        i, p.returncode, self.log(i)))
+                if time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError("ps_server %d did not start within %.0f s" % (i, self.start_timeout))
+                time.sleep(0.02)
+            with open(port_file) as f:
+                self.addresses.append("127.0.0.1:%d" % int(f.read().strip()))
+        return self
+
+    def log(self, i):
+        try:
+            with open(os.path.join(self.data_root, "server-%d.log" % i), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait(self, timeout):
+        """Waits for every server to exit by itself (after every worker finished); exit codes."""
+        deadline = time.time() + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(0.1, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
+
+    def stop(self, timeout=30.0):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self._own_root:
+            shutil.rmtree(self.data_root, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _config_int(path, field):
+    """A top-level `field: N` anywhere in the textproto (num_servers, num_workers)."""
+    import re
+    with open(path) as f:
+        m = re.search(r"\b%s\s*:\s*(\d+)" % field, f.read())
+    return int(m.group(1)) if m else None
+
+
+def run_job(config, worker_argv, num_workers=None, num_servers=None, overrides=(), timeout=None):
+    """Starts the servers, then `num_workers` copies of worker_argv (each with
+    --worker_index=i --servers=...; their output goes to this process's); returns the workers'
+    exit codes once all have exited (the servers are stopped in any case)."""
+    num_workers = num_workers or _config_int(os.path.abspath(config), "num_workers") or 1
+    overrides = list(overrides) + ["cluster.num_workers=%d" % num_workers]
+    with LocalServers(config, num_servers=num_servers, overrides=overrides) as servers:
+        sys.stdout.write("[job] servers at %s\n" % ",".join(servers.addresses))
+        sys.stdout.flush()
+        workers = []
+        for i in range(num_workers):
+            argv = list(worker_argv) + ["--worker_index=%d" % i, "--servers=" + ",".join(servers.addresses)]
+            workers.append(subprocess.Popen(argv, preexec_fn=_die_with_parent))
+        deadline = None if timeout is None else time.time() + timeout
+        codes = []
+        try:
+            for w in workers:
+                codes.append(w.wait(None if deadline is None else max(0.1, deadline - time.time())))
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
+        for i, code in enumerate(codes):
+            if code != 0:
+                sys.stdout.write("[job] worker %d exited with code %s\n" % (i, code))
+        return codes

@@ -319,9 +319,11 @@ absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
       x->sent += rows.size();
     }
   }
+  // A push with nothing in it is a clock tick: every server hears it.
+  const bool tick = batch.dense.empty() && batch.sparse.empty();
   for (uint32_t s = 0; s < n; ++s) {
     PushPullRequest& h = x->headers[s];
-    if (h.push_size() == 0 && !push_to_all_) continue;
+    if (h.push_size() == 0 && !push_to_all_ && !tick) continue;
     h.set_has_push(true);
     h.set_is_delta(options.is_delta);
     *h.mutable_header() = Header(options.clock, next_sequence_[s].fetch_add(1));

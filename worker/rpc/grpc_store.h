@@ -9,7 +9,8 @@
 // sequence), with a sequence of their own per server, so a retried push is applied at most
 // once). A push goes only to the servers that hold some of its data, except under a
 // consistency bound (training.staleness) or deterministic BSP, where every server hears of
-// every push (an empty one at worst) so that its view of the worker's clock advances.
+// every push (an empty one at worst) so that its view of the worker's clock advances. A push
+// of an empty batch is a clock tick and goes to every server.
 //
 // Pushes of tables with a 16-bit wire_encoding use error feedback (PushResiduals) unless
 // the table sets wire_error_feedback: false. Each Push encodes its gradients once, before

@@ -108,6 +108,8 @@ void ValidateDenseShape(const std::string& path, const ps::TableConfig& table,
   if (table.dim() != 0) errors->Add(path + ".dim", "set on a dense table (dense tables use shape)");
 }
 
+constexpr uint32_t kMaxSparseDim = uint32_t{1} << 20;
+
 void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_floats, Errors* errors) {
   const std::string path = absl::StrCat("tables[", index, "]");
   switch (table.kind()) {
@@ -116,6 +118,12 @@ void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_float
       break;
     case ps::TABLE_KIND_SPARSE:
       if (table.dim() == 0) errors->Add(path + ".dim", "must be > 0 for a sparse table");
+      // A row travels whole in one message and is allocated on first touch: a row of 2^20
+      // floats (4 MiB) is already far beyond any embedding; more is a typo or an attack.
+      if (table.dim() > kMaxSparseDim) {
+        errors->Add(path + ".dim", absl::StrCat(table.dim(), " is over the limit of ",
+                                                kMaxSparseDim, " floats per row"));
+      }
       if (table.shape_size() != 0) {
         errors->Add(path + ".shape", "set on a sparse table (sparse tables use dim)");
       }

@@ -98,6 +98,7 @@ const ErrorCase kErrorCases[] = {
     // Tables.
     {"EmptyShape", {"tables[0].shape="}, "tables[0].shape: empty"},
     {"ZeroDimension", {"tables[0].shape=10,0"}, "tables[0].shape: dimension 1 is 0"},
+    {"HugeSparseDim", {"tables[1].dim=4000000000"}, "tables[1].dim: 4000000000 is over the limit"},
     {"NegativeDimension", {"tables[0].shape=-3"}, "tables[0].shape: dimension 0 is -3"},
     {"Overflow", {"tables[0].shape=4294967296,4294967296"}, "tables[0].shape: element count"},
     {"TooManyBlocks",

@@ -50,6 +50,10 @@ absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
     cluster_options.cluster_from = absl::GetFlag(FLAGS_cluster_from);
   }
   cluster_options.base_port = absl::GetFlag(FLAGS_base_port);
+  if (cluster_options.base_port < 0 || cluster_options.base_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--base_port=", cluster_options.base_port, ": expected 0..65535"));
+  }
   cluster_options.rendezvous_dir = absl::GetFlag(FLAGS_rendezvous_dir);
   ASSIGN_OR_RETURN(out.cluster,
                    ResolveCluster(cluster_options, EnvMapFromEnviron(environ), &out.config));

@@ -5,19 +5,26 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace ps::server {
 
-absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
-    Shard* shard, const CheckpointerOptions& options) {
-  if (options.data_dir.empty()) return absl::InvalidArgumentError("no data dir");
+absl::StatusOr<std::unique_ptr<storage::CheckpointStore>> Checkpointer::OpenStore(
+    const CheckpointerOptions& options) {
   storage::CheckpointStoreOptions store_options;
   store_options.path = options.data_dir;
   store_options.keep = options.keep;
   ASSIGN_OR_RETURN(auto store, storage::CheckpointStore::Open(store_options),
                    absl::StrCat("data dir ", options.data_dir));
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
+    Shard* shard, const CheckpointerOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("no data dir");
+  ASSIGN_OR_RETURN(auto store, OpenStore(options));
   return std::unique_ptr<Checkpointer>(new Checkpointer(shard, options, std::move(store)));
 }
 
@@ -28,54 +35,102 @@ Checkpointer::Checkpointer(Shard* shard, const CheckpointerOptions& options,
 Checkpointer::~Checkpointer() { Stop(); }
 
 absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) {
-  std::optional<storage::CheckpointInfo> info;
-  if (id.has_value()) {
-    ASSIGN_OR_RETURN(auto all, store_->List());
-    for (auto& c : all) {
-      if (c.id == *id) info = c;
-    }
-    if (!info.has_value()) {
-      return absl::NotFoundError(absl::StrCat("no complete checkpoint ", *id, " in ",
-                                              options_.data_dir));
-    }
-  } else {
-    ASSIGN_OR_RETURN(info, store_->Latest());
+  absl::ReaderMutexLock store_lock(&store_mu_);
+  if (store_ == nullptr) return absl::FailedPreconditionError("checkpoint store is not open");
+  absl::StatusOr<std::vector<storage::CheckpointInfo>> listed = store_->List();
+  if (!listed.ok() && absl::IsDataLoss(listed.status()) && !id.has_value()) {
+    // An unreadable commit record (of any checkpoint) fails the list: try the newest alone.
+    LOG(ERROR) << "listing checkpoints: " << listed.status() << "; trying the newest one";
+    ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> latest, store_->Latest());
+    listed = std::vector<storage::CheckpointInfo>();
+    if (latest.has_value()) listed->push_back(*std::move(latest));
   }
+  RETURN_IF_ERROR(listed.status());
+  const std::vector<storage::CheckpointInfo>& all = *listed;
   RestoreReport report;
-  if (!info.has_value()) return report;
+  if (id.has_value()) {
+    for (const storage::CheckpointInfo& c : all) {
+      if (c.id == *id) {
+        RETURN_IF_ERROR(RestoreOne(c, &report));
+        return report;
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrCat("no complete checkpoint ", *id, " in ", options_.data_dir));
+  }
+  // Newest first; a checkpoint that fails verification is passed over, never loaded.
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    absl::Status status = RestoreOne(*it, &report);
+    if (status.ok()) return report;
+    if (!absl::IsDataLoss(status) || report.checkpoint_id != 0) return status;
+    report.skipped.push_back(status);
+  }
+  if (report.skipped.empty()) return report;  // An empty store.
+  std::vector<std::string> messages;
+  for (const absl::Status& s : report.skipped) messages.emplace_back(s.message());
+  return absl::DataLossError(absl::StrCat("no checkpoint in ", options_.data_dir,
+                                          " passes verification: ",
+                                          absl::StrJoin(messages, "; ")));
+}
+
+// Sets report->checkpoint_id only once the shard has been touched (then it is not fresh).
+absl::Status Checkpointer::RestoreOne(const storage::CheckpointInfo& info,
+                                      RestoreReport* report) {
   CheckpointMeta meta;
-  if (!meta.ParseFromString(info->metadata)) {
+  if (!meta.ParseFromString(info.metadata)) {
     return absl::DataLossError(
-        absl::StrCat("checkpoint ", info->id, ": metadata record does not parse"));
+        absl::StrCat("checkpoint ", info.id, ": metadata record does not parse"));
   }
   // Verify every checksum before touching the shard: a corrupt checkpoint changes nothing.
-  RETURN_IF_ERROR(store_->Verify(info->id));
-  RETURN_IF_ERROR_CTX(shard_->BeginRestore(meta), absl::StrCat("checkpoint ", info->id));
-  RETURN_IF_ERROR(store_->Read(info->id, [&](absl::string_view key, absl::string_view value) {
+  RETURN_IF_ERROR(store_->Verify(info.id));
+  RETURN_IF_ERROR_CTX(shard_->BeginRestore(meta), absl::StrCat("checkpoint ", info.id));
+  report->checkpoint_id = info.id;
+  RETURN_IF_ERROR(store_->Read(info.id, [&](absl::string_view key, absl::string_view value) {
     return shard_->RestoreRecord(key, value);
   }));
   shard_->EndRestore(meta);
-  report.checkpoint_id = info->id;
-  report.updates_applied = meta.updates_applied();
-  report.bytes = info->bytes;
-  report.unix_micros = info->unix_micros;
-  restored_ = report;
+  report->updates_applied = meta.updates_applied();
+  report->bytes = info.bytes;
+  report->unix_micros = info.unix_micros;
+  restored_ = *report;
   absl::MutexLock lock(&mu_);
-  last_id_ = info->id;
-  last_time_ = absl::FromUnixMicros(info->unix_micros);
+  last_id_ = info.id;
+  last_time_ = absl::FromUnixMicros(info.unix_micros);
   last_updates_ = meta.updates_applied();
-  return report;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CheckpointResponse> Checkpointer::CheckpointNow() {
   absl::MutexLock one_at_a_time(&write_mu_);
-  absl::StatusOr<CheckpointResponse> result = Write();
+  absl::Status reopened = ReopenStoreIfFailed();
+  absl::StatusOr<CheckpointResponse> result =
+      reopened.ok() ? Write() : absl::StatusOr<CheckpointResponse>(reopened);
   absl::MutexLock lock(&mu_);
   ++(result.ok() ? written_ : failed_);
   return result;
 }
 
+absl::Status Checkpointer::ReopenStoreIfFailed() {
+  {
+    absl::ReaderMutexLock store_lock(&store_mu_);
+    if (store_ != nullptr && !store_->NeedsReopen()) return absl::OkStatus();
+  }
+  absl::MutexLock store_lock(&store_mu_);
+  // Closed first: RocksDB's lock file admits one open store per directory.
+  store_.reset();
+  ASSIGN_OR_RETURN(store_, OpenStore(options_), "reopen after a failed checkpoint");
+  LOG(INFO) << "checkpoint store " << options_.data_dir
+            << " reopened after a failed checkpoint: the next one starts from the files on disk";
+  return absl::OkStatus();
+}
+
+void Checkpointer::FailStoreForTest(const absl::Status& status) {
+  absl::ReaderMutexLock store_lock(&store_mu_);
+  store_->MarkWriteFailedForTest(status);
+}
+
 absl::StatusOr<CheckpointResponse> Checkpointer::Write() {
+  absl::ReaderMutexLock store_lock(&store_mu_);
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(auto writer, store_->BeginCheckpoint());
   ASSIGN_OR_RETURN(CheckpointMeta meta,
@@ -150,6 +205,10 @@ void Checkpointer::Loop() {
 }
 
 void Checkpointer::FillStats(StatsResponse* out) {
+  {
+    absl::ReaderMutexLock store_lock(&store_mu_);
+    if (store_ != nullptr) out->set_storage_bytes(store_->ApproximateSizeBytes());
+  }
   absl::MutexLock lock(&mu_);
   out->set_last_checkpoint_id(last_id_);
   if (last_id_ != 0) {
@@ -158,7 +217,6 @@ void Checkpointer::FillStats(StatsResponse* out) {
   out->set_last_checkpoint_duration_s(last_duration_s_);
   out->set_checkpoints_written(written_);
   out->set_checkpoints_failed(failed_);
-  out->set_storage_bytes(store_->ApproximateSizeBytes());
 }
 
 }  // namespace ps::server

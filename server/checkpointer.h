@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -40,6 +41,9 @@ struct RestoreReport {
   uint64_t updates_applied = 0;
   uint64_t bytes = 0;
   int64_t unix_micros = 0;
+  // Newer checkpoints passed over because they failed verification (DATA_LOSS each, naming
+  // the checkpoint), newest first. Only Restore() of the newest skips any.
+  std::vector<absl::Status> skipped;
 };
 
 // Thread-safe. STARTED by Start(), STOPPED by Stop() (or the destructor).
@@ -51,14 +55,20 @@ class Checkpointer {
                                                               const CheckpointerOptions& options);
   ~Checkpointer();
 
-  // Restores checkpoint `id` (nullopt = the newest) into the shard, which must be fresh.
-  // Nothing is restored from an empty store. Errors: DATA_LOSS (corrupt checkpoint, naming
-  // what), FAILED_PRECONDITION (the checkpoint does not fit this server's config), NOT_FOUND
-  // (no checkpoint `id`).
+  // Restores checkpoint `id` (nullopt = the newest good one) into the shard, which must be
+  // fresh. Nothing is restored from an empty store. With nullopt, a checkpoint that fails
+  // verification is passed over (RestoreReport::skipped) for the next older one; each is
+  // verified before the shard is touched.
+  // Errors: DATA_LOSS (checkpoint `id` is corrupt, or every checkpoint is, naming each),
+  // FAILED_PRECONDITION (the checkpoint does not fit this server's config), NOT_FOUND (no
+  // checkpoint `id`).
   absl::StatusOr<RestoreReport> Restore(std::optional<uint64_t> id = std::nullopt);
 
-  // Writes a checkpoint now (one at a time; callers queue). Errors: those of the store
-  // (RESOURCE_EXHAUSTED when the disk is full, ...); the server keeps running either way.
+  // Writes a checkpoint now (one at a time; callers queue). It is reported written only once
+  // the store has read it back from disk and verified it. After a failed one the store is
+  // reopened before the next, so that nothing RocksDB kept in memory from the failure is built
+  // on. Errors: those of the store (RESOURCE_EXHAUSTED when the disk is full, ...); the server
+  // keeps running either way.
   absl::StatusOr<CheckpointResponse> CheckpointNow();
 
   // Starts the timer / update-count thread.
@@ -70,18 +80,29 @@ class Checkpointer {
   void FillStats(StatsResponse* out);
   const RestoreReport& restored() const { return restored_; }
 
+  // Makes the next checkpoint find its store failed, as after a write error.
+  void FailStoreForTest(const absl::Status& status);
+
  private:
   Checkpointer(Shard* shard, const CheckpointerOptions& options,
                std::unique_ptr<storage::CheckpointStore> store);
+  static absl::StatusOr<std::unique_ptr<storage::CheckpointStore>> OpenStore(
+      const CheckpointerOptions& options);
   void Loop();
-  absl::StatusOr<CheckpointResponse> Write();
+  absl::StatusOr<CheckpointResponse> Write() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status ReopenStoreIfFailed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status RestoreOne(const storage::CheckpointInfo& info, RestoreReport* report)
+      ABSL_SHARED_LOCKS_REQUIRED(store_mu_);
 
   Shard* const shard_;  // Not owned.
   const CheckpointerOptions options_;
-  std::unique_ptr<storage::CheckpointStore> store_;
   RestoreReport restored_;
 
   absl::Mutex write_mu_;  // one checkpoint at a time
+  // Replaced (under a writer lock, holding write_mu_) when a failed checkpoint leaves it
+  // unusable; null while reopening it fails. Readers hold a reader lock.
+  mutable absl::Mutex store_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  std::unique_ptr<storage::CheckpointStore> store_ ABSL_GUARDED_BY(store_mu_);
   mutable absl::Mutex mu_;
   uint64_t last_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

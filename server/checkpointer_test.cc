@@ -1,6 +1,7 @@
 #include "server/checkpointer.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,108 @@ TEST_F(CheckpointerTest, CorruptCheckpointIsRefusedAndLeavesTheShardUntouched) {
   auto c = NewCheckpointer(fresh.get());
   EXPECT_THAT(c->Restore().status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checkpoint")));
   EXPECT_THAT(Values(fresh.get()), ElementsAreArray(initial));
+}
+
+// Damages record `key` of checkpoint `id` in the store under `dir` (a wrong stored checksum).
+void DamageRecord(const std::string& dir, uint64_t id, const std::string& key) {
+  storage::CheckpointStoreOptions options;
+  options.path = dir;
+  auto store = storage::CheckpointStore::Open(options);
+  ASSERT_THAT(store.status(), IsOk());
+  std::string value;
+  ASSERT_THAT((*store)->Read(id,
+                             [&](absl::string_view k, absl::string_view v) {
+                               if (k == key) value = std::string(v);
+                               return absl::OkStatus();
+                             }),
+              IsOk());
+  ASSERT_FALSE(value.empty());
+  ASSERT_THAT((*store)->PutRawRecordForTest(id, key, value, 12345u), IsOk());
+}
+
+// Seen: one damaged newest checkpoint made --restore=latest fail every time, while the older
+// one was intact.
+TEST_F(CheckpointerTest, RestoreLatestSkipsACorruptNewestCheckpointForTheNewestGoodOne) {
+  uint64_t first_id = 0, second_id = 0;
+  std::vector<float> at_first;
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    Train(shard.get(), 3);
+    auto first = c->CheckpointNow();
+    ASSERT_THAT(first.status(), IsOk());
+    first_id = first->checkpoint_id();
+    at_first = Values(shard.get());
+    Train(shard.get(), 2);
+    auto second = c->CheckpointNow();
+    ASSERT_THAT(second.status(), IsOk());
+    second_id = second->checkpoint_id();
+  }
+  DamageRecord(dir_, second_id, std::string("w\0\0\0\0\1", 6));
+  auto fresh = NewShard();
+  auto c = NewCheckpointer(fresh.get());
+  auto report = c->Restore();
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_EQ(report->checkpoint_id, first_id);
+  EXPECT_EQ(report->updates_applied, 3u);
+  ASSERT_EQ(report->skipped.size(), 1u);
+  EXPECT_THAT(report->skipped[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("checkpoint ", second_id))));
+  EXPECT_THAT(Values(fresh.get()), ElementsAreArray(at_first));
+  // Asked for by id, the damaged one is still refused.
+  auto other = NewShard();
+  c.reset();
+  auto c2 = NewCheckpointer(other.get());
+  EXPECT_THAT(c2->Restore(second_id).status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(CheckpointerTest, CheckpointAfterAFailedOneReopensTheStoreAndIsReadable) {
+  auto shard = NewShard();
+  uint64_t id = 0;
+  std::vector<float> values;
+  {
+    auto c = NewCheckpointer(shard.get());
+    Train(shard.get(), 2);
+    ASSERT_THAT(c->CheckpointNow().status(), IsOk());
+    c->FailStoreForTest(absl::ResourceExhaustedError("No space left on device"));
+    Train(shard.get(), 1);
+    auto r = c->CheckpointNow();
+    ASSERT_THAT(r.status(), IsOk());
+    id = r->checkpoint_id();
+    values = Values(shard.get());
+  }
+  auto fresh = NewShard();
+  auto c = NewCheckpointer(fresh.get());
+  auto report = c->Restore();
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_EQ(report->checkpoint_id, id);
+  EXPECT_EQ(report->updates_applied, 3u);
+  EXPECT_THAT(Values(fresh.get()), ElementsAreArray(values));
+}
+
+TEST_F(CheckpointerTest, DataDirWithoutCurrentIsRefusedNotAFreshStart) {
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    Train(shard.get(), 2);
+    ASSERT_THAT(c->CheckpointNow().status(), IsOk());
+    ASSERT_THAT(c->CheckpointNow().status(), IsOk());
+  }
+  std::filesystem::remove(dir_ + "/CURRENT");
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    if (entry.path().extension() == ".log") std::filesystem::remove(entry.path());
+  }
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir_)) ++files;
+  auto shard = NewShard();
+  CheckpointerOptions options;
+  options.data_dir = dir_;
+  EXPECT_THAT(Checkpointer::Create(shard.get(), options).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("CURRENT is missing")));
+  size_t after = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir_)) ++after;
+  EXPECT_EQ(after, files);
 }
 
 TEST_F(CheckpointerTest, TimerWritesCheckpointsWhileTrainingGoesOn) {

@@ -165,6 +165,9 @@ absl::Status ParameterServer::Restore() {
   const std::optional<uint64_t> previous_updates = ReadProgress(data_dir);
   ASSIGN_OR_RETURN(RestoreReport report, checkpointer_->Restore(options_.restore_id),
                    absl::StrCat("restoring from ", data_dir));
+  for (const absl::Status& skipped : report.skipped) {
+    LOG(ERROR) << "skipped a checkpoint that fails verification: " << skipped;
+  }
   if (report.checkpoint_id == 0) {
     LOG(INFO) << "no checkpoint in " << data_dir << ": starting from initial values";
   } else {
@@ -178,9 +181,12 @@ absl::Status ParameterServer::Restore() {
     updates_lost_ = *previous_updates > report.updates_applied
                         ? *previous_updates - report.updates_applied
                         : 0;
-    LOG(WARNING) << "the previous run of this server had applied " << *previous_updates
-                 << " updates: " << updates_lost_
-                 << " updates since the restored checkpoint were lost";
+    // PROGRESS is rewritten once a second, so updates applied after its last write are not in
+    // it: the count is a lower bound, short by at most about one second of updates.
+    LOG(WARNING) << "the previous run of this server had applied at least " << *previous_updates
+                 << " updates: at least " << updates_lost_
+                 << " updates since the restored checkpoint were lost (a lower bound: updates "
+                    "applied in the last second before it stopped are not counted)";
   }
   return absl::OkStatus();
 }

@@ -15,16 +15,19 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/process_memory.h"
 #include "common/atomic_file.h"
 #include "common/cluster_env.h"
@@ -53,6 +56,32 @@ ABSL_FLAG(bool, exit_when_done, true,
 namespace ps::server {
 namespace {
 
+// Flag ranges, checked before anything starts: a value out of range is refused, never wrapped
+// (a port of 99999 used to listen on 99999 mod 65536) or taken as "unset". The flags shared
+// with ps_worker are checked in common/main_flags.cc.
+absl::Status ValidateFlags() {
+  std::vector<std::string> errors;
+  const int32_t port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) {
+    errors.push_back(absl::StrCat("--port=", port, ": expected 0..65535"));
+  }
+  if (absl::GetFlag(FLAGS_server_index) < -1) {
+    errors.push_back(absl::StrCat("--server_index=", absl::GetFlag(FLAGS_server_index),
+                                  ": expected 0..num_servers-1"));
+  }
+  if (absl::GetFlag(FLAGS_threads) < 0 || absl::GetFlag(FLAGS_threads) > 4096) {
+    errors.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads),
+                                  ": expected 0 (server.num_threads) or 1..4096"));
+  }
+  const double interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  if (!(interval >= 0 || interval == -1) || !std::isfinite(interval)) {
+    errors.push_back(absl::StrCat("--checkpoint_interval=", interval,
+                                  ": expected seconds >= 0 (0 = off), or -1 for the config's"));
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
 absl::Status ParseRestore(const std::string& flag, ParameterServerOptions* options) {
   options->restore = flag != "none";
   if (flag == "latest" || flag == "none") return absl::OkStatus();
@@ -66,6 +95,7 @@ absl::Status ParseRestore(const std::string& flag, ParameterServerOptions* optio
 }
 
 absl::Status Run() {
+  RETURN_IF_ERROR(ValidateFlags());
   // SIGTERM/SIGINT are blocked in every thread (before any starts) and awaited on one.
   const sigset_t stop_signals = common::BlockStopSignals();
   common::ClusterOptions cluster_options;
@@ -81,7 +111,7 @@ absl::Status Run() {
   if (common::PrintConfigIfAsked(config)) return absl::OkStatus();
   const common::ClusterIdentity& cluster = startup.cluster;
   if (!cluster.index.has_value()) return absl::InvalidArgumentError("--server_index is required");
-  if (absl::GetFlag(FLAGS_checkpoint_interval) >= 0) {
+  if (absl::GetFlag(FLAGS_checkpoint_interval) != -1) {
     config.mutable_checkpoint()->set_interval_s(absl::GetFlag(FLAGS_checkpoint_interval));
   }
 

@@ -26,6 +26,41 @@ def die_with_parent():
         pass
 
 
+class Stopped(Exception):
+    """Raised by StopRequest.check() in the main loop once SIGINT or SIGTERM arrived."""
+
+    def __init__(self, signum):
+        Exception.__init__(self, "signal %d" % signum)
+        self.signum = signum
+
+
+class StopRequest:
+    """Turns SIGINT/SIGTERM into a flag that the launcher's main loop polls.
+
+    A Python signal handler runs in the main thread between any two bytecodes, also while that
+    thread is inside say() holding the output lock or inside a buffered write to stdout; a
+    handler that printed or stopped processes from there deadlocked on the lock (or failed with
+    "reentrant call"). So the handler only records the signal; check() raises Stopped where the
+    main loop can act on it safely.
+    """
+
+    def __init__(self, signals=(signal.SIGINT, signal.SIGTERM)):
+        self.signum = None
+        for sig in signals:
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, _frame):
+        if self.signum is None:
+            self.signum = signum
+
+    def requested(self):
+        return self.signum is not None
+
+    def check(self):
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+
 def effective_config(bin_dir, config, sets):
     """The job config as ps_server runs it: the file with the --set overrides `sets` applied by
     the binary itself (`ps_server --print_config`), as a dict of the proto's JSON form (field

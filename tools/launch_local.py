@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, cluster_size, effective_config
+from launch_common import Proc, StopRequest, Stopped, cluster_size, effective_config
 
 
 def main():
@@ -75,7 +75,6 @@ def main():
     set_flags = ["--set=" + ",".join(overrides)]
     out_lock = threading.Lock()
     procs = []
-    stopping = {"flag": False}
 
     def say(msg):
         with out_lock:
@@ -94,154 +93,159 @@ def main():
         for p in procs:
             p.finish_output()
 
-    def on_signal(signum, _frame):
-        if stopping["flag"]:
-            return
-        stopping["flag"] = True
-        say("signal %d: stopping every process" % signum)
-        stop_all(signal.SIGTERM, 20)
-        sys.exit(130)
+    def run_job():
+        """Starts the servers, then the workers, and watches them until the job ends.
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+        Raises Stopped (from stop.check()) once SIGINT or SIGTERM arrived."""
 
-    say("job %s: %d servers, %d workers; data and logs in %s" % (args.config, num_servers, num_workers, data_root))
-    servers = []
-    ports = []
+        say("job %s: %d servers, %d workers; data and logs in %s" % (args.config, num_servers, num_workers, data_root))
+        servers = []
+        ports = []
 
-    # Metrics endpoints: name -> (port file, role, index); ports seen so far.
-    metrics_files = {}
-    metrics_ports = {}
+        # Metrics endpoints: name -> (port file, role, index); ports seen so far.
+        metrics_files = {}
+        metrics_ports = {}
 
-    def metrics_flags(role, index):
-        if not args.metrics:
-            return []
-        path = os.path.join(data_root, "%s-%d.metrics_port" % (role, index))
-        if os.path.exists(path):
-            os.remove(path)
-        metrics_files["%s %d" % (role, index)] = (path, role, index)
-        return ["--metrics_port=0", "--metrics_port_file=" + path]
+        def metrics_flags(role, index):
+            if not args.metrics:
+                return []
+            path = os.path.join(data_root, "%s-%d.metrics_port" % (role, index))
+            if os.path.exists(path):
+                os.remove(path)
+            metrics_files["%s %d" % (role, index)] = (path, role, index)
+            return ["--metrics_port=0", "--metrics_port_file=" + path]
 
-    def report_metrics():
-        """Prints endpoints that appeared or moved (restarts) and rewrites the file_sd targets."""
-        changed = False
-        for name, (path, role, index) in sorted(metrics_files.items()):
-            try:
-                port = int(open(path).read().strip())
-            except (OSError, ValueError):
-                continue
-            if metrics_ports.get(name) != port:
-                metrics_ports[name] = port
-                changed = True
-                say("metrics of %s: http://127.0.0.1:%d/metrics" % (name, port))
-        if changed:
-            targets = [{"targets": ["127.0.0.1:%d" % metrics_ports[name]],
-                        "labels": {"role": role, "index": str(index)}}
-                       for name, (_, role, index) in sorted(metrics_files.items())
-                       if name in metrics_ports]
-            tmp = os.path.join(data_root, "metrics_targets.json.tmp")
-            with open(tmp, "w") as f:
-                json.dump(targets, f, indent=1)
-            os.replace(tmp, os.path.join(data_root, "metrics_targets.json"))
+        def report_metrics():
+            """Prints endpoints that appeared or moved (restarts) and rewrites the file_sd targets."""
+            changed = False
+            for name, (path, role, index) in sorted(metrics_files.items()):
+                try:
+                    port = int(open(path).read().strip())
+                except (OSError, ValueError):
+                    continue
+                if metrics_ports.get(name) != port:
+                    metrics_ports[name] = port
+                    changed = True
+                    say("metrics of %s: http://127.0.0.1:%d/metrics" % (name, port))
+            if changed:
+                targets = [{"targets": ["127.0.0.1:%d" % metrics_ports[name]],
+                            "labels": {"role": role, "index": str(index)}}
+                           for name, (_, role, index) in sorted(metrics_files.items())
+                           if name in metrics_ports]
+                tmp = os.path.join(data_root, "metrics_targets.json.tmp")
+                with open(tmp, "w") as f:
+                    json.dump(targets, f, indent=1)
+                os.replace(tmp, os.path.join(data_root, "metrics_targets.json"))
 
-    def server_argv(i, port):
-        return [server_bin, "--config=" + args.config, "--server_index=%d" % i, "--cluster_from=flags",
-                "--host=127.0.0.1",
-                "--port=%d" % port, "--port_file=" + os.path.join(data_root, "server-%d.port" % i),
-                "--data_dir=" + os.path.join(data_root, "server-%d" % i)] + set_flags + \
-            metrics_flags("server", i) + args.server_arg
+        def server_argv(i, port):
+            return [server_bin, "--config=" + args.config, "--server_index=%d" % i, "--cluster_from=flags",
+                    "--host=127.0.0.1",
+                    "--port=%d" % port, "--port_file=" + os.path.join(data_root, "server-%d.port" % i),
+                    "--data_dir=" + os.path.join(data_root, "server-%d" % i)] + set_flags + \
+                metrics_flags("server", i) + args.server_arg
 
-    for i in range(num_servers):
-        port_file = os.path.join(data_root, "server-%d.port" % i)
-        if os.path.exists(port_file):
-            os.remove(port_file)
-        p = Proc("server %d" % i, server_argv(i, 0), out_lock, log_dir)
-        procs.append(p)
-        servers.append(p)
-    deadline = time.time() + args.start_timeout
-    for i, p in enumerate(servers):
-        port_file = os.path.join(data_root, "server-%d.port" % i)
-        while not os.path.exists(port_file):
-            if p.poll() is not None:
-                say("server %d exited with code %s while starting" % (i, p.poll()))
-                stop_all()
-                return 1
-            if time.time() > deadline:
-                say("server %d did not start within %.0f s" % (i, args.start_timeout))
-                stop_all()
-                return 1
-            time.sleep(0.05)
-        ports.append(int(open(port_file).read().strip()))
-    addresses = ",".join("127.0.0.1:%d" % port for port in ports)
-    say("servers ready at %s" % addresses)
+        for i in range(num_servers):
+            port_file = os.path.join(data_root, "server-%d.port" % i)
+            if os.path.exists(port_file):
+                os.remove(port_file)
+            p = Proc("server %d" % i, server_argv(i, 0), out_lock, log_dir)
+            procs.append(p)
+            servers.append(p)
+        deadline = time.time() + args.start_timeout
+        for i, p in enumerate(servers):
+            port_file = os.path.join(data_root, "server-%d.port" % i)
+            while not os.path.exists(port_file):
+                if p.poll() is not None:
+                    say("server %d exited with code %s while starting" % (i, p.poll()))
+                    stop_all()
+                    return 1
+                if time.time() > deadline:
+                    say("server %d did not start within %.0f s" % (i, args.start_timeout))
+                    stop_all()
+                    return 1
+                stop.check()
+                time.sleep(0.05)
+            ports.append(int(open(port_file).read().strip()))
+        addresses = ",".join("127.0.0.1:%d" % port for port in ports)
+        say("servers ready at %s" % addresses)
 
-    workers = []
-    for j in range(num_workers):
-        argv = [worker_bin, "--config=" + args.config, "--worker_index=%d" % j,
-                "--cluster_from=flags", "--servers=" + addresses] + set_flags + metrics_flags("worker", j) + args.worker_arg
-        p = Proc("worker %d" % j, argv, out_lock, log_dir)
-        procs.append(p)
-        workers.append(p)
+        workers = []
+        for j in range(num_workers):
+            argv = [worker_bin, "--config=" + args.config, "--worker_index=%d" % j,
+                    "--cluster_from=flags", "--servers=" + addresses] + set_flags + metrics_flags("worker", j) + args.worker_arg
+            p = Proc("worker %d" % j, argv, out_lock, log_dir)
+            procs.append(p)
+            workers.append(p)
 
-    restarts = [0] * num_servers
-    worker_restarts = [0] * num_workers
-    failed = None
-    while failed is None:
-        report_metrics()
-        if all(w.poll() == 0 for w in workers):
-            break
-        for j, w in enumerate(workers):
-            code = w.poll()
-            if code is None or code == 0:
-                continue
-            if worker_restarts[j] < args.restart_workers:
-                worker_restarts[j] += 1
-                say("worker %d exited with code %d; restarting it (restart %d of %d)" %
-                    (j, code, worker_restarts[j], args.restart_workers))
-                w.start()
-            else:
-                failed = "worker %d failed with exit code %d" % (j, code)
+        restarts = [0] * num_servers
+        worker_restarts = [0] * num_workers
+        failed = None
+        while failed is None:
+            stop.check()
+            report_metrics()
+            if all(w.poll() == 0 for w in workers):
+                break
+            for j, w in enumerate(workers):
+                code = w.poll()
+                if code is None or code == 0:
+                    continue
+                if worker_restarts[j] < args.restart_workers:
+                    worker_restarts[j] += 1
+                    say("worker %d exited with code %d; restarting it (restart %d of %d)" %
+                        (j, code, worker_restarts[j], args.restart_workers))
+                    w.start()
+                else:
+                    failed = "worker %d failed with exit code %d" % (j, code)
+            for i, s in enumerate(servers):
+                code = s.poll()
+                if code is None or code == 0:
+                    continue  # 0: it saw every worker finish and shut down by itself
+                if restarts[i] < args.restart_servers:
+                    restarts[i] += 1
+                    backoff = min(10.0, 0.5 * 2 ** (restarts[i] - 1))
+                    say("server %d exited with code %s; restarting in %.1f s (restart %d of %d)" %
+                        (i, code, backoff, restarts[i], args.restart_servers))
+                    time.sleep(backoff)
+                    # Same port: the workers keep their addresses.
+                    s.argv = server_argv(i, ports[i])
+                    s.start()
+                else:
+                    failed = "server %d exited with code %s before the workers finished" % (i, code)
+            time.sleep(0.1)
+
+        if failed:
+            say(failed + "; stopping the job")
+            stop_all()
+            return 1
+        say("all %d workers finished; stopping the servers" % num_workers)
+        for s in servers:
+            s.signal(signal.SIGTERM)
+        bad = []
         for i, s in enumerate(servers):
-            code = s.poll()
-            if code is None or code == 0:
-                continue  # 0: it saw every worker finish and shut down by itself
-            if restarts[i] < args.restart_servers:
-                restarts[i] += 1
-                backoff = min(10.0, 0.5 * 2 ** (restarts[i] - 1))
-                say("server %d exited with code %s; restarting in %.1f s (restart %d of %d)" %
-                    (i, code, backoff, restarts[i], args.restart_servers))
-                time.sleep(backoff)
-                # Same port: the workers keep their addresses.
-                s.argv = server_argv(i, ports[i])
-                s.start()
-            else:
-                failed = "server %d exited with code %s before the workers finished" % (i, code)
-        time.sleep(0.1)
+            code = s.wait(args.stop_timeout)
+            if code is None:
+                s.signal(signal.SIGKILL)
+                s.wait(10)
+                bad.append("server %d did not stop within %.0f s" % (i, args.stop_timeout))
+            elif code != 0:
+                bad.append("server %d exited with code %d" % (i, code))
+            s.finish_output()
+        for w in workers:
+            w.finish_output()
+        if bad:
+            say("; ".join(bad))
+            return 1
+        say("job finished")
+        return 0
 
-    if failed:
-        say(failed + "; stopping the job")
-        stop_all()
-        return 1
-    say("all %d workers finished; stopping the servers" % num_workers)
-    for s in servers:
-        s.signal(signal.SIGTERM)
-    bad = []
-    for i, s in enumerate(servers):
-        code = s.wait(args.stop_timeout)
-        if code is None:
-            s.signal(signal.SIGKILL)
-            s.wait(10)
-            bad.append("server %d did not stop within %.0f s" % (i, args.stop_timeout))
-        elif code != 0:
-            bad.append("server %d exited with code %d" % (i, code))
-        s.finish_output()
-    for w in workers:
-        w.finish_output()
-    if bad:
-        say("; ".join(bad))
-        return 1
-    say("job finished")
-    return 0
+    # The handlers only set a flag (see StopRequest); run_job's loops act on it.
+    stop = StopRequest()
+    try:
+        return run_job()
+    except Stopped as e:
+        say("signal %d: stopping every process" % e.signum)
+        stop_all(signal.SIGTERM, 20)
+        return 130
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, die_with_parent
+from launch_common import Proc, StopRequest, Stopped, die_with_parent
 
 ROLES = ("server", "worker")
 OPTIONS = ("addr", "port", "data_dir", "dir", "bin_dir")
@@ -106,7 +106,8 @@ class Launcher:
         self.procs = []  # (entry, Proc)
         # Server index -> the port it listens on; written by the reader threads.
         self.ready = {}
-        self.stopping = False
+        # SIGINT/SIGTERM only set this flag (see StopRequest); the loops call check().
+        self.stop_request = None
 
     def say(self, msg):
         with self.out_lock:
@@ -208,7 +209,12 @@ class Launcher:
                 missing = [str(e["index"]) for e in self.servers if e["index"] not in self.ready]
                 raise RuntimeError("servers %s did not start within %.0f s" %
                                    (",".join(missing), self.args.start_timeout))
+            self.check_stop()
             time.sleep(0.1)
+
+    def check_stop(self):
+        if self.stop_request is not None:
+            self.stop_request.check()
 
     def run(self):
         args = self.args
@@ -248,6 +254,7 @@ class Launcher:
                 if p.poll() not in (None, 0):
                     failed = "server %d on %s exited with code %d before the workers finished" % (
                         e["index"], e["host"], p.poll())
+            self.check_stop()
             time.sleep(0.2)
         if failed:
             self.say(failed + "; stopping the job")
@@ -270,12 +277,10 @@ class Launcher:
         return 1 if bad else 0
 
     def abort(self, signum):
-        if self.stopping:
-            return
-        self.stopping = True
+        """After SIGINT/SIGTERM, from the main loop (never from the handler)."""
         self.say("signal %d: stopping every process" % signum)
         self.stop(self.procs, 20)
-        sys.exit(130)
+        return 130
 
 
 def main():
@@ -316,10 +321,11 @@ def main():
         sys.exit("launch_ssh: %s: %s" % (args.hosts, e))
 
     launcher = Launcher(args, servers, workers)
-    signal.signal(signal.SIGINT, lambda s, _f: launcher.abort(s))
-    signal.signal(signal.SIGTERM, lambda s, _f: launcher.abort(s))
+    launcher.stop_request = StopRequest()
     try:
         return launcher.run()
+    except Stopped as e:
+        return launcher.abort(e.signum)
     except RuntimeError as e:
         launcher.say("%s; stopping the job" % e)
         launcher.stop(launcher.procs, args.stop_timeout)

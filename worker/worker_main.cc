@@ -11,6 +11,7 @@
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index and the servers come from the
 // environment instead (--cluster_from, see common/cluster_env.h).
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/process_memory.h"
 #include "common/config.h"
@@ -63,7 +65,28 @@ absl::StatusOr<std::unique_ptr<common::ParameterStore>> MakeGrpcStore(
   return std::unique_ptr<common::ParameterStore>(std::move(store));
 }
 
+// Flag ranges, checked before anything starts: out of range is refused, never wrapped or
+// taken as "unset". The flags shared with ps_server are checked in common/main_flags.cc.
+absl::Status ValidateFlags() {
+  std::vector<std::string> errors;
+  if (absl::GetFlag(FLAGS_worker_index) < -1) {
+    errors.push_back(absl::StrCat("--worker_index=", absl::GetFlag(FLAGS_worker_index),
+                                  ": expected 0..num_workers-1"));
+  }
+  const int32_t threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > 4096) {
+    errors.push_back(absl::StrCat("--threads=", threads, ": expected 0 (all cores) or 1..4096"));
+  }
+  const double wait_s = absl::GetFlag(FLAGS_wait_for_servers_s);
+  if (!(wait_s > 0) || !std::isfinite(wait_s)) {
+    errors.push_back(absl::StrCat("--wait_for_servers_s=", wait_s, ": expected seconds > 0"));
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
 absl::Status Run() {
+  RETURN_IF_ERROR(ValidateFlags());
   const bool centralized = absl::GetFlag(FLAGS_centralized);
   // Flags that stand for config fields become overrides after --set's.
   std::vector<std::string> overrides;

@@ -28,6 +28,8 @@ constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8
 // before closing (so that the close does not reset the connection under the answer).
 constexpr absl::Duration kLingerTime = absl::Milliseconds(500);
 constexpr size_t kLingerBytes = 1 << 16;
+// Connections served at once; beyond it, a new one displaces the one nearest its deadline.
+constexpr size_t kMaxConnections = 64;
 
 std::string Answer(int code, absl::string_view reason, absl::string_view content_type,
                    absl::string_view body, bool head_only, absl::string_view extra = "") {
@@ -42,21 +44,6 @@ std::string Error(int code, absl::string_view reason, bool head_only = false,
                   absl::string_view extra = "") {
   return Answer(code, reason, "text/plain; charset=utf-8", absl::StrCat(code, " ", reason, "\n"),
                 head_only, extra);
-}
-
-// Waits until `fd` is ready for `events`, the deadline passes (false) or Stop() is called
-// (false).
-bool WaitFor(int fd, short events, int wake_fd, absl::Time deadline) {
-  while (true) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return false;
-    pollfd fds[2] = {{fd, events, 0}, {wake_fd, POLLIN, 0}};
-    const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
-    const int n = poll(fds, 2, timeout_ms);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || (fds[1].revents & POLLIN) != 0) return false;
-    if (n > 0 && fds[0].revents != 0) return true;
-  }
 }
 
 bool IsToken(absl::string_view s) {
@@ -98,7 +85,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   int fd = -1;
   std::string error = "no address";
   for (addrinfo* a = addresses; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    // Non-blocking: the loop accepts until none is pending.
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
       error = strerror(errno);
       continue;
@@ -160,80 +148,158 @@ void MetricsHttpServer::Stop() {
   close(wake_write_);
 }
 
+// One client connection, advanced by the loop as its socket becomes ready; never blocks.
+struct MetricsHttpServer::Connection {
+  enum class Phase { kReading, kWriting, kLingering };
+  int fd = -1;
+  Phase phase = Phase::kReading;
+  std::string in;        // The request head read so far.
+  std::string out;       // The answer.
+  size_t sent = 0;       // Bytes of `out` sent.
+  size_t drained = 0;    // Bytes read and dropped while lingering.
+  absl::Time deadline;   // For the whole exchange (io_timeout), or the end of lingering.
+  bool done = false;     // To be closed.
+};
+
 void MetricsHttpServer::Loop() {
+  std::vector<Connection> conns;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
-    const int n = poll(fds, 2, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      LOG(ERROR) << "metrics endpoint: poll: " << strerror(errno) << "; stopping";
-      return;
+    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
+    absl::Time next = absl::InfiniteFuture();
+    for (const Connection& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.phase == Connection::Phase::kWriting ? POLLOUT
+                                                                                     : POLLIN),
+                     0});
+      next = std::min(next, c.deadline);
     }
-    if ((fds[1].revents & POLLIN) != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int timeout_ms =
+        next == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::max<int64_t>(
+                  0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
+    const int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      LOG(ERROR) << "metrics endpoint: poll: " << strerror(errno) << "; stopping";
+      break;
+    }
+    if (n > 0 && (fds[1].revents & POLLIN) != 0) break;
+    for (size_t i = 0; n > 0 && i < conns.size(); ++i) {
+      if (fds[i + 2].revents != 0) Advance(&conns[i]);
+    }
+    const absl::Time now = absl::Now();
+    for (Connection& c : conns) {
+      if (!c.done && now >= c.deadline) Expire(&c);
+    }
+    CloseDone(&conns);
+    if (n > 0 && (fds[0].revents & POLLIN) != 0) Accept(&conns);
+  }
+  for (Connection& c : conns) close(c.fd);
+}
+
+void MetricsHttpServer::Accept(std::vector<Connection>* conns) {
+  while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;  // the client gave up already, or out of descriptors for now
-    Serve(fd);
-    close(fd);
+    if (fd < 0) return;  // none left, the client gave up already, or out of descriptors
+    if (conns->size() >= kMaxConnections) {
+      // Full: the connection that has waited longest for its deadline goes first.
+      auto oldest = std::min_element(
+          conns->begin(), conns->end(),
+          [](const Connection& a, const Connection& b) { return a.deadline < b.deadline; });
+      close(oldest->fd);
+      conns->erase(oldest);
+    }
+    Connection c;
+    c.fd = fd;
+    c.deadline = absl::Now() + options_.io_timeout;
+    conns->push_back(std::move(c));
   }
 }
 
-void MetricsHttpServer::Serve(int fd) {
-  const absl::Time deadline = absl::Now() + options_.io_timeout;
-  // Read the request head: up to the empty line that ends the headers.
-  std::string request;
-  std::string answer;
-  size_t head_end = std::string::npos;
+void MetricsHttpServer::CloseDone(std::vector<Connection>* conns) {
+  auto done = std::remove_if(conns->begin(), conns->end(), [](const Connection& c) {
+    if (c.done) close(c.fd);
+    return c.done;
+  });
+  conns->erase(done, conns->end());
+}
+
+void MetricsHttpServer::Expire(Connection* c) {
+  if (c->phase == Connection::Phase::kReading && !c->in.empty()) {
+    StartAnswer(c, Error(408, "Request Timeout"));
+    c->deadline = absl::Now() + kLingerTime;  // A short grace to take the 408.
+    return;
+  }
+  c->done = true;  // Idle, a client that does not read its answer, or lingering is over.
+}
+
+void MetricsHttpServer::StartAnswer(Connection* c, std::string answer) {
+  c->out = std::move(answer);
+  c->sent = 0;
+  c->phase = Connection::Phase::kWriting;
+  Advance(c);
+}
+
+void MetricsHttpServer::Advance(Connection* c) {
   char buf[4096];
-  while (head_end == std::string::npos) {
-    if (request.size() > options_.max_request_bytes) {
-      answer = Error(431, "Request Header Fields Too Large");
-      break;
+  switch (c->phase) {
+    case Connection::Phase::kReading: {
+      const ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        // Closed (or reset) without a request; or the head ended early.
+        if (c->in.empty()) {
+          c->done = true;
+        } else {
+          StartAnswer(c, Error(400, "Bad Request"));
+        }
+        return;
+      }
+      // Search from a few bytes before the new data: the terminator may straddle reads.
+      const size_t from = c->in.size() >= 3 ? c->in.size() - 3 : 0;
+      c->in.append(buf, n);
+      size_t head_end = c->in.find("\r\n\r\n", from);
+      if (head_end == std::string::npos) head_end = c->in.find("\n\n", from);
+      if (head_end == std::string::npos) {
+        if (c->in.size() > options_.max_request_bytes) {
+          StartAnswer(c, Error(431, "Request Header Fields Too Large"));
+        }
+        return;
+      }
+      StartAnswer(c, head_end > options_.max_request_bytes
+                         ? Error(431, "Request Header Fields Too Large")
+                         : Respond(absl::string_view(c->in).substr(0, head_end)));
+      return;
     }
-    if (!WaitFor(fd, POLLIN, wake_read_, deadline)) {
-      if (request.empty()) return;  // an idle connection: nothing to answer
-      answer = Error(408, "Request Timeout");
-      break;
+    case Connection::Phase::kWriting: {
+      while (c->sent < c->out.size()) {
+        const ssize_t n =
+            send(c->fd, c->out.data() + c->sent, c->out.size() - c->sent, MSG_NOSIGNAL);
+        if (n > 0) {
+          c->sent += n;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          return;
+        } else {
+          c->done = true;  // the client went away
+          return;
+        }
+      }
+      // Graceful close: no more from us, then read (and drop) until the client closes.
+      shutdown(c->fd, SHUT_WR);
+      c->phase = Connection::Phase::kLingering;
+      c->deadline = std::min(c->deadline, absl::Now() + kLingerTime);
+      return;
     }
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (n <= 0) {
-      if (request.empty()) return;         // closed (or reset) without a request
-      answer = Error(400, "Bad Request");  // the head ended early
-      break;
+    case Connection::Phase::kLingering: {
+      const ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        c->done = true;
+        return;
+      }
+      c->drained += n;
+      if (c->drained >= kLingerBytes) c->done = true;
+      return;
     }
-    // Search from a few bytes before the new data: the terminator may straddle reads.
-    const size_t from = request.size() >= 3 ? request.size() - 3 : 0;
-    request.append(buf, n);
-    head_end = request.find("\r\n\r\n", from);
-    if (head_end == std::string::npos) head_end = request.find("\n\n", from);
-  }
-  if (answer.empty()) {
-    answer = head_end > options_.max_request_bytes
-                 ? Error(431, "Request Header Fields Too Large")
-                 : Respond(absl::string_view(request).substr(0, head_end));
-  }
-  // Send it all.
-  size_t sent = 0;
-  while (sent < answer.size()) {
-    const ssize_t n = send(fd, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += n;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      if (!WaitFor(fd, POLLOUT, wake_read_, deadline)) return;
-    } else {
-      return;  // the client went away
-    }
-  }
-  // Graceful close: no more from us, then read (and drop) until the client closes.
-  shutdown(fd, SHUT_WR);
-  const absl::Time linger_end = std::min(deadline, absl::Now() + kLingerTime);
-  size_t drained = 0;
-  while (drained < kLingerBytes && WaitFor(fd, POLLIN, wake_read_, linger_end)) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (n <= 0) break;
-    drained += n;
   }
 }
 

@@ -13,8 +13,11 @@
 // Every answer carries Content-Length and "Connection: close", and the connection is then
 // closed gracefully: the server stops sending (shutdown), reads what the client still sends
 // (a body it did not need) until the client closes or a short time passes, then closes, so
-// that the client sees the whole answer and no reset. One connection is served at a time; a
-// slow client holds the endpoint for at most io_timeout.
+// that the client sees the whole answer and no reset.
+//
+// One thread serves every connection with non-blocking sockets and poll(): idle or slow
+// clients never delay a scrape (each connection is closed at its own io_timeout), and at most
+// 64 are kept open (a new one displaces the one nearest its deadline).
 #ifndef PS_COMMON_METRICS_HTTP_SERVER_H_
 #define PS_COMMON_METRICS_HTTP_SERVER_H_
 
@@ -22,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -66,8 +70,14 @@ class MetricsHttpServer {
  private:
   MetricsHttpServer(const HttpServerOptions& options, const Registry* registry, int listen_fd,
                     int port, int wake_read, int wake_write);
+  struct Connection;
   void Loop();
-  void Serve(int fd);
+  void Accept(std::vector<Connection>* conns);
+  static void CloseDone(std::vector<Connection>* conns);
+  // Reads or writes what `c`'s socket is ready for, without blocking.
+  void Advance(Connection* c);
+  void StartAnswer(Connection* c, std::string answer);
+  void Expire(Connection* c);
   // The answer to a complete request head.
   std::string Respond(absl::string_view head) const;
 

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/rpc/cert_validity.h"
 #include "common/status_macros.h"
 
 namespace ps::common {
@@ -86,6 +88,15 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_vi
   return pem;
 }
 
+// Reads a certificate file (security.cert or security.ca_cert) and refuses it when a
+// certificate in it has expired or is not valid yet: gRPC would load it, and every handshake
+// would then fail with nothing but UNAVAILABLE or DEADLINE_EXCEEDED on the peer's side.
+absl::StatusOr<std::string> ReadCertFile(const std::string& path, absl::string_view field) {
+  ASSIGN_OR_RETURN(std::string pem, ReadPemFile(path, field));
+  RETURN_IF_ERROR(CheckCertValidity(pem, absl::StrCat("security.", field, " ", path), absl::Now()));
+  return pem;
+}
+
 absl::Status CheckTls(const SecurityConfig& security) {
   if (security.plaintext()) {
     if (!security.token_file().empty()) {
@@ -128,10 +139,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   } else {
     grpc::SslServerCredentialsOptions options(
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(security.ca_cert(), "ca_cert"));
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadCertFile(security.ca_cert(), "ca_cert"));
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
     ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(security.key(), "key"));
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(security.cert(), "cert"));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadCertFile(security.cert(), "cert"));
     options.pem_key_cert_pairs.push_back(std::move(pair));
     creds = grpc::SslServerCredentials(options);
   }
@@ -150,9 +161,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     return grpc::InsecureChannelCredentials();
   }
   grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(security.ca_cert(), "ca_cert"));
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadCertFile(security.ca_cert(), "ca_cert"));
   ASSIGN_OR_RETURN(options.pem_private_key, ReadPemFile(security.key(), "key"));
-  ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPemFile(security.cert(), "cert"));
+  ASSIGN_OR_RETURN(options.pem_cert_chain, ReadCertFile(security.cert(), "cert"));
   creds = grpc::SslCredentials(options);
   if (!token.empty()) {
     creds = grpc::CompositeChannelCredentials(

@@ -52,6 +52,7 @@
 #include "rocksdb/env.h"
 #include "rocksdb/iterator.h"
 #include "rocksdb/listener.h"
+#include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/table.h"
@@ -214,8 +215,12 @@ absl::StatusOr<std::vector<std::pair<std::string, absl::Status>>> MoveDamagedSst
   return damaged;
 }
 
+// Where files the store does not use are moved instead of being deleted (an operator decides).
+constexpr absl::string_view kSetAsideDir = "set-aside";
+
 // After DB::Open: a damaged file that the store could do without was not one of its live
-// files (typically a table file a killed process was still writing): it is deleted. If the
+// files (typically a table file a killed process was still writing): it is moved into
+// kSetAsideDir, never deleted. If the
 // store needed one, the damaged files are moved back and their damage is the error.
 absl::Status SettleDamagedSstFiles(rocksdb::Env* env,
                                    const std::vector<std::pair<std::string, absl::Status>>& damaged,
@@ -224,9 +229,15 @@ absl::Status SettleDamagedSstFiles(rocksdb::Env* env,
   for (const auto& [file, status] : damaged) {
     const std::string aside = file + std::string(kUncheckedSuffix);
     if (opened) {
-      LOG(WARNING) << context << ": deleted " << file
-                   << ", not part of the store: " << status.message();
-      env->DeleteFile(aside).PermitUncheckedError();
+      const std::string dir = std::string(file.substr(0, file.rfind('/') + 1)) +
+                              std::string(kSetAsideDir);
+      const std::string target = dir + file.substr(file.rfind('/'));
+      rocksdb::Status moved = env->CreateDirIfMissing(dir);
+      if (moved.ok()) moved = env->RenameFile(aside, target);
+      LOG(WARNING) << context << ": " << file << " is not part of the store (" << status.message()
+                   << "): "
+                   << (moved.ok() ? "moved to " + target : "left as " + aside + ": " +
+                                                              moved.ToString());
     } else {
       env->RenameFile(aside, file).PermitUncheckedError();
       messages.emplace_back(status.message());
@@ -234,6 +245,31 @@ absl::Status SettleDamagedSstFiles(rocksdb::Env* env,
   }
   if (opened || damaged.empty()) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(context, ": ", absl::StrJoin(messages, "; ")));
+}
+
+// A directory without CURRENT is new only if it holds no other RocksDB file: opening one that
+// lost its CURRENT would create a fresh, empty store over the old files, and RocksDB would then
+// delete them as obsolete. DATA_LOSS naming what is missing and what is there; nothing touched.
+absl::Status RefuseStoreWithoutCurrent(rocksdb::Env* env, const std::string& path) {
+  std::vector<std::string> children;
+  RETURN_IF_ERROR(FromRocksDbStatus(env->GetChildren(path, &children), "list files"));
+  std::vector<std::string> found;
+  for (const std::string& child : children) {
+    // IDENTITY, LOCK and OPTIONS files hold no data: a process killed while RocksDB created
+    // the store leaves them, and opening creates it afresh.
+    if (absl::StartsWith(child, "MANIFEST-") || absl::EndsWith(child, ".sst") ||
+        absl::EndsWith(child, ".log") || absl::EndsWith(child, ".damaged")) {
+      found.push_back(child);
+    }
+  }
+  if (found.empty()) return absl::OkStatus();
+  std::sort(found.begin(), found.end());
+  return absl::DataLossError(absl::StrCat(
+      "checkpoint store ", path, ": the file CURRENT is missing, yet the directory holds ",
+      absl::StrJoin(found, ", "),
+      ": refusing to open it (that would start a new, empty store and delete these files). "
+      "Nothing was changed. Restore CURRENT (it names the newest MANIFEST file, followed by a "
+      "newline), or move the directory away to start from initial values"));
 }
 
 // Creates `path` and its missing parents through `env`, so errors come back as rocksdb::Status.
@@ -337,6 +373,11 @@ void CheckpointWriter::AbandonForTest() {
 }
 
 absl::Status CheckpointWriter::Fail(absl::Status status) {
+  // A refused argument changed nothing on disk; anything else may have left RocksDB holding
+  // memtables or an error state that a later checkpoint must not build on.
+  if (!absl::IsInvalidArgument(status) && !absl::IsFailedPrecondition(status)) {
+    store_->MarkWriteFailed(status);
+  }
   Abort();
   return store_->Error(common::Annotate(status, absl::StrCat("checkpoint ", id_)));
 }
@@ -384,6 +425,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
       descriptors.emplace_back(name, MakeCheckpointCfOptions());
     }
   }
+  if (!existed) RETURN_IF_ERROR(RefuseStoreWithoutCurrent(env, options.path));
   std::vector<std::pair<std::string, absl::Status>> damaged;
   if (existed) {
     ASSIGN_OR_RETURN(damaged, MoveDamagedSstFilesAside(env, options.path), context);
@@ -588,6 +630,11 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoi
     return Error(absl::FailedPreconditionError(
         "another checkpoint is being written; commit or abort it first"));
   }
+  if (!write_failure_.ok()) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "an earlier checkpoint failed writing (", write_failure_.message(),
+        "); reopen the store so that the next one starts from the files on disk")));
+  }
   RETURN_IF_ERROR(CheckFreeSpace("begin checkpoint"));
   // First, so that their files and any memtable a failed flush left behind are gone before
   // Resume() below would try to flush it again.
@@ -599,16 +646,18 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointStore::BeginCheckpoi
   // or fail with that error.
   rocksdb::Status resumed = db_->Resume();
   if (!resumed.ok() && !resumed.IsBusy()) {
-    return Error(FromRocksDbStatus(resumed, "recover from an earlier write error"));
+    return WriteFailed(FromRocksDbStatus(resumed, "recover from an earlier write error"));
   }
   const uint64_t id = next_id_;
   // Before the column family exists, so that no crash can leave records under a reusable id.
-  RETURN_IF_ERROR(PutNextId(id + 1));
+  absl::Status next_id = PutNextId(id + 1);
+  if (!next_id.ok()) return WriteFailed(next_id);
   next_id_ = id + 1;
   rocksdb::ColumnFamilyHandle* raw = nullptr;
-  RETURN_IF_ERROR(
-      Error(FromRocksDbStatus(db_->CreateColumnFamily(MakeCheckpointCfOptions(), CfName(id), &raw),
-                              absl::StrCat("create checkpoint ", id))));
+  absl::Status created =
+      FromRocksDbStatus(db_->CreateColumnFamily(MakeCheckpointCfOptions(), CfName(id), &raw),
+                        absl::StrCat("create checkpoint ", id));
+  if (!created.ok()) return WriteFailed(created);
   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf = Share(raw);
   cfs_[id] = cf;
   writer_open_ = true;
@@ -625,11 +674,16 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
                                                                  rocksdb::ColumnFamilyHandle* cf,
                                                                  const Expected& expected,
                                                                  absl::string_view metadata) {
+  std::optional<uint64_t> in_files;  // Entries in the table files; with the WAL, not counted.
   if (!options_.wal_for_records) {
     rocksdb::FlushOptions flush;
     flush.wait = true;
     flush.allow_write_stall = true;  // Nothing else writes to this column family.
     RETURN_IF_ERROR(FromRocksDbStatus(db_->Flush(flush, cf), "flush records"));
+    // A flush can return OK without having written the records (seen after a disk-full error:
+    // they stayed in the memtable, the read-back below found them there, and the checkpoint
+    // was empty after a restart). Only files on disk count.
+    ASSIGN_OR_RETURN(in_files, CountRecordsOnDisk(cf));
   }
   if (options_.verify_before_commit) {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ScanReadOptions(), cf));
@@ -643,6 +697,10 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
                        " distinct keys: each key may be Put once per checkpoint"));
     }
     RETURN_IF_ERROR_CTX(CheckTotals(id, totals, expected), "read back before commit");
+  }
+  if (in_files.has_value() && *in_files != expected.num_records) {
+    return absl::DataLossError(absl::StrCat(*in_files, " records in table files after the flush, ",
+                                            expected.num_records, " written"));
   }
   CommitRecord record;
   record.info.id = id;
@@ -672,6 +730,54 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
                  << " committed, but deleting old checkpoints failed: " << retention;
   }
   return record.info;
+}
+
+absl::StatusOr<uint64_t> CheckpointStore::CountRecordsOnDisk(rocksdb::ColumnFamilyHandle* cf) {
+  for (const char* property :
+       {"rocksdb.num-entries-active-mem-table", "rocksdb.num-entries-imm-mem-tables"}) {
+    uint64_t in_memory = 0;
+    if (!db_->GetIntProperty(cf, property, &in_memory)) {
+      return absl::InternalError(absl::StrCat("no property ", property));
+    }
+    if (in_memory != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the flush reported success but ", in_memory,
+          " records are still only in memory (", property, "); the disk may be full"));
+    }
+  }
+  rocksdb::ColumnFamilyMetaData meta;
+  db_->GetColumnFamilyMetaData(cf, &meta);
+  uint64_t in_files = 0;
+  for (const rocksdb::LevelMetaData& level : meta.levels) {
+    for (const rocksdb::SstFileMetaData& file : level.files) {
+      const std::string path = file.db_path + "/" + file.name;
+      uint64_t size = 0;
+      rocksdb::Status s = db_->GetEnv()->GetFileSize(path, &size);
+      if (!s.ok() || size != file.size) {
+        return absl::DataLossError(absl::StrCat("table file ", path,
+                                                " is missing or has the wrong size (",
+                                                s.ok() ? absl::StrCat(size) : s.ToString(),
+                                                ", expected ", file.size, ")"));
+      }
+      in_files += file.num_entries;
+    }
+  }
+  return in_files;
+}
+
+void CheckpointStore::MarkWriteFailed(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (write_failure_.ok()) write_failure_ = status;
+}
+
+absl::Status CheckpointStore::WriteFailed(const absl::Status& status) {
+  if (write_failure_.ok()) write_failure_ = status;
+  return Error(status);
+}
+
+bool CheckpointStore::NeedsReopen() {
+  absl::MutexLock lock(&mu_);
+  return !write_failure_.ok();
 }
 
 void CheckpointStore::ReleaseWriter(uint64_t id, bool delete_records) {

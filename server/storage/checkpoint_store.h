@@ -28,7 +28,13 @@
 //   or missing file is the exception: RocksDB then refuses to open the store, DATA_LOSS. So is
 //   damage to an SST file's table structure, its footer, index or meta blocks, which Open()
 //   checks in every file before RocksDB parses them: see sst_check.h. A damaged table file
-//   that is not part of the store, such as one a killed process was writing, is deleted.)
+//   that is not part of the store, such as one a killed process was writing, is moved into
+//   the subdirectory set-aside/.)
+// - Nothing that may hold checkpoints is deleted on open: a directory that holds RocksDB files
+//   but no CURRENT file is refused (DATA_LOSS) instead of being opened as a new store.
+// - A checkpoint is visible only after its records were read back from the table files on
+//   disk (none left in memory) and matched count, bytes and hash. After a failed checkpoint
+//   the store must be reopened before the next (see BeginCheckpoint).
 //
 // Error codes used throughout (rocksdb_status.h has the full RocksDB mapping):
 //   DATA_LOSS           stored bytes are corrupt (message names the checkpoint id and the key)
@@ -186,7 +192,8 @@ class CheckpointStore {
   // checkpoints beyond `keep`.
   // Errors: INVALID_ARGUMENT (bad options), FAILED_PRECONDITION (the directory holds a RocksDB
   // that is not a checkpoint store, or one of another format version), DATA_LOSS (RocksDB
-  // found corrupt or truncated files), PERMISSION_DENIED / RESOURCE_EXHAUSTED / UNAVAILABLE
+  // found corrupt or truncated files; or the directory holds RocksDB files but no CURRENT
+  // file, named with what is there; nothing is changed then), PERMISSION_DENIED / RESOURCE_EXHAUSTED / UNAVAILABLE
   // (cannot create or lock the directory, e.g. its parent is a regular file, or another
   // process has it open).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(
@@ -205,10 +212,20 @@ class CheckpointStore {
 
   // Starts a checkpoint with an id greater than every id handed out before by this directory,
   // after deleting records of incomplete checkpoints.
-  // Errors: FAILED_PRECONDITION (another writer is still OPEN), RESOURCE_EXHAUSTED (less than
+  // After a checkpoint failed writing (an I/O error, a full disk, a failed read-back) this store
+  // refuses to begin another: RocksDB may still hold that checkpoint's memtables or an error
+  // state (after a full disk, flushes were seen to report success without writing anything),
+  // so the caller destroys the store and opens it again, which starts from the files on disk
+  // only (NeedsReopen() tells).
+  // Errors: FAILED_PRECONDITION (another writer is still OPEN, or an earlier checkpoint failed
+  // writing: reopen), RESOURCE_EXHAUSTED (less than
   // 1 MiB free, or RocksDB still cannot write after an earlier disk-full error),
   // PERMISSION_DENIED / UNAVAILABLE (the id could not be recorded durably).
   [[nodiscard]] absl::StatusOr<std::unique_ptr<CheckpointWriter>> BeginCheckpoint();
+
+  // True once a checkpoint failed writing: BeginCheckpoint() refuses until the store is
+  // destroyed and opened again.
+  bool NeedsReopen();
 
   // The complete checkpoint with the greatest id; nullopt when there is none.
   // Errors: DATA_LOSS (its commit record is corrupt), UNAVAILABLE (I/O).
@@ -244,6 +261,8 @@ class CheckpointStore {
                                                  absl::string_view value,
                                                  std::optional<uint32_t> checksum);
   [[nodiscard]] absl::Status DeleteRecordForTest(uint64_t id, absl::string_view key);
+  // Makes the store behave as after a failed checkpoint write (NeedsReopen()).
+  void MarkWriteFailedForTest(const absl::Status& status) { MarkWriteFailed(status); }
   // Number of records stored for any checkpoint id, complete or not.
   [[nodiscard]] absl::StatusOr<uint64_t> CountRecordsForTest();
 
@@ -274,7 +293,14 @@ class CheckpointStore {
   absl::StatusOr<CheckpointInfo> CommitCheckpoint(uint64_t id, rocksdb::ColumnFamilyHandle* cf,
                                                   const Expected& expected,
                                                   absl::string_view metadata);
+  // After the flush of a checkpoint: the entries its table files on disk hold (from their
+  // metadata, each file's presence and size checked). RESOURCE_EXHAUSTED if records are still
+  // in a memtable, DATA_LOSS if a file is missing or short.
+  absl::StatusOr<uint64_t> CountRecordsOnDisk(rocksdb::ColumnFamilyHandle* cf);
   void ReleaseWriter(uint64_t id, bool delete_records);
+  void MarkWriteFailed(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records `status` as the write failure and returns it annotated.
+  absl::Status WriteFailed(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static absl::StatusOr<ScanTotals> ScanRecords(
       uint64_t id, rocksdb::Iterator* records, uint64_t max_records,
@@ -303,6 +329,8 @@ class CheckpointStore {
   // Checkpoints whose commit-record write failed: RocksDB may still replay that record from its
   // log at the next Open(), so their records are kept until then.
   std::set<uint64_t> in_doubt_ ABSL_GUARDED_BY(mu_);
+  // The first error that failed a checkpoint's writing; OK while none did.
+  absl::Status write_failure_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps::server::storage

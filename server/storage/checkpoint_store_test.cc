@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -641,6 +642,35 @@ TEST_F(CheckpointStoreTest, ForeignRocksDbIsFailedPrecondition) {
   EXPECT_THAT(std::string(store.status().message()), HasSubstr("not a checkpoint store"));
 }
 
+// Seen: with CURRENT and the (empty) log removed, RocksDB created a new store over the old
+// files and deleted the MANIFEST and the table files of both checkpoints.
+TEST_F(CheckpointStoreTest, MissingCurrentIsDataLossAndNothingIsDeleted) {
+  OpenStore();
+  ASSERT_OK(WriteCheckpoint(MakeRecords(1, 5, 1000)).status());
+  ASSERT_OK(WriteCheckpoint(MakeRecords(2, 5, 1000)).status());
+  store_.reset();
+  fs::remove(fs::path(options_.path) / "CURRENT");
+  for (const auto& entry : fs::directory_iterator(options_.path)) {
+    if (entry.path().extension() == ".log") fs::remove(entry.path());
+  }
+  std::vector<std::string> before;
+  for (const auto& entry : fs::directory_iterator(options_.path)) {
+    before.push_back(entry.path().filename().string());
+  }
+  std::sort(before.begin(), before.end());
+
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(options_);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("CURRENT is missing"));
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("MANIFEST-"));
+  std::vector<std::string> after;
+  for (const auto& entry : fs::directory_iterator(options_.path)) {
+    after.push_back(entry.path().filename().string());
+  }
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before);
+}
+
 TEST_F(CheckpointStoreTest, OtherFormatVersionIsFailedPrecondition) {
   OpenStore();
   store_.reset();
@@ -674,7 +704,8 @@ class FaultyFileSystem : public rocksdb::FileSystemWrapper {
                                     rocksdb::IODebugContext* dbg) override {
     rocksdb::IOStatus s = target()->NewWritableFile(name, options, result, dbg);
     const bool is_log = absl::EndsWith(name, ".log");
-    if (s.ok()) *result = std::make_unique<File>(std::move(*result), this, is_log);
+    const bool is_sst = absl::EndsWith(name, ".sst");
+    if (s.ok()) *result = std::make_unique<File>(std::move(*result), this, is_log, is_sst);
     return s;
   }
 
@@ -689,13 +720,17 @@ class FaultyFileSystem : public rocksdb::FileSystemWrapper {
   }
 
   std::atomic<bool> full{false};
+  // Only table files fail to grow, as on a nearly full disk where the small log and MANIFEST
+  // appends still fit but a flush does not.
+  std::atomic<bool> sst_full{false};
   std::atomic<bool> fail_log_sync{false};  // fsync of write-ahead log files fails.
 
  private:
   class File : public rocksdb::FSWritableFileOwnerWrapper {
    public:
-    File(std::unique_ptr<rocksdb::FSWritableFile> target, FaultyFileSystem* fs, bool is_log)
-        : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs), is_log_(is_log) {}
+    File(std::unique_ptr<rocksdb::FSWritableFile> target, FaultyFileSystem* fs, bool is_log,
+         bool is_sst)
+        : FSWritableFileOwnerWrapper(std::move(target)), fs_(fs), is_log_(is_log), is_sst_(is_sst) {}
     rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
                            rocksdb::IODebugContext* dbg) override {
       if (is_log_ && fs_->fail_log_sync) return rocksdb::IOStatus::IOError("sync", "EIO");
@@ -708,23 +743,25 @@ class FaultyFileSystem : public rocksdb::FileSystemWrapper {
     }
     rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                              rocksdb::IODebugContext* dbg) override {
-      if (fs_->full) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
+      if (Full()) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
       return FSWritableFileOwnerWrapper::Append(data, options, dbg);
     }
     rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                              const rocksdb::DataVerificationInfo& info,
                              rocksdb::IODebugContext* dbg) override {
-      if (fs_->full) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
+      if (Full()) return rocksdb::IOStatus::NoSpace("append", "No space left on device");
       return FSWritableFileOwnerWrapper::Append(data, options, info, dbg);
     }
 
    private:
+    bool Full() const { return fs_->full || (is_sst_ && fs_->sst_full); }
     FaultyFileSystem* fs_;
     bool is_log_;
+    bool is_sst_;
   };
 };
 
-TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecovers) {
+TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecoversAfterReopen) {
   auto full_disk = std::make_shared<FaultyFileSystem>(rocksdb::FileSystem::Default());
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(full_disk);
   ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
@@ -741,22 +778,76 @@ TEST_F(CheckpointStoreTest, DiskFullIsResourceExhaustedAndRecovers) {
   EXPECT_THAT(std::string(failed.status().message()), HasSubstr(options_.path));
   writer.reset();
 
-  // Still full: a new checkpoint fails with the same code; reads of the old one work.
+  // The store refuses to build on what the failure left behind; reads of the old one work.
+  EXPECT_TRUE(store_->NeedsReopen());
   EXPECT_THAT(WriteCheckpoint(MakeRecords(3, 1, 10)),
-              StatusIs(absl::StatusCode::kResourceExhausted));
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(ListIds(), ElementsAre(first.id));
   ASSERT_OK_AND_ASSIGN(Records read, ReadAll(first.id));
   EXPECT_EQ(read, good);
+  store_.reset();
 
-  // Space is back: the next checkpoint succeeds.
+  // Space is back: the reopened store writes a checkpoint that survives another reopen.
   full_disk->full = false;
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  EXPECT_FALSE(store_->NeedsReopen());
   const Records later = MakeRecords(4, 10, 10 << 10);
   ASSERT_OK_AND_ASSIGN(CheckpointInfo recovered, WriteCheckpoint(later));
+  store_.reset();
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
   EXPECT_THAT(ListIds(), ElementsAre(first.id, recovered.id));
   ASSERT_OK_AND_ASSIGN(Records read_later, ReadAll(recovered.id));
   EXPECT_EQ(read_later, later);
   EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(20u));  // The failed one is gone.
   store_.reset();                                                 // Before `env`.
+}
+
+// Seen on a 20 MB tmpfs: after a flush failed for lack of space, the next checkpoint's flush
+// returned OK with its records still in a memtable, its read-back found them there, and it was
+// reported written; after a restart it held no records at all.
+TEST_F(CheckpointStoreTest, CheckpointAfterDiskFullIsNeverReportedWrittenWithoutItsRecords) {
+  auto faulty = std::make_shared<FaultyFileSystem>(rocksdb::FileSystem::Default());
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(faulty);
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  const Records good = MakeRecords(1, 10, 10 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, WriteCheckpoint(good));
+  faulty->sst_full = true;
+  EXPECT_THAT(WriteCheckpoint(MakeRecords(2, 10, 10 << 10)),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  // Still full: the same store refuses to go on until reopened.
+  EXPECT_THAT(WriteCheckpoint(MakeRecords(3, 10, 10 << 10)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id));
+  store_.reset();
+  // Reopened while still full: opening (which flushes what the log holds) or the next
+  // checkpoint fails; nothing is reported written.
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> reopened =
+      CheckpointStore::OpenWithEnvForTest(options_, env.get());
+  if (reopened.ok()) {
+    store_ = *std::move(reopened);
+    EXPECT_THAT(WriteCheckpoint(MakeRecords(4, 10, 10 << 10)),
+                StatusIs(absl::StatusCode::kResourceExhausted));
+    EXPECT_THAT(ListIds(), ElementsAre(first.id));
+    store_.reset();
+  } else {
+    EXPECT_THAT(reopened, StatusIs(absl::StatusCode::kResourceExhausted));
+  }
+
+  // Space is back: the reopened store starts from a clean state; its checkpoint survives a
+  // reopen.
+  faulty->sst_full = false;
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  const Records later = MakeRecords(5, 10, 10 << 10);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo recovered, WriteCheckpoint(later));
+  store_.reset();
+  ASSERT_OK_AND_ASSIGN(store_, CheckpointStore::OpenWithEnvForTest(options_, env.get()));
+  EXPECT_THAT(ListIds(), ElementsAre(first.id, recovered.id));
+  ASSERT_OK_AND_ASSIGN(Records read_first, ReadAll(first.id));
+  EXPECT_EQ(read_first, good);
+  ASSERT_OK_AND_ASSIGN(Records read_later, ReadAll(recovered.id));
+  EXPECT_EQ(read_later, later);
+  EXPECT_THAT(store_->CountRecordsForTest(), IsOkAndHolds(20u));
+  store_.reset();  // Before `env`.
 }
 
 TEST_F(CheckpointStoreTest, FailedCommitRecordSyncNeverLeavesCommitWithoutRecords) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <random>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/rpc/unanswered.h"
 
 namespace ps::worker {
 namespace {
@@ -525,10 +527,15 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.max_retries = config.rpc().max_retries();
   options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
   options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
-  options.on_retry = [](uint32_t server, uint32_t attempt, const absl::Status& status) {
-    LOG(WARNING) << "server " << server << " retry " << attempt << ": " << status;
+  auto silent = std::make_shared<NotAnsweringLog>(
+      std::vector<std::string>(config.cluster().servers().begin(),
+                               config.cluster().servers().end()),
+      options.deadline);
+  options.on_retry = [silent](uint32_t server, uint32_t attempt, const absl::Status& status) {
+    LOG(WARNING) << silent->OnRetry(server, attempt, status, absl::Now());
   };
-  options.on_recovered = [](uint32_t server, uint32_t retries, absl::Duration down) {
+  options.on_recovered = [silent](uint32_t server, uint32_t retries, absl::Duration down) {
+    silent->OnAnswer(server);
     LOG(WARNING) << "server " << server << " answers again after " << retries << " retries, "
                  << absl::ToDoubleSeconds(down) << " s after the first failure";
   };
@@ -591,6 +598,14 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
           return common::Annotate(st, absl::StrCat("server ", s, " (", config_.cluster().servers(s), ")"));
         }
         last_error = st;
+        if (absl::IsDeadlineExceeded(st)) {
+          // Waiting for the channel hides why it is not ready: ask once without waiting.
+          grpc::ClientContext probe;
+          probe.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+          last_error = common::FromGrpcStatus(stubs_[s]->ServerInfo(&probe, request, &response));
+          auto tls = TlsHandshakeFailure(last_error, s, config_.cluster().servers(s));
+          if (tls.has_value()) return *tls;
+        }
         continue;
       }
       if (response.layout_fingerprint() != partitioner_.layout_fingerprint() ||

@@ -98,6 +98,17 @@ class ParameterStore {
   // servers and not others; each server applies a given push at most once.
   virtual absl::Status Push(const PushBatch& batch, const PushOptions& options) = 0;
 
+  // One step's exchange: applies `push` as Push(push, push_options) does, then reads `pull`
+  // as Pull(pull, pull_options) does, the read seeing the push. Stores that talk to servers
+  // do both in one round trip per server; this default (Push, then Pull) serves the others.
+  // Errors: those of Push and Pull; after an error of the pull, the push may have been
+  // applied (at most once, as always).
+  virtual absl::Status PushPull(const PushBatch& push, const PushOptions& push_options,
+                                const PullBatch& pull, const PullOptions& pull_options) {
+    if (absl::Status s = Push(push, push_options); !s.ok()) return s;
+    return Pull(pull, pull_options);
+  }
+
   // The worker will push no more: it leaves the consistency bound so that it does not hold
   // back the others. Safe to call more than once.
   virtual absl::Status Finish() = 0;

@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/process_memory.h"
 #include "common/atomic_file.h"
 #include "common/cluster_env.h"
 #include "common/main_flags.h"
@@ -169,6 +170,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Before any thread starts: freed payload memory stays mapped for the next call.
+  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
   absl::Status status = ps::server::Run();
   if (!status.ok()) {
     LOG(ERROR) << "ps_server: " << status;

@@ -1,9 +1,11 @@
 #include "server/shard.h"
 
 #include <cmath>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
@@ -109,6 +111,10 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
       memory_(options.max_memory_bytes),
       start_time_(absl::Now()),
       workers_(tracker_options, options.now) {
+  const int helpers = options.apply_threads >= 0
+                          ? options.apply_threads
+                          : static_cast<int>(std::thread::hardware_concurrency()) - 1;
+  if (helpers > 0) apply_pool_ = std::make_unique<common::ThreadPool>(helpers);
   size_t next_spill_table = 0;  // Create() opened one spill table per budgeted sparse table
   for (const auto& info : partitioner_.tables()) {
     const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
@@ -353,13 +359,7 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
         return PushResult{true, updates_applied_};
       }
     }
-    for (const PendingUpdate& u : updates) {
-      if (u.table->info().kind == TABLE_KIND_DENSE) {
-        static_cast<DenseTablePart*>(u.table)->Apply(u.block, u.values, options);
-      } else {
-        static_cast<SparseTablePart*>(u.table)->Apply(u.keys, u.values, options);
-      }
-    }
+    ApplyUpdates(updates, options);
     if (tracked) workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock);
     absl::MutexLock stats(&stats_mu_);
     ++pushes_;
@@ -367,6 +367,39 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
     bytes_in_ += bytes_in;
     return PushResult{false, updates_applied_};
   }
+}
+
+void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options) {
+  size_t dense_values = 0;
+  for (const PendingUpdate& u : updates) {
+    if (u.table->info().kind == TABLE_KIND_DENSE) dense_values += u.values.size();
+  }
+  const int parts = apply_pool_ == nullptr || dense_values < kParallelApplyValues
+                        ? 1
+                        : apply_pool_->num_threads() + 1;
+  // Part p applies the dense blocks with block % parts == p, in push order; part 0 (this
+  // thread) also applies the sparse updates. Blocks are independent (each has its lock), so
+  // the result does not depend on how the parts interleave.
+  auto run = [&](int p) {
+    for (const PendingUpdate& u : updates) {
+      if (u.table->info().kind == TABLE_KIND_DENSE) {
+        if (static_cast<int>(u.block % parts) == p) {
+          static_cast<DenseTablePart*>(u.table)->Apply(u.block, u.values, options);
+        }
+      } else if (p == 0) {
+        static_cast<SparseTablePart*>(u.table)->Apply(u.keys, u.values, options);
+      }
+    }
+  };
+  absl::BlockingCounter done(parts - 1);
+  for (int p = 1; p < parts; ++p) {
+    apply_pool_->Schedule([&run, &done, p] {
+      run(p);
+      done.DecrementCount();
+    });
+  }
+  run(0);
+  done.Wait();
 }
 
 float Shard::delta_scale() const {

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/partitioner.h"
+#include "common/thread_pool.h"
 #include "kernels/optimizer_config.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
@@ -53,6 +54,11 @@ struct ShardOptions {
   // (RESOURCE_EXHAUSTED, nothing allocated); sparse rows beyond it are refused to the call
   // that would create them (tables that spill evict instead).
   uint64_t max_memory_bytes = 0;
+  // Threads that help apply the dense blocks of a large push (at least kParallelApplyValues
+  // values) in parallel with the pushing thread, so that a big optimizer step runs at memory
+  // bandwidth rather than one core's speed. -1 = one fewer than the machine's cores; 0 = every
+  // push is applied by the thread that received it.
+  int apply_threads = -1;
 };
 
 // Who sent a request (from the wire header, or the in-process store).
@@ -73,6 +79,9 @@ struct PendingUpdate {
   absl::Span<const uint64_t> keys;    // sparse
   absl::Span<const float> values;
 };
+
+// Pushes with at least this many dense values are applied in parallel (ShardOptions).
+inline constexpr size_t kParallelApplyValues = size_t{1} << 20;
 
 struct PushResult {
   bool duplicate = false;
@@ -171,6 +180,9 @@ class Shard {
   // slots on this server exceed options.max_memory_bytes. Allocates nothing.
   static absl::Status CheckDenseMemory(const common::Partitioner& partitioner,
                                        const ShardOptions& options);
+  // Applies checked updates: dense blocks of a large push spread over apply_pool_ (a block
+  // always goes to the same part, so repeated blocks keep their order), sparse ones here.
+  void ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options);
 
   // Constant after construction.
   const JobConfig config_;
@@ -181,6 +193,7 @@ class Shard {
   std::unique_ptr<storage::SpillStore> spill_store_;
   MemoryBudget memory_;  // charged by the tables: declared before them
   std::vector<std::unique_ptr<TablePart>> tables_;  // index = Partitioner table index
+  std::unique_ptr<common::ThreadPool> apply_pool_;   // null = no parallel apply
   absl::flat_hash_map<std::string, TablePart*> by_name_;
   const absl::Time start_time_;
 

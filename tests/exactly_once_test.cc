@@ -39,13 +39,14 @@ constexpr char kConfig[] = R"pb(
   security { plaintext: true }
 )pb";
 
-// Replaces the status of every third Push reply with UNAVAILABLE: the server applied the
-// push, the client never hears so.
+// Replaces the status of every third data-path reply (Push, or the PushPull frames the store
+// sends) with UNAVAILABLE: the server applied the push, the client never hears so.
 class LoseReplies final : public grpc::experimental::Interceptor {
  public:
   LoseReplies(grpc::experimental::ClientRpcInfo* info, std::atomic<int>* pushes,
               std::atomic<int>* lost)
-      : is_push_(std::string(info->method()) == "/ps.ParameterServer/Push"),
+      : is_push_(std::string(info->method()) == "/ps.ParameterServer/Push" ||
+                 std::string(info->method()) == "/ps.ParameterServer/PushPull"),
         pushes_(pushes),
         lost_(lost) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -98,8 +99,8 @@ TEST(ExactlyOnce, RetriedAndDuplicatedPushesCountOnce) {
   auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
       address, grpc::InsecureChannelCredentials(), common::MakeChannelArguments(config.rpc()),
       std::move(factories));
-  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs;
-  stubs.push_back(ParameterServer::NewStub(channel));
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.push_back(channel);
   worker::GrpcStoreOptions options;
   options.worker_id = 0;
   options.worker_incarnation = 7;
@@ -107,7 +108,7 @@ TEST(ExactlyOnce, RetriedAndDuplicatedPushesCountOnce) {
   options.on_retry = [](uint32_t server, uint32_t attempt, const absl::Status& status) {
     std::cerr << "retry " << attempt << " of a call to server " << server << ": " << status << "\n";
   };
-  auto store = *worker::GrpcParameterStore::CreateWithStubs(config, options, std::move(stubs));
+  auto store = *worker::GrpcParameterStore::CreateWithChannels(config, options, std::move(channels));
   ASSERT_THAT(store->WaitForServers(absl::Seconds(30)), IsOk());
 
   std::vector<float> initial(200);

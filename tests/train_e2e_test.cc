@@ -1,6 +1,6 @@
 // End to end: 2 ps_server + 2 ps_worker processes on 127.0.0.1 train the Fashion-MNIST MLP
 // asynchronously for one epoch; worker 0 must reach at least 0.80 test accuracy (a full
-// 10-epoch run reaches about 0.88, see docs/performance.md). Skips when the dataset package
+// 10-epoch run reaches about 0.88, see docs/performance.md and docs/lab/). Skips when the dataset package
 // is not installed.
 #include <sys/stat.h>
 #include <sys/wait.h>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -134,6 +135,15 @@ std::string ToJsonLine(const BenchRow& r) {
   }
   if (r.hit_ratio.has_value()) {
     fields.push_back(absl::StrCat("\"hit_ratio\":", JsonNumber(*r.hit_ratio)));
+  }
+  for (const auto& [side, usage] : {std::make_pair("client", &r.client_per_call),
+                                    std::make_pair("server", &r.server_per_call)}) {
+    if (!usage->has_value()) continue;
+    fields.push_back(absl::StrCat("\"", side, "_cpu_us_per_call\":", JsonNumber((*usage)->cpu_us)));
+    fields.push_back(absl::StrCat("\"", side, "_minor_faults_per_call\":",
+                                  JsonNumber((*usage)->minor_faults)));
+    fields.push_back(absl::StrCat("\"", side, "_context_switches_per_call\":",
+                                  JsonNumber((*usage)->context_switches)));
   }
   return absl::StrCat("{", absl::StrJoin(fields, ","), "}");
 }

@@ -43,6 +43,16 @@ struct BenchRow {
   // and the share of pulled rows served from memory (not read back from the spill store).
   std::optional<double> in_memory;
   std::optional<double> hit_ratio;
+  // Cost per call over the whole run (warm-up included): CPU microseconds, minor page faults
+  // and context switches (voluntary + involuntary) of this (client) process and of the
+  // servers together. Unset when not measured (tcp rows, --connect servers).
+  struct Usage {
+    double cpu_us = 0;
+    double minor_faults = 0;
+    double context_switches = 0;
+  };
+  std::optional<Usage> client_per_call;
+  std::optional<Usage> server_per_call;
 };
 
 // "4KB", "1MB", "64MB", "1.5MB", "100B".

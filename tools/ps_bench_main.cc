@@ -17,12 +17,18 @@
 //          whose sparse table keeps at most that percentage of its rows in memory
 //          (memory_budget_rows; 100 = no budget), the rest spilled to their data dirs. Reports
 //          rows/s and the share of rows served from memory (the servers' fault counters).
-// Prints a table (and JSON lines with --json). Servers are stopped on exit and on Ctrl-C.
+// Dense and sparse rows also report costs per call in the steady state (after one call per
+// thread): CPU time, minor page faults and context switches of this process and of the started
+// servers (from getrusage and /proc). Prints a table (and JSON lines with --json). Servers are
+// stopped on exit and on Ctrl-C.
 #include <pthread.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -49,6 +55,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/process_memory.h"
 #include "common/config.h"
 #include "common/parameter_store.h"
 #include "common/rpc/credentials.h"
@@ -374,6 +381,72 @@ BenchRow MakeRow(std::string mode, std::string op, std::string payload, uint64_t
   return row;
 }
 
+// ---- Cost per call -------------------------------------------------------------------------
+
+// CPU time, minor page faults and context switches of a set of processes.
+struct Usage {
+  double cpu_s = 0;
+  double minor_faults = 0;
+  double switches = 0;
+};
+
+Usage SelfUsage() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  Usage u;
+  u.cpu_s = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+            1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  u.minor_faults = static_cast<double>(ru.ru_minflt);
+  u.switches = static_cast<double>(ru.ru_nvcsw + ru.ru_nivcsw);
+  return u;
+}
+
+// The sum over `pids`, from /proc (what cannot be read counts as zero). Context switches are
+// summed over the live threads (/proc/<pid>/task/*/status).
+Usage ProcUsage(const std::vector<pid_t>& pids) {
+  Usage u;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  for (pid_t pid : pids) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) continue;
+    // After the command name: state (field 3), ..., minflt (10), ..., utime (14), stime (15).
+    std::vector<std::string> f = absl::StrSplit(text.substr(paren + 2), ' ');
+    double minflt = 0, utime = 0, stime = 0;
+    if (f.size() > 12 && absl::SimpleAtod(f[7], &minflt) && absl::SimpleAtod(f[11], &utime) &&
+        absl::SimpleAtod(f[12], &stime)) {
+      u.minor_faults += minflt;
+      u.cpu_s += (utime + stime) / tick;
+    }
+    std::error_code ec;
+    for (const auto& task :
+         std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+      std::ifstream status(task.path() / "status");
+      std::string line;
+      while (std::getline(status, line)) {
+        double n = 0;
+        for (const char* key : {"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"}) {
+          if (absl::StartsWith(line, key) &&
+              absl::SimpleAtod(absl::StripAsciiWhitespace(line.substr(strlen(key))), &n)) {
+            u.switches += n;
+          }
+        }
+      }
+    }
+  }
+  return u;
+}
+
+BenchRow::Usage PerCall(const Usage& before, const Usage& after, uint64_t calls) {
+  BenchRow::Usage u;
+  const double n = std::max<double>(1, static_cast<double>(calls));
+  u.cpu_us = 1e6 * (after.cpu_s - before.cpu_s) / n;
+  u.minor_faults = (after.minor_faults - before.minor_faults) / n;
+  u.context_switches = (after.switches - before.switches) / n;
+  return u;
+}
+
 uint64_t TotalRetries(const BenchEnv& env) {
   uint64_t n = 0;
   for (auto* s : env.stores) n += s->stats().retries;
@@ -382,13 +455,31 @@ uint64_t TotalRetries(const BenchEnv& env) {
 
 // Runs the load --repeat times and returns the run with the median throughput. When a run
 // fails, says whether a server died and what it logged.
+// With `row`, also fills its costs per call (of the median run).
 absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
-                                      const std::string& what) {
+                                      const std::string& what, BenchRow* row = nullptr) {
   LoadOptions options = env.flags->load;
   options.threads = threads;
   std::vector<LoadResult> runs;
+  std::atomic<uint64_t> calls{0};
+  const LoadCall counted = [&](int t) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    return call(t);
+  };
+  const std::vector<pid_t> servers =
+      env.cluster != nullptr ? env.cluster->pids() : std::vector<pid_t>();
+  std::map<double, std::pair<BenchRow::Usage, BenchRow::Usage>> usage;  // by calls/s
+  // One call per thread first, so that the costs per call are those of the steady state, not
+  // of first touches of the run's buffers (a 64 MB run makes few calls).
+  for (int t = 0; t < threads; ++t) RETURN_IF_ERROR_CTX(call(t), what);
   for (int i = 0; i < env.flags->repeat; ++i) {
-    absl::StatusOr<LoadResult> r = RunLoad(options, call, env.cancel);
+    calls = 0;
+    const Usage client_before = SelfUsage(), server_before = ProcUsage(servers);
+    absl::StatusOr<LoadResult> r = RunLoad(options, counted, env.cancel);
+    if (r.ok()) {
+      usage[r->calls_per_second] = {PerCall(client_before, SelfUsage(), calls),
+                                    PerCall(server_before, ProcUsage(servers), calls)};
+    }
     absl::Status servers =
         env.cluster != nullptr ? env.cluster->CheckRunning() : absl::OkStatus();
     if (!r.ok() || !servers.ok()) {
@@ -402,7 +493,12 @@ absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const Lo
   std::sort(runs.begin(), runs.end(), [](const LoadResult& a, const LoadResult& b) {
     return a.calls_per_second < b.calls_per_second;
   });
-  return std::move(runs[runs.size() / 2]);
+  LoadResult& median = runs[runs.size() / 2];
+  if (row != nullptr) {
+    row->client_per_call = usage[median.calls_per_second].first;
+    if (!servers.empty()) row->server_per_call = usage[median.calls_per_second].second;
+  }
+  return std::move(median);
 }
 
 absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env) {
@@ -457,12 +553,16 @@ absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push
     return store->Pull(batch, common::PullOptions{});
   };
   const uint64_t retries = TotalRetries(env);
+  BenchRow usage;
   ASSIGN_OR_RETURN(LoadResult r, RunChecked(env, threads, call,
                                             absl::StrCat("dense ", push ? "push " : "pull ",
                                                          FormatBytes(bytes), ", ", clients,
-                                                         " clients")));
+                                                         " clients"),
+                                            &usage));
   BenchRow row = MakeRow("grpc", push ? "push" : "pull", FormatBytes(bytes), bytes, 0, clients,
                          window, r);
+  row.client_per_call = usage.client_per_call;
+  row.server_per_call = usage.server_per_call;
   row.retries = TotalRetries(env) - retries;
   if (auto it = env.tcp_mb_per_s.find(bytes); it != env.tcp_mb_per_s.end() && it->second > 0) {
     row.vs_tcp = row.mb_per_second / it->second;
@@ -528,14 +628,17 @@ absl::StatusOr<BenchRow> RunSparse(const BenchEnv& env, uint64_t num_keys, int c
   };
   const char* op = push ? "sparse_push" : "sparse_pull";
   const uint64_t retries = TotalRetries(env);
+  BenchRow usage;
   ASSIGN_OR_RETURN(LoadResult r,
                    RunChecked(env, threads, call,
-                              absl::StrCat(op, " ", num_keys, " keys, ", clients,
-                                           " clients")));
+                              absl::StrCat(op, " ", num_keys, " keys, ", clients, " clients"),
+                              &usage));
   const std::string label = num_keys % 1000 == 0 ? absl::StrCat(num_keys / 1000, "k keys")
                                                   : absl::StrCat(num_keys, " keys");
   BenchRow row = MakeRow("grpc", op, label, num_keys * dim * sizeof(float), num_keys, clients,
                          window, r);
+  row.client_per_call = usage.client_per_call;
+  row.server_per_call = usage.server_per_call;
   row.retries = TotalRetries(env) - retries;
   return row;
 }
@@ -555,8 +658,15 @@ class Reporter {
                                           : "")
               << (row.hit_ratio.has_value()
                       ? absl::StrFormat(", %.1f%% of rows from memory", 100 * *row.hit_ratio)
-                      : "")
-              << std::endl;
+                      : "");
+    for (const auto& [side, usage] : {std::make_pair("client", &row.client_per_call),
+                                      std::make_pair("servers", &row.server_per_call)}) {
+      if (!usage->has_value()) continue;
+      std::cerr << absl::StrFormat("; %s per call: %.0f us CPU, %.1f minor faults, %.1f switches",
+                                   side, (*usage)->cpu_us, (*usage)->minor_faults,
+                                   (*usage)->context_switches);
+    }
+    std::cerr << std::endl;
     if (json_ != nullptr) *json_ << ToJsonLine(row) << std::endl;
   }
   const std::vector<BenchRow>& rows() const { return rows_; }
@@ -1011,6 +1121,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Before any thread starts: freed payload memory stays mapped for the next call.
+  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
   // Before any other thread exists, so that every thread inherits the blocked signals.
   ps::tools::SignalStopper stopper;
   const absl::Status status = ps::tools::Run(&stopper);

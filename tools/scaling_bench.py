@@ -24,10 +24,22 @@ MODELS = {
 }
 
 
+def seconds(text):
+    """An absl duration as the worker prints it ("1m2.5s", "147.6ms", "0") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    return sum(float(v) * units[u] for v, u in re.findall(r"([0-9.]+)(h|ms|us|ns|m|s)", text))
+
+
 def parse(output):
     rates = [float(x) for x in re.findall(r"samples/s ([0-9.]+) wall_s", output)]
     metric = re.search(r"final test (?:accuracy|auc) ([0-9.]+)", output)
-    return sum(rates), (float(metric.group(1)) if metric else None)
+    # Each worker's summary: "..., pull D, compute D, push D, ...": the largest share of
+    # communication (pull + push) over compute among the workers.
+    comm = None
+    for pull, compute, push in re.findall(r"pull ([^,]+), compute ([^,]+), push ([^,]+),", output):
+        ratio = (seconds(pull) + seconds(push)) / max(seconds(compute), 1e-9)
+        comm = ratio if comm is None else max(comm, ratio)
+    return sum(rates), (float(metric.group(1)) if metric else None), comm
 
 
 def run(cmd):
@@ -44,37 +56,42 @@ def main():
     ap.add_argument("--models", default="mlp,ctr")
     ap.add_argument("--cells", default="1x1,1x2,1x4,2x1,2x2,2x4", help="SERVERSxWORKERS list")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bin_dir", default=None,
+                    help="where server/ps_server and worker/ps_worker are (default: bazel-bin)")
     args = ap.parse_args()
-    worker = os.path.join(ROOT, "bazel-bin/worker/ps_worker")
+    bin_dir = args.bin_dir or os.path.join(ROOT, "bazel-bin")
+    worker = os.path.join(bin_dir, "worker/ps_worker")
     rows = []
     for model in args.models.split(","):
         config, metric_name = MODELS[model]
         common = "training.epochs=%d" % args.epochs
         out, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common])
-        rate, metric = parse(out)
+        rate, metric, _ = parse(out)
         rows.append(dict(model=model, mode="centralized", servers=0, workers=1,
-                         samples_per_s=rate, metric=metric, wall_s=wall))
+                         samples_per_s=rate, metric=metric, wall_s=wall, comm=None))
         print(rows[-1], flush=True)
         for cell in args.cells.split(","):
             s, w = (int(x) for x in cell.split("x"))
             out, wall = run([sys.executable, "tools/launch_local.py", config, "--servers", str(s),
-                             "--workers", str(w), "--set", common])
-            rate, metric = parse(out)
+                             "--workers", str(w), "--bin_dir", bin_dir, "--set", common])
+            rate, metric, comm = parse(out)
             rows.append(dict(model=model, mode="distributed", servers=s, workers=w,
-                             samples_per_s=rate, metric=metric, wall_s=wall))
+                             samples_per_s=rate, metric=metric, wall_s=wall, comm=comm))
             print(rows[-1], flush=True)
     if args.json:
         with open(args.json, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    print("\n| model | mode | servers | workers | samples/s (sum) | vs centralized | test metric | wall s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| model | mode | servers | workers | samples/s (sum) | vs centralized | test metric | "
+          "wall s | (pull+push)/compute, worst worker |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = {r["model"]: r["samples_per_s"] for r in rows if r["mode"] == "centralized"}
     for r in rows:
         ratio = r["samples_per_s"] / base[r["model"]] if base.get(r["model"]) else 0
-        print("| %s | %s | %s | %d | %.0f | %.2fx | %s | %.1f |" % (
+        print("| %s | %s | %s | %d | %.0f | %.2fx | %s | %.1f | %s |" % (
             r["model"], r["mode"], r["servers"] or "-", r["workers"], r["samples_per_s"], ratio,
-            "%.4f" % r["metric"] if r["metric"] is not None else "-", r["wall_s"]))
+            "%.4f" % r["metric"] if r["metric"] is not None else "-", r["wall_s"],
+            "%.2f" % r["comm"] if r["comm"] is not None else "-"))
 
 
 if __name__ == "__main__":

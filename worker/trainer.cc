@@ -275,31 +275,56 @@ void Trainer::EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, doub
 }
 
 absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state) {
-  Batch batch;
+  // One round trip per step: the first step pulls on its own; after that each step's push
+  // and the next step's pull go out as one PushPull (the pull reads after the push, as a
+  // Push then a Pull would). Its time counts as the step's push; the pull phase is then 0.
+  Batch batches[2];
+  Staged pushed;  // the gradients, copied: preparing the next pull may reuse the model's
   std::vector<int64_t> indices;
-  while (!state->stop) {
-    const absl::Time t0 = absl::Now();
-    if (!it->Next(&indices)) break;
-    train_->FillBatch(indices, &batch);
-    common::PullBatch pull;
-    RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
-    const absl::Time t1 = absl::Now();
-    common::PullOptions pull_options;
-    pull_options.clock = state->clock;
-    RETURN_IF_ERROR_CTX(store_->Pull(pull, pull_options),
-                        absl::StrCat("step ", state->clock + 1, " pull"));
-    const absl::Time t2 = absl::Now();
-    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batch));
+  absl::Time t0 = absl::Now();
+  if (state->stop || !it->Next(&indices)) return absl::OkStatus();
+  train_->FillBatch(indices, &batches[0]);
+  uint64_t offset = it->offset();
+  common::PullBatch pull;
+  RETURN_IF_ERROR(model_->PreparePull(batches[0], &pull));
+  const absl::Time t1 = absl::Now();
+  RETURN_IF_ERROR_CTX(store_->Pull(pull, common::PullOptions{state->clock}),
+                      absl::StrCat("step ", state->clock + 1, " pull"));
+  absl::Duration data = t1 - t0, pulled = absl::Now() - t1;
+  for (int cur = 0;; cur = 1 - cur) {
+    const absl::Time c0 = absl::Now();
+    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
     common::PushBatch push;
     RETURN_IF_ERROR(model_->PreparePush(&push));
-    const absl::Time t3 = absl::Now();
-    common::PushOptions push_options;
-    push_options.clock = state->clock + 1;
-    RETURN_IF_ERROR_CTX(store_->Push(push, push_options),
-                        absl::StrCat("step ", state->clock + 1, " push"));
-    const absl::Time t4 = absl::Now();
-    EndStep(epoch, it->offset(), batch.size, step.loss,
-            {t1 - t0, t2 - t1, t3 - t2, t4 - t3, absl::ZeroDuration()}, state);
+    const absl::Time c1 = absl::Now();
+    const common::PushOptions push_options{state->clock + 1, false};
+    const std::string what = absl::StrCat("step ", state->clock + 1, " push");
+    const bool has_next =
+        (options_.max_steps == 0 || state->result->steps + 1 < options_.max_steps) &&
+        it->Next(&indices);
+    absl::Duration next_data;
+    uint64_t next_offset = 0;
+    absl::Time p0 = c1;
+    if (has_next) {
+      train_->FillBatch(indices, &batches[1 - cur]);
+      next_offset = it->offset();
+      StagePush(push, &pushed);
+      common::PullBatch next_pull;
+      RETURN_IF_ERROR(model_->PreparePull(batches[1 - cur], &next_pull));
+      p0 = absl::Now();
+      next_data = p0 - c1;
+      RETURN_IF_ERROR_CTX(store_->PushPull(pushed.push, push_options, next_pull,
+                                           common::PullOptions{state->clock + 1}),
+                          what);
+    } else {
+      RETURN_IF_ERROR_CTX(store_->Push(push, push_options), what);
+    }
+    EndStep(epoch, offset, batches[cur].size, step.loss,
+            {data, pulled, c1 - c0, absl::Now() - p0, absl::ZeroDuration()}, state);
+    if (!has_next) break;
+    offset = next_offset;
+    data = next_data;
+    pulled = absl::ZeroDuration();
   }
   return absl::OkStatus();
 }

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/process_memory.h"
 #include "common/config.h"
 #include "common/main_flags.h"
 #include "common/status_macros.h"
@@ -163,6 +164,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Before any thread starts: freed payload memory stays mapped for the next call.
+  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
   absl::Status status = ps::worker::Run();
   if (!status.ok()) {
     std::cerr << "ps_worker: " << status << std::endl;

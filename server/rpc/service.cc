@@ -1,6 +1,8 @@
 #include "server/rpc/service.h"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +39,9 @@ absl::Span<const uint64_t> KeysOf(const google::protobuf::RepeatedField<uint64_t
 }
 
 // The float32 values of a payload read in place (no copy) when the bytes are float32 and
-// aligned for float, as protobuf's heap-allocated strings are; empty otherwise (decode then).
-absl::Span<const float> Floats(const std::string& bytes, Encoding encoding) {
+// aligned for float (protobuf's heap-allocated strings, frames' in-place and gathered
+// payloads); empty otherwise (decode then).
+absl::Span<const float> Floats(absl::string_view bytes, Encoding encoding) {
   static_assert(absl::little_endian::IsLittleEndian(), "the wire format is little-endian");
   if (encoding != ENCODING_FLOAT32 || bytes.empty() ||
       reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0) {
@@ -68,9 +71,15 @@ struct ParameterServerService::Metrics {
             "ps_server_requests_refused_total",
             "Pulls and pushes answered with an error, by method, status code and reason "
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
-            "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, identity, "
-            "bad_encoding, bound_timeout, turn_timeout, other).",
-            {"method", "code", "reason"})) {
+            "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
+            "identity, "
+            "bad_encoding, bound_timeout, turn_timeout, unparseable, other).",
+            {"method", "code", "reason"})),
+        rejected(r->AddCounterFamily(
+            "ps_rejected_requests_total",
+            "Data-path requests refused, by reason (as ps_server_requests_refused_total; "
+            "\"unparseable\" for frames and messages that do not parse).",
+            {"reason"})) {
     latency[kPull] = r->AddHistogram(
         "ps_server_pull_latency_seconds",
         "Pulls from arrival to answer (queueing and consistency-bound waits included), seconds.",
@@ -84,10 +93,12 @@ struct ParameterServerService::Metrics {
                                 common::metrics::LatencyBuckets());
     auto* request_family =
         r->AddCounterFamily("ps_server_request_bytes_total",
-                            "Bytes of pull and push requests (protobuf encoded).", {"method"});
+                            "Bytes of pull and push requests (protobuf encoded, or whole PushPull frames).",
+                            {"method"});
     auto* response_family =
         r->AddCounterFamily("ps_server_response_bytes_total",
-                            "Bytes of pull and push answers (protobuf encoded).", {"method"});
+                            "Bytes of pull and push answers (protobuf encoded, or whole PushPull frames).",
+                            {"method"});
     for (Method m : {kPull, kPush}) {
       request_bytes[m] = request_family->WithLabels({kMethodNames[m]});
       response_bytes[m] = response_family->WithLabels({kMethodNames[m]});
@@ -97,6 +108,7 @@ struct ParameterServerService::Metrics {
 
   common::metrics::Family<common::metrics::Counter>* const requests;
   common::metrics::Family<common::metrics::Counter>* const refused;
+  common::metrics::Family<common::metrics::Counter>* const rejected;
   common::metrics::Histogram* latency[2];
   common::metrics::Histogram* pull_wait;
   // Children looked up once: the hot path only adds.
@@ -114,6 +126,7 @@ ParameterServerService::ParameterServerService(Shard* shard, const ServiceOption
       auth_(options.auth),
       own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())),
+      buffers_(common::BufferPool::Create(options.max_cached_payload_bytes, &counters_)),
       pool_(options.num_threads) {}
 
 ParameterServerService::~ParameterServerService() = default;
@@ -132,6 +145,7 @@ void ParameterServerService::Record(Method method, absl::Time arrived, const abs
   if (reason.empty()) reason = "other";
   metrics_->requests->WithLabels({kMethodNames[method], code})->Increment();
   metrics_->refused->WithLabels({kMethodNames[method], code, reason})->Increment();
+  metrics_->rejected->WithLabels({reason})->Increment();
 }
 
 void ParameterServerService::CountCall(const char* method, const absl::Status& status) {
@@ -159,13 +173,12 @@ absl::Status ParameterServerService::ServePull(const PullRequest& request, absl:
   return status;
 }
 
-absl::Status ParameterServerService::PullImpl(const PullRequest& request, absl::Time deadline,
-                                              PullResponse* response) {
-  const RequestInfo info = InfoOf(request.header());
-  RETURN_IF_ERROR(shard_->CheckLayout(info));
-  // Phase 1: check every part before waiting or reading anything.
-  for (const TablePullRequest& t : request.tables()) {
+absl::Status ParameterServerService::CheckPull(
+    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables, uint64_t* payload_bytes) {
+  *payload_bytes = 0;
+  for (const TablePullRequest& t : tables) {
     RETURN_IF_ERROR(CheckEncoding(shard_, t.encoding()));
+    const uint64_t bpv = common::BytesPerValue(t.encoding());
     ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
     if (part->info().kind == TABLE_KIND_DENSE) {
       if (!t.keys().empty()) {
@@ -173,8 +186,10 @@ absl::Status ParameterServerService::PullImpl(const PullRequest& request, absl::
             "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
                               "table '", t.table(), "' is dense: pull it by blocks, not keys")));
       }
+      auto* dense = static_cast<DenseTablePart*>(part);
       for (uint32_t b : t.block_ids()) {
-        RETURN_IF_ERROR(shard_->CheckBlock(*static_cast<DenseTablePart*>(part), b, -1));
+        RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, -1));
+        *payload_bytes += dense->BlockSize(b) * bpv;
       }
     } else {
       if (!t.block_ids().empty()) {
@@ -184,63 +199,97 @@ absl::Status ParameterServerService::PullImpl(const PullRequest& request, absl::
       }
       RETURN_IF_ERROR(
           shard_->CheckKeys(*static_cast<SparseTablePart*>(part), KeysOf(t.keys()), -1));
+      *payload_bytes += static_cast<uint64_t>(t.keys_size()) * part->info().dim * bpv;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::WaitForPull(const RequestInfo& info, absl::Time deadline) {
   const absl::Time wait_start = absl::Now();
   RETURN_IF_ERROR(shard_->BeginPull(info, std::min(deadline, wait_start + options_.max_pull_wait)));
   if (info.worker_id >= 0) {
     metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
   }
-  // Phase 2: read.
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::ReadPull(
+    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables, PullResponse* response,
+    char* out) {
   std::vector<float> scratch;
+  std::string encoded;
   uint64_t bytes_out = 0;
-  for (const TablePullRequest& t : request.tables()) {
+  // Where a part of n values goes: the next bytes of `out`, or a bytes field of the answer.
+  auto place = [&](size_t bytes, std::string* field, uint64_t* length) -> char* {
+    bytes_out += bytes;
+    if (out == nullptr) {
+      field->resize(bytes);
+      return field->data();
+    }
+    *length = bytes;
+    char* p = out;
+    out += bytes;
+    return p;
+  };
+  for (const TablePullRequest& t : tables) {
     const Encoding encoding = t.encoding();
     const size_t bpv = common::BytesPerValue(encoding);
     TablePart* part = *shard_->FindTable(t.table());
-    TableValues* out = response->add_tables();
-    out->set_table(t.table());
-    out->set_encoding(encoding);
+    TableValues* tv = response->add_tables();
+    tv->set_table(t.table());
+    tv->set_encoding(encoding);
+    // Float32 is read straight into its destination; 16-bit encodings through `scratch`.
+    auto read = [&](size_t n, std::string* field, uint64_t* length,
+                    const std::function<absl::Status(absl::Span<float>)>& reader) -> absl::Status {
+      char* dest = place(n * bpv, field, length);
+      if (encoding == ENCODING_FLOAT32) {
+        return reader(absl::Span<float>(reinterpret_cast<float*>(dest), n));
+      }
+      scratch.resize(n);
+      RETURN_IF_ERROR(reader(absl::MakeSpan(scratch)));
+      common::EncodeFloats(scratch, encoding, &encoded);
+      std::memcpy(dest, encoded.data(), encoded.size());
+      return absl::OkStatus();
+    };
     if (part->info().kind == TABLE_KIND_DENSE) {
       auto* dense = static_cast<DenseTablePart*>(part);
       for (uint32_t b : t.block_ids()) {
-        DenseBlock* block = out->add_blocks();
+        DenseBlock* block = tv->add_blocks();
         block->set_block_id(b);
-        const size_t n = dense->BlockSize(b);
-        if (encoding == ENCODING_FLOAT32) {
-          // Read straight into the response's buffer: no intermediate copy.
-          std::string* bytes = block->mutable_values();
-          bytes->resize(n * sizeof(float));
-          scratch.resize(0);
-          dense->Read(b, absl::Span<float>(reinterpret_cast<float*>(bytes->data()), n));
-        } else {
-          scratch.resize(n);
-          dense->Read(b, absl::MakeSpan(scratch));
-          common::EncodeFloats(scratch, encoding, block->mutable_values());
-        }
-        bytes_out += n * bpv;
+        uint64_t length = 0;
+        RETURN_IF_ERROR(read(dense->BlockSize(b), block->mutable_values(), &length,
+                             [&](absl::Span<float> dest) {
+                               dense->Read(b, dest);
+                               return absl::OkStatus();
+                             }));
+        block->set_payload_bytes(length);
       }
     } else {
       auto* sparse = static_cast<SparseTablePart*>(part);
-      const size_t n = static_cast<size_t>(t.keys_size()) * sparse->info().dim;
-      *out->mutable_keys() = t.keys();
-      if (encoding == ENCODING_FLOAT32) {
-        std::string* bytes = out->mutable_rows();
-        bytes->resize(n * sizeof(float));
-        RETURN_IF_ERROR(sparse->Read(
-            KeysOf(t.keys()), absl::Span<float>(reinterpret_cast<float*>(bytes->data()), n)));
-      } else {
-        scratch.resize(n);
-        RETURN_IF_ERROR(sparse->Read(KeysOf(t.keys()), absl::MakeSpan(scratch)));
-        common::EncodeFloats(scratch, encoding, out->mutable_rows());
-      }
-      bytes_out += n * bpv;
+      *tv->mutable_keys() = t.keys();
+      uint64_t length = 0;
+      RETURN_IF_ERROR(read(static_cast<size_t>(t.keys_size()) * sparse->info().dim,
+                           tv->mutable_rows(), &length, [&](absl::Span<float> dest) {
+                             return sparse->Read(KeysOf(t.keys()), dest);
+                           }));
+      tv->set_rows_bytes(length);
     }
   }
   response->set_server_incarnation(shard_->incarnation());
   response->set_min_clock(shard_->workers().MinLiveClock());
   shard_->CountPull(bytes_out);
   return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::PullImpl(const PullRequest& request, absl::Time deadline,
+                                              PullResponse* response) {
+  const RequestInfo info = InfoOf(request.header());
+  RETURN_IF_ERROR(shard_->CheckLayout(info));
+  uint64_t payload_bytes = 0;
+  RETURN_IF_ERROR(CheckPull(request.tables(), &payload_bytes));
+  RETURN_IF_ERROR(WaitForPull(info, deadline));
+  return ReadPull(request.tables(), response, nullptr);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
@@ -269,57 +318,77 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
 
 absl::Status ParameterServerService::ServePush(const PushRequest& request, PushResponse* response,
                                                absl::Time arrived) {
-  const absl::Status status = PushImpl(request, response);
+  std::vector<PushPart> parts(request.tables_size());
+  absl::Status status;
+  for (int i = 0; i < request.tables_size() && status.ok(); ++i) {
+    const TableValues& t = request.tables(i);
+    parts[i].table = &t;
+    parts[i].rows = t.rows();
+    for (const DenseBlock& block : t.blocks()) {
+      parts[i].blocks.push_back(block.values());
+      if (block.payload_bytes() != 0) {
+        status = Unparseable(absl::InvalidArgumentError(
+            "unparseable push: payload_bytes is for frames (PushPull), not Push"));
+      }
+    }
+    if (t.rows_bytes() != 0) {
+      status = Unparseable(absl::InvalidArgumentError(
+          "unparseable push: rows_bytes is for frames (PushPull), not Push"));
+    }
+  }
+  if (status.ok()) status = PushImpl(request.header(), request.is_delta(), parts, response);
   Record(kPush, arrived, status, request.ByteSizeLong(),
          status.ok() ? response->ByteSizeLong() : 0);
   return status;
 }
 
-absl::Status ParameterServerService::PushImpl(const PushRequest& request, PushResponse* response) {
-  RequestInfo info = InfoOf(request.header());
+absl::Status ParameterServerService::PushImpl(const RequestHeader& header, bool is_delta,
+                                              absl::Span<const PushPart> parts,
+                                              PushResponse* response) {
+  RequestInfo info = InfoOf(header);
   info.deadline = absl::Now() + options_.max_pull_wait;  // a deterministic push's turn
   RETURN_IF_ERROR(shard_->CheckLayout(info));
   // Phase 1: resolve, decode and check every part; nothing changes on any error.
   std::vector<PendingUpdate> updates;
   std::vector<std::vector<float>> decoded;
-  size_t parts = 0;
-  for (const TableValues& t : request.tables()) parts += t.blocks_size() + (t.keys_size() > 0);
-  updates.reserve(parts);
-  decoded.reserve(parts);
+  size_t count = 0;
+  for (const PushPart& p : parts) count += p.blocks.size() + (p.table->keys_size() > 0);
+  updates.reserve(count);
+  decoded.reserve(count);
   uint64_t bytes_in = 0;
-  for (const TableValues& t : request.tables()) {
+  for (const PushPart& p : parts) {
+    const TableValues& t = *p.table;
     RETURN_IF_ERROR(CheckEncoding(shard_, t.encoding()));
     const size_t bpv = common::BytesPerValue(t.encoding());
     ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
     if (part->info().kind == TABLE_KIND_DENSE) {
       auto* dense = static_cast<DenseTablePart*>(part);
-      if (!t.keys().empty() || !t.rows().empty()) {
+      if (!t.keys().empty() || !p.rows.empty()) {
         return shard_->Reject(
             "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
                               "table '", t.table(), "' is dense: push blocks, not keyed rows")));
       }
-      for (const DenseBlock& block : t.blocks()) {
-        const uint32_t b = block.block_id();
-        if (block.values().size() % bpv != 0) {
+      for (int i = 0; i < t.blocks_size(); ++i) {
+        const uint32_t b = t.blocks(i).block_id();
+        const absl::string_view bytes = p.blocks[i];
+        if (bytes.size() % bpv != 0) {
           return shard_->Reject("bad_size",
                                 absl::InvalidArgumentError(absl::StrCat(
                                     "table '", t.table(), "' block ", b, ": payload of ",
-                                    block.values().size(), " bytes is not a whole number of ",
+                                    bytes.size(), " bytes is not a whole number of ",
                                     common::EncodingName(t.encoding()), " values")));
         }
-        RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, block.values().size() / bpv));
-        absl::Span<const float> values = Floats(block.values(), t.encoding());
+        RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, bytes.size() / bpv));
+        absl::Span<const float> values = Floats(bytes, t.encoding());
         if (values.empty() && dense->BlockSize(b) > 0) {
           auto& buffer = decoded.emplace_back(dense->BlockSize(b));
-          RETURN_IF_ERROR(
-              common::DecodeFloats(block.values(), t.encoding(), absl::MakeSpan(buffer)));
+          RETURN_IF_ERROR(common::DecodeFloats(bytes, t.encoding(), absl::MakeSpan(buffer)));
           values = buffer;
         }
-        {  // Gradients and deltas alike.
-          RETURN_IF_ERROR(shard_->CheckFinite(*dense, absl::StrCat("block ", b), values));
-        }
+        // Gradients and deltas alike.
+        RETURN_IF_ERROR(shard_->CheckFinite(*dense, absl::StrCat("block ", b), values));
         updates.push_back(PendingUpdate{dense, b, {}, values});
-        bytes_in += block.values().size();
+        bytes_in += bytes.size();
       }
     } else {
       auto* sparse = static_cast<SparseTablePart*>(part);
@@ -328,27 +397,27 @@ absl::Status ParameterServerService::PushImpl(const PushRequest& request, PushRe
             "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
                               "table '", t.table(), "' is sparse: push keyed rows, not blocks")));
       }
-      if (t.rows().size() % bpv != 0) {
+      if (p.rows.size() % bpv != 0) {
         return shard_->Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
                                               "table '", t.table(), "': rows payload of ",
-                                              t.rows().size(), " bytes is not a whole number of ",
+                                              p.rows.size(), " bytes is not a whole number of ",
                                               common::EncodingName(t.encoding()), " values")));
       }
-      RETURN_IF_ERROR(shard_->CheckKeys(*sparse, KeysOf(t.keys()), t.rows().size() / bpv));
-      absl::Span<const float> values = Floats(t.rows(), t.encoding());
-      if (values.empty() && !t.rows().empty()) {
-        auto& buffer = decoded.emplace_back(t.rows().size() / bpv);
-        RETURN_IF_ERROR(common::DecodeFloats(t.rows(), t.encoding(), absl::MakeSpan(buffer)));
+      RETURN_IF_ERROR(shard_->CheckKeys(*sparse, KeysOf(t.keys()), p.rows.size() / bpv));
+      absl::Span<const float> values = Floats(p.rows, t.encoding());
+      if (values.empty() && !p.rows.empty()) {
+        auto& buffer = decoded.emplace_back(p.rows.size() / bpv);
+        RETURN_IF_ERROR(common::DecodeFloats(p.rows, t.encoding(), absl::MakeSpan(buffer)));
         values = buffer;
       }
       RETURN_IF_ERROR(shard_->CheckFinite(*sparse, "rows", values));
       updates.push_back(PendingUpdate{sparse, 0, KeysOf(t.keys()), values});
-      bytes_in += t.rows().size();
+      bytes_in += p.rows.size();
     }
   }
   // Phase 2.
   UpdateOptions options;
-  options.kind = request.is_delta() ? UpdateKind::kDelta : UpdateKind::kGradient;
+  options.kind = is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
   options.delta_scale = shard_->delta_scale();
   ASSIGN_OR_RETURN(PushResult result, shard_->ApplyPush(info, updates, options, bytes_in));
   response->set_duplicate(result.duplicate);
@@ -369,6 +438,176 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
   }
   pool_.Schedule([this, reactor, request, response, arrived] {
     Finish(reactor, ServePush(*request, response, arrived));
+  });
+  return reactor;
+}
+
+// ---- PushPull (frames) ------------------------------------------------------------------
+
+namespace {
+// Frame headers are small (sparse keys are the bulk); the message size limit caps them too.
+constexpr size_t kMaxFrameHeaderBytes = size_t{256} << 20;
+}  // namespace
+
+absl::Status ParameterServerService::Unparseable(absl::Status status) {
+  {
+    absl::MutexLock lock(&log_mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_unparseable_log_ >= absl::Seconds(10)) {
+      LOG(WARNING) << "refused an unparseable request (" << status.message() << ")"
+                   << (unlogged_unparseable_ > 0
+                           ? absl::StrCat("; ", unlogged_unparseable_, " more since the last report")
+                           : "");
+      last_unparseable_log_ = now;
+      unlogged_unparseable_ = 0;
+    } else {
+      ++unlogged_unparseable_;
+    }
+  }
+  return shard_->Reject("unparseable", std::move(status));
+}
+
+bool ParameterServerService::ServesInline() const {
+  return !shard_->config().training().has_staleness() &&
+         !shard_->config().training().deterministic();
+}
+
+absl::Status ParameterServerService::FramePushParts(const PushPullRequest& header,
+                                                    common::FrameReader* reader, char* scratch,
+                                                    std::vector<PushPart>* parts) {
+  // The lengths must cut the payload exactly: sum them before taking anything.
+  uint64_t total = 0;
+  auto add = [&](uint64_t n) {
+    total = n > reader->remaining() || total > reader->remaining() - n ? reader->remaining() + 1
+                                                                       : total + n;
+  };
+  for (const TableValues& t : header.push()) {
+    if (!t.rows().empty()) return absl::InvalidArgumentError("a frame's rows field is not empty");
+    for (const DenseBlock& block : t.blocks()) {
+      if (!block.values().empty()) {
+        return absl::InvalidArgumentError("a frame's block values field is not empty");
+      }
+      add(block.payload_bytes());
+    }
+    add(t.rows_bytes());
+  }
+  if (total != reader->remaining()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the header's payload lengths do not add up to the ", reader->remaining(),
+                     " payload bytes of the frame"));
+  }
+  parts->resize(header.push_size());
+  size_t offset = 0;
+  for (int i = 0; i < header.push_size(); ++i) {
+    const TableValues& t = header.push(i);
+    PushPart& p = (*parts)[i];
+    p.table = &t;
+    for (const DenseBlock& block : t.blocks()) {
+      p.blocks.push_back(reader->Next(block.payload_bytes(), alignof(float), scratch + offset));
+      offset += block.payload_bytes();
+    }
+    p.rows = reader->Next(t.rows_bytes(), alignof(float), scratch + offset);
+    offset += t.rows_bytes();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::PushPullImpl(const grpc::ByteBuffer& request,
+                                                  absl::Time deadline, grpc::ByteBuffer* response,
+                                                  Method* method, size_t* bytes_in,
+                                                  size_t* bytes_out, const PeerIdentity* peer) {
+  PushPullRequest header;
+  common::FrameReader reader;
+  *method = kPush;  // an unparseable frame counts as a push
+  if (absl::Status s =
+          common::FrameReader::Open(request, kMaxFrameHeaderBytes, &header, &reader, &counters_);
+      !s.ok()) {
+    return Unparseable(std::move(s));
+  }
+  *bytes_in = request.Length();
+  *method = header.has_push() ? kPush : kPull;
+  if (!header.has_push() && (header.push_size() > 0 || reader.remaining() > 0)) {
+    return Unparseable(absl::InvalidArgumentError("unparseable frame: a payload without a push"));
+  }
+  const RequestInfo info = InfoOf(header.header());
+  if (peer != nullptr) {
+    // Identity from the connection: the frame's worker id must be the caller's own.
+    if (absl::Status s = auth_.CheckWorker(*peer, info.worker_id, kMethodNames[*method]);
+        !s.ok()) {
+      return shard_->Reject("identity", std::move(s));
+    }
+  }
+  RETURN_IF_ERROR(shard_->CheckLayout(info));
+  // The pull is checked before the push is applied: a bad pull changes nothing either.
+  uint64_t pull_bytes = 0;
+  RETURN_IF_ERROR(CheckPull(header.pull(), &pull_bytes));
+  PushPullResponse answer;
+  if (header.has_push()) {
+    common::BufferPool::Buffer scratch;
+    if (reader.remaining() > 0) scratch = buffers_->Acquire(reader.remaining());
+    std::vector<PushPart> parts;
+    absl::Status status = FramePushParts(header, &reader, scratch.data.get(), &parts);
+    if (!status.ok()) {
+      status = Unparseable(absl::InvalidArgumentError(
+          absl::StrCat("unparseable frame: ", status.message())));
+    } else {
+      status = PushImpl(header.header(), header.is_delta(), parts, answer.mutable_push());
+    }
+    buffers_->Release(std::move(scratch));
+    RETURN_IF_ERROR(status);
+  }
+  common::BufferPool::Buffer out;
+  // A frame without a push is a pull, even of no table (it still checks the worker and
+  // waits for the bound, as Pull does).
+  if (header.pull_size() > 0 || !header.has_push()) {
+    RequestInfo pull_info = info;
+    pull_info.clock = header.pull_clock();
+    RETURN_IF_ERROR(WaitForPull(pull_info, deadline));
+    out = buffers_->Acquire(pull_bytes);
+    if (absl::Status s = ReadPull(header.pull(), answer.mutable_pull(), out.data.get()); !s.ok()) {
+      buffers_->Release(std::move(out));
+      return s;
+    }
+  }
+  common::FrameBuilder frame(answer);
+  if (pull_bytes > 0) frame.AddSlice(buffers_->MakeSlice(std::move(out), pull_bytes));
+  *response = frame.Build();
+  *bytes_out = response->Length();
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::ServePushPull(const grpc::ByteBuffer& request,
+                                                   absl::Time deadline,
+                                                   grpc::ByteBuffer* response,
+                                                   absl::Time arrived, const PeerIdentity* peer) {
+  size_t bytes_in = 0, bytes_out = 0;
+  Method method = kPush;
+  const absl::Status status =
+      PushPullImpl(request, deadline, response, &method, &bytes_in, &bytes_out, peer);
+  Record(method, arrived, status, bytes_in, status.ok() ? bytes_out : 0);
+  return status;
+}
+
+absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& request,
+                                                    absl::Time deadline,
+                                                    grpc::ByteBuffer* response) {
+  return ServePushPull(request, deadline, response, absl::Now(), nullptr);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  const absl::Time arrived = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  PeerIdentity peer = auth_.Identify(*context);
+  if (ServesInline()) {
+    // Nothing here can wait: answer on this thread (no hop to the pool and back).
+    Finish(reactor, ServePushPull(*request, deadline, response, arrived, &peer));
+    return reactor;
+  }
+  pool_.Schedule([this, reactor, request, response, deadline, arrived, peer = std::move(peer)] {
+    Finish(reactor, ServePushPull(*request, deadline, response, arrived, &peer));
   });
   return reactor;
 }

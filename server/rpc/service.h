@@ -1,9 +1,16 @@
 // The ParameterServer gRPC service (callback API) over one Shard.
 //
 // Every request is checked in full before anything changes (see Shard): a bad request gets
-// a precise status and leaves the server's state as it was. Pulls may wait for the
-// consistency bound and pushes run optimizer math, so both run on a worker pool, never on
-// gRPC's callback threads.
+// a precise status and leaves the server's state as it was.
+//
+// The data path is PushPull, which carries frames (common/rpc/frame.h) instead of protobuf
+// messages: push payloads are used where gRPC received them (or gathered once into a pooled
+// buffer when they span receive slices), and pull payloads are read from the tables into a
+// pooled buffer that becomes the response's slice, so payload bytes are copied at most once
+// in user space on each side and no call maps fresh memory in steady state. A PushPull that
+// cannot wait (asynchronous job: no consistency bound, no deterministic turn) is served on
+// the gRPC thread that received it; one that may wait goes to the worker pool, as do the
+// protobuf Pull and Push (kept for tools and older clients).
 #ifndef PS_SERVER_RPC_SERVICE_H_
 #define PS_SERVER_RPC_SERVICE_H_
 
@@ -13,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
+#include "common/rpc/frame.h"
 #include "common/thread_pool.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/rpc/auth.h"
@@ -28,6 +36,8 @@ struct ServiceOptions {
   // Whose calls are checked, and how (server/rpc/auth.h): who may act as which worker, who
   // may administer.
   AuthOptions auth;
+  // Idle payload buffers kept for reuse (receive gathers and pull answers), bytes.
+  size_t max_cached_payload_bytes = size_t{512} << 20;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -50,7 +60,9 @@ struct ServiceHooks {
 // and refused requests by method, code and reason (the reason Shard::Reject tagged the status
 // with; "other" when none). Each pull or push costs a few atomic adds; a refused one also a
 // lookup under a mutex.
-class ParameterServerService final : public ::ps::ParameterServer::CallbackService {
+class ParameterServerService final
+    : public ::ps::ParameterServer::WithRawCallbackMethod_PushPull<
+          ::ps::ParameterServer::CallbackService> {
  public:
   // `shard` is not owned and must outlive the service. The service registers its metrics in
   // `metrics` (not owned, must outlive the service; nullptr = a registry of its own).
@@ -62,6 +74,9 @@ class ParameterServerService final : public ::ps::ParameterServer::CallbackServi
                                  const PullRequest* request, PullResponse* response) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
                                  const PushRequest* request, PushResponse* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const StatsRequest* request, StatsResponse* response) override;
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
@@ -91,16 +106,55 @@ class ParameterServerService final : public ::ps::ParameterServer::CallbackServi
   // Shutdown from `peer`: PERMISSION_DENIED unless an operator; INVALID_ARGUMENT without a
   // reason; UNIMPLEMENTED without a shutdown hook. Logs who asked and why.
   absl::Status HandleShutdown(const PeerIdentity& peer, const ShutdownRequest& request);
+  // A PushPull frame; `response` receives the answer frame when OK.
+  absl::Status HandlePushPull(const grpc::ByteBuffer& request, absl::Time deadline,
+                              grpc::ByteBuffer* response);
+
+  // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
+  const common::DataPathCounters& data_path_counters() const { return counters_; }
 
  private:
   struct Metrics;
+  // A PushPull frame counts as a push when it carries one, as a pull otherwise.
   enum Method { kPull = 0, kPush = 1 };
+  // One table of a push with its payloads as bytes (views into a protobuf message, or into a
+  // frame's slices or gather buffer).
+  struct PushPart {
+    const TableValues* table = nullptr;
+    std::vector<absl::string_view> blocks;  // payload of table->blocks(i)
+    absl::string_view rows;
+  };
   // Handle*, with the latency counted from `arrived`.
   absl::Status ServePull(const PullRequest& request, absl::Time deadline, PullResponse* response,
                          absl::Time arrived);
   absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived);
+  // `peer`: the caller, checked against the frame's worker id; nullptr = not checked (tests).
+  absl::Status ServePushPull(const grpc::ByteBuffer& request, absl::Time deadline,
+                             grpc::ByteBuffer* response, absl::Time arrived,
+                             const PeerIdentity* peer);
   absl::Status PullImpl(const PullRequest& request, absl::Time deadline, PullResponse* response);
-  absl::Status PushImpl(const PushRequest& request, PushResponse* response);
+  absl::Status PushImpl(const RequestHeader& header, bool is_delta,
+                        absl::Span<const PushPart> parts, PushResponse* response);
+  absl::Status PushPullImpl(const grpc::ByteBuffer& request, absl::Time deadline,
+                            grpc::ByteBuffer* response, Method* method, size_t* bytes_in,
+                            size_t* bytes_out, const PeerIdentity* peer);
+  // Phase 1 of a pull: every part exists and belongs here. Sets the payload bytes of the
+  // answer.
+  absl::Status CheckPull(const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
+                         uint64_t* payload_bytes);
+  // Waits for the consistency bound (capped by max_pull_wait) and records the wait.
+  absl::Status WaitForPull(const RequestInfo& info, absl::Time deadline);
+  // Phase 2: reads every part into `out` (payload_bytes from CheckPull; payload lengths go
+  // into the answer's headers) or, with out == nullptr, into the answer's bytes fields.
+  absl::Status ReadPull(const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
+                        PullResponse* response, char* out);
+  // The push parts of a frame, taken from `reader` (gathering into `scratch` where needed).
+  absl::Status FramePushParts(const PushPullRequest& header, common::FrameReader* reader,
+                              char* scratch, std::vector<PushPart>* parts);
+  // Counts an unparseable request and logs it (at most once per 10 s).
+  absl::Status Unparseable(absl::Status status);
+  // True when a PushPull never waits (no consistency bound, no deterministic turn).
+  bool ServesInline() const;
   void Record(Method method, absl::Time arrived, const absl::Status& status, size_t bytes_in,
               size_t bytes_out);
   // Counts an answer of one of the other methods.
@@ -116,6 +170,11 @@ class ParameterServerService final : public ::ps::ParameterServer::CallbackServi
   const PeerAuthorizer auth_;
   std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
   std::unique_ptr<Metrics> metrics_;
+  common::DataPathCounters counters_;
+  const std::shared_ptr<common::BufferPool> buffers_;
+  absl::Mutex log_mu_;
+  absl::Time last_unparseable_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
+  uint64_t unlogged_unparseable_ ABSL_GUARDED_BY(log_mu_) = 0;
   common::ThreadPool pool_;
 };
 

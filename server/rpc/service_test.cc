@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/config.h"
+#include "common/rpc/frame_testing.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,8 +24,32 @@ using ::ps::common::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-class ServiceTest : public ::testing::Test {
+// Every case runs through both wire forms: protobuf Push/Pull (false) and PushPull frames
+// (true), which must refuse the same bad input with the same code and change nothing either.
+class ServiceTest : public ::testing::TestWithParam<bool> {
  protected:
+  bool frames() const { return GetParam(); }
+
+  absl::Status DoPush(const PushRequest& request, PushResponse* response) {
+    if (!frames()) return service_->HandlePush(request, response);
+    grpc::ByteBuffer answer;
+    RETURN_IF_ERROR(service_->HandlePushPull(common::FrameOf(&request, nullptr),
+                                             absl::Now() + absl::Seconds(5), &answer));
+    ASSIGN_OR_RETURN(PushPullResponse decoded, common::AnswerOfFrame(answer));
+    *response = decoded.push();
+    return absl::OkStatus();
+  }
+
+  absl::Status DoPull(const PullRequest& request, absl::Time deadline, PullResponse* response) {
+    if (!frames()) return service_->HandlePull(request, deadline, response);
+    grpc::ByteBuffer answer;
+    RETURN_IF_ERROR(
+        service_->HandlePushPull(common::FrameOf(nullptr, &request), deadline, &answer));
+    ASSIGN_OR_RETURN(PushPullResponse decoded, common::AnswerOfFrame(answer));
+    *response = decoded.pull();
+    return absl::OkStatus();
+  }
+
   // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);
   // sparse "emb": dim 3.
   void SetUp() override {
@@ -85,7 +111,7 @@ class ServiceTest : public ::testing::Test {
     e->set_table("emb");
     for (uint64_t k : keys_) e->add_keys(k);
     PullResponse response;
-    EXPECT_THAT(service_->HandlePull(request, absl::Now() + absl::Seconds(5), &response), IsOk());
+    EXPECT_THAT(DoPull(request, absl::Now() + absl::Seconds(5), &response), IsOk());
     return absl::StrCat(response.SerializeAsString(), "/", shard_->updates_applied());
   }
 
@@ -115,7 +141,7 @@ class ServiceTest : public ::testing::Test {
   void ExpectRejected(const PushRequest& request, absl::StatusCode code, const std::string& text) {
     const std::string before = State();
     PushResponse response;
-    EXPECT_THAT(service_->HandlePush(request, &response),
+    EXPECT_THAT(DoPush(request, &response),
                 StatusIs(code, HasSubstr(text)));
     EXPECT_EQ(State(), before) << "state changed by a rejected push";
   }
@@ -135,19 +161,19 @@ class ServiceTest : public ::testing::Test {
   uint64_t other_key_ = 0;
 };
 
-TEST_F(ServiceTest, ValidPushChangesStateOnce) {
+TEST_P(ServiceTest, ValidPushChangesStateOnce) {
   const std::string before = State();
   PushResponse response;
-  ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
+  ASSERT_THAT(DoPush(ValidPush(1), &response), IsOk());
   EXPECT_FALSE(response.duplicate());
   const std::string after = State();
   EXPECT_NE(after, before);
-  ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
+  ASSERT_THAT(DoPush(ValidPush(1), &response), IsOk());
   EXPECT_TRUE(response.duplicate());
   EXPECT_EQ(State(), after);
 }
 
-TEST_F(ServiceTest, UnknownTableIsNotFound) {
+TEST_P(ServiceTest, UnknownTableIsNotFound) {
   PushRequest request = ValidPush(1);
   request.add_tables()->set_table("nope");
   ExpectRejected(request, absl::StatusCode::kNotFound, "table 'nope'");
@@ -155,18 +181,18 @@ TEST_F(ServiceTest, UnknownTableIsNotFound) {
   *pull.mutable_header() = Header(0);
   pull.add_tables()->set_table("nope");
   PullResponse response;
-  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response),
+  EXPECT_THAT(DoPull(pull, absl::Now() + absl::Seconds(1), &response),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
   EXPECT_EQ(Rejected("unknown_table"), 2u);
 }
 
-TEST_F(ServiceTest, BlockOutOfRangeIsInvalidArgument) {
+TEST_P(ServiceTest, BlockOutOfRangeIsInvalidArgument) {
   PushRequest request = ValidPush(1);
   request.mutable_tables(0)->mutable_blocks(0)->set_block_id(17);
   ExpectRejected(request, absl::StatusCode::kInvalidArgument, "block 17: out of range");
 }
 
-TEST_F(ServiceTest, WrongPayloadSizeNamesExpectedAndActual) {
+TEST_P(ServiceTest, WrongPayloadSizeNamesExpectedAndActual) {
   PushRequest request = ValidPush(1);
   const uint32_t b = mine_[0];
   request.mutable_tables(0)->mutable_blocks(0)->set_values(std::string(8, '\0'));
@@ -177,7 +203,7 @@ TEST_F(ServiceTest, WrongPayloadSizeNamesExpectedAndActual) {
   EXPECT_GE(Rejected("bad_size"), 1u);
 }
 
-TEST_F(ServiceTest, MalformedBytesAreInvalidArgument) {
+TEST_P(ServiceTest, MalformedBytesAreInvalidArgument) {
   PushRequest request = ValidPush(1);
   request.mutable_tables(0)->mutable_blocks(0)->set_values("abcde");
   ExpectRejected(request, absl::StatusCode::kInvalidArgument, "not a whole number");
@@ -186,20 +212,20 @@ TEST_F(ServiceTest, MalformedBytesAreInvalidArgument) {
   ExpectRejected(bad_encoding, absl::StatusCode::kInvalidArgument, "encoding 42");
 }
 
-TEST_F(ServiceTest, BlockOfAnotherServerIsFailedPrecondition) {
+TEST_P(ServiceTest, BlockOfAnotherServerIsFailedPrecondition) {
   PushRequest request = ValidPush(1);
   request.mutable_tables(0)->mutable_blocks(0)->set_block_id(theirs_[0]);
   ExpectRejected(request, absl::StatusCode::kFailedPrecondition, "belongs to server 1");
 }
 
-TEST_F(ServiceTest, SparseKeyOfAnotherServerIsFailedPrecondition) {
+TEST_P(ServiceTest, SparseKeyOfAnotherServerIsFailedPrecondition) {
   PushRequest request = ValidPush(1);
   request.mutable_tables(1)->set_keys(0, other_key_);
   ExpectRejected(request, absl::StatusCode::kFailedPrecondition,
                  absl::StrCat("key ", other_key_, " belongs to server 1"));
 }
 
-TEST_F(ServiceTest, SparseRowCountOrWidthMismatchIsInvalidArgument) {
+TEST_P(ServiceTest, SparseRowCountOrWidthMismatchIsInvalidArgument) {
   PushRequest fewer_rows = ValidPush(1);
   fewer_rows.mutable_tables(1)->mutable_rows()->resize((keys_.size() - 1) * 3 * 4);
   ExpectRejected(fewer_rows, absl::StatusCode::kInvalidArgument,
@@ -210,7 +236,7 @@ TEST_F(ServiceTest, SparseRowCountOrWidthMismatchIsInvalidArgument) {
   ExpectRejected(wider, absl::StatusCode::kInvalidArgument, "need");
 }
 
-TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCounted) {
+TEST_P(ServiceTest, NonFiniteGradientIsRejectedAndCounted) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(),
                     std::numeric_limits<float>::infinity()}) {
     PushRequest request = ValidPush(1);
@@ -222,7 +248,7 @@ TEST_F(ServiceTest, NonFiniteGradientIsRejectedAndCounted) {
   EXPECT_EQ(Rejected("nonfinite"), 2u);
 }
 
-TEST_F(ServiceTest, NonFiniteDeltaIsRejectedToo) {
+TEST_P(ServiceTest, NonFiniteDeltaIsRejectedToo) {
   PushRequest request = ValidPush(1);
   request.set_is_delta(true);
   std::vector<float> rows(keys_.size() * 3, 0.5f);
@@ -231,7 +257,7 @@ TEST_F(ServiceTest, NonFiniteDeltaIsRejectedToo) {
   ExpectRejected(request, absl::StatusCode::kInvalidArgument, "first at index 1");
 }
 
-TEST_F(ServiceTest, WorkerOutsideTheJobIsInvalidArgument) {
+TEST_P(ServiceTest, WorkerOutsideTheJobIsInvalidArgument) {
   PushRequest request = ValidPush(1);
   request.mutable_header()->set_worker_id(1000);
   ExpectRejected(request, absl::StatusCode::kInvalidArgument, "not in this job");
@@ -239,12 +265,12 @@ TEST_F(ServiceTest, WorkerOutsideTheJobIsInvalidArgument) {
   *pull.mutable_header() = Header(0);
   pull.mutable_header()->set_worker_id(1000);
   PullResponse response;
-  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response),
+  EXPECT_THAT(DoPull(pull, absl::Now() + absl::Seconds(1), &response),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not in this job")));
   EXPECT_EQ(Rejected("bad_worker"), 2u);
 }
 
-TEST_F(ServiceTest, LayoutMismatchIsFailedPrecondition) {
+TEST_P(ServiceTest, LayoutMismatchIsFailedPrecondition) {
   PushRequest request = ValidPush(1);
   request.mutable_header()->set_layout_fingerprint(12345);
   ExpectRejected(request, absl::StatusCode::kFailedPrecondition, "layout mismatch");
@@ -252,11 +278,11 @@ TEST_F(ServiceTest, LayoutMismatchIsFailedPrecondition) {
   *pull.mutable_header() = Header(0);
   pull.mutable_header()->set_layout_fingerprint(12345);
   PullResponse response;
-  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response),
+  EXPECT_THAT(DoPull(pull, absl::Now() + absl::Seconds(1), &response),
               StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
-TEST_F(ServiceTest, WrongKindOfAddressIsInvalidArgument) {
+TEST_P(ServiceTest, WrongKindOfAddressIsInvalidArgument) {
   PushRequest keys_on_dense = ValidPush(1);
   keys_on_dense.mutable_tables(0)->add_keys(keys_[0]);
   ExpectRejected(keys_on_dense, absl::StatusCode::kInvalidArgument, "'w' is dense");
@@ -265,12 +291,12 @@ TEST_F(ServiceTest, WrongKindOfAddressIsInvalidArgument) {
   ExpectRejected(blocks_on_sparse, absl::StatusCode::kInvalidArgument, "'emb' is sparse");
 }
 
-TEST_F(ServiceTest, SequenceZeroAndOldIncarnationAreRefused) {
+TEST_P(ServiceTest, SequenceZeroAndOldIncarnationAreRefused) {
   ExpectRejected(ValidPush(0), absl::StatusCode::kInvalidArgument, "start at 1");
   PushResponse response;
   PushRequest newer = ValidPush(1);
   newer.mutable_header()->set_worker_incarnation(5);
-  ASSERT_THAT(service_->HandlePush(newer, &response), IsOk());
+  ASSERT_THAT(DoPush(newer, &response), IsOk());
   ExpectRejected(ValidPush(2), absl::StatusCode::kFailedPrecondition, "older");
 }
 
@@ -285,7 +311,7 @@ PeerIdentity Peer(PeerRole role, int32_t index) {
   return p;
 }
 
-TEST_F(ServiceTest, PushWithoutAWorkerSlotIsRefused) {
+TEST_P(ServiceTest, PushWithoutAWorkerSlotIsRefused) {
   // A negative id used to skip exactly-once admission: the same bytes applied every time.
   PushRequest request = ValidPush(0);
   request.mutable_header()->set_worker_id(-1);
@@ -294,7 +320,7 @@ TEST_F(ServiceTest, PushWithoutAWorkerSlotIsRefused) {
   EXPECT_EQ(Rejected("bad_worker"), 2u);
 }
 
-TEST_F(ServiceTest, IncarnationFarAheadIsRefusedAndLocksNobodyOut) {
+TEST_P(ServiceTest, IncarnationFarAheadIsRefusedAndLocksNobodyOut) {
   PushRequest forged = ValidPush(1);
   forged.mutable_header()->set_worker_incarnation(UINT64_MAX);
   ExpectRejected(forged, absl::StatusCode::kInvalidArgument, "ahead of this server's clock");
@@ -303,7 +329,7 @@ TEST_F(ServiceTest, IncarnationFarAheadIsRefusedAndLocksNobodyOut) {
   EXPECT_FALSE(response.duplicate());
 }
 
-TEST_F(ServiceTest, HugeSequencesDoNotMakeTheRealNextPushADuplicate) {
+TEST_P(ServiceTest, HugeSequencesDoNotMakeTheRealNextPushADuplicate) {
   PushResponse response;
   ASSERT_THAT(service_->HandlePush(ValidPush(1), &response), IsOk());
   for (uint64_t i = 0; i <= WorkerTracker::kMaxAbove; ++i) {
@@ -316,7 +342,7 @@ TEST_F(ServiceTest, HugeSequencesDoNotMakeTheRealNextPushADuplicate) {
   EXPECT_NE(State(), before);
 }
 
-TEST_F(ServiceTest, ShutdownNeedsTheOperatorAndAReason) {
+TEST_P(ServiceTest, ShutdownNeedsTheOperatorAndAReason) {
   int stops = 0;
   ServiceHooks hooks;
   hooks.shutdown = [&stops](bool) { ++stops; };
@@ -335,7 +361,7 @@ TEST_F(ServiceTest, ShutdownNeedsTheOperatorAndAReason) {
   EXPECT_EQ(stops, 1);
 }
 
-TEST_F(ServiceTest, EmptyShutdownIsRefusedEvenInPlaintext) {
+TEST_P(ServiceTest, EmptyShutdownIsRefusedEvenInPlaintext) {
   int stops = 0;
   ServiceHooks hooks;
   hooks.shutdown = [&stops](bool) { ++stops; };
@@ -347,7 +373,7 @@ TEST_F(ServiceTest, EmptyShutdownIsRefusedEvenInPlaintext) {
   EXPECT_EQ(stops, 0);
 }
 
-TEST_F(ServiceTest, HeartbeatsCannotFinishAnotherWorker) {
+TEST_P(ServiceTest, HeartbeatsCannotFinishAnotherWorker) {
   HeartbeatRequest hello;
   *hello.mutable_header() = Header(0);
   HeartbeatResponse response;
@@ -401,7 +427,7 @@ TEST(ServiceBoundTest, PullAtAClockNoPushCanReachIsRefusedAtOnce) {
   EXPECT_THAT(service.HandlePull(pull, deadline, &response), IsOk());
 }
 
-TEST_F(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
+TEST_P(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
   std::vector<std::vector<float>> got;
   for (Encoding e : {ENCODING_FLOAT32, ENCODING_FP16, ENCODING_BF16}) {
     PullRequest pull;
@@ -411,7 +437,7 @@ TEST_F(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
     t->set_encoding(e);
     t->add_block_ids(mine_[0]);
     PullResponse response;
-    ASSERT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(1), &response), IsOk());
+    ASSERT_THAT(DoPull(pull, absl::Now() + absl::Seconds(1), &response), IsOk());
     const auto& values = response.tables(0).blocks(0).values();
     std::vector<float> decoded(values.size() / common::BytesPerValue(e));
     ASSERT_THAT(common::DecodeFloats(values, e, absl::MakeSpan(decoded)), IsOk());
@@ -423,6 +449,134 @@ TEST_F(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
     EXPECT_NEAR(got[2][i], got[0][i], 1e-2);
   }
 }
+
+// ---- Frames only ----------------------------------------------------------------------------
+
+using FrameTest = ServiceTest;
+
+// A frame of `header` followed by `payload`, built by hand.
+grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload) {
+  std::string bytes(4, '\0');
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header;
+  bytes += payload;
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+TEST_P(FrameTest, UnparseableFramesAreRefusedCountedAndChangeNothing) {
+  const std::string before = State();
+  PushRequest valid = ValidPush(1);
+  // The valid push's header and payload, to damage one way or another.
+  grpc::ByteBuffer good = common::FrameOf(&valid, nullptr);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(good.Dump(&slices).ok());
+  std::string whole;
+  for (const auto& sl : slices) whole.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  const uint32_t h = static_cast<uint8_t>(whole[0]) | static_cast<uint8_t>(whole[1]) << 8 |
+                     static_cast<uint8_t>(whole[2]) << 16 | static_cast<uint8_t>(whole[3]) << 24;
+  const std::string header = whole.substr(4, h), payload = whole.substr(4 + h);
+  PushPullRequest with_values;
+  ASSERT_TRUE(with_values.ParseFromString(header));
+  with_values.mutable_push(0)->mutable_blocks(0)->set_values("x");
+  const std::vector<std::pair<grpc::ByteBuffer, std::string>> cases = {
+      {grpc::ByteBuffer(), "no message"},
+      {[] {
+         grpc::Slice s(std::string("ab"));
+         return grpc::ByteBuffer(&s, 1);
+       }(),
+       "fewer than a header length"},
+      {[&] {
+         std::string b = whole;
+         b[3] = 0x7f;  // a header length beyond the frame
+         grpc::Slice s(b);
+         return grpc::ByteBuffer(&s, 1);
+       }(), "header of"},
+      {RawFrame("\xff\xff\xff", payload), "does not parse"},
+      {RawFrame(header, payload + "tail"), "do not add up"},
+      {RawFrame(header, payload.substr(1)), "do not add up"},
+      {RawFrame(with_values.SerializeAsString(), payload), "values field is not empty"},
+  };
+  uint64_t refused = 0;
+  for (const auto& [frame, text] : cases) {
+    grpc::ByteBuffer answer;
+    EXPECT_THAT(service_->HandlePushPull(frame, absl::Now() + absl::Seconds(1), &answer),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(text)));
+    EXPECT_EQ(Rejected("unparseable"), ++refused) << text;
+  }
+  EXPECT_EQ(State(), before);
+}
+
+TEST_P(FrameTest, FusedPullSeesThePushAndABadPullChangesNothing) {
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  auto* t = pull.add_tables();
+  t->set_table("w");
+  for (uint32_t b : mine_) t->add_block_ids(b);
+  PushRequest push = ValidPush(1);
+  PullResponse alone;
+  ASSERT_THAT(DoPull(pull, absl::Now() + absl::Seconds(1), &alone), IsOk());
+  // A fused call whose pull names an unknown table: refused before the push is applied.
+  PullRequest bad = pull;
+  bad.add_tables()->set_table("nope");
+  const std::string before = State();
+  grpc::ByteBuffer answer;
+  EXPECT_THAT(service_->HandlePushPull(common::FrameOf(&push, &bad),
+                                       absl::Now() + absl::Seconds(1), &answer),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(State(), before);
+  // The valid fused call reads after its push: what a push then a pull would read.
+  ASSERT_THAT(service_->HandlePushPull(common::FrameOf(&push, &pull),
+                                       absl::Now() + absl::Seconds(1), &answer),
+              IsOk());
+  auto fused = common::AnswerOfFrame(answer);
+  ASSERT_THAT(fused.status(), IsOk());
+  EXPECT_FALSE(fused->push().duplicate());
+  PullResponse after;
+  ASSERT_THAT(DoPull(pull, absl::Now() + absl::Seconds(1), &after), IsOk());
+  EXPECT_EQ(fused->pull().tables(0).SerializeAsString(), after.tables(0).SerializeAsString());
+  EXPECT_NE(alone.tables(0).SerializeAsString(), after.tables(0).SerializeAsString());
+  // A retry of the fused call is a duplicate push and the same read.
+  ASSERT_THAT(service_->HandlePushPull(common::FrameOf(&push, &pull),
+                                       absl::Now() + absl::Seconds(1), &answer),
+              IsOk());
+  auto retried = common::AnswerOfFrame(answer);
+  ASSERT_THAT(retried.status(), IsOk());
+  EXPECT_TRUE(retried->push().duplicate());
+  EXPECT_EQ(retried->pull().tables(0).SerializeAsString(), after.tables(0).SerializeAsString());
+}
+
+// The zero-copy hook: a push's payload lying in one slice is used in place (no byte copied)
+// and answers come from reused buffers (no allocation after the first call of a size).
+TEST_P(FrameTest, PayloadsAreUsedInPlaceAndBuffersReused) {
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  auto* t = pull.add_tables();
+  t->set_table("w");
+  for (uint32_t b : mine_) t->add_block_ids(b);
+  const auto& counters = service_->data_path_counters();
+  grpc::ByteBuffer answer;
+  uint64_t allocated = 0;
+  for (uint64_t seq = 1; seq <= 5; ++seq) {
+    PushRequest push = ValidPush(seq);
+    ASSERT_THAT(service_->HandlePushPull(common::FrameOf(&push, &pull),
+                                         absl::Now() + absl::Seconds(1), &answer),
+                IsOk());
+    answer.Clear();  // gRPC lets go of the answer: its buffer goes back to the pool
+    if (seq == 1) allocated = counters.buffers_allocated.load();
+  }
+  EXPECT_EQ(counters.bytes_gathered.load(), 0u);
+  EXPECT_GT(counters.bytes_in_place.load(), 0u);
+  EXPECT_EQ(counters.buffers_allocated.load(), allocated) << "a call allocated a new buffer";
+}
+
+INSTANTIATE_TEST_SUITE_P(Frames, FrameTest, ::testing::Values(true),
+                         [](const ::testing::TestParamInfo<bool>&) { return "Frames"; });
+
+INSTANTIATE_TEST_SUITE_P(WireForms, ServiceTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Frames" : "Messages";
+                         });
 
 }  // namespace
 }  // namespace ps::server

@@ -2,16 +2,19 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/codec.h"
 #include "common/rpc/credentials.h"
+#include "common/rpc/frame.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -87,40 +90,46 @@ struct GrpcParameterStore::Metrics {
 
 absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::Create(
     const JobConfig& config, const GrpcStoreOptions& options, common::metrics::Registry* metrics) {
-  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const std::string& address : config.cluster().servers()) {
     ASSIGN_OR_RETURN(auto channel, common::MakeChannel(address, config));
-    stubs.push_back(ParameterServer::NewStub(channel));
+    channels.push_back(std::move(channel));
   }
-  return CreateWithStubs(config, options, std::move(stubs), metrics);
+  return CreateWithChannels(config, options, std::move(channels), metrics);
 }
 
-absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWithStubs(
+absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWithChannels(
     const JobConfig& config, const GrpcStoreOptions& options,
-    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
-    common::metrics::Registry* metrics) {
+    std::vector<std::shared_ptr<grpc::Channel>> channels, common::metrics::Registry* metrics) {
   ASSIGN_OR_RETURN(common::Partitioner partitioner, common::Partitioner::Create(config));
-  if (stubs.size() != partitioner.num_servers()) {
+  if (channels.size() != partitioner.num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("the layout has ", partitioner.num_servers(),
-                                                   " servers but ", stubs.size(),
+                                                   " servers but ", channels.size(),
                                                    " addresses are given (cluster.servers)"));
   }
-  return std::unique_ptr<GrpcParameterStore>(
-      new GrpcParameterStore(config, options, std::move(partitioner), std::move(stubs), metrics));
+  return std::unique_ptr<GrpcParameterStore>(new GrpcParameterStore(
+      config, options, std::move(partitioner), std::move(channels), metrics));
 }
 
-GrpcParameterStore::GrpcParameterStore(
-    const JobConfig& config, const GrpcStoreOptions& options, common::Partitioner partitioner,
-    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
-    common::metrics::Registry* metrics)
+GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreOptions& options,
+                                       common::Partitioner partitioner,
+                                       std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                       common::metrics::Registry* metrics)
     : config_(config),
       options_(options),
       partitioner_(std::move(partitioner)),
-      stubs_(std::move(stubs)),
+      push_to_all_(config.training().has_staleness() || config.training().deterministic()),
+      next_sequence_(new std::atomic<uint64_t>[channels.size()]),
       residuals_(options.max_residual_rows),
       own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get(),
-                                         stubs_.size())) {}
+                                         channels.size())) {
+  for (size_t s = 0; s < channels.size(); ++s) {
+    stubs_.push_back(ParameterServer::NewStub(channels[s]));
+    data_stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[s]));
+    next_sequence_[s] = 1;
+  }
+}
 
 GrpcParameterStore::~GrpcParameterStore() = default;
 
@@ -145,14 +154,8 @@ absl::Duration GrpcParameterStore::Backoff(uint32_t attempt) const {
   return d * jitter(rng);
 }
 
-template <typename Request, typename Response>
-absl::Status GrpcParameterStore::FanOut(
-    const std::vector<Request>& requests, std::vector<Response>* responses,
-    const std::vector<bool>& send,
-    void (ParameterServer::StubInterface::async_interface::*method)(
-        grpc::ClientContext*, const Request*, Response*, std::function<void(grpc::Status)>)) {
+absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start) {
   const size_t n = stubs_.size();
-  responses->resize(n);
   std::vector<absl::Status> status(n);
   std::vector<uint32_t> pending;
   for (uint32_t s = 0; s < n; ++s) {
@@ -163,15 +166,12 @@ absl::Status GrpcParameterStore::FanOut(
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
     absl::BlockingCounter done(static_cast<int>(pending.size()));
     for (uint32_t s : pending) {
-      (*responses)[s].Clear();
       contexts[s] = std::make_unique<grpc::ClientContext>();
       contexts[s]->set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
-      auto* async = stubs_[s]->async();
-      (async->*method)(contexts[s].get(), &requests[s], &(*responses)[s],
-                       [&status, &done, s](grpc::Status st) {
-                         status[s] = common::FromGrpcStatus(st);
-                         done.DecrementCount();
-                       });
+      start(s, contexts[s].get(), [&status, &done, s](grpc::Status st) {
+        status[s] = common::FromGrpcStatus(st);
+        done.DecrementCount();
+      });
     }
     done.Wait();
     std::vector<uint32_t> retry;
@@ -206,13 +206,10 @@ absl::Status GrpcParameterStore::FanOut(
   return absl::OkStatus();
 }
 
-absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
-                                      const common::PullOptions& options) {
-  const size_t n = stubs_.size();
-  std::vector<PullRequest> requests(n);
-  for (auto& r : requests) *r.mutable_header() = Header(options.clock, 0);
-  // Where each table's answer goes.
-  absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
+// ---- Exchanges (PushPull frames) -----------------------------------------------------------
+
+// One call's frames: headers and payload pieces per server, and where pulled values go.
+struct GrpcParameterStore::Exchange {
   struct SparseOut {
     const common::SparsePull* pull;
     const common::TableInfo* info;
@@ -220,8 +217,125 @@ absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
     std::vector<std::vector<uint32_t>> positions;  // per server: indices into keys.unique
     std::vector<float> rows;                        // unique rows
   };
-  absl::flat_hash_map<std::string, SparseOut> sparse_out;
+  explicit Exchange(size_t n) : headers(n), payloads(n) {}
 
+  std::vector<PushPullRequest> headers;
+  // Per server, in header order: aliased gradient bytes, or bytes of `encoded`.
+  std::vector<std::vector<absl::string_view>> payloads;
+  std::deque<std::string> encoded;  // owned encode buffers (stable addresses) (taken from the store's spares)
+  absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
+  absl::flat_hash_map<std::string, SparseOut> sparse_out;
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  uint64_t duplicates = 0;
+};
+
+std::string GrpcParameterStore::TakeBuffer() {
+  absl::MutexLock lock(&buffers_mu_);
+  if (spare_buffers_.empty()) return std::string();
+  std::string b = std::move(spare_buffers_.back());
+  spare_buffers_.pop_back();
+  return b;
+}
+
+void GrpcParameterStore::GiveBuffer(std::string buffer) {
+  buffer.clear();  // keeps its capacity: the pages stay mapped for the next call
+  absl::MutexLock lock(&buffers_mu_);
+  if (spare_buffers_.size() < 64) spare_buffers_.push_back(std::move(buffer));
+}
+
+absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
+                                         const common::PushOptions& options, Exchange* x) {
+  const size_t n = stubs_.size();
+  // Resolve and check everything before taking sequences or moving residuals.
+  for (const common::DensePush& p : batch.dense) {
+    const common::TableInfo* t = partitioner_.FindTable(p.table);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
+    if (t->kind != TABLE_KIND_DENSE || p.values.size() != t->numel) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
+                                                     " values for a dense table of ", t->numel));
+    }
+  }
+  for (const common::SparsePush& p : batch.sparse) {
+    const common::TableInfo* t = partitioner_.FindTable(p.table);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
+    if (t->kind != TABLE_KIND_SPARSE || p.values.size() != p.keys.size() * t->dim) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
+                                                     " values for ", p.keys.size(),
+                                                     " sparse rows"));
+    }
+  }
+  // Encoding happens here, once per call; FanOut's retries resend the same frames.
+  absl::MutexLock residuals_lock(&residuals_mu_);
+  for (const common::DensePush& p : batch.dense) {
+    const common::TableInfo* t = partitioner_.FindTable(p.table);
+    std::vector<TableValues*> per_server(n, nullptr);
+    for (uint32_t b = 0; b < t->num_blocks; ++b) {
+      const uint32_t s = partitioner_.ServerForBlock(*t, b);
+      if (per_server[s] == nullptr) {
+        per_server[s] = x->headers[s].add_push();
+        per_server[s]->set_table(p.table);
+        per_server[s]->set_encoding(EncodingOf(*t));
+      }
+      DenseBlock* block = per_server[s]->add_blocks();
+      block->set_block_id(b);
+      auto [begin, end] = partitioner_.BlockRange(*t, b);
+      const absl::Span<const float> values = p.values.subspan(begin, end - begin);
+      absl::string_view bytes(reinterpret_cast<const char*>(values.data()),
+                              values.size() * sizeof(float));
+      if (EncodingOf(*t) != ENCODING_FLOAT32) {
+        std::string& out = x->encoded.emplace_back(TakeBuffer());
+        if (ErrorFeedback(*t)) {
+          residuals_.AppendDense(p.table, t->numel, begin, values, EncodingOf(*t), &out);
+        } else {
+          common::AppendFloats(values, EncodingOf(*t), &out);
+        }
+        bytes = out;
+      }
+      block->set_payload_bytes(bytes.size());
+      x->payloads[s].push_back(bytes);
+      x->sent += bytes.size();
+    }
+  }
+  std::vector<std::vector<uint32_t>> positions;
+  for (const common::SparsePush& p : batch.sparse) {
+    const common::TableInfo* t = partitioner_.FindTable(p.table);
+    partitioner_.SplitKeysByServer(p.keys, &positions);
+    for (uint32_t s = 0; s < n; ++s) {
+      if (positions[s].empty()) continue;
+      TableValues* tv = x->headers[s].add_push();
+      tv->set_table(p.table);
+      tv->set_encoding(EncodingOf(*t));
+      std::string& rows = x->encoded.emplace_back(TakeBuffer());
+      for (uint32_t i : positions[s]) {
+        tv->add_keys(p.keys[i]);
+        auto row = p.values.subspan(size_t{i} * t->dim, t->dim);
+        if (ErrorFeedback(*t)) {
+          residuals_.AppendSparseRow(p.table, p.keys[i], row, EncodingOf(*t), &rows);
+        } else {
+          common::AppendFloats(row, EncodingOf(*t), &rows);
+        }
+      }
+      tv->set_rows_bytes(rows.size());
+      x->payloads[s].push_back(rows);
+      x->sent += rows.size();
+    }
+  }
+  // A push with nothing in it is a clock tick: every server hears it.
+  const bool tick = batch.dense.empty() && batch.sparse.empty();
+  for (uint32_t s = 0; s < n; ++s) {
+    PushPullRequest& h = x->headers[s];
+    if (h.push_size() == 0 && !push_to_all_ && !tick) continue;
+    h.set_has_push(true);
+    h.set_is_delta(options.is_delta);
+    *h.mutable_header() = Header(options.clock, next_sequence_[s].fetch_add(1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
+                                         const common::PullOptions& options, Exchange* x) {
+  const size_t n = stubs_.size();
   for (const common::DensePull& p : batch.dense) {
     const common::TableInfo* t = partitioner_.FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
@@ -230,11 +344,11 @@ absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
                                                      p.out.size(), " floats for a dense table of ",
                                                      t->numel));
     }
-    dense_out[p.table] = &p;
+    x->dense_out[p.table] = &p;
     for (uint32_t s = 0; s < n; ++s) {
       std::vector<uint32_t> blocks = partitioner_.BlocksOnServer(*t, s);
       if (blocks.empty()) continue;
-      TablePullRequest* tr = requests[s].add_tables();
+      TablePullRequest* tr = x->headers[s].add_pull();
       tr->set_table(p.table);
       tr->set_encoding(EncodingOf(*t));
       tr->mutable_block_ids()->Add(blocks.begin(), blocks.end());
@@ -248,7 +362,7 @@ absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
                                                      p.out.size(), " floats for ",
                                                      p.keys.size(), " sparse rows"));
     }
-    SparseOut& so = sparse_out[p.table];
+    Exchange::SparseOut& so = x->sparse_out[p.table];
     so.pull = &p;
     so.info = t;
     so.keys = Dedup(p.keys);
@@ -256,149 +370,152 @@ absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
     partitioner_.SplitKeysByServer(so.keys.unique, &so.positions);
     for (uint32_t s = 0; s < n; ++s) {
       if (so.positions[s].empty()) continue;
-      TablePullRequest* tr = requests[s].add_tables();
+      TablePullRequest* tr = x->headers[s].add_pull();
       tr->set_table(p.table);
       tr->set_encoding(EncodingOf(*t));
       for (uint32_t i : so.positions[s]) tr->add_keys(so.keys.unique[i]);
     }
   }
-  std::vector<bool> send(n);
-  for (uint32_t s = 0; s < n; ++s) send[s] = requests[s].tables_size() > 0;
-  std::vector<PullResponse> responses;
-  RETURN_IF_ERROR(FanOut(requests, &responses, send,
-                         &ParameterServer::StubInterface::async_interface::Pull));
+  return absl::OkStatus();
+}
 
-  uint64_t received = 0;
-  for (uint32_t s = 0; s < n; ++s) {
-    if (!send[s]) continue;
-    for (const TableValues& tv : responses[s].tables()) {
-      if (auto it = dense_out.find(tv.table()); it != dense_out.end()) {
-        const common::TableInfo* t = partitioner_.FindTable(tv.table());
-        for (const DenseBlock& block : tv.blocks()) {
-          if (block.block_id() >= t->num_blocks ||
-              partitioner_.ServerForBlock(*t, block.block_id()) != s) {
-            return BadResponse(s, absl::StrCat("unexpected block ", block.block_id(), " of '",
-                                               tv.table(), "'"));
-          }
-          auto [begin, end] = partitioner_.BlockRange(*t, block.block_id());
-          RETURN_IF_ERROR(common::DecodeFloats(block.values(), tv.encoding(),
-                                               it->second->out.subspan(begin, end - begin)));
-          received += block.values().size();
+absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& answer,
+                                            Exchange* x) {
+  PushPullResponse header;
+  common::FrameReader reader;
+  if (absl::Status st = common::FrameReader::Open(answer, size_t{1} << 30, &header, &reader);
+      !st.ok()) {
+    return BadResponse(s, st.message());
+  }
+  if (x->headers[s].has_push() && header.push().duplicate()) ++x->duplicates;
+  uint64_t total = 0;
+  for (const TableValues& tv : header.pull().tables()) {
+    for (const DenseBlock& block : tv.blocks()) total += block.payload_bytes();
+    total += tv.rows_bytes();
+  }
+  if (total != reader.remaining()) {
+    return BadResponse(s, absl::StrCat("payload lengths of ", total, " bytes for ",
+                                       reader.remaining(), " payload bytes"));
+  }
+  std::string scratch;
+  for (const TableValues& tv : header.pull().tables()) {
+    const size_t bpv = common::BytesPerValue(tv.encoding());
+    if (bpv == 0) return BadResponse(s, "unknown encoding");
+    if (auto it = x->dense_out.find(tv.table()); it != x->dense_out.end()) {
+      const common::TableInfo* t = partitioner_.FindTable(tv.table());
+      for (const DenseBlock& block : tv.blocks()) {
+        if (block.block_id() >= t->num_blocks ||
+            partitioner_.ServerForBlock(*t, block.block_id()) != s) {
+          return BadResponse(s, absl::StrCat("unexpected block ", block.block_id(), " of '",
+                                             tv.table(), "'"));
         }
-      } else if (auto it = sparse_out.find(tv.table()); it != sparse_out.end()) {
-        SparseOut& so = it->second;
-        const auto& pos = so.positions[s];
-        if (static_cast<size_t>(tv.keys_size()) != pos.size()) {
-          return BadResponse(s, absl::StrCat(tv.keys_size(), " rows of '", tv.table(),
-                                             "' for ", pos.size(), " keys"));
+        auto [begin, end] = partitioner_.BlockRange(*t, block.block_id());
+        if (block.payload_bytes() != (end - begin) * bpv) {
+          return BadResponse(s, absl::StrCat(block.payload_bytes(), " bytes for block ",
+                                             block.block_id(), " of '", tv.table(), "'"));
         }
-        const size_t dim = so.info->dim;
-        std::vector<float> rows(pos.size() * dim);
-        RETURN_IF_ERROR(common::DecodeFloats(tv.rows(), tv.encoding(), absl::MakeSpan(rows)));
-        for (size_t j = 0; j < pos.size(); ++j) {
-          std::memcpy(so.rows.data() + size_t{pos[j]} * dim, rows.data() + j * dim,
-                      dim * sizeof(float));
+        float* out = it->second->out.data() + begin;
+        if (tv.encoding() == ENCODING_FLOAT32) {
+          // The one copy: from gRPC's receive slices into the caller's buffer.
+          reader.CopyTo(block.payload_bytes(), reinterpret_cast<char*>(out));
+        } else {
+          scratch.resize(block.payload_bytes());
+          reader.CopyTo(scratch.size(), scratch.data());
+          RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(),
+                                               absl::MakeSpan(out, end - begin)));
         }
-        received += tv.rows().size();
-      } else {
-        return BadResponse(s, absl::StrCat("unrequested table '", tv.table(), "'"));
+        x->received += block.payload_bytes();
       }
+    } else if (auto it = x->sparse_out.find(tv.table()); it != x->sparse_out.end()) {
+      Exchange::SparseOut& so = it->second;
+      const auto& pos = so.positions[s];
+      const size_t dim = so.info->dim;
+      if (static_cast<size_t>(tv.keys_size()) != pos.size() ||
+          tv.rows_bytes() != pos.size() * dim * bpv) {
+        return BadResponse(s, absl::StrCat(tv.keys_size(), " rows of '", tv.table(), "' for ",
+                                           pos.size(), " keys"));
+      }
+      scratch.resize(tv.rows_bytes());
+      reader.CopyTo(scratch.size(), scratch.data());
+      std::vector<float> rows(pos.size() * dim);
+      RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(), absl::MakeSpan(rows)));
+      for (size_t j = 0; j < pos.size(); ++j) {
+        std::memcpy(so.rows.data() + size_t{pos[j]} * dim, rows.data() + j * dim,
+                    dim * sizeof(float));
+      }
+      x->received += tv.rows_bytes();
+    } else {
+      return BadResponse(s, absl::StrCat("unrequested table '", tv.table(), "'"));
     }
   }
-  for (auto& [name, so] : sparse_out) {
+  return absl::OkStatus();
+}
+
+absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
+                                     const common::PushOptions& push_options,
+                                     const common::PullBatch* pull,
+                                     const common::PullOptions& pull_options) {
+  const size_t n = stubs_.size();
+  Exchange x(n);
+  absl::Cleanup give_back = [&] {
+    for (std::string& b : x.encoded) GiveBuffer(std::move(b));
+  };
+  if (pull != nullptr) RETURN_IF_ERROR(AddPull(*pull, pull_options, &x));
+  if (push != nullptr) RETURN_IF_ERROR(AddPush(*push, push_options, &x));
+  for (PushPullRequest& h : x.headers) {
+    h.set_pull_clock(pull_options.clock);
+    if (!h.has_push()) *h.mutable_header() = Header(pull_options.clock, 0);
+  }
+  std::vector<bool> send(n);
+  std::vector<grpc::ByteBuffer> requests(n), answers(n);
+  for (uint32_t s = 0; s < n; ++s) {
+    send[s] = x.headers[s].has_push() || x.headers[s].pull_size() > 0;
+    if (!send[s]) continue;
+    common::FrameBuilder frame(x.headers[s]);
+    for (absl::string_view bytes : x.payloads[s]) frame.AddAliased(bytes);
+    requests[s] = frame.Build();
+  }
+  static const std::string kMethod = "/ps.ParameterServer/PushPull";
+  RETURN_IF_ERROR(FanOut(send, [&](uint32_t s, grpc::ClientContext* context,
+                                   std::function<void(grpc::Status)> done) {
+    answers[s].Clear();
+    data_stubs_[s]->UnaryCall(context, kMethod, grpc::StubOptions(), &requests[s], &answers[s],
+                              std::move(done));
+  }));
+  for (uint32_t s = 0; s < n; ++s) {
+    if (send[s]) RETURN_IF_ERROR(ReadAnswer(s, answers[s], &x));
+  }
+  for (auto& [name, so] : x.sparse_out) {
     const size_t dim = so.info->dim;
     for (size_t i = 0; i < so.keys.slot.size(); ++i) {
       std::memcpy(so.pull->out.data() + i * dim, so.rows.data() + size_t{so.keys.slot[i]} * dim,
                   dim * sizeof(float));
     }
   }
-  bytes_received_ += received;
-  metrics_->bytes_received->Increment(received);
+  duplicates_ += x.duplicates;
+  metrics_->duplicates->Increment(x.duplicates);
+  bytes_sent_ += x.sent;
+  metrics_->bytes_sent->Increment(x.sent);
+  bytes_received_ += x.received;
+  metrics_->bytes_received->Increment(x.received);
   return absl::OkStatus();
+}
+
+absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,
+                                      const common::PullOptions& options) {
+  return Run(nullptr, common::PushOptions(), &batch, options);
 }
 
 absl::Status GrpcParameterStore::Push(const common::PushBatch& batch,
                                       const common::PushOptions& options) {
-  const size_t n = stubs_.size();
-  const uint64_t sequence = next_sequence_.fetch_add(1);
-  std::vector<PushRequest> requests(n);
-  for (auto& r : requests) {
-    *r.mutable_header() = Header(options.clock, sequence);
-    r.set_is_delta(options.is_delta);
-  }
-  uint64_t sent = 0;
-  // Encoding happens here, once per Push; FanOut's retries resend these requests unchanged.
-  absl::ReleasableMutexLock residuals_lock(&residuals_mu_);
-  for (const common::DensePush& p : batch.dense) {
-    const common::TableInfo* t = partitioner_.FindTable(p.table);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
-    if (t->kind != TABLE_KIND_DENSE || p.values.size() != t->numel) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
-                                                     " values for a dense table of ", t->numel));
-    }
-    std::vector<TableValues*> per_server(n, nullptr);
-    for (uint32_t b = 0; b < t->num_blocks; ++b) {
-      const uint32_t s = partitioner_.ServerForBlock(*t, b);
-      if (per_server[s] == nullptr) {
-        per_server[s] = requests[s].add_tables();
-        per_server[s]->set_table(p.table);
-        per_server[s]->set_encoding(EncodingOf(*t));
-      }
-      DenseBlock* block = per_server[s]->add_blocks();
-      block->set_block_id(b);
-      auto [begin, end] = partitioner_.BlockRange(*t, b);
-      if (ErrorFeedback(*t)) {
-        block->mutable_values()->clear();
-        residuals_.AppendDense(p.table, t->numel, begin, p.values.subspan(begin, end - begin),
-                               EncodingOf(*t), block->mutable_values());
-      } else {
-        common::EncodeFloats(p.values.subspan(begin, end - begin), EncodingOf(*t),
-                             block->mutable_values());
-      }
-      sent += block->values().size();
-    }
-  }
-  std::vector<std::vector<uint32_t>> positions;
-  for (const common::SparsePush& p : batch.sparse) {
-    const common::TableInfo* t = partitioner_.FindTable(p.table);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
-    if (t->kind != TABLE_KIND_SPARSE || p.values.size() != p.keys.size() * t->dim) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
-                                                     " values for ", p.keys.size(),
-                                                     " sparse rows"));
-    }
-    partitioner_.SplitKeysByServer(p.keys, &positions);
-    for (uint32_t s = 0; s < n; ++s) {
-      if (positions[s].empty()) continue;
-      TableValues* tv = requests[s].add_tables();
-      tv->set_table(p.table);
-      tv->set_encoding(EncodingOf(*t));
-      std::string* rows = tv->mutable_rows();
-      for (uint32_t i : positions[s]) {
-        tv->add_keys(p.keys[i]);
-        auto row = p.values.subspan(size_t{i} * t->dim, t->dim);
-        if (ErrorFeedback(*t)) {
-          residuals_.AppendSparseRow(p.table, p.keys[i], row, EncodingOf(*t), rows);
-        } else {
-          common::AppendFloats(row, EncodingOf(*t), rows);
-        }
-      }
-      sent += rows->size();
-    }
-  }
-  residuals_lock.Release();
-  std::vector<PushResponse> responses;
-  RETURN_IF_ERROR(FanOut(requests, &responses, std::vector<bool>(n, true),
-                         &ParameterServer::StubInterface::async_interface::Push));
-  for (const PushResponse& r : responses) {
-    if (r.duplicate()) {
-      ++duplicates_;
-      metrics_->duplicates->Increment();
-    }
-  }
-  bytes_sent_ += sent;
-  metrics_->bytes_sent->Increment(sent);
-  return absl::OkStatus();
+  return Run(&batch, options, nullptr, common::PullOptions());
+}
+
+absl::Status GrpcParameterStore::PushPull(const common::PushBatch& push,
+                                          const common::PushOptions& push_options,
+                                          const common::PullBatch& pull,
+                                          const common::PullOptions& pull_options) {
+  return Run(&push, push_options, &pull, pull_options);
 }
 
 GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
@@ -436,9 +553,12 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     r.set_data_offset(offset);
     r.set_finished(finished);
   }
-  std::vector<HeartbeatResponse> responses;
-  RETURN_IF_ERROR(FanOut(requests, &responses, std::vector<bool>(n, true),
-                         &ParameterServer::StubInterface::async_interface::Heartbeat));
+  std::vector<HeartbeatResponse> responses(n);
+  RETURN_IF_ERROR(FanOut(std::vector<bool>(n, true), [&](uint32_t s, grpc::ClientContext* context,
+                                                          std::function<void(grpc::Status)> done) {
+    responses[s].Clear();
+    stubs_[s]->async()->Heartbeat(context, &requests[s], &responses[s], std::move(done));
+  }));
   Position saved;
   for (const auto& r : responses) {
     if (std::make_pair(r.epoch(), r.data_offset()) > std::make_pair(saved.epoch, saved.offset)) {

@@ -1,11 +1,16 @@
 // GrpcParameterStore: the ParameterStore of a worker in a distributed job.
 //
-// Each Pull/Push is split by the Partitioner into one request per server, sent concurrently,
-// and reassembled in order. Sparse keys are deduplicated before pulling. Every call has a
-// deadline; calls that fail with UNAVAILABLE or DEADLINE_EXCEEDED are retried with
-// exponential back-off and jitter (pushes carry (worker, incarnation, sequence), so a
-// retried push is applied at most once). Every server receives every push, empty or not,
-// so that each server's view of the worker's clock advances.
+// Each Pull, Push or PushPull is split by the Partitioner into one PushPull frame per server
+// (common/rpc/frame.h), sent concurrently, and reassembled in order: float32 gradients go to
+// the socket as slices aliasing the caller's buffers, and pulled parameters are copied once,
+// from gRPC's receive slices into the caller's buffers. Sparse keys are deduplicated before
+// pulling. Every call has a deadline; calls that fail with UNAVAILABLE or DEADLINE_EXCEEDED
+// are retried with exponential back-off and jitter (pushes carry (worker, incarnation,
+// sequence), with a sequence of their own per server, so a retried push is applied at most
+// once). A push goes only to the servers that hold some of its data, except under a
+// consistency bound (training.staleness) or deterministic BSP, where every server hears of
+// every push (an empty one at worst) so that its view of the worker's clock advances. A push
+// of an empty batch is a clock tick and goes to every server.
 //
 // Pushes of tables with a 16-bit wire_encoding use error feedback (PushResiduals) unless
 // the table sets wire_error_feedback: false. Each Push encodes its gradients once, before
@@ -29,6 +34,7 @@
 #include "common/parameter_store.h"
 #include "common/partitioner.h"
 #include "proto/config.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/ps.grpc.pb.h"
 #include "worker/rpc/push_residuals.h"
 
@@ -81,16 +87,21 @@ class GrpcParameterStore final : public common::ParameterStore {
   static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> Create(
       const JobConfig& config, const GrpcStoreOptions& options,
       common::metrics::Registry* metrics = nullptr);
-  // With explicit stubs (tests).
-  static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> CreateWithStubs(
+  // With explicit channels, one per server in index order (tests: in-process channels,
+  // interceptors).
+  static absl::StatusOr<std::unique_ptr<GrpcParameterStore>> CreateWithChannels(
       const JobConfig& config, const GrpcStoreOptions& options,
-      std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
+      std::vector<std::shared_ptr<grpc::Channel>> channels,
       common::metrics::Registry* metrics = nullptr);
 
   ~GrpcParameterStore() override;
 
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
+  // One round trip per server that holds data of the push or the pull.
+  absl::Status PushPull(const common::PushBatch& push, const common::PushOptions& push_options,
+                        const common::PullBatch& pull,
+                        const common::PullOptions& pull_options) override;
   absl::Status Finish() override;
   // Heartbeat(epoch, offset, /*finished=*/false).
   absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,
@@ -111,25 +122,41 @@ class GrpcParameterStore final : public common::ParameterStore {
 
  private:
   struct Metrics;
+  struct Exchange;
   GrpcParameterStore(const JobConfig& config, const GrpcStoreOptions& options,
                      common::Partitioner partitioner,
-                     std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs,
+                     std::vector<std::shared_ptr<grpc::Channel>> channels,
                      common::metrics::Registry* metrics);
   RequestHeader Header(int64_t clock, uint64_t sequence) const;
-  // Sends `requests[s]` to server s for every s where send[s], concurrently, with retries.
-  template <typename Request, typename Response>
-  absl::Status FanOut(const std::vector<Request>& requests, std::vector<Response>* responses,
-                      const std::vector<bool>& send,
-                      void (ParameterServer::StubInterface::async_interface::*method)(
-                          grpc::ClientContext*, const Request*, Response*,
-                          std::function<void(grpc::Status)>));
+  // Starts call `s` on `context`, calling `done` when it ends.
+  using StartCall = std::function<void(uint32_t s, grpc::ClientContext* context,
+                                       std::function<void(grpc::Status)> done)>;
+  // Runs start(s) for every s where send[s], concurrently, with retries.
+  absl::Status FanOut(const std::vector<bool>& send, const StartCall& start);
   absl::Duration Backoff(uint32_t attempt) const;
+  // The push and/or pull (either may be null) as one frame per server, sent and answered.
+  absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
+                   const common::PullBatch* pull, const common::PullOptions& pull_options);
+  absl::Status AddPush(const common::PushBatch& batch, const common::PushOptions& options,
+                       Exchange* x);
+  absl::Status AddPull(const common::PullBatch& batch, const common::PullOptions& options,
+                       Exchange* x);
+  absl::Status ReadAnswer(uint32_t s, const grpc::ByteBuffer& answer, Exchange* x);
+  // Encode buffers reused across calls (16-bit payloads, sparse rows).
+  std::string TakeBuffer();
+  void GiveBuffer(std::string buffer);
 
   const JobConfig config_;
   const GrpcStoreOptions options_;
   const common::Partitioner partitioner_;
-  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs_;
-  std::atomic<uint64_t> next_sequence_{1};
+  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs_;  // control calls
+  std::vector<std::unique_ptr<grpc::GenericStub>> data_stubs_;          // PushPull frames
+  // Under a consistency bound (or deterministic BSP) every server hears of every push.
+  const bool push_to_all_;
+  // Next push sequence per server.
+  std::unique_ptr<std::atomic<uint64_t>[]> next_sequence_;
+  absl::Mutex buffers_mu_;
+  std::vector<std::string> spare_buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> retries_{0};

@@ -9,6 +9,8 @@
 #include "absl/time/time.h"
 #include "common/codec.h"
 #include "common/config.h"
+#include "common/rpc/frame.h"
+#include "common/rpc/frame_testing.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
@@ -18,20 +20,26 @@
 namespace ps::worker {
 namespace {
 
-// Records every Push it receives and answers the first `fail_pushes` with UNAVAILABLE.
-class RecordingServer final : public ParameterServer::CallbackService {
+// Records every push it receives (the PushPull frames the store sends, as the PushRequest
+// each stands for) and answers the first `fail_pushes` with UNAVAILABLE.
+class RecordingServer final
+    : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
  public:
   explicit RecordingServer(int fail_pushes) : fail_pushes_(fail_pushes) {}
 
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
-                                 const PushRequest* request, PushResponse* response) override {
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<PushRequest> push = common::PushOfFrame(*request);
+    EXPECT_TRUE(push.ok()) << push.status();
     absl::MutexLock lock(&mu_);
-    pushes_.push_back(*request);
+    pushes_.push_back(push.ok() ? *push : PushRequest());
     if (fail_pushes_ > 0) {
       --fail_pushes_;
       reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dropped for the test"));
     } else {
+      *response = common::FrameBuilder(PushPullResponse()).Build();
       reactor->Finish(grpc::Status::OK);
     }
     return reactor;
@@ -76,9 +84,9 @@ class GrpcStoreTest : public ::testing::Test {
     options.initial_backoff = absl::Milliseconds(1);
     options.max_backoff = absl::Milliseconds(1);
     options.deadline = absl::Seconds(30);
-    std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs;
-    stubs.push_back(ParameterServer::NewStub(server_->InProcessChannel(grpc::ChannelArguments())));
-    auto store = GrpcParameterStore::CreateWithStubs(config, options, std::move(stubs));
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    channels.push_back(server_->InProcessChannel(grpc::ChannelArguments()));
+    auto store = GrpcParameterStore::CreateWithChannels(config, options, std::move(channels));
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
@@ -154,9 +162,9 @@ TEST_F(GrpcStoreTest, ErrorFeedbackCanBeTurnedOff) {
   dense->set_wire_encoding(ENCODING_BF16);
   dense->set_wire_error_feedback(false);
   ASSERT_TRUE(common::ExpandModelTables(&config).ok());
-  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs;
-  stubs.push_back(ParameterServer::NewStub(server_->InProcessChannel(grpc::ChannelArguments())));
-  auto store = GrpcParameterStore::CreateWithStubs(config, GrpcStoreOptions(), std::move(stubs));
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.push_back(server_->InProcessChannel(grpc::ChannelArguments()));
+  auto store = GrpcParameterStore::CreateWithChannels(config, GrpcStoreOptions(), std::move(channels));
   ASSERT_TRUE(store.ok()) << store.status();
   common::PushBatch batch;
   batch.dense.push_back({"w", dense_grad_});

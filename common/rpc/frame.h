@@ -1,0 +1,133 @@
+// Data-path frames: a small protobuf header followed by raw payload bytes, carried in a
+// grpc::ByteBuffer without copying the payload in user space (see rpc PushPull in ps.proto).
+//
+// Wire layout of a frame:
+//   [uint32 little-endian: header length H][H bytes: the serialized header][payload bytes]
+// The header says how the payload is cut (DenseBlock.payload_bytes, TableValues.rows_bytes);
+// this file knows nothing of that, only of the header and a byte stream after it.
+//
+// Sending: FrameBuilder puts the header in one small slice and each payload as a slice that
+// aliases the caller's memory (the caller keeps it alive until the call is done) or that
+// hands a pooled buffer back to its BufferPool when gRPC lets go of it. So gradients go from
+// the model's buffer to the socket, and parameters from the server's read buffer to it.
+//
+// Receiving: FrameReader walks gRPC's receive slices in place. A payload that lies in one
+// slice at a float-aligned address is used where it is; one that spans slices (gRPC cuts
+// messages into HTTP/2 frames of 16 KB) is gathered once into a caller's scratch buffer,
+// which comes from a BufferPool, so that no call touches freshly mapped pages in steady
+// state. Every gathered byte and every fresh pool buffer is counted (DataPathCounters), which
+// the zero-copy tests assert on.
+#ifndef PS_COMMON_RPC_FRAME_H_
+#define PS_COMMON_RPC_FRAME_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "google/protobuf/message_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace ps::common {
+
+// Copies and allocations of the data path. Thread-safe (relaxed atomics).
+struct DataPathCounters {
+  // Payload bytes copied in user space on receipt (gathered across slices).
+  std::atomic<uint64_t> bytes_gathered{0};
+  // Payload bytes used in place (no user-space copy).
+  std::atomic<uint64_t> bytes_in_place{0};
+  // Buffers a BufferPool had to allocate (not reused).
+  std::atomic<uint64_t> buffers_allocated{0};
+};
+
+// Reusable byte buffers, so that payload memory stays mapped across calls. Thread-safe.
+// Created as a shared_ptr: slices made by MakeSlice keep the pool alive until gRPC frees them.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    size_t capacity = 0;
+  };
+
+  // Keeps at most `max_cached_bytes` of idle buffers (bigger idle sets are freed);
+  // `counters` (not owned, may be null, must outlive the pool) counts allocations.
+  static std::shared_ptr<BufferPool> Create(size_t max_cached_bytes,
+                                            DataPathCounters* counters = nullptr);
+
+  // A buffer of at least `n` bytes: the smallest idle one that fits, or a new one.
+  Buffer Acquire(size_t n);
+  // Returns a buffer for reuse.
+  void Release(Buffer buffer);
+  // A slice over the first `n` bytes of `buffer` that hands it back to this pool when gRPC
+  // is done with it.
+  grpc::Slice MakeSlice(Buffer buffer, size_t n);
+
+  size_t idle_bytes() const;
+
+ private:
+  BufferPool(size_t max_cached_bytes, DataPathCounters* counters)
+      : max_cached_bytes_(max_cached_bytes), counters_(counters) {}
+
+  const size_t max_cached_bytes_;
+  DataPathCounters* const counters_;  // Not owned; may be null.
+  mutable absl::Mutex mu_;
+  std::vector<Buffer> idle_ ABSL_GUARDED_BY(mu_);
+  size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Builds a frame. Thread-compatible.
+class FrameBuilder {
+ public:
+  explicit FrameBuilder(const google::protobuf::MessageLite& header);
+  // Appends bytes that the caller keeps alive and unchanged until the call is done.
+  void AddAliased(absl::string_view bytes);
+  // Appends a slice (e.g. BufferPool::MakeSlice).
+  void AddSlice(grpc::Slice slice);
+  grpc::ByteBuffer Build();
+
+ private:
+  std::vector<grpc::Slice> slices_;
+};
+
+// Reads a frame in place. Thread-compatible; the ByteBuffer must outlive the reader and the
+// views it returns.
+class FrameReader {
+ public:
+  // Parses the header of `buffer` into `header`. INVALID_ARGUMENT (message starting
+  // "unparseable frame") for a frame too short for its header length, a header longer than
+  // `max_header_bytes`, or a header that does not parse. `counters` may be null.
+  static absl::Status Open(const grpc::ByteBuffer& buffer, size_t max_header_bytes,
+                           google::protobuf::MessageLite* header, FrameReader* reader,
+                           DataPathCounters* counters = nullptr);
+
+  // Payload bytes not read yet.
+  size_t remaining() const { return remaining_; }
+  // The next `n` payload bytes: in place when they lie in one slice at an address aligned to
+  // `align`, otherwise copied to `scratch` (which must hold n bytes). REQUIRES: n <= remaining.
+  absl::string_view Next(size_t n, size_t align, char* scratch);
+  // Copies the next `n` payload bytes to `dest`. REQUIRES: n <= remaining.
+  void CopyTo(size_t n, char* dest);
+  // Skips `n` bytes. REQUIRES: n <= remaining.
+  void Skip(size_t n);
+
+ private:
+  // Copies n bytes from the current position to dest (nullptr: skip) and advances.
+  void Consume(size_t n, char* dest);
+
+  std::vector<grpc::Slice> slices_;
+  size_t slice_ = 0;   // current slice
+  size_t offset_ = 0;  // within it
+  size_t remaining_ = 0;
+  DataPathCounters* counters_ = nullptr;
+};
+
+}  // namespace ps::common
+
+#endif  // PS_COMMON_RPC_FRAME_H_

@@ -1,0 +1,87 @@
+#include "common/rpc/frame_testing.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/rpc/frame.h"
+#include "common/status_macros.h"
+
+namespace ps::common {
+namespace {
+
+// Moves the payload fields of `t` into `payload` and sets their lengths.
+void MovePayloads(TableValues* t, std::string* payload) {
+  for (DenseBlock& b : *t->mutable_blocks()) {
+    b.set_payload_bytes(b.values().size());
+    payload->append(b.values());
+    b.clear_values();
+  }
+  t->set_rows_bytes(t->rows().size());
+  payload->append(t->rows());
+  t->clear_rows();
+}
+
+// The inverse: takes each payload's bytes from `reader` into the fields.
+void TakePayloads(TableValues* t, FrameReader* reader) {
+  for (DenseBlock& b : *t->mutable_blocks()) {
+    std::string v(std::min<uint64_t>(b.payload_bytes(), reader->remaining()), '\0');
+    reader->CopyTo(v.size(), v.data());
+    b.set_values(v);
+    b.set_payload_bytes(0);
+  }
+  std::string rows(std::min<uint64_t>(t->rows_bytes(), reader->remaining()), '\0');
+  reader->CopyTo(rows.size(), rows.data());
+  t->set_rows(rows);
+  t->set_rows_bytes(0);
+}
+
+}  // namespace
+
+grpc::ByteBuffer FrameOf(const PushRequest* push, const PullRequest* pull) {
+  PushPullRequest header;
+  std::string payload;
+  if (push != nullptr) {
+    *header.mutable_header() = push->header();
+    header.set_has_push(true);
+    header.set_is_delta(push->is_delta());
+    for (const TableValues& t : push->tables()) {
+      TableValues* copy = header.add_push();
+      *copy = t;
+      MovePayloads(copy, &payload);
+    }
+  }
+  if (pull != nullptr) {
+    if (push == nullptr) *header.mutable_header() = pull->header();
+    header.set_pull_clock(pull->header().clock());
+    *header.mutable_pull() = pull->tables();
+  }
+  FrameBuilder frame(header);
+  // Copied into a slice of its own: the frame outlives this function.
+  frame.AddSlice(grpc::Slice(payload));
+  return frame.Build();
+}
+
+absl::StatusOr<PushRequest> PushOfFrame(const grpc::ByteBuffer& frame) {
+  PushPullRequest header;
+  FrameReader reader;
+  RETURN_IF_ERROR(FrameReader::Open(frame, size_t{1} << 30, &header, &reader));
+  PushRequest push;
+  *push.mutable_header() = header.header();
+  push.set_is_delta(header.is_delta());
+  for (const TableValues& t : header.push()) {
+    TableValues* out = push.add_tables();
+    *out = t;
+    TakePayloads(out, &reader);
+  }
+  return push;
+}
+
+absl::StatusOr<PushPullResponse> AnswerOfFrame(const grpc::ByteBuffer& frame) {
+  PushPullResponse answer;
+  FrameReader reader;
+  RETURN_IF_ERROR(FrameReader::Open(frame, size_t{1} << 30, &answer, &reader));
+  for (TableValues& t : *answer.mutable_pull()->mutable_tables()) TakePayloads(&t, &reader);
+  return answer;
+}
+
+}  // namespace ps::common

@@ -179,6 +179,24 @@ absl::StatusOr<int64_t> Client::Tick() {
   return clock_.fetch_add(1) + 1;
 }
 
+absl::StatusOr<int64_t> Client::Step(const common::PushBatch& push,
+                                      const common::PullBatch& pull) {
+  if (push.dense.empty() && push.sparse.empty()) {
+    ASSIGN_OR_RETURN(int64_t clock, Tick());
+    RETURN_IF_ERROR(Pull(pull));
+    return clock;
+  }
+  const int64_t next = clock_.load() + 1;
+  common::PushOptions push_options;
+  push_options.clock = next;
+  common::PullOptions pull_options;
+  pull_options.clock = next;
+  RETURN_IF_ERROR(store_->PushPull(push, push_options, pull, pull_options));
+  pushed_this_step_.store(false);
+  clock_.store(next);
+  return next;
+}
+
 absl::Status Client::Finish() {
   absl::MutexLock lock(&finish_mu_);
   if (finished_ || store_ == nullptr) return absl::OkStatus();

@@ -89,6 +89,11 @@ class Client {
   absl::Status Push(const common::PushBatch& batch);
   // Ends a step: the clock advances by one (see the file comment). Returns the new clock.
   absl::StatusOr<int64_t> Tick();
+  // One fused step: pushes `push` with this step's clock, ends the step, and pulls `pull` for
+  // the next one, in one round trip per server (ParameterStore::PushPull). An empty push is
+  // Tick() then Pull(). Returns the new clock. Errors: those of Push and Pull; the clock
+  // advances only when both succeed.
+  absl::StatusOr<int64_t> Step(const common::PushBatch& push, const common::PullBatch& pull);
   int64_t clock() const { return clock_.load(); }
   // The worker leaves the consistency bound; distributed servers shut down once every
   // worker has finished. Idempotent.

@@ -31,8 +31,8 @@ except ImportError:
     torch = None
 
 SGD1 = "optimizer { kind: SGD learning_rate: 1.0 }"
-DENSE = ["d_roundtrip", "d_out", "d_errors", "d_batch", "d_stats"]
-SPARSE = ["s_roundtrip", "s_errors", "s_batch"]
+DENSE = ["d_roundtrip", "d_out", "d_errors", "d_batch", "d_stats", "d_step"]
+SPARSE = ["s_roundtrip", "s_errors", "s_batch", "s_step"]
 
 
 def config_text(num_workers=1, staleness=None, extra=""):
@@ -104,6 +104,28 @@ class ContractTests:
         got = self.client.pull(dense=["d_batch"], sparse={"s_batch": keys})
         self.assertEqual(got["d_batch"].tobytes(), (-gd).tobytes())
         self.assertEqual(got["s_batch"].tobytes(), (-gs).tobytes())
+
+    def test_fused_step_pushes_ends_the_step_and_pulls_what_it_pushed(self):
+        keys = np.array([3, 9], np.uint64)
+        gd, gs = rand((5, 7), 5), rand((2, 6), 6)
+        start = self.client.steps
+        out = np.empty((5, 7), np.float32)
+        got = self.client.step(push_dense={"d_step": gd}, push_sparse={"s_step": (keys, gs)},
+                               pull_dense={"d_step": out}, pull_sparse={"s_step": keys})
+        self.assertIs(got["d_step"], out)  # into the caller's array
+        self.assertEqual(out.tobytes(), (-gd).tobytes())  # the pull sees the push (SGD, lr 1)
+        self.assertEqual(got["s_step"].tobytes(), (-gs).tobytes())
+        self.assertEqual(self.client.steps, start + 1)
+        for s in self.client.stats():
+            clocks = {int(w.get("worker_id", 0)): int(w["clock"]) for w in s["worker_clocks"]}
+            self.assertEqual(clocks[0], start + 1)
+        # A step without gradients still ends the step.
+        self.client.step(pull_dense=["d_step"])
+        self.assertEqual(self.client.steps, start + 2)
+        # Bad input is refused before anything is sent: the clock stays.
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.step,
+                              push_dense={"d_step": np.zeros((5, 7), np.float64)}, pull_dense=["d_step"])
+        self.assertEqual(self.client.steps, start + 2)
 
     def assertRaisesCode(self, cls, code_name, fn, *args, **kwargs):
         with self.assertRaises(cls) as cm:

@@ -131,19 +131,19 @@ class PyClient {
   explicit PyClient(std::unique_ptr<Client> client) : client_(std::move(client)) {}
 
   // Returns {name: array} for dense and {name: array} for sparse, filled.
-  py::tuple Pull(const py::dict& dense, const py::dict& sparse) {
-    common::PullBatch batch;
-    py::dict dense_out, sparse_out;
-    std::vector<py::object> keep;  // references held while the GIL is released
+  // The batches of a pull and a push from Python dicts, checked (dtype, contiguity, sizes) and
+  // with the arrays they point into kept in `keep` while the GIL is released.
+  void BuildPull(const py::dict& dense, const py::dict& sparse, common::PullBatch* batch,
+                 py::dict* dense_out, py::dict* sparse_out, std::vector<py::object>* keep) {
     for (auto item : dense) {
       const std::string name = py::cast<std::string>(item.first);
       const TableInfo* t = TableOfKind(name, false);
       py::object out = py::reinterpret_borrow<py::object>(item.second);
       if (out.is_none()) out = NewFloats(t->shape);
       ThrowIfError(CheckFloatArray(out, "pull_dense " + name + " out", t->size, true));
-      batch.dense.push_back({name, MutableFloats(out)});
-      dense_out[item.first] = out;
-      keep.push_back(out);
+      batch->dense.push_back({name, MutableFloats(out)});
+      (*dense_out)[item.first] = out;
+      keep->push_back(out);
     }
     for (auto item : sparse) {
       const std::string name = py::cast<std::string>(item.first);
@@ -155,11 +155,61 @@ class PyClient {
       const int64_t n = py::reinterpret_borrow<py::array>(keys).size();
       if (out.is_none()) out = NewFloats({n, t->size});
       ThrowIfError(CheckFloatArray(out, "pull_sparse " + name + " out", n * t->size, true));
-      batch.sparse.push_back({name, Keys(keys), MutableFloats(out)});
-      sparse_out[item.first] = out;
-      keep.push_back(keys);
-      keep.push_back(out);
+      batch->sparse.push_back({name, Keys(keys), MutableFloats(out)});
+      (*sparse_out)[item.first] = out;
+      keep->push_back(keys);
+      keep->push_back(out);
     }
+  }
+
+  void BuildPush(const py::dict& dense, const py::dict& sparse, common::PushBatch* batch,
+                 std::vector<py::object>* keep) {
+    for (auto item : dense) {
+      const std::string name = py::cast<std::string>(item.first);
+      const TableInfo* t = TableOfKind(name, false);
+      py::object grad = py::reinterpret_borrow<py::object>(item.second);
+      ThrowIfError(CheckFloatArray(grad, "push_dense " + name + " grad", t->size, false));
+      batch->dense.push_back({name, Floats(grad)});
+      keep->push_back(grad);
+    }
+    for (auto item : sparse) {
+      const std::string name = py::cast<std::string>(item.first);
+      const TableInfo* t = TableOfKind(name, true);
+      py::tuple pair = py::cast<py::tuple>(item.second);
+      py::object keys = pair[0];
+      py::object grads = pair[1];
+      ThrowIfError(CheckKeys(keys, "push_sparse " + name + " keys"));
+      const int64_t n = py::reinterpret_borrow<py::array>(keys).size();
+      ThrowIfError(CheckFloatArray(grads, "push_sparse " + name + " grads", n * t->size, false));
+      batch->sparse.push_back({name, Keys(keys), Floats(grads)});
+      keep->push_back(keys);
+      keep->push_back(grads);
+    }
+  }
+
+  // One fused step (Client::Step): returns (clock, dense_out, sparse_out).
+  py::tuple Step(const py::dict& push_dense, const py::dict& push_sparse,
+                 const py::dict& pull_dense, const py::dict& pull_sparse) {
+    common::PushBatch push;
+    common::PullBatch pull;
+    py::dict dense_out, sparse_out;
+    std::vector<py::object> keep;
+    BuildPush(push_dense, push_sparse, &push, &keep);
+    BuildPull(pull_dense, pull_sparse, &pull, &dense_out, &sparse_out, &keep);
+    absl::StatusOr<int64_t> clock;
+    {
+      py::gil_scoped_release release;
+      clock = client_->Step(push, pull);
+    }
+    ThrowIfError(clock.status());
+    return py::make_tuple(*clock, dense_out, sparse_out);
+  }
+
+  py::tuple Pull(const py::dict& dense, const py::dict& sparse) {
+    common::PullBatch batch;
+    py::dict dense_out, sparse_out;
+    std::vector<py::object> keep;  // references held while the GIL is released
+    BuildPull(dense, sparse, &batch, &dense_out, &sparse_out, &keep);
     absl::Status status;
     {
       py::gil_scoped_release release;
@@ -172,27 +222,7 @@ class PyClient {
   void Push(const py::dict& dense, const py::dict& sparse) {
     common::PushBatch batch;
     std::vector<py::object> keep;
-    for (auto item : dense) {
-      const std::string name = py::cast<std::string>(item.first);
-      const TableInfo* t = TableOfKind(name, false);
-      py::object grad = py::reinterpret_borrow<py::object>(item.second);
-      ThrowIfError(CheckFloatArray(grad, "push_dense " + name + " grad", t->size, false));
-      batch.dense.push_back({name, Floats(grad)});
-      keep.push_back(grad);
-    }
-    for (auto item : sparse) {
-      const std::string name = py::cast<std::string>(item.first);
-      const TableInfo* t = TableOfKind(name, true);
-      py::tuple pair = py::cast<py::tuple>(item.second);
-      py::object keys = pair[0];
-      py::object grads = pair[1];
-      ThrowIfError(CheckKeys(keys, "push_sparse " + name + " keys"));
-      const int64_t n = py::reinterpret_borrow<py::array>(keys).size();
-      ThrowIfError(CheckFloatArray(grads, "push_sparse " + name + " grads", n * t->size, false));
-      batch.sparse.push_back({name, Keys(keys), Floats(grads)});
-      keep.push_back(keys);
-      keep.push_back(grads);
-    }
+    BuildPush(dense, sparse, &batch, &keep);
     absl::Status status;
     {
       py::gil_scoped_release release;
@@ -377,6 +407,8 @@ PYBIND11_MODULE(_ps, m) {
       .def("pull", &pp::PyClient::Pull, py::arg("dense"), py::arg("sparse"))
       .def("push", &pp::PyClient::Push, py::arg("dense"), py::arg("sparse"))
       .def("tick", &pp::PyClient::Tick)
+      .def("step", &pp::PyClient::Step, py::arg("push_dense"), py::arg("push_sparse"),
+           py::arg("pull_dense"), py::arg("pull_sparse"))
       .def("finish", &pp::PyClient::Finish)
       .def("checkpoint", &pp::PyClient::Checkpoint)
       .def("stats", &pp::PyClient::Stats)

@@ -30,8 +30,9 @@ RULES = [
      "worker/ never links server/, except ps_worker's main (centralized mode)",
      f"deps({PROD.format(p='//worker/...')} except //worker:ps_worker) intersect //server/..."),
     ("only_mains_join_server_and_worker",
-     "no library anywhere depends on both server/ and worker/: only a *_main binary composes them",
-     "let libs = kind(cc_library, //...) except attr(testonly, 1, //...) in "
+     "no library depends on both server/ and worker/: only a *_main binary, or the Python "
+     "client (python/, ps_worker's two stores behind one module), composes them",
+     "let libs = kind(cc_library, //...) except attr(testonly, 1, //...) except //python/... in "
      "rdeps($libs, //server/...) intersect rdeps($libs, //worker/...)"),
 ]
 

@@ -191,6 +191,23 @@ class Client:
         s = {name: (_keys(k), _floats(g)) for name, (k, g) in (sparse or {}).items()}
         self._c.push(d, s)
 
+    def step(self, push_dense=None, push_sparse=None, pull_dense=(), pull_sparse=None):
+        """One fused training step: pushes this step's gradients (as push()), ends the step (as
+        clock()) and pulls the next step's parameters (as pull()), in one round trip per server.
+        The pull sees the push. Returns {name: array} of the pull; .steps is the new clock."""
+        pd = {k: _out(v) for k, v in pull_dense.items()} if isinstance(pull_dense, dict) \
+            else {n: None for n in pull_dense}
+        ps_ = {}
+        for name, v in (pull_sparse or {}).items():
+            keys, out = v if isinstance(v, tuple) else (v, None)
+            ps_[name] = (_keys(keys), _out(out))
+        d = {name: _floats(g) for name, g in (push_dense or {}).items()}
+        s = {name: (_keys(k), _floats(g)) for name, (k, g) in (push_sparse or {}).items()}
+        _, dense_out, sparse_out = self._c.step(d, s, pd, ps_)
+        result = dict(dense_out)
+        result.update(sparse_out)
+        return result
+
     def clock(self):
         """Ends a step and returns the number of steps completed. The servers learn the new clock
         from this step's pushes, or from an empty push if it made none."""

@@ -76,6 +76,25 @@ def effective_config(bin_dir, config, sets):
     return json.loads(p.stdout)
 
 
+def worker_certificates(cfg, num_workers):
+    """Per worker j, the overrides that give it its own identity under mutual TLS: servers
+    accept a worker's pushes only under the certificate naming it (tools/make_certs.sh writes
+    worker-J.pem/.key beside server.pem). [] for every worker of a plaintext job or where the
+    config's certificate directory holds no worker-J pair (the config's own cert is used)."""
+    security = cfg.get("security", {})
+    cert = security.get("cert", "")
+    if security.get("plaintext") or not cert:
+        return [[] for _ in range(num_workers)]
+    out = []
+    for j in range(num_workers):
+        base = os.path.join(os.path.dirname(cert), "worker-%d" % j)
+        if os.path.exists(base + ".pem") and os.path.exists(base + ".key"):
+            out.append(["security.cert=%s.pem" % base, "security.key=%s.key" % base])
+        else:
+            out.append([])
+    return out
+
+
 def cluster_size(cfg):
     """(servers, workers) of an effective_config: cluster.num_servers (else the number of
     cluster.servers), cluster.num_workers."""

@@ -9,7 +9,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from launch_common import cluster_size, effective_config  # noqa: E402
+import tempfile  # noqa: E402
+
+from launch_common import cluster_size, effective_config, worker_certificates  # noqa: E402
 
 MNIST = os.path.join(ROOT, "configs", "fashion_mnist_2x2_async.textproto")
 
@@ -33,6 +35,20 @@ class EffectiveConfigTest(unittest.TestCase):
         self.assertEqual(cluster_size({}), (1, 1))
         self.assertEqual(cluster_size({"cluster": {"servers": ["a:1", "b:1", "c:1"], "num_servers": 0}}),
                          (3, 1))
+
+
+class WorkerCertificatesTest(unittest.TestCase):
+    def test_each_worker_gets_the_certificate_naming_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name in ("server.pem", "server.key", "worker-0.pem", "worker-0.key", "worker-1.pem", "worker-1.key"):
+                open(os.path.join(d, name), "w").close()
+            cfg = {"security": {"cert": os.path.join(d, "server.pem"), "plaintext": False}}
+            ids = worker_certificates(cfg, 3)
+            self.assertEqual(ids[1], ["security.cert=%s/worker-1.pem" % d, "security.key=%s/worker-1.key" % d])
+            self.assertEqual(ids[2], [])  # no pair for worker 2: the config's own certificate
+
+    def test_plaintext_jobs_get_nothing(self):
+        self.assertEqual(worker_certificates({"security": {"plaintext": True, "cert": "/x/server.pem"}}, 2), [[], []])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, StopRequest, Stopped, cluster_size, effective_config
+from launch_common import Proc, StopRequest, Stopped, cluster_size, effective_config, worker_certificates
 
 
 def main():
@@ -60,9 +60,10 @@ def main():
 
     # The job's counts as the binaries read them: the file with --set applied.
     try:
-        cfg_servers, cfg_workers = cluster_size(effective_config(bin_dir, args.config, args.set))
+        cfg = effective_config(bin_dir, args.config, args.set)
     except RuntimeError as e:
         sys.exit("launch_local: %s: %s" % (args.config, e))
+    cfg_servers, cfg_workers = cluster_size(cfg)
     num_servers = args.servers or cfg_servers
     num_workers = args.workers or cfg_workers
     data_root = args.data_root or tempfile.mkdtemp(prefix="ps-job-")
@@ -73,6 +74,7 @@ def main():
     if args.metrics:
         overrides.append("metrics.host=127.0.0.1")
     set_flags = ["--set=" + ",".join(overrides)]
+    worker_identities = worker_certificates(cfg, num_workers)
     out_lock = threading.Lock()
     procs = []
 
@@ -172,7 +174,8 @@ def main():
         workers = []
         for j in range(num_workers):
             argv = [worker_bin, "--config=" + args.config, "--worker_index=%d" % j,
-                    "--cluster_from=flags", "--servers=" + addresses] + set_flags + metrics_flags("worker", j) + args.worker_arg
+                    "--cluster_from=flags", "--servers=" + addresses] + \
+                ["--set=" + ",".join(overrides + worker_identities[j])] + metrics_flags("worker", j) + args.worker_arg
             p = Proc("worker %d" % j, argv, out_lock, log_dir)
             procs.append(p)
             workers.append(p)

@@ -53,6 +53,24 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
   return &w;
 }
 
+absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarnation,
+                                                uint64_t sequence) const {
+  // The highest sequence applied for this incarnation; 0 for one Lookup would (re)start.
+  uint64_t highest = 0;
+  auto it = workers_.find(worker);
+  if (it != workers_.end() && it->second.seen && incarnation == it->second.incarnation) {
+    const Worker& w = it->second;
+    if (sequence <= w.floor || w.above.contains(sequence)) return absl::OkStatus();  // duplicate
+    highest = w.above.empty() ? w.floor : *w.above.rbegin();
+  }
+  if (sequence > highest && sequence - highest > kSequenceWindow) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, ": push sequence ", sequence, " is more than ", kSequenceWindow,
+        " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
                                                               uint64_t sequence) {
   if (sequence == 0) {
@@ -60,16 +78,13 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
   }
   absl::MutexLock lock(&mu_);
+  // The window is checked before Lookup records the worker (a new incarnation, last seen), so
+  // that a push refused for its sequence changes nothing.
+  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
   auto found = Lookup(worker, incarnation);
   if (!found.ok()) return found.status();
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
-  const uint64_t highest = w.above.empty() ? w.floor : *w.above.rbegin();
-  if (sequence > highest && sequence - highest > kSequenceWindow) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", worker, ": push sequence ", sequence, " is more than ", kSequenceWindow,
-        " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
-  }
   w.above.insert(sequence);
   // Sequences that never arrive (pushes lost with a server restored from an older
   // checkpoint) would keep the floor down and the set growing: past kMaxAbove entries the

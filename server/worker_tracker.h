@@ -149,6 +149,10 @@ class WorkerTracker {
     int64_t arrived = 0;
   };
   // Returns the worker's record, switching to a newer incarnation if this is one.
+  // INVALID_ARGUMENT for a sequence beyond the window of the incarnation's highest applied
+  // one (0 for an incarnation Lookup would start); reads only.
+  absl::Status CheckSequenceWindow(int32_t worker, uint64_t incarnation, uint64_t sequence) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

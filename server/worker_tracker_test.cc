@@ -283,6 +283,19 @@ TEST(WorkerTracker, HugeSequencesCannotMakeTheNextRealPushADuplicate) {
   EXPECT_EQ(*t.Admit(0, 3, 2 + WorkerTracker::kSequenceWindow), Admission::kApply);
 }
 
+// Found by fuzz/pull_push_fuzzer: the window was checked after the worker's new incarnation
+// had been recorded, so a refused push replaced the incarnation.
+TEST(WorkerTracker, APushRefusedForItsSequenceChangesNothing) {
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 3, 1), Admission::kApply);
+  EXPECT_THAT(t.Admit(0, 4, uint64_t{1} << 62).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Incarnation 3 is still the worker's: its next push applies, and 4 starts afresh later.
+  EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 4, 1), Admission::kApply);
+}
+
 TEST(WorkerTracker, OnlyTheCurrentIncarnationFinishesAWorker) {
   WorkerTracker t(Options(2, std::nullopt));
   ASSERT_THAT(t.Touch(0, 5), IsOk());

@@ -133,11 +133,13 @@ absl::Status WorkerTracker::CheckPullClock(int32_t worker, int64_t clock) const 
   absl::MutexLock lock(&mu_);
   int64_t newest = 0;
   for (const auto& [id, w] : workers_) newest = std::max(newest, w.clock);
-  // clock >= 0 (checked by the shard) and staleness >= 0: no overflow below.
-  if (clock - *options_.staleness <= newest + kPullClockLead) return absl::OkStatus();
+  // clock >= 0 (checked by the shard), staleness >= 0 and newest >= 0, while a pushed clock may
+  // be near INT64_MAX: compare differences, which cannot overflow here.
+  const int64_t waits_for = clock - *options_.staleness;
+  if (waits_for <= newest || waits_for - newest <= kPullClockLead) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "worker ", worker, ": pull at clock ", clock, " with staleness ", *options_.staleness,
-      " waits for clock ", clock - *options_.staleness, ", but the newest clock any worker has ",
+      " waits for clock ", waits_for, ", but the newest clock any worker has ",
       "pushed here is ", newest, ": no push can let it through"));
 }
 

@@ -1,6 +1,7 @@
 #include "server/worker_tracker.h"
 
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -281,6 +282,16 @@ TEST(WorkerTracker, HugeSequencesCannotMakeTheNextRealPushADuplicate) {
   EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kApply);
   // Gaps within the window are honest (pushes that had nothing for this server).
   EXPECT_EQ(*t.Admit(0, 3, 2 + WorkerTracker::kSequenceWindow), Admission::kApply);
+}
+
+// Found by fuzz/pull_push_fuzzer (UBSan): newest + lead overflowed for a pushed clock near
+// INT64_MAX.
+TEST(WorkerTracker, PullClockCheckSurvivesTheLargestClocks) {
+  WorkerTracker t(Options(1, 0));
+  ASSERT_EQ(*t.Admit(0, 3, 1), Admission::kApply);
+  t.AdvanceClock(0, 3, std::numeric_limits<int64_t>::max());
+  EXPECT_THAT(t.CheckPullClock(0, std::numeric_limits<int64_t>::max()), IsOk());
+  EXPECT_THAT(t.CheckPullClock(0, 5), IsOk());
 }
 
 // Found by fuzz/pull_push_fuzzer: the window was checked after the worker's new incarnation

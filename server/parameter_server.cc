@@ -289,6 +289,9 @@ void ParameterServer::ServeUntilStopped() {
 absl::Status ParameterServer::Drain() {
   grpc_server_->SetServing(false);
   up_->Set(0);
+  // Pulls parked for the consistency bound would otherwise hold the drain to its end: no
+  // more pushes come to release them.
+  shard_->workers().CloseWaiters(absl::UnavailableError("the server is shutting down"));
   // Calls in flight finish (bounded), new ones are refused.
   grpc_server_->Shutdown(absl::Seconds(5));
   absl::Status result;

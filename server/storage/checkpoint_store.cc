@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -247,6 +248,60 @@ absl::Status SettleDamagedSstFiles(rocksdb::Env* env,
   return absl::DataLossError(absl::StrCat(context, ": ", absl::StrJoin(messages, "; ")));
 }
 
+// Where `file` (a path) goes in the set-aside directory beside it: its name, with ".N"
+// added when that name is taken (nothing there is overwritten).
+std::string SetAsideTarget(rocksdb::Env* env, const std::string& dir, absl::string_view name) {
+  std::string target = absl::StrCat(dir, "/", name);
+  for (int n = 1; env->FileExists(target).ok(); ++n) target = absl::StrCat(dir, "/", name, ".", n);
+  return target;
+}
+
+// RocksDB's read-write open deletes the table, blob and MANIFEST files of the directory that
+// its MANIFEST does not list, taking them for its own leftovers; but nothing in a data dir may
+// be deleted that the store did not mark obsolete itself. So the store is opened read-only
+// first (that deletes nothing) to learn its live files, and every other *.sst, *.blob and
+// MANIFEST-* file is moved into kSetAsideDir (logged). If the read-only open fails, nothing is
+// moved: the read-write open then meets (and reports) the same problem.
+absl::Status SetAsideFilesTheStoreDoesNotList(
+    rocksdb::Env* env, const rocksdb::DBOptions& db_options, const std::string& path,
+    const std::vector<rocksdb::ColumnFamilyDescriptor>& descriptors, absl::string_view context) {
+  std::vector<std::string> live;
+  {
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw_db = nullptr;
+    const rocksdb::Status opened =
+        rocksdb::DB::OpenForReadOnly(db_options, path, descriptors, &handles, &raw_db);
+    if (!opened.ok()) return absl::OkStatus();
+    std::unique_ptr<rocksdb::DB> db(raw_db);
+    uint64_t manifest_size = 0;
+    const rocksdb::Status listed = db->GetLiveFiles(live, &manifest_size, /*flush_memtable=*/false);
+    for (rocksdb::ColumnFamilyHandle* h : handles) {
+      db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    }
+    db->Close().PermitUncheckedError();
+    RETURN_IF_ERROR(FromRocksDbStatus(listed, "list live files"));
+  }
+  absl::flat_hash_set<std::string> live_names;
+  for (const std::string& file : live) {
+    live_names.insert(std::string(absl::StripPrefix(file, "/")));
+  }
+  std::vector<std::string> children;
+  RETURN_IF_ERROR(FromRocksDbStatus(env->GetChildren(path, &children), "list files"));
+  const std::string dir = absl::StrCat(path, "/", kSetAsideDir);
+  for (const std::string& child : children) {
+    const bool ours = absl::EndsWith(child, ".sst") || absl::EndsWith(child, ".blob") ||
+                      absl::StartsWith(child, "MANIFEST-");
+    if (!ours || live_names.contains(child)) continue;
+    RETURN_IF_ERROR(FromRocksDbStatus(env->CreateDirIfMissing(dir), "create " + dir));
+    const std::string target = SetAsideTarget(env, dir, child);
+    RETURN_IF_ERROR(FromRocksDbStatus(env->RenameFile(absl::StrCat(path, "/", child), target),
+                                      "move aside " + child));
+    LOG(WARNING) << context << ": " << child << " is not one of the store's files (its MANIFEST "
+                 << "does not list it): moved to " << target << " (RocksDB would delete it)";
+  }
+  return absl::OkStatus();
+}
+
 // A directory without CURRENT is new only if it holds no other RocksDB file: opening one that
 // lost its CURRENT would create a fresh, empty store over the old files, and RocksDB would then
 // delete them as obsolete. DATA_LOSS naming what is missing and what is there; nothing touched.
@@ -429,6 +484,11 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
   std::vector<std::pair<std::string, absl::Status>> damaged;
   if (existed) {
     ASSIGN_OR_RETURN(damaged, MoveDamagedSstFilesAside(env, options.path), context);
+  }
+  if (existed) {
+    RETURN_IF_ERROR_CTX(
+        SetAsideFilesTheStoreDoesNotList(env, db_options, options.path, descriptors, context),
+        context);
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw_db = nullptr;

@@ -10,7 +10,7 @@
 // final checkpoint, exit 0 (1 if the final checkpoint failed).
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index, the port and the cluster come
-// from the environment instead (--cluster_from, see common/cluster_env.h).
+// from the environment instead (--cluster_from, see common/cluster/cluster_env.h).
 #include <pthread.h>
 #include <unistd.h>
 
@@ -28,10 +28,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/process_memory.h"
-#include "common/atomic_file.h"
-#include "common/cluster_env.h"
-#include "common/main_flags.h"
+#include "common/cluster/cluster_env.h"
+#include "common/startup/atomic_file.h"
+#include "common/startup/main_flags.h"
+#include "common/startup/process_memory.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/parameter_server.h"
@@ -58,7 +58,7 @@ namespace {
 
 // Flag ranges, checked before anything starts: a value out of range is refused, never wrapped
 // (a port of 99999 used to listen on 99999 mod 65536) or taken as "unset". The flags shared
-// with ps_worker are checked in common/main_flags.cc.
+// with ps_worker are checked in common/startup/main_flags.cc.
 absl::Status ValidateFlags() {
   std::vector<std::string> errors;
   const int32_t port = absl::GetFlag(FLAGS_port);

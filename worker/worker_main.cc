@@ -10,7 +10,7 @@
 // "final test accuracy <a>" (or "final test auc <a>") on stdout. Exit status 0 on success.
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index and the servers come from the
-// environment instead (--cluster_from, see common/cluster_env.h).
+// environment instead (--cluster_from, see common/cluster/cluster_env.h).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -25,9 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/process_memory.h"
-#include "common/config.h"
-#include "common/main_flags.h"
+#include "common/config/config.h"
+#include "common/startup/main_flags.h"
+#include "common/startup/process_memory.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/in_process_store.h"
@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<common::ParameterStore>> MakeGrpcStore(
 }
 
 // Flag ranges, checked before anything starts: out of range is refused, never wrapped or
-// taken as "unset". The flags shared with ps_server are checked in common/main_flags.cc.
+// taken as "unset". The flags shared with ps_server are checked in common/startup/main_flags.cc.
 absl::Status ValidateFlags() {
   std::vector<std::string> errors;
   if (absl::GetFlag(FLAGS_worker_index) < -1) {

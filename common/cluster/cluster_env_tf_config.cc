@@ -4,9 +4,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/cluster_env.h"
-#include "common/internal/cluster_env_util.h"
-#include "common/json.h"
+#include "common/cluster/cluster_env.h"
+#include "common/cluster/internal/cluster_env_util.h"
+#include "common/cluster/json.h"
 #include "common/status_macros.h"
 
 namespace ps::common {

@@ -40,8 +40,8 @@
 //
 // Libraries read no environment: the binaries pass theirs in (EnvMapFromEnviron(environ)).
 // Thread-compatible: everything here is pure apart from the rendezvous file I/O.
-#ifndef PS_COMMON_CLUSTER_ENV_H_
-#define PS_COMMON_CLUSTER_ENV_H_
+#ifndef PS_COMMON_CLUSTER_CLUSTER_ENV_H_
+#define PS_COMMON_CLUSTER_CLUSTER_ENV_H_
 
 #include <cstdint>
 #include <map>
@@ -210,4 +210,4 @@ struct ClusterIdentity {
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_CLUSTER_ENV_H_
+#endif  // PS_COMMON_CLUSTER_CLUSTER_ENV_H_

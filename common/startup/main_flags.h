@@ -4,8 +4,8 @@
 //
 // Only the mains link this library (its flags are defined here, once): libraries take
 // Options structs, never flags.
-#ifndef PS_COMMON_MAIN_FLAGS_H_
-#define PS_COMMON_MAIN_FLAGS_H_
+#ifndef PS_COMMON_STARTUP_MAIN_FLAGS_H_
+#define PS_COMMON_STARTUP_MAIN_FLAGS_H_
 
 #include <atomic>
 #include <csignal>
@@ -16,7 +16,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/cluster_env.h"
+#include "common/cluster/cluster_env.h"
 #include "proto/config.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, config);
@@ -73,4 +73,4 @@ std::string AdvertisedHost(const std::string& listen_host);
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_MAIN_FLAGS_H_
+#endif  // PS_COMMON_STARTUP_MAIN_FLAGS_H_

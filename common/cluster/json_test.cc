@@ -1,4 +1,4 @@
-#include "common/json.h"
+#include "common/cluster/json.h"
 
 #include <string>
 

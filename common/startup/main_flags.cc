@@ -1,4 +1,4 @@
-#include "common/main_flags.h"
+#include "common/startup/main_flags.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -7,9 +7,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/atomic_file.h"
-#include "common/config.h"
-#include "common/overrides.h"
+#include "common/config/config.h"
+#include "common/config/overrides.h"
+#include "common/startup/atomic_file.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"

@@ -1,4 +1,4 @@
-#include "common/cluster_env.h"
+#include "common/cluster/cluster_env.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -8,8 +8,8 @@
 //   const JsonValue* task = root.Find("task");
 //
 // Thread-compatible: JsonValue is a plain value; ParseJson is pure.
-#ifndef PS_COMMON_JSON_H_
-#define PS_COMMON_JSON_H_
+#ifndef PS_COMMON_CLUSTER_JSON_H_
+#define PS_COMMON_CLUSTER_JSON_H_
 
 #include <cstdint>
 #include <string>
@@ -52,4 +52,4 @@ struct JsonValue {
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_JSON_H_
+#endif  // PS_COMMON_CLUSTER_JSON_H_

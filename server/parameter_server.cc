@@ -65,15 +65,15 @@ void LogTables(const Shard& shard, const std::string& spill_dir) {
 void LogSparseTables(Shard* shard) {
   for (const auto& t : shard->partitioner().tables()) {
     if (t.kind != TABLE_KIND_SPARSE) continue;
-    absl::StatusOr<SparseTablePart*> part = shard->FindSparseTable(t.name);
-    if (!part.ok()) continue;
-    const SpillStats st = (*part)->spill_stats();
-    if (!(*part)->spills()) {
+    absl::StatusOr<SparseTableStats> stats = shard->SparseStats(t.name);
+    if (!stats.ok()) continue;
+    const SpillStats& st = stats->spill;
+    if (!stats->spills) {
       LOG(INFO) << "table '" << t.name << "': " << st.resident_rows << " rows, all in memory";
       continue;
     }
     LOG(INFO) << "table '" << t.name << "': " << st.resident_rows + st.spilled_rows << " rows, "
-              << st.resident_rows << " in memory (budget " << (*part)->budget_rows() << "), "
+              << st.resident_rows << " in memory (budget " << stats->budget_rows << "), "
               << st.spilled_rows << " spilled; since the start " << st.faults
               << " faulted in and " << st.evictions << " evicted (" << st.writes << " written)"
               << (st.eviction_errors > 0

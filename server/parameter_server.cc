@@ -137,6 +137,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
             << " bytes for parameters, optimizer slots and sparse rows"
             << (config.server().max_memory_bytes() > 0 ? "" : " (80% of physical memory)");
   if (!options.data_dir.empty()) shard_options.spill_dir = options.data_dir + "/spill";
+  shard_options.cancelled = options.cancelled;
   ASSIGN_OR_RETURN(server->shard_, Shard::Create(config, shard_options));
   LogTables(*server->shard_, shard_options.spill_dir);
   if (options.data_dir.empty()) {

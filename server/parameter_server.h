@@ -18,6 +18,7 @@
 #define PS_SERVER_PARAMETER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,10 @@ struct ParameterServerOptions {
   std::string metrics_host;
   // Shut down by itself once every worker of the job has said it finished.
   bool exit_when_done = true;
+  // Asked while Create allocates and initializes the tables (ShardOptions::cancelled): a stop
+  // signal arriving then ends Create with CANCELLED within one block's time instead of after
+  // the whole layout (gigabytes) is initialized. Empty: never cancelled.
+  std::function<bool()> cancelled;
 };
 
 // Thread-safe: RequestStop() may be called from any thread (a signal thread, the Shutdown
@@ -69,7 +74,8 @@ class ParameterServer {
  public:
   // Builds the shard from `config` (validated by the caller: common::ValidateJobConfig) and
   // restores the checkpoint asked for. Errors: INVALID_ARGUMENT (options or config), those of
-  // Shard::Create and Checkpointer::Restore (DATA_LOSS for a corrupt checkpoint, ...).
+  // Shard::Create and Checkpointer::Restore (DATA_LOSS for a corrupt checkpoint, ...);
+  // CANCELLED when options.cancelled said so during the allocation.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(
       const JobConfig& config, const ParameterServerOptions& options);
   ~ParameterServer();

@@ -25,6 +25,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -124,8 +126,36 @@ absl::Status Run() {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.metrics_port = startup.metrics_port;
   options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
-  ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
-                   ParameterServer::Create(config, options));
+  // The signal thread runs from before the tables are allocated (gigabytes can take minutes):
+  // a stop signal then cancels the allocation; once serving, it stops the server.
+  absl::Mutex mu;
+  bool stop_signal = false;                 // guarded by mu
+  ParameterServer* serving = nullptr;       // guarded by mu
+  std::unique_ptr<ParameterServer> server;  // outlives the thread (joined by `join` below)
+  std::atomic<bool> stopped{false};
+  std::thread signal_thread([&] {
+    if (!common::WaitForStopSignal(stop_signals, &stopped)) return;
+    absl::MutexLock lock(&mu);
+    stop_signal = true;
+    if (serving != nullptr) serving->RequestStop();
+  });
+  auto join = absl::MakeCleanup([&] {
+    // Wake the signal thread if the stop came from elsewhere (the Shutdown RPC, all workers
+    // done, an error).
+    stopped = true;
+    pthread_kill(signal_thread.native_handle(), SIGTERM);
+    signal_thread.join();
+  });
+  options.cancelled = [&] {
+    absl::MutexLock lock(&mu);
+    return stop_signal;
+  };
+  ASSIGN_OR_RETURN(server, ParameterServer::Create(config, options));
+  {
+    absl::MutexLock lock(&mu);
+    if (stop_signal) return absl::CancelledError("stopped by a signal before serving");
+    serving = server.get();
+  }
   RETURN_IF_ERROR(server->Start());
 
   const int32_t index = options.server_index;
@@ -148,16 +178,7 @@ absl::Status Run() {
         absl::StrCat(common::AdvertisedHost(options.host), ":", server->port())));
   }
 
-  std::atomic<bool> stopped{false};
-  std::thread signal_thread([&] {
-    if (common::WaitForStopSignal(stop_signals, &stopped)) server->RequestStop();
-  });
-  absl::Status status = server->Wait();
-  // Wake the signal thread if the stop came from elsewhere (the Shutdown RPC, all workers done).
-  stopped = true;
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
-  return status;
+  return server->Wait();
 }
 
 }  // namespace

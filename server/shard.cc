@@ -78,8 +78,15 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
     spill_options.path = options.spill_dir;
     ASSIGN_OR_RETURN(spill_store, storage::SpillStore::Open(spill_options, spilling));
   }
-  return std::unique_ptr<Shard>(new Shard(config, options, std::move(partitioner),
-                                          TrackerOptions(config), std::move(spill_store)));
+  std::unique_ptr<Shard> shard(new Shard(config, options, std::move(partitioner),
+                                         TrackerOptions(config), std::move(spill_store)));
+  if (options.cancelled && options.cancelled()) {
+    // The constructor stopped allocating at the first block after the request.
+    return absl::CancelledError(absl::StrCat(
+        "server ", options.server_index, ": start cancelled while allocating the tables (",
+        shard->memory_.used(), " bytes allocated so far; released)"));
+  }
+  return shard;
 }
 
 absl::Status Shard::CheckDenseMemory(const common::Partitioner& partitioner,
@@ -121,7 +128,8 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
     const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
     std::unique_ptr<TablePart> part;
     if (info.kind == TABLE_KIND_DENSE) {
-      part = std::make_unique<DenseTablePart>(info, opt, partitioner_, options_.server_index);
+      part = std::make_unique<DenseTablePart>(info, opt, partitioner_, options_.server_index,
+                                              options_.cancelled);
     } else if (spill_store_ != nullptr && info.config->memory_budget_rows() > 0) {
       storage::SpillTable* spill = spill_store_->table(next_spill_table++);
       CHECK_EQ(spill->name(), info.name);

@@ -14,6 +14,7 @@
 #define PS_SERVER_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ struct ShardOptions {
   // bandwidth rather than one core's speed. -1 = one fewer than the machine's cores; 0 = every
   // push is applied by the thread that received it.
   int apply_threads = -1;
+  // Asked between the blocks of the dense tables Create allocates and initializes (several GB
+  // take seconds to minutes): once it returns true, Create stops and returns CANCELLED. Empty:
+  // never cancelled. Called on Create's thread only.
+  std::function<bool()> cancelled;
 };
 
 // Who sent a request (from the wire header, or the in-process store).
@@ -167,7 +172,9 @@ class Shard {
  public:
   // `config` must be prepared (common::LoadAndPrepareJobConfig). INVALID_ARGUMENT for a bad
   // server index or optimizer settings, or a memory_budget_rows on a dense table; the errors of
-  // storage::SpillStore::Open when a sparse table has a budget and options.spill_dir is set.
+  // storage::SpillStore::Open when a sparse table has a budget and options.spill_dir is set;
+  // CANCELLED when options.cancelled said so while the tables were being allocated (nothing
+  // is kept).
   static absl::StatusOr<std::unique_ptr<Shard>> Create(const JobConfig& config,
                                                        const ShardOptions& options);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status_matchers.h"
@@ -256,6 +257,39 @@ TEST(Shard, TwoShardsSplitTheTableAndTheStoreReassemblesIt) {
   EXPECT_GT(RowsOf(*s0, "emb"), 50u);
   EXPECT_GT(RowsOf(*s1, "emb"), 50u);
   for (float v : PullRows(*store, keys)) EXPECT_FLOAT_EQ(v, -0.5f);
+}
+
+TEST(Shard, CreateStopsAllocatingOnceCancelledFromAnotherThread) {
+  // 16M floats in 256 blocks. The stop is set by another thread while the table is half
+  // initialized: at the 128th question Create waits until it is set.
+  auto config = common::ParseJobConfigText(R"pb(
+    cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 16777216
+             initializer { kind: NORMAL stddev: 0.1 } optimizer { kind: SGD } }
+  )pb", "test");
+  ASSERT_THAT(config.status(), IsOk());
+  std::atomic<bool> stop{false};
+  absl::Notification asked, set;
+  std::thread signal_thread([&] {
+    asked.WaitForNotification();
+    stop = true;
+    set.Notify();
+  });
+  int questions = 0;
+  ShardOptions options;
+  options.cancelled = [&] {
+    if (++questions == 128) {
+      asked.Notify();
+      set.WaitForNotification();
+    }
+    return stop.load();
+  };
+  auto shard = Shard::Create(*config, options);
+  signal_thread.join();
+  EXPECT_THAT(shard.status(), StatusIs(absl::StatusCode::kCancelled,
+                                       HasSubstr("cancelled while allocating the tables")));
+  // No block was allocated after the stop: asked once more by Create itself, that is all.
+  EXPECT_EQ(questions, 129);
 }
 
 TEST(Shard, CreateRejectsServerIndexOutOfRange) {

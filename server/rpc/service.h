@@ -1,7 +1,9 @@
 // The ParameterServer gRPC service (callback API) over one Shard.
 //
-// Every request is checked in full before anything changes (see Shard): a bad request gets
-// a precise status and leaves the server's state as it was.
+// The service checks who the caller is (auth.h) and decodes bytes into the shard's
+// wire-independent requests (PushView, PullTable); the shard validates them, in full before
+// anything changes, as it does for the in-process store: a bad request gets a precise status,
+// counted under its reason, and leaves the server's state as it was.
 //
 // The data path is PushPull, which carries frames (common/rpc/frame.h) instead of protobuf
 // messages: push payloads are used where gRPC received them (or gathered once into a pooled

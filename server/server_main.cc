@@ -25,7 +25,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -96,6 +95,45 @@ absl::Status ParseRestore(const std::string& flag, ParameterServerOptions* optio
   return absl::OkStatus();
 }
 
+// Waits for the stop signals on a thread of its own from before the tables are allocated
+// (gigabytes can take minutes): a signal then cancels the allocation (received()), and once the
+// server serves (Serve), stops it. Thread-safe.
+class StopSignals {
+ public:
+  explicit StopSignals(const sigset_t& signals)
+      : thread_([this, signals] {
+          if (!common::WaitForStopSignal(signals, &done_)) return;
+          absl::MutexLock lock(&mu_);
+          received_ = true;
+          if (serving_ != nullptr) serving_->RequestStop();
+        }) {}
+  // Wakes the thread if the stop came from elsewhere (the Shutdown RPC, all workers done, an
+  // error) and joins it.
+  ~StopSignals() {
+    done_ = true;
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+  bool received() {
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+  // Signals stop `server` from now on (not owned; it must outlive this object). False if one
+  // arrived already.
+  bool Serve(ParameterServer* server) {
+    absl::MutexLock lock(&mu_);
+    serving_ = server;
+    return !received_;
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  absl::Mutex mu_;
+  bool received_ ABSL_GUARDED_BY(mu_) = false;
+  ParameterServer* serving_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread thread_;  // last: it uses the members above
+};
+
 absl::Status Run() {
   RETURN_IF_ERROR(ValidateFlags());
   // SIGTERM/SIGINT are blocked in every thread (before any starts) and awaited on one.
@@ -126,35 +164,12 @@ absl::Status Run() {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.metrics_port = startup.metrics_port;
   options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
-  // The signal thread runs from before the tables are allocated (gigabytes can take minutes):
-  // a stop signal then cancels the allocation; once serving, it stops the server.
-  absl::Mutex mu;
-  bool stop_signal = false;                 // guarded by mu
-  ParameterServer* serving = nullptr;       // guarded by mu
-  std::unique_ptr<ParameterServer> server;  // outlives the thread (joined by `join` below)
-  std::atomic<bool> stopped{false};
-  std::thread signal_thread([&] {
-    if (!common::WaitForStopSignal(stop_signals, &stopped)) return;
-    absl::MutexLock lock(&mu);
-    stop_signal = true;
-    if (serving != nullptr) serving->RequestStop();
-  });
-  auto join = absl::MakeCleanup([&] {
-    // Wake the signal thread if the stop came from elsewhere (the Shutdown RPC, all workers
-    // done, an error).
-    stopped = true;
-    pthread_kill(signal_thread.native_handle(), SIGTERM);
-    signal_thread.join();
-  });
-  options.cancelled = [&] {
-    absl::MutexLock lock(&mu);
-    return stop_signal;
-  };
+  std::unique_ptr<ParameterServer> server;
+  StopSignals signals(stop_signals);  // destroyed (its thread joined) before `server`
+  options.cancelled = [&signals] { return signals.received(); };
   ASSIGN_OR_RETURN(server, ParameterServer::Create(config, options));
-  {
-    absl::MutexLock lock(&mu);
-    if (stop_signal) return absl::CancelledError("stopped by a signal before serving");
-    serving = server.get();
+  if (!signals.Serve(server.get())) {
+    return absl::CancelledError("stopped by a signal before serving");
   }
   RETURN_IF_ERROR(server->Start());
 

@@ -94,7 +94,7 @@ std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
     if (keys.size() >= layout.my_keys.size() + 64) break;
     if (shard.partitioner().ServerForKey(k) == 0) keys.push_back(k);
   }
-  const PullTable tables[] = {{"w", ENCODING_FLOAT32, layout.my_blocks, {}},
+  const server::PullTable tables[] = {{"w", ENCODING_FLOAT32, layout.my_blocks, {}},
                               {"emb", ENCODING_FLOAT32, {}, keys}};
   std::vector<float> buffer;
   const absl::Status read = shard.ReadPull(  // in memory: no I/O

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/atomic_file.h"
 #include "common/metrics/http_server.h"
+#include "common/startup/atomic_file.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/checkpointer.h"
@@ -137,7 +137,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
             << " bytes for parameters, optimizer slots and sparse rows"
             << (config.server().max_memory_bytes() > 0 ? "" : " (80% of physical memory)");
   if (!options.data_dir.empty()) shard_options.spill_dir = options.data_dir + "/spill";
-  shard_options.cancelled = options.cancelled;
+  if (options.stop != nullptr) {
+    shard_options.cancelled = [stop = options.stop] { return stop->requested(); };
+  }
   ASSIGN_OR_RETURN(server->shard_, Shard::Create(config, shard_options));
   LogTables(*server->shard_, shard_options.spill_dir);
   if (options.data_dir.empty()) {
@@ -145,13 +147,41 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   } else {
     RETURN_IF_ERROR(server->Restore());
   }
+  if (options.stop != nullptr && !options.stop->Attach(server.get())) {
+    return absl::CancelledError("stopped by a signal before serving");
+  }
   return server;
+}
+
+void StopRequest::Request() {
+  absl::MutexLock lock(&mu_);
+  requested_ = true;
+  if (server_ != nullptr) server_->RequestStop();
+}
+
+bool StopRequest::requested() const {
+  absl::MutexLock lock(&mu_);
+  return requested_;
+}
+
+bool StopRequest::Attach(ParameterServer* server) {
+  absl::MutexLock lock(&mu_);
+  if (requested_) return false;
+  server_ = server;
+  return true;
+}
+
+void StopRequest::Detach(const ParameterServer* server) {
+  absl::MutexLock lock(&mu_);
+  if (server_ == server) server_ = nullptr;
 }
 
 ParameterServer::ParameterServer(const JobConfig& config, const ParameterServerOptions& options)
     : config_(config), options_(options), final_checkpoint_(config.checkpoint().on_shutdown()) {}
 
 ParameterServer::~ParameterServer() {
+  // A signal arriving from now on finds no server to stop.
+  if (options_.stop != nullptr) options_.stop->Detach(this);
   // Stop serving before the service, checkpointer and shard go (reverse member order would
   // destroy the gRPC server first anyway; this also stops the checkpointer's thread).
   if (grpc_server_ != nullptr) {

@@ -10,31 +10,20 @@
 // final checkpoint, exit 0 (1 if the final checkpoint failed).
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index, the port and the cluster come
-// from the environment instead (--cluster_from, see common/cluster_env.h).
-#include <pthread.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cmath>
+// from the environment instead (--cluster_from, see common/cluster/cluster_env.h).
+#include <climits>
 #include <csignal>
 #include <iostream>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/process_memory.h"
-#include "common/atomic_file.h"
-#include "common/cluster_env.h"
-#include "common/main_flags.h"
+#include "common/cluster/cluster_env.h"
+#include "common/startup/atomic_file.h"
+#include "common/startup/flag_check.h"
+#include "common/startup/main_flags.h"
 #include "common/status_macros.h"
-#include "glog/logging.h"
 #include "server/parameter_server.h"
 
 ABSL_FLAG(int32_t, server_index, -1,
@@ -57,30 +46,19 @@ ABSL_FLAG(bool, exit_when_done, true,
 namespace ps::server {
 namespace {
 
-// Flag ranges, checked before anything starts: a value out of range is refused, never wrapped
-// (a port of 99999 used to listen on 99999 mod 65536) or taken as "unset". The flags shared
-// with ps_worker are checked in common/main_flags.cc.
+// Flag ranges, checked before anything starts (common/startup/flag_check.h). The flags
+// shared with ps_worker are checked in common/startup/main_flags.cc.
 absl::Status ValidateFlags() {
-  std::vector<std::string> errors;
-  const int32_t port = absl::GetFlag(FLAGS_port);
-  if (port < 0 || port > 65535) {
-    errors.push_back(absl::StrCat("--port=", port, ": expected 0..65535"));
-  }
-  if (absl::GetFlag(FLAGS_server_index) < -1) {
-    errors.push_back(absl::StrCat("--server_index=", absl::GetFlag(FLAGS_server_index),
-                                  ": expected 0..num_servers-1"));
-  }
-  if (absl::GetFlag(FLAGS_threads) < 0 || absl::GetFlag(FLAGS_threads) > 4096) {
-    errors.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads),
-                                  ": expected 0 (server.num_threads) or 1..4096"));
-  }
-  const double interval = absl::GetFlag(FLAGS_checkpoint_interval);
-  if (!(interval >= 0 || interval == -1) || !std::isfinite(interval)) {
-    errors.push_back(absl::StrCat("--checkpoint_interval=", interval,
-                                  ": expected seconds >= 0 (0 = off), or -1 for the config's"));
-  }
-  if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+  return common::AllFlagsInRange({
+      common::CheckIntFlagRange("port", absl::GetFlag(FLAGS_port), 0, 65535, "0..65535"),
+      common::CheckIntFlagRange("server_index", absl::GetFlag(FLAGS_server_index), -1,
+                                INT32_MAX, "0..num_servers-1"),
+      common::CheckIntFlagRange("threads", absl::GetFlag(FLAGS_threads), 0, 4096,
+                                "0 (server.num_threads) or 1..4096"),
+      common::CheckDoubleFlagRange("checkpoint_interval", absl::GetFlag(FLAGS_checkpoint_interval),
+                                   0, common::kNoLimit,
+                                   "seconds >= 0 (0 = off), or -1 for the config's", -1),
+  });
 }
 
 absl::Status ParseRestore(const std::string& flag, ParameterServerOptions* options) {
@@ -94,45 +72,6 @@ absl::Status ParseRestore(const std::string& flag, ParameterServerOptions* optio
   options->restore_id = id;
   return absl::OkStatus();
 }
-
-// Waits for the stop signals on a thread of its own from before the tables are allocated
-// (gigabytes can take minutes): a signal then cancels the allocation (received()), and once the
-// server serves (Serve), stops it. Thread-safe.
-class StopSignals {
- public:
-  explicit StopSignals(const sigset_t& signals)
-      : thread_([this, signals] {
-          if (!common::WaitForStopSignal(signals, &done_)) return;
-          absl::MutexLock lock(&mu_);
-          received_ = true;
-          if (serving_ != nullptr) serving_->RequestStop();
-        }) {}
-  // Wakes the thread if the stop came from elsewhere (the Shutdown RPC, all workers done, an
-  // error) and joins it.
-  ~StopSignals() {
-    done_ = true;
-    pthread_kill(thread_.native_handle(), SIGTERM);
-    thread_.join();
-  }
-  bool received() {
-    absl::MutexLock lock(&mu_);
-    return received_;
-  }
-  // Signals stop `server` from now on (not owned; it must outlive this object). False if one
-  // arrived already.
-  bool Serve(ParameterServer* server) {
-    absl::MutexLock lock(&mu_);
-    serving_ = server;
-    return !received_;
-  }
-
- private:
-  std::atomic<bool> done_{false};
-  absl::Mutex mu_;
-  bool received_ ABSL_GUARDED_BY(mu_) = false;
-  ParameterServer* serving_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::thread thread_;  // last: it uses the members above
-};
 
 absl::Status Run() {
   RETURN_IF_ERROR(ValidateFlags());
@@ -164,13 +103,12 @@ absl::Status Run() {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.metrics_port = startup.metrics_port;
   options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
-  std::unique_ptr<ParameterServer> server;
-  StopSignals signals(stop_signals);  // destroyed (its thread joined) before `server`
-  options.cancelled = [&signals] { return signals.received(); };
-  ASSIGN_OR_RETURN(server, ParameterServer::Create(config, options));
-  if (!signals.Serve(server.get())) {
-    return absl::CancelledError("stopped by a signal before serving");
-  }
+  // From before the tables are allocated (minutes for gigabytes): a signal cancels that.
+  StopRequest stop;
+  common::StopSignalThread stop_signal_thread(stop_signals, [&stop] { stop.Request(); });
+  options.stop = &stop;
+  ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
+                   ParameterServer::Create(config, options));
   RETURN_IF_ERROR(server->Start());
 
   const int32_t index = options.server_index;
@@ -200,19 +138,9 @@ absl::Status Run() {
 }  // namespace ps::server
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Runs one parameter server of a job. Example:\n  ps_server --config=job.textproto "
-      "--server_index=0 --port=0 --data_dir=/var/lib/ps/0");
-  absl::ParseCommandLine(argc, argv);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
-  // Before any thread starts: freed payload memory stays mapped for the next call.
-  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
-  absl::Status status = ps::server::Run();
-  if (!status.ok()) {
-    LOG(ERROR) << "ps_server: " << status;
-    std::cerr << "ps_server: " << status << std::endl;
-    return 1;
-  }
-  return 0;
+  return ps::common::RunMain(argc, argv, "ps_server",
+                             "Runs one parameter server of a job. Example:\n  ps_server "
+                             "--config=job.textproto --server_index=0 --port=0 "
+                             "--data_dir=/var/lib/ps/0",
+                             ps::server::Run);
 }

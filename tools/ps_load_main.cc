@@ -27,7 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_macros.h"
 #include "tools/bench_load.h"
 #include "tools/local_cluster.h"

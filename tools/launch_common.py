@@ -95,6 +95,19 @@ def worker_certificates(cfg, num_workers):
     return out
 
 
+def exit_status(code):
+    """A failed child's Popen returncode as the launcher's exit status: its own code, 128 + N
+    when signal N ended it, 1 when it gives none (still running, or 0)."""
+    if not code:
+        return 1
+    return code if code > 0 else 128 - code
+
+
+def worker_args(args, index):
+    """The --worker_arg flags of worker `index`: {index} replaced by it (per-worker log files)."""
+    return [a.replace("{index}", str(index)) for a in args]
+
+
 def cluster_size(cfg):
     """(servers, workers) of an effective_config: cluster.num_servers (else the number of
     cluster.servers), cluster.num_workers."""

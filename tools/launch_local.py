@@ -7,7 +7,7 @@
 Servers listen on free ports of 127.0.0.1 and keep their checkpoints under --data_root.
 Every line a process prints is prefixed with its name. When every worker has finished, the
 servers are stopped with SIGTERM (they write a final checkpoint). If a process fails, the
-launcher names it, stops the rest and exits non-zero. Ctrl-C (or SIGTERM) stops everything;
+launcher names it, stops the rest and exits with that process's code (128 + N for signal N). Ctrl-C (or SIGTERM) stops everything;
 no process is left behind, also when the launcher itself is killed (children get SIGTERM
 through PR_SET_PDEATHSIG).
 """
@@ -21,7 +21,8 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, StopRequest, Stopped, cluster_size, effective_config, worker_certificates
+from launch_common import (Proc, StopRequest, Stopped, cluster_size, effective_config, exit_status, worker_args,
+                           worker_certificates)
 
 
 def main():
@@ -34,7 +35,8 @@ def main():
     ap.add_argument("--log_dir", default=None, help="per-process logs (default: <data_root>/logs)")
     ap.add_argument("--set", action="append", default=[], help="config override path=value, for every process")
     ap.add_argument("--server_arg", action="append", default=[], help="extra ps_server flag")
-    ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag")
+    ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag; {index} becomes the worker's index "
+                         "(e.g. --worker_arg=--log_path=/tmp/w{index}.jsonl)")
     ap.add_argument("--restart_servers", type=int, default=0,
                     help="restart a crashed server up to this many times (with back-off)")
     ap.add_argument("--restart_workers", type=int, default=0,
@@ -175,14 +177,15 @@ def main():
         for j in range(num_workers):
             argv = [worker_bin, "--config=" + args.config, "--worker_index=%d" % j,
                     "--cluster_from=flags", "--servers=" + addresses] + \
-                ["--set=" + ",".join(overrides + worker_identities[j])] + metrics_flags("worker", j) + args.worker_arg
+                ["--set=" + ",".join(overrides + worker_identities[j])] + metrics_flags("worker", j) + \
+                worker_args(args.worker_arg, j)
             p = Proc("worker %d" % j, argv, out_lock, log_dir)
             procs.append(p)
             workers.append(p)
 
         restarts = [0] * num_servers
         worker_restarts = [0] * num_workers
-        failed = None
+        failed, failed_code = None, 1
         while failed is None:
             stop.check()
             report_metrics()
@@ -198,7 +201,7 @@ def main():
                         (j, code, worker_restarts[j], args.restart_workers))
                     w.start()
                 else:
-                    failed = "worker %d failed with exit code %d" % (j, code)
+                    failed, failed_code = "worker %d failed with exit code %d" % (j, code), exit_status(code)
             for i, s in enumerate(servers):
                 code = s.poll()
                 if code is None or code == 0:
@@ -214,12 +217,13 @@ def main():
                     s.start()
                 else:
                     failed = "server %d exited with code %s before the workers finished" % (i, code)
+                    failed_code = exit_status(code)
             time.sleep(0.1)
 
         if failed:
             say(failed + "; stopping the job")
             stop_all()
-            return 1
+            return failed_code
         say("all %d workers finished; stopping the servers" % num_workers)
         for s in servers:
             s.signal(signal.SIGTERM)

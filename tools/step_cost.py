@@ -1,6 +1,6 @@
 """A model's bytes per training step, from its config: what a worker pulls and pushes.
 
-Used by the advisor (tools/ps_advise.py) and the crossover study (tools/crossover_study.py).
+Used by the advisor (tools/ps_advise.py) and the crossover study (studies/crossover_study.py).
 """
 import os
 import re

@@ -16,13 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "studies"))
 import crossover_study  # noqa: E402
-from launch_common import parse_textproto  # noqa: E402
+from launch_common import get  # noqa: E402
 from ps_advise import GRPC_CPU_FACTOR, STRAGGLER, predict  # noqa: E402
 from link_probe import exchange_key  # noqa: E402
-from step_cost import _get, apply_sets, model_bytes, period_bytes, read_text, step_bytes  # noqa: E402
+from step_cost import load as load_config, model_bytes, period_bytes, step_bytes  # noqa: E402
 
 
-def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
+def validate(path, cores, bin_dir, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
     """Predictions for every run of a studies/crossover_study.py JSON-lines file, next to its measurement.
 
     The inputs are the study's own measurements of the same window, as the advisor would make
@@ -38,7 +38,7 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
         if r["mode"] != "async" or r["link"] != "loopback" or (r["servers"], r["workers"]) != (1, 1):
             continue
         config, sets = MODELS[r["model"]]
-        push_b, pull_b = step_bytes(os.path.join(ROOT, config), sets)
+        push_b, pull_b = step_bytes(bin_dir, os.path.join(ROOT, config), sets)
         lo = probes.get("loopback", {}).get("exchange_s", {}).get(exchange_key(push_b, pull_b))
         if lo is None:
             raise SystemExit("advise_validation: %s has no loopback probe of a %s step" % (path, r["model"]))
@@ -55,8 +55,8 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
         c = central[-1]
         n = max(1, c["steps"])
         m = dict(compute=c["compute_s"] / n, apply=c["push_s"] / n, pull=c["pull_s"] / n)
-        cfg = apply_sets(parse_textproto(read_text(os.path.join(ROOT, config))), sets)
-        batch = int(_get(cfg, "training.batch_size", 64))
+        cfg = load_config(bin_dir, os.path.join(ROOT, config), sets)
+        batch = int(get(cfg, "training.batch_size", 64))
         kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
         m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
         mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
@@ -80,11 +80,11 @@ def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
 FIT_GRID = [0.5 + 0.25 * i for i in range(15)]  # cpu_factor candidates, 0.5 .. 4.0
 
 
-def fit_cpu_factor(path, cores):
+def fit_cpu_factor(path, cores, bin_dir):
     """Leave one link out: for each link, the cpu_factor that minimizes the other links' mean
     |log(predicted / measured)|, then that link's rows predicted with it. Returns (rows predicted
     out of sample, {link: factor}, the factor fitted on every link)."""
-    by_factor = {f: validate(path, cores, cpu_factor=f)[0] for f in FIT_GRID}
+    by_factor = {f: validate(path, cores, bin_dir, cpu_factor=f)[0] for f in FIT_GRID}
 
     def loss(rows):
         return sum(abs(math.log(r["predicted"] / r["measured"])) for r in rows) / max(1, len(rows))
@@ -118,9 +118,11 @@ def main():
     ap.add_argument("--cores", type=int, default=None, help="cores all processes shared (default: this machine's)")
     ap.add_argument("--fit", action="store_true", help="also fit the gRPC CPU factor, leaving each link out in turn")
     ap.add_argument("--json", action="store_true", help="also print each row as JSON")
+    ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"),
+                    help="where server/ps_server is (it reads the configs; default: bazel-bin)")
     args = ap.parse_args()
     cores = args.cores or os.cpu_count()
-    rows, grpc = validate(args.results, cores)
+    rows, grpc = validate(args.results, cores, args.bin_dir)
     for model, g in grpc.items():
         print("a %s step's pull + push on loopback (the study's async 1x1 run): %.2f ms; the same bytes "
               "over raw TCP: %.2f ms" % (model, g["grpc_step"] * 1e3, g["loopback_exchange_s"] * 1e3))
@@ -128,7 +130,7 @@ def main():
         GRPC_CPU_FACTOR, STRAGGLER))
     print_validation(rows)
     if args.fit:
-        fitted, chosen, overall = fit_cpu_factor(args.results, cores)
+        fitted, chosen, overall = fit_cpu_factor(args.results, cores, args.bin_dir)
         print("\nWith cpu_factor fitted on the other links (leave one link out: %s; on all links: %.2f):" % (
             ", ".join("%s %.2f" % kv for kv in chosen.items()), overall))
         print_validation(fitted)

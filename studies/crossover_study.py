@@ -252,7 +252,7 @@ class Study:
 
     def probe(self, link):
         # Besides the rate and round trip: one worker step's pull and push, back to back, per model.
-        exchanges = [step_bytes(os.path.join(ROOT, MODELS[m][0]), MODELS[m][1]) for m in self.args.models.split(",")]
+        exchanges = [step_bytes(self.bin_dir, os.path.join(ROOT, MODELS[m][0]), MODELS[m][1]) for m in self.args.models.split(",")]
         if link == "loopback":
             return probe_link([], [], "127.0.0.1", exchanges=exchanges)
         return probe_link(self.net.exec_prefix("s0"), self.net.exec_prefix("w0"), "%s.%d" % (SUBNET, 1),

@@ -13,6 +13,7 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, HERE)
 
@@ -173,7 +174,7 @@ class ValidateTest(unittest.TestCase):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
         try:
-            out, grpc = advise_validation.validate(f.name, 64)
+            out, grpc = advise_validation.validate(f.name, 64, ROOT)
         finally:
             os.unlink(f.name)
         self.assertAlmostEqual(grpc["small"]["grpc_step"], 0.002)

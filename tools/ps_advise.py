@@ -51,8 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from job_runs import launch_argv, parse_run, read_logs  # noqa: E402
 from link_probe import exchange_key, probe_link  # noqa: E402, F401
-from launch_common import parse_textproto  # noqa: E402
-from step_cost import _get, apply_sets, model_bytes, period_bytes, read_text, step_bytes  # noqa: E402, F401
+from launch_common import get  # noqa: E402
+from step_cost import load, model_bytes, period_bytes, step_bytes  # noqa: E402, F401
 
 # CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
 # crossover study of 2026-11-30 (`studies/advise_validation.py docs/runs/crossover.jsonl --fit`: 1.25 with any link left out).
@@ -178,8 +178,8 @@ def recommend(preds, min_gain):
 def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_workers=4, servers=(1, 2),
            steps=None, measured=None):
     """Runs the measurements (or takes `measured`) and returns a report dict."""
-    cfg = apply_sets(parse_textproto(read_text(config)), sets)
-    batch = int(_get(cfg, "training.batch_size", 64))
+    cfg = load(bin_dir, config, sets)
+    batch = int(get(cfg, "training.batch_size", 64))
     kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
     if measured is None:
         m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 50)

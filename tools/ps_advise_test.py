@@ -11,19 +11,18 @@ sys.path.insert(0, HERE)
 
 import ps_advise  # noqa: E402
 
-MNIST = os.path.join(HERE, "..", "configs", "fashion_mnist_2x2_async.textproto")
+ROOT = os.path.dirname(HERE)
+MNIST = os.path.join(ROOT, "configs", "fashion_mnist_2x2_async.textproto")
 
 
 def mlp_cfg(hidden, batch=64):
-    return ps_advise.apply_sets(ps_advise.parse_textproto(ps_advise.read_text(MNIST)),
-                                ["model.mlp.hidden=%s" % ",".join(map(str, hidden)),
-                                 "training.batch_size=%d" % batch])
+    return ps_advise.load(ROOT, MNIST, ["model.mlp.hidden=%s" % ",".join(map(str, hidden)),
+                                        "training.batch_size=%d" % batch])
 
 
 def ctr_cfg(vocab, fields, dim):
-    return {"model": [{"ctr": [{"embedding_dim": [str(dim)]}]}],
-            "data": [{"synthetic": [{"vocabulary_per_field": [str(vocab)], "num_fields": [str(fields)],
-                                     "zipf_exponent": ["1.1"]}]}]}
+    return {"model": {"ctr": {"embedding_dim": dim}},
+            "data": {"synthetic": {"vocabulary_per_field": str(vocab), "num_fields": fields, "zipf_exponent": 1.1}}}
 
 
 # A step's pull + push on loopback (22 ms) and the same bytes over raw TCP there (none), round
@@ -68,7 +67,7 @@ class ModelBytesTest(unittest.TestCase):
         self.assertLess(ratio, 4.0)     # ... but popular ones repeat across its batches
 
     def test_step_bytes_reads_the_overrides(self):
-        self.assertEqual(ps_advise.step_bytes(MNIST, ["model.mlp.hidden=64"]), (203560, 203560))
+        self.assertEqual(ps_advise.step_bytes(ROOT, MNIST, ["model.mlp.hidden=64"]), (203560, 203560))
 
 
 class PredictTest(unittest.TestCase):
@@ -154,7 +153,6 @@ class ProbeTest(unittest.TestCase):
             self.assertLess(v, 10)
 
 
-ROOT = os.path.dirname(HERE)
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "server", "ps_server")) and

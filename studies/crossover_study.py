@@ -54,7 +54,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from job_runs import EVAL_LINE, launch_argv, parse_run, read_log, read_logs, run_until  # noqa: E402, F401
+from job_runs import launch_argv, parse_run, read_log, read_logs, run_until  # noqa: E402
 from link_probe import probe_link  # noqa: E402
 from step_cost import step_bytes  # noqa: E402
 
@@ -227,16 +227,17 @@ class Study:
         limit = self.target_limits[model]
         sets = ["training.epochs=%d" % self.args.target_epochs, "training.target_metric=%g" % target,
                 "training.eval_every_epochs=1"]
-        run_dir = None
+        run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
+        worker0_log = os.path.join(run_dir, "logs", "worker-0.jsonl")  # launch_argv's name for it
         if mode == "centralized":
+            os.makedirs(os.path.dirname(worker0_log), exist_ok=True)
             argv = [os.path.join(self.wrapped, "worker/ps_worker"), "--config=" + config, "--centralized",
-                    "--eval=always", "--threads=1", "--set=" + ",".join(model_sets + sets)]
+                    "--eval=always", "--threads=1", "--log_path=" + worker0_log,
+                    "--set=" + ",".join(model_sets + sets)]
         else:
-            run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
             argv = self.cluster_argv(link, model, s, w, mode, sets, run_dir, "auto")
-        evals, reached, out, wall, failed = run_until(argv, target, limit)
-        if run_dir:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        evals, reached, out, wall, failed = run_until(argv, target, limit, worker0_log)
+        shutil.rmtree(run_dir, ignore_errors=True)
         if self.net:
             self.net.kill_processes()
         if failed:

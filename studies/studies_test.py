@@ -22,49 +22,62 @@ import crossover_study  # noqa: E402
 import job_runs  # noqa: E402
 
 
-# A job that would go on training after its evaluations: only SIGTERM ends it. SIGTERM is
-# blocked and taken with sigwait, never handled by printing from a handler (a handler runs
-# between any two bytecodes, also inside a print, and printing there fails with "reentrant
-# call").
+# A job that would go on training after its evaluations: only SIGTERM ends it. Worker 0's and
+# worker 1's evaluations go to their JSON logs (argv[2], argv[3]), as ps_worker writes them.
+# SIGTERM is blocked and taken with sigwait, never handled by printing from a handler (a handler
+# runs between any two bytecodes, also inside a print, and printing there fails with
+# "reentrant call").
 FAKE_RUN = r"""
-import signal, sys
+import json, signal, sys
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+logs = [open(sys.argv[2], "a"), open(sys.argv[3], "a")]
 for epoch, metric in enumerate([float(v) for v in sys.argv[1].split(",")], 1):
-    print("[worker 1@h] worker 1  epoch %d  test accuracy 0.9999  loss 0.1  (0.1 s)" % epoch, flush=True)
-    print("[worker 0@h] worker 0  epoch %d  test accuracy %.4f  loss 0.3  (%.1f s)" % (epoch, metric, epoch * 1.5),
-          flush=True)
+    for worker, value in ((1, 0.9999), (0, metric)):
+        logs[worker].write(json.dumps(dict(type="eval", worker=worker, epoch=epoch, step=10 * epoch,
+                                           time_s=epoch * 1.5, accuracy=value)) + "\n")
+        logs[worker].flush()
+print("evaluated", flush=True)
 signum = signal.sigwait({signal.SIGTERM})
 print("stopped by signal %d" % signum, flush=True)
 """
 
 
 class TimeToTargetTest(unittest.TestCase):
-    def test_eval_lines_of_both_kinds_of_model(self):
-        m = crossover_study.EVAL_LINE.search("[worker 0@ns-w0] worker 0  epoch 3  test accuracy 0.8512  loss 0.4  (7.5 s)")
-        self.assertEqual(m.groups(), ("3", "0.8512", "7.5"))
-        m = crossover_study.EVAL_LINE.search("worker 0  epoch 2  test AUC 0.8237  log-loss 0.4735  (4.1 s)")
-        self.assertEqual(m.groups(), ("2", "0.8237", "4.1"))
-        self.assertIsNone(crossover_study.EVAL_LINE.search("worker 1  epoch 2  test AUC 0.9  log-loss 0.4  (4.1 s)"))
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.log0, self.log1 = (os.path.join(self.dir, "worker-%d.jsonl" % j) for j in range(2))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def run_fake(self, metrics, limit):
+        return job_runs.run_until([sys.executable, "-c", FAKE_RUN, metrics, self.log0, self.log1], 0.85, limit,
+                                  self.log0)
+
+    def test_eval_records_of_both_kinds_of_model(self):
+        self.assertEqual(job_runs.eval_record(dict(type="eval", worker=0, epoch=3, time_s=7.5, accuracy=0.8512)),
+                         (3, 0.8512, 7.5))
+        self.assertEqual(job_runs.eval_record(dict(type="eval", worker=0, epoch=2, time_s=4.1, auc=0.8237)),
+                         (2, 0.8237, 4.1))
+        self.assertIsNone(job_runs.eval_record(dict(type="done", worker=0)))
 
     def test_stops_the_run_at_the_first_evaluation_reaching_the_target(self):
-        evals, reached, out, _, failed = crossover_study.run_until(
-            [sys.executable, "-c", FAKE_RUN, "0.80,0.84,0.86,0.90"], 0.85, 3600)  # no limit in a test's time
+        evals, reached, out, _, failed = self.run_fake("0.80,0.84,0.86,0.90", 3600)  # no limit in a test's time
         self.assertEqual(reached, (3, 0.86, 4.5))
         self.assertFalse(failed)
         self.assertEqual([e[0] for e in evals], [1, 2, 3])  # none counted after the target
         self.assertIn("stopped by signal %d" % signal.SIGTERM, out)
 
     def test_a_run_that_never_reaches_it_ends_at_the_limit(self):
-        evals, reached, out, _, failed = crossover_study.run_until(
-            [sys.executable, "-c", FAKE_RUN, "0.80,0.81"], 0.85, 1.0)
+        evals, reached, out, _, failed = self.run_fake("0.80,0.81", 1.0)
         self.assertIsNone(reached)
         self.assertEqual(len(evals), 2)
         self.assertIn("stopped by signal %d" % signal.SIGTERM, out)  # by the limit's timer
         self.assertFalse(failed)  # stopped at its limit: not reached, not failed
 
     def test_a_run_that_exits_with_an_error_failed(self):
-        evals, reached, out, _, failed = crossover_study.run_until(
-            [sys.executable, "-c", "import sys; print('bad config'); sys.exit(2)"], 0.85, 60)
+        evals, reached, out, _, failed = job_runs.run_until(
+            [sys.executable, "-c", "import sys; print('bad config'); sys.exit(2)"], 0.85, 60, self.log0)
         self.assertTrue(failed)
         self.assertEqual((evals, reached), ([], None))
         self.assertIn("bad config", out)

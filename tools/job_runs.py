@@ -21,10 +21,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Worker 0's evaluation line, as the launchers prefix it or not.
-EVAL_LINE = re.compile(r"worker 0  epoch (\d+)  test (?:accuracy|AUC) ([0-9.]+)  (?:loss|log-loss) [0-9.]+  \(([0-9.]+) s\)")
-
-
 def cpu_seconds(text):
     """bash `times` children line "0m7.740s 0m0.560s" -> 8.3."""
     total = 0.0
@@ -105,15 +101,26 @@ def parse_run(out, records):
     return r
 
 
-def run_until(argv, target, limit):
-    """Runs argv (in its own process group), reading worker 0's evaluations from its output, until
-    one reaches target (then SIGTERM to the group) or limit seconds pass (the same).
+def eval_record(rec):
+    """(epoch, test metric, seconds) of a JSON-log "eval" record (accuracy or AUC), else None."""
+    if rec.get("type") != "eval":
+        return None
+    metric = rec.get("accuracy", rec.get("auc"))
+    return None if metric is None else (int(rec["epoch"]), float(metric), float(rec["time_s"]))
+
+
+def run_until(argv, target, limit, log_path):
+    """Runs argv (in its own process group) until worker 0's JSON log (log_path) holds an
+    evaluation reaching target (then SIGTERM to the group) or limit seconds pass (the same).
 
     Returns ([(epoch, metric, seconds)], the first one reaching target or None, output, wall s,
     whether it failed: exited non-zero before reaching the target or the limit)."""
     start = time.time()
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+    reader.start()
 
     def stop():
         try:
@@ -121,19 +128,11 @@ def run_until(argv, target, limit):
         except ProcessLookupError:
             pass
 
-    evals, reached, lines, timed_out = [], None, [], []
+    timed_out = []
     timer = threading.Timer(limit, lambda: (timed_out.append(True), stop()))
     timer.start()
     try:
-        for line in p.stdout:
-            lines.append(line)
-            m = EVAL_LINE.search(line)
-            if m and reached is None:
-                e = (int(m.group(1)), float(m.group(2)), float(m.group(3)))
-                evals.append(e)
-                if e[1] >= target:
-                    reached = e
-                    stop()
+        evals, reached = follow_evals(p, log_path, target, stop)
     finally:
         timer.cancel()
         try:
@@ -141,9 +140,46 @@ def run_until(argv, target, limit):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        reader.join(timeout=10)
         p.stdout.close()
     failed = reached is None and not timed_out and p.returncode != 0
     return evals, reached, "".join(lines), time.time() - start, failed
+
+
+def follow_evals(p, log_path, target, stop):
+    """Reads the evaluations appended to log_path while p runs; calls stop() at the first one
+    reaching target. Returns (evaluations up to it, it or None)."""
+    evals, reached, f, partial, exited = [], None, None, "", False
+    try:
+        while reached is None:
+            if f is None and os.path.exists(log_path):
+                f = open(log_path)
+            chunk = f.readline() if f is not None else ""
+            if not chunk:
+                if exited:
+                    break
+                if p.poll() is not None:
+                    exited = True  # read what it wrote last, then stop
+                    continue
+                try:
+                    p.wait(timeout=0.2)  # the process's exit or the next line, whichever first
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
+            partial += chunk
+            if not partial.endswith("\n"):
+                continue  # the rest of the line is still being written
+            line, partial = partial, ""
+            e = eval_record(json.loads(line)) if line.strip() else None
+            if e is not None:
+                evals.append(e)
+                if e[1] >= target:
+                    reached = e
+                    stop()
+    finally:
+        if f is not None:
+            f.close()
+    return evals, reached
 
 
 def launch_argv(host_lines, config, sets, bin_dir, run_dir, exec_template, eval_mode):

@@ -24,7 +24,7 @@ from launch_common import exit_status, worker_args  # noqa: E402
 # (default 0) after writing its argv to FAKE_DIR. Both record their pid in FAKE_DIR and wait
 # for SIGTERM (taken with sigwait) when they have nothing else to do.
 FAKE_BINARY = r"""#!/usr/bin/env python3
-import json, os, signal, sys
+import json, os, signal, sys, time
 if "--print_config" in sys.argv:
     print('{"cluster": {"num_servers": 1, "num_workers": 2}}')
     sys.exit(0)
@@ -49,6 +49,11 @@ else:
     if code == "wait":
         pass
     elif code is not None:
+        # Fail only once the others named in FAKE_READY have blocked SIGTERM (their pid files
+        # are written after that), so that the launcher's SIGTERM reaches their sigwait.
+        for name in filter(None, os.environ.get("FAKE_READY", "").split(",")):
+            while not os.path.exists(os.path.join(out, name)):
+                time.sleep(0.01)
         sys.exit(int(code))
     else:
         sys.exit(0)
@@ -56,6 +61,9 @@ signal.sigwait({signal.SIGTERM})
 with open(os.path.join(out, "%s-%s.stopped" % (role, index)), "w") as f:
     f.write("SIGTERM")
 """
+
+# What a failing fake worker waits for: the server and worker 0 ready for SIGTERM.
+READY = "server-0.pid,worker-0.pid"
 
 # ssh: skips its options and the host, then runs the remote command line locally.
 FAKE_SSH = r"""#!/usr/bin/env python3
@@ -216,7 +224,7 @@ class LaunchLocalTest(unittest.TestCase):
         self.assertIn("--worker_index=1", argv)
 
     def test_a_failing_worker_stops_the_job_with_its_code(self):
-        code, out = self.job.run(self.job.local_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="3")
+        code, out = self.job.run(self.job.local_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="3", FAKE_READY=READY)
         self.assertEqual(code, 3, out)
         self.assertIn("worker 1 failed with exit code 3; stopping the job", out)
         # The others were stopped (SIGTERM) and reaped before the launcher exited.
@@ -244,6 +252,20 @@ class LaunchLocalTest(unittest.TestCase):
         code, out = self.job.run(self.job.local_argv("--bin_dir=/nonexistent"))
         self.assertNotEqual(code, 0)
         self.assertIn("/nonexistent/server/ps_server not found", out)
+        for flag, message in (("--workers=0", "--workers must be at least 1"),
+                              ("--restart_workers=-1", "--restart_workers must not be negative"),
+                              ("--stop_timeout=0", "--stop_timeout must be positive")):
+            code, out = self.job.run(self.job.local_argv(flag))
+            self.assertEqual(code, 2, out)  # argparse's usage error, before anything starts
+            self.assertIn(message, out)
+        self.assertFalse(self.job.pids())
+
+    def test_a_worker_is_restarted_as_often_as_asked_then_fails_the_job(self):
+        code, out = self.job.run(self.job.local_argv("--restart_workers=1"), FAKE_EXIT_0="wait", FAKE_EXIT_1="4", FAKE_READY=READY)
+        self.assertEqual(code, 4, out)
+        self.assertIn("worker 1 exited with code 4; restarting it (restart 1 of 1)", out)
+        self.assertIn("worker 1 failed with exit code 4; stopping the job", out)
+        self.assertFalse([p for p in self.job.pids() if alive(p)])
 
 
 class LaunchSshTest(unittest.TestCase):
@@ -266,7 +288,7 @@ class LaunchSshTest(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(self.job.root, "remote", "job.textproto")))
 
     def test_a_failing_worker_stops_the_job_with_its_code(self):
-        code, out = self.job.run(self.job.ssh_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="5")
+        code, out = self.job.run(self.job.ssh_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="5", FAKE_READY=READY)
         self.assertEqual(code, 5, out)
         self.assertIn("worker 1 on node-c failed with exit code 5; stopping the job", out)
         self.assertTrue(self.job.exists("server-0.stopped"), out)

@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/ps_bench.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_macros.h"
 
 namespace ps::bench {

@@ -42,7 +42,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "bench/ps_bench.h"
-#include "common/process_memory.h"
+#include "common/startup/process_memory.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 

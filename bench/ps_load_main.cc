@@ -5,8 +5,8 @@
 //
 //   bazel-bin/bench/ps_load --servers=2 --clients=32 --seconds=30
 //   # Memory: 21 tables x 4M floats with Adam = 1 GB of parameters and slots on one server.
-//   bazel-bin/bench/ps_load --servers=1 --clients=2 --tables=21 --table_floats=4194304 \
-//       --optimizer=ADAM --seconds=60
+//   bazel-bin/bench/ps_load --servers=1 --clients=2 --tables=21 --table_floats=4194304
+//       --optimizer=ADAM --seconds=60      (one command line)
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -28,7 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_macros.h"
 #include "bench/bench_load.h"
 #include "bench/local_cluster.h"

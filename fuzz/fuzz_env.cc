@@ -5,7 +5,7 @@
 #include <fstream>
 #include <utility>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "glog/logging.h"
 
 namespace ps::fuzz {

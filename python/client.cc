@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/partitioner.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"

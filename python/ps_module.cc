@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/parameter_store.h"
 #include "common/status_macros.h"
 #include "pybind11/numpy.h"

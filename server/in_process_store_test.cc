@@ -2,10 +2,10 @@
 
 #include <vector>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
-#include "gmock/gmock.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ps::server {

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/atomic_file.h"
 #include "common/metrics/http_server.h"
+#include "common/startup/atomic_file.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/checkpointer.h"

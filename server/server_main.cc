@@ -10,30 +10,20 @@
 // final checkpoint, exit 0 (1 if the final checkpoint failed).
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index, the port and the cluster come
-// from the environment instead (--cluster_from, see common/cluster_env.h).
-#include <pthread.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cmath>
+// from the environment instead (--cluster_from, see common/cluster/cluster_env.h).
+#include <climits>
 #include <csignal>
 #include <iostream>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/process_memory.h"
-#include "common/atomic_file.h"
-#include "common/cluster_env.h"
-#include "common/main_flags.h"
+#include "common/cluster/cluster_env.h"
+#include "common/startup/atomic_file.h"
+#include "common/startup/flag_check.h"
+#include "common/startup/main_flags.h"
 #include "common/status_macros.h"
-#include "glog/logging.h"
 #include "server/parameter_server.h"
 
 ABSL_FLAG(int32_t, server_index, -1,
@@ -56,30 +46,19 @@ ABSL_FLAG(bool, exit_when_done, true,
 namespace ps::server {
 namespace {
 
-// Flag ranges, checked before anything starts: a value out of range is refused, never wrapped
-// (a port of 99999 used to listen on 99999 mod 65536) or taken as "unset". The flags shared
-// with ps_worker are checked in common/main_flags.cc.
+// Flag ranges, checked before anything starts (common/startup/flag_check.h). The flags
+// shared with ps_worker are checked in common/startup/main_flags.cc.
 absl::Status ValidateFlags() {
-  std::vector<std::string> errors;
-  const int32_t port = absl::GetFlag(FLAGS_port);
-  if (port < 0 || port > 65535) {
-    errors.push_back(absl::StrCat("--port=", port, ": expected 0..65535"));
-  }
-  if (absl::GetFlag(FLAGS_server_index) < -1) {
-    errors.push_back(absl::StrCat("--server_index=", absl::GetFlag(FLAGS_server_index),
-                                  ": expected 0..num_servers-1"));
-  }
-  if (absl::GetFlag(FLAGS_threads) < 0 || absl::GetFlag(FLAGS_threads) > 4096) {
-    errors.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads),
-                                  ": expected 0 (server.num_threads) or 1..4096"));
-  }
-  const double interval = absl::GetFlag(FLAGS_checkpoint_interval);
-  if (!(interval >= 0 || interval == -1) || !std::isfinite(interval)) {
-    errors.push_back(absl::StrCat("--checkpoint_interval=", interval,
-                                  ": expected seconds >= 0 (0 = off), or -1 for the config's"));
-  }
-  if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+  return common::AllFlagsInRange({
+      common::CheckIntFlagRange("port", absl::GetFlag(FLAGS_port), 0, 65535, "0..65535"),
+      common::CheckIntFlagRange("server_index", absl::GetFlag(FLAGS_server_index), -1,
+                                INT32_MAX, "0..num_servers-1"),
+      common::CheckIntFlagRange("threads", absl::GetFlag(FLAGS_threads), 0, 4096,
+                                "0 (server.num_threads) or 1..4096"),
+      common::CheckDoubleFlagRange("checkpoint_interval", absl::GetFlag(FLAGS_checkpoint_interval),
+                                   0, common::kNoLimit,
+                                   "seconds >= 0 (0 = off), or -1 for the config's", -1),
+  });
 }
 
 absl::Status ParseRestore(const std::string& flag, ParameterServerOptions* options) {
@@ -148,35 +127,17 @@ absl::Status Run() {
         absl::StrCat(common::AdvertisedHost(options.host), ":", server->port())));
   }
 
-  std::atomic<bool> stopped{false};
-  std::thread signal_thread([&] {
-    if (common::WaitForStopSignal(stop_signals, &stopped)) server->RequestStop();
-  });
-  absl::Status status = server->Wait();
-  // Wake the signal thread if the stop came from elsewhere (the Shutdown RPC, all workers done).
-  stopped = true;
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
-  return status;
+  common::StopSignalThread stop_signal_thread(stop_signals, [&] { server->RequestStop(); });
+  return server->Wait();
 }
 
 }  // namespace
 }  // namespace ps::server
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Runs one parameter server of a job. Example:\n  ps_server --config=job.textproto "
-      "--server_index=0 --port=0 --data_dir=/var/lib/ps/0");
-  absl::ParseCommandLine(argc, argv);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
-  // Before any thread starts: freed payload memory stays mapped for the next call.
-  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
-  absl::Status status = ps::server::Run();
-  if (!status.ok()) {
-    LOG(ERROR) << "ps_server: " << status;
-    std::cerr << "ps_server: " << status << std::endl;
-    return 1;
-  }
-  return 0;
+  return ps::common::RunMain(argc, argv, "ps_server",
+                             "Runs one parameter server of a job. Example:\n  ps_server "
+                             "--config=job.textproto --server_index=0 --port=0 "
+                             "--data_dir=/var/lib/ps/0",
+                             ps::server::Run);
 }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/codec.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/metrics/testing.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"

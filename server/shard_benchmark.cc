@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "server/shard.h"
 
 namespace ps::server {

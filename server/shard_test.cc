@@ -12,10 +12,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
-#include "gmock/gmock.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/in_process_store.h"
 

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/partitioner.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"

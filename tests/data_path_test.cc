@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

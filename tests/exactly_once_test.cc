@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/rpc/credentials.h"
 #include "common/status_matchers.h"
 #include "grpcpp/grpcpp.h"

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/rpc/credentials.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"

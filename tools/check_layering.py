@@ -18,8 +18,14 @@ PROD = "(kind(rule, {p}) except kind('.*_test', {p}) except attr(testonly, 1, {p
 
 RULES = [
     ("common_depends_on_nothing_above_it",
-     "common/ (the core seam and plumbing) depends on neither kernels/, server/ nor worker/",
+     "common/ (the core seam and its start-up plumbing packages) depends on neither kernels/, "
+     "server/ nor worker/",
      f"deps({PROD.format(p='//common/...')}) intersect (//kernels/... + //server/... + //worker/...)"),
+    ("common_core_free_of_startup_plumbing",
+     "common/'s core seam (//common, common/rpc, common/metrics) depends on none of the "
+     "start-up plumbing (common/config, common/cluster, common/startup)",
+     f"deps({PROD.format(p='(//common:all + //common/rpc/... + //common/metrics/...)')}) intersect "
+     "(//common/config/... + //common/cluster/... + //common/startup/...)"),
     ("kernels_free_of_proto",
      "kernels/ depends on common/ only: not on proto/, server/ or worker/",
      f"deps({PROD.format(p='//kernels/...')}) intersect (//proto/... + //server/... + //worker/...)"),

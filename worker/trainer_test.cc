@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/parameter_store.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"

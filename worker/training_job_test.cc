@@ -5,11 +5,11 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
+#include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
-#include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "worker/models/fake_parameter_store.h"
 

@@ -10,24 +10,20 @@
 // "final test accuracy <a>" (or "final test auc <a>") on stdout. Exit status 0 on success.
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index and the servers come from the
-// environment instead (--cluster_from, see common/cluster_env.h).
-#include <cmath>
+// environment instead (--cluster_from, see common/cluster/cluster_env.h).
+#include <climits>
 #include <cstdio>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/process_memory.h"
-#include "common/config.h"
-#include "common/main_flags.h"
+#include "common/config/config.h"
+#include "common/startup/flag_check.h"
+#include "common/startup/main_flags.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/in_process_store.h"
@@ -53,48 +49,48 @@ ABSL_FLAG(int32_t, threads, 1,
 namespace ps::worker {
 namespace {
 
-// The gRPC store of a distributed job, once every server answers. `*out` keeps a pointer for
-// the transfer summary.
-absl::StatusOr<std::unique_ptr<common::ParameterStore>> MakeGrpcStore(
-    const JobConfig& config, common::metrics::Registry* metrics, int32_t index,
-    uint64_t incarnation, GrpcParameterStore** out) {
-  ASSIGN_OR_RETURN(auto store, GrpcParameterStore::Create(
-                                        config, JobStoreOptions(config, index, incarnation), metrics));
-  RETURN_IF_ERROR(store->WaitForServers(absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s))));
-  *out = store.get();
-  return std::unique_ptr<common::ParameterStore>(std::move(store));
+// The store the job trains against: in-process (centralized), or the gRPC store of a
+// distributed job once every server answers; `*grpc_store` then keeps it for the transfer
+// summary. One incarnation per process, so the servers tell a restarted worker apart.
+StoreFactory MakeStoreFactory(bool centralized, int32_t index, GrpcParameterStore** grpc_store) {
+  const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  return [=](const JobConfig& config, common::metrics::Registry* metrics)
+             -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
+    if (centralized) {
+      server::InProcessStoreOptions in_process;
+      in_process.worker_incarnation = incarnation;
+      ASSIGN_OR_RETURN(auto store,
+                       server::InProcessParameterStore::CreateCentralized(config, in_process));
+      return std::unique_ptr<common::ParameterStore>(std::move(store));
+    }
+    ASSIGN_OR_RETURN(auto store, GrpcParameterStore::Create(
+                                     config, JobStoreOptions(config, index, incarnation), metrics));
+    RETURN_IF_ERROR(store->WaitForServers(absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s))));
+    *grpc_store = store.get();
+    return std::unique_ptr<common::ParameterStore>(std::move(store));
+  };
 }
 
-// Flag ranges, checked before anything starts: out of range is refused, never wrapped or
-// taken as "unset". The flags shared with ps_server are checked in common/main_flags.cc.
+// Flag ranges, checked before anything starts (common/startup/flag_check.h). The flags
+// shared with ps_server are checked in common/startup/main_flags.cc.
 absl::Status ValidateFlags() {
-  std::vector<std::string> errors;
-  if (absl::GetFlag(FLAGS_worker_index) < -1) {
-    errors.push_back(absl::StrCat("--worker_index=", absl::GetFlag(FLAGS_worker_index),
-                                  ": expected 0..num_workers-1"));
-  }
-  const int32_t threads = absl::GetFlag(FLAGS_threads);
-  if (threads < 0 || threads > 4096) {
-    errors.push_back(absl::StrCat("--threads=", threads, ": expected 0 (all cores) or 1..4096"));
-  }
-  const double wait_s = absl::GetFlag(FLAGS_wait_for_servers_s);
-  if (!(wait_s > 0) || !std::isfinite(wait_s)) {
-    errors.push_back(absl::StrCat("--wait_for_servers_s=", wait_s, ": expected seconds > 0"));
-  }
-  if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+  return common::AllFlagsInRange({
+      common::CheckIntFlagRange("worker_index", absl::GetFlag(FLAGS_worker_index), -1,
+                                INT32_MAX, "0..num_workers-1"),
+      common::CheckIntFlagRange("threads", absl::GetFlag(FLAGS_threads), 0, 4096,
+                                "0 (all cores) or 1..4096"),
+      common::CheckDoubleFlagRange("wait_for_servers_s", absl::GetFlag(FLAGS_wait_for_servers_s),
+                                   common::kAboveZero, common::kNoLimit, "seconds > 0"),
+  });
 }
 
 absl::Status Run() {
   RETURN_IF_ERROR(ValidateFlags());
   const bool centralized = absl::GetFlag(FLAGS_centralized);
-  // Flags that stand for config fields become overrides after --set's.
-  std::vector<std::string> overrides;
-  for (const auto& [path, value] : {std::pair{"cluster.servers", absl::GetFlag(FLAGS_servers)},
-                                    std::pair{"training.device", absl::GetFlag(FLAGS_device)},
-                                    std::pair{"training.log_path", absl::GetFlag(FLAGS_log_path)}}) {
-    if (!value.empty()) overrides.push_back(absl::StrCat(path, "=", value));
-  }
+  const std::vector<std::string> overrides =
+      common::FlagOverrides({{"cluster.servers", absl::GetFlag(FLAGS_servers)},
+                             {"training.device", absl::GetFlag(FLAGS_device)},
+                             {"training.log_path", absl::GetFlag(FLAGS_log_path)}});
   common::ClusterOptions cluster_options;
   cluster_options.role = common::ClusterRole::kWorker;
   if (centralized) {
@@ -122,19 +118,8 @@ absl::Status Run() {
   options.eval = absl::GetFlag(FLAGS_eval);
   options.blas_threads = absl::GetFlag(FLAGS_threads);
   options.metrics_port = startup.metrics_port;
-  const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   GrpcParameterStore* grpc_store = nullptr;
-  StoreFactory make_store = [&](const JobConfig& config, common::metrics::Registry* metrics)
-      -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
-    if (!centralized) {
-      return MakeGrpcStore(config, metrics, options.worker_index, incarnation, &grpc_store);
-    }
-    server::InProcessStoreOptions in_process;
-    in_process.worker_id = 0;
-    in_process.worker_incarnation = incarnation;
-    ASSIGN_OR_RETURN(auto store, server::InProcessParameterStore::CreateCentralized(config, in_process));
-    return std::unique_ptr<common::ParameterStore>(std::move(store));
-  };
+  StoreFactory make_store = MakeStoreFactory(centralized, options.worker_index, &grpc_store);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
                    TrainingJob::Create(startup.config, options, make_store));
   if (job->metrics_port() >= 0) {
@@ -145,9 +130,7 @@ absl::Status Run() {
   }
   ASSIGN_OR_RETURN(TrainResult result, job->Run());
   if (grpc_store != nullptr) {
-    const GrpcStoreStats s = grpc_store->stats();
-    LOG(INFO) << "worker " << options.worker_index << ": sent " << s.bytes_sent
-              << " bytes, received " << s.bytes_received << " bytes, " << s.retries << " retries";
+    LOG(INFO) << "worker " << options.worker_index << ": " << grpc_store->stats().Summary();
   }
   std::fputs(job->FinalReport(result).c_str(), stdout);
   std::fflush(stdout);
@@ -158,18 +141,9 @@ absl::Status Run() {
 }  // namespace ps::worker
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Trains a model. Distributed: ps_worker --config=job.textproto --worker_index=0 "
-      "--servers=h0:p0,h1:p1. Centralized: ps_worker --config=job.textproto --centralized");
-  absl::ParseCommandLine(argc, argv);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
-  // Before any thread starts: freed payload memory stays mapped for the next call.
-  if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
-  absl::Status status = ps::worker::Run();
-  if (!status.ok()) {
-    std::cerr << "ps_worker: " << status << std::endl;
-    return 1;
-  }
-  return 0;
+  return ps::common::RunMain(argc, argv, "ps_worker",
+                             "Trains a model. Distributed: ps_worker --config=job.textproto "
+                             "--worker_index=0 --servers=h0:p0,h1:p1. Centralized: ps_worker "
+                             "--config=job.textproto --centralized",
+                             ps::worker::Run);
 }

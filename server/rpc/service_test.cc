@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/rpc/frame_testing.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"

@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/hash.h"
 #include "common/parameter_store.h"
 #include "common/status_macros.h"

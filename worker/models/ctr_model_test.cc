@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/hash.h"
 #include "common/parameter_store.h"
 #include "common/status_macros.h"

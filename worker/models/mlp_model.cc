@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/parameter_store.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"

@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "benchmark/benchmark.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/parameter_store.h"
 #include "glog/logging.h"
 #include "kernels/backend.h"

@@ -635,6 +635,11 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
   }
 }
 
+std::string GrpcStoreStats::Summary() const {
+  return absl::StrCat("sent ", bytes_sent, " bytes, received ", bytes_received, " bytes, ",
+                      retries, " retries");
+}
+
 GrpcStoreStats GrpcParameterStore::stats() const {
   GrpcStoreStats s;
   s.bytes_sent = bytes_sent_;

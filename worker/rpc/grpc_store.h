@@ -72,6 +72,9 @@ struct GrpcStoreStats {
   uint64_t bytes_received = 0;
   uint64_t retries = 0;
   uint64_t duplicate_pushes = 0;
+
+  // "sent <n> bytes, received <n> bytes, <n> retries", the form tools/ read from the log.
+  std::string Summary() const;
 };
 
 // Thread-safe.

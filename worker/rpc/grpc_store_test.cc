@@ -8,7 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/frame_testing.h"
 #include "grpcpp/grpcpp.h"

@@ -1,7 +1,7 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"

@@ -1,6 +1,6 @@
 // Choosing the source, MPI, the rendezvous and ResolveCluster. TF_CONFIG is in
 // cluster_env_tf_config.cc, SLURM in cluster_env_slurm.cc.
-#include "common/cluster_env.h"
+#include "common/cluster/cluster_env.h"
 
 #include <sys/stat.h>
 
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/internal/cluster_env_util.h"
+#include "common/cluster/internal/cluster_env_util.h"
 #include "common/status_macros.h"
 
 namespace ps::common {

@@ -1,6 +1,6 @@
 // Helpers shared by the sources of cluster_env.h (cluster_env*.cc); not part of its API.
-#ifndef PS_COMMON_INTERNAL_CLUSTER_ENV_UTIL_H_
-#define PS_COMMON_INTERNAL_CLUSTER_ENV_UTIL_H_
+#ifndef PS_COMMON_CLUSTER_INTERNAL_CLUSTER_ENV_UTIL_H_
+#define PS_COMMON_CLUSTER_INTERNAL_CLUSTER_ENV_UTIL_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/cluster_env.h"
+#include "common/cluster/cluster_env.h"
 
 namespace ps::common::internal {
 
@@ -46,4 +46,4 @@ std::string Show(const Var& var);
 
 }  // namespace ps::common::internal
 
-#endif  // PS_COMMON_INTERNAL_CLUSTER_ENV_UTIL_H_
+#endif  // PS_COMMON_CLUSTER_INTERNAL_CLUSTER_ENV_UTIL_H_

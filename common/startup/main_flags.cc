@@ -1,15 +1,20 @@
-#include "common/main_flags.h"
+#include "common/startup/main_flags.h"
 
 #include <pthread.h>
 #include <unistd.h>
 
 #include <iostream>
+#include <utility>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/atomic_file.h"
-#include "common/config.h"
-#include "common/overrides.h"
+#include "common/config/config.h"
+#include "common/config/overrides.h"
+#include "common/startup/atomic_file.h"
+#include "common/startup/flag_check.h"
+#include "common/startup/process_memory.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -50,10 +55,7 @@ absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
     cluster_options.cluster_from = absl::GetFlag(FLAGS_cluster_from);
   }
   cluster_options.base_port = absl::GetFlag(FLAGS_base_port);
-  if (cluster_options.base_port < 0 || cluster_options.base_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--base_port=", cluster_options.base_port, ": expected 0..65535"));
-  }
+  RETURN_IF_ERROR(CheckIntFlagRange("base_port", cluster_options.base_port, 0, 65535, "0..65535"));
   cluster_options.rendezvous_dir = absl::GetFlag(FLAGS_rendezvous_dir);
   ASSIGN_OR_RETURN(out.cluster,
                    ResolveCluster(cluster_options, EnvMapFromEnviron(environ), &out.config));
@@ -62,11 +64,18 @@ absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
   if (!out.cluster.description.empty()) LOG(INFO) << out.cluster.description;
   const int32_t flag = absl::GetFlag(FLAGS_metrics_port);
   out.metrics_port = flag == -2 ? out.config.metrics().port() : flag;
-  if (out.metrics_port < -1 || out.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_port=", out.metrics_port, ": expected -1 (off), 0 or a port"));
-  }
+  RETURN_IF_ERROR(CheckIntFlagRange("metrics_port", out.metrics_port, -1, 65535,
+                                    "-1 (off), 0 or a port"));
   return out;
+}
+
+std::vector<std::string> FlagOverrides(
+    std::initializer_list<std::pair<const char*, std::string>> flags) {
+  std::vector<std::string> overrides;
+  for (const auto& [path, value] : flags) {
+    if (!value.empty()) overrides.push_back(absl::StrCat(path, "=", value));
+  }
+  return overrides;
 }
 
 bool PrintConfigIfAsked(const JobConfig& config) {
@@ -103,6 +112,32 @@ bool WaitForStopSignal(const sigset_t& signals, const std::atomic<bool>* woken_i
   if (woken_internally != nullptr && woken_internally->load()) return false;
   LOG(INFO) << "signal " << sig << ": shutting down";
   return true;
+}
+
+StopSignalThread::StopSignalThread(const sigset_t& signals, std::function<void()> on_signal)
+    : thread_([this, signals, on_signal = std::move(on_signal)] {
+        if (WaitForStopSignal(signals, &stopping_)) on_signal();
+      }) {}
+
+StopSignalThread::~StopSignalThread() {
+  stopping_ = true;
+  // The signals are blocked everywhere, so this lands in the sigwait, which then sees
+  // stopping_ and returns without calling on_signal. Harmless if the thread already returned.
+  pthread_kill(thread_.native_handle(), SIGTERM);
+  thread_.join();
+}
+
+int RunMain(int argc, char** argv, const char* program, const char* usage,
+            absl::Status (*run)()) {
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  if (absl::Status s = KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
+  const absl::Status status = run();
+  if (status.ok()) return 0;
+  std::cerr << program << ": " << status << std::endl;
+  return 1;
 }
 
 std::string AdvertisedHost(const std::string& listen_host) {

@@ -8,7 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 

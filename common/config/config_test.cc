@@ -1,4 +1,4 @@
-#include "common/config.h"
+#include "common/config/config.h"
 
 #include <cstdio>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "common/process_memory.h"
+#include "common/startup/process_memory.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>

@@ -3,8 +3,8 @@
 // "--set=training.epochs=3,model.mlp.hidden=256,128,cluster.num_workers=2" holds three
 // overrides: a comma starts a new override only when the text after it (up to the next comma)
 // contains '='; otherwise the comma belongs to a list value.
-#ifndef PS_COMMON_OVERRIDES_H_
-#define PS_COMMON_OVERRIDES_H_
+#ifndef PS_COMMON_CONFIG_OVERRIDES_H_
+#define PS_COMMON_CONFIG_OVERRIDES_H_
 
 #include <string>
 #include <vector>
@@ -30,4 +30,4 @@ inline std::vector<std::string> SplitOverrides(absl::string_view flag) {
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_OVERRIDES_H_
+#endif  // PS_COMMON_CONFIG_OVERRIDES_H_

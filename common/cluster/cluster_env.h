@@ -40,8 +40,8 @@
 //
 // Libraries read no environment: the binaries pass theirs in (EnvMapFromEnviron(environ)).
 // Thread-compatible: everything here is pure apart from the rendezvous file I/O.
-#ifndef PS_COMMON_CLUSTER_ENV_H_
-#define PS_COMMON_CLUSTER_ENV_H_
+#ifndef PS_COMMON_CLUSTER_CLUSTER_ENV_H_
+#define PS_COMMON_CLUSTER_CLUSTER_ENV_H_
 
 #include <cstdint>
 #include <map>
@@ -102,10 +102,10 @@ struct ClusterEnv {
 // ---- Sources -------------------------------------------------------------------------------
 
 // Parses Kubeflow's TF_CONFIG (rules in the file comment).
-// Errors: INVALID_ARGUMENT "TF_CONFIG=<value>: <problem>": not strict JSON (see json.h), no
-// cluster or task, a member of the wrong type, an address that is not host:port (port
-// 1..65535), no ps or no workers, more than one chief, an unknown task type, an index out of
-// range.
+// Errors: INVALID_ARGUMENT "TF_CONFIG=<value>: <problem>": not JSON (with protobuf's parser's
+// message), a duplicate key, arrays or objects nested more than 32 deep, no cluster or task, a
+// member of the wrong type, an address that is not host:port (port 1..65535), no ps or no
+// workers, more than one chief, an unknown task type, an index out of range.
 [[nodiscard]] absl::StatusOr<ClusterEnv> ClusterFromTfConfig(absl::string_view tf_config);
 
 struct SlurmOptions {
@@ -210,4 +210,4 @@ struct ClusterIdentity {
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_CLUSTER_ENV_H_
+#endif  // PS_COMMON_CLUSTER_CLUSTER_ENV_H_

@@ -1,4 +1,4 @@
-#include "common/atomic_file.h"
+#include "common/startup/atomic_file.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -32,8 +32,8 @@
 // lr 0.01). ExpandModelTables is idempotent.
 //
 // Thread-compatible: the functions are pure apart from LoadJobConfig's file read.
-#ifndef PS_COMMON_CONFIG_H_
-#define PS_COMMON_CONFIG_H_
+#ifndef PS_COMMON_CONFIG_CONFIG_H_
+#define PS_COMMON_CONFIG_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -127,4 +127,4 @@ std::string CtrBiasTable(const ps::CtrConfig& ctr, int layer);
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_CONFIG_H_
+#endif  // PS_COMMON_CONFIG_CONFIG_H_

@@ -3,8 +3,8 @@
 // Port files (--port_file, --metrics_port_file), the MPI rendezvous address files and the
 // server's PROGRESS file are read by other processes while their writer runs: they are written
 // to PATH.tmp and renamed into place, and every step's error is returned.
-#ifndef PS_COMMON_ATOMIC_FILE_H_
-#define PS_COMMON_ATOMIC_FILE_H_
+#ifndef PS_COMMON_STARTUP_ATOMIC_FILE_H_
+#define PS_COMMON_STARTUP_ATOMIC_FILE_H_
 
 #include <string>
 
@@ -20,4 +20,4 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_ATOMIC_FILE_H_
+#endif  // PS_COMMON_STARTUP_ATOMIC_FILE_H_

@@ -1,4 +1,4 @@
-#include "common/atomic_file.h"
+#include "common/startup/atomic_file.h"
 
 #include <cerrno>
 #include <cstdio>

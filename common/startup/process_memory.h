@@ -8,8 +8,8 @@
 // development VM, over 3 ms for a 1 MB push, which was most of its cost (see
 // docs/performance.md). Keeping freed memory in the process lets the next message reuse the
 // same, already mapped pages.
-#ifndef PS_COMMON_PROCESS_MEMORY_H_
-#define PS_COMMON_PROCESS_MEMORY_H_
+#ifndef PS_COMMON_STARTUP_PROCESS_MEMORY_H_
+#define PS_COMMON_STARTUP_PROCESS_MEMORY_H_
 
 #include "absl/status/status.h"
 
@@ -23,4 +23,4 @@ absl::Status KeepFreedMemoryForReuse();
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_PROCESS_MEMORY_H_
+#endif  // PS_COMMON_STARTUP_PROCESS_MEMORY_H_

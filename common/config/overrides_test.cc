@@ -1,4 +1,4 @@
-#include "common/overrides.h"
+#include "common/config/overrides.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,6 +1,6 @@
 // Loading, parsing and overriding the JobConfig. Model expansion is in config_model.cc,
 // validation in config_validate.cc.
-#include "common/config.h"
+#include "common/config/config.h"
 
 #include <cerrno>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "common/cluster_env.h"
+#include "common/cluster/cluster_env.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -126,8 +126,8 @@ TEST(ClusterFromTfConfig, MalformedInputNamesTheVariableAndTheProblem) {
   const std::string task = R"("task": {"type": "worker", "index": 0})";
   const Case cases[] = {
       {"", "empty"},
-      {"{cluster}", "not valid JSON: offset 1"},
-      {absl::StrCat(R"({"cluster": {)", ps, ",", w, "},", task, ",}"), "not valid JSON"},
+      {"{cluster}", "not valid JSON: Expected : between key:value pair"},
+      {absl::StrCat(R"({"cluster": {)", ps, " ", w, "},", task, "}"), "not valid JSON"},
       {"[]", "is a JSON array, expected an object"},
       {absl::StrCat("{", task, "}"), "no \"cluster\""},
       {absl::StrCat(R"({"cluster": [], )", task, "}"), "\"cluster\" is a array"},
@@ -186,6 +186,103 @@ TEST(ClusterFromTfConfig, MalformedInputNamesTheVariableAndTheProblem) {
                                          HasSubstr(c.error))))
         << c.value;
   }
+}
+
+// What JSON itself refuses, each as a whole TF_CONFIG: the parser's problem is named.
+TEST(ClusterFromTfConfig, RefusesWhatIsNotJson) {
+  const std::string cluster = R"("cluster": {"ps": ["p:1"], "worker": ["w:1"]})";
+  const std::string task = R"("task": {"type": "worker", "index": 0})";
+  const std::string cases[] = {
+      absl::StrCat("{", cluster, " ", task, "}"),           // no comma between members
+      absl::StrCat("{", cluster, ",", task, "} x"),         // text after the value
+      absl::StrCat("{", cluster, ",", task, ",, }"),        // an empty member
+      absl::StrCat("{", cluster, ",", task, ", \"e\": 01}"),  // leading zero
+      absl::StrCat("{", cluster, ",", task, ", \"e\": +1}"),  // '+'
+      absl::StrCat("{", cluster, ",", task, ", \"e\": -}"),
+      absl::StrCat("{", cluster, ",", task, ", \"e\": NaN}"),
+      absl::StrCat("{", cluster, ",", task, ", \"e\": tru}"),
+      absl::StrCat("// c\n{", cluster, ",", task, "}"),  // comments
+      absl::StrCat("{", cluster, ",", task, R"(, "e": "abc})"),      // unterminated string
+      absl::StrCat("{", cluster, ",", task, R"(, "e": "\u12"})"),    // truncated \u escape
+      absl::StrCat("{", cluster, ",", task, R"(, "e": "\u12G4"})"),  // not hex
+      absl::StrCat("{", cluster, ",", task, R"(, "e": "\udc00"})"),  // lone low surrogate
+      absl::StrCat("{", cluster, ",", task, R"(, "e": "\ud83d x"})"),  // lone high surrogate
+      absl::StrCat("{", cluster, ",", task, ", \"e\": 1e400}"),  // beyond a double
+      absl::StrCat("{", cluster, ","),
+      absl::StrCat("{", cluster, ",", task, ", \"e\": [}"),
+  };
+  for (const std::string& value : cases) {
+    EXPECT_THAT(ClusterFromTfConfig(value),
+                StatusIs(kInvalid, AllOf(HasSubstr(absl::StrCat("TF_CONFIG='", value)),
+                                         HasSubstr("not valid JSON: "))))
+        << value;
+  }
+}
+
+// A key given twice is refused, not silently resolved one way or the other.
+TEST(ClusterFromTfConfig, RefusesADuplicateKey) {
+  EXPECT_THAT(
+      ClusterFromTfConfig(R"({"cluster": {"ps": ["a:1"], "worker": ["w:1"]},
+                              "cluster": {"ps": ["b:1"], "worker": ["w:1"]},
+                              "task": {"type": "ps", "index": 0}})"),
+      StatusIs(kInvalid, AllOf(HasSubstr("not valid JSON"), HasSubstr("cluster"),
+                               HasSubstr("already set"))));
+  EXPECT_THAT(ClusterFromTfConfig(R"({"cluster": {"ps": ["a:1"], "worker": ["w:1"]},
+                                      "task": {"type": "ps", "index": 0, "index": 0}})"),
+              StatusIs(kInvalid, HasSubstr("'index' is already set")));
+}
+
+// The nesting bound is checked before parsing (the parser's time grows with the square of the
+// depth): 32 levels are read, 33 refused, and brackets inside strings do not count.
+TEST(ClusterFromTfConfig, BoundsTheNestingDepth) {
+  auto with_extra = [](int depth, const std::string& inner) {
+    return absl::StrCat(R"({"cluster": {"ps": ["p:1"], "worker": ["w:1"]},
+                            "task": {"type": "ps", "index": 0}, "environment": )",
+                        std::string(depth - 1, '['), inner, std::string(depth - 1, ']'), "}");
+  };
+  EXPECT_THAT(ClusterFromTfConfig(with_extra(32, "")), IsOk());
+  EXPECT_THAT(ClusterFromTfConfig(with_extra(33, "")),
+              StatusIs(kInvalid, HasSubstr("not valid JSON: arrays and objects nested more than "
+                                           "32 deep")));
+  const std::string deep_text = absl::StrCat(R"(")", std::string(10000, '['), R"(\"")");
+  EXPECT_THAT(ClusterFromTfConfig(with_extra(2, deep_text)), IsOk());
+  EXPECT_THAT(ClusterFromTfConfig(std::string(100000, '[')),
+              StatusIs(kInvalid, HasSubstr("nested more than 32 deep")));
+}
+
+TEST(ClusterFromTfConfig, DecodesUnicodeEscapesInAddresses) {
+  ASSERT_OK_AND_ASSIGN(
+      ClusterEnv env,
+      ClusterFromTfConfig(R"({"cluster": {"ps": ["\u00e9\u20ac\ud83d\ude00:1"], "worker": ["w:1"]},
+                              "task": {"type": "ps", "index": 0}})"));
+  EXPECT_THAT(env.servers, ElementsAre("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80:1"));
+  EXPECT_EQ(env.port, 1);
+}
+
+// JSON numbers are doubles: 1.0 is the index 1, and an index no list can reach (or no int64
+// can hold) is out of range rather than undefined.
+TEST(ClusterFromTfConfig, IndexIsAnyIntegralNumber) {
+  const std::string cluster = R"({"cluster": {"ps": ["p:1", "q:2"], "worker": ["w:1"]}, )";
+  ASSERT_OK_AND_ASSIGN(ClusterEnv env, ClusterFromTfConfig(absl::StrCat(
+                                           cluster, R"("task": {"type": "ps", "index": 1.0}})")));
+  EXPECT_EQ(env.index, 1);
+  EXPECT_EQ(env.port, 2);
+  EXPECT_THAT(
+      ClusterFromTfConfig(absl::StrCat(cluster, R"("task": {"type": "ps", "index": 1e300}})")),
+      StatusIs(kInvalid, HasSubstr("task.index 1e+300 is out of range: cluster.ps has 2")));
+  EXPECT_THAT(ClusterFromTfConfig(absl::StrCat(
+                  cluster, R"("task": {"type": "ps", "index": 123456789012345678901234}})")),
+              StatusIs(kInvalid, HasSubstr("is out of range: cluster.ps has 2 entries")));
+}
+
+// Protobuf's parser takes a trailing comma (RFC 8259 does not); what the TF_CONFIG means is
+// unchanged by it.
+TEST(ClusterFromTfConfig, ATrailingCommaChangesNothing) {
+  ASSERT_OK_AND_ASSIGN(ClusterEnv env,
+                       ClusterFromTfConfig(R"({"cluster": {"ps": ["p:1", "q:2",], "worker": ["w:1"]},
+                              "task": {"type": "ps", "index": 1},})"));
+  EXPECT_THAT(env.servers, ElementsAre("p:1", "q:2"));
+  EXPECT_EQ(env.index, 1);
 }
 
 // ---- SLURM hostlists and task lists --------------------------------------------------------

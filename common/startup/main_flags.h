@@ -4,19 +4,23 @@
 //
 // Only the mains link this library (its flags are defined here, once): libraries take
 // Options structs, never flags.
-#ifndef PS_COMMON_MAIN_FLAGS_H_
-#define PS_COMMON_MAIN_FLAGS_H_
+#ifndef PS_COMMON_STARTUP_MAIN_FLAGS_H_
+#define PS_COMMON_STARTUP_MAIN_FLAGS_H_
 
 #include <atomic>
 #include <csignal>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/cluster_env.h"
+#include "common/cluster/cluster_env.h"
 #include "proto/config.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, config);
@@ -50,6 +54,11 @@ struct StartupConfig {
 absl::StatusOr<StartupConfig> LoadStartupConfig(ClusterOptions cluster_options,
                                                 const std::vector<std::string>& extra_overrides);
 
+// "path=value" for each (config path, flag value) pair whose value is set (non-empty): the
+// overrides a binary's own flags stand for, passed to LoadStartupConfig after --set's.
+std::vector<std::string> FlagOverrides(
+    std::initializer_list<std::pair<const char*, std::string>> flags);
+
 // With --print_config: prints `config` as JSON on stdout (field names as in the .proto, every
 // field, defaults included; 64-bit integers as strings, as proto3's JSON mapping has them) and
 // returns true, for the launchers to read the job the binaries will run. Else returns false.
@@ -68,9 +77,30 @@ sigset_t BlockStopSignals();
 // this thread with pthread_kill).
 bool WaitForStopSignal(const sigset_t& signals, const std::atomic<bool>* woken_internally);
 
+// Runs `on_signal` on a thread of its own once SIGTERM or SIGINT arrives (block them first
+// with BlockStopSignals). The destructor wakes that thread if no signal came (the process
+// stops for another reason) and joins it. Thread-compatible.
+class StopSignalThread {
+ public:
+  StopSignalThread(const sigset_t& signals, std::function<void()> on_signal);
+  ~StopSignalThread();
+  StopSignalThread(const StopSignalThread&) = delete;
+  StopSignalThread& operator=(const StopSignalThread&) = delete;
+
+ private:
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// The whole of a main(): sets the usage message, parses the flags, logs to stderr, keeps freed
+// memory mapped for reuse (before any thread starts), then calls `run`. Returns the exit code:
+// 0, or 1 after printing "<program>: <status>" on stderr.
+int RunMain(int argc, char** argv, const char* program, const char* usage,
+            absl::Status (*run)());
+
 // The name other hosts reach this one by: `listen_host`, or this host's name for a wildcard.
 std::string AdvertisedHost(const std::string& listen_host);
 
 }  // namespace ps::common
 
-#endif  // PS_COMMON_MAIN_FLAGS_H_
+#endif  // PS_COMMON_STARTUP_MAIN_FLAGS_H_

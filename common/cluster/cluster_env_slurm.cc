@@ -12,8 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/cluster_env.h"
-#include "common/internal/cluster_env_util.h"
+#include "common/cluster/cluster_env.h"
+#include "common/cluster/internal/cluster_env_util.h"
 #include "common/status_macros.h"
 
 namespace ps::common {

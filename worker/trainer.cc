@@ -329,6 +329,31 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
   return absl::OkStatus();
 }
 
+namespace {
+
+// Queues on `background` the pull of step `clock`+1 (at `clock`) into what `staged` names;
+// returns its ticket. `staged` must outlive the call.
+uint64_t SubmitPull(common::ParameterStore* store, Staged* staged, int64_t clock,
+                    SerialExecutor* background) {
+  return background->Submit(absl::StrCat("step ", clock + 1, " pull"), [store, staged, clock] {
+    common::PullOptions options;
+    options.clock = clock;
+    return store->Pull(staged->pull, options);
+  });
+}
+
+// Queues on `background` the push of step `clock` of what `staged` holds.
+void SubmitPush(common::ParameterStore* store, const Staged* staged, int64_t clock,
+                SerialExecutor* background) {
+  background->Submit(absl::StrCat("step ", clock, " push"), [store, staged, clock] {
+    common::PushOptions options;
+    options.clock = clock;
+    return store->Push(staged->push, options);
+  });
+}
+
+}  // namespace
+
 absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state) {
   // Two of each, alternating by step parity; the class comment says why reuse is safe: the
   // call that last used a buffer is always done before the buffer is filled again.
@@ -347,12 +372,7 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
     common::PullBatch spec;
     RETURN_IF_ERROR(model_->PreparePull(batches[b], &spec));
     StagePull(spec, &pulls[b]);
-    pull_ticket[b] = background.Submit(absl::StrCat("step ", clock + 1, " pull"),
-                                       [this, staged = &pulls[b], clock] {
-                                         common::PullOptions options;
-                                         options.clock = clock;
-                                         return store_->Pull(staged->pull, options);
-                                       });
+    pull_ticket[b] = SubmitPull(store_, &pulls[b], clock, &background);
     return absl::OkStatus();
   };
 
@@ -386,13 +406,7 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
     RETURN_IF_ERROR(model_->PreparePush(&push));
     const absl::Time t4 = absl::Now();
     StagePush(push, &pushes[cur]);
-    const int64_t push_clock = state->clock + 1;
-    background.Submit(absl::StrCat("step ", push_clock, " push"),
-                      [this, staged = &pushes[cur], push_clock] {
-                        common::PushOptions options;
-                        options.clock = push_clock;
-                        return store_->Push(staged->push, options);
-                      });
+    SubmitPush(store_, &pushes[cur], state->clock + 1, &background);
     absl::Time t5 = absl::Now();
     absl::Duration wait = t2 - t1;
     if (!has_next) {
@@ -414,76 +428,50 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainResult> Trainer::Run() {
-  TrainResult result;
-  start_ = absl::Now();
-  last_progress_ = start_;
-  ShardIterator it(train_->size(), options_.worker_index, options_.num_workers,
-                   options_.batch_size, options_.shuffle, options_.seed);
+uint64_t Trainer::EstimateTotalSteps() const {
   const uint64_t per_epoch =
       (train_->size() / std::max(1, options_.num_workers) + options_.batch_size - 1) /
       options_.batch_size;
-  total_steps_estimate_ = per_epoch * (options_.epochs - std::min(options_.epochs,
-                                                                  options_.start_epoch));
-  if (options_.max_steps > 0) {
-    total_steps_estimate_ = std::min<uint64_t>(total_steps_estimate_, options_.max_steps);
-  }
-  RunState state;
-  state.result = &result;
-  state.clock = options_.start_clock;
-  for (uint32_t epoch = options_.start_epoch; epoch < options_.epochs && !state.stop; ++epoch) {
-    if (epoch == options_.start_epoch && options_.start_offset > 0) {
-      RETURN_IF_ERROR(it.Seek(epoch, options_.start_offset));
+  uint64_t total =
+      per_epoch * (options_.epochs - std::min(options_.epochs, options_.start_epoch));
+  if (options_.max_steps > 0) total = std::min<uint64_t>(total, options_.max_steps);
+  return total;
+}
+
+absl::Status Trainer::EvaluateEpoch(uint32_t epoch, RunState* state) {
+  TrainResult& result = *state->result;
+  const absl::Time eval_start = absl::Now();
+  ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(state->clock));
+  result.eval_time += absl::Now() - eval_start;
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+  if (options_.progress != nullptr) {
+    if (options_.progress_tty) std::fprintf(options_.progress, "\n");
+    if (options_.binary) {
+      std::fprintf(options_.progress,
+                   "worker %d  epoch %u  test AUC %.4f  log-loss %.4f  (%.1f s)\n",
+                   options_.worker_index, epoch + 1, m.auc, m.loss, elapsed);
     } else {
-      it.StartEpoch(epoch);
+      std::fprintf(options_.progress,
+                   "worker %d  epoch %u  test accuracy %.4f  loss %.4f  (%.1f s)\n",
+                   options_.worker_index, epoch + 1, m.accuracy, m.loss, elapsed);
     }
-    RETURN_IF_ERROR(options_.prefetch ? TrainEpochOverlapped(epoch, &it, &state)
-                                      : TrainEpoch(epoch, &it, &state));
-    const bool stop = state.stop;
-    const int64_t clock = state.clock;
-    const bool last = epoch + 1 == options_.epochs || stop;
-    const bool due = options_.eval_every_epochs > 0 && (epoch + 1) % options_.eval_every_epochs == 0;
-    if (options_.evaluate && test_ != nullptr && (due || last)) {
-      const absl::Time eval_start = absl::Now();
-      ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(clock));
-      result.eval_time += absl::Now() - eval_start;
-      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-      if (options_.progress != nullptr) {
-        if (options_.progress_tty) std::fprintf(options_.progress, "\n");
-        if (options_.binary) {
-          std::fprintf(options_.progress,
-                       "worker %d  epoch %u  test AUC %.4f  log-loss %.4f  (%.1f s)\n",
-                       options_.worker_index, epoch + 1, m.auc, m.loss, elapsed);
-        } else {
-          std::fprintf(options_.progress,
-                       "worker %d  epoch %u  test accuracy %.4f  loss %.4f  (%.1f s)\n",
-                       options_.worker_index, epoch + 1, m.accuracy, m.loss, elapsed);
-        }
-        std::fflush(options_.progress);
-      }
-      Log(absl::StrCat("\"type\":\"eval\",\"worker\":", options_.worker_index,
-                       ",\"epoch\":", epoch + 1, ",\"step\":", result.steps,
-                       ",\"time_s\":", JsonNumber(elapsed), ",\"samples\":", samples_,
-                       ",\"examples\":", m.examples, ",\"loss\":", JsonNumber(m.loss),
-                       options_.binary ? absl::StrCat(",\"auc\":", JsonNumber(m.auc))
-                                       : absl::StrCat(",\"accuracy\":", JsonNumber(m.accuracy))));
-      result.final_eval = m;
-      metrics_->eval->WithLabels({"loss"})->Set(m.loss);
-      metrics_->eval->WithLabels({options_.binary ? "auc" : "accuracy"})
-          ->Set(options_.binary ? m.auc : m.accuracy);
-      const double metric = options_.binary ? m.auc : m.accuracy;
-      if (options_.target_metric > 0 && metric >= options_.target_metric) state.stop = true;
-    }
+    std::fflush(options_.progress);
   }
-  result.wall = absl::Now() - start_;
-  result.samples = samples_;
-  // Training throughput: evaluation time does not count.
-  result.samples_per_s =
-      samples_ / std::max(1e-9, absl::ToDoubleSeconds(result.wall - result.eval_time));
-  Progress(true, options_.epochs - 1, result.steps, loss_ema_);
-  if (options_.progress_tty && options_.progress != nullptr) {
-    std::fprintf(options_.progress, "\n");
-  }
+  Log(absl::StrCat("\"type\":\"eval\",\"worker\":", options_.worker_index,
+                   ",\"epoch\":", epoch + 1, ",\"step\":", result.steps,
+                   ",\"time_s\":", JsonNumber(elapsed), ",\"samples\":", samples_,
+                   ",\"examples\":", m.examples, ",\"loss\":", JsonNumber(m.loss),
+                   options_.binary ? absl::StrCat(",\"auc\":", JsonNumber(m.auc))
+                                   : absl::StrCat(",\"accuracy\":", JsonNumber(m.accuracy))));
+  result.final_eval = m;
+  metrics_->eval->WithLabels({"loss"})->Set(m.loss);
+  const double metric = options_.binary ? m.auc : m.accuracy;
+  metrics_->eval->WithLabels({options_.binary ? "auc" : "accuracy"})->Set(metric);
+  if (options_.target_metric > 0 && metric >= options_.target_metric) state->stop = true;
+  return absl::OkStatus();
+}
+
+void Trainer::LogDone(const TrainResult& result) {
   Log(absl::StrCat(
       "\"type\":\"done\",\"worker\":", options_.worker_index, ",\"steps\":", result.steps,
       ",\"samples\":", result.samples, ",\"wall_s\":",
@@ -495,6 +483,42 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.data)), ",\"wait_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"prefetch\":",
       options_.prefetch ? "true" : "false"));
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  TrainResult result;
+  start_ = absl::Now();
+  last_progress_ = start_;
+  ShardIterator it(train_->size(), options_.worker_index, options_.num_workers,
+                   options_.batch_size, options_.shuffle, options_.seed);
+  total_steps_estimate_ = EstimateTotalSteps();
+  RunState state;
+  state.result = &result;
+  state.clock = options_.start_clock;
+  for (uint32_t epoch = options_.start_epoch; epoch < options_.epochs && !state.stop; ++epoch) {
+    if (epoch == options_.start_epoch && options_.start_offset > 0) {
+      RETURN_IF_ERROR(it.Seek(epoch, options_.start_offset));
+    } else {
+      it.StartEpoch(epoch);
+    }
+    RETURN_IF_ERROR(options_.prefetch ? TrainEpochOverlapped(epoch, &it, &state)
+                                      : TrainEpoch(epoch, &it, &state));
+    const bool last = epoch + 1 == options_.epochs || state.stop;
+    const bool due = options_.eval_every_epochs > 0 && (epoch + 1) % options_.eval_every_epochs == 0;
+    if (options_.evaluate && test_ != nullptr && (due || last)) {
+      RETURN_IF_ERROR(EvaluateEpoch(epoch, &state));
+    }
+  }
+  result.wall = absl::Now() - start_;
+  result.samples = samples_;
+  // Training throughput: evaluation time does not count.
+  result.samples_per_s =
+      samples_ / std::max(1e-9, absl::ToDoubleSeconds(result.wall - result.eval_time));
+  Progress(true, options_.epochs - 1, result.steps, loss_ema_);
+  if (options_.progress_tty && options_.progress != nullptr) {
+    std::fprintf(options_.progress, "\n");
+  }
+  LogDone(result);
   return result;
 }
 

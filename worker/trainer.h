@@ -135,6 +135,14 @@ class Trainer {
   // One epoch of steps, each one after the other (TrainEpoch) or overlapped (prefetch).
   absl::Status TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state);
   absl::Status TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state);
+  // This worker's steps over the remaining epochs (for the progress line), capped by
+  // max_steps.
+  uint64_t EstimateTotalSteps() const;
+  // Evaluates after `epoch`: prints and logs the metrics, keeps them as the final ones, and
+  // sets state->stop once target_metric is reached.
+  absl::Status EvaluateEpoch(uint32_t epoch, RunState* state);
+  // The log's closing "done" record: totals, throughput and the time per phase.
+  void LogDone(const TrainResult& result);
   // Bookkeeping after a step: counters, breakdown, metrics, on_step, progress, max_steps.
   void EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, double loss,
                const PhaseTimes& d, RunState* state);

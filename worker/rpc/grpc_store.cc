@@ -244,10 +244,7 @@ void GrpcParameterStore::GiveBuffer(std::string buffer) {
   if (spare_buffers_.size() < 64) spare_buffers_.push_back(std::move(buffer));
 }
 
-absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
-                                         const common::PushOptions& options, Exchange* x) {
-  const size_t n = stubs_.size();
-  // Resolve and check everything before taking sequences or moving residuals.
+absl::Status GrpcParameterStore::CheckPush(const common::PushBatch& batch) const {
   for (const common::DensePush& p : batch.dense) {
     const common::TableInfo* t = partitioner_.FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
@@ -265,65 +262,83 @@ absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
                                                      " sparse rows"));
     }
   }
-  // Encoding happens here, once per call; FanOut's retries resend the same frames.
-  absl::MutexLock residuals_lock(&residuals_mu_);
-  for (const common::DensePush& p : batch.dense) {
-    const common::TableInfo* t = partitioner_.FindTable(p.table);
-    std::vector<TableValues*> per_server(n, nullptr);
-    for (uint32_t b = 0; b < t->num_blocks; ++b) {
-      const uint32_t s = partitioner_.ServerForBlock(*t, b);
-      if (per_server[s] == nullptr) {
-        per_server[s] = x->headers[s].add_push();
-        per_server[s]->set_table(p.table);
-        per_server[s]->set_encoding(EncodingOf(*t));
-      }
-      DenseBlock* block = per_server[s]->add_blocks();
-      block->set_block_id(b);
-      auto [begin, end] = partitioner_.BlockRange(*t, b);
-      const absl::Span<const float> values = p.values.subspan(begin, end - begin);
-      absl::string_view bytes(reinterpret_cast<const char*>(values.data()),
-                              values.size() * sizeof(float));
-      if (EncodingOf(*t) != ENCODING_FLOAT32) {
-        std::string& out = x->encoded.emplace_back(TakeBuffer());
-        if (ErrorFeedback(*t)) {
-          residuals_.AppendDense(p.table, t->numel, begin, values, EncodingOf(*t), &out);
-        } else {
-          common::AppendFloats(values, EncodingOf(*t), &out);
-        }
-        bytes = out;
-      }
-      block->set_payload_bytes(bytes.size());
-      x->payloads[s].push_back(bytes);
-      x->sent += bytes.size();
+  return absl::OkStatus();
+}
+
+// Float32 blocks go out as slices of the caller's gradient; 16-bit encodings (and error
+// feedback) are encoded into buffers the exchange owns.
+void GrpcParameterStore::AddDensePush(const common::DensePush& p, Exchange* x) {
+  const common::TableInfo* t = partitioner_.FindTable(p.table);
+  std::vector<TableValues*> per_server(stubs_.size(), nullptr);
+  for (uint32_t b = 0; b < t->num_blocks; ++b) {
+    const uint32_t s = partitioner_.ServerForBlock(*t, b);
+    if (per_server[s] == nullptr) {
+      per_server[s] = x->headers[s].add_push();
+      per_server[s]->set_table(p.table);
+      per_server[s]->set_encoding(EncodingOf(*t));
     }
+    DenseBlock* block = per_server[s]->add_blocks();
+    block->set_block_id(b);
+    auto [begin, end] = partitioner_.BlockRange(*t, b);
+    const absl::Span<const float> values = p.values.subspan(begin, end - begin);
+    absl::string_view bytes(reinterpret_cast<const char*>(values.data()),
+                            values.size() * sizeof(float));
+    if (EncodingOf(*t) != ENCODING_FLOAT32) {
+      std::string& out = x->encoded.emplace_back(TakeBuffer());
+      if (ErrorFeedback(*t)) {
+        residuals_.AppendDense(p.table, t->numel, begin, values, EncodingOf(*t), &out);
+      } else {
+        common::AppendFloats(values, EncodingOf(*t), &out);
+      }
+      bytes = out;
+    }
+    block->set_payload_bytes(bytes.size());
+    x->payloads[s].push_back(bytes);
+    x->sent += bytes.size();
   }
-  std::vector<std::vector<uint32_t>> positions;
-  for (const common::SparsePush& p : batch.sparse) {
-    const common::TableInfo* t = partitioner_.FindTable(p.table);
-    partitioner_.SplitKeysByServer(p.keys, &positions);
-    for (uint32_t s = 0; s < n; ++s) {
-      if (positions[s].empty()) continue;
-      TableValues* tv = x->headers[s].add_push();
-      tv->set_table(p.table);
-      tv->set_encoding(EncodingOf(*t));
-      std::string& rows = x->encoded.emplace_back(TakeBuffer());
-      for (uint32_t i : positions[s]) {
-        tv->add_keys(p.keys[i]);
-        auto row = p.values.subspan(size_t{i} * t->dim, t->dim);
-        if (ErrorFeedback(*t)) {
-          residuals_.AppendSparseRow(p.table, p.keys[i], row, EncodingOf(*t), &rows);
-        } else {
-          common::AppendFloats(row, EncodingOf(*t), &rows);
-        }
+}
+
+// Each server's rows are gathered (and encoded) into one buffer the exchange owns.
+void GrpcParameterStore::AddSparsePush(const common::SparsePush& p,
+                                       std::vector<std::vector<uint32_t>>* positions,
+                                       Exchange* x) {
+  const common::TableInfo* t = partitioner_.FindTable(p.table);
+  partitioner_.SplitKeysByServer(p.keys, positions);
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    if ((*positions)[s].empty()) continue;
+    TableValues* tv = x->headers[s].add_push();
+    tv->set_table(p.table);
+    tv->set_encoding(EncodingOf(*t));
+    std::string& rows = x->encoded.emplace_back(TakeBuffer());
+    for (uint32_t i : (*positions)[s]) {
+      tv->add_keys(p.keys[i]);
+      auto row = p.values.subspan(size_t{i} * t->dim, t->dim);
+      if (ErrorFeedback(*t)) {
+        residuals_.AppendSparseRow(p.table, p.keys[i], row, EncodingOf(*t), &rows);
+      } else {
+        common::AppendFloats(row, EncodingOf(*t), &rows);
       }
-      tv->set_rows_bytes(rows.size());
-      x->payloads[s].push_back(rows);
-      x->sent += rows.size();
     }
+    tv->set_rows_bytes(rows.size());
+    x->payloads[s].push_back(rows);
+    x->sent += rows.size();
+  }
+}
+
+absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
+                                         const common::PushOptions& options, Exchange* x) {
+  // Resolve and check everything before taking sequences or moving residuals.
+  RETURN_IF_ERROR(CheckPush(batch));
+  {
+    // Encoding happens here, once per call; FanOut's retries resend the same frames.
+    absl::MutexLock residuals_lock(&residuals_mu_);
+    for (const common::DensePush& p : batch.dense) AddDensePush(p, x);
+    std::vector<std::vector<uint32_t>> positions;
+    for (const common::SparsePush& p : batch.sparse) AddSparsePush(p, &positions, x);
   }
   // A push with nothing in it is a clock tick: every server hears it.
   const bool tick = batch.dense.empty() && batch.sparse.empty();
-  for (uint32_t s = 0; s < n; ++s) {
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
     PushPullRequest& h = x->headers[s];
     if (h.push_size() == 0 && !push_to_all_ && !tick) continue;
     h.set_has_push(true);

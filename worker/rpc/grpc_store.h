@@ -140,8 +140,18 @@ class GrpcParameterStore final : public common::ParameterStore {
   // The push and/or pull (either may be null) as one frame per server, sent and answered.
   absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
                    const common::PullBatch* pull, const common::PullOptions& pull_options);
+  // Adds the push to x's frames: checks it (CheckPush), encodes each table (under
+  // residuals_mu_) and gives every server that hears it a header with its next sequence.
   absl::Status AddPush(const common::PushBatch& batch, const common::PushOptions& options,
                        Exchange* x);
+  // Every table of `batch` known and its values sized to it. Errors: NOT_FOUND for an
+  // unknown table, INVALID_ARGUMENT for a wrong kind or size.
+  absl::Status CheckPush(const common::PushBatch& batch) const;
+  // One checked table's gradients into the frames of the servers that hold its blocks/rows.
+  void AddDensePush(const common::DensePush& p, Exchange* x)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(residuals_mu_);
+  void AddSparsePush(const common::SparsePush& p, std::vector<std::vector<uint32_t>>* positions,
+                     Exchange* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(residuals_mu_);
   absl::Status AddPull(const common::PullBatch& batch, const common::PullOptions& options,
                        Exchange* x);
   absl::Status ReadAnswer(uint32_t s, const grpc::ByteBuffer& answer, Exchange* x);

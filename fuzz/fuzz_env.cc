@@ -89,23 +89,22 @@ Server NewServer() {
 std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
   const Layout& layout = GetLayout();
   std::string out;
-  auto* dense = *shard.FindDenseTable("w");
-  std::vector<float> buffer;
-  for (uint32_t b : layout.my_blocks) {
-    buffer.resize(dense->BlockSize(b));
-    dense->Read(b, absl::MakeSpan(buffer));
-    AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
-  }
   std::vector<uint64_t> keys = layout.my_keys;
   for (uint64_t k : extra_keys) {
     if (keys.size() >= layout.my_keys.size() + 64) break;
     if (shard.partitioner().ServerForKey(k) == 0) keys.push_back(k);
   }
-  auto* sparse = *shard.FindSparseTable("emb");
-  buffer.resize(keys.size() * sparse->info().dim);
-  const absl::Status read = sparse->Read(keys, absl::MakeSpan(buffer));  // in memory: no I/O
+  const server::PullTable tables[] = {{"w", ENCODING_FLOAT32, layout.my_blocks, {}},
+                              {"emb", ENCODING_FLOAT32, {}, keys}};
+  std::vector<float> buffer;
+  const absl::Status read = shard.ReadPull(  // in memory: no I/O
+      tables, [&](size_t, size_t, size_t n, absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+        buffer.resize(n);
+        if (absl::Status s = fill(absl::MakeSpan(buffer)); !s.ok()) return s;
+        AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
+        return absl::OkStatus();
+      });
   CHECK(read.ok()) << read;
-  AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
   const uint64_t updates = shard.updates_applied();
   AppendBytes(&out, &updates, sizeof(updates));
   for (const WorkerCheckpoint& w : shard.workers().Save()) out += w.SerializeAsString();

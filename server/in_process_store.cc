@@ -1,6 +1,7 @@
 #include "server/in_process_store.h"
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <utility>
 
@@ -62,123 +63,208 @@ RequestInfo InProcessParameterStore::Info(int64_t clock, uint64_t sequence) cons
   return info;
 }
 
-absl::Status InProcessParameterStore::Pull(const common::PullBatch& batch,
-                                           const common::PullOptions& options) {
-  const RequestInfo info = Info(options.clock, 0);
-  const absl::Time deadline = absl::Now() + options_.pull_timeout;
-  for (Shard* shard : shards_) RETURN_IF_ERROR(shard->BeginPull(info, deadline));
+namespace {
+
+absl::string_view Bytes(absl::Span<const float> values) {
+  return absl::string_view(reinterpret_cast<const char*>(values.data()),
+                           values.size() * sizeof(float));
+}
+
+}  // namespace
+
+// One table of a pull as one shard is asked for it, and where its values go.
+struct InProcessParameterStore::PullPart {
+  absl::string_view table;
+  absl::Span<float> out;            // the caller's buffer for the whole table
+  const common::TableInfo* info = nullptr;
+  std::vector<uint32_t> blocks;     // dense
+  absl::Span<const uint64_t> keys;  // sparse: the caller's keys, or this shard's in `own_keys`
+  std::vector<uint64_t> own_keys;
+  std::vector<uint32_t> positions;  // rows of `out` that own_keys go to (several shards)
+};
+
+absl::Status InProcessParameterStore::SplitPull(const common::PullBatch& batch,
+                                                std::vector<std::vector<PullPart>>* parts) const {
+  parts->assign(shards_.size(), {});
   for (const common::DensePull& p : batch.dense) {
     const common::TableInfo* t = partitioner_->FindTable(p.table);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
-    if (t->kind != TABLE_KIND_DENSE || p.out.size() != t->numel) {
+    if (t == nullptr || t->kind != TABLE_KIND_DENSE) {
+      // Not a dense table: the shard refuses it (unknown_table, wrong_kind) as it would from
+      // the wire.
+      (*parts)[0].push_back(PullPart{p.table, p.out, t, {0}, {}, {}, {}});
+      continue;
+    }
+    if (p.out.size() != t->numel) {
       return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': buffer of ",
                                                      p.out.size(), " floats for a table of ",
                                                      t->numel, " (dense)"));
     }
+    std::vector<PullPart*> by_shard(shards_.size(), nullptr);
     for (uint32_t b = 0; b < t->num_blocks; ++b) {
-      Shard* shard = shards_[partitioner_->ServerForBlock(*t, b)];
-      ASSIGN_OR_RETURN(DenseTablePart * part, shard->FindDenseTable(p.table));
-      auto [begin, end] = partitioner_->BlockRange(*t, b);
-      part->Read(b, p.out.subspan(begin, end - begin));
+      const uint32_t s = partitioner_->ServerForBlock(*t, b);
+      if (by_shard[s] == nullptr) by_shard[s] = &(*parts)[s].emplace_back(PullPart{p.table, p.out, t});
+      by_shard[s]->blocks.push_back(b);
     }
   }
   std::vector<std::vector<uint32_t>> positions;
-  std::vector<uint64_t> keys;
-  std::vector<float> rows;
   for (const common::SparsePull& p : batch.sparse) {
     const common::TableInfo* t = partitioner_->FindTable(p.table);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
-    if (t->kind != TABLE_KIND_SPARSE || p.out.size() != p.keys.size() * t->dim) {
+    if (t == nullptr || t->kind != TABLE_KIND_SPARSE || shards_.size() == 1) {
+      if (t != nullptr && t->kind == TABLE_KIND_SPARSE && p.out.size() != p.keys.size() * t->dim) {
+        return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': buffer of ",
+                                                       p.out.size(), " floats for ", p.keys.size(),
+                                                       " rows (sparse)"));
+      }
+      (*parts)[0].push_back(PullPart{p.table, p.out, t, {}, p.keys});
+      continue;
+    }
+    if (p.out.size() != p.keys.size() * t->dim) {
       return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': buffer of ",
                                                      p.out.size(), " floats for ", p.keys.size(),
                                                      " rows (sparse)"));
     }
-    if (shards_.size() == 1) {
-      ASSIGN_OR_RETURN(SparseTablePart * part, shards_[0]->FindSparseTable(p.table));
-      RETURN_IF_ERROR(part->Read(p.keys, p.out));
-      continue;
-    }
     partitioner_->SplitKeysByServer(p.keys, &positions);
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (positions[s].empty()) continue;
-      ASSIGN_OR_RETURN(SparseTablePart * part, shards_[s]->FindSparseTable(p.table));
-      keys.clear();
-      for (uint32_t i : positions[s]) keys.push_back(p.keys[i]);
-      rows.resize(keys.size() * t->dim);
-      RETURN_IF_ERROR(part->Read(keys, absl::MakeSpan(rows)));
-      for (size_t j = 0; j < keys.size(); ++j) {
-        std::copy_n(rows.data() + j * t->dim, t->dim, p.out.data() + positions[s][j] * t->dim);
-      }
+      PullPart& part = (*parts)[s].emplace_back(PullPart{p.table, p.out, t});
+      for (uint32_t i : positions[s]) part.own_keys.push_back(p.keys[i]);
+      part.keys = part.own_keys;
+      part.positions = std::move(positions[s]);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
-                                           const common::PushOptions& options) {
-  // Phase 1: resolve and check everything, per server.
-  std::vector<std::vector<PendingUpdate>> updates(shards_.size());
-  // Sparse keys and values regrouped by server (kept alive until phase 2 is done).
-  std::vector<std::vector<uint64_t>> owned_keys;
-  std::vector<std::vector<float>> owned_values;
-  owned_keys.reserve(batch.sparse.size() * shards_.size());
-  owned_values.reserve(batch.sparse.size() * shards_.size());
+absl::Status InProcessParameterStore::Pull(const common::PullBatch& batch,
+                                           const common::PullOptions& options) {
+  std::vector<std::vector<PullPart>> parts;
+  RETURN_IF_ERROR(SplitPull(batch, &parts));
+  std::vector<std::vector<PullTable>> views(shards_.size());
+  const RequestInfo info = Info(options.clock, 0);
+  // Every shard checks its part before any waits or reads: a bad pull changes nothing.
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    for (const PullPart& p : parts[s]) {
+      views[s].push_back(PullTable{p.table, ENCODING_FLOAT32, p.blocks, p.keys});
+    }
+    RETURN_IF_ERROR(shards_[s]->CheckPull(info, views[s]).status());
+  }
+  const absl::Time deadline = absl::Now() + options_.pull_timeout;
+  for (Shard* shard : shards_) RETURN_IF_ERROR(shard->BeginPull(info, deadline));
+  std::vector<float> rows;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    auto sink = [&](size_t table, size_t part, size_t n,
+                    absl::FunctionRef<absl::Status(absl::Span<float>)> fill) -> absl::Status {
+      const PullPart& p = parts[s][table];
+      if (part != kRowsPart) {
+        auto [begin, end] = partitioner_->BlockRange(*p.info, p.blocks[part]);
+        return fill(p.out.subspan(begin, end - begin));
+      }
+      if (p.positions.empty()) return fill(p.out.first(n));
+      // This shard's rows, scattered to where their keys are in the caller's request.
+      rows.resize(n);
+      RETURN_IF_ERROR(fill(absl::MakeSpan(rows)));
+      const size_t dim = p.info->dim;
+      for (size_t j = 0; j < p.positions.size(); ++j) {
+        std::copy_n(rows.data() + j * dim, dim, p.out.data() + p.positions[j] * dim);
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(shards_[s]->ReadPull(views[s], sink));
+  }
+  return absl::OkStatus();
+}
+
+// The tables of a push as each shard gets them, and the sparse rows regrouped by shard.
+struct InProcessParameterStore::SplitPush {
+  std::vector<std::vector<PushTable>> tables;  // by shard
+  std::deque<std::vector<uint64_t>> keys;      // deques: views into them stay valid
+  std::deque<std::vector<float>> values;
+};
+
+absl::Status InProcessParameterStore::SplitDense(const common::PushBatch& batch,
+                                                 SplitPush* split) const {
   for (const common::DensePush& p : batch.dense) {
     const common::TableInfo* t = partitioner_->FindTable(p.table);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
-    if (t->kind != TABLE_KIND_DENSE || p.values.size() != t->numel) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
-                                                     " values for a table of ", t->numel,
-                                                     " (dense)"));
+    if (t == nullptr || t->kind != TABLE_KIND_DENSE || p.values.size() != t->numel) {
+      // Not something to cut into blocks: the shard of block 0 gets it whole as block 0 and
+      // refuses it (unknown_table, wrong_kind, bad_size) as it would from the wire.
+      const uint32_t s =
+          t != nullptr && t->kind == TABLE_KIND_DENSE ? partitioner_->ServerForBlock(*t, 0) : 0;
+      PushTable& view = split->tables[s].emplace_back();
+      view.table = p.table;
+      view.blocks.push_back(PushTable::Block{0, Bytes(p.values)});
+      continue;
     }
+    std::vector<PushTable*> by_shard(shards_.size(), nullptr);
     for (uint32_t b = 0; b < t->num_blocks; ++b) {
       const uint32_t s = partitioner_->ServerForBlock(*t, b);
-      ASSIGN_OR_RETURN(DenseTablePart * part, shards_[s]->FindDenseTable(p.table));
-      auto [begin, end] = partitioner_->BlockRange(*t, b);
-      auto values = p.values.subspan(begin, end - begin);
-      {  // Gradients and deltas alike.
-        RETURN_IF_ERROR(shards_[s]->CheckFinite(*part, absl::StrCat("block ", b), values));
+      if (by_shard[s] == nullptr) {
+        by_shard[s] = &split->tables[s].emplace_back();
+        by_shard[s]->table = p.table;
       }
-      updates[s].push_back(PendingUpdate{part, b, {}, values});
+      auto [begin, end] = partitioner_->BlockRange(*t, b);
+      by_shard[s]->blocks.push_back(PushTable::Block{b, Bytes(p.values.subspan(begin, end - begin))});
     }
   }
+  return absl::OkStatus();
+}
+
+void InProcessParameterStore::SplitSparse(const common::PushBatch& batch, SplitPush* split) const {
   std::vector<std::vector<uint32_t>> positions;
   for (const common::SparsePush& p : batch.sparse) {
     const common::TableInfo* t = partitioner_->FindTable(p.table);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
-    if (t->kind != TABLE_KIND_SPARSE || p.values.size() != p.keys.size() * t->dim) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", p.table, "': ", p.values.size(),
-                                                     " values for ", p.keys.size(),
-                                                     " rows (sparse)"));
+    if (t == nullptr || t->kind != TABLE_KIND_SPARSE || p.values.size() != p.keys.size() * t->dim ||
+        shards_.size() == 1) {
+      // Whole, to the server of the first key: one shard's part, or one the shard refuses
+      // (unknown_table, wrong_kind, bad_size).
+      const uint32_t s = t != nullptr && t->kind == TABLE_KIND_SPARSE && !p.keys.empty()
+                             ? partitioner_->ServerForKey(p.keys[0])
+                             : 0;
+      PushTable& view = split->tables[s].emplace_back();
+      view.table = p.table;
+      view.keys = p.keys;
+      view.rows = Bytes(p.values);
+      continue;
     }
     partitioner_->SplitKeysByServer(p.keys, &positions);
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (positions[s].empty()) continue;
-      ASSIGN_OR_RETURN(SparseTablePart * part, shards_[s]->FindSparseTable(p.table));
-      absl::Span<const uint64_t> keys = p.keys;
-      absl::Span<const float> values = p.values;
-      if (shards_.size() > 1) {
-        auto& k = owned_keys.emplace_back();
-        auto& v = owned_values.emplace_back();
-        for (uint32_t i : positions[s]) {
-          k.push_back(p.keys[i]);
-          v.insert(v.end(), p.values.begin() + i * t->dim, p.values.begin() + (i + 1) * t->dim);
-        }
-        keys = k;
-        values = v;
+      auto& k = split->keys.emplace_back();
+      auto& v = split->values.emplace_back();
+      for (uint32_t i : positions[s]) {
+        k.push_back(p.keys[i]);
+        v.insert(v.end(), p.values.begin() + i * t->dim, p.values.begin() + (i + 1) * t->dim);
       }
-      RETURN_IF_ERROR(shards_[s]->CheckFinite(*part, "rows", values));
-      updates[s].push_back(PendingUpdate{part, 0, keys, values});
+      PushTable& view = split->tables[s].emplace_back();
+      view.table = p.table;
+      view.keys = k;
+      view.rows = Bytes(v);
     }
   }
-  // Phase 2: apply. Every server gets the push (even an empty one) so that its clock moves.
+}
+
+absl::Status InProcessParameterStore::Push(const common::PushBatch& batch,
+                                           const common::PushOptions& options) {
+  SplitPush split;
+  split.tables.resize(shards_.size());
+  RETURN_IF_ERROR(SplitDense(batch, &split));
+  SplitSparse(batch, &split);
   RequestInfo info = Info(options.clock, next_sequence_.fetch_add(1));
   info.deadline = absl::Now() + options_.pull_timeout;  // a deterministic push's turn
-  UpdateOptions update;
-  update.kind = options.is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
-  update.delta_scale = shards_[0]->delta_scale();
+  // Every shard checks its part before any applies: a bad push changes nothing anywhere.
+  // Every shard gets the push (even an empty one) so that its clock moves.
+  std::vector<CheckedPush> checked;
+  checked.reserve(shards_.size());
   for (size_t s = 0; s < shards_.size(); ++s) {
-    RETURN_IF_ERROR(shards_[s]->ApplyPush(info, updates[s], update, 0).status());
+    PushView view;
+    view.info = info;
+    view.is_delta = options.is_delta;
+    view.tables = split.tables[s];
+    ASSIGN_OR_RETURN(CheckedPush c, shards_[s]->CheckPush(view));
+    checked.push_back(std::move(c));
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    RETURN_IF_ERROR(shards_[s]->ApplyPush(std::move(checked[s])).status());
   }
   return absl::OkStatus();
 }

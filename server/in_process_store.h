@@ -1,6 +1,12 @@
 // InProcessParameterStore: the ParameterStore of centralized mode and of socket-free tests.
 // It splits requests with the Partitioner exactly as GrpcParameterStore does, and calls the
 // shards (one per server index, all in this process) directly: no sockets, no serialization.
+// It validates nothing itself: the shards check every part (Shard::CheckPush, CheckPull), so
+// bad input gets the same status, counted under the same reason, as through the gRPC service.
+// A part it cannot split (an unknown table, the wrong kind, a payload of the wrong size) goes
+// whole to one shard, which refuses it. Only the caller's own buffers (a pull's `out` of the
+// wrong size) are refused here (INVALID_ARGUMENT). Every shard checks its part of a push
+// before any applies, so a bad push changes no shard.
 #ifndef PS_SERVER_IN_PROCESS_STORE_H_
 #define PS_SERVER_IN_PROCESS_STORE_H_
 
@@ -49,6 +55,14 @@ class InProcessParameterStore final : public common::ParameterStore {
  private:
   InProcessParameterStore(std::vector<Shard*> shards, const InProcessStoreOptions& options);
   RequestInfo Info(int64_t clock, uint64_t sequence) const;
+  struct PullPart;
+  struct SplitPush;
+  // A pull cut into each shard's parts (INVALID_ARGUMENT for an `out` of the wrong size).
+  absl::Status SplitPull(const common::PullBatch& batch,
+                         std::vector<std::vector<PullPart>>* parts) const;
+  // A push's dense tables cut by block, its sparse rows regrouped by the server of each key.
+  absl::Status SplitDense(const common::PushBatch& batch, SplitPush* split) const;
+  void SplitSparse(const common::PushBatch& batch, SplitPush* split) const;
 
   std::vector<std::unique_ptr<Shard>> owned_shards_;  // CreateCentralized's; else empty
   std::vector<Shard*> shards_;  // owned_shards_, or not owned

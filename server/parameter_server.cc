@@ -65,15 +65,15 @@ void LogTables(const Shard& shard, const std::string& spill_dir) {
 void LogSparseTables(Shard* shard) {
   for (const auto& t : shard->partitioner().tables()) {
     if (t.kind != TABLE_KIND_SPARSE) continue;
-    absl::StatusOr<SparseTablePart*> part = shard->FindSparseTable(t.name);
-    if (!part.ok()) continue;
-    const SpillStats st = (*part)->spill_stats();
-    if (!(*part)->spills()) {
+    absl::StatusOr<SparseTableStats> stats = shard->SparseStats(t.name);
+    if (!stats.ok()) continue;
+    const SpillStats& st = stats->spill;
+    if (!stats->spills) {
       LOG(INFO) << "table '" << t.name << "': " << st.resident_rows << " rows, all in memory";
       continue;
     }
     LOG(INFO) << "table '" << t.name << "': " << st.resident_rows + st.spilled_rows << " rows, "
-              << st.resident_rows << " in memory (budget " << (*part)->budget_rows() << "), "
+              << st.resident_rows << " in memory (budget " << stats->budget_rows << "), "
               << st.spilled_rows << " spilled; since the start " << st.faults
               << " faulted in and " << st.evictions << " evicted (" << st.writes << " written)"
               << (st.eviction_errors > 0
@@ -137,6 +137,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
             << " bytes for parameters, optimizer slots and sparse rows"
             << (config.server().max_memory_bytes() > 0 ? "" : " (80% of physical memory)");
   if (!options.data_dir.empty()) shard_options.spill_dir = options.data_dir + "/spill";
+  if (options.stop != nullptr) {
+    shard_options.cancelled = [stop = options.stop] { return stop->requested(); };
+  }
   ASSIGN_OR_RETURN(server->shard_, Shard::Create(config, shard_options));
   LogTables(*server->shard_, shard_options.spill_dir);
   if (options.data_dir.empty()) {
@@ -144,13 +147,41 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   } else {
     RETURN_IF_ERROR(server->Restore());
   }
+  if (options.stop != nullptr && !options.stop->Attach(server.get())) {
+    return absl::CancelledError("stopped by a signal before serving");
+  }
   return server;
+}
+
+void StopRequest::Request() {
+  absl::MutexLock lock(&mu_);
+  requested_ = true;
+  if (server_ != nullptr) server_->RequestStop();
+}
+
+bool StopRequest::requested() const {
+  absl::MutexLock lock(&mu_);
+  return requested_;
+}
+
+bool StopRequest::Attach(ParameterServer* server) {
+  absl::MutexLock lock(&mu_);
+  if (requested_) return false;
+  server_ = server;
+  return true;
+}
+
+void StopRequest::Detach(const ParameterServer* server) {
+  absl::MutexLock lock(&mu_);
+  if (server_ == server) server_ = nullptr;
 }
 
 ParameterServer::ParameterServer(const JobConfig& config, const ParameterServerOptions& options)
     : config_(config), options_(options), final_checkpoint_(config.checkpoint().on_shutdown()) {}
 
 ParameterServer::~ParameterServer() {
+  // A signal arriving from now on finds no server to stop.
+  if (options_.stop != nullptr) options_.stop->Detach(this);
   // Stop serving before the service, checkpointer and shard go (reverse member order would
   // destroy the gRPC server first anyway; this also stops the checkpointer's thread).
   if (grpc_server_ != nullptr) {

@@ -18,6 +18,7 @@
 #define PS_SERVER_PARAMETER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,27 @@ class GrpcServer;
 class ParameterServerService;
 class Shard;
 
+class ParameterServer;
+
+// A stop asked for from another thread (a signal-waiting one), whether the server is still
+// being created or already serving. Thread-safe.
+class StopRequest {
+ public:
+  // Stops the server this request belongs to, or makes its Create stop and return CANCELLED.
+  void Request();
+  bool requested() const;
+
+ private:
+  friend class ParameterServer;
+  // Requests go to `server` from now on; false (nothing attached) if one came already.
+  bool Attach(ParameterServer* server);
+  void Detach(const ParameterServer* server);
+
+  mutable absl::Mutex mu_;
+  bool requested_ ABSL_GUARDED_BY(mu_) = false;
+  ParameterServer* server_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
 struct ParameterServerOptions {
   // This server's index, 0..num_servers-1. REQUIRES: in range.
   int32_t server_index = 0;
@@ -61,6 +83,11 @@ struct ParameterServerOptions {
   std::string metrics_host;
   // Shut down by itself once every worker of the job has said it finished.
   bool exit_when_done = true;
+  // A stop asked for from another thread (a signal): while Create allocates and initializes
+  // the tables it ends Create with CANCELLED within one block's time (ShardOptions::cancelled)
+  // instead of after the whole layout (gigabytes); later it stops the server (RequestStop).
+  // Not owned; null = none.
+  StopRequest* stop = nullptr;
 };
 
 // Thread-safe: RequestStop() may be called from any thread (a signal thread, the Shutdown
@@ -69,7 +96,8 @@ class ParameterServer {
  public:
   // Builds the shard from `config` (validated by the caller: common::ValidateJobConfig) and
   // restores the checkpoint asked for. Errors: INVALID_ARGUMENT (options or config), those of
-  // Shard::Create and Checkpointer::Restore (DATA_LOSS for a corrupt checkpoint, ...).
+  // Shard::Create and Checkpointer::Restore (DATA_LOSS for a corrupt checkpoint, ...);
+  // CANCELLED when options.stop was requested before the server was ready.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(
       const JobConfig& config, const ParameterServerOptions& options);
   ~ParameterServer();

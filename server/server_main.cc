@@ -103,6 +103,10 @@ absl::Status Run() {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.metrics_port = startup.metrics_port;
   options.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
+  // From before the tables are allocated (minutes for gigabytes): a signal cancels that.
+  StopRequest stop;
+  common::StopSignalThread stop_signal_thread(stop_signals, [&stop] { stop.Request(); });
+  options.stop = &stop;
   ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> server,
                    ParameterServer::Create(config, options));
   RETURN_IF_ERROR(server->Start());
@@ -127,7 +131,6 @@ absl::Status Run() {
         absl::StrCat(common::AdvertisedHost(options.host), ":", server->port())));
   }
 
-  common::StopSignalThread stop_signal_thread(stop_signals, [&] { server->RequestStop(); });
   return server->Wait();
 }
 

@@ -4,6 +4,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/internal/endian.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/strings/cord.h"
@@ -77,8 +78,15 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
     spill_options.path = options.spill_dir;
     ASSIGN_OR_RETURN(spill_store, storage::SpillStore::Open(spill_options, spilling));
   }
-  return std::unique_ptr<Shard>(new Shard(config, options, std::move(partitioner),
-                                          TrackerOptions(config), std::move(spill_store)));
+  std::unique_ptr<Shard> shard(new Shard(config, options, std::move(partitioner),
+                                         TrackerOptions(config), std::move(spill_store)));
+  if (options.cancelled && options.cancelled()) {
+    // The constructor stopped allocating at the first block after the request.
+    return absl::CancelledError(absl::StrCat(
+        "server ", options.server_index, ": start cancelled while allocating the tables (",
+        shard->memory_.used(), " bytes allocated so far; released)"));
+  }
+  return shard;
 }
 
 absl::Status Shard::CheckDenseMemory(const common::Partitioner& partitioner,
@@ -120,7 +128,8 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
     const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
     std::unique_ptr<TablePart> part;
     if (info.kind == TABLE_KIND_DENSE) {
-      part = std::make_unique<DenseTablePart>(info, opt, partitioner_, options_.server_index);
+      part = std::make_unique<DenseTablePart>(info, opt, partitioner_, options_.server_index,
+                                              options_.cancelled);
     } else if (spill_store_ != nullptr && info.config->memory_budget_rows() > 0) {
       storage::SpillTable* spill = spill_store_->table(next_spill_table++);
       CHECK_EQ(spill->name(), info.name);
@@ -184,24 +193,10 @@ absl::StatusOr<TablePart*> Shard::FindTable(absl::string_view name) {
   return it->second;
 }
 
-absl::StatusOr<DenseTablePart*> Shard::FindDenseTable(absl::string_view name) {
-  ASSIGN_OR_RETURN(TablePart * t, FindTable(name));
-  if (t->info().kind != TABLE_KIND_DENSE) {
-    return Reject("wrong_kind",
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "table '", name, "' is sparse: address it by keys, not blocks")));
-  }
-  return static_cast<DenseTablePart*>(t);
-}
-
-absl::StatusOr<SparseTablePart*> Shard::FindSparseTable(absl::string_view name) {
-  ASSIGN_OR_RETURN(TablePart * t, FindTable(name));
-  if (t->info().kind != TABLE_KIND_SPARSE) {
-    return Reject("wrong_kind",
-                  absl::InvalidArgumentError(
-                      absl::StrCat("table '", name, "' is dense: address it by blocks, not keys")));
-  }
-  return static_cast<SparseTablePart*>(t);
+absl::Status Shard::CheckEncoding(Encoding encoding) {
+  if (common::IsKnownEncoding(encoding)) return absl::OkStatus();
+  return Reject("bad_encoding", absl::InvalidArgumentError(
+                                    absl::StrCat("unknown payload encoding ", encoding)));
 }
 
 absl::Status Shard::CheckBlock(const DenseTablePart& table, uint32_t block, int64_t num_values) {
@@ -228,6 +223,14 @@ absl::Status Shard::CheckBlock(const DenseTablePart& table, uint32_t block, int6
 
 absl::Status Shard::CheckKeys(const SparseTablePart& table, absl::Span<const uint64_t> keys,
                               int64_t num_values) {
+  // The size first: it does not depend on which server the request reached, so a store that
+  // could not split the rows by server (their count is wrong) gets the same answer.
+  if (num_values >= 0 && static_cast<uint64_t>(num_values) != keys.size() * table.info().dim) {
+    return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
+                                  "table '", table.name(), "': ", keys.size(), " keys of dim ",
+                                  table.info().dim, " need ", keys.size() * table.info().dim,
+                                  " values, got ", num_values)));
+  }
   for (uint64_t key : keys) {
     const uint32_t owner = partitioner_.ServerForKey(key);
     if (owner != options_.server_index) {
@@ -236,12 +239,6 @@ absl::Status Shard::CheckKeys(const SparseTablePart& table, absl::Span<const uin
                         absl::StrCat("table '", table.name(), "' key ", key, " belongs to server ",
                                      owner, ", not server ", options_.server_index)));
     }
-  }
-  if (num_values >= 0 && static_cast<uint64_t>(num_values) != keys.size() * table.info().dim) {
-    return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
-                                  "table '", table.name(), "': ", keys.size(), " keys of dim ",
-                                  table.info().dim, " need ", keys.size() * table.info().dim,
-                                  " values, got ", num_values)));
   }
   return absl::OkStatus();
 }
@@ -330,19 +327,193 @@ absl::StatusOr<WorkerTracker::WaiterId> Shard::ParkPull(const RequestInfo& info,
   return parked;
 }
 
-void Shard::CountPull(uint64_t bytes_out) {
+absl::StatusOr<uint64_t> Shard::CheckPull(const RequestInfo& info,
+                                           absl::Span<const PullTable> tables) {
+  RETURN_IF_ERROR(CheckLayout(info));
+  uint64_t payload_bytes = 0;
+  for (const PullTable& t : tables) {
+    RETURN_IF_ERROR(CheckEncoding(t.encoding));
+    const uint64_t bpv = common::BytesPerValue(t.encoding);
+    ASSIGN_OR_RETURN(TablePart * part, FindTable(t.table));
+    if (part->info().kind == TABLE_KIND_DENSE) {
+      if (!t.keys.empty()) {
+        return Reject("wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                                        "table '", t.table, "' is dense: pull it by blocks, not keys")));
+      }
+      auto* dense = static_cast<DenseTablePart*>(part);
+      for (uint32_t b : t.blocks) {
+        RETURN_IF_ERROR(CheckBlock(*dense, b, -1));
+        payload_bytes += dense->BlockSize(b) * bpv;
+      }
+    } else {
+      if (!t.blocks.empty()) {
+        return Reject("wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                                        "table '", t.table, "' is sparse: pull it by keys, not blocks")));
+      }
+      RETURN_IF_ERROR(CheckKeys(*static_cast<SparseTablePart*>(part), t.keys, -1));
+      payload_bytes += static_cast<uint64_t>(t.keys.size()) * part->info().dim * bpv;
+    }
+  }
+  return payload_bytes;
+}
+
+absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink) {
+  uint64_t bytes_out = 0;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const PullTable& t = tables[i];
+    auto it = by_name_.find(t.table);
+    if (it == by_name_.end()) {
+      return absl::InternalError(absl::StrCat("pull of unchecked table '", t.table, "'"));
+    }
+    const uint64_t bpv = common::BytesPerValue(t.encoding);
+    if (it->second->info().kind == TABLE_KIND_DENSE) {
+      auto* dense = static_cast<DenseTablePart*>(it->second);
+      for (size_t j = 0; j < t.blocks.size(); ++j) {
+        const uint32_t b = t.blocks[j];
+        RETURN_IF_ERROR(sink(i, j, dense->BlockSize(b), [&](absl::Span<float> out) {
+          dense->Read(b, out);
+          return absl::OkStatus();
+        }));
+        bytes_out += dense->BlockSize(b) * bpv;
+      }
+    } else {
+      auto* sparse = static_cast<SparseTablePart*>(it->second);
+      const size_t n = t.keys.size() * sparse->info().dim;
+      RETURN_IF_ERROR(sink(i, kRowsPart, n, [&](absl::Span<float> out) {
+        return sparse->Read(t.keys, out);
+      }));
+      bytes_out += n * bpv;
+    }
+  }
   absl::MutexLock lock(&stats_mu_);
   ++pulls_;
   bytes_out_ += bytes_out;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
-                                            absl::Span<const PendingUpdate> updates,
-                                            const UpdateOptions& options, uint64_t bytes_in) {
-  RETURN_IF_ERROR(CheckPusher(info));
-  const bool tracked = info.worker_id >= 0;
-  RETURN_IF_ERROR(CheckWorkerAndClock(info));
-  if (tracked && config_.training().deterministic()) {
+absl::StatusOr<SparseTableStats> Shard::SparseStats(absl::string_view table) const {
+  auto it = by_name_.find(table);
+  if (it == by_name_.end() || it->second->info().kind != TABLE_KIND_SPARSE) {
+    return absl::NotFoundError(absl::StrCat("no sparse table '", table, "'"));
+  }
+  const auto* sparse = static_cast<const SparseTablePart*>(it->second);
+  SparseTableStats stats;
+  stats.rows = sparse->NumRows();
+  stats.spills = sparse->spills();
+  stats.budget_rows = sparse->budget_rows();
+  stats.spill = sparse->spill_stats();
+  return stats;
+}
+
+absl::StatusOr<absl::Span<const float>> Shard::PayloadValues(absl::string_view bytes,
+                                                             Encoding encoding, size_t n,
+                                                             CheckedPush* push) {
+  static_assert(absl::little_endian::IsLittleEndian(), "the wire format is little-endian");
+  if (n == 0) return absl::Span<const float>();
+  // Float32 payloads are used where they lie (protobuf's heap strings, frames' slices and
+  // gather buffers, the in-process store's spans are aligned for float): no copy.
+  if (encoding == ENCODING_FLOAT32 &&
+      reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+    return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()), n);
+  }
+  auto& buffer = push->decoded_.emplace_back(n);
+  RETURN_IF_ERROR(common::DecodeFloats(bytes, encoding, absl::MakeSpan(buffer)));
+  return absl::Span<const float>(buffer);
+}
+
+absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, CheckedPush* push) {
+  if (!t.keys.empty() || !t.rows.empty()) {
+    return Reject("wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                                    "table '", t.table, "' is dense: push blocks, not keyed rows")));
+  }
+  const size_t bpv = common::BytesPerValue(t.encoding);
+  for (const PushTable::Block& block : t.blocks) {
+    if (block.bytes.size() % bpv != 0) {
+      return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
+                                    "table '", t.table, "' block ", block.id, ": payload of ",
+                                    block.bytes.size(), " bytes is not a whole number of ",
+                                    common::EncodingName(t.encoding), " values")));
+    }
+    RETURN_IF_ERROR(CheckBlock(*table, block.id, block.bytes.size() / bpv));
+    ASSIGN_OR_RETURN(absl::Span<const float> values,
+                     PayloadValues(block.bytes, t.encoding, table->BlockSize(block.id), push));
+    // Gradients and deltas alike.
+    RETURN_IF_ERROR(CheckFinite(*table, absl::StrCat("block ", block.id), values));
+    push->updates_.push_back(PendingUpdate{table, block.id, {}, values});
+    push->bytes_in_ += block.bytes.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckSparsePush(SparseTablePart* table, const PushTable& t,
+                                    CheckedPush* push) {
+  if (!t.blocks.empty()) {
+    return Reject("wrong_kind", absl::InvalidArgumentError(absl::StrCat(
+                                    "table '", t.table, "' is sparse: push keyed rows, not blocks")));
+  }
+  const size_t bpv = common::BytesPerValue(t.encoding);
+  if (t.rows.size() % bpv != 0) {
+    return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
+                                  "table '", t.table, "': rows payload of ", t.rows.size(),
+                                  " bytes is not a whole number of ",
+                                  common::EncodingName(t.encoding), " values")));
+  }
+  const size_t n = t.rows.size() / bpv;
+  RETURN_IF_ERROR(CheckKeys(*table, t.keys, n));
+  ASSIGN_OR_RETURN(absl::Span<const float> values, PayloadValues(t.rows, t.encoding, n, push));
+  RETURN_IF_ERROR(CheckFinite(*table, "rows", values));
+  push->updates_.push_back(PendingUpdate{table, 0, t.keys, values});
+  push->bytes_in_ += t.rows.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
+  RETURN_IF_ERROR(CheckLayout(push.info));
+  RETURN_IF_ERROR(CheckPusher(push.info));
+  RETURN_IF_ERROR(CheckWorkerAndClock(push.info));
+  CheckedPush checked;
+  checked.info_ = push.info;
+  checked.options_.kind = push.is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
+  checked.options_.delta_scale = delta_scale();
+  size_t count = 0;
+  for (const PushTable& t : push.tables) count += t.blocks.size() + 1;
+  checked.updates_.reserve(count);
+  checked.decoded_.reserve(count);
+  for (const PushTable& t : push.tables) {
+    RETURN_IF_ERROR(CheckEncoding(t.encoding));
+    ASSIGN_OR_RETURN(TablePart * part, FindTable(t.table));
+    if (part->info().kind == TABLE_KIND_DENSE) {
+      RETURN_IF_ERROR(CheckDensePush(static_cast<DenseTablePart*>(part), t, &checked));
+    } else {
+      RETURN_IF_ERROR(CheckSparsePush(static_cast<SparseTablePart*>(part), t, &checked));
+    }
+  }
+  return checked;
+}
+
+absl::StatusOr<PushResult> Shard::Push(const PushView& push) {
+  ASSIGN_OR_RETURN(CheckedPush checked, CheckPush(push));
+  return ApplyPush(std::move(checked));
+}
+
+absl::Status Shard::PrepareRows(absl::Span<const PendingUpdate> updates,
+                                std::vector<const PendingUpdate*>* pinned) {
+  for (const PendingUpdate& u : updates) {
+    if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
+    auto* sparse = static_cast<SparseTablePart*>(u.table);
+    if (!sparse->spills()) {
+      RETURN_IF_ERROR(sparse->CheckRoomForNewRows(u.keys));
+      continue;
+    }
+    RETURN_IF_ERROR(sparse->Pin(u.keys));
+    pinned->push_back(&u);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
+  const RequestInfo& info = push.info_;
+  if (config_.training().deterministic()) {
     // Deterministic BSP: this clock's pushes go in worker order, once all have arrived.
     if (absl::Status s = workers_.WaitForTurn(info.worker_id, info.worker_incarnation, info.clock,
                                               info.deadline);
@@ -352,48 +523,33 @@ absl::StatusOr<PushResult> Shard::ApplyPush(const RequestInfo& info,
       return WithRejectionReason(std::move(s), "turn_timeout");
     }
   }
-  {
-    // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
-    // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
-    // parameters always agree in a checkpoint.
-    absl::ReaderMutexLock lock(&apply_mu_);
-    // Rows of tables over their memory budget come into memory (and stay pinned there) before
-    // the push is admitted: if the spill store fails, nothing is applied nor recorded, and
-    // applying cannot fail half-way.
-    std::vector<const PendingUpdate*> pinned;
-    auto unpin = absl::MakeCleanup([&pinned] {
-      for (const PendingUpdate* u : pinned) static_cast<SparseTablePart*>(u->table)->Unpin(u->keys);
-    });
-    for (const PendingUpdate& u : updates) {
-      if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
-      auto* sparse = static_cast<SparseTablePart*>(u.table);
-      if (!sparse->spills()) {
-        RETURN_IF_ERROR(sparse->CheckRoomForNewRows(u.keys));
-        continue;
-      }
-      RETURN_IF_ERROR(sparse->Pin(u.keys));
-      pinned.push_back(&u);
-    }
-    if (tracked) {
-      absl::StatusOr<WorkerTracker::Admission> admission =
-          workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
-      if (!admission.ok()) {
-        return Reject(HeaderRejection(admission.status()), admission.status());
-      }
-      if (*admission == WorkerTracker::Admission::kDuplicate) {
-        absl::MutexLock stats(&stats_mu_);
-        ++duplicates_;
-        return PushResult{true, updates_applied_};
-      }
-    }
-    ApplyUpdates(updates, options);
-    if (tracked) workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock);
+  // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
+  // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
+  // parameters always agree in a checkpoint.
+  absl::ReaderMutexLock lock(&apply_mu_);
+  // Rows of tables over their memory budget come into memory (and stay pinned there) before
+  // the push is admitted: if the spill store fails, nothing is applied nor recorded, and
+  // applying cannot fail half-way.
+  std::vector<const PendingUpdate*> pinned;
+  auto unpin = absl::MakeCleanup([&pinned] {
+    for (const PendingUpdate* u : pinned) static_cast<SparseTablePart*>(u->table)->Unpin(u->keys);
+  });
+  RETURN_IF_ERROR(PrepareRows(push.updates_, &pinned));
+  absl::StatusOr<WorkerTracker::Admission> admission =
+      workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
+  if (!admission.ok()) return Reject(HeaderRejection(admission.status()), admission.status());
+  if (*admission == WorkerTracker::Admission::kDuplicate) {
     absl::MutexLock stats(&stats_mu_);
-    ++pushes_;
-    ++updates_applied_;
-    bytes_in_ += bytes_in;
-    return PushResult{false, updates_applied_};
+    ++duplicates_;
+    return PushResult{true, updates_applied_};
   }
+  ApplyUpdates(push.updates_, push.options_);
+  workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock);
+  absl::MutexLock stats(&stats_mu_);
+  ++pushes_;
+  ++updates_applied_;
+  bytes_in_ += push.bytes_in_;
+  return PushResult{false, updates_applied_};
 }
 
 void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options) {

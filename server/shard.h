@@ -3,20 +3,25 @@
 // the in-process store (centralized mode) both call this class, and the Checkpointer streams
 // its snapshots into storage.
 //
-// Requests go in two phases so that a bad request changes nothing: first every part is
-// resolved and checked (Find*Table, Check*), then the whole push is applied (ApplyPush). An
+// The shard validates its own input: every store (the gRPC service, the in-process store of
+// centralized mode and of the Python client) hands it a decoded, wire-independent request
+// (PushView, PullTable) and gets the same status for the same bad input, counted under the same
+// reason. Requests go in two phases so that a bad request changes nothing: first every part is
+// resolved and checked (CheckPush, CheckPull), then the whole push is applied (ApplyPush). An
 // applied push is all-or-nothing with respect to snapshots: a checkpoint never holds half of
 // a push.
 #ifndef PS_SERVER_SHARD_H_
 #define PS_SERVER_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -59,6 +64,10 @@ struct ShardOptions {
   // bandwidth rather than one core's speed. -1 = one fewer than the machine's cores; 0 = every
   // push is applied by the thread that received it.
   int apply_threads = -1;
+  // Asked between the blocks of the dense tables Create allocates and initializes (several GB
+  // take seconds to minutes): once it returns true, Create stops and returns CANCELLED. Empty:
+  // never cancelled. Called on Create's thread only.
+  std::function<bool()> cancelled;
 };
 
 // Who sent a request (from the wire header, or the in-process store).
@@ -72,12 +81,82 @@ struct RequestInfo {
   absl::Time deadline = absl::InfiniteFuture();
 };
 
-// One checked part of a push. Spans must stay valid until ApplyPush returns.
+// ---- Requests as the shard sees them, whatever the wire form (server/rpc/service.cc
+// decodes protobuf messages and PushPull frames into these; InProcessParameterStore builds
+// them from float spans). They are views: payloads stay where the caller received them and
+// must stay valid until the call that takes them returns.
+
+// One table of a push: a dense table by blocks, a sparse one by keyed rows.
+struct PushTable {
+  struct Block {
+    uint32_t id = 0;
+    absl::string_view bytes;  // BlockSize(id) values in `encoding`
+  };
+  absl::string_view table;
+  Encoding encoding = ENCODING_FLOAT32;
+  std::vector<Block> blocks;        // dense
+  absl::Span<const uint64_t> keys;  // sparse
+  absl::string_view rows;           // sparse: keys.size() rows of the table's dim
+};
+
+// A whole push to this shard.
+struct PushView {
+  RequestInfo info;
+  bool is_delta = false;  // a local-SGD delta, not a gradient
+  absl::Span<const PushTable> tables;
+};
+
+// One table of a pull: a dense table by block ids, a sparse one by keys.
+struct PullTable {
+  absl::string_view table;
+  Encoding encoding = ENCODING_FLOAT32;  // of the answer
+  absl::Span<const uint32_t> blocks;
+  absl::Span<const uint64_t> keys;
+};
+
+// The part index PullSink gets for a sparse table's rows.
+inline constexpr size_t kRowsPart = ~size_t{0};
+// Where Shard::ReadPull puts a pull's values. Called once per part, in request order, with
+// the table's index in the request, the part (an index into PullTable::blocks, or kRowsPart)
+// and its number of values; the sink calls `fill` once with a float32 destination of that
+// many values (its final place, or a scratch buffer it then encodes) and returns its status.
+using PullSink = absl::FunctionRef<absl::Status(
+    size_t table, size_t part, size_t num_values,
+    absl::FunctionRef<absl::Status(absl::Span<float>)> fill)>;
+
+// One checked part of a push.
 struct PendingUpdate {
   TablePart* table = nullptr;
   uint32_t block = 0;                 // dense
   absl::Span<const uint64_t> keys;    // sparse
   absl::Span<const float> values;
+};
+
+// A push that Shard::CheckPush found good in every part, ready for Shard::ApplyPush. It keeps
+// the values it had to decode (16-bit encodings, unaligned payloads); the others are views
+// into the PushView's payloads, which must stay valid until ApplyPush returns. Move-only.
+class CheckedPush {
+ public:
+  CheckedPush(CheckedPush&&) = default;
+  CheckedPush& operator=(CheckedPush&&) = default;
+
+ private:
+  friend class Shard;
+  CheckedPush() = default;
+
+  RequestInfo info_;
+  UpdateOptions options_;
+  std::vector<PendingUpdate> updates_;
+  std::vector<std::vector<float>> decoded_;  // moved vectors keep their buffers
+  uint64_t bytes_in_ = 0;
+};
+
+// What Shard::SparseStats reports of one sparse table.
+struct SparseTableStats {
+  uint64_t rows = 0;         // in memory and spilled
+  bool spills = false;       // has a memory budget and a spill store
+  uint64_t budget_rows = 0;  // rows kept in memory when it spills
+  SpillStats spill;
 };
 
 // Pushes with at least this many dense values are applied in parallel (ShardOptions).
@@ -93,7 +172,9 @@ class Shard {
  public:
   // `config` must be prepared (common::LoadAndPrepareJobConfig). INVALID_ARGUMENT for a bad
   // server index or optimizer settings, or a memory_budget_rows on a dense table; the errors of
-  // storage::SpillStore::Open when a sparse table has a budget and options.spill_dir is set.
+  // storage::SpillStore::Open when a sparse table has a budget and options.spill_dir is set;
+  // CANCELLED when options.cancelled said so while the tables were being allocated (nothing
+  // is kept).
   static absl::StatusOr<std::unique_ptr<Shard>> Create(const JobConfig& config,
                                                        const ShardOptions& options);
 
@@ -105,31 +186,39 @@ class Shard {
   // The spill store of tables with a memory budget; null if none (tests damage it).
   storage::SpillStore* SpillStoreForTest() const { return spill_store_.get(); }
 
-  // ---- Checks (phase 1). Each failure is counted under a reason in Stats.
-  // FAILED_PRECONDITION if the sender's layout differs from this server's.
+  // ---- Validation. Every refusal is counted under a reason in Stats (see Reject), whichever
+  // store the request came through.
+  // FAILED_PRECONDITION ("layout_mismatch") if the sender's layout differs from this server's.
   absl::Status CheckLayout(const RequestInfo& info);
-  // NOT_FOUND for an unknown table; INVALID_ARGUMENT if it is not of the kind asked for.
-  absl::StatusOr<DenseTablePart*> FindDenseTable(absl::string_view name);
-  absl::StatusOr<SparseTablePart*> FindSparseTable(absl::string_view name);
-  absl::StatusOr<TablePart*> FindTable(absl::string_view name);
-  // INVALID_ARGUMENT for a block out of range; FAILED_PRECONDITION for a block another
-  // server owns. With num_values >= 0 also checks the payload size (INVALID_ARGUMENT with
-  // the expected and actual sizes).
-  absl::Status CheckBlock(const DenseTablePart& table, uint32_t block, int64_t num_values);
-  // FAILED_PRECONDITION for a key another server owns; with num_values >= 0 checks that the
-  // values are keys.size() rows of the table's dim.
-  absl::Status CheckKeys(const SparseTablePart& table, absl::Span<const uint64_t> keys,
-                         int64_t num_values);
-  // INVALID_ARGUMENT naming the table, the part and the first bad index when values hold
-  // NaN or Inf and such gradients are rejected. Counted either way.
-  absl::Status CheckFinite(const TablePart& table, absl::string_view part,
-                           absl::Span<const float> values);
-  void CountRejection(absl::string_view reason);
-  // Counts a refused request under `reason` (as CountRejection) and returns `status` tagged
-  // with it, for RejectionReason. REQUIRES: !status.ok().
+  // Counts a refused request under `reason` and returns `status` tagged with it, for
+  // RejectionReason (the RPC layer's own refusals: identity, unparseable). REQUIRES:
+  // !status.ok().
   absl::Status Reject(absl::string_view reason, absl::Status status);
 
-  // ---- Pulls.
+  // ---- Pushes, in two phases so that a bad push changes nothing: CheckPush checks every part
+  // (and a store that spans several shards checks them all) before ApplyPush changes any.
+  // CheckPush errors, each counted: FAILED_PRECONDITION for another layout
+  // ("layout_mismatch"), a block or key another server owns ("wrong_server");
+  // INVALID_ARGUMENT for a push without a worker slot or a worker id outside the job
+  // ("bad_worker"), a negative clock ("bad_clock"), an unknown encoding ("bad_encoding"), a
+  // table addressed as the other kind ("wrong_kind"), a block out of range ("bad_block"), a
+  // payload of the wrong size ("bad_size"), NaN/Inf values when they are refused
+  // ("nonfinite"; counted either way); NOT_FOUND for an unknown table ("unknown_table").
+  absl::StatusOr<CheckedPush> CheckPush(const PushView& push);
+  // Applies a checked push at most once per (worker, incarnation, sequence); under
+  // training.deterministic, waits for the push's turn first (DEADLINE_EXCEEDED at
+  // info.deadline). FAILED_PRECONDITION for an older incarnation, INVALID_ARGUMENT for a
+  // sequence the worker cannot take. Rows of tables over their memory budget are brought into
+  // memory first; if the spill store fails (DATA_LOSS, UNAVAILABLE, RESOURCE_EXHAUSTED, naming
+  // the table and key) nothing is applied and the push is not recorded as seen.
+  absl::StatusOr<PushResult> ApplyPush(CheckedPush push);
+  // CheckPush, then ApplyPush.
+  absl::StatusOr<PushResult> Push(const PushView& push);
+
+  // ---- Pulls: CheckPull, then BeginPull (the wait), then ReadPull.
+  // Checks every part as CheckPush does (layout, encoding, tables, kinds, blocks, keys) and
+  // returns the bytes of the answer's payload.
+  absl::StatusOr<uint64_t> CheckPull(const RequestInfo& info, absl::Span<const PullTable> tables);
   // Waits for the consistency bound (see WorkerTracker) and records the sender as alive.
   // INVALID_ARGUMENT for a worker (id >= 0) with a negative clock, or with a clock no push
   // could let through (WorkerTracker::CheckPullClock).
@@ -142,17 +231,14 @@ class Shard {
   absl::StatusOr<WorkerTracker::WaiterId> ParkPull(const RequestInfo& info, absl::Time deadline,
                                                    const WorkerTracker::ParkLimits& limits,
                                                    WorkerTracker::BoundCallback done);
-  void CountPull(uint64_t bytes_out);
+  // Reads the parts of a pull CheckPull accepted into `sink` and counts the pull. Sparse rows
+  // are created on first touch: RESOURCE_EXHAUSTED past the memory budget, the spill store's
+  // errors for a table that spills.
+  absl::Status ReadPull(absl::Span<const PullTable> tables, PullSink sink);
 
-  // ---- Pushes (phase 2): applies every update of a checked push, at most once per
-  // (worker, incarnation, sequence). A worker id < 0 (tools, tests) skips exactly-once.
-  // INVALID_ARGUMENT (nothing applied) for a worker with a negative clock. Rows of tables over
-  // their memory budget are brought into memory first; if the spill store fails (DATA_LOSS,
-  // UNAVAILABLE, RESOURCE_EXHAUSTED, naming the table and key) nothing is applied and the push
-  // is not recorded as seen.
-  absl::StatusOr<PushResult> ApplyPush(const RequestInfo& info,
-                                       absl::Span<const PendingUpdate> updates,
-                                       const UpdateOptions& options, uint64_t bytes_in);
+  // Statistics of a sparse table's rows (in memory, spilled, moved); NOT_FOUND for a table
+  // that is not a sparse table of the job.
+  absl::StatusOr<SparseTableStats> SparseStats(absl::string_view table) const;
 
   // ---- Snapshots and restore.
   // Takes a consistent snapshot (no push half-applied) and streams it to `sink` while
@@ -171,11 +257,39 @@ class Shard {
   void FillStats(StatsResponse* out);
   void FillServerInfo(ServerInfoResponse* out) const;
   uint64_t updates_applied() const;
+
+ private:
   // The factor a pushed local-SGD delta is added with (training.local_sgd.merge): 1 for SUM,
   // 1 / cluster.num_workers for AVERAGE.
   float delta_scale() const;
-
- private:
+  void CountRejection(absl::string_view reason);
+  // NOT_FOUND ("unknown_table") for a table the job does not have.
+  absl::StatusOr<TablePart*> FindTable(absl::string_view name);
+  // INVALID_ARGUMENT for an unknown encoding.
+  absl::Status CheckEncoding(Encoding encoding);
+  // INVALID_ARGUMENT for a block out of range; FAILED_PRECONDITION for a block another
+  // server owns. With num_values >= 0 also checks the payload size (INVALID_ARGUMENT with
+  // the expected and actual sizes).
+  absl::Status CheckBlock(const DenseTablePart& table, uint32_t block, int64_t num_values);
+  // With num_values >= 0 checks that the values are keys.size() rows of the table's dim
+  // (INVALID_ARGUMENT); FAILED_PRECONDITION for a key another server owns.
+  absl::Status CheckKeys(const SparseTablePart& table, absl::Span<const uint64_t> keys,
+                         int64_t num_values);
+  // INVALID_ARGUMENT naming the table, the part and the first bad index when values hold
+  // NaN or Inf and such gradients are rejected. Counted either way.
+  absl::Status CheckFinite(const TablePart& table, absl::string_view part,
+                           absl::Span<const float> values);
+  // The parts of one table of a push, checked and added to `push`.
+  absl::Status CheckDensePush(DenseTablePart* table, const PushTable& t, CheckedPush* push);
+  absl::Status CheckSparsePush(SparseTablePart* table, const PushTable& t, CheckedPush* push);
+  // The values of a payload of `n` values: in place when float32 and aligned, else decoded
+  // into a buffer `push` keeps.
+  absl::StatusOr<absl::Span<const float>> PayloadValues(absl::string_view bytes, Encoding encoding,
+                                                        size_t n, CheckedPush* push);
+  // Brings the rows of `updates` over a memory budget into memory and pins them (listed in
+  // `pinned`), or checks there is room for new ones; nothing pinned on error.
+  absl::Status PrepareRows(absl::Span<const PendingUpdate> updates,
+                           std::vector<const PendingUpdate*>* pinned);
   Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
         const WorkerTrackerOptions& tracker_options,
         std::unique_ptr<storage::SpillStore> spill_store);

@@ -35,16 +35,21 @@ void BM_AdamPush64MB(benchmark::State& state) {
     return;
   }
   const std::vector<float> grad(kFloats, 1e-3f);
-  auto* table = static_cast<DenseTablePart*>(*(*shard)->FindTable("w"));
-  std::vector<PendingUpdate> updates;
-  for (uint32_t b = 0; b < table->info().num_blocks; ++b) {
-    auto [begin, end] = (*shard)->partitioner().BlockRange(table->info(), b);
-    updates.push_back(PendingUpdate{table, b, {}, absl::MakeConstSpan(grad).subspan(begin, end - begin)});
+  const common::TableInfo& info = *(*shard)->partitioner().FindTable("w");
+  PushTable table;
+  table.table = "w";
+  for (uint32_t b = 0; b < info.num_blocks; ++b) {
+    auto [begin, end] = (*shard)->partitioner().BlockRange(info, b);
+    table.blocks.push_back({b, absl::string_view(reinterpret_cast<const char*>(grad.data() + begin),
+                                                 (end - begin) * sizeof(float))});
   }
-  RequestInfo info;  // a tool: no exactly-once bookkeeping
-  info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
+  PushView push;  // worker 0, one sequence per push: the server's full path, check included
+  push.info.worker_id = 0;
+  push.info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
+  push.tables = absl::MakeConstSpan(&table, 1);
   for (auto _ : state) {
-    auto result = (*shard)->ApplyPush(info, updates, UpdateOptions{}, kFloats * sizeof(float));
+    ++push.info.sequence;
+    auto result = (*shard)->Push(push);
     if (!result.ok()) state.SkipWithError(std::string(result.status().message()).c_str());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kFloats * sizeof(float));

@@ -132,7 +132,7 @@ class ShardSpillTest : public ::testing::Test {
       }
     }
   }
-  static SpillStats Spill(Shard* shard) { return (*shard->FindSparseTable("emb"))->spill_stats(); }
+  static SpillStats Spill(Shard* shard) { return shard->SparseStats("emb")->spill; }
   static bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
@@ -147,7 +147,7 @@ TEST_F(ShardSpillTest, DenseBudgetIsRefusedAndNoSpillDirKeepsEverythingInMemory)
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sparse tables only")));
   auto shard = Shard::Create(MakeConfig(10), ShardOptions{});
   ASSERT_THAT(shard.status(), IsOk());
-  EXPECT_FALSE((*(*shard)->FindSparseTable("emb"))->spills());
+  EXPECT_FALSE((*shard)->SparseStats("emb")->spills);
   EXPECT_EQ((*shard)->SpillStoreForTest(), nullptr);
 }
 
@@ -187,7 +187,7 @@ TEST_F(ShardSpillTest, CheckpointWithMostRowsSpilledEqualsAllInMemory) {
   ASSERT_THAT(NewCheckpointer(m.get(), Dir("m"))->Restore().status(), IsOk());
   ASSERT_THAT(NewCheckpointer(s.get(), Dir("s"))->Restore().status(), IsOk());
   EXPECT_LE(Spill(s.get()).resident_rows, kKeys / 20);
-  EXPECT_EQ((*s->FindSparseTable("emb"))->NumRows(), (*m->FindSparseTable("emb"))->NumRows());
+  EXPECT_EQ(s->SparseStats("emb")->rows, m->SparseStats("emb")->rows);
   EXPECT_TRUE(BitwiseEqual(Rows(m.get(), AllKeys()), Rows(s.get(), AllKeys())));
   EXPECT_TRUE(BitwiseEqual(Dense(m.get()), Dense(s.get())));
   // Training on from the restored state stays identical: steps and Adagrad slots came back.
@@ -215,7 +215,7 @@ TEST_F(ShardSpillTest, RestartRestoresTheCheckpointNotRowsSpilledAfterIt) {
   auto s = NewShard(config, dir);
   ASSERT_THAT(NewCheckpointer(s.get(), dir)->Restore().status(), IsOk());
   EXPECT_TRUE(BitwiseEqual(Rows(s.get(), AllKeys()), at_checkpoint));
-  EXPECT_EQ((*s->FindSparseTable("emb"))->NumRows(), kKeys);
+  EXPECT_EQ(s->SparseStats("emb")->rows, kKeys);
 }
 
 TEST_F(ShardSpillTest, CheckpointsTakenWhileRowsMoveAreExactCuts) {
@@ -279,7 +279,7 @@ TEST_F(ShardSpillTest, CheckpointsTakenWhileRowsMoveAreExactCuts) {
     ASSERT_THAT(r.status(), IsOk());
     auto report = NewCheckpointer(r->get(), dir)->Restore(id);
     ASSERT_THAT(report.status(), IsOk());
-    EXPECT_EQ((*(*r)->FindSparseTable("emb"))->NumRows(), kKeys) << "checkpoint " << id;
+    EXPECT_EQ((*r)->SparseStats("emb")->rows, kKeys) << "checkpoint " << id;
     const std::vector<float> rows = Rows(r->get(), all);
     const uint64_t applied = report->updates_applied;
     for (size_t k = 0; k < all.size(); ++k) {
@@ -317,7 +317,6 @@ TEST_F(ShardSpillTest, SpillErrorRefusesThePushBeforeItIsSeen) {
   ASSERT_NE(good, 0u);
   ASSERT_THAT(spill->PutRawForTest(0, bad, "rotten bytes"), IsOk());
 
-  auto* emb = *shard->FindSparseTable("emb");
   RequestInfo info;
   info.worker_id = 0;
   info.worker_incarnation = 1;
@@ -326,18 +325,29 @@ TEST_F(ShardSpillTest, SpillErrorRefusesThePushBeforeItIsSeen) {
   info.layout_fingerprint = shard->partitioner().layout_fingerprint();
   const std::vector<uint64_t> keys = {good, bad};
   const std::vector<float> g(2 * kDim, -1.0f);
-  EXPECT_THAT(shard->ApplyPush(info, {{emb, 0, keys, g}}, {}, 0).status(),
+  auto push_rows = [&](absl::Span<const uint64_t> k, absl::Span<const float> v) {
+    PushTable table;
+    table.table = "emb";
+    table.keys = k;
+    table.rows = absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    return shard->Push(PushView{info, false, absl::MakeConstSpan(&table, 1)});
+  };
+  EXPECT_THAT(push_rows(keys, g).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr(absl::StrCat("key ", bad))));
   EXPECT_EQ(shard->updates_applied(), 0u);
   // Nothing was applied, and the push was not recorded: the same sequence without the bad row
   // is applied (not answered as a duplicate).
   const std::vector<uint64_t> good_only = {good};
-  auto retry =
-      shard->ApplyPush(info, {{emb, 0, good_only, absl::MakeConstSpan(g).first(kDim)}}, {}, 0);
+  auto retry = push_rows(good_only, absl::MakeConstSpan(g).first(kDim));
   ASSERT_THAT(retry.status(), IsOk());
   EXPECT_FALSE(retry->duplicate);
   std::vector<float> row(kDim);
-  ASSERT_THAT(emb->Read({good}, absl::MakeSpan(row)), IsOk());
+  const PullTable pull{"emb", ENCODING_FLOAT32, {}, good_only};
+  ASSERT_THAT(shard->ReadPull({pull}, [&](size_t, size_t, size_t,
+                                          absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+    return fill(absl::MakeSpan(row));
+  }),
+              IsOk());
   const size_t at = std::find(all.begin(), all.end(), good) - all.begin();
   for (int d = 0; d < kDim; ++d) EXPECT_EQ(row[d], before[at * kDim + d] + 1.0f);
   EXPECT_LE(Spill(shard.get()).resident_rows, 100u);

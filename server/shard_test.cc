@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/config.h"
 #include "common/status_matchers.h"
@@ -63,6 +64,34 @@ std::unique_ptr<Shard> MakeShard(const JobConfig& config, uint32_t index = 0) {
   auto shard = Shard::Create(config, options);
   CHECK_OK(shard.status());
   return *std::move(shard);
+}
+
+absl::string_view Bytes(absl::Span<const float> values) {
+  return absl::string_view(reinterpret_cast<const char*>(values.data()),
+                           values.size() * sizeof(float));
+}
+
+// The blocks (dense) or rows (sparse) `shard` holds of `table`, from its Stats.
+uint64_t RowsOf(Shard& shard, const std::string& table) {
+  StatsResponse stats;
+  shard.FillStats(&stats);
+  for (const auto& t : stats.tables()) {
+    if (t.name() == table) return t.rows();
+  }
+  return 0;
+}
+
+// Dense blocks of `table` read through the shard's own pull entry, one after the other.
+std::vector<float> ReadBlocks(Shard& shard, const std::string& table,
+                              std::vector<uint32_t> blocks) {
+  const PullTable pull{table, ENCODING_FLOAT32, blocks, {}};
+  std::vector<float> out;
+  CHECK_OK(shard.ReadPull({pull}, [&](size_t, size_t, size_t n,
+                                      absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+    out.resize(out.size() + n);
+    return fill(absl::MakeSpan(out).last(n));
+  }));
+  return out;
 }
 
 // The whole dense table "w" through an in-process store.
@@ -200,11 +229,17 @@ TEST(Shard, WeightDecayAndClippingApplyOnTheServer) {
 TEST(Shard, TwoShardsSplitTheTableAndTheStoreReassemblesIt) {
   JobConfig config = MakeConfig("kind: SGD learning_rate: 1", /*num_servers=*/2, /*numel=*/10);
   auto s0 = MakeShard(config, 0), s1 = MakeShard(config, 1);
-  auto* w0 = *s0->FindDenseTable("w");
-  auto* w1 = *s1->FindDenseTable("w");
-  // 10 values in blocks of 4: blocks 0,1,2; each block on exactly one server.
-  EXPECT_EQ(w0->NumRows() + w1->NumRows(), 3u);
-  for (uint32_t b = 0; b < 3; ++b) EXPECT_NE(w0->Owns(b), w1->Owns(b));
+  // 10 values in blocks of 4: blocks 0,1,2; each block on exactly one server (the other
+  // refuses it).
+  EXPECT_EQ(RowsOf(*s0, "w") + RowsOf(*s1, "w"), 3u);
+  RequestInfo reader;
+  reader.worker_id = -1;
+  reader.layout_fingerprint = s0->partitioner().layout_fingerprint();
+  for (uint32_t b = 0; b < 3; ++b) {
+    const std::vector<uint32_t> block = {b};
+    const PullTable pull{"w", ENCODING_FLOAT32, block, {}};
+    EXPECT_NE(s0->CheckPull(reader, {pull}).ok(), s1->CheckPull(reader, {pull}).ok()) << b;
+  }
   auto store = *InProcessParameterStore::Create({s0.get(), s1.get()}, {});
   std::vector<float> g(10);
   for (int i = 0; i < 10; ++i) g[i] = static_cast<float>(i);
@@ -218,12 +253,43 @@ TEST(Shard, TwoShardsSplitTheTableAndTheStoreReassemblesIt) {
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 200; ++k) keys.push_back(k);
   PushAll(*store, 1.0f, 10, keys, 2);
-  auto* e0 = *s0->FindSparseTable("emb");
-  auto* e1 = *s1->FindSparseTable("emb");
-  EXPECT_EQ(e0->NumRows() + e1->NumRows(), 200u);
-  EXPECT_GT(e0->NumRows(), 50u);
-  EXPECT_GT(e1->NumRows(), 50u);
+  EXPECT_EQ(RowsOf(*s0, "emb") + RowsOf(*s1, "emb"), 200u);
+  EXPECT_GT(RowsOf(*s0, "emb"), 50u);
+  EXPECT_GT(RowsOf(*s1, "emb"), 50u);
   for (float v : PullRows(*store, keys)) EXPECT_FLOAT_EQ(v, -0.5f);
+}
+
+TEST(Shard, CreateStopsAllocatingOnceCancelledFromAnotherThread) {
+  // 16M floats in 256 blocks. The stop is set by another thread while the table is half
+  // initialized: at the 128th question Create waits until it is set.
+  auto config = common::ParseJobConfigText(R"pb(
+    cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 16777216
+             initializer { kind: NORMAL stddev: 0.1 } optimizer { kind: SGD } }
+  )pb", "test");
+  ASSERT_THAT(config.status(), IsOk());
+  std::atomic<bool> stop{false};
+  absl::Notification asked, set;
+  std::thread signal_thread([&] {
+    asked.WaitForNotification();
+    stop = true;
+    set.Notify();
+  });
+  int questions = 0;
+  ShardOptions options;
+  options.cancelled = [&] {
+    if (++questions == 128) {
+      asked.Notify();
+      set.WaitForNotification();
+    }
+    return stop.load();
+  };
+  auto shard = Shard::Create(*config, options);
+  signal_thread.join();
+  EXPECT_THAT(shard.status(), StatusIs(absl::StatusCode::kCancelled,
+                                       HasSubstr("cancelled while allocating the tables")));
+  // No block was allocated after the stop: asked once more by Create itself, that is all.
+  EXPECT_EQ(questions, 129);
 }
 
 TEST(Shard, CreateRejectsServerIndexOutOfRange) {
@@ -237,24 +303,24 @@ TEST(Shard, CreateRejectsServerIndexOutOfRange) {
 
 TEST(Shard, DuplicatePushIsAppliedOnce) {
   auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 1"));
-  auto* w = *shard->FindDenseTable("w");
   std::vector<float> g(4, 1.0f);
-  RequestInfo info;
-  info.worker_id = 0;
-  info.worker_incarnation = 3;
-  info.sequence = 1;
-  info.clock = 1;
-  info.layout_fingerprint = shard->partitioner().layout_fingerprint();
-  std::vector<PendingUpdate> updates = {{w, 0, {}, g}};
-  auto first = shard->ApplyPush(info, updates, {}, 0);
-  auto again = shard->ApplyPush(info, updates, {}, 0);
+  PushTable table;
+  table.table = "w";
+  table.blocks = {{0, Bytes(g)}};
+  PushView push;
+  push.info.worker_id = 0;
+  push.info.worker_incarnation = 3;
+  push.info.sequence = 1;
+  push.info.clock = 1;
+  push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+  push.tables = absl::MakeConstSpan(&table, 1);
+  auto first = shard->Push(push);
+  auto again = shard->Push(push);
   ASSERT_THAT(first.status(), IsOk());
   ASSERT_THAT(again.status(), IsOk());
   EXPECT_FALSE(first->duplicate);
   EXPECT_TRUE(again->duplicate);
-  std::vector<float> out(4);
-  w->Read(0, absl::MakeSpan(out));
-  EXPECT_THAT(out, ElementsAreArray({0.f, 0.f, 0.f, 0.f}));
+  EXPECT_THAT(ReadBlocks(*shard, "w", {0}), ElementsAreArray({0.f, 0.f, 0.f, 0.f}));
   StatsResponse stats;
   shard->FillStats(&stats);
   EXPECT_EQ(stats.updates_applied(), 1u);
@@ -363,7 +429,8 @@ TEST(Shard, NegativeWorkerClockIsInvalidArgument) {
   info.clock = std::numeric_limits<int64_t>::min();
   EXPECT_THAT(shard->BeginPull(info, absl::Now()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("clock")));
-  EXPECT_THAT(shard->ApplyPush(info, {}, UpdateOptions{}, 0).status(),
+  info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+  EXPECT_THAT(shard->Push(PushView{info, false, {}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("clock")));
   EXPECT_EQ(shard->updates_applied(), 0u);
   info.worker_id = -1;  // a tool: no consistency bound, no clock
@@ -485,29 +552,29 @@ TEST(Shard, ParallelApplyOfALargePushEqualsTheSerialOneBitwise) {
     options.apply_threads = threads;
     auto shard = Shard::Create(*config, options);
     ASSERT_THAT(shard.status(), IsOk());
-    auto* table = static_cast<DenseTablePart*>(*(*shard)->FindTable("w"));
+    const common::TableInfo& info = *(*shard)->partitioner().FindTable("w");
     std::vector<float> grad(2097152);
     for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(0.001f * static_cast<float>(i));
-    std::vector<PendingUpdate> updates;
-    for (uint32_t blk = 0; blk < table->info().num_blocks; ++blk) {
-      auto [begin, end] = (*shard)->partitioner().BlockRange(table->info(), blk);
-      updates.push_back({table, blk, {}, absl::MakeConstSpan(grad).subspan(begin, end - begin)});
+    PushTable table;
+    table.table = "w";
+    std::vector<uint32_t> blocks;
+    for (uint32_t blk = 0; blk < info.num_blocks; ++blk) {
+      auto [begin, end] = (*shard)->partitioner().BlockRange(info, blk);
+      table.blocks.push_back({blk, Bytes(absl::MakeConstSpan(grad).subspan(begin, end - begin))});
+      blocks.push_back(blk);
     }
-    updates.push_back(updates[5]);  // block 5 twice
-    RequestInfo info;
-    info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
-    info.worker_id = 0;  // pushes need a worker slot
-    info.worker_incarnation = 1;
+    table.blocks.push_back(table.blocks[5]);  // block 5 twice
+    PushView push;
+    push.info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
+    push.info.worker_id = 0;  // pushes need a worker slot
+    push.info.worker_incarnation = 1;
+    push.tables = absl::MakeConstSpan(&table, 1);
     for (int step = 0; step < 2; ++step) {
-      info.sequence = static_cast<uint64_t>(step) + 1;
-      ASSERT_THAT((*shard)->ApplyPush(info, updates, UpdateOptions{}, 0).status(), IsOk());
+      push.info.sequence = static_cast<uint64_t>(step) + 1;
+      ASSERT_THAT((*shard)->Push(push).status(), IsOk());
     }
     std::vector<float>& out = threads == 0 ? a : b;
-    out.resize(grad.size());
-    for (uint32_t blk = 0; blk < table->info().num_blocks; ++blk) {
-      auto [begin, end] = (*shard)->partitioner().BlockRange(table->info(), blk);
-      table->Read(blk, absl::MakeSpan(out).subspan(begin, end - begin));
-    }
+    out = ReadBlocks(**shard, "w", blocks);
   }
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);

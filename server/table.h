@@ -110,9 +110,12 @@ class TablePart {
 // This server's blocks of a dense table. Thread-safe.
 class DenseTablePart final : public TablePart {
  public:
-  // `blocks`: the block ids this server owns, from the Partitioner.
+  // Allocates and initializes the blocks this server owns (from the Partitioner). `cancelled`
+  // (may be empty) is asked before each block; once it says true the remaining blocks are not
+  // allocated and the part is incomplete: its owner discards it (see ShardOptions::cancelled).
   DenseTablePart(const common::TableInfo& info, const kernels::OptimizerParams& optimizer,
-                 const common::Partitioner& partitioner, uint32_t server_index);
+                 const common::Partitioner& partitioner, uint32_t server_index,
+                 const std::function<bool()>& cancelled = nullptr);
 
   // True if this server owns block `block`.
   bool Owns(uint32_t block) const;

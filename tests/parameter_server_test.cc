@@ -70,6 +70,29 @@ std::vector<float> PullW(worker::GrpcParameterStore* store) {
   return w;
 }
 
+TEST(ParameterServer, AStopRequestedBeforeServingCancelsCreate) {
+  StopRequest stop;
+  stop.Request();  // a signal that came while the tables were being allocated
+  ParameterServerOptions options = Options("");
+  options.stop = &stop;
+  EXPECT_THAT(ParameterServer::Create(Config(), options).status(),
+              StatusIs(absl::StatusCode::kCancelled, ::testing::HasSubstr("cancelled")));
+}
+
+TEST(ParameterServer, AStopRequestedWhileServingStopsTheServer) {
+  StopRequest stop;
+  ParameterServerOptions options = Options("");
+  options.stop = &stop;
+  auto server = ParameterServer::Create(Config(), options);
+  ASSERT_THAT(server.status(), IsOk());
+  ASSERT_THAT((*server)->Start(), IsOk());
+  std::thread signal_thread([&stop] { stop.Request(); });
+  EXPECT_THAT((*server)->Wait(), IsOk());  // returns only once the stop reached the server
+  signal_thread.join();
+  server->reset();
+  stop.Request();  // after the server is gone: nothing to stop, nothing touched
+}
+
 TEST(ParameterServer, ServesOnAFreePortAndRestoresItsFinalCheckpoint) {
   const std::string dir = testing::MakeTempDir("ps");
   std::vector<float> after_push;

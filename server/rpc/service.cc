@@ -30,27 +30,30 @@ RequestInfo InfoOf(const RequestHeader& h) {
   return info;
 }
 
-absl::Status CheckEncoding(Shard* shard, Encoding e) {
-  if (common::IsKnownEncoding(e)) return absl::OkStatus();
-  return shard->Reject("bad_encoding",
-                       absl::InvalidArgumentError(absl::StrCat("unknown payload encoding ", e)));
-}
-
 absl::Span<const uint64_t> KeysOf(const google::protobuf::RepeatedField<uint64_t>& keys) {
   return absl::MakeConstSpan(keys.data(), keys.size());
 }
 
-// The float32 values of a payload read in place (no copy) when the bytes are float32 and
-// aligned for float (protobuf's heap-allocated strings, frames' in-place and gathered
-// payloads); empty otherwise (decode then).
-absl::Span<const float> Floats(absl::string_view bytes, Encoding encoding) {
-  static_assert(absl::little_endian::IsLittleEndian(), "the wire format is little-endian");
-  if (encoding != ENCODING_FLOAT32 || bytes.empty() ||
-      reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0) {
-    return {};
+// The shard's view of a pushed table, without its payloads.
+PushTable TableOf(const TableValues& t) {
+  PushTable view;
+  view.table = t.table();
+  view.encoding = t.encoding();
+  view.keys = KeysOf(t.keys());
+  return view;
+}
+
+// The shard's view of a pull's tables (no copies: spans into the message).
+std::vector<PullTable> PullViews(
+    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables) {
+  std::vector<PullTable> views;
+  views.reserve(tables.size());
+  for (const TablePullRequest& t : tables) {
+    views.push_back(PullTable{t.table(), t.encoding(),
+                              absl::MakeConstSpan(t.block_ids().data(), t.block_ids().size()),
+                              KeysOf(t.keys())});
   }
-  return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()),
-                                 bytes.size() / sizeof(float));
+  return views;
 }
 
 // Finishes `reactor` with `status`.
@@ -264,116 +267,66 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
     done(std::move(status));
   };
   const RequestInfo info = InfoOf(request.header());
-  uint64_t payload_bytes = 0;
-  absl::Status status = shard_->CheckLayout(info);
-  if (status.ok()) status = CheckPull(request.tables(), &payload_bytes);
-  if (!status.ok()) {
+  // Views into `request`, which lives until `done`.
+  auto views = std::make_shared<const std::vector<PullTable>>(PullViews(request.tables()));
+  if (absl::Status status = shard_->CheckPull(info, *views).status(); !status.ok()) {
     finish(std::move(status));
     return 0;
   }
   return AfterBound(
       info, deadline,
-      [this, &request, response] { return ReadPull(request.tables(), response, nullptr); },
+      [this, &request, response, views] {
+        return ReadPull(request.tables(), *views, response, nullptr);
+      },
       std::move(finish));
 }
 
-absl::Status ParameterServerService::CheckPull(
-    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables, uint64_t* payload_bytes) {
-  *payload_bytes = 0;
-  for (const TablePullRequest& t : tables) {
-    RETURN_IF_ERROR(CheckEncoding(shard_, t.encoding()));
-    const uint64_t bpv = common::BytesPerValue(t.encoding());
-    ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
-    if (part->info().kind == TABLE_KIND_DENSE) {
-      if (!t.keys().empty()) {
-        return shard_->Reject(
-            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
-                              "table '", t.table(), "' is dense: pull it by blocks, not keys")));
-      }
-      auto* dense = static_cast<DenseTablePart*>(part);
-      for (uint32_t b : t.block_ids()) {
-        RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, -1));
-        *payload_bytes += dense->BlockSize(b) * bpv;
-      }
-    } else {
-      if (!t.block_ids().empty()) {
-        return shard_->Reject(
-            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
-                              "table '", t.table(), "' is sparse: pull it by keys, not blocks")));
-      }
-      RETURN_IF_ERROR(
-          shard_->CheckKeys(*static_cast<SparseTablePart*>(part), KeysOf(t.keys()), -1));
-      *payload_bytes += static_cast<uint64_t>(t.keys_size()) * part->info().dim * bpv;
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ParameterServerService::ReadPull(
-    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables, PullResponse* response,
-    char* out) {
-  std::vector<float> scratch;
-  std::string encoded;
-  uint64_t bytes_out = 0;
-  // Where a part of n values goes: the next bytes of `out`, or a bytes field of the answer.
-  auto place = [&](size_t bytes, std::string* field, uint64_t* length) -> char* {
-    bytes_out += bytes;
-    if (out == nullptr) {
-      field->resize(bytes);
-      return field->data();
-    }
-    *length = bytes;
-    char* p = out;
-    out += bytes;
-    return p;
-  };
+    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
+    absl::Span<const PullTable> views, PullResponse* response, char* out) {
+  // The answer's headers first; the shard then fills their payloads part by part.
   for (const TablePullRequest& t : tables) {
-    const Encoding encoding = t.encoding();
-    const size_t bpv = common::BytesPerValue(encoding);
-    TablePart* part = *shard_->FindTable(t.table());
     TableValues* tv = response->add_tables();
     tv->set_table(t.table());
-    tv->set_encoding(encoding);
-    // Float32 is read straight into its destination; 16-bit encodings through `scratch`.
-    auto read = [&](size_t n, std::string* field, uint64_t* length,
-                    const std::function<absl::Status(absl::Span<float>)>& reader) -> absl::Status {
-      char* dest = place(n * bpv, field, length);
-      if (encoding == ENCODING_FLOAT32) {
-        return reader(absl::Span<float>(reinterpret_cast<float*>(dest), n));
-      }
-      scratch.resize(n);
-      RETURN_IF_ERROR(reader(absl::MakeSpan(scratch)));
-      common::EncodeFloats(scratch, encoding, &encoded);
-      std::memcpy(dest, encoded.data(), encoded.size());
-      return absl::OkStatus();
-    };
-    if (part->info().kind == TABLE_KIND_DENSE) {
-      auto* dense = static_cast<DenseTablePart*>(part);
-      for (uint32_t b : t.block_ids()) {
-        DenseBlock* block = tv->add_blocks();
-        block->set_block_id(b);
-        uint64_t length = 0;
-        RETURN_IF_ERROR(read(dense->BlockSize(b), block->mutable_values(), &length,
-                             [&](absl::Span<float> dest) {
-                               dense->Read(b, dest);
-                               return absl::OkStatus();
-                             }));
-        block->set_payload_bytes(length);
-      }
-    } else {
-      auto* sparse = static_cast<SparseTablePart*>(part);
-      *tv->mutable_keys() = t.keys();
-      uint64_t length = 0;
-      RETURN_IF_ERROR(read(static_cast<size_t>(t.keys_size()) * sparse->info().dim,
-                           tv->mutable_rows(), &length, [&](absl::Span<float> dest) {
-                             return sparse->Read(KeysOf(t.keys()), dest);
-                           }));
-      tv->set_rows_bytes(length);
-    }
+    tv->set_encoding(t.encoding());
+    for (uint32_t b : t.block_ids()) tv->add_blocks()->set_block_id(b);
+    *tv->mutable_keys() = t.keys();
   }
+  std::vector<float> scratch;
+  std::string encoded;
+  // A part goes to the next bytes of `out` (frames) or to its bytes field (protobuf); float32
+  // is read straight into its destination, 16-bit encodings through `scratch`.
+  auto sink = [&](size_t table, size_t part, size_t n,
+                  absl::FunctionRef<absl::Status(absl::Span<float>)> fill) -> absl::Status {
+    TableValues* tv = response->mutable_tables(static_cast<int>(table));
+    const size_t bytes = n * common::BytesPerValue(tv->encoding());
+    std::string* field = part == kRowsPart ? tv->mutable_rows()
+                                           : tv->mutable_blocks(static_cast<int>(part))->mutable_values();
+    char* dest;
+    if (out == nullptr) {
+      field->resize(bytes);
+      dest = field->data();
+    } else {
+      dest = out;
+      out += bytes;
+      if (part == kRowsPart) {
+        tv->set_rows_bytes(bytes);
+      } else {
+        tv->mutable_blocks(static_cast<int>(part))->set_payload_bytes(bytes);
+      }
+    }
+    if (tv->encoding() == ENCODING_FLOAT32) {
+      return fill(absl::Span<float>(reinterpret_cast<float*>(dest), n));
+    }
+    scratch.resize(n);
+    RETURN_IF_ERROR(fill(absl::MakeSpan(scratch)));
+    common::EncodeFloats(scratch, tv->encoding(), &encoded);
+    std::memcpy(dest, encoded.data(), encoded.size());
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(shard_->ReadPull(views, sink));
   response->set_server_incarnation(shard_->incarnation());
   response->set_min_clock(shard_->workers().MinLiveClock());
-  shard_->CountPull(bytes_out);
   return absl::OkStatus();
 }
 
@@ -403,14 +356,14 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
 
 absl::Status ParameterServerService::ServePush(const PushRequest& request, PushResponse* response,
                                                absl::Time arrived) {
-  std::vector<PushPart> parts(request.tables_size());
+  std::vector<PushTable> tables(request.tables_size());
   absl::Status status;
   for (int i = 0; i < request.tables_size() && status.ok(); ++i) {
     const TableValues& t = request.tables(i);
-    parts[i].table = &t;
-    parts[i].rows = t.rows();
+    tables[i] = TableOf(t);
+    tables[i].rows = t.rows();
     for (const DenseBlock& block : t.blocks()) {
-      parts[i].blocks.push_back(block.values());
+      tables[i].blocks.push_back(PushTable::Block{block.block_id(), block.values()});
       if (block.payload_bytes() != 0) {
         status = Unparseable(absl::InvalidArgumentError(
             "unparseable push: payload_bytes is for frames (PushPull), not Push"));
@@ -421,90 +374,21 @@ absl::Status ParameterServerService::ServePush(const PushRequest& request, PushR
           "unparseable push: rows_bytes is for frames (PushPull), not Push"));
     }
   }
-  if (status.ok()) status = PushImpl(request.header(), request.is_delta(), parts, response);
+  if (status.ok()) status = PushImpl(request.header(), request.is_delta(), tables, response);
   Record(kPush, arrived, status, request.ByteSizeLong(),
          status.ok() ? response->ByteSizeLong() : 0);
   return status;
 }
 
 absl::Status ParameterServerService::PushImpl(const RequestHeader& header, bool is_delta,
-                                              absl::Span<const PushPart> parts,
+                                              absl::Span<const PushTable> tables,
                                               PushResponse* response) {
-  RequestInfo info = InfoOf(header);
-  info.deadline = absl::Now() + options_.max_pull_wait;  // a deterministic push's turn
-  RETURN_IF_ERROR(shard_->CheckLayout(info));
-  // Phase 1: resolve, decode and check every part; nothing changes on any error.
-  std::vector<PendingUpdate> updates;
-  std::vector<std::vector<float>> decoded;
-  size_t count = 0;
-  for (const PushPart& p : parts) count += p.blocks.size() + (p.table->keys_size() > 0);
-  updates.reserve(count);
-  decoded.reserve(count);
-  uint64_t bytes_in = 0;
-  for (const PushPart& p : parts) {
-    const TableValues& t = *p.table;
-    RETURN_IF_ERROR(CheckEncoding(shard_, t.encoding()));
-    const size_t bpv = common::BytesPerValue(t.encoding());
-    ASSIGN_OR_RETURN(TablePart * part, shard_->FindTable(t.table()));
-    if (part->info().kind == TABLE_KIND_DENSE) {
-      auto* dense = static_cast<DenseTablePart*>(part);
-      if (!t.keys().empty() || !p.rows.empty()) {
-        return shard_->Reject(
-            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
-                              "table '", t.table(), "' is dense: push blocks, not keyed rows")));
-      }
-      for (int i = 0; i < t.blocks_size(); ++i) {
-        const uint32_t b = t.blocks(i).block_id();
-        const absl::string_view bytes = p.blocks[i];
-        if (bytes.size() % bpv != 0) {
-          return shard_->Reject("bad_size",
-                                absl::InvalidArgumentError(absl::StrCat(
-                                    "table '", t.table(), "' block ", b, ": payload of ",
-                                    bytes.size(), " bytes is not a whole number of ",
-                                    common::EncodingName(t.encoding()), " values")));
-        }
-        RETURN_IF_ERROR(shard_->CheckBlock(*dense, b, bytes.size() / bpv));
-        absl::Span<const float> values = Floats(bytes, t.encoding());
-        if (values.empty() && dense->BlockSize(b) > 0) {
-          auto& buffer = decoded.emplace_back(dense->BlockSize(b));
-          RETURN_IF_ERROR(common::DecodeFloats(bytes, t.encoding(), absl::MakeSpan(buffer)));
-          values = buffer;
-        }
-        // Gradients and deltas alike.
-        RETURN_IF_ERROR(shard_->CheckFinite(*dense, absl::StrCat("block ", b), values));
-        updates.push_back(PendingUpdate{dense, b, {}, values});
-        bytes_in += bytes.size();
-      }
-    } else {
-      auto* sparse = static_cast<SparseTablePart*>(part);
-      if (!t.blocks().empty()) {
-        return shard_->Reject(
-            "wrong_kind", absl::InvalidArgumentError(absl::StrCat(
-                              "table '", t.table(), "' is sparse: push keyed rows, not blocks")));
-      }
-      if (p.rows.size() % bpv != 0) {
-        return shard_->Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
-                                              "table '", t.table(), "': rows payload of ",
-                                              p.rows.size(), " bytes is not a whole number of ",
-                                              common::EncodingName(t.encoding()), " values")));
-      }
-      RETURN_IF_ERROR(shard_->CheckKeys(*sparse, KeysOf(t.keys()), p.rows.size() / bpv));
-      absl::Span<const float> values = Floats(p.rows, t.encoding());
-      if (values.empty() && !p.rows.empty()) {
-        auto& buffer = decoded.emplace_back(p.rows.size() / bpv);
-        RETURN_IF_ERROR(common::DecodeFloats(p.rows, t.encoding(), absl::MakeSpan(buffer)));
-        values = buffer;
-      }
-      RETURN_IF_ERROR(shard_->CheckFinite(*sparse, "rows", values));
-      updates.push_back(PendingUpdate{sparse, 0, KeysOf(t.keys()), values});
-      bytes_in += p.rows.size();
-    }
-  }
-  // Phase 2.
-  UpdateOptions options;
-  options.kind = is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
-  options.delta_scale = shard_->delta_scale();
-  ASSIGN_OR_RETURN(PushResult result, shard_->ApplyPush(info, updates, options, bytes_in));
+  PushView push;
+  push.info = InfoOf(header);
+  push.info.deadline = absl::Now() + options_.max_pull_wait;  // a deterministic push's turn
+  push.is_delta = is_delta;
+  push.tables = tables;
+  ASSIGN_OR_RETURN(PushResult result, shard_->Push(push));
   response->set_duplicate(result.duplicate);
   response->set_updates_applied(result.updates_applied);
   response->set_server_incarnation(shard_->incarnation());
@@ -566,7 +450,7 @@ bool ParameterServerService::PushesWait() const {
 
 absl::Status ParameterServerService::FramePushParts(const PushPullRequest& header,
                                                     common::FrameReader* reader, char* scratch,
-                                                    std::vector<PushPart>* parts) {
+                                                    std::vector<PushTable>* tables) {
   // The lengths must cut the payload exactly: sum them before taking anything.
   uint64_t total = 0;
   auto add = [&](uint64_t n) {
@@ -588,14 +472,16 @@ absl::Status ParameterServerService::FramePushParts(const PushPullRequest& heade
         absl::StrCat("the header's payload lengths do not add up to the ", reader->remaining(),
                      " payload bytes of the frame"));
   }
-  parts->resize(header.push_size());
+  tables->resize(header.push_size());
   size_t offset = 0;
   for (int i = 0; i < header.push_size(); ++i) {
     const TableValues& t = header.push(i);
-    PushPart& p = (*parts)[i];
-    p.table = &t;
+    PushTable& p = (*tables)[i];
+    p = TableOf(t);
     for (const DenseBlock& block : t.blocks()) {
-      p.blocks.push_back(reader->Next(block.payload_bytes(), alignof(float), scratch + offset));
+      p.blocks.push_back(PushTable::Block{
+          block.block_id(),
+          reader->Next(block.payload_bytes(), alignof(float), scratch + offset)});
       offset += block.payload_bytes();
     }
     p.rows = reader->Next(t.rows_bytes(), alignof(float), scratch + offset);
@@ -607,6 +493,7 @@ absl::Status ParameterServerService::FramePushParts(const PushPullRequest& heade
 struct ParameterServerService::PushPullCall {
   PushPullRequest header;
   PushPullResponse answer;
+  std::vector<PullTable> pull_views;  // views into `header`
   uint64_t pull_bytes = 0;
   Method method = kPush;  // an unparseable frame counts as a push
   size_t bytes_in = 0;
@@ -635,19 +522,19 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       return shard_->Reject("identity", std::move(s));
     }
   }
-  RETURN_IF_ERROR(shard_->CheckLayout(info));
   // The pull is checked before the push is applied: a bad pull changes nothing either.
-  RETURN_IF_ERROR(CheckPull(header.pull(), &call->pull_bytes));
+  call->pull_views = PullViews(header.pull());
+  ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
   if (header.has_push()) {
     common::BufferPool::Buffer scratch;
     if (reader.remaining() > 0) scratch = buffers_->Acquire(reader.remaining());
-    std::vector<PushPart> parts;
-    absl::Status status = FramePushParts(header, &reader, scratch.data.get(), &parts);
+    std::vector<PushTable> tables;
+    absl::Status status = FramePushParts(header, &reader, scratch.data.get(), &tables);
     if (!status.ok()) {
       status = Unparseable(absl::InvalidArgumentError(
           absl::StrCat("unparseable frame: ", status.message())));
     } else {
-      status = PushImpl(header.header(), header.is_delta(), parts, call->answer.mutable_push());
+      status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push());
     }
     buffers_->Release(std::move(scratch));
     RETURN_IF_ERROR(status);
@@ -660,7 +547,8 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
   common::BufferPool::Buffer out;
   if (Pulls(call->header)) {
     out = buffers_->Acquire(call->pull_bytes);
-    if (absl::Status s = ReadPull(call->header.pull(), call->answer.mutable_pull(), out.data.get());
+    if (absl::Status s = ReadPull(call->header.pull(), call->pull_views,
+                                  call->answer.mutable_pull(), out.data.get());
         !s.ok()) {
       buffers_->Release(std::move(out));
       return s;

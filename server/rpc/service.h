@@ -1,7 +1,9 @@
 // The ParameterServer gRPC service (callback API) over one Shard.
 //
-// Every request is checked in full before anything changes (see Shard): a bad request gets
-// a precise status and leaves the server's state as it was.
+// The service checks who the caller is (auth.h) and decodes bytes into the shard's
+// wire-independent requests (PushView, PullTable); the shard validates them, in full before
+// anything changes, as it does for the in-process store: a bad request gets a precise status,
+// counted under its reason, and leaves the server's state as it was.
 //
 // The data path is PushPull, which carries frames (common/rpc/frame.h) instead of protobuf
 // messages: push payloads are used where gRPC received them (or gathered once into a pooled
@@ -131,13 +133,6 @@ class ParameterServerService final
   struct Metrics;
   // A PushPull frame counts as a push when it carries one, as a pull otherwise.
   enum Method { kPull = 0, kPush = 1 };
-  // One table of a push with its payloads as bytes (views into a protobuf message, or into a
-  // frame's slices or gather buffer).
-  struct PushPart {
-    const TableValues* table = nullptr;
-    std::vector<absl::string_view> blocks;  // payload of table->blocks(i)
-    absl::string_view rows;
-  };
   // The reactor of Pull and PushPull: takes a parked pull back when the client cancels.
   class CallReactor;
   // What a PushPull's answer needs once its pull may read.
@@ -157,8 +152,9 @@ class ParameterServerService final
   WaiterId StartPushPull(const grpc::ByteBuffer& request, absl::Time deadline,
                          grpc::ByteBuffer* response, absl::Time arrived, const PeerIdentity* peer,
                          Done done);
+  // Decoding done: the shard checks and applies the push (Shard::Push).
   absl::Status PushImpl(const RequestHeader& header, bool is_delta,
-                        absl::Span<const PushPart> parts, PushResponse* response);
+                        absl::Span<const PushTable> tables, PushResponse* response);
   // A frame up to its pull: parsed, checked (pull included), push applied.
   absl::Status PushPullBegin(const grpc::ByteBuffer& request, const PeerIdentity* peer,
                              PushPullCall* call);
@@ -172,17 +168,15 @@ class ParameterServerService final
                       std::function<absl::Status()> read, Done done);
   // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
   bool PushesWait() const;
-  // Phase 1 of a pull: every part exists and belongs here. Sets the payload bytes of the
-  // answer.
-  absl::Status CheckPull(const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
-                         uint64_t* payload_bytes);
-  // Phase 2: reads every part into `out` (payload_bytes from CheckPull; payload lengths go
-  // into the answer's headers) or, with out == nullptr, into the answer's bytes fields.
+  // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
+  // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
+  // out == nullptr, into the answer's bytes fields.
   absl::Status ReadPull(const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
-                        PullResponse* response, char* out);
-  // The push parts of a frame, taken from `reader` (gathering into `scratch` where needed).
+                        absl::Span<const PullTable> views, PullResponse* response, char* out);
+  // The pushed tables of a frame, their payloads taken from `reader` (gathering into
+  // `scratch` where needed).
   absl::Status FramePushParts(const PushPullRequest& header, common::FrameReader* reader,
-                              char* scratch, std::vector<PushPart>* parts);
+                              char* scratch, std::vector<PushTable>* tables);
   // Counts an unparseable request and logs it (at most once per 10 s).
   absl::Status Unparseable(absl::Status status);
   void Record(Method method, absl::Time arrived, const absl::Status& status, size_t bytes_in,

@@ -1,0 +1,305 @@
+// SparseTablePart: the striped row store (arena chunks, hash maps), row creation under the
+// memory budget, reads and updates.
+#include "server/table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/initializer.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "server/table_internal.h"
+
+namespace ps::server {
+
+using internal::AppendRaw;
+using internal::ApplyTo;
+using internal::LoadRaw;
+using internal::ValidStep;
+using internal::kAgingPeriod;
+using internal::kDirty;
+using internal::kOnDisk;
+using internal::kVictimSamples;
+using internal::SparseRecordKey;
+
+namespace {
+
+// Rows per arena chunk: 1024 without a budget; with one, about a stripe's share of the budget,
+// so that small budgets do not allocate far more memory than they allow.
+uint32_t RowsPerChunk(bool spills, uint64_t budget_rows) {
+  if (!spills) return 1024;
+  const uint64_t share = budget_rows / SparseTablePart::kNumStripes + 1;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(share, 16, 1024));
+}
+
+}  // namespace
+
+SparseTablePart::SparseTablePart(const common::TableInfo& info,
+                                 const kernels::OptimizerParams& optimizer,
+                                 storage::SpillTable* spill, uint64_t budget_rows)
+    : TablePart(info, optimizer),
+      dim_(info.dim),
+      row_floats_(info.dim * (1 + num_slots_)),
+      spill_(budget_rows > 0 ? spill : nullptr),
+      budget_rows_(spill != nullptr ? budget_rows : 0),
+      rows_per_chunk_(RowsPerChunk(spill_ != nullptr, budget_rows_)),
+      stripes_(new Stripe[kNumStripes]) {
+  slot_init_.resize(row_floats_ - dim_);
+  for (int s = 0; s < num_slots_; ++s) {
+    std::fill_n(slot_init_.data() + dim_ * s, dim_, kernels::SlotInitialValue(optimizer_, s));
+  }
+  if (spills()) {
+    for (int i = 0; i < kNumStripes; ++i) {
+      Stripe& s = stripes_[i];
+      s.budget = budget_rows_ / kNumStripes +
+                 (static_cast<uint64_t>(i) < budget_rows_ % kNumStripes ? 1 : 0);
+      absl::MutexLock lock(&s.mu);
+      s.random = common::Mix64(static_cast<uint64_t>(i) + 1) | 1;
+    }
+  }
+}
+
+int SparseTablePart::StripeOf(uint64_t key) {
+  // The top bits: the Partitioner uses Mix64(key) modulo small numbers, so the low bits are
+  // correlated with the server; the high byte is not.
+  return static_cast<int>(common::Mix64(key) >> 56);
+}
+
+float* SparseTablePart::RowPtr(Stripe& s, uint32_t slot) const {
+  return s.chunks[slot / rows_per_chunk_].get() + size_t{slot % rows_per_chunk_} * row_floats_;
+}
+
+uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
+  const uint32_t slot = static_cast<uint32_t>(s.keys.size());
+  if (slot / rows_per_chunk_ >= s.chunks.size()) {
+    s.chunks.emplace_back(new float[size_t{rows_per_chunk_} * row_floats_]);
+  }
+  s.keys.push_back(key);
+  s.steps.push_back(0);
+  // A row created while a snapshot runs is not part of it; a row faulted in while one runs
+  // was saved already (see the class comment).
+  s.saved_epoch.push_back(active_epoch_.load(std::memory_order_acquire));
+  if (spills()) {
+    s.uses.push_back(0);
+    s.pins.push_back(0);
+    s.flags.push_back(kDirty);  // a new row; FindOrFault clears it for a row read back
+  }
+  s.index.emplace(key, slot);
+  Recount(s);
+  return slot;
+}
+
+int64_t SparseTablePart::StripeBytes(const Stripe& s) const {
+  // flat_hash_map: one slot (key, value pair) and one control byte per capacity entry.
+  using Entry = std::pair<const uint64_t, uint32_t>;
+  const size_t index = s.index.capacity() * (sizeof(Entry) + 1);
+  const size_t per_row = s.keys.capacity() * sizeof(uint64_t) +
+                         s.steps.capacity() * sizeof(int64_t) +
+                         s.saved_epoch.capacity() * sizeof(uint64_t) +
+                         s.uses.capacity() * sizeof(uint16_t) +
+                         s.pins.capacity() * sizeof(uint32_t) + s.flags.capacity();
+  const size_t chunks = s.chunks.capacity() * sizeof(s.chunks[0]) +
+                        s.chunks.size() * size_t{rows_per_chunk_} * row_floats_ * sizeof(float);
+  return static_cast<int64_t>(index + per_row + chunks);
+}
+
+void SparseTablePart::Recount(Stripe& s) {
+  const int64_t now = StripeBytes(s);
+  const int64_t delta = now - s.bytes;
+  if (delta == 0) return;
+  s.bytes = now;
+  bytes_.fetch_add(delta, std::memory_order_relaxed);
+  if (memory_ != nullptr) memory_->Add(delta);
+}
+
+uint64_t SparseTablePart::RowCost() const {
+  // Index entry at a typical load, keys/steps/saved_epoch entries, the row itself.
+  constexpr uint64_t kPerRow = 2 * (sizeof(uint64_t) + sizeof(uint32_t) + 1) + 3 * 8;
+  return row_floats_ * sizeof(float) + kPerRow;
+}
+
+absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
+  if (memory_ == nullptr || spills()) return absl::OkStatus();
+  uint64_t missing = 0;
+  for (uint64_t k : keys) {
+    const Stripe& s = stripes_[StripeOf(k)];
+    absl::MutexLock lock(&s.mu);
+    if (!s.index.contains(k)) ++missing;
+  }
+  if (missing == 0) return absl::OkStatus();
+  return memory_->CheckRoom(missing * RowCost(),
+                            absl::StrCat("table '", name(), "': ", missing, " new rows"));
+}
+
+void SparseTablePart::InitRow(uint64_t key, float* row) const {
+  common::InitializeSparseRow(info_.config->initializer(), info_.name, key,
+                              absl::Span<float>(row, dim_));
+  std::copy(slot_init_.begin(), slot_init_.end(), row + dim_);
+}
+
+uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
+  auto it = s.index.find(key);
+  if (it != s.index.end()) return it->second;
+  const uint32_t slot = AddRow(s, key);
+  InitRow(key, RowPtr(s, slot));
+  return slot;
+}
+
+void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
+  const uint32_t last = static_cast<uint32_t>(s.keys.size() - 1);
+  s.index.erase(s.keys[slot]);
+  if (slot != last) {
+    std::memcpy(RowPtr(s, slot), RowPtr(s, last), row_floats_ * sizeof(float));
+    s.keys[slot] = s.keys[last];
+    s.steps[slot] = s.steps[last];
+    s.saved_epoch[slot] = s.saved_epoch[last];
+    s.uses[slot] = s.uses[last];
+    s.pins[slot] = s.pins[last];
+    s.flags[slot] = s.flags[last];
+    s.index[s.keys[slot]] = slot;
+  }
+  s.keys.pop_back();
+  s.steps.pop_back();
+  s.saved_epoch.pop_back();
+  s.uses.pop_back();
+  s.pins.pop_back();
+  s.flags.pop_back();
+  // Give back chunks no longer needed, keeping one spare against churn at a boundary.
+  const size_t needed = (s.keys.size() + rows_per_chunk_ - 1) / rows_per_chunk_;
+  while (s.chunks.size() > needed + 1) s.chunks.pop_back();
+  Recount(s);
+}
+
+
+// ---- Reads and updates.
+
+absl::Status SparseTablePart::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
+  CHECK_EQ(out.size(), keys.size() * dim_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Stripe& s = stripes_[StripeOf(keys[i])];
+    float* dst = out.data() + i * dim_;
+    if (!spills()) {
+      absl::MutexLock lock(&s.mu);
+      if (memory_ != nullptr && !s.index.contains(keys[i])) {
+        RETURN_IF_ERROR(memory_->CheckRoom(
+            RowCost(), absl::StrCat("table '", name(), "': a new row for key ", keys[i])));
+      }
+      std::memcpy(dst, RowPtr(s, FindOrCreate(s, keys[i])), dim_ * sizeof(float));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&s.mu);
+      if (auto it = s.index.find(keys[i]); it != s.index.end()) {
+        std::memcpy(dst, RowPtr(s, it->second), dim_ * sizeof(float));
+        Use(s, it->second);
+        continue;
+      }
+    }
+    // Not in memory: the row has to move, which needs move_mu_ (taken before the stripe).
+    absl::ReaderMutexLock move(&move_mu_);
+    absl::MutexLock lock(&s.mu);
+    ASSIGN_OR_RETURN(const uint32_t slot, FindOrFault(s, keys[i]));
+    std::memcpy(dst, RowPtr(s, slot), dim_ * sizeof(float));
+    Use(s, slot);
+    Trim(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTablePart::Pin(absl::Span<const uint64_t> keys) {
+  if (!spills()) return absl::OkStatus();
+  absl::ReaderMutexLock move(&move_mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Stripe& s = stripes_[StripeOf(keys[i])];
+    absl::Status status;
+    {
+      absl::MutexLock lock(&s.mu);
+      absl::StatusOr<uint32_t> slot = FindOrFault(s, keys[i]);
+      if (slot.ok()) {
+        ++s.pins[*slot];
+        Use(s, *slot);
+        continue;
+      }
+      status = slot.status();
+    }
+    UnpinHeld(keys.first(i));
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+void SparseTablePart::Unpin(absl::Span<const uint64_t> keys) {
+  if (!spills()) return;
+  absl::ReaderMutexLock move(&move_mu_);
+  UnpinHeld(keys);
+}
+
+void SparseTablePart::UnpinHeld(absl::Span<const uint64_t> keys) {
+  for (uint64_t key : keys) {
+    Stripe& s = stripes_[StripeOf(key)];
+    absl::MutexLock lock(&s.mu);
+    auto it = s.index.find(key);
+    CHECK(it != s.index.end() && s.pins[it->second] > 0)
+        << "table '" << name() << "': Unpin of key " << key << " that is not pinned";
+    --s.pins[it->second];
+    Trim(s);
+  }
+}
+
+void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const float> values,
+                            const UpdateOptions& options) {
+  CHECK_EQ(values.size(), keys.size() * dim_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Stripe& s = stripes_[StripeOf(keys[i])];
+    absl::MutexLock lock(&s.mu);
+    uint32_t slot;
+    if (spills()) {
+      auto it = s.index.find(keys[i]);
+      CHECK(it != s.index.end()) << "table '" << name() << "': Apply to key " << keys[i]
+                                 << " without Pin";
+      slot = it->second;
+      s.flags[slot] |= kDirty;
+    } else {
+      slot = FindOrCreate(s, keys[i]);
+    }
+    float* row = RowPtr(s, slot);
+    const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
+    if (epoch != 0 && s.saved_epoch[slot] < epoch) {
+      s.pending.emplace(keys[i], std::make_pair(s.steps[slot],
+                                                std::vector<float>(row, row + row_floats_)));
+      s.saved_epoch[slot] = epoch;
+    }
+    const int64_t step =
+        options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
+    ApplyTo(optimizer_, num_slots_, step, row, dim_, values.subspan(i * dim_, dim_), options);
+  }
+  CountUpdate();
+}
+
+SpillStats SparseTablePart::spill_stats() const {
+  SpillStats st;
+  for (int i = 0; i < kNumStripes; ++i) {
+    absl::MutexLock lock(&stripes_[i].mu);
+    st.resident_rows += stripes_[i].keys.size();
+    st.spilled_rows += stripes_[i].on_disk - stripes_[i].resident_on_disk;
+    st.faults += stripes_[i].faults;
+    st.evictions += stripes_[i].evictions;
+    st.writes += stripes_[i].writes;
+    st.eviction_errors += stripes_[i].eviction_errors;
+  }
+  return st;
+}
+
+uint64_t SparseTablePart::NumRows() const {
+  const SpillStats st = spill_stats();
+  return st.resident_rows + st.spilled_rows;
+}
+
+uint64_t SparseTablePart::NumBytes() const {
+  return static_cast<uint64_t>(std::max<int64_t>(0, bytes_.load(std::memory_order_relaxed)));
+}
+
+}  // namespace ps::server

@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "bench/ps_bench.h"
 #include "common/startup/process_memory.h"
+#include "common/startup/flag_check.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -116,8 +117,7 @@ constexpr uint64_t kMaxBlockFloats = uint64_t{1} << 28;
 constexpr double kMaxSeconds = 86400;
 
 absl::Status OutOfRange(absl::string_view flag, absl::string_view value, absl::string_view range) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", flag, "=", value, " is out of range (", range, ")"));
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": expected ", range));
 }
 
 // "4KB" -> 4096; sizes are 1 B .. `max` bytes.
@@ -232,13 +232,6 @@ absl::Status ParseLists(BenchOptions* f) {
   return absl::OkStatus();
 }
 
-// `value` of --flag within [lo, hi].
-template <typename T>
-absl::Status CheckRange(absl::string_view flag, T value, T lo, T hi) {
-  if (value >= lo && value <= hi) return absl::OkStatus();  // false for NaN too
-  return OutOfRange(flag, absl::StrCat(value), absl::StrCat(lo, "..", hi));
-}
-
 // The scalar flags, each within its range.
 absl::Status ParseScalars(BenchOptions* f) {
   f->servers = absl::GetFlag(FLAGS_servers);
@@ -252,18 +245,28 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->zipf_stream_keys = absl::GetFlag(FLAGS_zipf_stream_keys);
   f->spill_settle_s = absl::GetFlag(FLAGS_spill_settle_s);
   const double seconds = absl::GetFlag(FLAGS_seconds), warmup = absl::GetFlag(FLAGS_warmup);
-  RETURN_IF_ERROR(CheckRange("servers", f->servers, 1, kMaxServers));
-  RETURN_IF_ERROR(CheckRange("window", f->window, 1, kMaxWindow));
-  RETURN_IF_ERROR(CheckRange("repeat", f->repeat, 1, kMaxRepeat));
-  RETURN_IF_ERROR(CheckRange("sparse_dim", f->sparse_dim, 1, kMaxSparseDim));
-  RETURN_IF_ERROR(CheckRange<uint64_t>("key_space", f->key_space, 1, kMaxKeySpace));
-  RETURN_IF_ERROR(CheckRange<uint64_t>("dense_block_floats", f->dense_block_floats, 1, kMaxBlockFloats));
-  RETURN_IF_ERROR(CheckRange<size_t>("tcp_stream_write", f->tcp_stream_write, 1, kMaxPayloadBytes));
-  RETURN_IF_ERROR(CheckRange("zipf", f->zipf, 0.0, 10.0));
-  RETURN_IF_ERROR(CheckRange<uint64_t>("zipf_stream_keys", f->zipf_stream_keys, 1, kMaxKeySpace));
-  RETURN_IF_ERROR(CheckRange("spill_settle_s", f->spill_settle_s, 0.0, kMaxSeconds));
-  RETURN_IF_ERROR(CheckRange("seconds", seconds, 1e-3, kMaxSeconds));
-  RETURN_IF_ERROR(CheckRange("warmup", warmup, 0.0, kMaxSeconds));
+  using common::CheckDoubleFlagRange;
+  using common::CheckIntFlagRange;
+  RETURN_IF_ERROR(common::AllFlagsInRange({
+      CheckIntFlagRange("servers", f->servers, 1, kMaxServers, absl::StrCat("1..", kMaxServers)),
+      CheckIntFlagRange("window", f->window, 1, kMaxWindow, absl::StrCat("1..", kMaxWindow)),
+      CheckIntFlagRange("repeat", f->repeat, 1, kMaxRepeat, absl::StrCat("1..", kMaxRepeat)),
+      CheckIntFlagRange("sparse_dim", f->sparse_dim, 1, kMaxSparseDim,
+                        absl::StrCat("1..", kMaxSparseDim)),
+      CheckIntFlagRange("key_space", f->key_space, 1, kMaxKeySpace,
+                        absl::StrCat("1..", kMaxKeySpace)),
+      CheckIntFlagRange("dense_block_floats", f->dense_block_floats, 1, kMaxBlockFloats,
+                        absl::StrCat("1..", kMaxBlockFloats)),
+      CheckIntFlagRange("tcp_stream_write", f->tcp_stream_write, 1, kMaxPayloadBytes,
+                        absl::StrCat("1..", kMaxPayloadBytes, " bytes")),
+      CheckDoubleFlagRange("zipf", f->zipf, 0, 10, "0..10"),
+      CheckIntFlagRange("zipf_stream_keys", f->zipf_stream_keys, 1, kMaxKeySpace,
+                        absl::StrCat("1..", kMaxKeySpace)),
+      CheckDoubleFlagRange("spill_settle_s", f->spill_settle_s, 0, kMaxSeconds,
+                           "0..86400 seconds"),
+      CheckDoubleFlagRange("seconds", seconds, 1e-3, kMaxSeconds, "0.001..86400 seconds"),
+      CheckDoubleFlagRange("warmup", warmup, 0, kMaxSeconds, "0..86400 seconds"),
+  }));
   f->load.duration = absl::Seconds(seconds);
   f->load.warmup = absl::Seconds(warmup);
   return absl::OkStatus();

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
+#include "common/startup/flag_check.h"
 #include "common/status_macros.h"
 #include "bench/bench_load.h"
 #include "bench/local_cluster.h"
@@ -69,13 +70,6 @@ constexpr int kMaxTables = 100000;
 constexpr uint64_t kMaxTableFloats = uint64_t{1} << 30;
 constexpr double kMaxSeconds = 86400;
 
-template <typename T>
-absl::Status CheckRange(absl::string_view flag, T value, T lo, T hi) {
-  if (value >= lo && value <= hi) return absl::OkStatus();  // false for NaN too
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", flag, "=", value, " is out of range (", lo, "..", hi, ")"));
-}
-
 absl::StatusOr<LoadFlags> ParseFlags() {
   LoadFlags f;
   f.servers = absl::GetFlag(FLAGS_servers);
@@ -87,12 +81,18 @@ absl::StatusOr<LoadFlags> ParseFlags() {
   f.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
   f.server_binary = absl::GetFlag(FLAGS_server_binary);
   f.keep_temp = absl::GetFlag(FLAGS_keep_temp);
-  RETURN_IF_ERROR(CheckRange("servers", f.servers, 1, kMaxServers));
-  RETURN_IF_ERROR(CheckRange("clients", f.clients, 1, kMaxClients));
-  RETURN_IF_ERROR(CheckRange("tables", f.tables, 1, kMaxTables));
-  RETURN_IF_ERROR(CheckRange<uint64_t>("table_floats", f.table_floats, 1, kMaxTableFloats));
-  RETURN_IF_ERROR(CheckRange("seconds", f.seconds, 1e-3, kMaxSeconds));
-  RETURN_IF_ERROR(CheckRange("checkpoint_interval", f.checkpoint_interval, 0.0, kMaxSeconds));
+  using common::CheckDoubleFlagRange;
+  using common::CheckIntFlagRange;
+  RETURN_IF_ERROR(common::AllFlagsInRange({
+      CheckIntFlagRange("servers", f.servers, 1, kMaxServers, absl::StrCat("1..", kMaxServers)),
+      CheckIntFlagRange("clients", f.clients, 1, kMaxClients, absl::StrCat("1..", kMaxClients)),
+      CheckIntFlagRange("tables", f.tables, 1, kMaxTables, absl::StrCat("1..", kMaxTables)),
+      CheckIntFlagRange("table_floats", f.table_floats, 1, kMaxTableFloats,
+                        absl::StrCat("1..", kMaxTableFloats)),
+      CheckDoubleFlagRange("seconds", f.seconds, 1e-3, kMaxSeconds, "0.001..86400 seconds"),
+      CheckDoubleFlagRange("checkpoint_interval", f.checkpoint_interval, 0, kMaxSeconds,
+                           "0 (none) or seconds up to 86400"),
+  }));
   if (f.optimizer != "SGD" && f.optimizer != "MOMENTUM" && f.optimizer != "ADAGRAD" &&
       f.optimizer != "ADAM" && f.optimizer != "FTRL") {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -18,9 +18,9 @@ CONFIG = "--config=" + os.path.join(ROOT, "configs", "fashion_mnist_2x2_async.te
 class PsctlFlagsTest(unittest.TestCase):
     def test_out_of_range_flags_are_refused(self):
         check_refusals(self, PSCTL, [
-            (["status", CONFIG, "--timeout_s=-1"], "--timeout_s=-1 is out of range"),
-            (["status", CONFIG, "--timeout_s=0"], "--timeout_s=0 is out of range"),
-            (["status", CONFIG, "--rate_interval_s=0"], "--rate_interval_s=0 is out of range"),
+            (["status", CONFIG, "--timeout_s=-1"], "--timeout_s=-1: expected"),
+            (["status", CONFIG, "--timeout_s=0"], "--timeout_s=0: expected"),
+            (["status", CONFIG, "--rate_interval_s=0"], "--rate_interval_s=0: expected"),
             (["status", CONFIG, "--servers=127.0.0.1:99999"], "'127.0.0.1:99999' is not host:port"),
             (["status", CONFIG, "--servers=127.0.0.1:0"], "'127.0.0.1:0' is not host:port"),
             (["status", CONFIG, "--servers=nohost"], "'nohost' is not host:port"),

@@ -28,6 +28,7 @@
 #include "common/config/overrides.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
+#include "common/startup/flag_check.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/ps.grpc.pb.h"
@@ -177,16 +178,12 @@ absl::Status CheckFlags(const std::string& command) {
         absl::StrCat("unknown command '", command, "': expected status, checkpoint or shutdown"));
   }
   if (absl::GetFlag(FLAGS_config).empty()) return absl::InvalidArgumentError("--config is required");
-  const double timeout = absl::GetFlag(FLAGS_timeout_s);
-  if (!(timeout > 0 && timeout <= 86400)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--timeout_s=", timeout, " is out of range (0 < seconds <= 86400)"));
-  }
-  const double interval = absl::GetFlag(FLAGS_rate_interval_s);
-  if (!(interval > 0 && interval <= 3600)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rate_interval_s=", interval, " is out of range (0 < seconds <= 3600)"));
-  }
+  RETURN_IF_ERROR(common::AllFlagsInRange({
+      common::CheckDoubleFlagRange("timeout_s", absl::GetFlag(FLAGS_timeout_s), common::kAboveZero,
+                                   86400, "0 < seconds <= 86400"),
+      common::CheckDoubleFlagRange("rate_interval_s", absl::GetFlag(FLAGS_rate_interval_s),
+                                   common::kAboveZero, 3600, "0 < seconds <= 3600"),
+  }));
   for (absl::string_view a :
        absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty())) {
     const size_t colon = a.rfind(':');

@@ -88,8 +88,9 @@ int ServingThreads(const JobConfig& config, int requested) {
                                      ? static_cast<int>(config.server().num_threads())
                                      : static_cast<int>(std::max(
                                            2u, std::thread::hardware_concurrency())));
-  // Under SSP/BSP a pull (and, deterministic, a push) holds its thread while it waits for the
-  // others: with fewer threads than workers, the push that would release them never runs.
+  // Pulls waiting for the bound are parked without a thread, but a deterministic push holds
+  // its thread while it waits for its turn: with fewer threads than workers, the push whose
+  // turn it is would never run.
   if (config.training().has_staleness()) {
     const int needed = static_cast<int>(config.cluster().num_workers()) + 2;
     if (threads < needed) {

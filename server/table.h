@@ -298,6 +298,28 @@ class SparseTablePart final : public TablePart {
   // About what one more row costs: its floats plus index and bookkeeping entries.
   uint64_t RowCost() const;
   static int StripeOf(uint64_t key);
+  // A request's keys grouped by stripe with a stable counting sort: the positions (indexes
+  // into the keys) of stripe s are order[first[s] .. first[s + 1]), in request order. A call
+  // then takes each stripe's lock once, not once per key, and prefetches the index entries
+  // and rows of the keys ahead under it (a request's rows are scattered over the table, so a
+  // per-key lookup waits on several cache misses in turn); the updates of a key that appears
+  // twice keep their order, and rows are created in the same order within a stripe as a
+  // per-key loop would create them.
+  struct StripeGroups {
+    std::vector<uint32_t> order;
+    uint32_t first[kNumStripes + 1];
+  };
+  static void GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups);
+  // Read for a table that keeps every row in memory; ReadSpilling for one with a budget.
+  absl::Status ReadResident(absl::Span<const uint64_t> keys, absl::Span<float> out);
+  absl::Status ReadSpilling(absl::Span<const uint64_t> keys, absl::Span<float> out);
+  // Read's and Apply's work on the keys of one stripe (positions order[b, e) of `keys`):
+  // finds (or creates) each row's slot, prefetching ahead. `check_room`: charge a missing row
+  // to the memory budget first (ReadResident), stopping at the first refusal; otherwise a
+  // missing row is created (Apply without a budget) or is a bug (a spilling Apply: unpinned).
+  absl::Status FindSlots(Stripe& s, absl::Span<const uint64_t> keys, const uint32_t* order,
+                         size_t n, bool check_room, uint32_t* slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   size_t row_floats() const { return row_floats_; }
   float* RowPtr(Stripe& s, uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Returns the slot of `key`, creating and initializing the row if missing (no budget).

@@ -89,11 +89,11 @@ void SparseTablePart::GroupByStripe(absl::Span<const uint64_t> keys, StripeGroup
 }
 
 absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> keys,
-                                        const uint32_t* order, size_t n, bool check_room,
+                                        const uint32_t* order, size_t n, SlotUse use,
                                         uint32_t* slots) {
   // Keys this far ahead have their index entries prefetched: enough to cover a miss's latency
   // with the lookups in between, few enough that the lines are still cached when used.
-  constexpr size_t kAhead = 8;
+  constexpr size_t kAhead = 16;
   const size_t row_bytes = row_floats_ * sizeof(float);
   for (size_t j = 0; j < std::min(n, kAhead); ++j) s.index.prefetch(keys[order[j]]);
   for (size_t j = 0; j < n; ++j) {
@@ -104,16 +104,19 @@ absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> ke
       slots[j] = it->second;
     } else {
       CHECK(!spills()) << "table '" << name() << "': Apply to key " << key << " without Pin";
-      if (check_room && memory_ != nullptr) {
+      if (use == SlotUse::kRead && memory_ != nullptr) {
         RETURN_IF_ERROR(memory_->CheckRoom(
             RowCost(), absl::StrCat("table '", name(), "': a new row for key ", key)));
       }
       slots[j] = FindOrCreate(s, key);
     }
-    // The row itself: read or updated after the lookups of this stripe are done.
+    // The row itself (a read needs its parameters only), and an update's step: used after the
+    // lookups of this stripe are done.
     const char* row = reinterpret_cast<const char*>(RowPtr(s, slots[j]));
-    for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
-    __builtin_prefetch(row + row_bytes - 1);
+    const size_t bytes = use == SlotUse::kRead ? dim_ * sizeof(float) : row_bytes;
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+    __builtin_prefetch(row + bytes - 1);
+    if (use == SlotUse::kUpdate) __builtin_prefetch(&s.steps[slots[j]]);
   }
   return absl::OkStatus();
 }
@@ -125,7 +128,7 @@ float* SparseTablePart::RowPtr(Stripe& s, uint32_t slot) const {
 uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
   const uint32_t slot = static_cast<uint32_t>(s.keys.size());
   if (slot / rows_per_chunk_ >= s.chunks.size()) {
-    s.chunks.emplace_back(new float[size_t{rows_per_chunk_} * row_floats_]);
+    s.chunks.emplace_back(new (kChunkAlignment) float[size_t{rows_per_chunk_} * row_floats_]);
   }
   s.keys.push_back(key);
   s.steps.push_back(0);
@@ -173,9 +176,12 @@ uint64_t SparseTablePart::RowCost() const {
 
 absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
   if (memory_ == nullptr || spills()) return absl::OkStatus();
+  // Room for every key as a new row is room for the missing ones (CheckRoom is monotone):
+  // then the rows need not be looked up at all.
+  if (memory_->CheckRoom(keys.size() * RowCost(), "").ok()) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, &groups);
-  constexpr uint32_t kAhead = 8;  // as FindSlots
+  constexpr uint32_t kAhead = 16;  // as FindSlots
   uint64_t missing = 0;
   for (int i = 0; i < kNumStripes; ++i) {
     const uint32_t b = groups.first[i], e = groups.first[i + 1];
@@ -250,7 +256,7 @@ absl::Status SparseTablePart::ReadResident(absl::Span<const uint64_t> keys,
     if (n == 0) continue;
     Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
-    RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, /*check_room=*/true, &slots[b]));
+    RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
     for (uint32_t j = b; j < b + n; ++j) {
       std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
                   dim_ * sizeof(float));
@@ -336,9 +342,9 @@ void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const fl
     if (n == 0) continue;
     Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
-    // Without check_room nothing can fail: a missing row is created, or (spilling) a CHECK.
+    // An update's lookups cannot fail: a missing row is created, or (spilling) a CHECK.
     const absl::Status found =
-        FindSlots(s, keys, &groups.order[b], n, /*check_room=*/false, &slots[b]);
+        FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, &slots[b]);
     CHECK(found.ok()) << found;
     for (uint32_t j = b; j < b + n; ++j) {
       const uint32_t slot = slots[j];

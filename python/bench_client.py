@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The Python client's overhead: the same calls as ps_bench's C++ client, on the same servers.
 
-    bazel build //python:ps //server:ps_server //tools:ps_bench
+    bazel build //python:ps //server:ps_server //bench:ps_bench
     /usr/bin/python3 python/bench_client.py [--seconds 2] [--rounds 3] [--json out.jsonl]
 
 Starts 2 ps_server processes with ps_bench's tables (ps_bench --write_config), then, for
@@ -90,7 +90,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the medians and ratios as JSON lines here")
     args = ap.parse_args()
-    bench = ps.cluster.find_binary("tools/ps_bench")
+    bench = ps.cluster.find_binary("bench/ps_bench")
     root = tempfile.mkdtemp(prefix="ps-pybench-")
     config = os.path.join(root, "bench.textproto")
     subprocess.run([bench, "--write_config=" + config, "--servers=2", "--payloads=1MB",

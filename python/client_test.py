@@ -387,7 +387,10 @@ class TlsTest(unittest.TestCase):
         cls.plain_config = os.path.join(cls.root, "client.textproto")
         with open(cls.plain_config, "w") as f:
             f.write(config_text())
-        cls.servers = ps.cluster.LocalServers(cls.server_config, num_servers=2).start()
+        # Several tests here finish worker 0 (the job's only worker); the servers must outlive
+        # that, or the tests after it find no server.
+        cls.servers = ps.cluster.LocalServers(cls.server_config, num_servers=2,
+                                              server_args=["--exit_when_done=false"]).start()
 
     @classmethod
     def tearDownClass(cls):

@@ -88,8 +88,9 @@ int ServingThreads(const JobConfig& config, int requested) {
                                      ? static_cast<int>(config.server().num_threads())
                                      : static_cast<int>(std::max(
                                            2u, std::thread::hardware_concurrency())));
-  // Under SSP/BSP a pull (and, deterministic, a push) holds its thread while it waits for the
-  // others: with fewer threads than workers, the push that would release them never runs.
+  // Pulls waiting for the bound are parked without a thread, but a deterministic push holds
+  // its thread while it waits for its turn: with fewer threads than workers, the push whose
+  // turn it is would never run.
   if (config.training().has_staleness()) {
     const int needed = static_cast<int>(config.cluster().num_workers()) + 2;
     if (threads < needed) {
@@ -320,6 +321,9 @@ void ParameterServer::ServeUntilStopped() {
 absl::Status ParameterServer::Drain() {
   grpc_server_->SetServing(false);
   up_->Set(0);
+  // Pulls parked for the consistency bound would otherwise hold the drain to its end: no
+  // more pushes come to release them.
+  shard_->workers().CloseWaiters(absl::UnavailableError("the server is shutting down"));
   // Calls in flight finish (bounded), new ones are refused.
   grpc_server_->Shutdown(absl::Seconds(5));
   absl::Status result;

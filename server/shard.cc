@@ -288,8 +288,7 @@ absl::Status Shard::CheckPusher(const RequestInfo& info) {
                                   "id in [0, cluster.num_workers); negative ids may only read")));
 }
 
-absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
-  if (info.worker_id < 0) return absl::OkStatus();
+absl::Status Shard::CheckPullStart(const RequestInfo& info) {
   RETURN_IF_ERROR(CheckWorkerAndClock(info));
   if (absl::Status s = workers_.CheckPullClock(info.worker_id, info.clock); !s.ok()) {
     return Reject("clock_ahead", std::move(s));
@@ -297,8 +296,35 @@ absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
   if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation); !s.ok()) {
     return Reject(HeaderRejection(s), std::move(s));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
+  if (info.worker_id < 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPullStart(info));
   return WithRejectionReason(workers_.WaitForBound(info.worker_id, info.clock, deadline),
                              "bound_timeout");
+}
+
+absl::StatusOr<WorkerTracker::WaiterId> Shard::ParkPull(const RequestInfo& info,
+                                                        absl::Time deadline,
+                                                        const WorkerTracker::ParkLimits& limits,
+                                                        WorkerTracker::BoundCallback done) {
+  if (info.worker_id < 0) return WorkerTracker::WaiterId{0};
+  RETURN_IF_ERROR(CheckPullStart(info));
+  absl::StatusOr<WorkerTracker::WaiterId> parked = workers_.WhenBound(
+      info.worker_id, info.clock, deadline, limits,
+      [done = std::move(done)](absl::Status s) {
+        done(absl::IsDeadlineExceeded(s) ? WithRejectionReason(std::move(s), "bound_timeout")
+                                         : std::move(s));
+      });
+  if (absl::IsResourceExhausted(parked.status())) {
+    return Reject("too_many_waiting", parked.status());
+  }
+  if (absl::IsDeadlineExceeded(parked.status())) {
+    return WithRejectionReason(parked.status(), "bound_timeout");
+  }
+  return parked;
 }
 
 absl::StatusOr<uint64_t> Shard::CheckPull(const RequestInfo& info,
@@ -492,8 +518,9 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
     if (absl::Status s = workers_.WaitForTurn(info.worker_id, info.worker_incarnation, info.clock,
                                               info.deadline);
         !s.ok()) {
-      return absl::IsFailedPrecondition(s) ? Reject("stale_incarnation", std::move(s))
-                                           : WithRejectionReason(std::move(s), "turn_timeout");
+      if (absl::IsFailedPrecondition(s)) return Reject("stale_incarnation", std::move(s));
+      if (absl::IsResourceExhausted(s)) return Reject("too_many_waiting", std::move(s));
+      return WithRejectionReason(std::move(s), "turn_timeout");
     }
   }
   // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for

@@ -223,6 +223,14 @@ class Shard {
   // INVALID_ARGUMENT for a worker (id >= 0) with a negative clock, or with a clock no push
   // could let through (WorkerTracker::CheckPullClock).
   absl::Status BeginPull(const RequestInfo& info, absl::Time deadline);
+  // BeginPull without holding the thread (see WorkerTracker::WhenBound): the same checks, then
+  // 0 when the pull may read now, or the id of the parked pull, whose `done` is called once
+  // with OK when the bound lets it through, DEADLINE_EXCEEDED (reason "bound_timeout") at
+  // `deadline`, or the status it was cancelled with. RESOURCE_EXHAUSTED (counted as
+  // "too_many_waiting") beyond `limits`. A tool's pull (worker id < 0) never parks.
+  absl::StatusOr<WorkerTracker::WaiterId> ParkPull(const RequestInfo& info, absl::Time deadline,
+                                                   const WorkerTracker::ParkLimits& limits,
+                                                   WorkerTracker::BoundCallback done);
   // Reads the parts of a pull CheckPull accepted into `sink` and counts the pull. Sparse rows
   // are created on first touch: RESOURCE_EXHAUSTED past the memory budget, the spill store's
   // errors for a table that spills.
@@ -287,6 +295,9 @@ class Shard {
         std::unique_ptr<storage::SpillStore> spill_store);
   // INVALID_ARGUMENT (counted as "bad_clock") for a worker's negative clock.
   absl::Status CheckWorkerAndClock(const RequestInfo& info);
+  // A worker's pull before any wait: its clock (bad_clock, clock_ahead) and its header
+  // (recorded as alive).
+  absl::Status CheckPullStart(const RequestInfo& info);
   // INVALID_ARGUMENT for a push without a worker slot (negative id): every push goes through
   // exactly-once admission.
   absl::Status CheckPusher(const RequestInfo& info);

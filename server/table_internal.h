@@ -60,7 +60,7 @@ constexpr uint8_t kOnDisk = 1;
 constexpr uint8_t kDirty = 2;
 
 // Rows sampled to pick an eviction victim, and the LFU aging period in multiples of a stripe's
-// budget (uses are halved that often): tools/eviction_sim measured these on Zipf keys.
+// budget (uses are halved that often): bench/eviction_sim measured these on Zipf keys.
 constexpr int kVictimSamples = 16;
 constexpr uint64_t kAgingPeriod = 20;
 

@@ -13,6 +13,16 @@ namespace ps::server {
 WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options, std::function<absl::Time()> now)
     : options_(options), now_(now ? std::move(now) : [] { return absl::Now(); }) {}
 
+WorkerTracker::~WorkerTracker() {
+  CloseWaiters(absl::UnavailableError("the server is stopping"));
+  {
+    absl::MutexLock lock(&mu_);
+    stop_timer_ = true;
+    timer_cv_.Signal();
+  }
+  if (timer_.joinable()) timer_.join();
+}
+
 uint64_t WorkerTracker::MaxIncarnation() const {
   const absl::Time limit = now_() + options_.max_incarnation_lead;
   if (limit <= absl::UnixEpoch()) return 0;
@@ -101,11 +111,13 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
 }
 
 void WorkerTracker::AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock) {
+  Released released;
   absl::MutexLock lock(&mu_);
   Worker& w = workers_[worker];
   if (w.incarnation != incarnation) return;  // replaced meanwhile
   w.clock = std::max(w.clock, clock);
   w.last_seen = now_();
+  ReleaseReady(&released);
 }
 
 absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation) {
@@ -114,6 +126,7 @@ absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation) {
 }
 
 absl::Status WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
+  Released released;
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker);
   if (it != workers_.end() && it->second.seen && incarnation != it->second.incarnation) {
@@ -125,6 +138,7 @@ absl::Status WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
   // finish with its first word: Lookup registers it with the usual checks.
   ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
   w->finished = true;
+  ReleaseReady(&released);
   return absl::OkStatus();
 }
 
@@ -185,15 +199,137 @@ absl::Status WorkerTracker::WaitForBound(int32_t worker, int64_t clock, absl::Ti
   // absl::Mutex re-evaluates the condition whenever the lock is released: after every push,
   // touch, finish, and every Poke (leases run out with time, not with events).
   if (!mu_.AwaitWithDeadline(absl::Condition(&BoundHolds, &args), deadline)) {
-    auto [min_clock, slowest] = MinLive(now_());
-    return absl::DeadlineExceededError(absl::StrCat(
-        "worker ", worker, " at clock ", clock, " waited too long for the consistency bound (",
-        "staleness ", *options_.staleness, "): slowest live worker is ", slowest, " at clock ",
-        min_clock));
+    return BoundTimeout(worker, clock);
   }
   auto [min_clock, slowest] = MinLive(now_());
   if (slowest >= 0) max_staleness_seen_ = std::max(max_staleness_seen_, clock - min_clock);
   return absl::OkStatus();
+}
+
+absl::Status WorkerTracker::BoundTimeout(int32_t worker, int64_t clock) const {
+  auto [min_clock, slowest] = MinLive(now_());
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker ", worker, " at clock ", clock, " waited too long for the consistency bound (",
+      "staleness ", options_.staleness.value_or(0), "): slowest live worker is ", slowest,
+      " at clock ", min_clock));
+}
+
+// ---- Parked pulls -------------------------------------------------------------------------
+
+WorkerTracker::Released::~Released() {
+  for (auto& [done, status] : items_) done(std::move(status));
+}
+
+void WorkerTracker::Released::Add(BoundCallback done, absl::Status status) {
+  items_.emplace_back(std::move(done), std::move(status));
+}
+
+absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(int32_t worker, int64_t clock,
+                                                                 absl::Time deadline,
+                                                                 const ParkLimits& limits,
+                                                                 BoundCallback done) {
+  if (!options_.staleness.has_value()) return WaiterId{0};
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(closed_);
+  const int64_t need = clock - *options_.staleness;
+  auto [min_clock, slowest] = MinLive(now_());
+  if (slowest < 0 || min_clock >= need) {
+    if (slowest >= 0) max_staleness_seen_ = std::max(max_staleness_seen_, clock - min_clock);
+    return WaiterId{0};
+  }
+  if (deadline <= absl::Now()) return BoundTimeout(worker, clock);
+  size_t& mine = parked_per_worker_[worker];
+  if (mine >= limits.per_worker || waiters_.size() >= limits.total) {
+    const bool own = mine >= limits.per_worker;
+    if (mine == 0) parked_per_worker_.erase(worker);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        own ? absl::StrCat("worker ", worker, " has ") : std::string("workers have "),
+        own ? mine : waiters_.size(), " pulls waiting for the consistency bound already (at most ",
+        own ? limits.per_worker : limits.total, own ? " per worker" : " in all",
+        "): wait for their answers before pulling again"));
+  }
+  ++mine;
+  const WaiterId id = next_waiter_++;
+  waiters_.emplace(id, Waiter{worker, clock, deadline, std::move(done)});
+  by_need_.emplace(need, id);
+  by_deadline_.emplace(deadline, id);
+  if (!timer_.joinable()) timer_ = std::thread([this] { TimerLoop(); });
+  timer_cv_.Signal();
+  return id;
+}
+
+WorkerTracker::BoundCallback WorkerTracker::TakeWaiter(WaiterId id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return nullptr;
+  Waiter& w = it->second;
+  by_need_.erase({w.clock - options_.staleness.value_or(0), id});
+  by_deadline_.erase({w.deadline, id});
+  auto count = parked_per_worker_.find(w.worker);
+  if (count != parked_per_worker_.end() && --count->second == 0) parked_per_worker_.erase(count);
+  BoundCallback done = std::move(w.done);
+  waiters_.erase(it);
+  return done;
+}
+
+void WorkerTracker::ReleaseReady(Released* out) {
+  if (waiters_.empty()) return;
+  auto [min_clock, slowest] = MinLive(now_());
+  while (!by_need_.empty() && (slowest < 0 || by_need_.begin()->first <= min_clock)) {
+    const WaiterId id = by_need_.begin()->second;
+    const int64_t clock = waiters_.at(id).clock;
+    if (slowest >= 0) max_staleness_seen_ = std::max(max_staleness_seen_, clock - min_clock);
+    out->Add(TakeWaiter(id), absl::OkStatus());
+  }
+}
+
+void WorkerTracker::ReleaseExpired(absl::Time now, Released* out) {
+  while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
+    const WaiterId id = by_deadline_.begin()->second;
+    const Waiter& w = waiters_.at(id);
+    absl::Status timeout = BoundTimeout(w.worker, w.clock);
+    out->Add(TakeWaiter(id), std::move(timeout));
+  }
+}
+
+void WorkerTracker::CancelWaiter(WaiterId id, absl::Status status) {
+  Released released;
+  absl::MutexLock lock(&mu_);
+  if (BoundCallback done = TakeWaiter(id)) released.Add(std::move(done), std::move(status));
+}
+
+void WorkerTracker::CloseWaiters(absl::Status status) {
+  Released released;
+  absl::MutexLock lock(&mu_);
+  if (closed_.ok()) closed_ = status;
+  while (!waiters_.empty()) {
+    const WaiterId id = waiters_.begin()->first;
+    released.Add(TakeWaiter(id), status);
+  }
+}
+
+size_t WorkerTracker::parked() const {
+  absl::MutexLock lock(&mu_);
+  return waiters_.size();
+}
+
+void WorkerTracker::TimerLoop() {
+  mu_.Lock();
+  while (!stop_timer_) {
+    absl::Time wake = absl::InfiniteFuture();
+    if (!by_deadline_.empty()) {
+      wake = std::min(by_deadline_.begin()->first, absl::Now() + kLeaseRecheck);
+    }
+    timer_cv_.WaitWithDeadline(&mu_, wake);
+    {
+      Released released;
+      ReleaseExpired(absl::Now(), &released);
+      ReleaseReady(&released);
+      // The callbacks run (in released's destructor) without the lock.
+      mu_.Unlock();
+    }
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 bool WorkerTracker::IsTurn(TurnArgs* args) {
@@ -222,10 +358,20 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, in
                                         absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
+  if (w->turn_waits >= kMaxTurnWaitsPerWorker) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "worker ", worker, " has ", w->turn_waits, " pushes waiting for their turn already (at most ",
+        kMaxTurnWaitsPerWorker, ", deterministic BSP): wait for their answers"));
+  }
   w->arrived = std::max(w->arrived, clock);
   w->last_seen = now_();
+  ++w->turn_waits;
   TurnArgs args{this, worker, clock, -1};
-  if (!mu_.AwaitWithDeadline(absl::Condition(&IsTurn, &args), deadline)) {
+  const bool turn = mu_.AwaitWithDeadline(absl::Condition(&IsTurn, &args), deadline);
+  // Found again: the map may have grown (and moved its entries) during the wait.
+  int& waits = workers_[worker].turn_waits;
+  waits = std::max(0, waits - 1);
+  if (!turn) {
     return absl::DeadlineExceededError(absl::StrCat("worker ", worker, ": push of clock ", clock,
                                                     " waited too long for its turn "
                                                     "(deterministic BSP): waiting for worker ",
@@ -235,6 +381,7 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, in
 }
 
 std::vector<int32_t> WorkerTracker::Poke() {
+  Released released;
   absl::MutexLock lock(&mu_);
   ++pokes_;
   std::vector<int32_t> expired;
@@ -249,6 +396,7 @@ std::vector<int32_t> WorkerTracker::Poke() {
     }
   }
   std::sort(expired.begin(), expired.end());
+  ReleaseReady(&released);
   return expired;
 }
 
@@ -315,6 +463,7 @@ std::vector<WorkerCheckpoint> WorkerTracker::Save() const {
 }
 
 void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
+  Released released;
   absl::MutexLock lock(&mu_);
   workers_.clear();
   const absl::Time now = now_();
@@ -336,6 +485,7 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
     w.seen = true;
     w.last_seen = now;
   }
+  ReleaseReady(&released);
 }
 
 std::optional<WorkerCheckpoint> WorkerTracker::Get(int32_t worker) const {

@@ -23,12 +23,26 @@
 //   applied set and push the floor past the real worker's next sequence;
 // - a pull may ask for a clock at most staleness + kPullClockLead ahead of the newest clock
 //   any worker has pushed here (INVALID_ARGUMENT at once, instead of a wait no push can end).
+//
+// Parked pulls. A pull the bound does not let through yet can be parked (WhenBound) instead
+// of blocking a thread: the tracker keeps its callback and calls it when clocks move
+// (AdvanceClock, Finish, Restore, Poke, and its own timer for leases), at the pull's
+// deadline (DEADLINE_EXCEEDED), when it is taken back (CancelWaiter) or when the server stops
+// (CloseWaiters). One timer thread serves every waiter; it starts with the first parked pull
+// and is joined by the destructor. Waiters are capped per worker and in all.
+//
+// Locking: callbacks are taken out of the waiter sets under mu_ and run after mu_ is
+// released (on the thread that moved the clock, or the timer thread), so a callback may call
+// back into the tracker.
 #ifndef PS_SERVER_WORKER_TRACKER_H_
 #define PS_SERVER_WORKER_TRACKER_H_
 
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -67,10 +81,21 @@ class WorkerTracker {
   // How far beyond (newest pushed clock + staleness) a pull's clock may be: a worker issues
   // the pull of its next step while the push of the current one is in flight.
   static constexpr int64_t kPullClockLead = 2;
+  // Deterministic-BSP pushes of one worker that may wait for their turn at once (a worker
+  // sends one push per clock; a retry may overlap the original). More: RESOURCE_EXHAUSTED, so
+  // one worker cannot hold every serving thread with pushes of clocks nobody reaches.
+  static constexpr int kMaxTurnWaitsPerWorker = 2;
+  // How often the timer re-checks the bound of parked pulls while any are parked (leases run
+  // out with time, not with events).
+  static constexpr absl::Duration kLeaseRecheck = absl::Milliseconds(200);
 
   // `now` is the clock (injected for tests); defaults to absl::Now.
   explicit WorkerTracker(const WorkerTrackerOptions& options,
                          std::function<absl::Time()> now = nullptr);
+  // Stops the timer thread; parked pulls left get UNAVAILABLE.
+  ~WorkerTracker();
+  WorkerTracker(const WorkerTracker&) = delete;
+  WorkerTracker& operator=(const WorkerTracker&) = delete;
 
   // The outcome of Admit.
   enum class Admission { kApply, kDuplicate };
@@ -113,6 +138,34 @@ class WorkerTracker {
   // an older incarnation.
   absl::Status WaitForTurn(int32_t worker, uint64_t incarnation, int64_t clock,
                            absl::Time deadline);
+  // ---- Parked pulls.
+  // 0 means "not parked": the bound held at once.
+  using WaiterId = uint64_t;
+  // Called exactly once for a parked pull: OK when the bound lets it through,
+  // DEADLINE_EXCEEDED at its deadline, or the status given to CancelWaiter / CloseWaiters.
+  // Runs without the tracker's lock, on the thread that moved the clock or on the timer
+  // thread: it must not block.
+  using BoundCallback = std::function<void(absl::Status)>;
+  struct ParkLimits {
+    // Parked pulls of one worker, and of all workers together. REQUIRES: > 0.
+    size_t per_worker = 16;
+    size_t total = 1024;
+  };
+  // WaitForBound without the thread: returns 0 when the bound lets a worker at `clock` read
+  // now (`done` is dropped: the caller reads at once), else parks the pull and returns its
+  // id; `done` is called later. Errors (`done` dropped): DEADLINE_EXCEEDED when `deadline`
+  // has passed; RESOURCE_EXHAUSTED beyond `limits`; the CloseWaiters status once closed.
+  absl::StatusOr<WaiterId> WhenBound(int32_t worker, int64_t clock, absl::Time deadline,
+                                     const ParkLimits& limits, BoundCallback done);
+  // Takes parked pull `id` back and calls its callback with `status` (REQUIRES: not OK);
+  // nothing when it is no longer parked.
+  void CancelWaiter(WaiterId id, absl::Status status);
+  // Calls every parked pull's callback with `status` (REQUIRES: not OK) and refuses new ones
+  // with it from now on (server shutdown).
+  void CloseWaiters(absl::Status status);
+  // Pulls parked now.
+  size_t parked() const;
+
   // Wakes waiters so they re-check leases (called periodically by the server). Returns the
   // workers whose lease ran out since the previous call (each reported once per silence).
   std::vector<int32_t> Poke();
@@ -145,9 +198,41 @@ class WorkerTracker {
     bool seen = false;
     bool expiry_reported = false;
     absl::Time last_seen = absl::InfinitePast();
-    // Deterministic BSP: the newest clock this worker has a push waiting for.
+    // Deterministic BSP: the newest clock this worker has a push waiting for, and how many
+    // of its pushes wait for their turn now.
     int64_t arrived = 0;
+    int turn_waits = 0;
   };
+  struct Waiter {
+    int32_t worker;
+    int64_t clock;
+    absl::Time deadline;
+    BoundCallback done;
+  };
+  // Callbacks taken out of the waiters under mu_; they run when this goes out of scope.
+  // Declared before the MutexLock of a function, it runs them after the lock is released.
+  class Released {
+   public:
+    Released() = default;
+    Released(const Released&) = delete;
+    Released& operator=(const Released&) = delete;
+    ~Released();
+    void Add(BoundCallback done, absl::Status status);
+
+   private:
+    std::vector<std::pair<BoundCallback, absl::Status>> items_;
+  };
+  // Removes waiter `id` from every index; returns its callback (empty when not parked).
+  BoundCallback TakeWaiter(WaiterId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the waiters the bound now lets through into `out` (and records their staleness).
+  void ReleaseReady(Released* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the waiters whose deadline is at or before `now` into `out` (DEADLINE_EXCEEDED).
+  void ReleaseExpired(absl::Time now, Released* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bound's DEADLINE_EXCEEDED for a worker at `clock`.
+  absl::Status BoundTimeout(int32_t worker, int64_t clock) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The timer thread: expires deadlines and re-checks leases while pulls are parked.
+  void TimerLoop();
   // Returns the worker's record, switching to a newer incarnation if this is one.
   // INVALID_ARGUMENT for a sequence beyond the window of the incarnation's highest applied
   // one (0 for an incarnation Lookup would start); reads only.
@@ -184,6 +269,18 @@ class WorkerTracker {
   absl::flat_hash_map<int32_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   int64_t max_staleness_seen_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pokes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Parked pulls, by id, by the clock the slowest worker must reach (clock - staleness), and
+  // by deadline.
+  absl::flat_hash_map<WaiterId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<int64_t, WaiterId>> by_need_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, WaiterId>> by_deadline_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int32_t, size_t> parked_per_worker_ ABSL_GUARDED_BY(mu_);
+  WaiterId next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // not OK once CloseWaiters was called
+  bool stop_timer_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar timer_cv_;
+  std::thread timer_;  // started (under mu_) with the first parked pull
 };
 
 }  // namespace ps::server

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "common/status_matchers.h"
@@ -338,6 +339,134 @@ TEST(WorkerTracker, PullClockNoPushCanReachIsRefusedAtOnce) {
   // Asynchronous pulls never wait, so never need refusing.
   WorkerTracker async(Options(2, std::nullopt));
   EXPECT_THAT(async.CheckPullClock(0, 1000000), IsOk());
+}
+
+// ---- Parked pulls (WhenBound) ---------------------------------------------------------------
+
+// Records the status a parked pull's callback was called with.
+struct Outcome {
+  absl::Notification done;
+  absl::Status status;
+  WorkerTracker::BoundCallback callback() {
+    return [this](absl::Status s) {
+      status = std::move(s);
+      done.Notify();
+    };
+  }
+};
+
+const absl::Time kLater = absl::InfiniteFuture();
+
+TEST(WorkerTrackerParking, ABoundThatHoldsDoesNotPark) {
+  WorkerTracker t(Options(2, 0));
+  Outcome o;
+  auto now = t.WhenBound(0, 0, kLater, {}, o.callback());
+  ASSERT_THAT(now.status(), IsOk());
+  EXPECT_EQ(*now, 0u);
+  WorkerTracker async(Options(2, std::nullopt));
+  auto never = async.WhenBound(0, 99, kLater, {}, o.callback());
+  ASSERT_THAT(never.status(), IsOk());
+  EXPECT_EQ(*never, 0u);
+  EXPECT_FALSE(o.done.HasBeenNotified());
+  EXPECT_EQ(t.parked(), 0u);
+}
+
+TEST(WorkerTrackerParking, ParkedPullIsReleasedWhenTheSlowestClockMoves) {
+  WorkerTracker t(Options(2, 1));  // SSP 1: a pull at clock 3 needs every worker at 2
+  Outcome o;
+  ASSERT_THAT(t.WhenBound(0, 3, kLater, {}, o.callback()).status(), IsOk());
+  EXPECT_EQ(t.parked(), 1u);
+  t.AdvanceClock(0, 0, 2);
+  EXPECT_FALSE(o.done.HasBeenNotified());  // worker 1 is still at 0
+  ASSERT_THAT(t.Admit(1, 1, 1).status(), IsOk());
+  t.AdvanceClock(1, 1, 2);
+  ASSERT_TRUE(o.done.HasBeenNotified());  // called on this thread, before AdvanceClock returned
+  EXPECT_THAT(o.status, IsOk());
+  EXPECT_EQ(t.parked(), 0u);
+  EXPECT_EQ(t.max_staleness_seen(), 1);
+}
+
+TEST(WorkerTrackerParking, AFinishedWorkerReleasesTheWaitersItHeldBack) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  t.AdvanceClock(0, 0, 1);
+  Outcome o;
+  ASSERT_THAT(t.WhenBound(0, 1, kLater, {}, o.callback()).status(), IsOk());
+  ASSERT_THAT(t.Finish(1, 1), IsOk());
+  ASSERT_TRUE(o.done.HasBeenNotified());
+  EXPECT_THAT(o.status, IsOk());
+}
+
+TEST(WorkerTrackerParking, AnExpiredLeaseReleasesWaitersThroughTheTimer) {
+  FakeClock clock;
+  WorkerTracker t(Options(2, 0), clock.fn());
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  t.AdvanceClock(0, 0, 1);
+  Outcome o;
+  ASSERT_THAT(t.WhenBound(0, 1, kLater, {}, o.callback()).status(), IsOk());
+  clock.seconds += 31;  // worker 1's lease runs out; nobody pokes: the timer re-checks
+  o.done.WaitForNotification();
+  EXPECT_THAT(o.status, IsOk());
+}
+
+TEST(WorkerTrackerParking, DeadlineCancelCapAndClose) {
+  WorkerTracker t(Options(2, 0));
+  Outcome expires, cancelled, closed;
+  WorkerTracker::ParkLimits limits;
+  limits.per_worker = 2;
+  limits.total = 3;
+  ASSERT_THAT(t.WhenBound(0, 1, absl::Now() + absl::Milliseconds(50), limits, expires.callback())
+                  .status(),
+              IsOk());
+  auto id = t.WhenBound(0, 1, kLater, limits, cancelled.callback());
+  ASSERT_THAT(id.status(), IsOk());
+  Outcome refused;
+  EXPECT_THAT(t.WhenBound(0, 1, kLater, limits, refused.callback()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  ASSERT_THAT(t.WhenBound(1, 1, kLater, limits, closed.callback()).status(), IsOk());
+  EXPECT_THAT(t.WhenBound(1, 1, kLater, limits, refused.callback()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(t.WhenBound(1, 1, absl::Now() - absl::Seconds(1), limits, refused.callback()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+
+  expires.done.WaitForNotification();
+  EXPECT_THAT(expires.status, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  t.CancelWaiter(*id, absl::CancelledError("gone"));
+  ASSERT_TRUE(cancelled.done.HasBeenNotified());
+  EXPECT_THAT(cancelled.status, StatusIs(absl::StatusCode::kCancelled));
+  t.CancelWaiter(*id, absl::CancelledError("twice"));  // no longer parked: nothing happens
+  t.CloseWaiters(absl::UnavailableError("stopping"));
+  ASSERT_TRUE(closed.done.HasBeenNotified());
+  EXPECT_THAT(closed.status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(t.WhenBound(0, 1, kLater, limits, refused.callback()),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_FALSE(refused.done.HasBeenNotified());
+  EXPECT_EQ(t.parked(), 0u);
+}
+
+TEST(WorkerTrackerParking, AWorkerMayHaveOnlyAFewPushesWaitingForTheirTurn) {
+  WorkerTracker t(Options(2, 0));
+  constexpr int kPushes = WorkerTracker::kMaxTurnWaitsPerWorker + 1;
+  std::atomic<int> ok{0}, refused{0};
+  absl::Notification one_refused;
+  std::vector<std::thread> pushes;
+  for (int i = 0; i < kPushes; ++i) {
+    // Clock 5 from worker 1: its turn needs worker 0 at clock 5.
+    pushes.emplace_back([&] {
+      absl::Status s = t.WaitForTurn(1, 1, 5, absl::Now() + absl::Seconds(60));
+      if (s.ok()) ++ok;
+      if (absl::IsResourceExhausted(s)) {
+        ++refused;
+        one_refused.Notify();
+      }
+    });
+  }
+  // Only a push beyond the cap can be refused, and only while the others wait.
+  one_refused.WaitForNotification();
+  t.AdvanceClock(0, 0, 5);  // now it is worker 1's turn
+  for (auto& th : pushes) th.join();
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(ok.load(), WorkerTracker::kMaxTurnWaitsPerWorker);
 }
 
 }  // namespace

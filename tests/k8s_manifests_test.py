@@ -26,7 +26,7 @@ import traceback
 SRCDIR = os.path.join(os.environ["TEST_SRCDIR"], "ps") if "TEST_SRCDIR" in os.environ else \
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(SRCDIR, "tools"))
-from launch_common import field, parse_textproto  # noqa: E402
+from launch_common import effective_config, get  # noqa: E402
 
 MLP = "configs/fashion_mnist_2x2_async.textproto"
 CTR = "configs/ctr_synthetic_2x2.textproto"
@@ -38,7 +38,7 @@ TMP = tempfile.mkdtemp(prefix="k8s-test-", dir=os.environ.get("TEST_TMPDIR"))
 
 def render(config, out, *flags):
     p = subprocess.run([sys.executable, os.path.join(SRCDIR, "tools/render_k8s.py"), os.path.join(SRCDIR, config),
-                        "--out", out] + list(flags), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                        "--out", out, "--bin_dir", SRCDIR] + list(flags), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert p.returncode == 0, "render_k8s.py %s failed:\n%s" % (config, p.stdout)
     return out
 
@@ -197,9 +197,9 @@ def check_config_volume(pod_spec, container, argv, cm):
 
 
 def test_mlp_manifests_are_valid_and_match_the_config():
-    config = parse_textproto(open(os.path.join(SRCDIR, MLP)).read())
+    config = effective_config(SRCDIR, os.path.join(SRCDIR, MLP), [])
     objs = load(render(MLP, os.path.join(TMP, "mlp")))
-    check_cluster(objs, MLP, field(config, "cluster.num_servers"), field(config, "cluster.num_workers"), 7000)
+    check_cluster(objs, MLP, get(config, "cluster.num_servers"), get(config, "cluster.num_workers"), 7000)
     # The image tools/build_image.sh builds --with-data: the config reads Fashion-MNIST.
     assert images(objs) == {image_tag("--with-data")}, images(objs)
 

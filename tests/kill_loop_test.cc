@@ -107,9 +107,11 @@ TEST(KillLoop, RestoredStateIsAlwaysACompleteCheckpoint) {
             << "checkpoint " << it->first << " was reported with " << it->second << " updates";
       }
       ++restores_checked;
-    } else {
-      EXPECT_EQ(k, 0.0f);
+    } else if (info.restored_checkpoint_id() == 0) {
+      EXPECT_EQ(k, 0.0f) << "nothing restored, yet the state is not the initial one";
     }
+    // Else a checkpoint finished on the server but its reply was lost to the kill: the
+    // state is one checkpoint's (checked above), whose count no reply told us.
 
     // Push and checkpoint concurrently until the kill.
     std::atomic<bool> stop{false};

@@ -1,8 +1,10 @@
 """What the launchers share: child processes with prefixed output, and reading a JobConfig.
 
 tools/launch_local.py (one machine) and tools/launch_ssh.py (several hosts) start ps_server
-and ps_worker processes through Proc; tools/render_k8s.py reads the config with
-parse_textproto. Nothing here knows about hosts or Kubernetes.
+and ps_worker processes through Proc. Every tool reads a config as the binaries do:
+effective_config asks ps_server for it (--print_config: the file with the --set overrides
+applied, the model's tables expanded), and get() reads a field of it. Nothing here knows about
+hosts or Kubernetes.
 """
 
 import ctypes
@@ -95,6 +97,19 @@ def worker_certificates(cfg, num_workers):
     return out
 
 
+def exit_status(code):
+    """A failed child's Popen returncode as the launcher's exit status: its own code, 128 + N
+    when signal N ended it, 1 when it gives none (still running, or 0)."""
+    if not code:
+        return 1
+    return code if code > 0 else 128 - code
+
+
+def worker_args(args, index):
+    """The --worker_arg flags of worker `index`: {index} replaced by it (per-worker log files)."""
+    return [a.replace("{index}", str(index)) for a in args]
+
+
 def cluster_size(cfg):
     """(servers, workers) of an effective_config: cluster.num_servers (else the number of
     cluster.servers), cluster.num_workers."""
@@ -177,129 +192,13 @@ class Proc:
         self.reader.join(timeout=5)
 
 
-# ---- Text-format protobuf, without the schema ------------------------------------------------
-#
-# The launchers and the renderer need a few fields of a JobConfig (counts, name, ports, table
-# shapes) and must run where no protobuf module for Python is installed. parse_textproto reads
-# the text format into {field: [value, ...]}: every field maps to the list of its values in file
-# order (a singular field has one), a message is a nested dict of the same kind, and scalars stay
-# as written: str for strings and enum names, int or float for numbers, bool for true/false.
-
-_TOKEN = re.compile(r"""
-    \s+ | \#[^\n]* |                               # whitespace, comments
-    (?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*') |
-    (?P<word>[A-Za-z0-9_.+\-]+) |
-    (?P<punct>[{}\[\]<>:,;])
-""", re.VERBOSE)
-
-
-def _tokens(text):
-    pos = 0
-    out = []
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise ValueError("textproto: unexpected %r at offset %d" % (text[pos], pos))
-        pos = m.end()
-        if m.group("str") is not None:
-            out.append(("str", _unquote(m.group("str"))))
-        elif m.group("word") is not None:
-            out.append(("word", m.group("word")))
-        elif m.group("punct") is not None:
-            out.append(("punct", m.group("punct")))
-    return out
-
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
-
-
-def _unquote(s):
-    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), s[1:-1])
-
-
-def _scalar(kind, value):
-    if kind == "str":
-        return value
-    if value in ("true", "True"):
-        return True
-    if value in ("false", "False"):
-        return False
-    for conv in (int, float):
-        try:
-            return conv(value)
-        except ValueError:
-            pass
-    return value
-
-
-class _Parser:
-    def __init__(self, tokens):
-        self.t = tokens
-        self.i = 0
-
-    def peek(self):
-        return self.t[self.i] if self.i < len(self.t) else (None, None)
-
-    def take(self, punct=None):
-        tok = self.peek()
-        if tok[0] is None or (punct is not None and tok != ("punct", punct)):
-            raise ValueError("textproto: expected %s, found %r" % (punct or "a token", tok[1]))
-        self.i += 1
-        return tok
-
-    def message(self, close):
-        fields = {}
-        while True:
-            kind, value = self.peek()
-            if kind is None and close is None:
-                return fields
-            if kind == "punct" and value == close:
-                self.i += 1
-                return fields
-            kind, name = self.take()
-            if kind != "word":
-                raise ValueError("textproto: expected a field name, found %r" % name)
-            values = fields.setdefault(name, [])
-            if self.peek() == ("punct", ":"):
-                self.i += 1
-            values.extend(self.value())
-            if self.peek() in (("punct", ","), ("punct", ";")):
-                self.i += 1
-
-    def value(self):
-        kind, value = self.peek()
-        if (kind, value) in (("punct", "{"), ("punct", "<")):
-            self.i += 1
-            return [self.message("}" if value == "{" else ">")]
-        if (kind, value) == ("punct", "["):
-            self.i += 1
-            items = []
-            while self.peek() != ("punct", "]"):
-                items.extend(self.value())
-                if self.peek() == ("punct", ","):
-                    self.i += 1
-            self.i += 1
-            return items
-        kind, value = self.take()
-        if kind == "punct":
-            raise ValueError("textproto: unexpected %r" % value)
-        # Adjacent string literals concatenate, as in C.
-        while kind == "str" and self.peek()[0] == "str":
-            value += self.take()[1]
-        return [_scalar(kind, value)]
-
-
-def parse_textproto(text):
-    """Text-format protobuf -> {field: [values]} (see above). Raises ValueError when malformed."""
-    return _Parser(_tokens(text)).message(None)
-
-
-def field(message, path, default=None):
-    """The last value of a dotted path in a parsed message ("cluster.num_servers"), or default."""
-    node = message
+def get(cfg, path, default=None):
+    """The value at a dotted path ("cluster.num_servers") of an effective_config dict, or
+    default where a field on the way is unset (the JSON form leaves out fields at their
+    default). 64-bit integers come as strings: convert with int()."""
+    node = cfg
     for name in path.split("."):
-        values = node.get(name) if isinstance(node, dict) else None
-        if not values:
+        if not isinstance(node, dict) or name not in node:
             return default
-        node = values[-1]
+        node = node[name]
     return node

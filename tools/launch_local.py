@@ -7,7 +7,7 @@
 Servers listen on free ports of 127.0.0.1 and keep their checkpoints under --data_root.
 Every line a process prints is prefixed with its name. When every worker has finished, the
 servers are stopped with SIGTERM (they write a final checkpoint). If a process fails, the
-launcher names it, stops the rest and exits non-zero. Ctrl-C (or SIGTERM) stops everything;
+launcher names it, stops the rest and exits with that process's code (128 + N for signal N). Ctrl-C (or SIGTERM) stops everything;
 no process is left behind, also when the launcher itself is killed (children get SIGTERM
 through PR_SET_PDEATHSIG).
 """
@@ -21,10 +21,11 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, StopRequest, Stopped, cluster_size, effective_config, worker_certificates
+from launch_common import (Proc, StopRequest, Stopped, cluster_size, effective_config, exit_status, worker_args,
+                           worker_certificates)
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", help="the job's JobConfig textproto")
     ap.add_argument("--servers", type=int, help="number of servers (default: cluster.num_servers)")
@@ -34,7 +35,9 @@ def main():
     ap.add_argument("--log_dir", default=None, help="per-process logs (default: <data_root>/logs)")
     ap.add_argument("--set", action="append", default=[], help="config override path=value, for every process")
     ap.add_argument("--server_arg", action="append", default=[], help="extra ps_server flag")
-    ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag")
+    ap.add_argument("--worker_arg", action="append", default=[],
+                    help="extra ps_worker flag; {index} becomes the worker's index "
+                         "(e.g. --worker_arg=--log_path=/tmp/w{index}.jsonl)")
     ap.add_argument("--restart_servers", type=int, default=0,
                     help="restart a crashed server up to this many times (with back-off)")
     ap.add_argument("--restart_workers", type=int, default=0,
@@ -46,208 +49,240 @@ def main():
                     help="give every process a Prometheus /metrics endpoint on a free port of "
                          "127.0.0.1, print where each is, and keep <data_root>/metrics_targets.json "
                          "(Prometheus file_sd format) up to date")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for name in ("servers", "workers"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error("--%s must be at least 1" % name)
+    for name in ("restart_servers", "restart_workers"):
+        if getattr(args, name) < 0:
+            ap.error("--%s must not be negative" % name)
+    for name in ("start_timeout", "stop_timeout"):
+        if not getattr(args, name) > 0:
+            ap.error("--%s must be positive" % name)
+    return args
 
+
+class LocalJob:
+    """The processes of one job on this machine and the loop that watches them.
+
+    Signals only set the StopRequest flag; the loops call stop.check(), which raises Stopped."""
+
+    def __init__(self, args, bin_dir, cfg):
+        self.args = args
+        self.server_bin = os.path.join(bin_dir, "server", "ps_server")
+        self.worker_bin = os.path.join(bin_dir, "worker", "ps_worker")
+        cfg_servers, cfg_workers = cluster_size(cfg)
+        self.num_servers = args.servers or cfg_servers
+        self.num_workers = args.workers or cfg_workers
+        self.data_root = args.data_root or tempfile.mkdtemp(prefix="ps-job-")
+        self.log_dir = args.log_dir or os.path.join(self.data_root, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.overrides = list(args.set) + ["cluster.num_servers=%d" % self.num_servers,
+                                           "cluster.num_workers=%d" % self.num_workers]
+        if args.metrics:
+            self.overrides.append("metrics.host=127.0.0.1")
+        self.worker_identities = worker_certificates(cfg, self.num_workers)
+        self.out_lock = threading.Lock()
+        self.procs, self.servers, self.workers, self.ports = [], [], [], []
+        # Metrics endpoints: name -> (port file, role, index); ports seen so far.
+        self.metrics_files, self.metrics_ports = {}, {}
+        self.stop = None  # the StopRequest, set by main before run()
+
+    def say(self, msg):
+        with self.out_lock:
+            sys.stdout.write("[launch] %s\n" % msg)
+            sys.stdout.flush()
+
+    def stop_all(self, sig=signal.SIGTERM, timeout=None):
+        """sig to every process, SIGKILL to those still running after timeout; all reaped."""
+        for p in self.procs:
+            p.signal(sig)
+        deadline = time.time() + (timeout if timeout is not None else self.args.stop_timeout)
+        for p in self.procs:
+            if p.wait(max(0.1, deadline - time.time())) is None:
+                self.say("%s did not stop in time: SIGKILL" % p.name)
+                p.signal(signal.SIGKILL)
+                p.wait(10)
+        for p in self.procs:
+            p.finish_output()
+
+    def metrics_flags(self, role, index):
+        if not self.args.metrics:
+            return []
+        path = os.path.join(self.data_root, "%s-%d.metrics_port" % (role, index))
+        if os.path.exists(path):
+            os.remove(path)
+        self.metrics_files["%s %d" % (role, index)] = (path, role, index)
+        return ["--metrics_port=0", "--metrics_port_file=" + path]
+
+    def report_metrics(self):
+        """Prints endpoints that appeared or moved (restarts) and rewrites the file_sd targets."""
+        changed = False
+        for name, (path, role, index) in sorted(self.metrics_files.items()):
+            try:
+                port = int(open(path).read().strip())
+            except (OSError, ValueError):
+                continue
+            if self.metrics_ports.get(name) != port:
+                self.metrics_ports[name] = port
+                changed = True
+                self.say("metrics of %s: http://127.0.0.1:%d/metrics" % (name, port))
+        if changed:
+            targets = [{"targets": ["127.0.0.1:%d" % self.metrics_ports[name]],
+                        "labels": {"role": role, "index": str(index)}}
+                       for name, (_, role, index) in sorted(self.metrics_files.items())
+                       if name in self.metrics_ports]
+            tmp = os.path.join(self.data_root, "metrics_targets.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(targets, f, indent=1)
+            os.replace(tmp, os.path.join(self.data_root, "metrics_targets.json"))
+
+    def port_file(self, i):
+        return os.path.join(self.data_root, "server-%d.port" % i)
+
+    def server_argv(self, i, port):
+        return [self.server_bin, "--config=" + self.args.config, "--server_index=%d" % i, "--cluster_from=flags",
+                "--host=127.0.0.1", "--port=%d" % port, "--port_file=" + self.port_file(i),
+                "--data_dir=" + os.path.join(self.data_root, "server-%d" % i),
+                "--set=" + ",".join(self.overrides)] + self.metrics_flags("server", i) + self.args.server_arg
+
+    def start_servers(self):
+        """Starts the servers and waits for their port files; False (after stopping everything)
+        if one exits or does not start in time."""
+        for i in range(self.num_servers):
+            if os.path.exists(self.port_file(i)):
+                os.remove(self.port_file(i))
+            p = Proc("server %d" % i, self.server_argv(i, 0), self.out_lock, self.log_dir)
+            self.procs.append(p)
+            self.servers.append(p)
+        deadline = time.time() + self.args.start_timeout
+        for i, p in enumerate(self.servers):
+            while not os.path.exists(self.port_file(i)):
+                problem = None
+                if p.poll() is not None:
+                    problem = "server %d exited with code %s while starting" % (i, p.poll())
+                elif time.time() > deadline:
+                    problem = "server %d did not start within %.0f s" % (i, self.args.start_timeout)
+                if problem:
+                    self.say(problem)
+                    self.stop_all()
+                    return False
+                self.stop.check()
+                time.sleep(0.05)
+            self.ports.append(int(open(self.port_file(i)).read().strip()))
+        return True
+
+    def start_workers(self, addresses):
+        for j in range(self.num_workers):
+            argv = [self.worker_bin, "--config=" + self.args.config, "--worker_index=%d" % j,
+                    "--cluster_from=flags", "--servers=" + addresses,
+                    "--set=" + ",".join(self.overrides + self.worker_identities[j])] + \
+                self.metrics_flags("worker", j) + worker_args(self.args.worker_arg, j)
+            p = Proc("worker %d" % j, argv, self.out_lock, self.log_dir)
+            self.procs.append(p)
+            self.workers.append(p)
+
+    def watch(self):
+        """Until every worker has finished (returns None) or a process failed beyond its
+        restarts (returns (message, exit status))."""
+        restarts = [0] * self.num_servers
+        worker_restarts = [0] * self.num_workers
+        while True:
+            self.stop.check()
+            self.report_metrics()
+            if all(w.poll() == 0 for w in self.workers):
+                return None
+            for j, w in enumerate(self.workers):
+                code = w.poll()
+                if code is None or code == 0:
+                    continue
+                if worker_restarts[j] >= self.args.restart_workers:
+                    return "worker %d failed with exit code %d" % (j, code), exit_status(code)
+                worker_restarts[j] += 1
+                self.say("worker %d exited with code %d; restarting it (restart %d of %d)" %
+                         (j, code, worker_restarts[j], self.args.restart_workers))
+                w.start()
+            for i, s in enumerate(self.servers):
+                code = s.poll()
+                if code is None or code == 0:
+                    continue  # 0: it saw every worker finish and shut down by itself
+                if restarts[i] >= self.args.restart_servers:
+                    return ("server %d exited with code %s before the workers finished" % (i, code),
+                            exit_status(code))
+                restarts[i] += 1
+                backoff = min(10.0, 0.5 * 2 ** (restarts[i] - 1))
+                self.say("server %d exited with code %s; restarting in %.1f s (restart %d of %d)" %
+                         (i, code, backoff, restarts[i], self.args.restart_servers))
+                time.sleep(backoff)
+                # Same port: the workers keep their addresses.
+                s.argv = self.server_argv(i, self.ports[i])
+                s.start()
+            time.sleep(0.1)
+
+    def stop_servers(self):
+        """After the workers finished: SIGTERM to the servers (a final checkpoint); 0 if each
+        exits 0 in time."""
+        self.say("all %d workers finished; stopping the servers" % self.num_workers)
+        for s in self.servers:
+            s.signal(signal.SIGTERM)
+        bad = []
+        for i, s in enumerate(self.servers):
+            code = s.wait(self.args.stop_timeout)
+            if code is None:
+                s.signal(signal.SIGKILL)
+                s.wait(10)
+                bad.append("server %d did not stop within %.0f s" % (i, self.args.stop_timeout))
+            elif code != 0:
+                bad.append("server %d exited with code %d" % (i, code))
+            s.finish_output()
+        for w in self.workers:
+            w.finish_output()
+        if bad:
+            self.say("; ".join(bad))
+            return 1
+        self.say("job finished")
+        return 0
+
+    def run(self):
+        """Starts the servers, then the workers, and watches them until the job ends; returns
+        the exit status. Raises Stopped (from stop.check()) once SIGINT or SIGTERM arrived."""
+        self.say("job %s: %d servers, %d workers; data and logs in %s" %
+                 (self.args.config, self.num_servers, self.num_workers, self.data_root))
+        if not self.start_servers():
+            return 1
+        addresses = ",".join("127.0.0.1:%d" % port for port in self.ports)
+        self.say("servers ready at %s" % addresses)
+        self.start_workers(addresses)
+        failed = self.watch()
+        if failed:
+            self.say(failed[0] + "; stopping the job")
+            self.stop_all()
+            return failed[1]
+        return self.stop_servers()
+
+
+def main():
+    args = parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bin_dir = args.bin_dir or os.path.join(root, "bazel-bin")
-    server_bin = os.path.join(bin_dir, "server", "ps_server")
-    worker_bin = os.path.join(bin_dir, "worker", "ps_worker")
-    for b in (server_bin, worker_bin):
+    for b in (os.path.join(bin_dir, "server", "ps_server"), os.path.join(bin_dir, "worker", "ps_worker")):
         if not os.access(b, os.X_OK):
             sys.exit("launch_local: %s not found; build first: bazel build //server:ps_server //worker:ps_worker" % b)
     if not os.path.exists(args.config):
         sys.exit("launch_local: no config file %s" % args.config)
-
     # The job's counts as the binaries read them: the file with --set applied.
     try:
         cfg = effective_config(bin_dir, args.config, args.set)
     except RuntimeError as e:
         sys.exit("launch_local: %s: %s" % (args.config, e))
-    cfg_servers, cfg_workers = cluster_size(cfg)
-    num_servers = args.servers or cfg_servers
-    num_workers = args.workers or cfg_workers
-    data_root = args.data_root or tempfile.mkdtemp(prefix="ps-job-")
-    log_dir = args.log_dir or os.path.join(data_root, "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    overrides = list(args.set) + ["cluster.num_servers=%d" % num_servers,
-                                  "cluster.num_workers=%d" % num_workers]
-    if args.metrics:
-        overrides.append("metrics.host=127.0.0.1")
-    set_flags = ["--set=" + ",".join(overrides)]
-    worker_identities = worker_certificates(cfg, num_workers)
-    out_lock = threading.Lock()
-    procs = []
-
-    def say(msg):
-        with out_lock:
-            sys.stdout.write("[launch] %s\n" % msg)
-            sys.stdout.flush()
-
-    def stop_all(sig=signal.SIGTERM, timeout=None):
-        for p in procs:
-            p.signal(sig)
-        deadline = time.time() + (timeout if timeout is not None else args.stop_timeout)
-        for p in procs:
-            if p.wait(max(0.1, deadline - time.time())) is None:
-                say("%s did not stop in time: SIGKILL" % p.name)
-                p.signal(signal.SIGKILL)
-                p.wait(10)
-        for p in procs:
-            p.finish_output()
-
-    def run_job():
-        """Starts the servers, then the workers, and watches them until the job ends.
-
-        Raises Stopped (from stop.check()) once SIGINT or SIGTERM arrived."""
-
-        say("job %s: %d servers, %d workers; data and logs in %s" % (args.config, num_servers, num_workers, data_root))
-        servers = []
-        ports = []
-
-        # Metrics endpoints: name -> (port file, role, index); ports seen so far.
-        metrics_files = {}
-        metrics_ports = {}
-
-        def metrics_flags(role, index):
-            if not args.metrics:
-                return []
-            path = os.path.join(data_root, "%s-%d.metrics_port" % (role, index))
-            if os.path.exists(path):
-                os.remove(path)
-            metrics_files["%s %d" % (role, index)] = (path, role, index)
-            return ["--metrics_port=0", "--metrics_port_file=" + path]
-
-        def report_metrics():
-            """Prints endpoints that appeared or moved (restarts) and rewrites the file_sd targets."""
-            changed = False
-            for name, (path, role, index) in sorted(metrics_files.items()):
-                try:
-                    port = int(open(path).read().strip())
-                except (OSError, ValueError):
-                    continue
-                if metrics_ports.get(name) != port:
-                    metrics_ports[name] = port
-                    changed = True
-                    say("metrics of %s: http://127.0.0.1:%d/metrics" % (name, port))
-            if changed:
-                targets = [{"targets": ["127.0.0.1:%d" % metrics_ports[name]],
-                            "labels": {"role": role, "index": str(index)}}
-                           for name, (_, role, index) in sorted(metrics_files.items())
-                           if name in metrics_ports]
-                tmp = os.path.join(data_root, "metrics_targets.json.tmp")
-                with open(tmp, "w") as f:
-                    json.dump(targets, f, indent=1)
-                os.replace(tmp, os.path.join(data_root, "metrics_targets.json"))
-
-        def server_argv(i, port):
-            return [server_bin, "--config=" + args.config, "--server_index=%d" % i, "--cluster_from=flags",
-                    "--host=127.0.0.1",
-                    "--port=%d" % port, "--port_file=" + os.path.join(data_root, "server-%d.port" % i),
-                    "--data_dir=" + os.path.join(data_root, "server-%d" % i)] + set_flags + \
-                metrics_flags("server", i) + args.server_arg
-
-        for i in range(num_servers):
-            port_file = os.path.join(data_root, "server-%d.port" % i)
-            if os.path.exists(port_file):
-                os.remove(port_file)
-            p = Proc("server %d" % i, server_argv(i, 0), out_lock, log_dir)
-            procs.append(p)
-            servers.append(p)
-        deadline = time.time() + args.start_timeout
-        for i, p in enumerate(servers):
-            port_file = os.path.join(data_root, "server-%d.port" % i)
-            while not os.path.exists(port_file):
-                if p.poll() is not None:
-                    say("server %d exited with code %s while starting" % (i, p.poll()))
-                    stop_all()
-                    return 1
-                if time.time() > deadline:
-                    say("server %d did not start within %.0f s" % (i, args.start_timeout))
-                    stop_all()
-                    return 1
-                stop.check()
-                time.sleep(0.05)
-            ports.append(int(open(port_file).read().strip()))
-        addresses = ",".join("127.0.0.1:%d" % port for port in ports)
-        say("servers ready at %s" % addresses)
-
-        workers = []
-        for j in range(num_workers):
-            argv = [worker_bin, "--config=" + args.config, "--worker_index=%d" % j,
-                    "--cluster_from=flags", "--servers=" + addresses] + \
-                ["--set=" + ",".join(overrides + worker_identities[j])] + metrics_flags("worker", j) + args.worker_arg
-            p = Proc("worker %d" % j, argv, out_lock, log_dir)
-            procs.append(p)
-            workers.append(p)
-
-        restarts = [0] * num_servers
-        worker_restarts = [0] * num_workers
-        failed = None
-        while failed is None:
-            stop.check()
-            report_metrics()
-            if all(w.poll() == 0 for w in workers):
-                break
-            for j, w in enumerate(workers):
-                code = w.poll()
-                if code is None or code == 0:
-                    continue
-                if worker_restarts[j] < args.restart_workers:
-                    worker_restarts[j] += 1
-                    say("worker %d exited with code %d; restarting it (restart %d of %d)" %
-                        (j, code, worker_restarts[j], args.restart_workers))
-                    w.start()
-                else:
-                    failed = "worker %d failed with exit code %d" % (j, code)
-            for i, s in enumerate(servers):
-                code = s.poll()
-                if code is None or code == 0:
-                    continue  # 0: it saw every worker finish and shut down by itself
-                if restarts[i] < args.restart_servers:
-                    restarts[i] += 1
-                    backoff = min(10.0, 0.5 * 2 ** (restarts[i] - 1))
-                    say("server %d exited with code %s; restarting in %.1f s (restart %d of %d)" %
-                        (i, code, backoff, restarts[i], args.restart_servers))
-                    time.sleep(backoff)
-                    # Same port: the workers keep their addresses.
-                    s.argv = server_argv(i, ports[i])
-                    s.start()
-                else:
-                    failed = "server %d exited with code %s before the workers finished" % (i, code)
-            time.sleep(0.1)
-
-        if failed:
-            say(failed + "; stopping the job")
-            stop_all()
-            return 1
-        say("all %d workers finished; stopping the servers" % num_workers)
-        for s in servers:
-            s.signal(signal.SIGTERM)
-        bad = []
-        for i, s in enumerate(servers):
-            code = s.wait(args.stop_timeout)
-            if code is None:
-                s.signal(signal.SIGKILL)
-                s.wait(10)
-                bad.append("server %d did not stop within %.0f s" % (i, args.stop_timeout))
-            elif code != 0:
-                bad.append("server %d exited with code %d" % (i, code))
-            s.finish_output()
-        for w in workers:
-            w.finish_output()
-        if bad:
-            say("; ".join(bad))
-            return 1
-        say("job finished")
-        return 0
-
-    # The handlers only set a flag (see StopRequest); run_job's loops act on it.
-    stop = StopRequest()
+    job = LocalJob(args, bin_dir, cfg)
+    # The handlers only set a flag (see StopRequest); the job's loops act on it.
+    job.stop = StopRequest()
     try:
-        return run_job()
+        return job.run()
     except Stopped as e:
-        say("signal %d: stopping every process" % e.signum)
-        stop_all(signal.SIGTERM, 20)
+        job.say("signal %d: stopping every process" % e.signum)
+        job.stop_all(signal.SIGTERM, 20)
         return 130
 
 

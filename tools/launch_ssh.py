@@ -32,7 +32,7 @@ The launcher waits until every server prints that it listens, then starts the wo
 servers' addresses. Every output line is prefixed with the process's name and host, and kept in
 --log_dir. When all workers have finished, the servers get SIGTERM (a final checkpoint, then
 exit 0). At the end it prints every process's exit code; if any process failed, it stops the
-others and exits 1. Ctrl-C or SIGTERM stops every process on every host.
+others and exits with the failed process's code (128 + N for signal N). Ctrl-C or SIGTERM stops every process on every host.
 """
 
 import argparse
@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, StopRequest, Stopped, die_with_parent
+from launch_common import Proc, StopRequest, Stopped, die_with_parent, exit_status, worker_args
 
 ROLES = ("server", "worker")
 OPTIONS = ("addr", "port", "data_dir", "dir", "bin_dir")
@@ -241,19 +241,21 @@ class Launcher:
         worker_procs = []
         for e in self.workers:
             flags = ["--worker_index=%d" % e["index"], "--cluster_from=flags",
-                     "--servers=" + addresses] + set_flag + args.worker_arg
+                     "--servers=" + addresses] + set_flag + worker_args(args.worker_arg, e["index"])
             worker_procs.append((e, self.start(e, flags)))
 
-        failed = None
+        failed, failed_code = None, None
         while failed is None and not all(p.poll() == 0 for _, p in worker_procs):
             for e, p in worker_procs:
                 if p.poll() not in (None, 0):
                     failed = "worker %d on %s failed with exit code %d" % (e["index"], e["host"], p.poll())
+                    failed_code = exit_status(p.poll())
             for e, p in server_procs:
                 # 0: it saw every worker finish and shut down by itself.
                 if p.poll() not in (None, 0):
                     failed = "server %d on %s exited with code %d before the workers finished" % (
                         e["index"], e["host"], p.poll())
+                    failed_code = exit_status(p.poll())
             self.check_stop()
             time.sleep(0.2)
         if failed:
@@ -264,17 +266,19 @@ class Launcher:
             self.stop(server_procs, args.stop_timeout)
             for _, p in worker_procs:
                 p.finish_output()
-        return self.report()
+        return self.report(failed_code)
 
-    def report(self):
+    def report(self, failed_code=None):
+        """Prints every process's exit code; returns failed_code (the first failure's), else 1
+        if any process ended badly, else 0."""
         bad = 0
         self.say("exit codes:")
         for e, p in self.procs:
             code = p.poll()
             bad += code != 0
             self.say("  %-10s %-20s %s" % (self.name(e), e["host"], "running" if code is None else code))
-        self.say("job failed" if bad else "job finished")
-        return 1 if bad else 0
+        self.say("job failed" if bad or failed_code else "job finished")
+        return failed_code or (1 if bad else 0)
 
     def abort(self, signum):
         """After SIGINT/SIGTERM, from the main loop (never from the handler)."""
@@ -304,7 +308,7 @@ def main():
     ap.add_argument("--log_dir", default=None, help="per-process logs here (default: a temp dir)")
     ap.add_argument("--set", action="append", default=[], help="config override path=value, for every process")
     ap.add_argument("--server_arg", action="append", default=[], help="extra ps_server flag")
-    ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag")
+    ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag; {index} becomes the worker's index")
     ap.add_argument("--start_timeout", type=float, default=120, help="seconds to wait for servers")
     ap.add_argument("--stop_timeout", type=float, default=60, help="seconds servers get to exit")
     args = ap.parse_args()

@@ -11,7 +11,7 @@ Each host is a namespace PREFIX-PID-HOST with the address SUBNET.OCTET/24 on its
 peer (the host's "cable") is enslaved to a bridge with no address, so nothing reaches the
 machine's own network. Shaping puts a tbf qdisc on both ends of every cable: the bridge end
 limits what enters the host, eth0 what leaves it. Every name carries the owner's pid, so
-concurrent users (tests/netns_e2e_test.py, tools/crossover_study.py) never collide, and
+concurrent users (tests/netns_e2e_test.py, studies/crossover_study.py) never collide, and
 remove_stale() clears what a killed run left behind. Needs root, `ip` and `tc` (iproute2).
 The kernel needs no netem: links get a rate, not a delay.
 """

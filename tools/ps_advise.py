@@ -40,7 +40,6 @@ prediction, preferring centralized unless a cluster is at least --min_gain faste
 
 import argparse
 import json
-import math
 import os
 import shlex
 import shutil
@@ -50,14 +49,13 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-import crossover_study  # noqa: E402  (the study's runs, for --validate)
-from job_runs import launch_argv, parse_run  # noqa: E402
+from job_runs import launch_argv, parse_run, read_logs  # noqa: E402
 from link_probe import exchange_key, probe_link  # noqa: E402, F401
-from launch_common import parse_textproto  # noqa: E402
-from step_cost import _get, apply_sets, model_bytes, period_bytes, read_text, step_bytes  # noqa: E402, F401
+from launch_common import get  # noqa: E402
+from step_cost import load, model_bytes, period_bytes, step_bytes  # noqa: E402, F401
 
 # CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
-# crossover study of 2026-11-30 (`--validate docs/runs/crossover.jsonl --fit`: 1.25 with any link left out).
+# crossover study of 2026-11-30 (`studies/advise_validation.py docs/runs/crossover.jsonl --fit`: 1.25 with any link left out).
 GRPC_CPU_FACTOR = 1.25
 STRAGGLER = 0.05        # BSP: extra step time per additional worker
 
@@ -95,7 +93,7 @@ def measure_step(bin_dir, config, sets, steps):
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if p.returncode != 0:
             raise SystemExit("ps_advise: the loopback job failed:\n" + p.stdout[-2000:])
-        r = parse_run(p.stdout)
+        r = parse_run(p.stdout, read_logs(os.path.join(work, "logs")))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not r["steps"]:
@@ -180,8 +178,8 @@ def recommend(preds, min_gain):
 def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_workers=4, servers=(1, 2),
            steps=None, measured=None):
     """Runs the measurements (or takes `measured`) and returns a report dict."""
-    cfg = apply_sets(parse_textproto(read_text(config)), sets)
-    batch = int(_get(cfg, "training.batch_size", 64))
+    cfg = load(bin_dir, config, sets)
+    batch = int(get(cfg, "training.batch_size", 64))
     kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
     if measured is None:
         m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 50)
@@ -206,99 +204,9 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
                 recommendation=choice, reason=why)
 
 
-def validate(path, cores, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
-    """Predictions for every run of a tools/crossover_study.py JSON-lines file, next to its measurement.
-
-    The inputs are the study's own measurements of the same window, as the advisor would make
-    them: compute per step from the centralized run on the same link, a step's pull + push on
-    loopback from the asynchronous 1x1 run on loopback (that run is the input, not predicted),
-    the link from the study's probe. Returns (rows, {model: the loopback step's costs}).
-    """
-    MODELS, load = crossover_study.MODELS, crossover_study.load
-    rows = [r for r in load(path) if r.get("kind") != "target"]
-    probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
-    grpc, out = {}, []
-    for r in rows:
-        if r["mode"] != "async" or r["link"] != "loopback" or (r["servers"], r["workers"]) != (1, 1):
-            continue
-        config, sets = MODELS[r["model"]]
-        push_b, pull_b = step_bytes(os.path.join(ROOT, config), sets)
-        lo = probes.get("loopback", {}).get("exchange_s", {}).get(exchange_key(push_b, pull_b))
-        if lo is None:
-            raise SystemExit("ps_advise: %s has no loopback probe of a %s step" % (path, r["model"]))
-        grpc[r["model"]] = dict(grpc_step=(r["pull_s"] + r["push_s"]) / max(1, r["steps"]), loopback_exchange_s=lo)
-    for r in rows:
-        if r["mode"] in ("probe", "centralized") or r["model"] not in grpc:
-            continue
-        if r["link"] == "loopback" and r["mode"] == "async" and (r["servers"], r["workers"]) == (1, 1):
-            continue  # the input
-        config, sets = MODELS[r["model"]]
-        central = [c for c in rows if c["mode"] == "centralized" and c["model"] == r["model"] and c["link"] == r["link"]]
-        if not central or r["link"] not in probes:
-            continue
-        c = central[-1]
-        n = max(1, c["steps"])
-        m = dict(compute=c["compute_s"] / n, apply=c["push_s"] / n, pull=c["pull_s"] / n)
-        cfg = apply_sets(parse_textproto(read_text(os.path.join(ROOT, config))), sets)
-        batch = int(_get(cfg, "training.batch_size", 64))
-        kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
-        m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
-        mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
-        preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,
-                        cpu_factor=cpu_factor, straggler=straggler)
-        p = [x for x in preds if x["mode"] == mode][0]
-        base = batch / (m["compute"] + m["apply"] + m["pull"])
-        steps = max(1, r["steps"])
-        out.append(dict(model=r["model"], link=r["link"], mode=r["mode"], servers=r["servers"], workers=r["workers"],
-                        measured=r["samples_per_s"], predicted=p["samples_per_s"], bound=p["bound"],
-                        error=p["samples_per_s"] / r["samples_per_s"] - 1,
-                        measured_vs_central=r["samples_per_s"] / c["samples_per_s"], predicted_vs_central=
-                        p["samples_per_s"] / base, bytes_predicted=pull_b + push_b,
-                        bytes_measured=(r["bytes_sent"] + r["bytes_received"]) / steps))
-    if not out:
-        raise SystemExit("ps_advise: %s: nothing to validate (needs per model an asynchronous 1x1 run on loopback, "
-                         "a loopback probe, and per link a probe and a centralized run)" % path)
-    return out, grpc
-
-
-FIT_GRID = [0.5 + 0.25 * i for i in range(15)]  # cpu_factor candidates, 0.5 .. 4.0
-
-
-def fit_cpu_factor(path, cores):
-    """Leave one link out: for each link, the cpu_factor that minimizes the other links' mean
-    |log(predicted / measured)|, then that link's rows predicted with it. Returns (rows predicted
-    out of sample, {link: factor}, the factor fitted on every link)."""
-    by_factor = {f: validate(path, cores, cpu_factor=f)[0] for f in FIT_GRID}
-
-    def loss(rows):
-        return sum(abs(math.log(r["predicted"] / r["measured"])) for r in rows) / max(1, len(rows))
-
-    unique = crossover_study.unique
-    chosen, out = {}, []
-    for link in unique(r["link"] for r in by_factor[FIT_GRID[0]]):
-        f = min(FIT_GRID, key=lambda f: loss([r for r in by_factor[f] if r["link"] != link]))
-        chosen[link] = f
-        out += [r for r in by_factor[f] if r["link"] == link]
-    overall = min(FIT_GRID, key=lambda f: loss(by_factor[f]))
-    return out, chosen, overall
-
-
-def print_validation(rows):
-    print("\n| model | link | mode | servers x workers | measured samples/s | predicted | error | "
-          "measured / predicted vs centralized | MB per step (model / measured) | predicted bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print("| %s | %s | %s | %dx%d | %.0f | %.0f | %+.0f%% | %.2fx / %.2fx | %.3f / %.3f | %s |" % (
-            r["model"], r["link"], r["mode"], r["servers"], r["workers"], r["measured"], r["predicted"],
-            100 * r["error"], r["measured_vs_central"], r["predicted_vs_central"], r["bytes_predicted"] / 1e6,
-            r["bytes_measured"] / 1e6, r["bound"]))
-    within = sum(abs(r["error"]) <= 0.25 for r in rows)
-    print("\nwithin 25%%: %d of %d" % (within, len(rows)))
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config", nargs="?", help="the job config (not with --validate)")
+    ap.add_argument("config", help="the job config")
     ap.add_argument("--set", action="append", default=[], help="config override path=value (repeatable)")
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
     ap.add_argument("--link", default="loopback", help="loopback (probed) or a rate like 1gbit (taken as given)")
@@ -310,34 +218,10 @@ def main():
     ap.add_argument("--servers", default="1,2")
     ap.add_argument("--steps", type=int, default=30, help="steps of the centralized measurement")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    ap.add_argument("--validate", default=None,
-                    help="instead: predict every run of this tools/crossover_study.py output and compare")
-    ap.add_argument("--fit", action="store_true",
-                    help="with --validate: also fit the gRPC CPU factor, leaving each link out in turn")
     args = ap.parse_args()
-    if bool(args.config) == bool(args.validate):
-        ap.error("give a config to advise on, or --validate FILE")
     if args.link != "loopback":
         from netns import rate_bits
         rate_bits(args.link)  # a bad rate is refused before anything is measured
-    if args.validate:
-        cores = args.cores or os.cpu_count()
-        rows, grpc = validate(args.validate, cores)
-        for model, g in grpc.items():
-            print("a %s step's pull + push on loopback (the study's async 1x1 run): %.2f ms; the same bytes "
-                  "over raw TCP: %.2f ms" % (model, g["grpc_step"] * 1e3, g["loopback_exchange_s"] * 1e3))
-        print("\nWith the built-in constants (cpu_factor %.2f, BSP straggler %.2f per extra worker):" % (
-            GRPC_CPU_FACTOR, STRAGGLER))
-        print_validation(rows)
-        if args.fit:
-            fitted, chosen, overall = fit_cpu_factor(args.validate, cores)
-            print("\nWith cpu_factor fitted on the other links (leave one link out: %s; on all links: %.2f):" % (
-                ", ".join("%s %.2f" % kv for kv in chosen.items()), overall))
-            print_validation(fitted)
-        if args.json:
-            for r in rows:
-                print(json.dumps(r))
-        return
     probe = None
     if args.probe_addr:
         probe = (shlex.split(args.probe_exec_server or ""), shlex.split(args.probe_exec_client or ""),

@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -27,6 +28,7 @@
 #include "common/config/overrides.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
+#include "common/startup/flag_check.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/ps.grpc.pb.h"
@@ -168,8 +170,35 @@ absl::Status Shutdown(std::vector<Server>& servers) {
   return absl::OkStatus();
 }
 
-absl::Status Run(const std::string& command) {
+// Flag ranges, checked before anything is read or dialled: a wrong value is refused with its
+// range, never wrapped (a port beyond 65535) or waited on (a negative deadline).
+absl::Status CheckFlags(const std::string& command) {
+  if (command != "status" && command != "checkpoint" && command != "shutdown") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown command '", command, "': expected status, checkpoint or shutdown"));
+  }
   if (absl::GetFlag(FLAGS_config).empty()) return absl::InvalidArgumentError("--config is required");
+  RETURN_IF_ERROR(common::AllFlagsInRange({
+      common::CheckDoubleFlagRange("timeout_s", absl::GetFlag(FLAGS_timeout_s), common::kAboveZero,
+                                   86400, "0 < seconds <= 86400"),
+      common::CheckDoubleFlagRange("rate_interval_s", absl::GetFlag(FLAGS_rate_interval_s),
+                                   common::kAboveZero, 3600, "0 < seconds <= 3600"),
+  }));
+  for (absl::string_view a :
+       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty())) {
+    const size_t colon = a.rfind(':');
+    int port = 0;
+    if (colon == absl::string_view::npos || colon == 0 ||
+        !absl::SimpleAtoi(a.substr(colon + 1), &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--servers: '", a, "' is not host:port with a port in 1..65535"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::string& command) {
+  RETURN_IF_ERROR(CheckFlags(command));
   ASSIGN_OR_RETURN(JobConfig config,
                    common::LoadJobConfig(absl::GetFlag(FLAGS_config),
                                          common::SplitOverrides(absl::GetFlag(FLAGS_set))));

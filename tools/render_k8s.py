@@ -32,7 +32,7 @@ import os
 import re
 import sys
 
-from launch_common import field, parse_textproto
+from launch_common import effective_config, get
 
 CONFIG_DIR = "/etc/ps"
 CONFIG_KEY = "job.textproto"
@@ -118,39 +118,23 @@ def dns_name(text):
 
 
 def dense_shapes(config):
-    """(name, number of values, optimizer kind) of every dense table, generated ones included."""
-    default_opt = field(config, "default_optimizer.kind", "SGD")
-    tables = []
-    for t in config.get("tables", []):
-        if field(t, "kind", "TABLE_KIND_DENSE") == "TABLE_KIND_DENSE":
-            tables.append((field(t, "name"), math.prod(t.get("shape", [0])), field(t, "optimizer.kind", default_opt)))
-    mlp = field(config, "model.mlp")
-    if mlp is not None:
-        widths = [field(mlp, "input_dim", 784)] + mlp.get("hidden", []) + [field(mlp, "num_classes", 10)]
-        for i in range(len(widths) - 1):
-            tables.append(("layer%d.w" % i, widths[i] * widths[i + 1], default_opt))
-            tables.append(("layer%d.b" % i, widths[i + 1], default_opt))
-    ctr = field(config, "model.ctr")
-    if ctr is not None:
-        widths = [field(ctr, "embedding_dim", 16)] + ctr.get("hidden", []) + [1]
-        for i in range(len(widths) - 1):
-            tables.append(("dense%d" % i, widths[i] * widths[i + 1] + widths[i + 1], default_opt))
-    return tables
+    """(name, number of values, optimizer kind) of every dense table of an effective config
+    (the model's tables are among them)."""
+    default_opt = get(config, "default_optimizer.kind", "SGD")
+    return [(t["name"], math.prod(int(d) for d in t.get("shape", [0])), get(t, "optimizer.kind", default_opt))
+            for t in config.get("tables", []) if t.get("kind", "TABLE_KIND_DENSE") == "TABLE_KIND_DENSE"]
 
 
 def sparse_bytes(config):
     """Bytes of the sparse tables, where the config bounds their rows; None if it does not."""
-    default_opt = field(config, "default_optimizer.kind", "SGD")
-    ctr = field(config, "model.ctr")
-    sparse = [(field(t, "dim", 0), field(t, "optimizer.kind", default_opt))
-              for t in config.get("tables", []) if field(t, "kind") == "TABLE_KIND_SPARSE"]
-    if ctr is not None and not sparse:
-        sparse.append((field(ctr, "embedding_dim", 16), default_opt))
+    default_opt = get(config, "default_optimizer.kind", "SGD")
+    sparse = [(int(t.get("dim", 0)), get(t, "optimizer.kind", default_opt))
+              for t in config.get("tables", []) if t.get("kind") == "TABLE_KIND_SPARSE"]
     if not sparse:
         return 0
-    rows = field(ctr, "hash_buckets", 0) if ctr is not None else 0
-    if not rows and field(config, "data.format") == "SYNTHETIC_CTR":
-        rows = field(config, "data.synthetic.num_fields", 0) * field(config, "data.synthetic.vocabulary_per_field", 0)
+    rows = int(get(config, "model.ctr.hash_buckets", 0))
+    if not rows and get(config, "data.format") == "SYNTHETIC_CTR":
+        rows = int(get(config, "data.synthetic.num_fields", 0)) * int(get(config, "data.synthetic.vocabulary_per_field", 0))
     if not rows:
         return None
     return sum(rows * (dim * 4 * (1 + OPTIMIZER_SLOTS.get(opt, 2)) + 16) for dim, opt in sparse)
@@ -164,30 +148,27 @@ def sizing(config, num_servers):
         return 300, "10Gi"  # rows unbounded by the config: room for a large table
     # Dense tables are cut into blocks spread over servers; a server holds at most its share
     # rounded up by a block, and sparse rows hash evenly.
-    block = field(config, "cluster.dense_block_floats", 65536) * 4 * 3
+    block = int(get(config, "cluster.dense_block_floats", 65536)) * 4 * 3
     per_server = dense / num_servers + block + sparse / num_servers
     grace = max(60, int(math.ceil((30 + per_server / CHECKPOINT_BYTES_PER_S) / 10.0)) * 10)
-    keep = field(config, "checkpoint.keep", 2)
+    keep = int(get(config, "checkpoint.keep", 2))
     gib = max(1, int(math.ceil(per_server * (keep + 1) * 2 / (1 << 30))))
     return grace, "%dGi" % gib
 
 
 class Job:
-    def __init__(self, args, config_text):
+    def __init__(self, args, config_text, config):
+        """config_text: the file as it is (the ConfigMap holds it); config: its effective_config
+        with the --set overrides applied."""
         self.args = args
         self.config_text = config_text
-        config = parse_textproto(config_text)
         self.config = config
-        self.name = dns_name(args.name or field(config, "name", "job"))
-        self.num_servers = args.servers or field(config, "cluster.num_servers", 0) or len(
-            config.get("cluster", [{}])[-1].get("servers", [])) or 1
-        self.num_workers = args.workers or field(config, "cluster.num_workers", 1)
+        self.name = dns_name(args.name or get(config, "name", "job"))
+        self.num_servers = args.servers or int(get(config, "cluster.num_servers", 0)) or len(
+            get(config, "cluster.servers", [])) or 1
+        self.num_workers = args.workers or int(get(config, "cluster.num_workers", 1))
         self.port = args.port
-        self.metrics_port = field(config, "metrics.port", -1)
-        for override in args.set:  # --set metrics.port=P: the pods declare it as the config would
-            m = re.search(r"(?:^|,)metrics\.port=(-?[0-9]+)(?:,|$)", override)
-            if m:
-                self.metrics_port = int(m.group(1))
+        self.metrics_port = int(get(config, "metrics.port", -1))
         grace, storage = sizing(config, self.num_servers)
         self.grace = args.grace_s or grace
         self.storage = args.storage or storage
@@ -384,7 +365,7 @@ def pod_security():
 
 def default_image(config):
     """The image tools/build_image.sh tags: with Fashion-MNIST baked in when the config reads it."""
-    paths = [field(config, "data." + f, "") for f in ("train_images", "train_labels", "test_images", "test_labels")]
+    paths = [get(config, "data." + f, "") for f in ("train_images", "train_labels", "test_images", "test_labels")]
     if any(p.startswith(FASHION_MNIST_DIR) for p in paths):
         return IMAGE + "-fashion-mnist"
     return IMAGE
@@ -405,7 +386,12 @@ def main():
     ap.add_argument("--grace_s", type=int, default=0, help="terminationGracePeriodSeconds of servers (default: sized)")
     ap.add_argument("--storage", default=None, help="each server's volume size, e.g. 5Gi (default: sized)")
     ap.add_argument("--wait_for_servers_s", type=int, default=600, help="how long workers wait for servers")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--bin_dir", default=os.path.join(root, "bazel-bin"),
+                    help="where server/ps_server is: it reads the config as the servers will (default: bazel-bin)")
     args = ap.parse_args()
+    if not os.access(os.path.join(args.bin_dir, "server", "ps_server"), os.X_OK):
+        sys.exit("render_k8s: %s/server/ps_server not found; build it: bazel build //server:ps_server" % args.bin_dir)
     try:
         text = open(args.config).read()
     except OSError as e:
@@ -414,10 +400,10 @@ def main():
     path = os.path.abspath(args.config)
     args.config_label = os.path.relpath(path, root) if path.startswith(root + os.sep) else os.path.basename(path)
     try:
-        job = Job(args, text)
-    except ValueError as e:
+        job = Job(args, text, effective_config(args.bin_dir, args.config, args.set))
+    except RuntimeError as e:
         sys.exit("render_k8s: %s: %s" % (args.config, e))
-    if field(job.config, "security.plaintext") is not True:
+    if get(job.config, "security.plaintext") is not True:
         sys.stderr.write("render_k8s: the config uses TLS: its certificate files must be in the image or mounted "
                          "at the same paths, and the server certificate must name %s\n" % ", ".join(
                              a.rsplit(":", 1)[0] for a in job.server_addresses))

@@ -1,6 +1,7 @@
 #include "server/rpc/service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -10,6 +11,7 @@
 #include "absl/base/internal/endian.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/codec.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -76,7 +78,7 @@ struct ParameterServerService::Metrics {
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
             "identity, "
-            "bad_encoding, bound_timeout, turn_timeout, unparseable, other).",
+            "bad_encoding, bound_timeout, turn_timeout, too_many_waiting, unparseable, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(
             "ps_rejected_requests_total",
@@ -132,7 +134,87 @@ ParameterServerService::ParameterServerService(Shard* shard, const ServiceOption
       buffers_(common::BufferPool::Create(options.max_cached_payload_bytes, &counters_)),
       pool_(options.num_threads) {}
 
-ParameterServerService::~ParameterServerService() = default;
+ParameterServerService::~ParameterServerService() {
+  // Parked pulls reference this service: answer them before it goes (their callbacks finish
+  // their calls at once, without the pool).
+  shard_->workers().CloseWaiters(absl::UnavailableError("the server is stopping"));
+}
+
+// ---- Parking -----------------------------------------------------------------------------
+
+// A reactor that owns itself (deleted when gRPC is done with it, and not before the handler
+// that parked its pull has recorded the waiter's id, so OnCancel cannot race a dangling id).
+class ParameterServerService::CallReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit CallReactor(WorkerTracker* tracker) : tracker_(tracker) {}
+
+  // The handler is done with the reactor; `id` is its parked pull (0: none).
+  void Started(WaiterId id) {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancelled = cancelled_;
+    }
+    if (cancelled && id != 0) tracker_->CancelWaiter(id, Cancelled());
+    Unref();
+  }
+  void OnCancel() override {
+    WaiterId id;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    // The waiter's callback finishes the call; nothing when it was answered meanwhile.
+    if (id != 0) tracker_->CancelWaiter(id, Cancelled());
+  }
+  void OnDone() override { Unref(); }
+
+ private:
+  static absl::Status Cancelled() {
+    return absl::CancelledError("the client cancelled the call while its pull waited");
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  WorkerTracker* const tracker_;  // Not owned.
+  std::atomic<int> refs_{2};      // the handler's and gRPC's
+  absl::Mutex mu_;
+  WaiterId id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+ParameterServerService::WaiterId ParameterServerService::AfterBound(
+    const RequestInfo& info, absl::Time deadline, std::function<absl::Status()> read,
+    Done done) {
+  const absl::Time wait_start = absl::Now();
+  const bool tracked = info.worker_id >= 0;
+  // When parked: called by whoever moved the clock (or the tracker's timer); the read goes to
+  // the pool so that the push that released it is answered without waiting for it.
+  auto on_bound = [this, read, done, wait_start, tracked](absl::Status status) {
+    if (!status.ok()) {
+      done(std::move(status));
+      return;
+    }
+    if (tracked) metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
+    pool_.Schedule([read, done] { done(read()); });
+  };
+  WorkerTracker::ParkLimits limits;
+  limits.per_worker = options_.max_parked_pulls_per_worker;
+  limits.total = options_.max_parked_pulls;
+  absl::StatusOr<WaiterId> parked = shard_->ParkPull(
+      info, std::min(deadline, wait_start + options_.max_pull_wait), limits, std::move(on_bound));
+  if (!parked.ok()) {
+    done(parked.status());
+    return 0;
+  }
+  if (*parked != 0) return *parked;
+  if (tracked) metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
+  done(read());
+  return 0;
+}
 
 void ParameterServerService::Record(Method method, absl::Time arrived, const absl::Status& status,
                                     size_t bytes_in, size_t bytes_out) {
@@ -165,24 +247,38 @@ absl::Status ParameterServerService::CheckWorker(const grpc::CallbackServerConte
 
 absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl::Time deadline,
                                                 PullResponse* response) {
-  return ServePull(request, deadline, response, absl::Now());
+  absl::Notification answered;
+  absl::Status result;
+  StartPull(request, deadline, response, absl::Now(), [&](absl::Status status) {
+    result = std::move(status);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
 }
 
-absl::Status ParameterServerService::ServePull(const PullRequest& request, absl::Time deadline,
-                                               PullResponse* response, absl::Time arrived) {
-  const absl::Status status = PullImpl(request, deadline, response);
-  Record(kPull, arrived, status, request.ByteSizeLong(),
-         status.ok() ? response->ByteSizeLong() : 0);
-  return status;
-}
-
-absl::Status ParameterServerService::WaitForPull(const RequestInfo& info, absl::Time deadline) {
-  const absl::Time wait_start = absl::Now();
-  RETURN_IF_ERROR(shard_->BeginPull(info, std::min(deadline, wait_start + options_.max_pull_wait)));
-  if (info.worker_id >= 0) {
-    metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
+ParameterServerService::WaiterId ParameterServerService::StartPull(const PullRequest& request,
+                                                                   absl::Time deadline,
+                                                                   PullResponse* response,
+                                                                   absl::Time arrived, Done done) {
+  auto finish = [this, &request, response, arrived, done = std::move(done)](absl::Status status) {
+    Record(kPull, arrived, status, request.ByteSizeLong(),
+           status.ok() ? response->ByteSizeLong() : 0);
+    done(std::move(status));
+  };
+  const RequestInfo info = InfoOf(request.header());
+  // Views into `request`, which lives until `done`.
+  auto views = std::make_shared<const std::vector<PullTable>>(PullViews(request.tables()));
+  if (absl::Status status = shard_->CheckPull(info, *views).status(); !status.ok()) {
+    finish(std::move(status));
+    return 0;
   }
-  return absl::OkStatus();
+  return AfterBound(
+      info, deadline,
+      [this, &request, response, views] {
+        return ReadPull(request.tables(), *views, response, nullptr);
+      },
+      std::move(finish));
 }
 
 absl::Status ParameterServerService::ReadPull(
@@ -234,29 +330,20 @@ absl::Status ParameterServerService::ReadPull(
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerService::PullImpl(const PullRequest& request, absl::Time deadline,
-                                              PullResponse* response) {
-  const RequestInfo info = InfoOf(request.header());
-  const std::vector<PullTable> views = PullViews(request.tables());
-  RETURN_IF_ERROR(shard_->CheckPull(info, views).status());
-  RETURN_IF_ERROR(WaitForPull(info, deadline));
-  return ReadPull(request.tables(), views, response, nullptr);
-}
-
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const PullRequest* request,
                                                        PullResponse* response) {
   const absl::Time arrived = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new CallReactor(&shard_->workers());
   const absl::Time deadline = absl::FromChrono(context->deadline());
   if (absl::Status s = CheckWorker(*context, request->header().worker_id(), "pull"); !s.ok()) {
     Record(kPull, arrived, s, request->ByteSizeLong(), 0);
     Finish(reactor, s);
+    reactor->Started(0);
     return reactor;
   }
-  pool_.Schedule([this, reactor, request, response, deadline, arrived] {
-    Finish(reactor, ServePull(*request, deadline, response, arrived));
-  });
+  reactor->Started(StartPull(*request, deadline, response, arrived,
+                             [reactor](absl::Status status) { Finish(reactor, status); }));
   return reactor;
 }
 
@@ -318,6 +405,10 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
     Finish(reactor, s);
     return reactor;
   }
+  if (!PushesWait()) {
+    Finish(reactor, ServePush(*request, response, arrived));
+    return reactor;
+  }
   pool_.Schedule([this, reactor, request, response, arrived] {
     Finish(reactor, ServePush(*request, response, arrived));
   });
@@ -329,6 +420,10 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
 namespace {
 // Frame headers are small (sparse keys are the bulk); the message size limit caps them too.
 constexpr size_t kMaxFrameHeaderBytes = size_t{256} << 20;
+
+// A frame without a push is a pull, even of no table (it still checks the worker and waits
+// for the bound, as Pull does).
+bool Pulls(const PushPullRequest& header) { return header.pull_size() > 0 || !header.has_push(); }
 }  // namespace
 
 absl::Status ParameterServerService::Unparseable(absl::Status status) {
@@ -349,9 +444,8 @@ absl::Status ParameterServerService::Unparseable(absl::Status status) {
   return shard_->Reject("unparseable", std::move(status));
 }
 
-bool ParameterServerService::ServesInline() const {
-  return !shard_->config().training().has_staleness() &&
-         !shard_->config().training().deterministic();
+bool ParameterServerService::PushesWait() const {
+  return shard_->config().training().deterministic();
 }
 
 absl::Status ParameterServerService::FramePushParts(const PushPullRequest& header,
@@ -396,19 +490,26 @@ absl::Status ParameterServerService::FramePushParts(const PushPullRequest& heade
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerService::PushPullImpl(const grpc::ByteBuffer& request,
-                                                  absl::Time deadline, grpc::ByteBuffer* response,
-                                                  Method* method, size_t* bytes_in,
-                                                  size_t* bytes_out, const PeerIdentity* peer) {
+struct ParameterServerService::PushPullCall {
   PushPullRequest header;
+  PushPullResponse answer;
+  std::vector<PullTable> pull_views;  // views into `header`
+  uint64_t pull_bytes = 0;
+  Method method = kPush;  // an unparseable frame counts as a push
+  size_t bytes_in = 0;
+};
+
+absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& request,
+                                                   const PeerIdentity* peer, PushPullCall* call) {
+  PushPullRequest& header = call->header;
   common::FrameReader reader;
-  *method = kPush;  // an unparseable frame counts as a push
+  Method* method = &call->method;
   if (absl::Status s =
           common::FrameReader::Open(request, kMaxFrameHeaderBytes, &header, &reader, &counters_);
       !s.ok()) {
     return Unparseable(std::move(s));
   }
-  *bytes_in = request.Length();
+  call->bytes_in = request.Length();
   *method = header.has_push() ? kPush : kPull;
   if (!header.has_push() && (header.push_size() > 0 || reader.remaining() > 0)) {
     return Unparseable(absl::InvalidArgumentError("unparseable frame: a payload without a push"));
@@ -422,9 +523,8 @@ absl::Status ParameterServerService::PushPullImpl(const grpc::ByteBuffer& reques
     }
   }
   // The pull is checked before the push is applied: a bad pull changes nothing either.
-  const std::vector<PullTable> pull_views = PullViews(header.pull());
-  ASSIGN_OR_RETURN(const uint64_t pull_bytes, shard_->CheckPull(info, pull_views));
-  PushPullResponse answer;
+  call->pull_views = PullViews(header.pull());
+  ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
   if (header.has_push()) {
     common::BufferPool::Buffer scratch;
     if (reader.remaining() > 0) scratch = buffers_->Acquire(reader.remaining());
@@ -434,64 +534,87 @@ absl::Status ParameterServerService::PushPullImpl(const grpc::ByteBuffer& reques
       status = Unparseable(absl::InvalidArgumentError(
           absl::StrCat("unparseable frame: ", status.message())));
     } else {
-      status = PushImpl(header.header(), header.is_delta(), tables, answer.mutable_push());
+      status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push());
     }
     buffers_->Release(std::move(scratch));
     RETURN_IF_ERROR(status);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
+                                                    grpc::ByteBuffer* response) {
   common::BufferPool::Buffer out;
-  // A frame without a push is a pull, even of no table (it still checks the worker and
-  // waits for the bound, as Pull does).
-  if (header.pull_size() > 0 || !header.has_push()) {
-    RequestInfo pull_info = info;
-    pull_info.clock = header.pull_clock();
-    RETURN_IF_ERROR(WaitForPull(pull_info, deadline));
-    out = buffers_->Acquire(pull_bytes);
-    if (absl::Status s = ReadPull(header.pull(), pull_views, answer.mutable_pull(), out.data.get()); !s.ok()) {
+  if (Pulls(call->header)) {
+    out = buffers_->Acquire(call->pull_bytes);
+    if (absl::Status s = ReadPull(call->header.pull(), call->pull_views,
+                                  call->answer.mutable_pull(), out.data.get());
+        !s.ok()) {
       buffers_->Release(std::move(out));
       return s;
     }
   }
-  common::FrameBuilder frame(answer);
-  if (pull_bytes > 0) frame.AddSlice(buffers_->MakeSlice(std::move(out), pull_bytes));
+  common::FrameBuilder frame(call->answer);
+  if (call->pull_bytes > 0) {
+    frame.AddSlice(buffers_->MakeSlice(std::move(out), call->pull_bytes));
+  }
   *response = frame.Build();
-  *bytes_out = response->Length();
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerService::ServePushPull(const grpc::ByteBuffer& request,
-                                                   absl::Time deadline,
-                                                   grpc::ByteBuffer* response,
-                                                   absl::Time arrived, const PeerIdentity* peer) {
-  size_t bytes_in = 0, bytes_out = 0;
-  Method method = kPush;
-  const absl::Status status =
-      PushPullImpl(request, deadline, response, &method, &bytes_in, &bytes_out, peer);
-  Record(method, arrived, status, bytes_in, status.ok() ? bytes_out : 0);
-  return status;
+ParameterServerService::WaiterId ParameterServerService::StartPushPull(
+    const grpc::ByteBuffer& request, absl::Time deadline, grpc::ByteBuffer* response,
+    absl::Time arrived, const PeerIdentity* peer, Done done) {
+  auto call = std::make_shared<PushPullCall>();
+  auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
+    Record(call->method, arrived, status, call->bytes_in, status.ok() ? response->Length() : 0);
+    done(std::move(status));
+  };
+  auto answer = [this, call, response] { return PushPullAnswer(call.get(), response); };
+  if (absl::Status s = PushPullBegin(request, peer, call.get()); !s.ok()) {
+    finish(std::move(s));
+    return 0;
+  }
+  if (!Pulls(call->header)) {
+    finish(answer());
+    return 0;
+  }
+  RequestInfo pull_info = InfoOf(call->header.header());
+  pull_info.clock = call->header.pull_clock();
+  return AfterBound(pull_info, deadline, std::move(answer), std::move(finish));
 }
 
 absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& request,
                                                     absl::Time deadline,
                                                     grpc::ByteBuffer* response) {
-  return ServePushPull(request, deadline, response, absl::Now(), nullptr);
+  absl::Notification answered;
+  absl::Status result;
+  StartPushPull(request, deadline, response, absl::Now(), nullptr, [&](absl::Status status) {
+    result = std::move(status);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   const absl::Time arrived = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new CallReactor(&shard_->workers());
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  PeerIdentity peer = auth_.Identify(*context);
-  if (ServesInline()) {
-    // Nothing here can wait: answer on this thread (no hop to the pool and back).
-    Finish(reactor, ServePushPull(*request, deadline, response, arrived, &peer));
+  auto serve = [this, reactor, request, response, deadline, arrived,
+                peer = auth_.Identify(*context)] {
+    reactor->Started(StartPushPull(*request, deadline, response, arrived, &peer,
+                                   [reactor](absl::Status status) { Finish(reactor, status); }));
+  };
+  if (!PushesWait()) {
+    // No push here waits: answer on this thread (no hop to the pool and back); a pull that
+    // must wait is parked, not waited for.
+    serve();
     return reactor;
   }
-  pool_.Schedule([this, reactor, request, response, deadline, arrived, peer = std::move(peer)] {
-    Finish(reactor, ServePushPull(*request, deadline, response, arrived, &peer));
-  });
+  pool_.Schedule(std::move(serve));
   return reactor;
 }
 

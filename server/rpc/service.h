@@ -9,15 +9,22 @@
 // messages: push payloads are used where gRPC received them (or gathered once into a pooled
 // buffer when they span receive slices), and pull payloads are read from the tables into a
 // pooled buffer that becomes the response's slice, so payload bytes are copied at most once
-// in user space on each side and no call maps fresh memory in steady state. A PushPull that
-// cannot wait (asynchronous job: no consistency bound, no deterministic turn) is served on
-// the gRPC thread that received it; one that may wait goes to the worker pool, as do the
-// protobuf Pull and Push (kept for tools and older clients).
+// in user space on each side and no call maps fresh memory in steady state.
+//
+// Threads. A call is served on the gRPC thread that received it, except a push of a
+// deterministic-BSP job, which may wait for its turn and goes to the worker pool. A pull (Pull,
+// or the pull part of a PushPull) that the consistency bound does not let through yet holds no
+// thread: it is parked in the WorkerTracker (WhenBound) and its read runs on the worker pool
+// once clocks move; it ends with DEADLINE_EXCEEDED at min(call deadline, max_pull_wait),
+// CANCELLED when the client goes away, UNAVAILABLE when the server stops. Parked pulls are
+// capped per worker and in all (RESOURCE_EXHAUSTED, reason "too_many_waiting"). So no client,
+// honest or not, can make pulls hold the threads other workers' calls need.
 #ifndef PS_SERVER_RPC_SERVICE_H_
 #define PS_SERVER_RPC_SERVICE_H_
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,6 +42,11 @@ struct ServiceOptions {
   int num_threads = 4;
   // Longest a pull waits for the consistency bound (also capped by the call's deadline).
   absl::Duration max_pull_wait = absl::Minutes(10);
+  // Pulls parked waiting for the consistency bound (they hold no thread, but memory and a
+  // call): at most this many per worker and in all; more get RESOURCE_EXHAUSTED.
+  // REQUIRES: > 0.
+  size_t max_parked_pulls_per_worker = 16;
+  size_t max_parked_pulls = 1024;
   // Whose calls are checked, and how (server/rpc/auth.h): who may act as which worker, who
   // may administer.
   AuthOptions auth;
@@ -70,6 +82,7 @@ class ParameterServerService final
   // `metrics` (not owned, must outlive the service; nullptr = a registry of its own).
   ParameterServerService(Shard* shard, const ServiceOptions& options, ServiceHooks hooks,
                          common::metrics::Registry* metrics = nullptr);
+  // Parked pulls get UNAVAILABLE; queued work runs, then the pool's threads are joined.
   ~ParameterServerService() override;
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
@@ -96,6 +109,7 @@ class ParameterServerService final
 
   // The request handlers without gRPC around them (used by the service and by tests/fuzzers).
   // They count in the metrics as requests do.
+  // They block the calling thread while a pull waits for the bound (the gRPC methods do not).
   absl::Status HandlePull(const PullRequest& request, absl::Time deadline,
                           PullResponse* response);
   absl::Status HandlePush(const PushRequest& request, PushResponse* response);
@@ -119,23 +133,41 @@ class ParameterServerService final
   struct Metrics;
   // A PushPull frame counts as a push when it carries one, as a pull otherwise.
   enum Method { kPull = 0, kPush = 1 };
-  // Handle*, with the latency counted from `arrived`.
-  absl::Status ServePull(const PullRequest& request, absl::Time deadline, PullResponse* response,
-                         absl::Time arrived);
+  // The reactor of Pull and PushPull: takes a parked pull back when the client cancels.
+  class CallReactor;
+  // What a PushPull's answer needs once its pull may read.
+  struct PushPullCall;
+  // Called exactly once with a call's outcome (after it was counted in the metrics).
+  using Done = std::function<void(absl::Status)>;
+  using WaiterId = WorkerTracker::WaiterId;
+
+  // Serves a pull, with the latency counted from `arrived`: `done` gets its status, at once
+  // or, when the pull is parked, later on another thread. Returns the parked pull's id (0 when
+  // not parked). `request` and `response` must live until `done` is called.
+  WaiterId StartPull(const PullRequest& request, absl::Time deadline, PullResponse* response,
+                     absl::Time arrived, Done done);
   absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived);
-  // `peer`: the caller, checked against the frame's worker id; nullptr = not checked (tests).
-  absl::Status ServePushPull(const grpc::ByteBuffer& request, absl::Time deadline,
-                             grpc::ByteBuffer* response, absl::Time arrived,
-                             const PeerIdentity* peer);
-  absl::Status PullImpl(const PullRequest& request, absl::Time deadline, PullResponse* response);
+  // As StartPull for a frame. `peer`: the caller, checked against the frame's worker id
+  // before this returns; nullptr = not checked (tests).
+  WaiterId StartPushPull(const grpc::ByteBuffer& request, absl::Time deadline,
+                         grpc::ByteBuffer* response, absl::Time arrived, const PeerIdentity* peer,
+                         Done done);
   // Decoding done: the shard checks and applies the push (Shard::Push).
   absl::Status PushImpl(const RequestHeader& header, bool is_delta,
                         absl::Span<const PushTable> tables, PushResponse* response);
-  absl::Status PushPullImpl(const grpc::ByteBuffer& request, absl::Time deadline,
-                            grpc::ByteBuffer* response, Method* method, size_t* bytes_in,
-                            size_t* bytes_out, const PeerIdentity* peer);
-  // Waits for the consistency bound (capped by max_pull_wait) and records the wait.
-  absl::Status WaitForPull(const RequestInfo& info, absl::Time deadline);
+  // A frame up to its pull: parsed, checked (pull included), push applied.
+  absl::Status PushPullBegin(const grpc::ByteBuffer& request, const PeerIdentity* peer,
+                             PushPullCall* call);
+  // The answer frame of `call`, with its pull read now.
+  absl::Status PushPullAnswer(PushPullCall* call, grpc::ByteBuffer* response);
+  // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
+  // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with
+  // read's status; `done` gets the refusal instead when the pull may not wait. Returns the
+  // parked pull's id, 0 when it did not park.
+  WaiterId AfterBound(const RequestInfo& info, absl::Time deadline,
+                      std::function<absl::Status()> read, Done done);
+  // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
+  bool PushesWait() const;
   // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
   // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
   // out == nullptr, into the answer's bytes fields.
@@ -147,8 +179,6 @@ class ParameterServerService final
                               char* scratch, std::vector<PushTable>* tables);
   // Counts an unparseable request and logs it (at most once per 10 s).
   absl::Status Unparseable(absl::Status status);
-  // True when a PushPull never waits (no consistency bound, no deterministic turn).
-  bool ServesInline() const;
   void Record(Method method, absl::Time arrived, const absl::Status& status, size_t bytes_in,
               size_t bytes_out);
   // Counts an answer of one of the other methods.

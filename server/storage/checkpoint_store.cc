@@ -44,31 +44,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/iterator.h"
-#include "rocksdb/listener.h"
 #include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
-#include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "server/storage/crc32c.h"
 #include "server/storage/internal/checkpoint_format.h"
+#include "server/storage/internal/data_dir.h"
+#include "server/storage/internal/rocksdb_options.h"
 #include "server/storage/rocksdb_status.h"
-#include "server/storage/sst_check.h"
 
 namespace ps::server::storage {
-
-struct CheckpointStore::Expected {
-  uint64_t num_records = 0;
-  uint64_t bytes = 0;
-  uint64_t hash = 0;
-};
 
 struct CheckpointStore::ScanTotals {
   Expected found;
@@ -98,289 +90,26 @@ using internal::kNextIdKey;
 using internal::ParseCfName;
 using internal::PrintableKey;
 using internal::PutFixed64;
+using internal::CreateDirs;
+using internal::MakeCheckpointCfOptions;
+using internal::MakeDbOptions;
+using internal::MakeMetaCfOptions;
+using internal::MoveDamagedSstFilesAside;
+using internal::RefuseStoreWithoutCurrent;
+using internal::ScanReadOptions;
+using internal::SetAsideFilesTheStoreDoesNotList;
+using internal::SettleDamagedSstFiles;
 
 rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 absl::string_view ToView(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
 
-constexpr size_t kMaxKeyBytes = size_t{64} << 10;
-constexpr size_t kMaxValueBytes = size_t{1} << 30;
-constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
 // Free space below which column families are neither created nor dropped (see CheckFreeSpace).
 constexpr uint64_t kMinFreeBytes = uint64_t{1} << 20;
 
-// ---- RocksDB options. ----
-
-// After a disk-full error RocksDB would poll for free space and resume by itself, in the
-// background; while it does, writes fail with its error and DB::Resume() answers Busy.
-// BeginCheckpoint() resumes instead, so recovery happens at a predictable point and a still
-// full disk is reported to the caller as RESOURCE_EXHAUSTED rather than as a busy database.
-class ResumeOnlyWhenAsked : public rocksdb::EventListener {
- public:
-  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/, rocksdb::Status /*bg_error*/,
-                            bool* auto_recovery) override {
-    *auto_recovery = false;
-  }
-};
-
-rocksdb::DBOptions MakeDbOptions(rocksdb::Env* env) {
-  rocksdb::DBOptions options;
-  options.create_if_missing = true;
-  options.create_missing_column_families = true;
-  options.paranoid_checks = true;  // The default: refuse to open with missing or truncated files.
-  options.env = env;
-  // Open table files lazily (bounded cache) instead of all at Open: a damaged index block of one
-  // checkpoint then fails reads of that checkpoint, not the whole store.
-  options.max_open_files = 512;
-  // One flush and one compaction in parallel: the shard shares its cores with training traffic.
-  options.max_background_jobs = 2;
-  // Spread page-cache writeback instead of stalling on one big fsync at the end of a flush.
-  options.bytes_per_sync = 1 << 20;
-  options.wal_bytes_per_sync = 1 << 20;
-  options.keep_log_file_num = 4;  // Info LOG files.
-  options.listeners.push_back(std::make_shared<ResumeOnlyWhenAsked>());
-  return options;
-}
-
-// CRC-32C block checksums (RocksDB 7.8 defaults to XXH3): the one kind CheckSstFile verifies.
-rocksdb::BlockBasedTableOptions TableOptions() {
-  rocksdb::BlockBasedTableOptions table;
-  table.checksum = rocksdb::kCRC32c;
-  return table;
-}
-
-rocksdb::ColumnFamilyOptions MakeMetaCfOptions() {
-  rocksdb::ColumnFamilyOptions options;
-  options.write_buffer_size = 4 << 20;  // A few small keys.
-  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(TableOptions()));
-  return options;
-}
-
-rocksdb::ColumnFamilyOptions MakeCheckpointCfOptions() {
-  rocksdb::ColumnFamilyOptions options;
-  // Written once, read whole, dropped whole: compaction would only rewrite the data. (With
-  // compaction off RocksDB also skips its L0 write stalls.)
-  options.disable_auto_compactions = true;
-  // Parameters and optimizer slots are floats, which block compressors barely shrink;
-  // compressing them costs CPU on both paths for nothing.
-  options.compression = rocksdb::kNoCompression;
-  // Memtables are the store's main memory cost while a checkpoint is written (at most
-  // write_buffer_size * max_write_buffer_number): kept small so that a server's resident set
-  // stays close to its tables' size during checkpoints.
-  options.write_buffer_size = 16 << 20;
-  options.max_write_buffer_number = 3;  // Keep accepting records while memtables flush.
-  rocksdb::BlockBasedTableOptions table = TableOptions();
-  table.block_size = 64 << 10;  // Reads are long scans; fewer index entries for small rows.
-  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  return options;
-}
-
-rocksdb::ReadOptions ScanReadOptions() {
-  rocksdb::ReadOptions options;
-  options.verify_checksums = true;  // RocksDB's block checksums, in addition to ours.
-  options.fill_cache = false;       // A full scan would only evict useful blocks.
-  options.readahead_size = 2 << 20;
-  return options;
-}
-
-// SST files whose table structure is damaged (see sst_check.h) are renamed with this suffix
-// while RocksDB opens the store, so that it does not parse them.
-constexpr absl::string_view kUncheckedSuffix = ".damaged";
-
-// Checks the table structure of every SST file in `path` before RocksDB parses any (see
-// sst_check.h) and moves the damaged ones aside (+kUncheckedSuffix). Returns one DATA_LOSS per
-// file moved. First moves back files left aside by an Open() that did not finish.
-absl::StatusOr<std::vector<std::pair<std::string, absl::Status>>> MoveDamagedSstFilesAside(
-    rocksdb::Env* env, const std::string& path) {
-  std::vector<std::string> children;
-  RETURN_IF_ERROR(FromRocksDbStatus(env->GetChildren(path, &children), "list files"));
-  for (std::string& child : children) {
-    if (!absl::EndsWith(child, absl::StrCat(".sst", kUncheckedSuffix))) continue;
-    const std::string original(absl::StripSuffix(child, kUncheckedSuffix));
-    RETURN_IF_ERROR(FromRocksDbStatus(
-        env->RenameFile(absl::StrCat(path, "/", child), absl::StrCat(path, "/", original)),
-        "move back " + child));
-    child = original;
-  }
-  std::vector<std::pair<std::string, absl::Status>> damaged;
-  for (const std::string& child : children) {
-    if (!absl::EndsWith(child, ".sst")) continue;
-    const std::string file = absl::StrCat(path, "/", child);
-    absl::StatusOr<SstCheck> check = CheckSstFile(file);
-    if (check.ok()) continue;
-    if (!absl::IsDataLoss(check.status())) return check.status();
-    RETURN_IF_ERROR(FromRocksDbStatus(env->RenameFile(file, file + std::string(kUncheckedSuffix)),
-                                      "move aside " + child));
-    damaged.emplace_back(file, check.status());
-  }
-  return damaged;
-}
-
-// Where files the store does not use are moved instead of being deleted (an operator decides).
-constexpr absl::string_view kSetAsideDir = "set-aside";
-
-// After DB::Open: a damaged file that the store could do without was not one of its live
-// files (typically a table file a killed process was still writing): it is moved into
-// kSetAsideDir, never deleted. If the
-// store needed one, the damaged files are moved back and their damage is the error.
-absl::Status SettleDamagedSstFiles(rocksdb::Env* env,
-                                   const std::vector<std::pair<std::string, absl::Status>>& damaged,
-                                   bool opened, absl::string_view context) {
-  std::vector<std::string> messages;
-  for (const auto& [file, status] : damaged) {
-    const std::string aside = file + std::string(kUncheckedSuffix);
-    if (opened) {
-      const std::string dir = std::string(file.substr(0, file.rfind('/') + 1)) +
-                              std::string(kSetAsideDir);
-      const std::string target = dir + file.substr(file.rfind('/'));
-      rocksdb::Status moved = env->CreateDirIfMissing(dir);
-      if (moved.ok()) moved = env->RenameFile(aside, target);
-      LOG(WARNING) << context << ": " << file << " is not part of the store (" << status.message()
-                   << "): "
-                   << (moved.ok() ? "moved to " + target : "left as " + aside + ": " +
-                                                              moved.ToString());
-    } else {
-      env->RenameFile(aside, file).PermitUncheckedError();
-      messages.emplace_back(status.message());
-    }
-  }
-  if (opened || damaged.empty()) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat(context, ": ", absl::StrJoin(messages, "; ")));
-}
-
-// A directory without CURRENT is new only if it holds no other RocksDB file: opening one that
-// lost its CURRENT would create a fresh, empty store over the old files, and RocksDB would then
-// delete them as obsolete. DATA_LOSS naming what is missing and what is there; nothing touched.
-absl::Status RefuseStoreWithoutCurrent(rocksdb::Env* env, const std::string& path) {
-  std::vector<std::string> children;
-  RETURN_IF_ERROR(FromRocksDbStatus(env->GetChildren(path, &children), "list files"));
-  std::vector<std::string> found;
-  for (const std::string& child : children) {
-    // IDENTITY, LOCK and OPTIONS files hold no data: a process killed while RocksDB created
-    // the store leaves them, and opening creates it afresh.
-    if (absl::StartsWith(child, "MANIFEST-") || absl::EndsWith(child, ".sst") ||
-        absl::EndsWith(child, ".log") || absl::EndsWith(child, ".damaged")) {
-      found.push_back(child);
-    }
-  }
-  if (found.empty()) return absl::OkStatus();
-  std::sort(found.begin(), found.end());
-  return absl::DataLossError(absl::StrCat(
-      "checkpoint store ", path, ": the file CURRENT is missing, yet the directory holds ",
-      absl::StrJoin(found, ", "),
-      ": refusing to open it (that would start a new, empty store and delete these files). "
-      "Nothing was changed. Restore CURRENT (it names the newest MANIFEST file, followed by a "
-      "newline), or move the directory away to start from initial values"));
-}
-
-// Creates `path` and its missing parents through `env`, so errors come back as rocksdb::Status.
-rocksdb::Status CreateDirs(rocksdb::Env* env, const std::string& path) {
-  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
-    rocksdb::Status s = env->CreateDirIfMissing(path.substr(0, pos));
-    if (!s.ok()) return s;
-  }
-  return env->CreateDirIfMissing(path);
-}
 
 }  // namespace
 
-// ============================== CheckpointWriter ==============================
-
-CheckpointWriter::CheckpointWriter(CheckpointStore* store, uint64_t id,
-                                   std::shared_ptr<rocksdb::ColumnFamilyHandle> cf)
-    : store_(store),
-      id_(id),
-      cf_(std::move(cf)),
-      id_crc_(IdCrc(id)),
-      batch_(std::make_unique<rocksdb::WriteBatch>()) {}
-
-CheckpointWriter::~CheckpointWriter() { Abort(); }
-
-absl::Status CheckpointWriter::Put(absl::string_view key, absl::string_view value) {
-  if (state_ != State::kOpen) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", id_, ": Put after Commit or Abort"));
-  }
-  if (key.size() > kMaxKeyBytes || value.size() > kMaxValueBytes) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "key ", PrintableKey(key), " (", key.size(), " bytes) or its value (", value.size(),
-        " bytes) is too large; limits are ", kMaxKeyBytes, " and ", kMaxValueBytes)));
-  }
-  const uint32_t key_crc = crc32c::Extend(id_crc_, key);
-  const uint32_t crc = crc32c::Extend(key_crc, value);
-  char crc_bytes[kCrcBytes];
-  EncodeFixed32(crc_bytes, crc);
-
-  // SliceParts: the value is copied into the batch once, without first building crc + value.
-  const rocksdb::Slice key_slice = ToSlice(key);
-  const rocksdb::Slice value_parts[2] = {rocksdb::Slice(crc_bytes, kCrcBytes), ToSlice(value)};
-  rocksdb::Status s = batch_->Put(cf_.get(), rocksdb::SliceParts(&key_slice, 1),
-                                  rocksdb::SliceParts(value_parts, 2));
-  if (!s.ok()) return Fail(FromRocksDbStatus(s, "add record to batch"));
-  ++num_records_;
-  bytes_ += key.size() + value.size();
-  hash_ += Fingerprint(key_crc, crc);
-  if (batch_->GetDataSize() >= store_->options_.write_batch_bytes) {
-    RETURN_IF_ERROR(WriteBatchToDb());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckpointWriter::WriteBatchToDb() {
-  if (batch_->Count() == 0) return absl::OkStatus();
-  absl::Status status = store_->WriteRecords(batch_.get());
-  batch_->Clear();
-  if (!status.ok()) return Fail(status);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<CheckpointInfo> CheckpointWriter::Commit(absl::string_view metadata) {
-  if (state_ != State::kOpen) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", id_, ": Commit after Commit or Abort"));
-  }
-  if (metadata.size() > kMaxMetadataBytes) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "metadata of ", metadata.size(), " bytes exceeds the limit of ", kMaxMetadataBytes)));
-  }
-  RETURN_IF_ERROR(WriteBatchToDb());
-  CheckpointStore::Expected expected;
-  expected.num_records = num_records_;
-  expected.bytes = bytes_;
-  expected.hash = hash_;
-  absl::StatusOr<CheckpointInfo> info =
-      store_->CommitCheckpoint(id_, cf_.get(), expected, metadata);
-  if (!info.ok()) return Fail(info.status());
-  state_ = State::kCommitted;
-  cf_.reset();
-  store_->ReleaseWriter(id_, /*delete_records=*/false);
-  return info;
-}
-
-void CheckpointWriter::Abort() {
-  if (state_ != State::kOpen) return;
-  state_ = State::kAborted;
-  batch_->Clear();
-  cf_.reset();
-  store_->ReleaseWriter(id_, /*delete_records=*/true);
-}
-
-void CheckpointWriter::AbandonForTest() {
-  if (state_ != State::kOpen) return;
-  if (!WriteBatchToDb().ok()) return;  // Fail() aborted the writer already.
-  state_ = State::kAborted;
-  cf_.reset();
-  store_->ReleaseWriter(id_, /*delete_records=*/false);
-}
-
-absl::Status CheckpointWriter::Fail(absl::Status status) {
-  // A refused argument changed nothing on disk; anything else may have left RocksDB holding
-  // memtables or an error state that a later checkpoint must not build on.
-  if (!absl::IsInvalidArgument(status) && !absl::IsFailedPrecondition(status)) {
-    store_->MarkWriteFailed(status);
-  }
-  Abort();
-  return store_->Error(common::Annotate(status, absl::StrCat("checkpoint ", id_)));
-}
+// CheckpointWriter is in checkpoint_writer.cc.
 
 // ============================== CheckpointStore: open ==============================
 
@@ -429,6 +158,11 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::OpenImpl(
   std::vector<std::pair<std::string, absl::Status>> damaged;
   if (existed) {
     ASSIGN_OR_RETURN(damaged, MoveDamagedSstFilesAside(env, options.path), context);
+  }
+  if (existed) {
+    RETURN_IF_ERROR_CTX(
+        SetAsideFilesTheStoreDoesNotList(env, db_options, options.path, descriptors, context),
+        context);
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw_db = nullptr;

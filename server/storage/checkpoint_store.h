@@ -268,7 +268,12 @@ class CheckpointStore {
 
  private:
   friend class CheckpointWriter;
-  struct Expected;    // What a checkpoint's records add up to.
+  // What a checkpoint's records add up to.
+  struct Expected {
+    uint64_t num_records = 0;
+    uint64_t bytes = 0;
+    uint64_t hash = 0;
+  };
   struct ScanTotals;  // What a scan found.
   using CfMap = std::map<uint64_t, std::shared_ptr<rocksdb::ColumnFamilyHandle>>;
 

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -669,6 +671,64 @@ TEST_F(CheckpointStoreTest, MissingCurrentIsDataLossAndNothingIsDeleted) {
   }
   std::sort(after.begin(), after.end());
   EXPECT_EQ(after, before);
+}
+
+// RocksDB, opening a store read-write, deletes the table files its MANIFEST does not list (it
+// takes them for its own leftovers). A file the store did not write there (here: an SST of
+// another store, under a number this one has not used) is moved into set-aside/ byte for byte
+// instead, and the store's checkpoints are intact.
+TEST_F(CheckpointStoreTest, FileTheStoreDoesNotListIsSetAsideNotDeleted) {
+  CheckpointStoreOptions other = options_;
+  other.path = (dir_ / "other").string();
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointStore> store, CheckpointStore::Open(other));
+    store_ = std::move(store);
+    ASSERT_OK(WriteCheckpoint(MakeRecords(7, 5, 1000)).status());
+    store_.reset();
+  }
+  OpenStore();
+  const Records first = MakeRecords(1, 5, 1000), second = MakeRecords(2, 5, 1000);
+  ASSERT_OK(WriteCheckpoint(first).status());
+  ASSERT_OK(WriteCheckpoint(second).status());
+  store_.reset();
+
+  fs::path source;
+  for (const auto& entry : fs::directory_iterator(other.path)) {
+    if (entry.path().extension() == ".sst") source = entry.path();
+  }
+  ASSERT_FALSE(source.empty());
+  // The lowest number no file of the store uses: below the store's next file number, so
+  // RocksDB would count the file as obsolete.
+  std::set<uint64_t> used;
+  for (const auto& entry : fs::directory_iterator(options_.path)) {
+    const std::string name = entry.path().filename().string();
+    const size_t digits = name.find_first_of("0123456789");
+    if (digits != std::string::npos) used.insert(std::strtoull(name.c_str() + digits, nullptr, 10));
+  }
+  uint64_t number = 1;
+  while (used.count(number) > 0) ++number;
+  ASSERT_LT(number, *used.rbegin());
+  char name[32];
+  std::snprintf(name, sizeof(name), "%06llu.sst", static_cast<unsigned long long>(number));
+  const fs::path extra = fs::path(options_.path) / name;
+  fs::copy_file(source, extra);
+  std::ifstream in(extra, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  OpenStore();
+  EXPECT_FALSE(fs::exists(extra));
+  const fs::path aside = fs::path(options_.path) / "set-aside" / name;
+  ASSERT_TRUE(fs::exists(aside)) << "RocksDB deleted " << extra;
+  std::ifstream moved(aside, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(moved)), std::istreambuf_iterator<char>()),
+            bytes);
+  EXPECT_THAT(ListIds(), ElementsAre(1, 2));
+  ASSERT_OK_AND_ASSIGN(Records read1, ReadAll(1));
+  EXPECT_TRUE(read1 == first);
+  ASSERT_OK_AND_ASSIGN(Records read2, ReadAll(2));
+  EXPECT_TRUE(read2 == second);
+  // And the store goes on writing.
+  ASSERT_OK(WriteCheckpoint(MakeRecords(3, 5, 1000)).status());
 }
 
 TEST_F(CheckpointStoreTest, OtherFormatVersionIsFailedPrecondition) {

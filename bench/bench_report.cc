@@ -1,4 +1,4 @@
-#include "tools/bench_report.h"
+#include "bench/bench_report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 constexpr uint64_t kKB = 1024;
@@ -148,4 +148,4 @@ std::string ToJsonLine(const BenchRow& r) {
   return absl::StrCat("{", absl::StrJoin(fields, ","), "}");
 }
 
-}  // namespace ps::tools
+}  // namespace ps::bench

@@ -2,15 +2,15 @@
 //
 // Units: MB = 2^20 bytes (the payload sizes 4 KB, 1 MB, 64 MB are powers of two as well);
 // latencies in milliseconds.
-#ifndef PS_TOOLS_BENCH_REPORT_H_
-#define PS_TOOLS_BENCH_REPORT_H_
+#ifndef PS_BENCH_BENCH_REPORT_H_
+#define PS_BENCH_BENCH_REPORT_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace ps::tools {
+namespace ps::bench {
 
 // One measurement. Plain data.
 struct BenchRow {
@@ -64,6 +64,6 @@ std::string FormatTable(const std::vector<BenchRow>& rows);
 // One JSON object (no trailing newline) with every field of `row`; vs_tcp is null when unset.
 std::string ToJsonLine(const BenchRow& row);
 
-}  // namespace ps::tools
+}  // namespace ps::bench
 
-#endif  // PS_TOOLS_BENCH_REPORT_H_
+#endif  // PS_BENCH_BENCH_REPORT_H_

@@ -1,4 +1,4 @@
-#include "tools/local_cluster.h"
+#include "bench/local_cluster.h"
 
 #include <signal.h>
 
@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 std::string Indent(const std::string& text) {
@@ -137,4 +137,4 @@ std::vector<pid_t> LocalCluster::pids() const {
   return out;
 }
 
-}  // namespace ps::tools
+}  // namespace ps::bench

@@ -1,4 +1,4 @@
-#include "tools/bench_load.h"
+#include "bench/bench_load.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 struct ThreadResult {
@@ -97,4 +97,4 @@ absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const LoadCall& c
   return out;
 }
 
-}  // namespace ps::tools
+}  // namespace ps::bench

@@ -1,4 +1,4 @@
-#include "tools/raw_tcp.h"
+#include "bench/raw_tcp.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 constexpr char kRequestReply = 'R';
@@ -228,4 +228,4 @@ absl::StatusOr<double> MeasureStreamBandwidth(int port, size_t write_size,
   return static_cast<double>(received) / absl::ToDoubleSeconds(end - start);
 }
 
-}  // namespace ps::tools
+}  // namespace ps::bench

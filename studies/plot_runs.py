@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Plots training runs from their JSON-lines logs (training.log_path / ps_worker --log_path).
 
-    /usr/bin/python3 tools/plot_runs.py docs/runs/centralized.jsonl docs/runs/async.jsonl \
+    /usr/bin/python3 studies/plot_runs.py docs/runs/centralized.jsonl docs/runs/async.jsonl \
         docs/runs/bsp.jsonl --out docs/fashion_mnist_runs.png
 
 One figure with four panels: test metric (accuracy, or AUC for CTR) against wall time and

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """When does distribution pay? Centralized against 1-4 workers on 1-2 servers, per link speed.
 
-    python3 tools/crossover_study.py --out docs/runs/crossover.jsonl          # as root for netns links
-    /usr/bin/python3 tools/crossover_study.py --report docs/runs/crossover.jsonl \
+    python3 studies/crossover_study.py --out docs/runs/crossover.jsonl          # as root for netns links
+    /usr/bin/python3 studies/crossover_study.py --report docs/runs/crossover.jsonl \
         --plot docs/crossover.png                                             # table + plot only
 
 Models (--models): small = MLP 784-64-10 (50.9k parameters, batch 64); large = MLP
@@ -29,8 +29,8 @@ can show how much of the machine a run used: all "hosts" share this machine's co
 each of its epochs, until an evaluation reaches the target (then the run is stopped) or the
 model's time limit passes (TARGET_LIMITS; recorded as not reached, with the best metric seen).
 The time is worker 0's training clock, evaluations included: what a user waits for.
-    python3 tools/crossover_study.py --target --links 10gbit,1gbit,100mbit --out docs/runs/crossover_target.jsonl
-    /usr/bin/python3 tools/crossover_study.py --report docs/runs/crossover_target.jsonl \
+    python3 studies/crossover_study.py --target --links 10gbit,1gbit,100mbit --out docs/runs/crossover_target.jsonl
+    /usr/bin/python3 studies/crossover_study.py --report docs/runs/crossover_target.jsonl \
         --target_plot docs/crossover_target.png
 
 Output: one JSON line per run (--out): samples/s summed over workers, wall time, bytes the
@@ -54,7 +54,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from job_runs import EVAL_LINE, launch_argv, parse_run, run_until  # noqa: E402, F401
+from job_runs import launch_argv, parse_run, read_log, read_logs, run_until  # noqa: E402
 from link_probe import probe_link  # noqa: E402
 from step_cost import step_bytes  # noqa: E402
 
@@ -172,15 +172,19 @@ class Study:
     def centralized(self, link, model, steps):
         config, sets = MODELS[model]
         threads = 1
+        log_path = os.path.join(self.work, "centralized-%d.jsonl" % int(time.time() * 1000))
         argv = [os.path.join(self.wrapped, "worker/ps_worker"), "--config=" + config, "--centralized",
-                "--eval=never", "--threads=%d" % threads,
+                "--eval=never", "--threads=%d" % threads, "--log_path=" + log_path,
                 "--set=" + ",".join(sets + ["training.max_steps=%d" % steps, "training.epochs=1000"])]
         code, out, wall = self.run(argv, 300)
+        records = read_log(log_path) if os.path.exists(log_path) else []
+        if os.path.exists(log_path):
+            os.unlink(log_path)
         if code != 0:
             log("centralized %s failed (%s):\n%s" % (model, code, out[-2000:]))
             return
         self.record(dict(link=link, model=model, mode="centralized", servers=0, workers=1, steps_per_worker=steps,
-                         wall_s=round(wall, 2), **parse_run(out)))
+                         wall_s=round(wall, 2), **parse_run(out, records)))
 
     def cluster_argv(self, link, model, s, w, mode, sets, run_dir, eval_mode):
         """launch_ssh.py command line for s servers and w workers of `model` on `link`."""
@@ -201,6 +205,7 @@ class Study:
         argv = self.cluster_argv(link, model, s, w, mode, ["training.max_steps=%d" % steps, "training.epochs=1000"],
                                  run_dir, "never")
         code, out, wall = self.run(argv, self.args.run_timeout)
+        records = read_logs(os.path.join(run_dir, "logs")) if code == 0 else []
         shutil.rmtree(run_dir, ignore_errors=True)
         if code != 0:
             log("%s %dx%d %s on %s failed (%s):\n%s" % (model, s, w, mode, link, code, out[-3000:]))
@@ -208,7 +213,7 @@ class Study:
                 self.net.kill_processes()
             return
         self.record(dict(link=link, model=model, mode=mode, servers=s, workers=w, steps_per_worker=steps,
-                         wall_s=round(wall, 2), **parse_run(out)))
+                         wall_s=round(wall, 2), **parse_run(out, records)))
 
     def to_target(self, link, model, mode, s, w):
         """Trains until worker 0's test metric reaches the model's target, or the time limit.
@@ -222,16 +227,17 @@ class Study:
         limit = self.target_limits[model]
         sets = ["training.epochs=%d" % self.args.target_epochs, "training.target_metric=%g" % target,
                 "training.eval_every_epochs=1"]
-        run_dir = None
+        run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
+        worker0_log = os.path.join(run_dir, "logs", "worker-0.jsonl")  # launch_argv's name for it
         if mode == "centralized":
+            os.makedirs(os.path.dirname(worker0_log), exist_ok=True)
             argv = [os.path.join(self.wrapped, "worker/ps_worker"), "--config=" + config, "--centralized",
-                    "--eval=always", "--threads=1", "--set=" + ",".join(model_sets + sets)]
+                    "--eval=always", "--threads=1", "--log_path=" + worker0_log,
+                    "--set=" + ",".join(model_sets + sets)]
         else:
-            run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
             argv = self.cluster_argv(link, model, s, w, mode, sets, run_dir, "auto")
-        evals, reached, out, wall, failed = run_until(argv, target, limit)
-        if run_dir:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        evals, reached, out, wall, failed = run_until(argv, target, limit, worker0_log)
+        shutil.rmtree(run_dir, ignore_errors=True)
         if self.net:
             self.net.kill_processes()
         if failed:
@@ -247,7 +253,7 @@ class Study:
 
     def probe(self, link):
         # Besides the rate and round trip: one worker step's pull and push, back to back, per model.
-        exchanges = [step_bytes(os.path.join(ROOT, MODELS[m][0]), MODELS[m][1]) for m in self.args.models.split(",")]
+        exchanges = [step_bytes(self.bin_dir, os.path.join(ROOT, MODELS[m][0]), MODELS[m][1]) for m in self.args.models.split(",")]
         if link == "loopback":
             return probe_link([], [], "127.0.0.1", exchanges=exchanges)
         return probe_link(self.net.exec_prefix("s0"), self.net.exec_prefix("w0"), "%s.%d" % (SUBNET, 1),

@@ -1,7 +1,7 @@
 // eviction_sim: hit ratios of eviction policies for a sparse table's memory budget, on the key
 // stream the spill benchmark uses (pulls of unique keys drawn from a Zipf distribution).
 //
-//   bazel build //tools:eviction_sim && bazel-bin/tools/eviction_sim --zipf=1.1,0.9
+//   bazel build //bench:eviction_sim && bazel-bin/bench/eviction_sim --zipf=1.1,0.9
 //
 // Every policy is simulated as the server runs it: the budget split evenly over 256 stripes
 // (a key's stripe is the top byte of common::Mix64(key)), each stripe evicting on its own.
@@ -41,7 +41,7 @@ ABSL_FLAG(uint64_t, keys_per_pull, 10000, "Unique keys per pull.");
 ABSL_FLAG(uint64_t, pulls, 300, "Pulls in the stream.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the key stream.");
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 constexpr int kStripes = 256;
@@ -260,12 +260,12 @@ int Main() {
 }
 
 }  // namespace
-}  // namespace ps::tools
+}  // namespace ps::bench
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Hit ratios of eviction policies for a sparse table's memory budget on a Zipf key "
-      "stream. Example:\n  bazel-bin/tools/eviction_sim --zipf=1.1,0.9 --budgets=25,5");
+      "stream. Example:\n  bazel-bin/bench/eviction_sim --zipf=1.1,0.9 --budgets=25,5");
   absl::ParseCommandLine(argc, argv);
-  return ps::tools::Main();
+  return ps::bench::Main();
 }

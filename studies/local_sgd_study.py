@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Local SGD against asynchronous and bulk-synchronous training, on one machine.
 
-    python3 tools/local_sgd_study.py [--epochs 5] [--config CONFIG] [--json out.jsonl]
+    python3 studies/local_sgd_study.py [--epochs 5] [--config CONFIG] [--json out.jsonl]
 
 Runs the 2-server, 2-worker Fashion-MNIST job (tools/launch_local.py) once per mode:
 asynchronous, BSP, and local SGD merging every k = 1, 4 and 16 steps (model averaging
@@ -13,12 +13,15 @@ workers) and wall time. Build first: bazel build //server:ps_server //worker:ps_
 import argparse
 import json
 import os
-import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from job_runs import parse_run, read_logs, worker_log_flag  # noqa: E402
 
 MODES = [
     ("async", ""),
@@ -29,22 +32,22 @@ MODES = [
 ]
 
 
-def time_to(output, target):
-    """Seconds until worker 0 first evaluated at >= target test accuracy (None if never)."""
-    for epoch, accuracy, seconds in re.findall(
-            r"worker 0  epoch (\d+)  test accuracy ([0-9.]+)  loss [0-9.]+  \(([0-9.]+) s\)", output):
-        if float(accuracy) >= target:
-            return float(seconds)
+def time_to(records, target):
+    """Seconds until worker 0 first evaluated at >= target test accuracy (None if never), from
+    the workers' JSON-log "eval" records."""
+    for rec in records:
+        if rec.get("type") == "eval" and rec.get("worker") == 0 and rec.get("accuracy", 0) >= target:
+            return float(rec["time_s"])
     return None
 
 
-def parse(output):
-    rates = [float(x) for x in re.findall(r"samples/s ([0-9.]+) wall_s", output)]
-    accuracy = re.search(r"final test accuracy ([0-9.]+)", output)
-    sent = [int(x) for x in re.findall(r"sent ([0-9]+) bytes", output)]
-    received = [int(x) for x in re.findall(r"received ([0-9]+) bytes", output)]
-    return dict(samples_per_s=sum(rates), accuracy=float(accuracy.group(1)) if accuracy else None,
-                bytes_sent=sum(sent), bytes_received=sum(received))
+def run(config, sets, log_dir):
+    """One tools/launch_local.py job whose workers log to log_dir; (launcher output, records)."""
+    cmd = [sys.executable, "tools/launch_local.py", config, "--set", sets, worker_log_flag(log_dir)]
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("local_sgd_study: %s failed:\n%s" % (" ".join(cmd), p.stdout[-3000:]))
+    return p.stdout, read_logs(log_dir)
 
 
 def main():
@@ -64,15 +67,17 @@ def main():
         if name not in wanted:
             continue
         sets = ",".join(x for x in ["training.epochs=%d" % args.epochs, overrides] if x)
-        cmd = [sys.executable, "tools/launch_local.py", args.config, "--set", sets]
         start = time.time()
-        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
-        if p.returncode != 0:
-            sys.exit("local_sgd_study: %s failed:\n%s" % (" ".join(cmd), p.stdout[-3000:]))
+        log_dir = tempfile.mkdtemp(prefix="ps-local-sgd-")
+        try:
+            out, records = run(args.config, sets, log_dir)
+        finally:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        r = parse_run(out, records)
         row = dict(mode=name, epochs=args.epochs, wall_s=round(time.time() - start, 1),
-                   target=args.target, seconds_to_target=time_to(p.stdout, args.target),
-                   **parse(p.stdout))
+                   target=args.target, seconds_to_target=time_to(records, args.target),
+                   samples_per_s=r["sum_of_worker_rates"], accuracy=r["final_metric"],
+                   bytes_sent=r["bytes_sent"], bytes_received=r["bytes_received"])
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:

@@ -1,11 +1,11 @@
-// LocalCluster: N ps_server processes on 127.0.0.1 for tools (benchmarks, smoke runs).
+// LocalCluster: N ps_server processes on 127.0.0.1 for the benchmarks.
 //
 // Everything lives in one temporary directory: the job config (config.textproto), each
 // server's data dir (server<i>/) and log (server<i>.log). Servers bind port 0 and report the
 // port through a port file. Stop() sends SIGTERM to all, then SIGKILL to those still running
 // after the grace period; the destructor stops and removes the directory.
-#ifndef PS_TOOLS_LOCAL_CLUSTER_H_
-#define PS_TOOLS_LOCAL_CLUSTER_H_
+#ifndef PS_BENCH_LOCAL_CLUSTER_H_
+#define PS_BENCH_LOCAL_CLUSTER_H_
 
 #include <memory>
 #include <string>
@@ -13,9 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/bench_process.h"
+#include "bench/bench_process.h"
 
-namespace ps::tools {
+namespace ps::bench {
 
 struct LocalClusterOptions {
   // Path of the ps_server binary. REQUIRES: non-empty.
@@ -72,6 +72,6 @@ class LocalCluster {
   std::vector<std::unique_ptr<ChildProcess>> servers_;
 };
 
-}  // namespace ps::tools
+}  // namespace ps::bench
 
-#endif  // PS_TOOLS_LOCAL_CLUSTER_H_
+#endif  // PS_BENCH_LOCAL_CLUSTER_H_

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput of centralized mode against 1, 2 and 4 workers on 1 and 2 servers.
 
-    python3 tools/scaling_bench.py [--epochs 1] [--json results.jsonl]
+    python3 studies/scaling_bench.py [--epochs 1] [--json results.jsonl]
 
 For each model (Fashion-MNIST MLP, synthetic CTR) it runs the job once in centralized mode
 and once per (servers, workers) cell through tools/launch_local.py, all on this machine, and
@@ -12,42 +12,40 @@ Build first: bazel build //server:ps_server //worker:ps_worker
 import argparse
 import json
 import os
-import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from job_runs import read_logs, summarize, worker_log_flag  # noqa: E402
 MODELS = {
     "mlp": ("configs/fashion_mnist_2x2_async.textproto", "accuracy"),
     "ctr": ("configs/ctr_synthetic_2x2.textproto", "auc"),
 }
 
 
-def seconds(text):
-    """An absl duration as the worker prints it ("1m2.5s", "147.6ms", "0") in seconds."""
-    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-    return sum(float(v) * units[u] for v, u in re.findall(r"([0-9.]+)(h|ms|us|ns|m|s)", text))
-
-
-def parse(output):
-    rates = [float(x) for x in re.findall(r"samples/s ([0-9.]+) wall_s", output)]
-    metric = re.search(r"final test (?:accuracy|auc) ([0-9.]+)", output)
-    # Each worker's summary: "..., pull D, compute D, push D, ...": the largest share of
-    # communication (pull + push) over compute among the workers.
+def parse(records):
+    """Workers' JSON-log records -> (samples/s summed over workers, the last test metric, the
+    largest share of communication (pull + push) over compute among the workers)."""
+    r = summarize(records)
     comm = None
-    for pull, compute, push in re.findall(r"pull ([^,]+), compute ([^,]+), push ([^,]+),", output):
-        ratio = (seconds(pull) + seconds(push)) / max(seconds(compute), 1e-9)
-        comm = ratio if comm is None else max(comm, ratio)
-    return sum(rates), (float(metric.group(1)) if metric else None), comm
+    for rec in records:
+        if rec.get("type") == "done":
+            ratio = (rec["pull_s"] + rec["push_s"]) / max(rec["compute_s"], 1e-9)
+            comm = ratio if comm is None else max(comm, ratio)
+    return r["sum_of_worker_rates"], r["final_metric"], comm
 
 
-def run(cmd):
+def run(cmd, log_dir):
+    """Runs cmd (its workers logging to log_dir); (records, wall seconds)."""
     start = time.time()
     p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
         sys.exit("scaling_bench: %s failed:\n%s" % (" ".join(cmd), p.stdout[-3000:]))
-    return p.stdout, time.time() - start
+    return read_logs(log_dir), time.time() - start
 
 
 def main():
@@ -65,16 +63,22 @@ def main():
     for model in args.models.split(","):
         config, metric_name = MODELS[model]
         common = "training.epochs=%d" % args.epochs
-        out, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common])
-        rate, metric, _ = parse(out)
+        log_dir = tempfile.mkdtemp(prefix="ps-scaling-")
+        records, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common,
+                             "--log_path=" + os.path.join(log_dir, "worker-0.jsonl")], log_dir)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        rate, metric, _ = parse(records)
         rows.append(dict(model=model, mode="centralized", servers=0, workers=1,
                          samples_per_s=rate, metric=metric, wall_s=wall, comm=None))
         print(rows[-1], flush=True)
         for cell in args.cells.split(","):
             s, w = (int(x) for x in cell.split("x"))
-            out, wall = run([sys.executable, "tools/launch_local.py", config, "--servers", str(s),
-                             "--workers", str(w), "--bin_dir", bin_dir, "--set", common])
-            rate, metric, comm = parse(out)
+            log_dir = tempfile.mkdtemp(prefix="ps-scaling-")
+            records, wall = run([sys.executable, "tools/launch_local.py", config, "--servers", str(s),
+                                 "--workers", str(w), "--bin_dir", bin_dir, "--set", common,
+                                 worker_log_flag(log_dir)], log_dir)
+            shutil.rmtree(log_dir, ignore_errors=True)
+            rate, metric, comm = parse(records)
             rows.append(dict(model=model, mode="distributed", servers=s, workers=w,
                              samples_per_s=rate, metric=metric, wall_s=wall, comm=comm))
             print(rows[-1], flush=True)

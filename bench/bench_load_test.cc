@@ -1,11 +1,11 @@
-#include "tools/bench_load.h"
+#include "bench/bench_load.h"
 
 #include <atomic>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 LoadOptions Short(int threads) {
@@ -50,4 +50,4 @@ TEST(LoadResult, PercentileIsNearestRank) {
 }
 
 }  // namespace
-}  // namespace ps::tools
+}  // namespace ps::bench

@@ -1,4 +1,4 @@
-#include "tools/bench_process.h"
+#include "bench/bench_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
-namespace ps::tools {
+namespace ps::bench {
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     const std::vector<std::string>& argv, const std::string& log_path) {
@@ -140,4 +140,4 @@ absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
   return std::string(buf.data());
 }
 
-}  // namespace ps::tools
+}  // namespace ps::bench

@@ -6,8 +6,8 @@
 // time), which stays right when a single call is long compared with the period (e.g. one
 // 64 MB push per second): a thread that started its last call just before the end is not
 // charged for the others' idle tail.
-#ifndef PS_TOOLS_BENCH_LOAD_H_
-#define PS_TOOLS_BENCH_LOAD_H_
+#ifndef PS_BENCH_BENCH_LOAD_H_
+#define PS_BENCH_BENCH_LOAD_H_
 
 #include <atomic>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace ps::tools {
+namespace ps::bench {
 
 struct LoadOptions {
   // Threads calling concurrently. REQUIRES: > 0.
@@ -51,6 +51,6 @@ using LoadCall = std::function<absl::Status(int thread)>;
 absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const LoadCall& call,
                                    const std::atomic<bool>* cancel);
 
-}  // namespace ps::tools
+}  // namespace ps::bench
 
-#endif  // PS_TOOLS_BENCH_LOAD_H_
+#endif  // PS_BENCH_BENCH_LOAD_H_

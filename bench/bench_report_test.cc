@@ -1,9 +1,9 @@
-#include "tools/bench_report.h"
+#include "bench/bench_report.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ps::tools {
+namespace ps::bench {
 namespace {
 
 using ::testing::HasSubstr;
@@ -66,4 +66,4 @@ TEST(FormatTable, ShowsTheSpillColumnsOnlyWhenSet) {
 }
 
 }  // namespace
-}  // namespace ps::tools
+}  // namespace ps::bench

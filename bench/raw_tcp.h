@@ -7,8 +7,8 @@
 //   'S' stream: the client writes until it shuts down its sending side; the server reads and
 //       discards, and at EOF answers with 8 bytes: the number of bytes it received.
 // Both ends set TCP_NODELAY, as gRPC does.
-#ifndef PS_TOOLS_RAW_TCP_H_
-#define PS_TOOLS_RAW_TCP_H_
+#ifndef PS_BENCH_RAW_TCP_H_
+#define PS_BENCH_RAW_TCP_H_
 
 #include <cstdint>
 #include <memory>
@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace ps::tools {
+namespace ps::bench {
 
 // A server on 127.0.0.1 in a thread of this process (plus one thread per connection).
 // Thread-safe. STARTED (Start) -> STOPPED (destructor: closes every socket, joins threads).
@@ -75,6 +75,6 @@ class RawTcpClient {
 absl::StatusOr<double> MeasureStreamBandwidth(int port, size_t write_size,
                                               absl::Duration duration);
 
-}  // namespace ps::tools
+}  // namespace ps::bench
 
-#endif  // PS_TOOLS_RAW_TCP_H_
+#endif  // PS_BENCH_RAW_TCP_H_

@@ -1,11 +1,11 @@
-// Child processes for tools: start a binary with its output going to a log file, stop it
+// Child processes for the benchmarks: start a binary with its output going to a log file, stop it
 // (SIGTERM, then SIGKILL after a grace period), and read the end of its log for error
 // messages. A ChildProcess still running when destroyed is stopped the same way, so a tool
 // that returns early (an error, Ctrl-C) leaves no server behind.
 //
-// (tests/subprocess.h does the same for tests; it is testonly, so tools have their own.)
-#ifndef PS_TOOLS_BENCH_PROCESS_H_
-#define PS_TOOLS_BENCH_PROCESS_H_
+// (tests/subprocess.h does the same for tests; it is testonly, so the benchmarks have their own.)
+#ifndef PS_BENCH_BENCH_PROCESS_H_
+#define PS_BENCH_BENCH_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace ps::tools {
+namespace ps::bench {
 
 // One child process. Thread-safe (the Ctrl-C thread may stop it while the main thread waits
 // on it).
@@ -70,6 +70,6 @@ absl::StatusOr<std::string> WaitForFileLine(const std::string& path, absl::Durat
 // A new directory under $TMPDIR (or /tmp) named <prefix>XXXXXX. INTERNAL on failure.
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix);
 
-}  // namespace ps::tools
+}  // namespace ps::bench
 
-#endif  // PS_TOOLS_BENCH_PROCESS_H_
+#endif  // PS_BENCH_BENCH_PROCESS_H_

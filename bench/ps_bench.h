@@ -1,0 +1,177 @@
+// The parts of ps_bench (bench/ps_bench_main.cc) that its modes share: the options the flags
+// become, the environment a measurement runs in, the median-of-runs driver with costs per
+// call, the report, and the modes' entry points. Each mode lives in its own file:
+//   ps_bench_tcp.cc     raw-socket request/reply and streaming baseline
+//   ps_bench_dense.cc   GrpcParameterStore dense push / pull
+//   ps_bench_sparse.cc  GrpcParameterStore sparse pull / push (uniform keys)
+//   ps_bench_servers.cc dense and sparse against started or --connect servers
+//   ps_bench_spill.cc   Zipf pulls against servers whose sparse table spills to disk
+// Nothing here reads flags: the main turns them into BenchOptions.
+
+#ifndef PS_BENCH_PS_BENCH_H_
+#define PS_BENCH_PS_BENCH_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/bench_load.h"
+#include "bench/bench_report.h"
+#include "bench/local_cluster.h"
+#include "proto/config.pb.h"
+#include "worker/rpc/grpc_store.h"
+
+namespace ps::bench {
+
+// Everything the flags say, checked by the main (ranges) before any mode runs.
+struct BenchOptions {
+  // What to measure.
+  bool tcp = false, dense = false, sparse = false, spill = false;
+  std::vector<uint64_t> payloads;     // bytes, whole floats
+  std::vector<int> clients;           // concurrent client counts
+  std::vector<uint64_t> sparse_keys;  // keys per sparse call
+  std::vector<int> spill_budgets;     // percent of the rows in memory, 1..100
+  std::vector<bool> dense_ops;        // true = push, false = pull
+  std::vector<bool> sparse_ops;       // true = push, false = pull
+  int window = 1;                     // calls in flight per client
+  int repeat = 1;                     // runs per measurement (the median is reported)
+  LoadOptions load;                   // duration and warm-up
+
+  // The servers: started here (servers > 0, connect empty) or running ones.
+  int servers = 2;
+  std::string server_binary;           // empty: found beside this binary
+  std::vector<std::string> connect;    // host:port of running servers
+  std::string config;                  // their JobConfig (with connect)
+  bool keep_temp = false;              // keep the started servers' directory
+
+  // Table shapes and key draws.
+  int sparse_dim = 16;
+  uint64_t key_space = 1000000;
+  bool sparse_prefill = true;
+  uint64_t dense_block_floats = 262144;
+  size_t tcp_stream_write = 4 << 20;
+  uint64_t seed = 1;
+  double zipf = 1.1;
+  uint64_t zipf_stream_keys = 2000000;
+  double spill_settle_s = 5;
+};
+
+// The largest of options.clients (1 if empty).
+int MaxClients(const BenchOptions& options);
+
+std::string DenseTableName(uint64_t bytes);
+std::string SparseTableName(int dim);
+
+// The tables-only job config the bench's servers run with: one dense table per payload, one
+// sparse table, SGD everywhere (a push does real work), asynchronous (no staleness), no
+// checkpoints, plaintext.
+std::string BenchConfigText(const BenchOptions& options, int num_servers);
+
+// options.server_binary, else this binary's runfiles (the target has ps_server as data), else
+// bazel-bin/server/ps_server next to bazel-bin/bench/ps_bench.
+std::string FindServerBinary(const BenchOptions& options);
+
+// Blocks SIGINT/SIGTERM in every thread (construct before starting any) and waits for them
+// on its own thread: on a signal it cancels the run, stops the watched cluster (SIGTERM, then
+// SIGKILL) and exits 128+signal. In-flight RPCs are not waited for: with their servers gone
+// they would only retry. Thread-safe.
+class SignalStopper {
+ public:
+  SignalStopper();
+  ~SignalStopper();
+  // The cluster to stop on a signal (null: none). Not owned; call Watch(nullptr) before
+  // destroying it.
+  void Watch(LocalCluster* cluster, bool keep_dir);
+  const std::atomic<bool>* cancelled() const { return &cancelled_; }
+
+ private:
+  void Loop();
+
+  sigset_t set_;
+  std::atomic<bool> cancelled_{false};
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  LocalCluster* cluster_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool keep_dir_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Everything a measurement needs. Does not own its pointers.
+struct BenchEnv {
+  const BenchOptions* flags;
+  std::vector<worker::GrpcParameterStore*> stores;  // store i = worker i
+  LocalCluster* cluster = nullptr;                  // null with --connect
+  const std::atomic<bool>* cancel;
+  std::map<uint64_t, double> tcp_mb_per_s;  // req/reply baseline by payload
+};
+
+BenchRow MakeRow(std::string mode, std::string op, std::string payload, uint64_t payload_bytes,
+                 uint64_t rows, int clients, int window, const LoadResult& r);
+
+// The retries of every store of env so far.
+uint64_t TotalRetries(const BenchEnv& env);
+
+// Runs the load --repeat times and returns the run with the median throughput. When a run
+// fails, says whether a server died and what it logged.
+// With `row`, also fills its costs per call (of the median run).
+absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
+                                      const std::string& what, BenchRow* row = nullptr);
+
+// Prints each row as it comes (and its JSON line to `json`) and keeps them for the table.
+// Thread-compatible.
+class Reporter {
+ public:
+  explicit Reporter(std::ofstream* json) : json_(json) {}
+  void Add(const BenchRow& row);
+  const std::vector<BenchRow>& rows() const { return rows_; }
+
+ private:
+  std::ofstream* json_;  // Not owned; may be null.
+  std::vector<BenchRow> rows_;
+};
+
+// One client store per worker id 0..n-1 (env->stores points into the result).
+absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeStores(
+    const JobConfig& config, int n, BenchEnv* env);
+
+// The config the clients use: `path` with `addresses` as its servers.
+absl::StatusOr<JobConfig> ClientConfig(const std::string& path,
+                                       const std::vector<std::string>& addresses);
+
+// "1k keys" or "1500 keys".
+std::string KeysLabel(uint64_t num_keys);
+
+// ---- The modes ------------------------------------------------------------------------------
+
+// tcp: request/reply per payload over one connection, then streaming bandwidth. Records the
+// request/reply rates in env->tcp_mb_per_s (the dense rows' baseline).
+absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env);
+
+// dense: one measurement of `clients` stores pushing or pulling the dense table of `bytes`.
+absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push, int clients);
+
+// sparse: pulls every key of the key space once (rows are created on first pull).
+absl::Status PrefillSparse(const BenchEnv& env, const std::string& table, int dim);
+// sparse: one measurement of `clients` stores pulling or pushing num_keys uniform keys.
+absl::StatusOr<BenchRow> RunSparse(const BenchEnv& env, uint64_t num_keys, int clients,
+                                   bool push);
+
+// dense and sparse: against a local cluster started here, or the --connect servers.
+absl::Status RunAgainstServers(BenchEnv* env, SignalStopper* stopper, Reporter* reporter);
+
+// spill: fresh servers per --spill_budgets entry, Zipf pulls, hit ratios.
+absl::Status RunSpill(BenchEnv* env, SignalStopper* stopper, Reporter* reporter);
+
+}  // namespace ps::bench
+
+#endif  // PS_BENCH_PS_BENCH_H_

@@ -1,0 +1,44 @@
+// ps_bench --modes=tcp: the raw-socket baseline (bench/raw_tcp.h) the gRPC rows compare with.
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "bench/ps_bench.h"
+#include "bench/raw_tcp.h"
+#include "common/status_macros.h"
+
+namespace ps::bench {
+
+absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env) {
+  ASSIGN_OR_RETURN(auto server, RawTcpServer::Start());
+  std::vector<BenchRow> rows;
+  for (uint64_t bytes : env->flags->payloads) {
+    ASSIGN_OR_RETURN(auto client, RawTcpClient::Connect(server->port()));
+    const std::string payload(bytes, 'p');
+    ASSIGN_OR_RETURN(LoadResult r,
+                     RunChecked(*env, 1, [&](int) { return client->Call(payload); },
+                                absl::StrCat("raw tcp ", FormatBytes(bytes))));
+    rows.push_back(MakeRow("tcp", "req_reply", FormatBytes(bytes), bytes, 0, 1, 1, r));
+    env->tcp_mb_per_s[bytes] = rows.back().mb_per_second;
+  }
+  const size_t write = env->flags->tcp_stream_write;
+  std::vector<double> bandwidths;
+  for (int i = 0; i < env->flags->repeat; ++i) {
+    ASSIGN_OR_RETURN(double b,
+                     MeasureStreamBandwidth(server->port(), write, env->flags->load.duration));
+    bandwidths.push_back(b);
+  }
+  std::sort(bandwidths.begin(), bandwidths.end());
+  const double bandwidth = bandwidths[bandwidths.size() / 2];
+  BenchRow stream;
+  stream.mode = "tcp";
+  stream.op = "stream";
+  stream.payload = absl::StrCat(FormatBytes(write), " writes");
+  stream.payload_bytes = write;
+  stream.seconds = absl::ToDoubleSeconds(env->flags->load.duration);
+  stream.mb_per_second = bandwidth / (1 << 20);
+  rows.push_back(stream);
+  return rows;
+}
+
+}  // namespace ps::bench

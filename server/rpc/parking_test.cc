@@ -1,0 +1,259 @@
+// Pulls that wait for the consistency bound hold no serving thread: over a real gRPC server
+// with two serving threads, many more waiting pulls than threads leave other workers' pushes
+// and pulls served; the waiting pulls complete with the right values when clocks move, are
+// capped (RESOURCE_EXHAUSTED), end at their deadline (DEADLINE_EXCEEDED), are released when
+// the client cancels, and get UNAVAILABLE when the server stops.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/codec.h"
+#include "common/config/config.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/rpc/grpc_server.h"
+#include "server/rpc/service.h"
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::testing::HasSubstr;
+
+constexpr int kWorkers = 2;
+constexpr float kLearningRate = 1.0f;
+
+// One pull sent with the callback API; `done` is notified with its status.
+struct PendingPull {
+  grpc::ClientContext context;
+  PullRequest request;
+  PullResponse response;
+  grpc::Status status;
+  absl::Notification done;
+};
+
+class ParkingTest : public ::testing::Test {
+ protected:
+  // BSP (staleness 0), two workers, one server; dense "w" of 4 values, SGD with rate 1.
+  void Start(ServiceOptions options) {
+    auto config = common::ParseJobConfigText(R"pb(
+      cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
+      training { staleness: 0 }
+      security { plaintext: true }
+      tables {
+        name: "w" kind: TABLE_KIND_DENSE shape: 4
+        initializer { kind: CONSTANT value: 1 }
+        optimizer { kind: SGD learning_rate: 1 }
+      }
+    )pb", "test");
+    ASSERT_THAT(config.status(), IsOk());
+    config_ = *config;
+    auto shard = Shard::Create(config_, ShardOptions{});
+    ASSERT_THAT(shard.status(), IsOk());
+    shard_ = *std::move(shard);
+    options.num_threads = 2;
+    options.auth.check_identities = false;
+    service_ = std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{});
+    GrpcServerOptions server_options;
+    server_options.address = "127.0.0.1:0";
+    auto server = GrpcServer::Start(server_options, config_.security(), service_.get());
+    ASSERT_THAT(server.status(), IsOk());
+    server_ = *std::move(server);
+    stub_ = ParameterServer::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    // As ParameterServer::Drain: parked pulls are answered before the server stops.
+    if (shard_ != nullptr) shard_->workers().CloseWaiters(absl::UnavailableError("stopping"));
+    server_.reset();
+    service_.reset();
+  }
+
+  RequestHeader Header(int32_t worker, int64_t clock, uint64_t sequence = 0) {
+    RequestHeader h;
+    h.set_worker_id(worker);
+    h.set_worker_incarnation(1);
+    h.set_sequence(sequence);
+    h.set_clock(clock);
+    h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
+    return h;
+  }
+
+  // Sends a pull of all of "w" as `worker` at `clock` without waiting for its answer.
+  std::unique_ptr<PendingPull> SendPull(int32_t worker, int64_t clock,
+                                        absl::Duration deadline = absl::Seconds(60)) {
+    auto pull = std::make_unique<PendingPull>();
+    *pull->request.mutable_header() = Header(worker, clock);
+    auto* t = pull->request.add_tables();
+    t->set_table("w");
+    t->add_block_ids(0);
+    pull->context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    PendingPull* p = pull.get();
+    stub_->async()->Pull(&p->context, &p->request, &p->response, [p](grpc::Status status) {
+      p->status = std::move(status);
+      p->done.Notify();
+    });
+    return pull;
+  }
+
+  // A pull as `worker` at `clock`, waited for.
+  grpc::Status Pull(int32_t worker, int64_t clock, std::vector<float>* values) {
+    std::unique_ptr<PendingPull> pull = SendPull(worker, clock);
+    pull->done.WaitForNotification();
+    if (pull->status.ok()) *values = ValuesOf(pull->response);
+    return pull->status;
+  }
+
+  // Pushes gradient `g` for every value of "w" as `worker` at `clock`.
+  grpc::Status Push(int32_t worker, int64_t clock, uint64_t sequence, float g) {
+    PushRequest request;
+    *request.mutable_header() = Header(worker, clock, sequence);
+    auto* t = request.add_tables();
+    t->set_table("w");
+    auto* block = t->add_blocks();
+    block->set_block_id(0);
+    common::EncodeFloats(std::vector<float>(4, g), ENCODING_FLOAT32, block->mutable_values());
+    PushResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    return stub_->Push(&context, request, &response);
+  }
+
+  static std::vector<float> ValuesOf(const PullResponse& response) {
+    std::vector<float> values(4);
+    EXPECT_THAT(common::DecodeFloats(response.tables(0).blocks(0).values(), ENCODING_FLOAT32,
+                                     absl::MakeSpan(values)),
+                IsOk());
+    return values;
+  }
+
+  // Waits until exactly `n` pulls are parked (the server has taken every pull sent).
+  void AwaitParked(size_t n) {
+    while (shard_->workers().parked() != n) absl::SleepFor(absl::Milliseconds(1));
+  }
+
+  uint64_t Rejected(const std::string& reason) {
+    StatsResponse stats;
+    shard_->FillStats(&stats);
+    auto it = stats.rejected().find(reason);
+    return it == stats.rejected().end() ? 0 : it->second;
+  }
+
+  JobConfig config_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+};
+
+TEST_F(ParkingTest, ManyWaitingPullsDoNotStarveOtherWorkersAndCompleteWhenClocksMove) {
+  ServiceOptions options;
+  options.max_parked_pulls_per_worker = 64;
+  Start(options);
+  // 50 pulls as worker 0 at clock 1: each needs every worker at clock 1 (nobody is yet).
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  for (int i = 0; i < 50; ++i) waiting.push_back(SendPull(0, 1));
+  AwaitParked(50);
+
+  // Worker 1 is served meanwhile, on the two serving threads 50 pulls would have held.
+  ASSERT_TRUE(Push(1, 1, 1, 0.25f).ok());
+  std::vector<float> values;
+  grpc::Status status = Pull(1, 0, &values);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(values, ::testing::Each(1.0f - kLearningRate * 0.25f));
+  for (const auto& pull : waiting) EXPECT_FALSE(pull->done.HasBeenNotified());
+
+  // Worker 0's push moves the slowest clock to 1: every parked pull reads both pushes.
+  ASSERT_TRUE(Push(0, 1, 1, 0.5f).ok());
+  for (const auto& pull : waiting) {
+    pull->done.WaitForNotification();
+    ASSERT_TRUE(pull->status.ok()) << pull->status.error_message();
+    EXPECT_THAT(ValuesOf(pull->response), ::testing::Each(1.0f - kLearningRate * 0.75f));
+  }
+  EXPECT_EQ(shard_->workers().parked(), 0u);
+}
+
+TEST_F(ParkingTest, ParkedPullsAreCappedPerWorkerAndInAll) {
+  ServiceOptions options;
+  options.max_parked_pulls_per_worker = 3;
+  options.max_parked_pulls = 5;
+  Start(options);
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  for (int i = 0; i < 3; ++i) waiting.push_back(SendPull(0, 1));
+  AwaitParked(3);
+  std::unique_ptr<PendingPull> over = SendPull(0, 1);
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over->status.error_message(), HasSubstr("per worker"));
+
+  for (int i = 0; i < 2; ++i) waiting.push_back(SendPull(1, 1));
+  AwaitParked(5);
+  over = SendPull(1, 1);
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over->status.error_message(), HasSubstr("in all"));
+  EXPECT_EQ(Rejected("too_many_waiting"), 2u);
+
+  // The parked ones are still answered when clocks move.
+  ASSERT_TRUE(Push(0, 1, 1, 0.5f).ok());
+  ASSERT_TRUE(Push(1, 1, 1, 0.5f).ok());
+  for (const auto& pull : waiting) {
+    pull->done.WaitForNotification();
+    EXPECT_TRUE(pull->status.ok()) << pull->status.error_message();
+  }
+}
+
+TEST_F(ParkingTest, ParkedPullsEndWithDeadlineExceededFromTheServer) {
+  ServiceOptions options;
+  // The server's cap on the wait, far below the calls' own 60 s deadline: the answer below
+  // comes from the server's timer, not from the client giving up.
+  options.max_pull_wait = absl::Milliseconds(200);
+  Start(options);
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  for (int i = 0; i < 10; ++i) waiting.push_back(SendPull(i % kWorkers, 1));
+  for (const auto& pull : waiting) {
+    pull->done.WaitForNotification();
+    EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_THAT(pull->status.error_message(),
+                HasSubstr("waited too long for the consistency bound"));
+  }
+  EXPECT_EQ(shard_->workers().parked(), 0u);
+  // Nothing changed: a pull within the bound reads the initial values.
+  std::vector<float> values;
+  ASSERT_TRUE(Pull(1, 0, &values).ok());
+  EXPECT_THAT(values, ::testing::Each(1.0f));
+}
+
+TEST_F(ParkingTest, ACancelledCallReleasesItsParkedPull) {
+  Start(ServiceOptions{});
+  std::unique_ptr<PendingPull> pull = SendPull(0, 1);
+  AwaitParked(1);
+  pull->context.TryCancel();
+  pull->done.WaitForNotification();
+  EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::CANCELLED);
+  AwaitParked(0);  // the server let go of it (the test would hang otherwise)
+}
+
+TEST_F(ParkingTest, StoppingTheServerAnswersParkedPullsWithUnavailable) {
+  Start(ServiceOptions{});
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  for (int i = 0; i < 4; ++i) waiting.push_back(SendPull(0, 1));
+  AwaitParked(4);
+  shard_->workers().CloseWaiters(absl::UnavailableError("the server is shutting down"));
+  for (const auto& pull : waiting) {
+    pull->done.WaitForNotification();
+    EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  // And new ones are refused at once.
+  std::unique_ptr<PendingPull> late = SendPull(0, 1);
+  late->done.WaitForNotification();
+  EXPECT_EQ(late->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace ps::server

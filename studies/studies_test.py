@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Tests of the studies' shared parts: tools/job_runs.py (reading the workers' JSON-lines logs,
+a run's measured values), studies/crossover_study.py's time-to-target runs (stopping at the
+target or the limit) and report, and studies/advise_validation.py."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, HERE)
+
+import advise_validation  # noqa: E402
+import crossover_study  # noqa: E402
+import job_runs  # noqa: E402
+
+
+# A job that would go on training after its evaluations: only SIGTERM ends it. Worker 0's and
+# worker 1's evaluations go to their JSON logs (argv[2], argv[3]), as ps_worker writes them.
+# SIGTERM is blocked and taken with sigwait, never handled by printing from a handler (a handler
+# runs between any two bytecodes, also inside a print, and printing there fails with
+# "reentrant call").
+FAKE_RUN = r"""
+import json, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+logs = [open(sys.argv[2], "a"), open(sys.argv[3], "a")]
+for epoch, metric in enumerate([float(v) for v in sys.argv[1].split(",")], 1):
+    for worker, value in ((1, 0.9999), (0, metric)):
+        logs[worker].write(json.dumps(dict(type="eval", worker=worker, epoch=epoch, step=10 * epoch,
+                                           time_s=epoch * 1.5, accuracy=value)) + "\n")
+        logs[worker].flush()
+print("evaluated", flush=True)
+signum = signal.sigwait({signal.SIGTERM})
+print("stopped by signal %d" % signum, flush=True)
+"""
+
+
+class TimeToTargetTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.log0, self.log1 = (os.path.join(self.dir, "worker-%d.jsonl" % j) for j in range(2))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def run_fake(self, metrics, limit):
+        return job_runs.run_until([sys.executable, "-c", FAKE_RUN, metrics, self.log0, self.log1], 0.85, limit,
+                                  self.log0)
+
+    def test_eval_records_of_both_kinds_of_model(self):
+        self.assertEqual(job_runs.eval_record(dict(type="eval", worker=0, epoch=3, time_s=7.5, accuracy=0.8512)),
+                         (3, 0.8512, 7.5))
+        self.assertEqual(job_runs.eval_record(dict(type="eval", worker=0, epoch=2, time_s=4.1, auc=0.8237)),
+                         (2, 0.8237, 4.1))
+        self.assertIsNone(job_runs.eval_record(dict(type="done", worker=0)))
+
+    def test_stops_the_run_at_the_first_evaluation_reaching_the_target(self):
+        evals, reached, out, _, failed = self.run_fake("0.80,0.84,0.86,0.90", 3600)  # no limit in a test's time
+        self.assertEqual(reached, (3, 0.86, 4.5))
+        self.assertFalse(failed)
+        self.assertEqual([e[0] for e in evals], [1, 2, 3])  # none counted after the target
+        self.assertIn("stopped by signal %d" % signal.SIGTERM, out)
+
+    def test_a_run_that_never_reaches_it_ends_at_the_limit(self):
+        evals, reached, out, _, failed = self.run_fake("0.80,0.81", 1.0)
+        self.assertIsNone(reached)
+        self.assertEqual(len(evals), 2)
+        self.assertIn("stopped by signal %d" % signal.SIGTERM, out)  # by the limit's timer
+        self.assertFalse(failed)  # stopped at its limit: not reached, not failed
+
+    def test_a_run_that_exits_with_an_error_failed(self):
+        evals, reached, out, _, failed = job_runs.run_until(
+            [sys.executable, "-c", "import sys; print('bad config'); sys.exit(2)"], 0.85, 60, self.log0)
+        self.assertTrue(failed)
+        self.assertEqual((evals, reached), ([], None))
+        self.assertIn("bad config", out)
+
+    def test_bad_arguments_are_refused_before_anything_runs(self):
+        import argparse
+        good = dict(models="small", extra_models="large", links="loopback,1gbit", cells="1x2", extra_cells="2x2",
+                    extra_modes="BSP,lsgd4", target_metrics="", target_limits="")
+        crossover_study.check_args(argparse.Namespace(**good))
+        for key, bad in (("models", "huge"), ("links", "5parsecs"), ("cells", "2y4"), ("cells", "0x2"),
+                         ("extra_modes", "SSP"), ("target_metrics", "small=x"), ("target_limits", "tiny=9")):
+            with self.assertRaises(SystemExit, msg="%s=%s" % (key, bad)):
+                crossover_study.check_args(argparse.Namespace(**dict(good, **{key: bad})))
+
+    def test_a_results_line_that_is_not_json_is_named(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write('{"link": "loopback", "mode": "probe"}\n\nnot json\n')
+        try:
+            with self.assertRaisesRegex(ValueError, r"line 3: not JSON"):
+                crossover_study.load(f.name)
+        finally:
+            os.unlink(f.name)
+
+    def test_target_overrides(self):
+        self.assertEqual(crossover_study.parse_pairs("small=0.8,ctr=0.7", float), {"small": 0.8, "ctr": 0.7})
+        with self.assertRaises(SystemExit):
+            crossover_study.parse_pairs("tiny=0.8", float)
+        with self.assertRaises(SystemExit):
+            crossover_study.parse_pairs("small", float)
+
+    def test_report_gives_ratios_to_centralized_and_the_misses(self):
+        def row(mode, s, w, secs, epochs, best):
+            return dict(link="1gbit", model="small", mode=mode, servers=s, workers=w, kind="target", target=0.85,
+                        limit_s=90, seconds_to_target=secs, epochs_to_target=epochs, best_metric=best)
+        text = crossover_study.target_report([row("centralized", 0, 1, 2.0, 2, 0.86), row("async", 1, 2, 4.0, 2, 0.85),
+                                              row("async", 2, 4, None, None, 0.8312)])
+        self.assertIn("| centralized | 2.0 (2) |", text)
+        self.assertIn("| async 1x2 | 4.0 (2) 0.50x |", text)
+        self.assertIn("| async 2x4 | not in 90 s (best 0.8312) |", text)
+
+
+class ParseRunTest(unittest.TestCase):
+    def test_the_workers_json_logs_and_the_launchers_byte_and_cpu_lines(self):
+        records = [
+            dict(type="throughput", worker=0, epoch=0, step=10, time_s=1.0, samples=640, samples_per_s=640, loss=1.0),
+            dict(type="eval", worker=0, epoch=1, step=3752, time_s=60.0, samples=240000, examples=10000, loss=0.4,
+                 accuracy=0.85),
+            dict(type="done", worker=0, steps=3752, samples=240000, wall_s=61.5, samples_per_s=3902, pull_s=0.04625,
+                 compute_s=1.015, push_s=0.26025, data_s=0.2385, wait_s=0, prefetch=False),
+            dict(type="done", worker=1, steps=10, samples=2560, wall_s=2.5, samples_per_s=1024, pull_s=62,
+                 compute_s=10e-6, push_s=0, data_s=0, wait_s=0, prefetch=False),
+        ]
+        out = ("[worker 1@h1] sent 1000 bytes, received 3000 bytes\n"
+               "[worker 1@h1] samples/s 1 wall_s 2.6\n"  # the final report: not read
+               "[server 0@h2] 0m1.250s 0m0.250s\n")
+        r = job_runs.parse_run(out, records)
+        self.assertEqual((r["steps"], r["samples"]), (3762, 242560))
+        self.assertAlmostEqual(r["train_s"], 61.5)
+        self.assertAlmostEqual(r["pull_s"], 0.04625 + 62)
+        self.assertAlmostEqual(r["compute_s"], 1.015 + 10e-6)
+        self.assertAlmostEqual(r["push_s"], 0.26025)
+        self.assertEqual(r["worker_rates"], [3902.0, 1024.0])
+        self.assertEqual(r["final_metric"], 0.85)
+        self.assertEqual((r["bytes_sent"], r["bytes_received"]), (1000, 3000))
+        self.assertEqual(r["cpu_s"], {"server 0": 1.5})
+        self.assertAlmostEqual(r["samples_per_s"], 242560 / 61.5)
+
+    def test_read_logs_reads_every_workers_file_and_names_a_bad_line(self):
+        d = tempfile.mkdtemp()
+        try:
+            for j in range(2):
+                with open(os.path.join(d, "worker-%d.jsonl" % j), "w") as f:
+                    f.write(json.dumps(dict(type="done", worker=j, steps=1, samples=j, wall_s=1, samples_per_s=j,
+                                            pull_s=0, compute_s=0, push_s=0)) + "\n\n")
+            self.assertEqual([r["worker"] for r in job_runs.read_logs(d)], [0, 1])
+            with open(os.path.join(d, "worker-2.jsonl"), "w") as f:
+                f.write("not json\n")
+            with self.assertRaisesRegex(ValueError, r"worker-2.jsonl line 1: not JSON"):
+                job_runs.read_logs(d)
+        finally:
+            shutil.rmtree(d)
+
+    def test_launch_argv_gives_every_worker_its_own_log(self):
+        d = tempfile.mkdtemp()
+        try:
+            argv = job_runs.launch_argv(["server 127.0.0.1 port=0", "worker 127.0.0.1"], "c.textproto", [], "/bin",
+                                        d, "", "never")
+            self.assertIn("--worker_arg=--log_path=%s/logs/worker-{index}.jsonl" % d, argv)
+        finally:
+            shutil.rmtree(d)
+
+
+class ValidateTest(unittest.TestCase):
+    def test_predicts_each_run_of_a_study_file_from_the_same_windows_inputs(self):
+        key = advise_validation.exchange_key(203560, 203560)
+        rows = [
+            dict(link="loopback", mode="probe", rtt_s=0.0, bandwidth_Bps=1e12, exchange_s={key: 0.0002}),
+            dict(link="loopback", model="small", mode="centralized", servers=0, workers=1, steps=100, compute_s=1.0,
+                 push_s=0.2, pull_s=0.0, samples_per_s=5000.0),
+            # The input: a step's transfers on loopback, 2 ms.
+            dict(link="loopback", model="small", mode="async", servers=1, workers=1, steps=100, compute_s=1.0,
+                 push_s=0.1, pull_s=0.1, samples_per_s=1000.0, bytes_sent=1, bytes_received=1),
+            dict(link="loopback", model="small", mode="async", servers=1, workers=2, steps=200, compute_s=2.0,
+                 push_s=0.2, pull_s=0.2, samples_per_s=4000.0, bytes_sent=200 * 203560, bytes_received=200 * 203560),
+            dict(link="loopback", model="small", mode="async", kind="target", servers=1, workers=1),
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        try:
+            out, grpc = advise_validation.validate(f.name, 64, ROOT)
+        finally:
+            os.unlink(f.name)
+        self.assertAlmostEqual(grpc["small"]["grpc_step"], 0.002)
+        # Only the 1x2 run is predicted: the 1x1 run is the input, the target row no throughput run.
+        self.assertEqual([(r["servers"], r["workers"]) for r in out], [(1, 2)])
+        r = out[0]
+        expected = 2 * 64 / (0.010 + 0.002)  # two workers, each compute + the loopback transfers
+        self.assertAlmostEqual(r["predicted"], expected, places=3)
+        self.assertAlmostEqual(r["error"], expected / 4000 - 1, places=6)
+        self.assertAlmostEqual(r["bytes_measured"], 2 * 203560)
+        self.assertTrue(math.isclose(r["measured_vs_central"], 0.8))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -68,6 +68,59 @@ int SparseTablePart::StripeOf(uint64_t key) {
   return static_cast<int>(common::Mix64(key) >> 56);
 }
 
+void SparseTablePart::GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups) {
+  static_assert(kNumStripes <= 256, "stripe numbers are kept in a byte");
+  CHECK_LT(keys.size(), size_t{1} << 32);
+  std::vector<uint8_t> stripe(keys.size());
+  uint32_t next[kNumStripes] = {};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    stripe[i] = static_cast<uint8_t>(StripeOf(keys[i]));
+    ++next[stripe[i]];
+  }
+  groups->first[0] = 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    groups->first[s + 1] = groups->first[s] + next[s];
+    next[s] = groups->first[s];
+  }
+  groups->order.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    groups->order[next[stripe[i]]++] = static_cast<uint32_t>(i);
+  }
+}
+
+absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> keys,
+                                        const uint32_t* order, size_t n, SlotUse use,
+                                        uint32_t* slots) {
+  // Keys this far ahead have their index entries prefetched: enough to cover a miss's latency
+  // with the lookups in between, few enough that the lines are still cached when used.
+  constexpr size_t kAhead = 16;
+  const size_t row_bytes = row_floats_ * sizeof(float);
+  for (size_t j = 0; j < std::min(n, kAhead); ++j) s.index.prefetch(keys[order[j]]);
+  for (size_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) s.index.prefetch(keys[order[j + kAhead]]);
+    const uint64_t key = keys[order[j]];
+    auto it = s.index.find(key);
+    if (it != s.index.end()) {
+      slots[j] = it->second;
+    } else {
+      CHECK(!spills()) << "table '" << name() << "': Apply to key " << key << " without Pin";
+      if (use == SlotUse::kRead && memory_ != nullptr) {
+        RETURN_IF_ERROR(memory_->CheckRoom(
+            RowCost(), absl::StrCat("table '", name(), "': a new row for key ", key)));
+      }
+      slots[j] = FindOrCreate(s, key);
+    }
+    // The row itself (a read needs its parameters only), and an update's step: used after the
+    // lookups of this stripe are done.
+    const char* row = reinterpret_cast<const char*>(RowPtr(s, slots[j]));
+    const size_t bytes = use == SlotUse::kRead ? dim_ * sizeof(float) : row_bytes;
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+    __builtin_prefetch(row + bytes - 1);
+    if (use == SlotUse::kUpdate) __builtin_prefetch(&s.steps[slots[j]]);
+  }
+  return absl::OkStatus();
+}
+
 float* SparseTablePart::RowPtr(Stripe& s, uint32_t slot) const {
   return s.chunks[slot / rows_per_chunk_].get() + size_t{slot % rows_per_chunk_} * row_floats_;
 }
@@ -75,7 +128,7 @@ float* SparseTablePart::RowPtr(Stripe& s, uint32_t slot) const {
 uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
   const uint32_t slot = static_cast<uint32_t>(s.keys.size());
   if (slot / rows_per_chunk_ >= s.chunks.size()) {
-    s.chunks.emplace_back(new float[size_t{rows_per_chunk_} * row_floats_]);
+    s.chunks.emplace_back(new (kChunkAlignment) float[size_t{rows_per_chunk_} * row_floats_]);
   }
   s.keys.push_back(key);
   s.steps.push_back(0);
@@ -123,11 +176,23 @@ uint64_t SparseTablePart::RowCost() const {
 
 absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
   if (memory_ == nullptr || spills()) return absl::OkStatus();
+  // Room for every key as a new row is room for the missing ones (CheckRoom is monotone):
+  // then the rows need not be looked up at all.
+  if (memory_->CheckRoom(keys.size() * RowCost(), "").ok()) return absl::OkStatus();
+  StripeGroups groups;
+  GroupByStripe(keys, &groups);
+  constexpr uint32_t kAhead = 16;  // as FindSlots
   uint64_t missing = 0;
-  for (uint64_t k : keys) {
-    const Stripe& s = stripes_[StripeOf(k)];
+  for (int i = 0; i < kNumStripes; ++i) {
+    const uint32_t b = groups.first[i], e = groups.first[i + 1];
+    if (b == e) continue;
+    const Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
-    if (!s.index.contains(k)) ++missing;
+    for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.prefetch(keys[groups.order[j]]);
+    for (uint32_t j = b; j < e; ++j) {
+      if (j + kAhead < e) s.index.prefetch(keys[groups.order[j + kAhead]]);
+      if (!s.index.contains(keys[groups.order[j]])) ++missing;
+    }
   }
   if (missing == 0) return absl::OkStatus();
   return memory_->CheckRoom(missing * RowCost(),
@@ -178,18 +243,35 @@ void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
 
 absl::Status SparseTablePart::Read(absl::Span<const uint64_t> keys, absl::Span<float> out) {
   CHECK_EQ(out.size(), keys.size() * dim_);
+  return spills() ? ReadSpilling(keys, out) : ReadResident(keys, out);
+}
+
+absl::Status SparseTablePart::ReadResident(absl::Span<const uint64_t> keys,
+                                           absl::Span<float> out) {
+  StripeGroups groups;
+  GroupByStripe(keys, &groups);
+  std::vector<uint32_t> slots(keys.size());
+  for (int i = 0; i < kNumStripes; ++i) {
+    const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
+    if (n == 0) continue;
+    Stripe& s = stripes_[i];
+    absl::MutexLock lock(&s.mu);
+    RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
+    for (uint32_t j = b; j < b + n; ++j) {
+      std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
+                  dim_ * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rows may move between memory and the spill table: one key at a time, as the eviction and
+// fault-in paths expect.
+absl::Status SparseTablePart::ReadSpilling(absl::Span<const uint64_t> keys,
+                                           absl::Span<float> out) {
   for (size_t i = 0; i < keys.size(); ++i) {
     Stripe& s = stripes_[StripeOf(keys[i])];
     float* dst = out.data() + i * dim_;
-    if (!spills()) {
-      absl::MutexLock lock(&s.mu);
-      if (memory_ != nullptr && !s.index.contains(keys[i])) {
-        RETURN_IF_ERROR(memory_->CheckRoom(
-            RowCost(), absl::StrCat("table '", name(), "': a new row for key ", keys[i])));
-      }
-      std::memcpy(dst, RowPtr(s, FindOrCreate(s, keys[i])), dim_ * sizeof(float));
-      continue;
-    }
     {
       absl::MutexLock lock(&s.mu);
       if (auto it = s.index.find(keys[i]); it != s.index.end()) {
@@ -252,29 +334,34 @@ void SparseTablePart::UnpinHeld(absl::Span<const uint64_t> keys) {
 void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const float> values,
                             const UpdateOptions& options) {
   CHECK_EQ(values.size(), keys.size() * dim_);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    Stripe& s = stripes_[StripeOf(keys[i])];
+  StripeGroups groups;
+  GroupByStripe(keys, &groups);
+  std::vector<uint32_t> slots(keys.size());
+  for (int i = 0; i < kNumStripes; ++i) {
+    const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
+    if (n == 0) continue;
+    Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
-    uint32_t slot;
-    if (spills()) {
-      auto it = s.index.find(keys[i]);
-      CHECK(it != s.index.end()) << "table '" << name() << "': Apply to key " << keys[i]
-                                 << " without Pin";
-      slot = it->second;
-      s.flags[slot] |= kDirty;
-    } else {
-      slot = FindOrCreate(s, keys[i]);
+    // An update's lookups cannot fail: a missing row is created, or (spilling) a CHECK.
+    const absl::Status found =
+        FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, &slots[b]);
+    CHECK(found.ok()) << found;
+    for (uint32_t j = b; j < b + n; ++j) {
+      const uint32_t slot = slots[j];
+      const uint64_t key = keys[groups.order[j]];
+      if (spills()) s.flags[slot] |= kDirty;
+      float* row = RowPtr(s, slot);
+      const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
+      if (epoch != 0 && s.saved_epoch[slot] < epoch) {
+        s.pending.emplace(key, std::make_pair(s.steps[slot],
+                                              std::vector<float>(row, row + row_floats_)));
+        s.saved_epoch[slot] = epoch;
+      }
+      const int64_t step =
+          options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
+      ApplyTo(optimizer_, num_slots_, step, row, dim_,
+              values.subspan(size_t{groups.order[j]} * dim_, dim_), options);
     }
-    float* row = RowPtr(s, slot);
-    const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
-    if (epoch != 0 && s.saved_epoch[slot] < epoch) {
-      s.pending.emplace(keys[i], std::make_pair(s.steps[slot],
-                                                std::vector<float>(row, row + row_floats_)));
-      s.saved_epoch[slot] = epoch;
-    }
-    const int64_t step =
-        options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
-    ApplyTo(optimizer_, num_slots_, step, row, dim_, values.subspan(i * dim_, dim_), options);
   }
   CountUpdate();
 }

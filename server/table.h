@@ -27,6 +27,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -264,12 +265,20 @@ class SparseTablePart final : public TablePart {
 
  private:
   std::function<bool(uint64_t)> owns_key_;
+  // Rows live in chunks aligned to a cache line, so that a row of 16 floats (or a multiple)
+  // spans one line (or that many), not one more: a read of a row that is not cached waits on
+  // one miss, not two.
+  static constexpr std::align_val_t kChunkAlignment{64};
+  struct ChunkDeleter {
+    void operator()(float* p) const { ::operator delete[](p, kChunkAlignment); }
+  };
+  using Chunk = std::unique_ptr<float[], ChunkDeleter>;
   struct Stripe {
     mutable absl::Mutex mu;
     // Rows in memory occupy slots [0, keys.size()); evicting a row moves the last one into its
     // slot.
     absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // key -> row slot
-    std::vector<std::unique_ptr<float[]>> chunks ABSL_GUARDED_BY(mu);
+    std::vector<Chunk> chunks ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> keys ABSL_GUARDED_BY(mu);         // per slot
     std::vector<int64_t> steps ABSL_GUARDED_BY(mu);         // per slot
     std::vector<uint64_t> saved_epoch ABSL_GUARDED_BY(mu);  // per slot
@@ -298,6 +307,30 @@ class SparseTablePart final : public TablePart {
   // About what one more row costs: its floats plus index and bookkeeping entries.
   uint64_t RowCost() const;
   static int StripeOf(uint64_t key);
+  // A request's keys grouped by stripe with a stable counting sort: the positions (indexes
+  // into the keys) of stripe s are order[first[s] .. first[s + 1]), in request order. A call
+  // then takes each stripe's lock once, not once per key, and prefetches the index entries
+  // and rows of the keys ahead under it (a request's rows are scattered over the table, so a
+  // per-key lookup waits on several cache misses in turn); the updates of a key that appears
+  // twice keep their order, and rows are created in the same order within a stripe as a
+  // per-key loop would create them.
+  struct StripeGroups {
+    std::vector<uint32_t> order;
+    uint32_t first[kNumStripes + 1];
+  };
+  static void GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups);
+  // Read for a table that keeps every row in memory; ReadSpilling for one with a budget.
+  absl::Status ReadResident(absl::Span<const uint64_t> keys, absl::Span<float> out);
+  absl::Status ReadSpilling(absl::Span<const uint64_t> keys, absl::Span<float> out);
+  // Read's and Apply's work on the n keys of one stripe at positions order[0, n) of `keys`:
+  // finds (or creates) each row's slot into slots[0, n), prefetching ahead. kRead
+  // (ReadResident): a missing row is first checked against the memory budget, stopping at the
+  // first refusal. kUpdate: a missing row is created (a table without a budget) or is a bug (a
+  // spilling Apply of a row not pinned); its step is prefetched too.
+  enum class SlotUse { kRead, kUpdate };
+  absl::Status FindSlots(Stripe& s, absl::Span<const uint64_t> keys, const uint32_t* order,
+                         size_t n, SlotUse use, uint32_t* slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   size_t row_floats() const { return row_floats_; }
   float* RowPtr(Stripe& s, uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Returns the slot of `key`, creating and initializing the row if missing (no budget).

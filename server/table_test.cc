@@ -1,8 +1,10 @@
 // SparseTablePart with a memory budget, against the in-memory fake spill table: the budget
 // holds, rows come back bit-identical with their steps and slots, snapshots are exact while
-// rows move, spill errors become statuses, and concurrent pulls and pushes stay exact.
+// rows move, spill errors become statuses, and concurrent pulls and pushes stay exact. Also
+// batches of keys over every stripe against one key at a time, with and without a budget.
 #include "server/table.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config/config.h"
+#include "common/hash.h"
 #include "common/partitioner.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -397,6 +400,44 @@ TEST(SparseSpill, ConcurrentPullsAndPushesUnderEvictionAreExact) {
   }
   EXPECT_LE(t.part.spill_stats().resident_rows, 64u);
   EXPECT_GT(t.part.spill_stats().faults, 0u);
+}
+
+// A request's keys are handled stripe by stripe (one lock per stripe, lookups prefetched
+// ahead): a batch of keys over every stripe, in random order with repeated keys, must read and
+// update exactly as the same keys one call at a time in request order, with and without a
+// budget. Adam makes a repeated key's updates order-dependent (step, slots).
+TEST(SparseBatch, KeysOverEveryStripeInRandomOrderMatchOneKeyAtATime) {
+  for (uint64_t budget : {uint64_t{0}, uint64_t{5000}}) {
+    storage::InMemorySpillTable spill_a, spill_b;
+    Table batched("kind: ADAM learning_rate: 0.05", budget, &spill_a);
+    Table single("kind: ADAM learning_rate: 0.05", budget, &spill_b);
+    std::mt19937_64 rng(11);
+    std::vector<uint64_t> keys = RandomKeys(rng, 3000, uint64_t{1} << 40);
+    for (int i = 0; i < 600; ++i) keys.push_back(keys[rng() % keys.size()]);  // repeats
+    std::shuffle(keys.begin(), keys.end(), rng);
+    std::set<uint64_t> stripes;
+    for (uint64_t k : keys) stripes.insert(common::Mix64(k) >> 56);
+    ASSERT_EQ(stripes.size(), static_cast<size_t>(SparseTablePart::kNumStripes));
+    std::vector<float> one_by_one;
+    for (uint64_t k : keys) {
+      const std::vector<float> row = Read(single.part, {k});
+      one_by_one.insert(one_by_one.end(), row.begin(), row.end());
+    }
+    ASSERT_EQ(Read(batched.part, keys), one_by_one) << "budget " << budget;
+    for (int round = 0; round < 3; ++round) {
+      const std::vector<float> grads = Gradient(rng, keys.size() * kDim);
+      ASSERT_THAT(Push(batched.part, keys, grads), IsOk());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const std::vector<float> g(grads.begin() + i * kDim, grads.begin() + (i + 1) * kDim);
+        ASSERT_THAT(Push(single.part, {keys[i]}, g), IsOk());
+      }
+    }
+    const std::vector<float> a = Read(batched.part, keys), b = Read(single.part, keys);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "budget " << budget;
+    // Steps and slots too, bit for bit.
+    EXPECT_EQ(Snapshot(batched.part), Snapshot(single.part)) << "budget " << budget;
+  }
 }
 
 }  // namespace

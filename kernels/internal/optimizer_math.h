@@ -61,10 +61,16 @@ inline OptimizerConsts MakeOptimizerConsts(const OptimizerParams& p, int64_t ste
   c.beta2 = p.beta2;
   c.one_minus_beta2 = 1.f - p.beta2;
   // Powers in double: beta2^t for t in the millions underflows gracefully to 0 either way,
-  // but 1 - beta2^t for small t loses digits in float.
-  const double t = static_cast<double>(step);
-  c.lr_over_bc1 = static_cast<float>(p.learning_rate / (1.0 - std::pow(double{p.beta1}, t)));
-  c.inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double{p.beta2}, t)));
+  // but 1 - beta2^t for small t loses digits in float. Only Adam reads them, and a sparse push
+  // makes these constants once per row: the two pow calls were a visible part of an SGD row's
+  // update, so other rules skip them.
+  c.lr_over_bc1 = p.learning_rate;
+  c.inv_bc2 = 1.f;
+  if (p.kind == OptimizerKind::kAdam) {
+    const double t = static_cast<double>(step);
+    c.lr_over_bc1 = static_cast<float>(p.learning_rate / (1.0 - std::pow(double{p.beta1}, t)));
+    c.inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double{p.beta2}, t)));
+  }
   c.epsilon = p.epsilon;
   c.l1 = p.l1;
   c.l2 = p.l2;

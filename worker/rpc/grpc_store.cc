@@ -310,8 +310,10 @@ void GrpcParameterStore::AddSparsePush(const common::SparsePush& p,
     tv->set_table(p.table);
     tv->set_encoding(EncodingOf(*t));
     std::string& rows = x->encoded.emplace_back(TakeBuffer());
+    rows.reserve((*positions)[s].size() * t->dim * common::BytesPerValue(EncodingOf(*t)));
+    tv->mutable_keys()->Reserve(static_cast<int>((*positions)[s].size()));
     for (uint32_t i : (*positions)[s]) {
-      tv->add_keys(p.keys[i]);
+      tv->mutable_keys()->AddAlreadyReserved(p.keys[i]);
       auto row = p.values.subspan(size_t{i} * t->dim, t->dim);
       if (ErrorFeedback(*t)) {
         residuals_.AppendSparseRow(p.table, p.keys[i], row, EncodingOf(*t), &rows);
@@ -388,7 +390,9 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
       TablePullRequest* tr = x->headers[s].add_pull();
       tr->set_table(p.table);
       tr->set_encoding(EncodingOf(*t));
-      for (uint32_t i : so.positions[s]) tr->add_keys(so.keys.unique[i]);
+      auto* keys = tr->mutable_keys();
+      keys->Reserve(static_cast<int>(so.positions[s].size()));
+      for (uint32_t i : so.positions[s]) keys->AddAlreadyReserved(so.keys.unique[i]);
     }
   }
   return absl::OkStatus();
@@ -452,11 +456,17 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& 
       }
       scratch.resize(tv.rows_bytes());
       reader.CopyTo(scratch.size(), scratch.data());
-      std::vector<float> rows(pos.size() * dim);
-      RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(), absl::MakeSpan(rows)));
+      // Float32 rows are scattered straight from the received bytes; others are decoded first.
+      const char* rows = scratch.data();
+      std::vector<float> decoded;
+      if (tv.encoding() != ENCODING_FLOAT32) {
+        decoded.resize(pos.size() * dim);
+        RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(), absl::MakeSpan(decoded)));
+        rows = reinterpret_cast<const char*>(decoded.data());
+      }
+      const size_t row_bytes = dim * sizeof(float);
       for (size_t j = 0; j < pos.size(); ++j) {
-        std::memcpy(so.rows.data() + size_t{pos[j]} * dim, rows.data() + j * dim,
-                    dim * sizeof(float));
+        std::memcpy(so.rows.data() + size_t{pos[j]} * dim, rows + j * row_bytes, row_bytes);
       }
       x->received += tv.rows_bytes();
     } else {

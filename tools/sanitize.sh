@@ -4,8 +4,8 @@
 #   bash tools/sanitize.sh asan|tsan [TARGET...]
 #
 # Default targets: the unit tests of common/, server/ (storage and rpc included) and worker/,
-# plus tests/server_e2e_test and tests/consistency_test (tsan: without the tests named below,
-# see below). The build uses .bazelrc's
+# plus tests/server_e2e_test and tests/consistency_test (tsan: without the tests named below).
+# The build uses .bazelrc's
 # --config=asan / --config=tsan (gcc, dbg) in a separate Bazel output base (one per workspace,
 # under ~/.cache/ps-sanitize-bazel/), so the main build's cache is never thrown away; asan and
 # tsan share that output base with distinct output directories (--platform_suffix), so

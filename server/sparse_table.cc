@@ -15,15 +15,8 @@
 
 namespace ps::server {
 
-using internal::AppendRaw;
 using internal::ApplyTo;
-using internal::LoadRaw;
-using internal::ValidStep;
-using internal::kAgingPeriod;
 using internal::kDirty;
-using internal::kOnDisk;
-using internal::kVictimSamples;
-using internal::SparseRecordKey;
 
 namespace {
 

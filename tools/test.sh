@@ -8,7 +8,12 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 targets=("$@")
 ((${#targets[@]})) || targets=(//...)
-rm -rf bazel-testlogs/ 2>/dev/null || true
+# Count only this run's results: the test logs directory outlives clones at the same path and
+# renamed targets (removing the bazel-testlogs link would leave it).
+flags=()
+for arg in "${targets[@]}"; do [[ "$arg" == -* ]] && flags+=("$arg"); done
+testlogs="$(bazel info "${flags[@]}" bazel-testlogs 2>/dev/null || bazel info bazel-testlogs 2>/dev/null || true)"
+[ -n "$testlogs" ] && rm -rf "$testlogs"
 rc=0
 bazel test "${targets[@]}" || rc=$?
 # The layering rules of docs/design.md, counted as test cases with the others.

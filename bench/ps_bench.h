@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,7 +59,7 @@ struct BenchOptions {
   int sparse_dim = 16;
   uint64_t key_space = 1000000;
   bool sparse_prefill = true;
-  uint64_t dense_block_floats = 262144;
+  uint64_t dense_block_floats = 131072;
   size_t tcp_stream_write = 4 << 20;
   uint64_t seed = 1;
   double zipf = 1.1;
@@ -112,7 +113,8 @@ struct BenchEnv {
   std::vector<worker::GrpcParameterStore*> stores;  // store i = worker i
   LocalCluster* cluster = nullptr;                  // null with --connect
   const std::atomic<bool>* cancel;
-  std::map<uint64_t, double> tcp_mb_per_s;  // req/reply baseline by payload
+  // Raw TCP request/reply MB/s by (payload bytes, concurrent connections).
+  std::map<std::pair<uint64_t, int>, double> tcp_mb_per_s;
 };
 
 BenchRow MakeRow(std::string mode, std::string op, std::string payload, uint64_t payload_bytes,
@@ -153,8 +155,9 @@ std::string KeysLabel(uint64_t num_keys);
 
 // ---- The modes ------------------------------------------------------------------------------
 
-// tcp: request/reply per payload over one connection, then streaming bandwidth. Records the
-// request/reply rates in env->tcp_mb_per_s (the dense rows' baseline).
+// tcp: request/reply per payload over one connection and over each larger --clients count of
+// connections at once, then streaming bandwidth. Records the request/reply rates in
+// env->tcp_mb_per_s (the dense rows' baseline, by payload and clients).
 absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env);
 
 // dense: one measurement of `clients` stores pushing or pulling the dense table of `bytes`.

@@ -41,7 +41,9 @@ absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push
   row.client_per_call = usage.client_per_call;
   row.server_per_call = usage.server_per_call;
   row.retries = TotalRetries(env) - retries;
-  if (auto it = env.tcp_mb_per_s.find(bytes); it != env.tcp_mb_per_s.end() && it->second > 0) {
+  // Compared with raw TCP of as many connections (one client: the 1 + 1 baseline).
+  if (auto it = env.tcp_mb_per_s.find({bytes, clients});
+      it != env.tcp_mb_per_s.end() && it->second > 0) {
     row.vs_tcp = row.mb_per_second / it->second;
   }
   return row;

@@ -76,8 +76,9 @@ ABSL_FLAG(uint64_t, key_space, 1000000, "Sparse keys are drawn uniformly from [0
 ABSL_FLAG(bool, sparse_prefill, true,
           "Pull the whole key space once before the sparse runs, so that row creation (first "
           "touch) is not measured.");
-ABSL_FLAG(uint64_t, dense_block_floats, 262144,
-          "cluster.dense_block_floats of the generated config (262144 = 1 MB blocks).");
+ABSL_FLAG(uint64_t, dense_block_floats, 131072,
+          "cluster.dense_block_floats of the generated config (131072 = 512 KB blocks: a 1 MB "
+          "table spans two servers, so runs with --servers=2 load both).");
 ABSL_FLAG(double, seconds, 2, "Length of each measurement, seconds.");
 ABSL_FLAG(double, warmup, 0.5, "Warm-up before each measurement, seconds.");
 ABSL_FLAG(int32_t, repeat, 1,

@@ -1,6 +1,9 @@
 // ps_bench --modes=tcp: the raw-socket baseline (bench/raw_tcp.h) the gRPC rows compare with.
 
 #include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "bench/ps_bench.h"
@@ -11,15 +14,29 @@ namespace ps::bench {
 
 absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env) {
   ASSIGN_OR_RETURN(auto server, RawTcpServer::Start());
+  // One connection always (the gRPC rows' baseline), then each larger --clients count: that
+  // many connections at once, each served by its own server thread, so that the gRPC rows
+  // with several servers and clients have the same machine's raw aggregate to compare with.
+  std::vector<int> counts = {1};
+  for (int c : env->flags->clients) {
+    if (c > 1) counts.push_back(c);
+  }
   std::vector<BenchRow> rows;
   for (uint64_t bytes : env->flags->payloads) {
-    ASSIGN_OR_RETURN(auto client, RawTcpClient::Connect(server->port()));
     const std::string payload(bytes, 'p');
-    ASSIGN_OR_RETURN(LoadResult r,
-                     RunChecked(*env, 1, [&](int) { return client->Call(payload); },
-                                absl::StrCat("raw tcp ", FormatBytes(bytes))));
-    rows.push_back(MakeRow("tcp", "req_reply", FormatBytes(bytes), bytes, 0, 1, 1, r));
-    env->tcp_mb_per_s[bytes] = rows.back().mb_per_second;
+    for (int c : counts) {
+      std::vector<std::unique_ptr<RawTcpClient>> clients;
+      for (int i = 0; i < c; ++i) {
+        ASSIGN_OR_RETURN(auto client, RawTcpClient::Connect(server->port()));
+        clients.push_back(std::move(client));
+      }
+      ASSIGN_OR_RETURN(LoadResult r,
+                       RunChecked(*env, c, [&](int t) { return clients[t]->Call(payload); },
+                                  absl::StrCat("raw tcp ", FormatBytes(bytes), ", ", c,
+                                               " clients")));
+      rows.push_back(MakeRow("tcp", "req_reply", FormatBytes(bytes), bytes, 0, c, 1, r));
+      env->tcp_mb_per_s[{bytes, c}] = rows.back().mb_per_second;
+    }
   }
   const size_t write = env->flags->tcp_stream_write;
   std::vector<double> bandwidths;

@@ -199,6 +199,21 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return creds;
 }
 
+std::vector<std::pair<std::string, int>> DataPathChannelArgs() {
+  return {
+      // Peers may send DATA frames of up to 16 MB - 1 (the HTTP/2 maximum) instead of 16 KB:
+      // a 64 MB payload is 4 frames, not 4,096, and arrives in fewer, larger slices.
+      {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1},
+      // A fixed 64 MB stream window instead of one that starts at 64 KB and grows with the
+      // bandwidth-delay probe: a large message is written without waiting for window
+      // updates (each a wake-up and a round trip on the receiver), and the probe's pings go.
+      // It admits nothing the message size limit does not already admit: a receiver holds a
+      // whole message before handing it over either way.
+      {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20},
+      {GRPC_ARG_HTTP2_BDP_PROBE, 0},
+  };
+}
+
 grpc::ChannelArguments MakeChannelArguments(const RpcConfig& rpc) {
   grpc::ChannelArguments args;
   const int max_bytes = static_cast<int>(std::min<uint64_t>(rpc.max_message_bytes(), INT32_MAX));
@@ -209,6 +224,7 @@ grpc::ChannelArguments MakeChannelArguments(const RpcConfig& rpc) {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Each store keeps its own connections (one per server), not shared with other stores.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  for (const auto& [name, value] : DataPathChannelArgs()) args.SetInt(name, value);
   return args;
 }
 

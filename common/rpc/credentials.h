@@ -12,6 +12,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
@@ -25,6 +27,11 @@ namespace ps::common {
 inline constexpr char kTokenRoleProperty[] = "ps_token_role";
 inline constexpr char kWorkerTokenRole[] = "worker";
 inline constexpr char kOperatorTokenRole[] = "operator";
+
+// The transport settings of every data-path connection, client and server alike (see
+// MakeChannelArguments and server/rpc/grpc_server.cc): name and integer value of each gRPC
+// channel argument.
+std::vector<std::pair<std::string, int>> DataPathChannelArgs();
 
 // Reads a whole file. NOT_FOUND / PERMISSION_DENIED naming the path.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);

@@ -23,12 +23,13 @@ namespace {
 using ::ps::common::IsOk;
 
 // 2 servers; "w": 2 blocks of 64k floats (256 KB each), "b": one block of 8 floats (on one
-// server). SGD.
+// server), "m": 9 blocks (the last one short), 4 or 5 on each server. SGD.
 constexpr char kConfig[] = R"pb(
   cluster { num_servers: 2 num_workers: 1 dense_block_floats: 65536 }
   default_optimizer { kind: SGD learning_rate: 0.5 }
   tables { name: "w" kind: TABLE_KIND_DENSE shape: 131072 initializer { kind: UNIFORM low: -1 high: 1 } }
   tables { name: "b" kind: TABLE_KIND_DENSE shape: 8 initializer { kind: ZEROS } }
+  tables { name: "m" kind: TABLE_KIND_DENSE shape: 525000 initializer { kind: UNIFORM low: -1 high: 1 } }
   security { plaintext: true }
 )pb";
 
@@ -39,7 +40,6 @@ class DataPathTest : public ::testing::Test {
     ASSERT_THAT(config.status(), IsOk());
     config_ = *config;
     for (int s = 0; s < 2; ++s) config_.mutable_cluster()->add_servers("in-process");
-    std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (uint32_t s = 0; s < 2; ++s) {
       server::ShardOptions options;
       options.server_index = s;
@@ -57,11 +57,11 @@ class DataPathTest : public ::testing::Test {
       ASSERT_NE(servers_.back(), nullptr);
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(64 << 20);
-      channels.push_back(servers_.back()->InProcessChannel(args));
+      channels_.push_back(servers_.back()->InProcessChannel(args));
     }
     worker::GrpcStoreOptions options;
     options.deadline = absl::Seconds(30);
-    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels);
+    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
     ASSERT_THAT(store.status(), IsOk());
     store_ = *std::move(store);
   }
@@ -81,6 +81,7 @@ class DataPathTest : public ::testing::Test {
   std::vector<std::unique_ptr<server::Shard>> shards_;
   std::vector<std::unique_ptr<server::ParameterServerService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::unique_ptr<worker::GrpcParameterStore> store_;
 };
 
@@ -143,6 +144,33 @@ TEST_F(DataPathTest, FusedPushPullMatchesPushThenPullAndTheInProcessStore) {
     ASSERT_THAT((*local)->Pull(pull_reference, {step}), IsOk());
     ASSERT_EQ(fused, reference) << "step " << step;
   }
+}
+
+// A large answer's blocks are copied into the caller's buffer by several threads: every
+// byte lands where one thread's copy puts it, the same as the one-thread copy's.
+TEST_F(DataPathTest, AnswersCopiedByThreadsEqualTheOneThreadCopy) {
+  std::vector<float> grad(525000);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>(i % 89);
+  common::PushBatch push;
+  push.dense.push_back({"m", grad});
+  ASSERT_THAT(store_->Push(push, {1, false}), IsOk());
+  worker::GrpcStoreOptions split;
+  split.deadline = absl::Seconds(30);
+  split.worker_id = -1;          // a reader: no clock of its own
+  split.parallel_copy_bytes = 1;  // split every answer
+  worker::GrpcStoreOptions whole = split;
+  whole.parallel_copy_bytes = 0;
+  std::vector<float> by_threads(grad.size(), -7.0f), by_one(grad.size(), 7.0f);
+  for (auto [options, out] : {std::pair{&split, &by_threads}, std::pair{&whole, &by_one}}) {
+    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, *options, channels_);
+    ASSERT_THAT(store.status(), IsOk());
+    common::PullBatch pull;
+    pull.dense.push_back({"m", absl::MakeSpan(*out)});
+    ASSERT_THAT((*store)->Pull(pull, {0}), IsOk());
+  }
+  EXPECT_EQ(by_threads, by_one);
+  EXPECT_NE(by_one[0], 7.0f);
+  EXPECT_NE(by_threads.back(), -7.0f);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -417,6 +418,9 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& 
                                        reader.remaining(), " payload bytes"));
   }
   std::string scratch;
+  // Float32 blocks are copied after every part is checked, possibly in parallel.
+  const common::FrameReader start = reader;
+  std::vector<BlockCopy> copies;
   for (const TableValues& tv : header.pull().tables()) {
     const size_t bpv = common::BytesPerValue(tv.encoding());
     if (bpv == 0) return BadResponse(s, "unknown encoding");
@@ -435,8 +439,10 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& 
         }
         float* out = it->second->out.data() + begin;
         if (tv.encoding() == ENCODING_FLOAT32) {
-          // The one copy: from gRPC's receive slices into the caller's buffer.
-          reader.CopyTo(block.payload_bytes(), reinterpret_cast<char*>(out));
+          // The one copy (below): from gRPC's receive slices into the caller's buffer.
+          copies.push_back(BlockCopy{total - reader.remaining(), block.payload_bytes(),
+                                     reinterpret_cast<char*>(out)});
+          reader.Skip(block.payload_bytes());
         } else {
           scratch.resize(block.payload_bytes());
           reader.CopyTo(scratch.size(), scratch.data());
@@ -473,7 +479,45 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& 
       return BadResponse(s, absl::StrCat("unrequested table '", tv.table(), "'"));
     }
   }
+  CopyBlocks(start, copies);
   return absl::OkStatus();
+}
+
+void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,
+                                    absl::Span<const BlockCopy> copies) const {
+  // Each run of blocks walks its own copy of the reader (the slices are shared, refcounted).
+  auto copy_run = [&reader](absl::Span<const BlockCopy> run) {
+    common::FrameReader r = reader;
+    size_t at = 0;
+    for (const BlockCopy& c : run) {
+      r.Skip(c.offset - at);
+      r.CopyTo(c.n, c.dest);
+      at = c.offset + c.n;
+    }
+  };
+  size_t bytes = 0;
+  for (const BlockCopy& c : copies) bytes += c.n;
+  const size_t threads = std::min<size_t>(4, std::max(1u, std::thread::hardware_concurrency()));
+  if (options_.parallel_copy_bytes == 0 || bytes < options_.parallel_copy_bytes ||
+      threads < 2) {
+    copy_run(copies);
+    return;
+  }
+  // Contiguous runs of about equal bytes; helpers take the first ones, this thread the last.
+  std::vector<std::thread> helpers;
+  size_t begin = 0;
+  size_t left = bytes;
+  for (size_t t = threads; t > 1 && begin < copies.size(); --t) {
+    const size_t share = left / t;
+    size_t end = begin;
+    size_t run = 0;
+    while (end < copies.size() && (run < share || end == begin)) run += copies[end++].n;
+    helpers.emplace_back(copy_run, copies.subspan(begin, end - begin));
+    left -= run;
+    begin = end;
+  }
+  copy_run(copies.subspan(begin));
+  for (std::thread& h : helpers) h.join();
 }
 
 absl::Status GrpcParameterStore::Run(const common::PushBatch* push,

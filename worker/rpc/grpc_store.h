@@ -38,6 +38,10 @@
 #include "proto/ps.grpc.pb.h"
 #include "worker/rpc/push_residuals.h"
 
+namespace ps::common {
+class FrameReader;  // common/rpc/frame.h
+}  // namespace ps::common
+
 namespace ps::worker {
 
 struct GrpcStoreOptions {
@@ -59,6 +63,11 @@ struct GrpcStoreOptions {
   // Error feedback of 16-bit pushes: the most sparse rows per table that keep a residual
   // (LRU; each costs dim floats plus about 64 bytes). 0 = no feedback for sparse tables.
   size_t max_residual_rows = PushResiduals::kDefaultMaxSparseRows;
+  // Float32 dense bytes of one server's pull answer from which their copy into the caller's
+  // buffers is split over up to 4 threads (this one and helpers started for the copy). The
+  // copy is the last step of a large pull and the server has nothing to send meanwhile, so
+  // the other cores would idle. 0 = never split.
+  size_t parallel_copy_bytes = size_t{16} << 20;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -155,6 +164,15 @@ class GrpcParameterStore final : public common::ParameterStore {
   absl::Status AddPull(const common::PullBatch& batch, const common::PullOptions& options,
                        Exchange* x);
   absl::Status ReadAnswer(uint32_t s, const grpc::ByteBuffer& answer, Exchange* x);
+  // Float32 blocks of one answer: bytes at `offset` of its payload go to `dest`.
+  struct BlockCopy {
+    size_t offset;
+    size_t n;
+    char* dest;
+  };
+  // Does `copies` (in payload order, offsets from where `reader` stands), split over threads
+  // when they are large (GrpcStoreOptions::parallel_copy_bytes).
+  void CopyBlocks(const common::FrameReader& reader, absl::Span<const BlockCopy> copies) const;
   // Encode buffers reused across calls (16-bit payloads, sparse rows).
   std::string TakeBuffer();
   void GiveBuffer(std::string buffer);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -319,8 +322,10 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
     } else {
       RETURN_IF_ERROR_CTX(store_->Push(push, push_options), what);
     }
+    const absl::Duration pushed_for = absl::Now() - p0;
+    state->result->breakdown.calls += pulled + pushed_for;  // every call blocked the step
     EndStep(epoch, offset, batches[cur].size, step.loss,
-            {data, pulled, c1 - c0, absl::Now() - p0, absl::ZeroDuration()}, state);
+            {data, pulled, c1 - c0, pushed_for, absl::ZeroDuration()}, state);
     if (!has_next) break;
     offset = next_offset;
     data = next_data;
@@ -331,48 +336,77 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
 
 namespace {
 
-// Queues on `background` the pull of step `clock`+1 (at `clock`) into what `staged` names;
-// returns its ticket. `staged` must outlive the call.
-uint64_t SubmitPull(common::ParameterStore* store, Staged* staged, int64_t clock,
-                    SerialExecutor* background) {
-  return background->Submit(absl::StrCat("step ", clock + 1, " pull"), [store, staged, clock] {
-    common::PullOptions options;
-    options.clock = clock;
-    return store->Pull(staged->pull, options);
-  });
-}
+// The background side of overlapped steps (prefetch): the staging buffers (two of each kind,
+// used by step parity), the one thread that runs the store calls in submission order, and the
+// calls' summed wall time. Thread-compatible: one step loop drives it.
+class Pipeline {
+ public:
+  explicit Pipeline(common::ParameterStore* store) : store_(store) {}
 
-// Queues on `background` the push of step `clock` of what `staged` holds.
-void SubmitPush(common::ParameterStore* store, const Staged* staged, int64_t clock,
-                SerialExecutor* background) {
-  background->Submit(absl::StrCat("step ", clock, " push"), [store, staged, clock] {
-    common::PushOptions options;
-    options.clock = clock;
-    return store->Push(staged->push, options);
-  });
+  Staged& pull(int slot) { return pulls_[slot]; }
+  Staged& push(int slot) { return pushes_[slot]; }
+  // Queues one store call: the push staged in `push_slot` (-1: none) at `push_clock`, and the
+  // pull into `pull_slot` (-1: none) at `pull_clock`. Both at once go out as one PushPull
+  // (one round trip per server; its pull reads after its push).
+  void Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t pull_clock);
+  // Blocks until the call filling pull slot `slot` has run; the first error of any call.
+  absl::Status WaitForPull(int slot) { return background_.Wait(pull_ticket_[slot]); }
+  absl::Status Drain() { return background_.Drain(); }
+  // Wall time of the calls run so far.
+  absl::Duration calls() const { return absl::Nanoseconds(calls_ns_.load()); }
+
+ private:
+  common::ParameterStore* const store_;  // Not owned.
+  Staged pulls_[2], pushes_[2];
+  uint64_t pull_ticket_[2] = {0, 0};
+  std::atomic<int64_t> calls_ns_{0};
+  // Declared last: destroyed (joined) before the buffers its calls use.
+  SerialExecutor background_;
+};
+
+void Pipeline::Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t pull_clock) {
+  const Staged* push = push_slot >= 0 ? &pushes_[push_slot] : nullptr;
+  const Staged* pull = pull_slot >= 0 ? &pulls_[pull_slot] : nullptr;
+  // Labels name steps as the step loop does: the pull at clock c is for step c+1.
+  std::string label = push != nullptr ? absl::StrCat("step ", push_clock, " push") : "";
+  if (pull != nullptr) {
+    absl::StrAppend(&label, push != nullptr ? " + " : "", "step ", pull_clock + 1, " pull");
+  }
+  const uint64_t ticket =
+      background_.Submit(std::move(label), [this, push, push_clock, pull, pull_clock] {
+        const common::PushOptions push_options{push_clock, false};
+        const common::PullOptions pull_options{pull_clock};
+        const absl::Time start = absl::Now();
+        absl::Status status;
+        if (push != nullptr && pull != nullptr) {
+          status = store_->PushPull(push->push, push_options, pull->pull, pull_options);
+        } else if (push != nullptr) {
+          status = store_->Push(push->push, push_options);
+        } else {
+          status = store_->Pull(pull->pull, pull_options);
+        }
+        calls_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
+        return status;
+      });
+  if (pull != nullptr) pull_ticket_[pull_slot] = ticket;
 }
 
 }  // namespace
 
 absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state) {
-  // Two of each, alternating by step parity; the class comment says why reuse is safe: the
-  // call that last used a buffer is always done before the buffer is filled again.
+  // Slots alternate by step parity; the class comment says why reuse is safe: the call that
+  // last used a buffer is always done before the buffer is filled again.
   Batch batches[2];
   uint64_t offsets[2] = {0, 0};  // the iterator's offset after each batch
-  Staged pulls[2], pushes[2];
-  uint64_t pull_ticket[2] = {0, 0};
   std::vector<int64_t> indices;
-  // Declared after the buffers its calls use, so it is destroyed (joined) before them.
-  SerialExecutor background;
+  Pipeline pipe(store_);
   auto steps_left = [&](uint64_t done) {
     return options_.max_steps == 0 || done < options_.max_steps;
   };
-  // Queues the pull of step `clock`+1 for the batch in slot `b`.
-  auto issue_pull = [&](int b, int64_t clock) -> absl::Status {
+  auto stage_pull = [&](int b) -> absl::Status {
     common::PullBatch spec;
     RETURN_IF_ERROR(model_->PreparePull(batches[b], &spec));
-    StagePull(spec, &pulls[b]);
-    pull_ticket[b] = SubmitPull(store_, &pulls[b], clock, &background);
+    StagePull(spec, &pipe.pull(b));
     return absl::OkStatus();
   };
 
@@ -380,10 +414,11 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
   if (state->stop || !it->Next(&indices)) return absl::OkStatus();
   train_->FillBatch(indices, &batches[0]);
   offsets[0] = it->offset();
-  RETURN_IF_ERROR(issue_pull(0, state->clock));
+  RETURN_IF_ERROR(stage_pull(0));
+  pipe.Submit(-1, 0, 0, state->clock);
   absl::Duration carried_data = absl::Now() - t0;  // the first batch's, charged to step 1
-  int cur = 0;
-  while (true) {
+  bool unsent = false;  // the previous step's gradients wait in pipe.push(1 - cur)
+  for (int cur = 0;; cur = 1 - cur) {
     const int next = 1 - cur;
     t0 = absl::Now();
     const bool has_next = steps_left(state->result->steps + 1) && it->Next(&indices);
@@ -392,39 +427,44 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
       offsets[next] = it->offset();
     }
     const absl::Time t1 = absl::Now();
-    RETURN_IF_ERROR(background.Wait(pull_ticket[cur]));
+    RETURN_IF_ERROR(pipe.WaitForPull(cur));
     const absl::Time t2 = absl::Now();
-    // The next step's pull goes out before this step computes; then the model is pointed
-    // back at this step's batch and given the parameters pulled for it.
-    if (has_next) RETURN_IF_ERROR(issue_pull(next, state->clock + 1));
+    // One call, running while this step computes: the previous step's gradients out (clock
+    // c), the next step's parameters in (clock c + 1).
+    if (has_next) RETURN_IF_ERROR(stage_pull(next));
+    if (has_next || unsent) {
+      pipe.Submit(unsent ? next : -1, state->clock, has_next ? next : -1, state->clock + 1);
+    }
+    // The model is pointed back at this step's batch and given the parameters pulled for it.
     common::PullBatch spec;
     RETURN_IF_ERROR(model_->PreparePull(batches[cur], &spec));
-    RETURN_IF_ERROR(UnstagePull(pulls[cur], spec));
+    RETURN_IF_ERROR(UnstagePull(pipe.pull(cur), spec));
     const absl::Time t3 = absl::Now();
     ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
     common::PushBatch push;
     RETURN_IF_ERROR(model_->PreparePush(&push));
     const absl::Time t4 = absl::Now();
-    StagePush(push, &pushes[cur]);
-    SubmitPush(store_, &pushes[cur], state->clock + 1, &background);
+    StagePush(push, &pipe.push(cur));
+    unsent = true;
     absl::Time t5 = absl::Now();
     absl::Duration wait = t2 - t1;
     if (!has_next) {
       // The end of the epoch (or of the run): every push is applied before anything else.
-      RETURN_IF_ERROR(background.Drain());
+      pipe.Submit(cur, state->clock + 1, -1, 0);
+      RETURN_IF_ERROR(pipe.Drain());
       const absl::Time drained = absl::Now();
       wait += drained - t5;
       t5 = drained;
     }
-    // The position reported is that of the step just computed; its push may still be in
-    // flight (a worker restarted now would lose that one step, as without prefetch a worker
-    // killed during a push does).
+    // The position reported is that of the step just computed; its push goes out with the
+    // next step's call (a worker restarted now loses at most this step and the one before,
+    // whose push may be in flight).
     EndStep(epoch, offsets[cur], batches[cur].size, step.loss,
             {carried_data + (t1 - t0), t3 - t2, t4 - t3, t5 - t4, wait}, state);
     carried_data = absl::ZeroDuration();
     if (!has_next) break;
-    cur = next;
   }
+  state->result->breakdown.calls += pipe.calls();
   return absl::OkStatus();
 }
 
@@ -481,7 +521,9 @@ void Trainer::LogDone(const TrainResult& result) {
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)), ",\"push_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.push)), ",\"data_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.data)), ",\"wait_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"prefetch\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"comm_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.calls)), ",\"exposed_comm_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.exposed())), ",\"prefetch\":",
       options_.prefetch ? "true" : "false"));
 }
 

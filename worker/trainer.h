@@ -55,11 +55,11 @@ struct TrainerOptions {
   std::function<void(uint32_t, uint64_t)> on_step;
   // Extra fields for every JSON log line (e.g. "\"mode\":\"centralized\"").
   std::string log_tag;
-  // Overlapped steps (training.prefetch): while step t computes, the pull of step t+1 and the
-  // push of step t-1 run on a background thread, in that order (see Trainer). The parameters
-  // of step t+1 then lack this worker's own step-t gradient: one step more staleness than
-  // without prefetch, never more. REQUIRES: a store whose consistency bound is not BSP (a
-  // pull of clock t+1 issued before the push of clock t+1 would wait for itself).
+  // Overlapped steps (training.prefetch): while step t computes, one store call (a fused
+  // PushPull) pushes step t-1's gradients and pulls the parameters of step t+1 (see Trainer).
+  // The parameters of step t+1 then lack this worker's own step-t gradient: one step more
+  // staleness than without prefetch, never more. REQUIRES: a store whose consistency bound is
+  // not BSP (a pull of clock t issued with the push of clock t-1 would wait for itself).
   bool prefetch = false;
 };
 
@@ -71,11 +71,19 @@ struct EvalMetrics {
 };
 
 // Time spent per phase over a run, summed. Without prefetch, pull and push are the store's
-// calls. With prefetch they are the trainer's share (staging the next pull, copying the
-// prefetched parameters in, copying the gradients out), and `wait` is the time blocked on the
-// background pull and push; without prefetch it is zero.
+// calls (each step's push is a PushPull that also pulls the next step's parameters; pull is
+// then only the first pull of each epoch). With prefetch they are the step loop's share
+// (staging the next pull, copying the prefetched parameters in, copying the gradients out),
+// and `wait` is the time blocked on the background calls; without prefetch it is zero.
+//
+// Communication, two ways: `calls` is the wall time of the store calls of training steps,
+// wherever they ran (with prefetch, on the background thread, overlapping compute); exposed()
+// is the time the steps spent on communication instead of computing. Without prefetch both
+// are pull + push.
 struct StepBreakdown {
   absl::Duration pull, compute, push, data, wait;
+  absl::Duration calls;
+  absl::Duration exposed() const { return pull + push + wait; }
 };
 
 struct TrainResult {
@@ -93,17 +101,21 @@ struct TrainResult {
 //
 // With options.prefetch, a step t of an epoch runs as:
 //   data:    batch t+1 from the iterator
-//   wait:    until the background pull of step t is done
+//   wait:    until the background call that pulls step t's parameters is done
 //   pull:    stage the pull of step t+1 (keys copied, values into a staging buffer) and queue
-//            it; then PreparePull(batch t) again and copy step t's staged values into the model
+//            one call: PushPull(step t-1's staged gradients at clock t-1, pull of step t+1 at
+//            clock t); then PreparePull(batch t) again and copy step t's staged values into
+//            the model
 //   compute: ForwardBackward(batch t), PreparePush
-//   push:    copy the gradients into a staging buffer and queue their push (clock t+1)
-// One background thread runs the queued calls in order: ... push t-1, pull t+1, push t ...
-// So each pull sees every earlier push of this worker except the one just before it, and at
-// most one push is in flight when a pull starts. Two staging buffers of each kind alternate.
-// The pipeline does not cross epochs: it drains at the end of each (evaluation, progress and
-// a following epoch see every push applied). A failed background call fails the run with its
-// error ("step 12 push: ..."); the calls queued after it are dropped.
+//   push:    copy the gradients into a staging buffer (they go out with step t+1's call)
+// One background thread runs the calls in order, one at a time: ... [push t-2, pull t],
+// [push t-1, pull t+1], ... So each step makes one round trip per server, which overlaps the
+// step's compute, and each pull sees every earlier push of this worker except the one just
+// before it. The first step of an epoch only pulls; its last pushes the step before it alone,
+// then its own gradients. Two staging buffers of each kind alternate. The pipeline does not
+// cross epochs: it drains at the end of each (evaluation, progress and a following epoch see
+// every push applied). A failed background call fails the run with its error ("step 12 push +
+// step 14 pull: ..."); the calls queued after it are dropped.
 //
 // Metrics (ps_worker_, registered in the registry given to the constructor, updated once per
 // step with atomic adds): steps, samples and samples/s, epoch, clock, last and smoothed loss,

@@ -53,14 +53,18 @@ def worst(a, b):
 
 def parse(records):
     """Workers' JSON-log records -> (samples/s summed over workers, the last test metric, the
-    largest comm_ratios among the workers (each the worst worker's), or None)."""
+    largest comm_ratios among the workers (each the worst worker's), or None, and each worker's
+    time breakdown in seconds)."""
     r = summarize(records)
     comm = None
+    times = []
     for rec in records:
         if rec.get("type") == "done":
+            times.append({k: rec[k] for k in ("worker", "steps", "data_s", "pull_s", "compute_s", "push_s",
+                                              "wait_s", "comm_s", "exposed_comm_s") if k in rec})
             calls, exposed = comm_ratios(rec)
             comm = (calls, exposed) if comm is None else (worst(comm[0], calls), max(comm[1], exposed))
-    return r["sum_of_worker_rates"], r["final_metric"], comm
+    return r["sum_of_worker_rates"], r["final_metric"], comm, times
 
 
 def run(cmd, log_dir):
@@ -93,9 +97,9 @@ def main():
         records, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common,
                              "--log_path=" + os.path.join(log_dir, "worker-0.jsonl")], log_dir)
         shutil.rmtree(log_dir, ignore_errors=True)
-        rate, metric, _ = parse(records)
+        rate, metric, _, times = parse(records)
         rows.append(dict(model=model, mode="centralized", servers=0, workers=1,
-                         samples_per_s=rate, metric=metric, wall_s=wall, comm=None))
+                         samples_per_s=rate, metric=metric, wall_s=wall, comm=None, times=times))
         print(rows[-1], flush=True)
         for cell in args.cells.split(","):
             s, w = (int(x) for x in cell.split("x"))
@@ -104,9 +108,9 @@ def main():
                                  "--workers", str(w), "--bin_dir", bin_dir, "--set", common,
                                  worker_log_flag(log_dir)], log_dir)
             shutil.rmtree(log_dir, ignore_errors=True)
-            rate, metric, comm = parse(records)
+            rate, metric, comm, times = parse(records)
             rows.append(dict(model=model, mode="distributed", servers=s, workers=w,
-                             samples_per_s=rate, metric=metric, wall_s=wall, comm=comm))
+                             samples_per_s=rate, metric=metric, wall_s=wall, comm=comm, times=times))
             print(rows[-1], flush=True)
     if args.json:
         with open(args.json, "w") as f:

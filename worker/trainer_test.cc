@@ -2,6 +2,7 @@
 #include "worker/trainer.h"
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -159,10 +160,13 @@ class TrainerTest : public ::testing::Test {
     options.binary = true;
     options.progress = nullptr;
     options.prefetch = prefetch;
+    if (adjust_) adjust_(&options);
     Trainer trainer(model_.get(), store_.get(), data_.train.get(), data_.test.get(), options);
     return trainer.Run();
   }
 
+  // Changes the options of the next Train calls (e.g. a resume position).
+  std::function<void(TrainerOptions*)> adjust_;
   JobConfig config_;
   LoadedData data_;
   std::unique_ptr<kernels::Backend> backend_;
@@ -281,6 +285,29 @@ TEST_F(TrainerTest, CommunicationTimesAddUp) {
   const StepBreakdown& o = overlapped->breakdown;
   EXPECT_EQ(o.exposed(), o.pull + o.push + o.wait);
   EXPECT_GT(o.calls, absl::ZeroDuration());
+}
+
+// A restarted worker resumes at its position and clock with prefetch as without: the first
+// pull carries the saved clock, the pushes go on from the next clock, each once, in order.
+TEST_F(TrainerTest, PrefetchResumesAtTheSavedPositionAndClock) {
+  adjust_ = [](TrainerOptions* options) {
+    options->epochs = 1;
+    options->start_offset = 200 * 64;  // 200 of the epoch's 250 steps are done
+    options->start_clock = 200;
+  };
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, 0, &recorder);
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->steps, 50u);
+  const std::vector<RecordingStore::Call> calls = recorder->calls();
+  ASSERT_FALSE(calls.empty());
+  EXPECT_FALSE(calls.front().push);
+  EXPECT_EQ(calls.front().clock, 200);
+  int64_t next_push = 201;
+  for (const RecordingStore::Call& call : calls) {
+    if (call.push) EXPECT_EQ(call.clock, next_push++);
+  }
+  EXPECT_EQ(next_push, 251);
 }
 
 TEST_F(TrainerTest, PrefetchStopsAtMaxStepsWithoutExtraCalls) {

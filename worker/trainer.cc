@@ -25,9 +25,13 @@ std::string JsonNumber(double v) {
 enum Phase { kData = 0, kPull, kCompute, kPush, kWait, kNumPhases };
 constexpr const char* kPhaseNames[kNumPhases] = {"data", "pull", "compute", "push", "wait"};
 
-// A pull or push issued ahead (prefetch): the tables, keys and values it names, copied into
-// buffers of its own so that the model may move on to another batch meanwhile. The vectors
-// keep their capacity from step to step.
+}  // namespace
+
+namespace internal {
+
+// A pull or push issued ahead (prefetch) for a model with one set of buffers: the tables,
+// keys and values it names, copied into buffers of its own so that the model may move on to
+// another batch meanwhile. The vectors keep their capacity from step to step.
 struct Staged {
   std::vector<std::string> dense_tables, sparse_tables;
   std::vector<std::vector<uint64_t>> keys;     // per sparse entry
@@ -35,6 +39,12 @@ struct Staged {
   common::PullBatch pull;  // spans into the vectors above
   common::PushBatch push;
 };
+
+}  // namespace internal
+
+namespace {
+
+using internal::Staged;
 
 template <typename Entry>
 void CopyInto(const Entry& from, std::vector<float>* to) {
@@ -334,20 +344,23 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
   return absl::OkStatus();
 }
 
-namespace {
+namespace internal {
 
-// The background side of overlapped steps (prefetch): the staging buffers (two of each kind,
-// used by step parity), the one thread that runs the store calls in submission order, and the
-// calls' summed wall time. Thread-compatible: one step loop drives it.
+// The background side of overlapped steps (prefetch): the batches each call reads and fills
+// (two of each kind, used by step parity), their staging buffers when the model has only one
+// set of buffers, the one thread that runs the store calls in submission order, and the calls'
+// summed wall time. Thread-compatible: one step loop drives it.
 class Pipeline {
  public:
   explicit Pipeline(common::ParameterStore* store) : store_(store) {}
 
-  Staged& pull(int slot) { return pulls_[slot]; }
-  Staged& push(int slot) { return pushes_[slot]; }
-  // Queues one store call: the push staged in `push_slot` (-1: none) at `push_clock`, and the
-  // pull into `pull_slot` (-1: none) at `pull_clock`. Both at once go out as one PushPull
-  // (one round trip per server; its pull reads after its push).
+  common::PullBatch& pull(int slot) { return pulls_[slot]; }
+  common::PushBatch& push(int slot) { return pushes_[slot]; }
+  Staged& staged_pull(int slot) { return staged_pulls_[slot]; }
+  Staged& staged_push(int slot) { return staged_pushes_[slot]; }
+  // Queues one store call: push(push_slot) (-1: none) at `push_clock`, and pull(pull_slot)
+  // (-1: none) at `pull_clock`. Both at once go out as one PushPull (one round trip per
+  // server; its pull reads after its push).
   void Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t pull_clock);
   // Blocks until the call filling pull slot `slot` has run; the first error of any call.
   absl::Status WaitForPull(int slot) { return background_.Wait(pull_ticket_[slot]); }
@@ -357,7 +370,9 @@ class Pipeline {
 
  private:
   common::ParameterStore* const store_;  // Not owned.
-  Staged pulls_[2], pushes_[2];
+  common::PullBatch pulls_[2];
+  common::PushBatch pushes_[2];
+  Staged staged_pulls_[2], staged_pushes_[2];
   uint64_t pull_ticket_[2] = {0, 0};
   std::atomic<int64_t> calls_ns_{0};
   // Declared last: destroyed (joined) before the buffers its calls use.
@@ -365,8 +380,8 @@ class Pipeline {
 };
 
 void Pipeline::Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t pull_clock) {
-  const Staged* push = push_slot >= 0 ? &pushes_[push_slot] : nullptr;
-  const Staged* pull = pull_slot >= 0 ? &pulls_[pull_slot] : nullptr;
+  const common::PushBatch* push = push_slot >= 0 ? &pushes_[push_slot] : nullptr;
+  const common::PullBatch* pull = pull_slot >= 0 ? &pulls_[pull_slot] : nullptr;
   // Labels name steps as the step loop does: the pull at clock c is for step c+1.
   std::string label = push != nullptr ? absl::StrCat("step ", push_clock, " push") : "";
   if (pull != nullptr) {
@@ -379,11 +394,11 @@ void Pipeline::Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t 
         const absl::Time start = absl::Now();
         absl::Status status;
         if (push != nullptr && pull != nullptr) {
-          status = store_->PushPull(push->push, push_options, pull->pull, pull_options);
+          status = store_->PushPull(*push, push_options, *pull, pull_options);
         } else if (push != nullptr) {
-          status = store_->Push(push->push, push_options);
+          status = store_->Push(*push, push_options);
         } else {
-          status = store_->Pull(pull->pull, pull_options);
+          status = store_->Pull(*pull, pull_options);
         }
         calls_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
         return status;
@@ -391,7 +406,31 @@ void Pipeline::Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t 
   if (pull != nullptr) pull_ticket_[pull_slot] = ticket;
 }
 
-}  // namespace
+}  // namespace internal
+
+absl::Status Trainer::PreparePrefetch(const Batch& batch, int slot, internal::Pipeline* pipe) {
+  common::PullBatch& pull = pipe->pull(slot);
+  pull = common::PullBatch();
+  RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
+  if (!buffer_sets_) {
+    // Into buffers of the pipeline's own: the model computes on its buffers meanwhile.
+    StagePull(pull, &pipe->staged_pull(slot));
+    pull = pipe->staged_pull(slot).pull;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PrepareGradients(int slot, internal::Pipeline* pipe) {
+  common::PushBatch& push = pipe->push(slot);
+  push = common::PushBatch();
+  RETURN_IF_ERROR(model_->PreparePush(&push));
+  if (!buffer_sets_) {
+    // Copied out: the next step's backward overwrites the model's gradients.
+    StagePush(push, &pipe->staged_push(slot));
+    push = pipe->staged_push(slot).push;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state) {
   // Slots alternate by step parity; the class comment says why reuse is safe: the call that
@@ -399,29 +438,22 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
   Batch batches[2];
   uint64_t offsets[2] = {0, 0};  // the iterator's offset after each batch
   std::vector<int64_t> indices;
-  Pipeline pipe(store_);
-  auto steps_left = [&](uint64_t done) {
-    return options_.max_steps == 0 || done < options_.max_steps;
-  };
-  auto stage_pull = [&](int b) -> absl::Status {
-    common::PullBatch spec;
-    RETURN_IF_ERROR(model_->PreparePull(batches[b], &spec));
-    StagePull(spec, &pipe.pull(b));
-    return absl::OkStatus();
-  };
-
+  internal::Pipeline pipe(store_);
   absl::Time t0 = absl::Now();
   if (state->stop || !it->Next(&indices)) return absl::OkStatus();
   train_->FillBatch(indices, &batches[0]);
   offsets[0] = it->offset();
-  RETURN_IF_ERROR(stage_pull(0));
+  RETURN_IF_ERROR(PreparePrefetch(batches[0], 0, &pipe));
   pipe.Submit(-1, 0, 0, state->clock);
+  if (buffer_sets_) model_->SwapBufferSets();  // compute never touches the set being filled
   absl::Duration carried_data = absl::Now() - t0;  // the first batch's, charged to step 1
-  bool unsent = false;  // the previous step's gradients wait in pipe.push(1 - cur)
+  bool unsent = false;  // the previous step's gradients are not sent yet
   for (int cur = 0;; cur = 1 - cur) {
     const int next = 1 - cur;
     t0 = absl::Now();
-    const bool has_next = steps_left(state->result->steps + 1) && it->Next(&indices);
+    const bool has_next =
+        (options_.max_steps == 0 || state->result->steps + 1 < options_.max_steps) &&
+        it->Next(&indices);
     if (has_next) {
       train_->FillBatch(indices, &batches[next]);
       offsets[next] = it->offset();
@@ -430,21 +462,18 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
     RETURN_IF_ERROR(pipe.WaitForPull(cur));
     const absl::Time t2 = absl::Now();
     // One call, running while this step computes: the previous step's gradients out (clock
-    // c), the next step's parameters in (clock c + 1).
-    if (has_next) RETURN_IF_ERROR(stage_pull(next));
+    // c), the next step's parameters in (clock c + 1). With two buffer sets both name the set
+    // the previous step used; then the model turns to the set this step's parameters are in.
+    if (unsent && buffer_sets_) RETURN_IF_ERROR(PrepareGradients(next, &pipe));
+    if (has_next) RETURN_IF_ERROR(PreparePrefetch(batches[next], next, &pipe));
     if (has_next || unsent) {
       pipe.Submit(unsent ? next : -1, state->clock, has_next ? next : -1, state->clock + 1);
     }
-    // The model is pointed back at this step's batch and given the parameters pulled for it.
-    common::PullBatch spec;
-    RETURN_IF_ERROR(model_->PreparePull(batches[cur], &spec));
-    RETURN_IF_ERROR(UnstagePull(pipe.pull(cur), spec));
+    RETURN_IF_ERROR(UsePrefetched(batches[cur], pipe.staged_pull(cur)));
     const absl::Time t3 = absl::Now();
     ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
-    common::PushBatch push;
-    RETURN_IF_ERROR(model_->PreparePush(&push));
     const absl::Time t4 = absl::Now();
-    StagePush(push, &pipe.push(cur));
+    if (!buffer_sets_ || !has_next) RETURN_IF_ERROR(PrepareGradients(cur, &pipe));
     unsent = true;
     absl::Time t5 = absl::Now();
     absl::Duration wait = t2 - t1;
@@ -466,6 +495,17 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
   }
   state->result->breakdown.calls += pipe.calls();
   return absl::OkStatus();
+}
+
+absl::Status Trainer::UsePrefetched(const Batch& batch, const internal::Staged& staged) {
+  if (buffer_sets_) {
+    model_->SwapBufferSets();
+    return absl::OkStatus();
+  }
+  // The model is pointed back at this step's batch and given the values staged for it.
+  common::PullBatch spec;
+  RETURN_IF_ERROR(model_->PreparePull(batch, &spec));
+  return UnstagePull(staged, spec);
 }
 
 uint64_t Trainer::EstimateTotalSteps() const {
@@ -534,6 +574,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   ShardIterator it(train_->size(), options_.worker_index, options_.num_workers,
                    options_.batch_size, options_.shuffle, options_.seed);
   total_steps_estimate_ = EstimateTotalSteps();
+  if (options_.prefetch) {
+    // Two buffer sets spare the overlapped steps their staging copies, where the model can.
+    ASSIGN_OR_RETURN(buffer_sets_, model_->AddSecondBufferSet());
+  }
   RunState state;
   state.result = &result;
   state.clock = options_.start_clock;

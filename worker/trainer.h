@@ -24,6 +24,10 @@
 namespace ps::worker {
 
 class ShardIterator;
+namespace internal {
+struct Staged;
+class Pipeline;
+}  // namespace internal
 
 struct TrainerOptions {
   int32_t worker_index = 0;
@@ -147,6 +151,14 @@ class Trainer {
   // One epoch of steps, each one after the other (TrainEpoch) or overlapped (prefetch).
   absl::Status TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state);
   absl::Status TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state);
+  // Overlapped steps: points pipe's pull of `slot` at the parameters `batch` needs (into the
+  // model's other buffer set, or into staging buffers), and its push of `slot` at the
+  // gradients of the last ForwardBackward (in the model's current set, or copied out).
+  absl::Status PreparePrefetch(const Batch& batch, int slot, internal::Pipeline* pipe);
+  absl::Status PrepareGradients(int slot, internal::Pipeline* pipe);
+  // Gives the model the parameters prefetched for `batch`: turns it to the buffer set they
+  // were pulled into, or copies them in from `staged`.
+  absl::Status UsePrefetched(const Batch& batch, const internal::Staged& staged);
   // This worker's steps over the remaining epochs (for the progress line), capped by
   // max_steps.
   uint64_t EstimateTotalSteps() const;
@@ -177,6 +189,8 @@ class Trainer {
   uint64_t samples_ = 0;
   uint64_t total_steps_estimate_ = 0;
   double loss_ema_ = 0;
+  // Prefetch with the model's two buffer sets (Model::AddSecondBufferSet), not staging copies.
+  bool buffer_sets_ = false;
 };
 
 }  // namespace ps::worker

@@ -106,20 +106,26 @@ struct TrainResult {
 // With options.prefetch, a step t of an epoch runs as:
 //   data:    batch t+1 from the iterator
 //   wait:    until the background call that pulls step t's parameters is done
-//   pull:    stage the pull of step t+1 (keys copied, values into a staging buffer) and queue
-//            one call: PushPull(step t-1's staged gradients at clock t-1, pull of step t+1 at
-//            clock t); then PreparePull(batch t) again and copy step t's staged values into
-//            the model
-//   compute: ForwardBackward(batch t), PreparePush
-//   push:    copy the gradients into a staging buffer (they go out with step t+1's call)
+//   pull:    queue one call: PushPull(step t-1's gradients at clock t-1, the parameters of
+//            batch t+1 at clock t); then give the model step t's parameters
+//   compute: ForwardBackward(batch t)
+//   push:    (models with one buffer set) copy the gradients out
 // One background thread runs the calls in order, one at a time: ... [push t-2, pull t],
 // [push t-1, pull t+1], ... So each step makes one round trip per server, which overlaps the
 // step's compute, and each pull sees every earlier push of this worker except the one just
 // before it. The first step of an epoch only pulls; its last pushes the step before it alone,
-// then its own gradients. Two staging buffers of each kind alternate. The pipeline does not
-// cross epochs: it drains at the end of each (evaluation, progress and a following epoch see
-// every push applied). A failed background call fails the run with its error ("step 12 push +
-// step 14 pull: ..."); the calls queued after it are dropped.
+// then its own gradients.
+//
+// Where the call's values live: a model with two buffer sets (Model::AddSecondBufferSet, the
+// MLP) is turned to the other set at every step, so the call fills the set step t-1 used
+// (parameters of step t+1) and reads its gradients (step t-1) while step t computes on the
+// other set; nothing is copied. Other models get staging buffers of the trainer: the pull is
+// staged and copied into the model's buffers at its step, the gradients copied out after
+// compute. Either way two slots alternate by step parity, and the call that last used a slot
+// is done before the slot is filled again. The pipeline does not cross epochs: it drains at
+// the end of each (evaluation, progress and a following epoch see every push applied). A
+// failed background call fails the run with its error ("step 12 push + step 14 pull: ...");
+// the calls queued after it are dropped.
 //
 // Metrics (ps_worker_, registered in the registry given to the constructor, updated once per
 // step with atomic adds): steps, samples and samples/s, epoch, clock, last and smoothed loss,

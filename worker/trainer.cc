@@ -433,65 +433,69 @@ absl::Status Trainer::PrepareGradients(int slot, internal::Pipeline* pipe) {
 }
 
 absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state) {
-  // Slots alternate by step parity; the class comment says why reuse is safe: the call that
-  // last used a buffer is always done before the buffer is filled again.
-  Batch batches[2];
-  uint64_t offsets[2] = {0, 0};  // the iterator's offset after each batch
+  // Step i of the epoch (from 0) reads batch slot i % 3 (batches are read two steps ahead)
+  // and pull and push slot i % 2; the class comment says why reuse is safe.
+  Batch batches[3];
+  uint64_t offsets[3] = {0, 0, 0};  // the iterator's offset after each batch
   std::vector<int64_t> indices;
   internal::Pipeline pipe(store_);
+  const uint64_t before = state->result->steps;
+  auto fetch = [&](uint64_t i) {  // batch i into its slot; false past the epoch or max_steps
+    if ((options_.max_steps > 0 && before + i >= options_.max_steps) || !it->Next(&indices)) {
+      return false;
+    }
+    train_->FillBatch(indices, &batches[i % 3]);
+    offsets[i % 3] = it->offset();
+    return true;
+  };
+
   absl::Time t0 = absl::Now();
-  if (state->stop || !it->Next(&indices)) return absl::OkStatus();
-  train_->FillBatch(indices, &batches[0]);
-  offsets[0] = it->offset();
+  if (state->stop || !fetch(0)) return absl::OkStatus();
+  // The first two steps' pulls go out alone; with two buffer sets, each into its own set.
   RETURN_IF_ERROR(PreparePrefetch(batches[0], 0, &pipe));
   pipe.Submit(-1, 0, 0, state->clock);
-  if (buffer_sets_) model_->SwapBufferSets();  // compute never touches the set being filled
-  absl::Duration carried_data = absl::Now() - t0;  // the first batch's, charged to step 1
-  bool unsent = false;  // the previous step's gradients are not sent yet
-  for (int cur = 0;; cur = 1 - cur) {
-    const int next = 1 - cur;
+  if (buffer_sets_) model_->SwapBufferSets();
+  bool has_next = fetch(1);
+  if (has_next) {
+    RETURN_IF_ERROR(PreparePrefetch(batches[1], 1, &pipe));
+    pipe.Submit(-1, 0, 1, state->clock + 1);
+  }
+  absl::Duration carried = absl::Now() - t0;  // charged to step 0's data
+  for (uint64_t i = 0;; ++i) {
+    const int slot = static_cast<int>(i % 2);
+    const Batch& batch = batches[i % 3];
     t0 = absl::Now();
-    const bool has_next =
-        (options_.max_steps == 0 || state->result->steps + 1 < options_.max_steps) &&
-        it->Next(&indices);
-    if (has_next) {
-      train_->FillBatch(indices, &batches[next]);
-      offsets[next] = it->offset();
-    }
+    RETURN_IF_ERROR(pipe.WaitForPull(slot));
     const absl::Time t1 = absl::Now();
-    RETURN_IF_ERROR(pipe.WaitForPull(cur));
+    RETURN_IF_ERROR(UsePrefetched(batch, pipe.staged_pull(slot)));
     const absl::Time t2 = absl::Now();
-    // One call, running while this step computes: the previous step's gradients out (clock
-    // c), the next step's parameters in (clock c + 1). With two buffer sets both name the set
-    // the previous step used; then the model turns to the set this step's parameters are in.
-    if (unsent && buffer_sets_) RETURN_IF_ERROR(PrepareGradients(next, &pipe));
-    if (has_next) RETURN_IF_ERROR(PreparePrefetch(batches[next], next, &pipe));
-    if (has_next || unsent) {
-      pipe.Submit(unsent ? next : -1, state->clock, has_next ? next : -1, state->clock + 1);
-    }
-    RETURN_IF_ERROR(UsePrefetched(batches[cur], pipe.staged_pull(cur)));
+    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batch));
     const absl::Time t3 = absl::Now();
-    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
+    RETURN_IF_ERROR(PrepareGradients(slot, &pipe));
     const absl::Time t4 = absl::Now();
-    if (!buffer_sets_ || !has_next) RETURN_IF_ERROR(PrepareGradients(cur, &pipe));
-    unsent = true;
-    absl::Time t5 = absl::Now();
-    absl::Duration wait = t2 - t1;
+    const bool has_after_next = has_next && fetch(i + 2);
+    const absl::Time t5 = absl::Now();
+    // One call, queued behind the one that pulls the next step's parameters and running while
+    // the next step computes: this step's gradients out (clock c + 1) and the parameters of
+    // the step after next in (clock c + 2), into the buffers this step is done with.
+    if (has_after_next) RETURN_IF_ERROR(PreparePrefetch(batches[(i + 2) % 3], slot, &pipe));
+    pipe.Submit(slot, state->clock + 1, has_after_next ? slot : -1, state->clock + 2);
+    absl::Time t6 = absl::Now();
+    absl::Duration wait = t1 - t0;
     if (!has_next) {
       // The end of the epoch (or of the run): every push is applied before anything else.
-      pipe.Submit(cur, state->clock + 1, -1, 0);
       RETURN_IF_ERROR(pipe.Drain());
       const absl::Time drained = absl::Now();
-      wait += drained - t5;
-      t5 = drained;
+      wait += drained - t6;
+      t6 = drained;
     }
-    // The position reported is that of the step just computed; its push goes out with the
-    // next step's call (a worker restarted now loses at most this step and the one before,
-    // whose push may be in flight).
-    EndStep(epoch, offsets[cur], batches[cur].size, step.loss,
-            {carried_data + (t1 - t0), t3 - t2, t4 - t3, t5 - t4, wait}, state);
-    carried_data = absl::ZeroDuration();
+    // The position reported is that of the step just computed; its push is queued behind
+    // the previous step's call (a worker restarted now loses at most those two steps).
+    EndStep(epoch, offsets[i % 3], batch.size, step.loss,
+            {carried + (t5 - t4), (t2 - t1) + (t6 - t5), t3 - t2, t4 - t3, wait}, state);
+    carried = absl::ZeroDuration();
     if (!has_next) break;
+    has_next = has_after_next;
   }
   state->result->breakdown.calls += pipe.calls();
   return absl::OkStatus();
@@ -499,6 +503,7 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
 
 absl::Status Trainer::UsePrefetched(const Batch& batch, const internal::Staged& staged) {
   if (buffer_sets_) {
+    // To the set this step's parameters were pulled into (the previous step used the other).
     model_->SwapBufferSets();
     return absl::OkStatus();
   }

@@ -104,25 +104,28 @@ struct TrainResult {
 // Thread-compatible. Borrows everything it is given (Not owned).
 //
 // With options.prefetch, a step t of an epoch runs as:
-//   data:    batch t+1 from the iterator
 //   wait:    until the background call that pulls step t's parameters is done
-//   pull:    queue one call: PushPull(step t-1's gradients at clock t-1, the parameters of
-//            batch t+1 at clock t); then give the model step t's parameters
+//   pull:    give the model step t's parameters (turn it to the buffer set they are in, or
+//            copy them in from staging)
 //   compute: ForwardBackward(batch t)
-//   push:    (models with one buffer set) copy the gradients out
-// One background thread runs the calls in order, one at a time: ... [push t-2, pull t],
-// [push t-1, pull t+1], ... So each step makes one round trip per server, which overlaps the
-// step's compute, and each pull sees every earlier push of this worker except the one just
-// before it. The first step of an epoch only pulls; its last pushes the step before it alone,
-// then its own gradients.
+//   push:    take the gradients (spans into the model's set, or copied out to staging)
+//   data:    batch t+2 from the iterator
+//   pull:    queue one call: PushPull(step t's gradients at clock t, the parameters of batch
+//            t+2 at clock t+1)
+// One background thread runs the calls in order, back to back: ... [push t-1, pull t+1],
+// [push t, pull t+2], ... The call queued at the end of step t starts when the one pulling
+// step t+1's parameters ends, and runs while step t+1 computes: one round trip per server
+// per step, off the step's critical path. Each pull sees every earlier push of this worker
+// except the one just before it. The first two steps of an epoch pull alone; its last two
+// steps push alone.
 //
 // Where the call's values live: a model with two buffer sets (Model::AddSecondBufferSet, the
-// MLP) is turned to the other set at every step, so the call fills the set step t-1 used
-// (parameters of step t+1) and reads its gradients (step t-1) while step t computes on the
-// other set; nothing is copied. Other models get staging buffers of the trainer: the pull is
-// staged and copied into the model's buffers at its step, the gradients copied out after
-// compute. Either way two slots alternate by step parity, and the call that last used a slot
-// is done before the slot is filled again. The pipeline does not cross epochs: it drains at
+// MLP) computes step t on set t % 2; the call queued after step t reads that set's gradients
+// and fills that set's parameters for step t+2 while step t+1 computes on the other set:
+// nothing is copied. Other models get staging buffers of the trainer (pulls copied into the
+// model's buffers at their step, gradients copied out after compute), two of each, by step
+// parity. A slot is filled again only after the call that last used it is done (the step
+// that needs the next value waits for it). The pipeline does not cross epochs: it drains at
 // the end of each (evaluation, progress and a following epoch see every push applied). A
 // failed background call fails the run with its error ("step 12 push + step 14 pull: ...");
 // the calls queued after it are dropped.

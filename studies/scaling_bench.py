@@ -53,18 +53,19 @@ def worst(a, b):
 
 def parse(records):
     """Workers' JSON-log records -> (samples/s summed over workers, the last test metric, the
-    largest comm_ratios among the workers (each the worst worker's), or None, and each worker's
-    time breakdown in seconds)."""
+    worst worker's calls/compute (None if unknown), the worst worker's exposed/compute (None
+    without workers' records), each worker's time breakdown in seconds)."""
     r = summarize(records)
-    comm = None
+    comm = exposed = None
     times = []
     for rec in records:
         if rec.get("type") == "done":
             times.append({k: rec[k] for k in ("worker", "steps", "data_s", "pull_s", "compute_s", "push_s",
                                               "wait_s", "comm_s", "exposed_comm_s") if k in rec})
-            calls, exposed = comm_ratios(rec)
-            comm = (calls, exposed) if comm is None else (worst(comm[0], calls), max(comm[1], exposed))
-    return r["sum_of_worker_rates"], r["final_metric"], comm, times
+            calls, exp = comm_ratios(rec)
+            comm = worst(comm, calls)
+            exposed = worst(exposed, exp)
+    return r["sum_of_worker_rates"], r["final_metric"], comm, exposed, times
 
 
 def run(cmd, log_dir):
@@ -97,9 +98,9 @@ def main():
         records, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common,
                              "--log_path=" + os.path.join(log_dir, "worker-0.jsonl")], log_dir)
         shutil.rmtree(log_dir, ignore_errors=True)
-        rate, metric, _, times = parse(records)
-        rows.append(dict(model=model, mode="centralized", servers=0, workers=1,
-                         samples_per_s=rate, metric=metric, wall_s=wall, comm=None, times=times))
+        rate, metric, _, _, times = parse(records)
+        rows.append(dict(model=model, mode="centralized", servers=0, workers=1, samples_per_s=rate,
+                         metric=metric, wall_s=wall, comm=None, exposed=None, times=times))
         print(rows[-1], flush=True)
         for cell in args.cells.split(","):
             s, w = (int(x) for x in cell.split("x"))
@@ -108,9 +109,9 @@ def main():
                                  "--workers", str(w), "--bin_dir", bin_dir, "--set", common,
                                  worker_log_flag(log_dir)], log_dir)
             shutil.rmtree(log_dir, ignore_errors=True)
-            rate, metric, comm, times = parse(records)
-            rows.append(dict(model=model, mode="distributed", servers=s, workers=w,
-                             samples_per_s=rate, metric=metric, wall_s=wall, comm=comm, times=times))
+            rate, metric, comm, exposed, times = parse(records)
+            rows.append(dict(model=model, mode="distributed", servers=s, workers=w, samples_per_s=rate,
+                             metric=metric, wall_s=wall, comm=comm, exposed=exposed, times=times))
             print(rows[-1], flush=True)
     if args.json:
         with open(args.json, "w") as f:
@@ -122,7 +123,7 @@ def main():
     base = {r["model"]: r["samples_per_s"] for r in rows if r["mode"] == "centralized"}
     for r in rows:
         ratio = r["samples_per_s"] / base[r["model"]] if base.get(r["model"]) else 0
-        comm = ["%.2f" % v if v is not None else "-" for v in (r["comm"] or (None, None))]
+        comm = ["%.2f" % v if v is not None else "-" for v in (r["comm"], r["exposed"])]
         print("| %s | %s | %s | %d | %.0f | %.2fx | %s | %.1f | %s | %s |" % (
             r["model"], r["mode"], r["servers"] or "-", r["workers"], r["samples_per_s"], ratio,
             "%.4f" % r["metric"] if r["metric"] is not None else "-", r["wall_s"], comm[0], comm[1]))

@@ -55,7 +55,9 @@ class Model {
   virtual absl::StatusOr<bool> AddSecondBufferSet() { return false; }
   // Makes the other set current: every call above uses it from now on. The spans PreparePull
   // and PreparePush handed out for the set left keep pointing into it, so a store may fill
-  // its parameters and read its gradients while the model computes on the current set.
+  // its parameters and read its gradients while the model computes on the current set. Only
+  // a model whose PreparePull keeps no state of the batch may offer two sets: the trainer
+  // prepares the pull of a later batch before computing the current one.
   // REQUIRES: AddSecondBufferSet returned true.
   virtual void SwapBufferSets() {}
 };

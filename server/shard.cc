@@ -169,6 +169,14 @@ void Shard::CountRejection(absl::string_view reason) {
   ++rejected_[reason];
 }
 
+void Shard::UncountRejection(absl::string_view reason) {
+  if (reason.empty()) return;
+  absl::MutexLock lock(&stats_mu_);
+  auto it = rejected_.find(reason);
+  if (it == rejected_.end()) return;
+  if (--it->second == 0) rejected_.erase(it);
+}
+
 absl::Status Shard::Reject(absl::string_view reason, absl::Status status) {
   CountRejection(reason);
   return WithRejectionReason(std::move(status), reason);
@@ -499,9 +507,12 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   const absl::Status parts = CheckPushTables(push, &checked);
   // Values are checked after the parts' structure, all at once (in parallel for a large push),
   // but reported as if each part had been checked in turn: the parts found before a
-  // structural error are exactly those checked, and the first non-finite one among them wins.
-  // Gradients and deltas alike.
-  RETURN_IF_ERROR(CheckFinite(checked.updates_));
+  // structural error are exactly those checked, and the first non-finite one among them wins
+  // (and is the one refusal counted). Gradients and deltas alike.
+  if (absl::Status values = CheckFinite(checked.updates_); !values.ok()) {
+    if (!parts.ok()) UncountRejection(RejectionReason(parts));
+    return values;
+  }
   RETURN_IF_ERROR(parts);
   return checked;
 }

@@ -263,6 +263,9 @@ class Shard {
   // 1 / cluster.num_workers for AVERAGE.
   float delta_scale() const;
   void CountRejection(absl::string_view reason);
+  // Takes back one count of `reason` (a refusal that another one, earlier in the same
+  // request, replaces); nothing for "".
+  void UncountRejection(absl::string_view reason);
   // NOT_FOUND ("unknown_table") for a table the job does not have.
   absl::StatusOr<TablePart*> FindTable(absl::string_view name);
   // INVALID_ARGUMENT for an unknown encoding.

@@ -622,6 +622,19 @@ uint64_t NonFiniteValues(Shard& shard) {
   return it == stats.rejected().end() ? 0 : it->second;
 }
 
+// The refusals counted in Stats, by reason, sorted ("reason=n " each; the count of non-finite
+// values left out).
+std::string Rejections(Shard& shard) {
+  StatsResponse stats;
+  shard.FillStats(&stats);
+  std::map<std::string, uint64_t> sorted(stats.rejected().begin(), stats.rejected().end());
+  std::string out;
+  for (const auto& [reason, n] : sorted) {
+    if (reason != "nonfinite_values") absl::StrAppend(&out, reason, "=", n, " ");
+  }
+  return out;
+}
+
 TEST(Shard, NonFiniteValueAtTheEndOfALargePushChangesNothing) {
   // The values are checked before anything is applied, by several threads for this push:
   // a NaN in its very last value must leave every block as it was and the sequence unseen.
@@ -673,12 +686,14 @@ TEST(Shard, FirstBadPartOfALargePushIsReportedInPushOrder) {
     absl::Status status = shard->Push(push).status();
     EXPECT_EQ(RejectionReason(status), "nonfinite") << status;
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 3:")));
+    EXPECT_EQ(Rejections(*shard), "nonfinite=1 ");  // one refusal, counted once
     // Block 40 first: its refusal wins, and block 3's values were never looked at.
     table.blocks.insert(table.blocks.begin(), table.blocks.back());
     table.blocks.pop_back();
     status = shard->Push(push).status();
     EXPECT_EQ(RejectionReason(status), "bad_block") << status;
     EXPECT_EQ(NonFiniteValues(*shard), 1u);
+    EXPECT_EQ(Rejections(*shard), "bad_block=1 nonfinite=1 ");
   }
 }
 

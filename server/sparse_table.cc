@@ -88,13 +88,12 @@ absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> ke
   // with the lookups in between, few enough that the lines are still cached when used.
   constexpr size_t kAhead = 16;
   const size_t row_bytes = row_floats_ * sizeof(float);
-  for (size_t j = 0; j < std::min(n, kAhead); ++j) s.index.prefetch(keys[order[j]]);
+  for (size_t j = 0; j < std::min(n, kAhead); ++j) s.index.Prefetch(keys[order[j]]);
   for (size_t j = 0; j < n; ++j) {
-    if (j + kAhead < n) s.index.prefetch(keys[order[j + kAhead]]);
+    if (j + kAhead < n) s.index.Prefetch(keys[order[j + kAhead]]);
     const uint64_t key = keys[order[j]];
-    auto it = s.index.find(key);
-    if (it != s.index.end()) {
-      slots[j] = it->second;
+    if (const uint32_t slot = s.index.Find(key); slot != RowIndex::kAbsent) {
+      slots[j] = slot;
     } else {
       CHECK(!spills()) << "table '" << name() << "': Apply to key " << key << " without Pin";
       if (use == SlotUse::kRead && memory_ != nullptr) {
@@ -133,15 +132,13 @@ uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
     s.pins.push_back(0);
     s.flags.push_back(kDirty);  // a new row; FindOrFault clears it for a row read back
   }
-  s.index.emplace(key, slot);
+  s.index.Insert(key, slot);
   Recount(s);
   return slot;
 }
 
 int64_t SparseTablePart::StripeBytes(const Stripe& s) const {
-  // flat_hash_map: one slot (key, value pair) and one control byte per capacity entry.
-  using Entry = std::pair<const uint64_t, uint32_t>;
-  const size_t index = s.index.capacity() * (sizeof(Entry) + 1);
+  const size_t index = s.index.capacity() * RowIndex::bytes_per_entry();
   const size_t per_row = s.keys.capacity() * sizeof(uint64_t) +
                          s.steps.capacity() * sizeof(int64_t) +
                          s.saved_epoch.capacity() * sizeof(uint64_t) +
@@ -162,8 +159,9 @@ void SparseTablePart::Recount(Stripe& s) {
 }
 
 uint64_t SparseTablePart::RowCost() const {
-  // Index entry at a typical load, keys/steps/saved_epoch entries, the row itself.
-  constexpr uint64_t kPerRow = 2 * (sizeof(uint64_t) + sizeof(uint32_t) + 1) + 3 * 8;
+  // Index entry at a typical load (about half full), keys/steps/saved_epoch entries, the row
+  // itself.
+  constexpr uint64_t kPerRow = 2 * RowIndex::bytes_per_entry() + 3 * 8;
   return row_floats_ * sizeof(float) + kPerRow;
 }
 
@@ -181,10 +179,10 @@ absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> key
     if (b == e) continue;
     const Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
-    for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.prefetch(keys[groups.order[j]]);
+    for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.Prefetch(keys[groups.order[j]]);
     for (uint32_t j = b; j < e; ++j) {
-      if (j + kAhead < e) s.index.prefetch(keys[groups.order[j + kAhead]]);
-      if (!s.index.contains(keys[groups.order[j]])) ++missing;
+      if (j + kAhead < e) s.index.Prefetch(keys[groups.order[j + kAhead]]);
+      if (!s.index.Contains(keys[groups.order[j]])) ++missing;
     }
   }
   if (missing == 0) return absl::OkStatus();
@@ -199,8 +197,7 @@ void SparseTablePart::InitRow(uint64_t key, float* row) const {
 }
 
 uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
-  auto it = s.index.find(key);
-  if (it != s.index.end()) return it->second;
+  if (const uint32_t found = s.index.Find(key); found != RowIndex::kAbsent) return found;
   const uint32_t slot = AddRow(s, key);
   InitRow(key, RowPtr(s, slot));
   return slot;
@@ -208,7 +205,7 @@ uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
 
 void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
   const uint32_t last = static_cast<uint32_t>(s.keys.size() - 1);
-  s.index.erase(s.keys[slot]);
+  s.index.Erase(s.keys[slot]);
   if (slot != last) {
     std::memcpy(RowPtr(s, slot), RowPtr(s, last), row_floats_ * sizeof(float));
     s.keys[slot] = s.keys[last];
@@ -217,7 +214,7 @@ void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
     s.uses[slot] = s.uses[last];
     s.pins[slot] = s.pins[last];
     s.flags[slot] = s.flags[last];
-    s.index[s.keys[slot]] = slot;
+    s.index.Update(s.keys[slot], slot);
   }
   s.keys.pop_back();
   s.steps.pop_back();
@@ -267,9 +264,9 @@ absl::Status SparseTablePart::ReadSpilling(absl::Span<const uint64_t> keys,
     float* dst = out.data() + i * dim_;
     {
       absl::MutexLock lock(&s.mu);
-      if (auto it = s.index.find(keys[i]); it != s.index.end()) {
-        std::memcpy(dst, RowPtr(s, it->second), dim_ * sizeof(float));
-        Use(s, it->second);
+      if (const uint32_t slot = s.index.Find(keys[i]); slot != RowIndex::kAbsent) {
+        std::memcpy(dst, RowPtr(s, slot), dim_ * sizeof(float));
+        Use(s, slot);
         continue;
       }
     }
@@ -316,10 +313,10 @@ void SparseTablePart::UnpinHeld(absl::Span<const uint64_t> keys) {
   for (uint64_t key : keys) {
     Stripe& s = stripes_[StripeOf(key)];
     absl::MutexLock lock(&s.mu);
-    auto it = s.index.find(key);
-    CHECK(it != s.index.end() && s.pins[it->second] > 0)
+    const uint32_t slot = s.index.Find(key);
+    CHECK(slot != RowIndex::kAbsent && s.pins[slot] > 0)
         << "table '" << name() << "': Unpin of key " << key << " that is not pinned";
-    --s.pins[it->second];
+    --s.pins[slot];
     Trim(s);
   }
 }

@@ -43,6 +43,7 @@
 #include "kernels/optimizer.h"
 #include "proto/config.pb.h"
 #include "server/memory_budget.h"
+#include "server/row_index.h"
 #include "server/storage/spill_table.h"
 
 namespace ps::server {
@@ -277,7 +278,7 @@ class SparseTablePart final : public TablePart {
     mutable absl::Mutex mu;
     // Rows in memory occupy slots [0, keys.size()); evicting a row moves the last one into its
     // slot.
-    absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // key -> row slot
+    RowIndex index ABSL_GUARDED_BY(mu);  // key -> row slot
     std::vector<Chunk> chunks ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> keys ABSL_GUARDED_BY(mu);         // per slot
     std::vector<int64_t> steps ABSL_GUARDED_BY(mu);         // per slot

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/status_macros.h"
@@ -241,17 +242,38 @@ absl::Status SparseTablePart::ReadResident(absl::Span<const uint64_t> keys,
   StripeGroups groups;
   GroupByStripe(keys, &groups);
   std::vector<uint32_t> slots(keys.size());
-  for (int i = 0; i < kNumStripes; ++i) {
-    const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
-    if (n == 0) continue;
-    Stripe& s = stripes_[i];
-    absl::MutexLock lock(&s.mu);
-    RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
-    for (uint32_t j = b; j < b + n; ++j) {
-      std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
-                  dim_ * sizeof(float));
+  return ForStripes(keys.size(), [&](int first, int last) -> absl::Status {
+    for (int i = first; i < last; ++i) {
+      const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
+      if (n == 0) continue;
+      Stripe& s = stripes_[i];
+      absl::MutexLock lock(&s.mu);
+      RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
+      for (uint32_t j = b; j < b + n; ++j) {
+        std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
+                    dim_ * sizeof(float));
+      }
     }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SparseTablePart::ForStripes(size_t num_keys,
+                                         absl::FunctionRef<absl::Status(int, int)> work) {
+  const int parts =
+      helpers_ == nullptr || num_keys < kParallelKeys ? 1 : helpers_->num_threads() + 1;
+  if (parts == 1) return work(0, kNumStripes);
+  std::vector<absl::Status> status(parts);
+  absl::BlockingCounter done(parts - 1);
+  for (int p = 1; p < parts; ++p) {
+    helpers_->Schedule([&work, &status, &done, p, parts] {
+      status[p] = work(p * kNumStripes / parts, (p + 1) * kNumStripes / parts);
+      done.DecrementCount();
+    });
   }
+  status[0] = work(0, kNumStripes / parts);
+  done.Wait();
+  for (absl::Status& st : status) RETURN_IF_ERROR(st);
   return absl::OkStatus();
 }
 
@@ -327,33 +349,41 @@ void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const fl
   StripeGroups groups;
   GroupByStripe(keys, &groups);
   std::vector<uint32_t> slots(keys.size());
-  for (int i = 0; i < kNumStripes; ++i) {
-    const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
-    if (n == 0) continue;
-    Stripe& s = stripes_[i];
-    absl::MutexLock lock(&s.mu);
-    // An update's lookups cannot fail: a missing row is created, or (spilling) a CHECK.
-    const absl::Status found =
-        FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, &slots[b]);
-    CHECK(found.ok()) << found;
-    for (uint32_t j = b; j < b + n; ++j) {
-      const uint32_t slot = slots[j];
-      const uint64_t key = keys[groups.order[j]];
-      if (spills()) s.flags[slot] |= kDirty;
-      float* row = RowPtr(s, slot);
-      const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
-      if (epoch != 0 && s.saved_epoch[slot] < epoch) {
-        s.pending.emplace(key, std::make_pair(s.steps[slot],
-                                              std::vector<float>(row, row + row_floats_)));
-        s.saved_epoch[slot] = epoch;
-      }
-      const int64_t step =
-          options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
-      ApplyTo(optimizer_, num_slots_, step, row, dim_,
-              values.subspan(size_t{groups.order[j]} * dim_, dim_), options);
-    }
-  }
+  const absl::Status applied = ForStripes(keys.size(), [&](int first, int last) {
+    for (int i = first; i < last; ++i) ApplyStripe(i, keys, values, options, groups, &slots);
+    return absl::OkStatus();
+  });
+  CHECK(applied.ok()) << applied;
   CountUpdate();
+}
+
+void SparseTablePart::ApplyStripe(int stripe, absl::Span<const uint64_t> keys,
+                                  absl::Span<const float> values, const UpdateOptions& options,
+                                  const StripeGroups& groups, std::vector<uint32_t>* slots) {
+  const uint32_t b = groups.first[stripe], n = groups.first[stripe + 1] - b;
+  if (n == 0) return;
+  Stripe& s = stripes_[stripe];
+  absl::MutexLock lock(&s.mu);
+  // An update's lookups cannot fail: a missing row is created, or (spilling) a CHECK.
+  const absl::Status found =
+      FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, slots->data() + b);
+  CHECK(found.ok()) << found;
+  for (uint32_t j = b; j < b + n; ++j) {
+    const uint32_t slot = (*slots)[j];
+    const uint64_t key = keys[groups.order[j]];
+    if (spills()) s.flags[slot] |= kDirty;
+    float* row = RowPtr(s, slot);
+    const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
+    if (epoch != 0 && s.saved_epoch[slot] < epoch) {
+      s.pending.emplace(key, std::make_pair(s.steps[slot],
+                                            std::vector<float>(row, row + row_floats_)));
+      s.saved_epoch[slot] = epoch;
+    }
+    const int64_t step =
+        options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
+    ApplyTo(optimizer_, num_slots_, step, row, dim_,
+            values.subspan(size_t{groups.order[j]} * dim_, dim_), options);
+  }
 }
 
 SpillStats SparseTablePart::spill_stats() const {

@@ -2,7 +2,6 @@
 
 #include <random>
 
-#include "common/hash.h"
 #include "glog/logging.h"
 
 namespace ps::server {
@@ -23,10 +22,6 @@ bool Full(size_t size, size_t capacity) { return (size + 1) * 8 > capacity * 5; 
 }  // namespace
 
 RowIndex::RowIndex() : seed_(ProcessSeed()) {}
-
-size_t RowIndex::Home(uint64_t key) const {
-  return static_cast<size_t>(common::Mix64(key ^ seed_) >> 16) & mask_;
-}
 
 size_t RowIndex::PositionOf(uint64_t key) const {
   for (size_t i = Home(key);; i = (i + 1) & mask_) {

@@ -23,6 +23,8 @@
 #include <memory>
 #include <new>
 
+#include "common/hash.h"
+
 namespace ps::server {
 
 class RowIndex {
@@ -71,7 +73,9 @@ class RowIndex {
     void operator()(Entry* p) const { ::operator delete[](p, kAlignment); }
   };
 
-  size_t Home(uint64_t key) const;
+  size_t Home(uint64_t key) const {
+    return static_cast<size_t>(common::Mix64(key ^ seed_) >> 16) & mask_;
+  }
   // The position of `key` (present). REQUIRES: key present.
   size_t PositionOf(uint64_t key) const;
   void Grow();

@@ -47,12 +47,13 @@ bool ErrorFeedback(const common::TableInfo& t) {
 void SplitUniqueKeys(absl::Span<const uint64_t> keys, const common::Partitioner& partitioner,
                      std::vector<std::vector<uint32_t>>* positions,
                      std::vector<std::pair<uint32_t, uint32_t>>* repeats) {
+  // An entry names the key by its position in `keys`: 8 bytes, so that the table of a large
+  // pull stays in the L2 cache (the keys themselves are read there too).
   struct Seen {
-    uint64_t key;
     uint32_t position;
     uint32_t call;  // 0: never written
   };
-  // Tables up to this many entries (16 MB) are kept per thread; bigger ones are per call.
+  // Tables up to this many entries (8 MB) are kept per thread; bigger ones are per call.
   constexpr size_t kKeptEntries = size_t{1} << 20;
   thread_local std::vector<Seen> kept;
   thread_local uint32_t kept_call = 0;
@@ -64,12 +65,12 @@ void SplitUniqueKeys(absl::Span<const uint64_t> keys, const common::Partitioner&
   if (capacity <= kKeptEntries) {
     table = &kept;
     if (kept.size() < capacity || ++kept_call == 0) {
-      kept.assign(std::max(capacity, kept.size()), Seen{0, 0, 0});
+      kept.assign(std::max(capacity, kept.size()), Seen{0, 0});
       kept_call = 1;
     }
     call = kept_call;
   } else {
-    local.assign(capacity, Seen{0, 0, 0});
+    local.assign(capacity, Seen{0, 0});
   }
   const size_t mask = capacity - 1;
   const uint32_t servers = partitioner.num_servers();
@@ -90,11 +91,11 @@ void SplitUniqueKeys(absl::Span<const uint64_t> keys, const common::Partitioner&
     for (size_t h = common::Mix64(key) & mask;; h = (h + 1) & mask) {
       Seen& e = seen[h];
       if (e.call != call) {
-        e = Seen{key, i, call};
+        e = Seen{i, call};
         (*positions)[servers == 1 ? 0 : partitioner.ServerForKey(key)].push_back(i);
         break;
       }
-      if (e.key == key) {
+      if (keys[e.position] == key) {
         repeats->emplace_back(i, e.position);
         break;
       }

@@ -144,6 +144,7 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
         return partitioner_.ServerForKey(key) == options_.server_index;
       });
       sparse->set_memory_budget(&memory_);
+      sparse->set_helpers(apply_pool_.get());
     } else {
       memory_.Add(static_cast<int64_t>(part->NumBytes()));
     }

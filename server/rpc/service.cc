@@ -618,6 +618,165 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
   return reactor;
 }
 
+// ---- PushPull from a completion queue ----------------------------------------------------
+
+namespace {
+// PushPull's index among the service's methods (their order in ps.proto, as the generated
+// WithRawMethod_PushPull has it).
+constexpr int kPushPullMethod = 2;
+// Calls each serving thread asks for ahead, so that a burst of calls is not matched one by one.
+constexpr int kCallsAskedAhead = 8;
+}  // namespace
+
+// Owns itself: deleted after its last tag (arrival, done, finish) and the handler's
+// Started(), whichever comes last; a call that never arrived only has its arrival tag.
+class ParameterServerService::QueuedCall {
+ public:
+  enum Kind { kArrived, kDone, kFinished };
+  struct Tag {
+    QueuedCall* call;
+    Kind kind;
+  };
+
+  QueuedCall(ParameterServerService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service), cq_(cq), responder_(&context_) {}
+
+  // Asks `cq` for a call. REQUIRES: the queue is not shut down.
+  void Request() {
+    context_.AsyncNotifyWhenDone(&done_tag_);
+    service_->RequestAsyncUnary(kPushPullMethod, &context_, &request_, &responder_, cq_, cq_,
+                                &arrived_tag_);
+  }
+
+  // One of this call's tags came out of the queue with `ok`.
+  void Handle(Kind kind, bool ok) {
+    switch (kind) {
+      case kArrived:
+        service_->RequestQueuedCall(cq_);  // the next one
+        if (!ok) {
+          // The server is shutting down; no other tag of this call will come.
+          End();
+          return;
+        }
+        Serve();
+        return;
+      case kDone:
+        if (context_.IsCancelled()) Cancel();
+        Unref();
+        return;
+      case kFinished:
+        Unref();
+        return;
+    }
+  }
+
+ private:
+  void Serve() {
+    const absl::Time arrived = absl::Now();
+    const absl::Time deadline = absl::FromChrono(context_.deadline());
+    auto serve = [this, arrived, deadline,
+                  peer = service_->auth_.Identify(context_.auth_context().get(),
+                                                  context_.peer())] {
+      Started(service_->StartPushPull(request_, deadline, &response_, arrived, &peer,
+                                      [this](absl::Status status) {
+                                        responder_.Finish(response_, common::ToGrpcStatus(status),
+                                                          &finished_tag_);
+                                      }));
+    };
+    if (!service_->PushesWait()) {
+      serve();  // on this thread, as the callback path does
+      return;
+    }
+    service_->pool_.Schedule(std::move(serve));
+  }
+
+  // As CallReactor: the handler is done with the call; `id` is its parked pull (0: none).
+  void Started(WaiterId id) {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancelled = cancelled_;
+    }
+    if (cancelled && id != 0) service_->shard_->workers().CancelWaiter(id, Cancelled());
+    Unref();
+  }
+  void Cancel() {
+    WaiterId id;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    // The waiter's callback finishes the call; nothing when it was answered meanwhile.
+    if (id != 0) service_->shard_->workers().CancelWaiter(id, Cancelled());
+  }
+  static absl::Status Cancelled() {
+    return absl::CancelledError("the client cancelled the call while its pull waited");
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) End();
+  }
+  void End() {
+    ParameterServerService* service = service_;
+    delete this;
+    absl::MutexLock lock(&service->queue_mu_);
+    --service->queued_calls_;
+  }
+
+  ParameterServerService* const service_;
+  grpc::ServerCompletionQueue* const cq_;
+  grpc::ServerContext context_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder_;
+  Tag arrived_tag_{this, kArrived};
+  Tag done_tag_{this, kDone};
+  Tag finished_tag_{this, kFinished};
+  std::atomic<int> refs_{3};  // the handler's, the done tag's and the finish tag's
+  absl::Mutex mu_;
+  WaiterId id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void ParameterServerService::ServePushPullFromQueue() {
+  // A method without a handler is an async one: the server matches its calls to the requests
+  // of RequestQueuedCall.
+  MarkMethodRawCallback(kPushPullMethod, nullptr);
+  MarkMethodRaw(kPushPullMethod);
+}
+
+void ParameterServerService::RequestQueuedCall(grpc::ServerCompletionQueue* cq) {
+  absl::MutexLock lock(&queue_mu_);
+  if (queue_stopping_) return;
+  ++queued_calls_;
+  (new QueuedCall(this, cq))->Request();
+}
+
+void ParameterServerService::ServeQueue(grpc::ServerCompletionQueue* cq) {
+  for (int i = 0; i < kCallsAskedAhead; ++i) RequestQueuedCall(cq);
+  void* tag;
+  bool ok;
+  while (cq->Next(&tag, &ok)) {
+    auto* t = static_cast<QueuedCall::Tag*>(tag);
+    t->call->Handle(t->kind, ok);
+  }
+}
+
+void ParameterServerService::StopQueue(grpc::ServerCompletionQueue* cq) {
+  absl::MutexLock lock(&queue_mu_);
+  if (queue_stopping_) {
+    queue_mu_.Await(absl::Condition(&queue_stopped_));
+    return;
+  }
+  queue_stopping_ = true;
+  // The server is shut down: calls asked for come back unmatched, running ones end.
+  queue_mu_.Await(absl::Condition(
+      +[](size_t* calls) { return *calls == 0; }, &queued_calls_));
+  cq->Shutdown();
+  queue_stopped_ = true;
+}
+
 // ---- The rest ---------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* ParameterServerService::Stats(grpc::CallbackServerContext* context,

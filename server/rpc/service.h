@@ -126,6 +126,21 @@ class ParameterServerService final
   absl::Status HandlePushPull(const grpc::ByteBuffer& request, absl::Time deadline,
                               grpc::ByteBuffer* response);
 
+  // PushPull from a completion queue (GrpcServer's data path). gRPC's callback API hands each
+  // call from the thread that polled the socket to an executor thread and back (four to six
+  // context switches per call); a thread that polls a queue of its own reads the request,
+  // serves it and writes the answer itself. Call once, before the service is registered with
+  // a server that has `cq` (ServerBuilder::AddCompletionQueue); the other methods stay on the
+  // callback API. A service built without it serves PushPull on the callback API.
+  void ServePushPullFromQueue();
+  // Serves PushPull calls of `cq` on the calling thread (any number of threads may) until
+  // StopQueue has shut the queue down and it is drained.
+  void ServeQueue(grpc::ServerCompletionQueue* cq);
+  // After the server's Shutdown: no new calls are asked for, calls still running (parked
+  // pulls included: the server's shutdown cancels them) are answered, then `cq` is shut
+  // down. Idempotent.
+  void StopQueue(grpc::ServerCompletionQueue* cq);
+
   // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
   const common::DataPathCounters& data_path_counters() const { return counters_; }
 
@@ -137,6 +152,10 @@ class ParameterServerService final
   class CallReactor;
   // What a PushPull's answer needs once its pull may read.
   struct PushPullCall;
+  // A PushPull call taken from a completion queue (ServeQueue).
+  class QueuedCall;
+  // Asks `cq` for the next PushPull call, unless StopQueue has begun.
+  void RequestQueuedCall(grpc::ServerCompletionQueue* cq);
   // Called exactly once with a call's outcome (after it was counted in the metrics).
   using Done = std::function<void(absl::Status)>;
   using WaiterId = WorkerTracker::WaiterId;
@@ -199,6 +218,11 @@ class ParameterServerService final
   absl::Mutex log_mu_;
   absl::Time last_unparseable_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   uint64_t unlogged_unparseable_ ABSL_GUARDED_BY(log_mu_) = 0;
+  absl::Mutex queue_mu_;
+  bool queue_stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool queue_stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
+  // QueuedCalls alive (asked for, or running until their last tag).
+  size_t queued_calls_ ABSL_GUARDED_BY(queue_mu_) = 0;
   common::ThreadPool pool_;
 };
 

@@ -18,7 +18,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
                                                               const SecurityConfig& security,
                                                               ParameterServerService* service) {
   ASSIGN_OR_RETURN(auto credentials, common::MakeServerCredentials(security));
-  grpc::EnableDefaultHealthCheckService(true);
+  // The service answers the health check itself (ParameterServerService::health_service).
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.address, credentials, &port);
@@ -33,8 +34,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
     return absl::InvalidArgumentError(
         absl::StrCat("data_threads is ", options.data_threads, ": expected > 0"));
   }
-  service->ServePushPullFromQueue();
+  service->ServeFromQueue();
   builder.RegisterService(service);
+  builder.RegisterAsyncGenericService(service->health_service());
   std::unique_ptr<grpc::ServerCompletionQueue> queue = builder.AddCompletionQueue();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -65,7 +67,7 @@ GrpcServer::~GrpcServer() {
 }
 
 void GrpcServer::SetServing(bool serving) {
-  server_->GetHealthCheckService()->SetServingStatus(serving);
+  service_->SetServing(serving);
 }
 
 void GrpcServer::Shutdown(absl::Duration drain) {

@@ -640,6 +640,9 @@ constexpr int kNumQueuedMethods = 9;
 // matched one by one (a call that finds none asked for waits in gRPC for the next).
 constexpr int kCallsAskedAhead[kNumQueuedMethods] = {2, 2, 8, 1, 1, 1, 1, 1, 1};
 constexpr const char kHealthCheck[] = "/grpc.health.v1.Health/Check";
+// Requests at least this large are served on the pool: their work (parse, apply) would keep
+// the thread that polls the queue from the small calls behind them.
+constexpr size_t kInlineRequestBytes = size_t{1} << 20;
 }  // namespace
 
 // What a tag of the queue points at. Owns itself: deleted after its last tag.
@@ -911,7 +914,7 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
         c->Finish(s->ServePush(c->request, &c->response, arrived));
         c->Started(0);
       };
-      if (!s->PushesWait()) return serve();
+      if (!s->PushesWait() && c->request.ByteSizeLong() < kInlineRequestBytes) return serve();
       s->pool_.Schedule(std::move(serve));
     });
   } else {
@@ -922,7 +925,7 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
                                     [c](absl::Status status) { c->Finish(status); }));
       };
       // No push here waits: answer on this thread; a pull that must wait is parked.
-      if (!s->PushesWait()) return serve();
+      if (!s->PushesWait() && c->request.Length() < kInlineRequestBytes) return serve();
       s->pool_.Schedule(std::move(serve));
     });
   }

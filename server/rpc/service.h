@@ -1,4 +1,5 @@
-// The ParameterServer gRPC service (callback API) over one Shard.
+// The ParameterServer gRPC service over one Shard: from a completion queue in a GrpcServer
+// (ServeFromQueue), on the callback API when registered with a plain ServerBuilder (tests).
 //
 // The service checks who the caller is (auth.h) and decodes bytes into the shard's
 // wire-independent requests (PushView, PullTable); the shard validates them, in full before

@@ -19,6 +19,7 @@ sys.path.insert(0, HERE)
 
 import advise_validation  # noqa: E402
 import crossover_study  # noqa: E402
+import data_path_targets as targets  # noqa: E402
 import job_runs  # noqa: E402
 
 
@@ -199,6 +200,82 @@ class ValidateTest(unittest.TestCase):
         self.assertAlmostEqual(r["error"], expected / 4000 - 1, places=6)
         self.assertAlmostEqual(r["bytes_measured"], 2 * 203560)
         self.assertTrue(math.isclose(r["measured_vs_central"], 0.8))
+
+
+def bench_row(mode, op, payload, **values):
+    r = dict(mode=mode, op=op, payload=payload, calls_per_s=0, mb_per_s=0, rows_per_s=0, vs_tcp=None)
+    r.update(values)
+    return r
+
+
+class DataPathTargetsTest(unittest.TestCase):
+    """data_path_targets turns ps_bench's, shard_benchmark's, ps_load's and scaling_bench's
+    output into met / not met against the issue's goals."""
+
+    ONE = [bench_row("tcp", "req_reply", "4KB", calls_per_s=20000),
+           bench_row("grpc", "push", "4KB", mb_per_s=40, vs_tcp=0.51),
+           bench_row("grpc", "pull", "4KB", mb_per_s=50, vs_tcp=0.49),
+           bench_row("grpc", "push", "1MB", mb_per_s=1000, vs_tcp=0.9),
+           bench_row("grpc", "pull", "1MB", mb_per_s=1300, vs_tcp=0.95),
+           bench_row("grpc", "sparse_pull", "10k keys", rows_per_s=5.2e6),
+           bench_row("grpc", "sparse_push", "10k keys", rows_per_s=4.0e6)]
+
+    def by_target(self, rows):
+        return {r["target"]: r for r in rows}
+
+    def test_transport_ratios_and_verdicts(self):
+        window8 = [bench_row("grpc", "push", "4KB", calls_per_s=21000),
+                   bench_row("grpc", "pull", "4KB", calls_per_s=19000)]
+        rows = self.by_target(targets.transport_rows(self.ONE, window8))
+        self.assertEqual(rows["dense 4KB push, 1 in flight, vs raw TCP"]["met"], "met")
+        self.assertEqual(rows["dense 4KB pull, 1 in flight, vs raw TCP"]["met"], "not met")
+        self.assertEqual(rows["dense 64MB pull, 1 in flight, vs raw TCP"]["met"], "not measured")
+        slower = rows["dense 1MB push time / pull time"]
+        self.assertAlmostEqual(slower["ratio"], 1.3)  # 1300 / 1000: push 1.3x slower than pull
+        self.assertEqual(slower["met"], "not met")  # the goal is <= 1.2
+        self.assertAlmostEqual(rows["dense 4KB push, 8 in flight, vs raw TCP 1 in flight"]["ratio"], 1.05)
+        self.assertEqual(rows["dense 4KB pull, 8 in flight, vs raw TCP 1 in flight"]["met"], "not met")
+        self.assertEqual(rows["sparse 10k keys x 16 pull, rows/s"]["met"], "met")
+        self.assertAlmostEqual(rows["sparse 10k keys x 16 push, rows/s"]["ratio"], 0.8)
+
+    def test_two_plus_two_against_one_plus_one(self):
+        two = [bench_row("grpc", "push", "1MB", mb_per_s=1600), bench_row("grpc", "pull", "1MB", mb_per_s=1300)]
+        rows = self.by_target(targets.scaling_rows(self.ONE, two))
+        self.assertAlmostEqual(rows["2+2 vs 1+1, dense 1MB push, aggregate MB/s"]["ratio"], 1.6)
+        self.assertEqual(rows["2+2 vs 1+1, dense 1MB push, aggregate MB/s"]["met"], "met")
+        self.assertEqual(rows["2+2 vs 1+1, dense 1MB pull, aggregate MB/s"]["met"], "not met")
+        self.assertEqual(rows["2+2 vs 1+1, dense 64MB push, aggregate MB/s"]["met"], "not measured")
+
+    def test_adam_uses_the_fastest_repetition_of_each_and_ignores_aggregates(self):
+        benchmarks = [dict(name="BM_AdamPush64MB/0/real_time", run_type="iteration", real_time=t)
+                      for t in (14.0, 12.0)]
+        benchmarks += [dict(name="BM_AdamPush64MB/1/real_time", run_type="iteration", real_time=t)
+                       for t in (8.0, 7.5)]
+        benchmarks.append(dict(name="BM_AdamPush64MB/1/real_time_mean", run_type="aggregate", real_time=1.0))
+        r = targets.adam_row(benchmarks)
+        self.assertAlmostEqual(r["ratio"], 1.6)
+        self.assertEqual(r["met"], "met")
+        self.assertEqual(targets.adam_row(benchmarks[:2])["met"], "not measured")
+
+    def test_memory_counts_the_optimizer_slots(self):
+        text = ("ps_load: 1 servers, 2 clients, 21 tables x 4194304 floats (adam), 10 s\n"
+                "  server 0: RSS 300 MiB before, 1100 MiB after, peak 1200 MiB "
+                "(parameters only: 336 MiB per server before slots)\n")
+        [r] = targets.memory_rows(text)
+        self.assertAlmostEqual(r["ratio"], 1200 / (336 * 3))
+        self.assertEqual(r["met"], "met")
+        self.assertEqual(targets.memory_rows(text.replace("adam", "sgd"))[0]["met"], "not met")
+
+    def test_training_against_centralized(self):
+        records = [dict(mode="centralized", servers=0, workers=1, samples_per_s=10000, comm=None),
+                   dict(mode="distributed", servers=1, workers=1, samples_per_s=7000, comm=0.9),
+                   dict(mode="distributed", servers=2, workers=2, samples_per_s=7000, comm=1.4)]
+        rows = self.by_target(targets.training_rows(records))
+        self.assertEqual(rows["training 1+1 vs centralized samples/s"]["met"], "met")
+        self.assertEqual(rows["training 2+2 vs centralized samples/s"]["met"], "not met")
+        self.assertEqual(rows["training 1+1 worst worker (pull+push)/compute"]["met"], "met")
+        self.assertEqual(rows["training 2+2 worst worker (pull+push)/compute"]["met"], "not met")
+        self.assertIn("| met |", targets.table(list(rows.values())))
 
 
 if __name__ == "__main__":

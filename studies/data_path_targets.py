@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""The data path's targets, measured in one session, as one markdown table.
+
+    bazel build //bench:ps_bench //bench:ps_load //server:shard_benchmark \
+        //server:ps_server //worker:ps_worker
+    python3 studies/data_path_targets.py [--seconds 2] [--repeat 3] [--training] [--memory]
+
+Runs, back to back on this machine:
+  - ps_bench, 1 server + 1 client: raw TCP, dense 4 KB / 1 MB / 64 MB push and pull, sparse
+    10k keys x 16 pull and push;
+  - ps_bench, the same with 8 calls in flight at 4 KB;
+  - ps_bench, 2 servers + 2 clients, dense 1 MB and 64 MB;
+  - server/shard_benchmark's 64 MB Adam push, one thread against the parallel apply (the fastest
+    of --repeat repetitions of each);
+  - with --memory, bench/ps_load (21 tables of 4M floats, Adam) and each server's peak RSS against
+    its parameters and optimizer slots;
+  - with --training, studies/scaling_bench.py's MLP rows (centralized, 1x1, 2x2).
+and prints each target with its measured value, the ratio the target is stated in, and met or
+not met. Ratios come from one run of each reference (raw TCP in the same ps_bench process, the
+1 + 1 figures of the same session, the centralized run of the same scaling_bench call).
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Adam keeps two slots per parameter (first and second moments); the other optimizers fewer.
+SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def find(rows, mode, op, payload=None):
+    """The one ps_bench row of mode/op (and payload); None if the run did not measure it."""
+    for r in rows:
+        if r["mode"] == mode and r["op"] == op and (payload is None or r["payload"] == payload):
+            return r
+    return None
+
+
+def row(target, measured, ratio, goal, higher_is_better=True):
+    """One line of the table; ratio None means the run did not produce the figure."""
+    if ratio is None:
+        met = "not measured"
+    else:
+        met = "met" if (ratio >= goal if higher_is_better else ratio <= goal) else "not met"
+    return dict(target=target, measured=measured, ratio=ratio, goal=goal,
+                higher_is_better=higher_is_better, met=met)
+
+
+def transport_rows(one, window8):
+    """Targets of the 1 + 1 session (one) and the 8-in-flight session (window8)."""
+    out = []
+    goals = {"4KB": 0.50, "1MB": 0.80, "64MB": 0.75}
+    for payload, goal in goals.items():
+        for op in ("push", "pull"):
+            r = find(one, "grpc", op, payload)
+            out.append(row("dense %s %s, 1 in flight, vs raw TCP" % (payload, op),
+                           "%.0f MB/s" % r["mb_per_s"] if r else "-",
+                           r and r["vs_tcp"], goal))
+        push, pull = find(one, "grpc", "push", payload), find(one, "grpc", "pull", payload)
+        slower = pull["mb_per_s"] / push["mb_per_s"] if push and pull and push["mb_per_s"] else None
+        out.append(row("dense %s push time / pull time" % payload,
+                       "push %.0f, pull %.0f MB/s" % (push["mb_per_s"], pull["mb_per_s"])
+                       if slower else "-", slower, 1.2, higher_is_better=False))
+    tcp = find(one, "tcp", "req_reply", "4KB")
+    for op in ("push", "pull"):
+        r = find(window8, "grpc", op, "4KB")
+        ratio = r["calls_per_s"] / tcp["calls_per_s"] if r and tcp and tcp["calls_per_s"] else None
+        out.append(row("dense 4KB %s, 8 in flight, vs raw TCP 1 in flight" % op,
+                       "%.0f calls/s (raw %.0f)" % (r["calls_per_s"], tcp["calls_per_s"])
+                       if ratio else "-", ratio, 1.0))
+    for op in ("pull", "push"):
+        r = find(one, "grpc", "sparse_" + op)
+        rate = r and r["rows_per_s"]
+        out.append(row("sparse 10k keys x 16 %s, rows/s" % op,
+                       "%.2fM rows/s" % (rate / 1e6) if rate else "-",
+                       rate / 5e6 if rate else None, 1.0))
+    return out
+
+
+def scaling_rows(one, two):
+    """2 servers + 2 clients against 1 + 1, aggregate MB/s, at 1 MB and 64 MB."""
+    out = []
+    for payload in ("1MB", "64MB"):
+        for op in ("push", "pull"):
+            a, b = find(one, "grpc", op, payload), find(two, "grpc", op, payload)
+            ratio = b["mb_per_s"] / a["mb_per_s"] if a and b and a["mb_per_s"] else None
+            out.append(row("2+2 vs 1+1, dense %s %s, aggregate MB/s" % (payload, op),
+                           "%.0f vs %.0f MB/s" % (b["mb_per_s"], a["mb_per_s"]) if ratio else "-",
+                           ratio, 1.5))
+    return out
+
+
+def adam_row(benchmarks):
+    """shard_benchmark's JSON benchmarks: BM_AdamPush64MB/0 (one thread) over /1 (parallel)."""
+    times = {}
+    for b in benchmarks:
+        m = re.match(r"BM_AdamPush64MB/(\d)", b["name"])
+        if m and b.get("run_type", "iteration") == "iteration":
+            times.setdefault(m.group(1), []).append(b["real_time"])
+    if "0" not in times or "1" not in times:
+        return row("64 MB Adam apply, parallel vs 1 thread", "-", None, 1.6)
+    one, par = min(times["0"]), min(times["1"])
+    return row("64 MB Adam apply, parallel vs 1 thread", "%.1f vs %.1f ms" % (par, one),
+               one / par, 1.6)
+
+
+def memory_rows(text):
+    """ps_load's report -> one row per server: peak RSS over parameters + optimizer slots."""
+    m = re.search(r"tables x \d+ floats \((\w+)\)", text)
+    slots = SLOTS.get(m.group(1), 0) if m else 0
+    out = []
+    for s, peak, params in re.findall(
+            r"server (\d+): RSS \d+ MiB before, \d+ MiB after, peak (\d+) MiB "
+            r"\(parameters only: (\d+) MiB", text):
+        state = float(params) * (1 + slots)
+        out.append(row("server %s memory under ps_load, peak RSS / (parameters + slots)" % s,
+                       "%s MiB peak, %.0f MiB state" % (peak, state), float(peak) / state, 1.3,
+                       higher_is_better=False))
+    return out or [row("server memory under ps_load", "-", None, 1.3, higher_is_better=False)]
+
+
+def training_rows(records):
+    """scaling_bench --json records of the MLP: cells against centralized, and (pull+push)/compute."""
+    base = next((r["samples_per_s"] for r in records if r["mode"] == "centralized"), None)
+    out = []
+    for cell, goal in (((1, 1), 0.6), ((2, 2), 0.8)):
+        r = next((r for r in records if (r["servers"], r["workers"]) == cell), None)
+        ratio = r["samples_per_s"] / base if r and base else None
+        out.append(row("training %d+%d vs centralized samples/s" % cell,
+                       "%.0f vs %.0f samples/s" % (r["samples_per_s"], base) if ratio else "-",
+                       ratio, goal))
+        if r and r.get("comm") is not None:
+            out.append(row("training %d+%d worst worker (pull+push)/compute" % cell,
+                           "%.2f" % r["comm"], r["comm"], 1.0, higher_is_better=False))
+    return out
+
+
+def table(rows):
+    lines = ["| target | measured | ratio | goal | met |", "|---|---|---|---|---|"]
+    for r in rows:
+        goal = ("%s %.2f" % (">=" if r["higher_is_better"] else "<=", r["goal"]))
+        ratio = "%.2f" % r["ratio"] if r["ratio"] is not None else "-"
+        lines.append("| %s | %s | %s | %s | %s |" % (r["target"], r["measured"], ratio, goal, r["met"]))
+    return "\n".join(lines)
+
+
+def run(cmd):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("data_path_targets: %s failed (%d):\n%s" % (cmd[0], p.returncode, p.stdout[-3000:]))
+    return p.stdout
+
+
+def ps_bench(args, tmp, name, extra):
+    path = os.path.join(tmp, name + ".jsonl")
+    run([os.path.join(args.bin_dir, "bench/ps_bench"), "--seconds=%g" % args.seconds,
+         "--repeat=%d" % args.repeat, "--json=" + path] + extra)
+    return read_jsonl(path)
+
+
+def measure(args, tmp):
+    one = ps_bench(args, tmp, "one", ["--servers=1", "--clients=1", "--modes=tcp,dense,sparse",
+                                      "--payloads=4KB,1MB,64MB", "--sparse_keys=10000"])
+    window8 = ps_bench(args, tmp, "window8", ["--servers=1", "--clients=1", "--modes=dense",
+                                              "--payloads=4KB", "--window=8"])
+    two = ps_bench(args, tmp, "two", ["--servers=2", "--clients=2", "--modes=dense",
+                                      "--payloads=1MB,64MB"])
+    rows = transport_rows(one, window8) + scaling_rows(one, two)
+    out = run([os.path.join(args.bin_dir, "server/shard_benchmark"),
+               "--benchmark_filter=BM_AdamPush64MB", "--benchmark_repetitions=%d" % args.repeat,
+               "--benchmark_format=json"])
+    rows.append(adam_row(json.loads(out[out.index("{"):])["benchmarks"]))
+    if args.memory:
+        rows += memory_rows(run([os.path.join(args.bin_dir, "bench/ps_load"), "--servers=1",
+                                 "--clients=2", "--tables=21", "--table_floats=4194304",
+                                 "--optimizer=adam"]))
+    if args.training:
+        path = os.path.join(tmp, "training.jsonl")
+        run([sys.executable, "studies/scaling_bench.py", "--models", "mlp", "--cells", "1x1,2x2",
+             "--bin_dir", args.bin_dir, "--json", path])
+        rows += training_rows(read_jsonl(path))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
+    ap.add_argument("--seconds", type=float, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--memory", action="store_true", help="also run bench/ps_load")
+    ap.add_argument("--training", action="store_true", help="also run studies/scaling_bench.py")
+    ap.add_argument("--json", help="write the rows here, one JSON object per line")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ps-targets-") as tmp:
+        rows = measure(args, tmp)
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print(table(rows))
+    met = sum(r["met"] == "met" for r in rows)
+    print("\n%d of %d targets met" % (met, len(rows)))
+
+
+if __name__ == "__main__":
+    main()

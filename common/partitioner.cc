@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -171,6 +172,11 @@ void Partitioner::SplitKeysByServer(
   for (std::vector<uint32_t>& positions : *positions_per_server) {
     positions.clear();
     positions.reserve(keys.size() / num_servers_ + 16);
+  }
+  if (num_servers_ == 1) {  // every key: no need to hash them
+    (*positions_per_server)[0].resize(keys.size());
+    std::iota((*positions_per_server)[0].begin(), (*positions_per_server)[0].end(), 0u);
+    return;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     (*positions_per_server)[ServerForKey(keys[i])].push_back(static_cast<uint32_t>(i));

@@ -1,12 +1,13 @@
 #include "server/shard.h"
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/base/internal/endian.h"
 #include "absl/cleanup/cleanup.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
@@ -143,6 +144,7 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
         return partitioner_.ServerForKey(key) == options_.server_index;
       });
       sparse->set_memory_budget(&memory_);
+      sparse->set_helpers(apply_pool_.get());
     } else {
       memory_.Add(static_cast<int64_t>(part->NumBytes()));
     }
@@ -166,6 +168,14 @@ absl::Status WithRejectionReason(absl::Status status, absl::string_view reason) 
 void Shard::CountRejection(absl::string_view reason) {
   absl::MutexLock lock(&stats_mu_);
   ++rejected_[reason];
+}
+
+void Shard::UncountRejection(absl::string_view reason) {
+  if (reason.empty()) return;
+  absl::MutexLock lock(&stats_mu_);
+  auto it = rejected_.find(reason);
+  if (it == rejected_.end()) return;
+  if (--it->second == 0) rejected_.erase(it);
 }
 
 absl::Status Shard::Reject(absl::string_view reason, absl::Status status) {
@@ -243,21 +253,40 @@ absl::Status Shard::CheckKeys(const SparseTablePart& table, absl::Span<const uin
   return absl::OkStatus();
 }
 
-absl::Status Shard::CheckFinite(const TablePart& table, absl::string_view part,
-                                absl::Span<const float> values) {
-  const size_t bad = common::CountNonFinite(values);
-  if (bad == 0) return absl::OkStatus();
-  size_t first = 0;
-  while (first < values.size() && std::isfinite(values[first])) ++first;
-  {
-    absl::MutexLock lock(&stats_mu_);
-    nonfinite_values_ += bad;
+absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
+  // One count per part, in parallel for a large push; the verdict, in push order, here.
+  std::vector<size_t> bad(updates.size(), 0);
+  size_t values = 0;
+  for (const PendingUpdate& u : updates) values += u.values.size();
+  if (apply_pool_ != nullptr && values >= kParallelApplyValues) {
+    apply_pool_->ParallelFor(updates.size(), apply_pool_->num_threads(), [&](size_t i) {
+      bad[i] = common::CountNonFinite(updates[i].values);
+    });
+  } else {
+    for (size_t i = 0; i < updates.size(); ++i) {
+      bad[i] = common::CountNonFinite(updates[i].values);
+      if (bad[i] != 0 && options_.reject_nonfinite) break;  // the parts after are not needed
+    }
   }
-  if (!options_.reject_nonfinite) return absl::OkStatus();
-  return Reject("nonfinite",
-                absl::InvalidArgumentError(absl::StrCat(
-                    "table '", table.name(), "' ", part, ": ", bad, " non-finite values (first at ",
-                    "index ", first, ", value ", values[first], ")")));
+  for (size_t i = 0; i < updates.size(); ++i) {
+    if (bad[i] == 0) continue;
+    const PendingUpdate& u = updates[i];
+    size_t first = 0;
+    while (first < u.values.size() && std::isfinite(u.values[first])) ++first;
+    {
+      absl::MutexLock lock(&stats_mu_);
+      nonfinite_values_ += bad[i];
+    }
+    if (!options_.reject_nonfinite) continue;
+    const std::string part = u.table->info().kind == TABLE_KIND_DENSE
+                                 ? absl::StrCat("block ", u.block)
+                                 : std::string("rows");
+    return Reject("nonfinite", absl::InvalidArgumentError(absl::StrCat(
+                                   "table '", u.table->name(), "' ", part, ": ", bad[i],
+                                   " non-finite values (first at index ", first, ", value ",
+                                   u.values[first], ")")));
+  }
+  return absl::OkStatus();
 }
 
 // ---- Pulls and pushes -------------------------------------------------------------------
@@ -437,8 +466,6 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
     RETURN_IF_ERROR(CheckBlock(*table, block.id, block.bytes.size() / bpv));
     ASSIGN_OR_RETURN(absl::Span<const float> values,
                      PayloadValues(block.bytes, t.encoding, table->BlockSize(block.id), push));
-    // Gradients and deltas alike.
-    RETURN_IF_ERROR(CheckFinite(*table, absl::StrCat("block ", block.id), values));
     push->updates_.push_back(PendingUpdate{table, block.id, {}, values});
     push->bytes_in_ += block.bytes.size();
   }
@@ -461,7 +488,6 @@ absl::Status Shard::CheckSparsePush(SparseTablePart* table, const PushTable& t,
   const size_t n = t.rows.size() / bpv;
   RETURN_IF_ERROR(CheckKeys(*table, t.keys, n));
   ASSIGN_OR_RETURN(absl::Span<const float> values, PayloadValues(t.rows, t.encoding, n, push));
-  RETURN_IF_ERROR(CheckFinite(*table, "rows", values));
   push->updates_.push_back(PendingUpdate{table, 0, t.keys, values});
   push->bytes_in_ += t.rows.size();
   return absl::OkStatus();
@@ -479,16 +505,30 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   for (const PushTable& t : push.tables) count += t.blocks.size() + 1;
   checked.updates_.reserve(count);
   checked.decoded_.reserve(count);
+  const absl::Status parts = CheckPushTables(push, &checked);
+  // Values are checked after the parts' structure, all at once (in parallel for a large push),
+  // but reported as if each part had been checked in turn: the parts found before a
+  // structural error are exactly those checked, and the first non-finite one among them wins
+  // (and is the one refusal counted). Gradients and deltas alike.
+  if (absl::Status values = CheckFinite(checked.updates_); !values.ok()) {
+    if (!parts.ok()) UncountRejection(RejectionReason(parts));
+    return values;
+  }
+  RETURN_IF_ERROR(parts);
+  return checked;
+}
+
+absl::Status Shard::CheckPushTables(const PushView& push, CheckedPush* checked) {
   for (const PushTable& t : push.tables) {
     RETURN_IF_ERROR(CheckEncoding(t.encoding));
     ASSIGN_OR_RETURN(TablePart * part, FindTable(t.table));
     if (part->info().kind == TABLE_KIND_DENSE) {
-      RETURN_IF_ERROR(CheckDensePush(static_cast<DenseTablePart*>(part), t, &checked));
+      RETURN_IF_ERROR(CheckDensePush(static_cast<DenseTablePart*>(part), t, checked));
     } else {
-      RETURN_IF_ERROR(CheckSparsePush(static_cast<SparseTablePart*>(part), t, &checked));
+      RETURN_IF_ERROR(CheckSparsePush(static_cast<SparseTablePart*>(part), t, checked));
     }
   }
-  return checked;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PushResult> Shard::Push(const PushView& push) {
@@ -555,34 +595,41 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
 void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options) {
   size_t dense_values = 0;
   for (const PendingUpdate& u : updates) {
-    if (u.table->info().kind == TABLE_KIND_DENSE) dense_values += u.values.size();
-  }
-  const int parts = apply_pool_ == nullptr || dense_values < kParallelApplyValues
-                        ? 1
-                        : apply_pool_->num_threads() + 1;
-  // Part p applies the dense blocks with block % parts == p, in push order; part 0 (this
-  // thread) also applies the sparse updates. Blocks are independent (each has its lock), so
-  // the result does not depend on how the parts interleave.
-  auto run = [&](int p) {
-    for (const PendingUpdate& u : updates) {
-      if (u.table->info().kind == TABLE_KIND_DENSE) {
-        if (static_cast<int>(u.block % parts) == p) {
-          static_cast<DenseTablePart*>(u.table)->Apply(u.block, u.values, options);
-        }
-      } else if (p == 0) {
-        static_cast<SparseTablePart*>(u.table)->Apply(u.keys, u.values, options);
-      }
+    if (u.table->info().kind == TABLE_KIND_DENSE) {
+      dense_values += u.values.size();
+    } else {
+      static_cast<SparseTablePart*>(u.table)->Apply(u.keys, u.values, options);
     }
-  };
-  absl::BlockingCounter done(parts - 1);
-  for (int p = 1; p < parts; ++p) {
-    apply_pool_->Schedule([&run, &done, p] {
-      run(p);
-      done.DecrementCount();
-    });
   }
-  run(0);
-  done.Wait();
+  auto apply = [&](size_t i) {
+    static_cast<DenseTablePart*>(updates[i].table)->Apply(updates[i].block, updates[i].values,
+                                                          options);
+  };
+  if (apply_pool_ == nullptr || dense_values < kParallelApplyValues) {
+    for (size_t i = 0; i < updates.size(); ++i) {
+      if (updates[i].table->info().kind == TABLE_KIND_DENSE) apply(i);
+    }
+    return;
+  }
+  // A unit is one block: the updates of a block named more than once run in push order on
+  // one thread. Blocks are independent (each has its lock and its own step), so the result is
+  // the serial one bit for bit, whichever thread applies which block.
+  std::vector<size_t> heads;                        // first update of each block
+  std::vector<size_t> next(updates.size(), SIZE_MAX);  // next update of the same block
+  absl::flat_hash_map<std::pair<const TablePart*, uint32_t>, size_t> last;
+  for (size_t i = 0; i < updates.size(); ++i) {
+    if (updates[i].table->info().kind != TABLE_KIND_DENSE) continue;
+    auto [it, added] = last.try_emplace(std::make_pair(updates[i].table, updates[i].block), i);
+    if (added) {
+      heads.push_back(i);
+    } else {
+      next[it->second] = i;
+      it->second = i;
+    }
+  }
+  apply_pool_->ParallelFor(heads.size(), apply_pool_->num_threads(), [&](size_t unit) {
+    for (size_t i = heads[unit]; i != SIZE_MAX; i = next[i]) apply(i);
+  });
 }
 
 float Shard::delta_scale() const {

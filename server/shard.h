@@ -263,6 +263,9 @@ class Shard {
   // 1 / cluster.num_workers for AVERAGE.
   float delta_scale() const;
   void CountRejection(absl::string_view reason);
+  // Takes back one count of `reason` (a refusal that another one, earlier in the same
+  // request, replaces); nothing for "".
+  void UncountRejection(absl::string_view reason);
   // NOT_FOUND ("unknown_table") for a table the job does not have.
   absl::StatusOr<TablePart*> FindTable(absl::string_view name);
   // INVALID_ARGUMENT for an unknown encoding.
@@ -275,10 +278,12 @@ class Shard {
   // (INVALID_ARGUMENT); FAILED_PRECONDITION for a key another server owns.
   absl::Status CheckKeys(const SparseTablePart& table, absl::Span<const uint64_t> keys,
                          int64_t num_values);
-  // INVALID_ARGUMENT naming the table, the part and the first bad index when values hold
-  // NaN or Inf and such gradients are rejected. Counted either way.
-  absl::Status CheckFinite(const TablePart& table, absl::string_view part,
-                           absl::Span<const float> values);
+  // INVALID_ARGUMENT naming the table, the part and the first bad index for the first of
+  // `updates` whose values hold NaN or Inf, when such gradients are rejected; counted either
+  // way. A large push is counted by apply_pool_ as well as this thread.
+  absl::Status CheckFinite(absl::Span<const PendingUpdate> updates);
+  // The tables of a push, each checked and added to `checked` in turn, up to the first error.
+  absl::Status CheckPushTables(const PushView& push, CheckedPush* checked);
   // The parts of one table of a push, checked and added to `push`.
   absl::Status CheckDensePush(DenseTablePart* table, const PushTable& t, CheckedPush* push);
   absl::Status CheckSparsePush(SparseTablePart* table, const PushTable& t, CheckedPush* push);
@@ -305,8 +310,8 @@ class Shard {
   // slots on this server exceed options.max_memory_bytes. Allocates nothing.
   static absl::Status CheckDenseMemory(const common::Partitioner& partitioner,
                                        const ShardOptions& options);
-  // Applies checked updates: dense blocks of a large push spread over apply_pool_ (a block
-  // always goes to the same part, so repeated blocks keep their order), sparse ones here.
+  // Applies checked updates: sparse ones here, then dense blocks, those of a large push on
+  // this thread and apply_pool_'s, each block's updates in push order on one thread.
   void ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options);
 
   // Constant after construction.

@@ -5,59 +5,230 @@
 //
 //   bazel run -c opt //server:shard_benchmark
 //
-// Reports gradient bytes applied per second; the ratio of the two rows is the parallel speedup.
+// BM_AdamPush64MB/0 and /1 report gradient bytes applied per second by 1 thread and by the
+// parallel apply. On a shared machine their ratio moves with the load between the two rows, so
+// the Pair rows alternate the two within each iteration and report the median of the per-pair
+// ratios ("speedup"), with each side's median time (ms_1, ms_2) and memory traffic (GBps_1,
+// GBps_2); the push's row also runs the Adam-shaped stream below with 1 and 2 threads in each
+// iteration ("ceiling": its speedup under the same load; "speedup_2c": the push's median
+// speedup over the n_2c iterations where that stream ran >= 1.5x faster with 2 threads, i.e.
+// where the machine did lend this process two cores). The same is done for what bounds
+// that ratio: the machine's memory bandwidth with 1
+// and 2 threads (STREAM's triad; a stream with Adam's traffic: read g, read and write w, m, v,
+// trivial arithmetic), the Adam kernel alone and the finite check alone, over 64 MB arrays in
+// the pushes' 1 MB blocks, the 2-thread side split as the shard splits a push
+// (common::ThreadPool::ParallelFor). GB/s count the bytes each element reads and writes (triad
+// 12, Adam 28, check 4), as STREAM does: write-allocate reads are not counted.
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
+#include "common/codec.h"
 #include "common/config/config.h"
+#include "common/thread_pool.h"
+#include "kernels/optimizer.h"
 #include "server/shard.h"
 
 namespace ps::server {
 namespace {
 
-void BM_AdamPush64MB(benchmark::State& state) {
-  const int apply_threads = static_cast<int>(state.range(0));
-  constexpr size_t kFloats = size_t{16} << 20;  // 64 MB
-  auto config = common::ParseJobConfigText(
-      absl::StrCat("cluster { num_servers: 1 num_workers: 1 dense_block_floats: 262144 }\n",
-                   "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: ", kFloats,
-                   " initializer { kind: ZEROS } optimizer { kind: ADAM } }\n"),
-      "bench");
-  if (!config.ok()) {
-    state.SkipWithError(std::string(config.status().message()).c_str());
-    return;
+constexpr size_t kFloats = size_t{16} << 20;  // 64 MB
+constexpr size_t kBlockFloats = size_t{1} << 18;  // 1 MB blocks
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Times (seconds) of the 1-thread and the parallel side of each iteration.
+struct Pairs {
+  std::vector<double> one, two;
+  void Report(benchmark::State& state, double bytes) const {
+    std::vector<double> ratio(one.size());
+    for (size_t i = 0; i < one.size(); ++i) ratio[i] = one[i] / two[i];
+    state.counters["ms_1"] = 1e3 * Median(one);
+    state.counters["ms_2"] = 1e3 * Median(two);
+    state.counters["GBps_1"] = bytes / Median(one) / 1e9;
+    state.counters["GBps_2"] = bytes / Median(two) / 1e9;
+    state.counters["speedup"] = Median(ratio);
   }
-  ShardOptions options;
-  options.apply_threads = apply_threads;
-  auto shard = Shard::Create(*config, options);
-  if (!shard.ok()) {
-    state.SkipWithError(std::string(shard.status().message()).c_str());
-    return;
+};
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+// ---- Memory bandwidth, the kernels alone.
+
+// Four 64 MB arrays, touched once.
+struct StreamArrays {
+  StreamArrays() : g(kFloats, 1e-3f), w(kFloats, 0.5f), m(kFloats, 0.f), v(kFloats, 0.f) {}
+  std::vector<float> g, w, m, v;
+  int64_t step = 0;
+};
+
+// One pass over elements [begin, end) of the arrays.
+using Pass = void (*)(StreamArrays& s, size_t begin, size_t end);
+
+void TriadPass(StreamArrays& s, size_t begin, size_t end) {
+  float* __restrict a = s.w.data();
+  const float* __restrict b = s.m.data();
+  const float* __restrict c = s.g.data();
+  for (size_t i = begin; i < end; ++i) a[i] = b[i] + 0.5f * c[i];
+}
+
+void AdamTrafficPass(StreamArrays& s, size_t begin, size_t end) {
+  const float* __restrict g = s.g.data();
+  float* __restrict w = s.w.data();
+  float* __restrict m = s.m.data();
+  float* __restrict v = s.v.data();
+  for (size_t i = begin; i < end; ++i) {
+    m[i] = 0.5f * m[i] + g[i];
+    v[i] = 0.5f * v[i] + g[i];
+    w[i] = 0.5f * w[i] + g[i];
   }
-  const std::vector<float> grad(kFloats, 1e-3f);
-  const common::TableInfo& info = *(*shard)->partitioner().FindTable("w");
-  PushTable table;
-  table.table = "w";
-  for (uint32_t b = 0; b < info.num_blocks; ++b) {
-    auto [begin, end] = (*shard)->partitioner().BlockRange(info, b);
-    table.blocks.push_back({b, absl::string_view(reinterpret_cast<const char*>(grad.data() + begin),
-                                                 (end - begin) * sizeof(float))});
-  }
-  PushView push;  // worker 0, one sequence per push: the server's full path, check included
-  push.info.worker_id = 0;
-  push.info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
-  push.tables = absl::MakeConstSpan(&table, 1);
+}
+
+void AdamKernelPass(StreamArrays& s, size_t begin, size_t end) {
+  kernels::OptimizerParams p;
+  p.kind = kernels::OptimizerKind::kAdam;
+  float* slots[2] = {s.m.data() + begin, s.v.data() + begin};
+  kernels::ApplyOptimizer(p, s.step, absl::MakeSpan(s.w.data() + begin, end - begin),
+                          absl::MakeConstSpan(s.g.data() + begin, end - begin), slots);
+}
+
+void CheckPass(StreamArrays& s, size_t begin, size_t end) {
+  benchmark::DoNotOptimize(
+      common::CountNonFinite(absl::MakeConstSpan(s.g.data() + begin, end - begin)));
+}
+
+void BM_Pair(benchmark::State& state, Pass pass, double bytes_per_element) {
+  static StreamArrays* arrays = new StreamArrays();
+  StreamArrays& s = *arrays;
+  common::ThreadPool pool(1);
+  Pairs pairs;
   for (auto _ : state) {
-    ++push.info.sequence;
-    auto result = (*shard)->Push(push);
-    if (!result.ok()) state.SkipWithError(std::string(result.status().message()).c_str());
+    ++s.step;
+    absl::Time t = absl::Now();
+    for (size_t b = 0; b < kFloats; b += kBlockFloats) pass(s, b, b + kBlockFloats);
+    pairs.one.push_back(Seconds(t));
+    benchmark::ClobberMemory();
+    ++s.step;
+    t = absl::Now();
+    pool.ParallelFor(kFloats / kBlockFloats, 1, [&](size_t b) {
+      pass(s, b * kBlockFloats, (b + 1) * kBlockFloats);
+    });
+    pairs.two.push_back(Seconds(t));
+    benchmark::ClobberMemory();
+    state.SetIterationTime(pairs.one.back() + pairs.two.back());
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kFloats * sizeof(float));
+  pairs.Report(state, bytes_per_element * kFloats);
+}
+BENCHMARK_CAPTURE(BM_Pair, Triad, TriadPass, 12.0)->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK_CAPTURE(BM_Pair, AdamTraffic, AdamTrafficPass, 28.0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Pair, AdamKernel, AdamKernelPass, 28.0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Pair, FiniteCheck, CheckPass, 4.0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+
+// ---- The shard's push: check, admission, apply.
+
+// A shard with one 64 MB Adam table, and a push of all of it.
+struct AdamPush {
+  absl::Status Init(int apply_threads) {
+    auto config = common::ParseJobConfigText(
+        absl::StrCat("cluster { num_servers: 1 num_workers: 1 dense_block_floats: ", kBlockFloats,
+                     " }\n", "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: ", kFloats,
+                     " initializer { kind: ZEROS } optimizer { kind: ADAM } }\n"),
+        "bench");
+    if (!config.ok()) return config.status();
+    ShardOptions options;
+    options.apply_threads = apply_threads;
+    auto created = Shard::Create(*config, options);
+    if (!created.ok()) return created.status();
+    shard = *std::move(created);
+    grad.assign(kFloats, 1e-3f);
+    const common::TableInfo& info = *shard->partitioner().FindTable("w");
+    table.table = "w";
+    for (uint32_t b = 0; b < info.num_blocks; ++b) {
+      auto [begin, end] = shard->partitioner().BlockRange(info, b);
+      table.blocks.push_back({b, absl::string_view(reinterpret_cast<const char*>(grad.data() + begin),
+                                                   (end - begin) * sizeof(float))});
+    }
+    push.info.worker_id = 0;  // worker 0, one sequence per push: the server's full path
+    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+    push.tables = absl::MakeConstSpan(&table, 1);
+    return absl::OkStatus();
+  }
+  absl::Status Push() {
+    ++push.info.sequence;
+    return shard->Push(push).status();
+  }
+  std::unique_ptr<Shard> shard;
+  std::vector<float> grad;
+  PushTable table;
+  PushView push;
+};
+
+void BM_AdamPush64MB(benchmark::State& state) {
+  AdamPush p;
+  if (absl::Status s = p.Init(static_cast<int>(state.range(0))); !s.ok()) {
+    return state.SkipWithError(s.ToString().c_str());
+  }
+  for (auto _ : state) {
+    if (absl::Status s = p.Push(); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kFloats * sizeof(float)));
 }
 BENCHMARK(BM_AdamPush64MB)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Each iteration: the push by 1 thread, by the parallel apply, then the Adam-shaped stream
+// (the same bytes per element as Adam) by 1 and 2 threads: "ceiling" is the stream's speedup
+// next to the push's, under the same load.
+void BM_PairAdamPush64MB(benchmark::State& state) {
+  static StreamArrays* arrays = new StreamArrays();
+  AdamPush serial, parallel;
+  for (auto [p, threads] : {std::pair{&serial, 0}, std::pair{&parallel, 1}}) {
+    if (absl::Status s = p->Init(threads); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  common::ThreadPool pool(1);
+  Pairs pairs, stream;
+  for (auto _ : state) {
+    for (auto [p, times] : {std::pair{&serial, &pairs.one}, std::pair{&parallel, &pairs.two}}) {
+      const absl::Time t = absl::Now();
+      if (absl::Status s = p->Push(); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+      times->push_back(Seconds(t));
+    }
+    absl::Time t = absl::Now();
+    AdamTrafficPass(*arrays, 0, kFloats);
+    stream.one.push_back(Seconds(t));
+    t = absl::Now();
+    pool.ParallelFor(kFloats / kBlockFloats, 1, [&](size_t b) {
+      AdamTrafficPass(*arrays, b * kBlockFloats, (b + 1) * kBlockFloats);
+    });
+    stream.two.push_back(Seconds(t));
+    state.SetIterationTime(pairs.one.back() + pairs.two.back());
+  }
+  pairs.Report(state, 32.0 * kFloats);  // the check's 4 bytes and Adam's 28 per element
+  std::vector<double> ceiling(stream.one.size()), when_two_cores;
+  for (size_t i = 0; i < ceiling.size(); ++i) {
+    ceiling[i] = stream.one[i] / stream.two[i];
+    // Iterations where the machine did give this process two cores (the stream ran >= 1.5x
+    // faster with 2 threads): the push's speedup there, and how many there were.
+    if (ceiling[i] >= 1.5) when_two_cores.push_back(pairs.one[i] / pairs.two[i]);
+  }
+  state.counters["ceiling"] = Median(ceiling);
+  state.counters["speedup_2c"] = Median(when_two_cores);
+  state.counters["n_2c"] = static_cast<double>(when_two_cores.size());
+}
+BENCHMARK(BM_PairAdamPush64MB)->Unit(benchmark::kMillisecond)->UseManualTime();
 
 // A shard holding one sparse table of 1M rows of dim 16 (all created), and 8 draws of 10k
 // uniform keys used in turn.

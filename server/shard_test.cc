@@ -580,5 +580,142 @@ TEST(Shard, ParallelApplyOfALargePushEqualsTheSerialOneBitwise) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
+// A shard with one Adam table "w" of 2M floats in 64k-float blocks: over kParallelApplyValues,
+// so with apply_threads > 0 the finite check and the apply of a whole-table push are parallel.
+std::unique_ptr<Shard> MakeLargeAdamShard(int apply_threads, bool reject_nonfinite = true) {
+  auto config = common::ParseJobConfigText(R"pb(
+    cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 2097152
+             initializer { kind: UNIFORM low: -1 high: 1 } optimizer { kind: ADAM } }
+  )pb", "test");
+  CHECK_OK(config.status());
+  ShardOptions options;
+  options.apply_threads = apply_threads;
+  options.reject_nonfinite = reject_nonfinite;
+  auto shard = Shard::Create(*config, options);
+  CHECK_OK(shard.status());
+  return *std::move(shard);
+}
+
+// Every block of "w", in order, as a push table over `grad`.
+PushTable WholeTable(const Shard& shard, const std::vector<float>& grad) {
+  const common::TableInfo& info = *shard.partitioner().FindTable("w");
+  PushTable table;
+  table.table = "w";
+  for (uint32_t blk = 0; blk < info.num_blocks; ++blk) {
+    auto [begin, end] = shard.partitioner().BlockRange(info, blk);
+    table.blocks.push_back({blk, Bytes(absl::MakeConstSpan(grad).subspan(begin, end - begin))});
+  }
+  return table;
+}
+
+std::vector<uint32_t> AllBlocks(const Shard& shard) {
+  std::vector<uint32_t> blocks(shard.partitioner().FindTable("w")->num_blocks);
+  for (uint32_t b = 0; b < blocks.size(); ++b) blocks[b] = b;
+  return blocks;
+}
+
+uint64_t NonFiniteValues(Shard& shard) {
+  StatsResponse stats;
+  shard.FillStats(&stats);
+  auto it = stats.rejected().find("nonfinite_values");
+  return it == stats.rejected().end() ? 0 : it->second;
+}
+
+// The refusals counted in Stats, by reason, sorted ("reason=n " each; the count of non-finite
+// values left out).
+std::string Rejections(Shard& shard) {
+  StatsResponse stats;
+  shard.FillStats(&stats);
+  std::map<std::string, uint64_t> sorted(stats.rejected().begin(), stats.rejected().end());
+  std::string out;
+  for (const auto& [reason, n] : sorted) {
+    if (reason != "nonfinite_values") absl::StrAppend(&out, reason, "=", n, " ");
+  }
+  return out;
+}
+
+TEST(Shard, NonFiniteValueAtTheEndOfALargePushChangesNothing) {
+  // The values are checked before anything is applied, by several threads for this push:
+  // a NaN in its very last value must leave every block as it was and the sequence unseen.
+  for (int threads : {0, 3}) {
+    SCOPED_TRACE(absl::StrCat("apply_threads ", threads));
+    auto shard = MakeLargeAdamShard(threads);
+    const std::vector<float> before = ReadBlocks(*shard, "w", AllBlocks(*shard));
+    std::vector<float> grad(before.size(), 0.25f);
+    grad.back() = std::numeric_limits<float>::quiet_NaN();
+    PushTable table = WholeTable(*shard, grad);
+    PushView push;
+    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+    push.info.worker_id = 0;
+    push.info.worker_incarnation = 1;
+    push.info.sequence = 1;
+    push.tables = absl::MakeConstSpan(&table, 1);
+    absl::Status status = shard->Push(push).status();
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("block 31: 1 non-finite values (first at index 65535")));
+    EXPECT_EQ(RejectionReason(status), "nonfinite");
+    EXPECT_EQ(NonFiniteValues(*shard), 1u);
+    const std::vector<float> after = ReadBlocks(*shard, "w", AllBlocks(*shard));
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+    // The same sequence, now finite, is a first delivery: applied, not a duplicate.
+    grad.back() = 0.25f;
+    auto applied = shard->Push(push);
+    ASSERT_THAT(applied.status(), IsOk());
+    EXPECT_FALSE(applied->duplicate);
+  }
+}
+
+TEST(Shard, FirstBadPartOfALargePushIsReportedInPushOrder) {
+  // The values of a large push are checked after the structure of all its parts, but the
+  // refusal is the one a part-by-part check would give: the first bad part, of either kind.
+  for (int threads : {0, 3}) {
+    SCOPED_TRACE(absl::StrCat("apply_threads ", threads));
+    auto shard = MakeLargeAdamShard(threads);
+    std::vector<float> grad(2097152, 0.25f);
+    grad[3 * 65536 + 7] = std::numeric_limits<float>::infinity();  // block 3
+    PushTable table = WholeTable(*shard, grad);
+    PushView push;
+    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+    push.info.worker_id = 0;
+    push.info.worker_incarnation = 1;
+    push.info.sequence = 1;
+    push.tables = absl::MakeConstSpan(&table, 1);
+    // Block 3's Inf comes before block 40 (out of range) at the end.
+    table.blocks.push_back({40, table.blocks[0].bytes});
+    absl::Status status = shard->Push(push).status();
+    EXPECT_EQ(RejectionReason(status), "nonfinite") << status;
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 3:")));
+    EXPECT_EQ(Rejections(*shard), "nonfinite=1 ");  // one refusal, counted once
+    // Block 40 first: its refusal wins, and block 3's values were never looked at.
+    table.blocks.insert(table.blocks.begin(), table.blocks.back());
+    table.blocks.pop_back();
+    status = shard->Push(push).status();
+    EXPECT_EQ(RejectionReason(status), "bad_block") << status;
+    EXPECT_EQ(NonFiniteValues(*shard), 1u);
+    EXPECT_EQ(Rejections(*shard), "bad_block=1 nonfinite=1 ");
+  }
+}
+
+TEST(Shard, NonFiniteValuesAreCountedInEveryPartWhenAccepted) {
+  for (int threads : {0, 3}) {
+    SCOPED_TRACE(absl::StrCat("apply_threads ", threads));
+    auto shard = MakeLargeAdamShard(threads, /*reject_nonfinite=*/false);
+    std::vector<float> grad(2097152, 0.25f);
+    grad[5] = std::numeric_limits<float>::quiet_NaN();
+    grad[20 * 65536] = std::numeric_limits<float>::infinity();
+    grad.back() = -std::numeric_limits<float>::infinity();
+    PushTable table = WholeTable(*shard, grad);
+    PushView push;
+    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+    push.info.worker_id = 0;
+    push.info.worker_incarnation = 1;
+    push.info.sequence = 1;
+    push.tables = absl::MakeConstSpan(&table, 1);
+    EXPECT_THAT(shard->Push(push).status(), IsOk());
+    EXPECT_EQ(NonFiniteValues(*shard), 3u);
+  }
+}
+
 }  // namespace
 }  // namespace ps::server

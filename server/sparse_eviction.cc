@@ -113,7 +113,7 @@ void SparseTablePart::Trim(Stripe& s) {
 }
 
 absl::StatusOr<uint32_t> SparseTablePart::FindOrFault(Stripe& s, uint64_t key) {
-  if (auto it = s.index.find(key); it != s.index.end()) return it->second;
+  if (const uint32_t slot = s.index.Find(key); slot != RowIndex::kAbsent) return slot;
   RETURN_IF_ERROR(MakeRoom(s));
   thread_local std::string value;
   ASSIGN_OR_RETURN(const bool found, spill_->Get(key, &value));

@@ -151,8 +151,8 @@ absl::Status SparseTablePart::RestoreRecord(absl::string_view key, absl::string_
       const uint64_t k = LoadRaw<uint64_t>(value.data() + off);
       Stripe& s = stripes_[StripeOf(k)];
       absl::MutexLock lock(&s.mu);
-      auto it = s.index.find(k);
-      const uint32_t slot = it != s.index.end() ? it->second : AddRow(s, k);
+      const uint32_t found = s.index.Find(k);
+      const uint32_t slot = found != RowIndex::kAbsent ? found : AddRow(s, k);
       s.steps[slot] = LoadRaw<int64_t>(value.data() + off + 8);
       std::memcpy(RowPtr(s, slot), value.data() + off + 16, row_floats_ * sizeof(float));
     }

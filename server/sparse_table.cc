@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/status_macros.h"
@@ -88,13 +89,12 @@ absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> ke
   // with the lookups in between, few enough that the lines are still cached when used.
   constexpr size_t kAhead = 16;
   const size_t row_bytes = row_floats_ * sizeof(float);
-  for (size_t j = 0; j < std::min(n, kAhead); ++j) s.index.prefetch(keys[order[j]]);
+  for (size_t j = 0; j < std::min(n, kAhead); ++j) s.index.Prefetch(keys[order[j]]);
   for (size_t j = 0; j < n; ++j) {
-    if (j + kAhead < n) s.index.prefetch(keys[order[j + kAhead]]);
+    if (j + kAhead < n) s.index.Prefetch(keys[order[j + kAhead]]);
     const uint64_t key = keys[order[j]];
-    auto it = s.index.find(key);
-    if (it != s.index.end()) {
-      slots[j] = it->second;
+    if (const uint32_t slot = s.index.Find(key); slot != RowIndex::kAbsent) {
+      slots[j] = slot;
     } else {
       CHECK(!spills()) << "table '" << name() << "': Apply to key " << key << " without Pin";
       if (use == SlotUse::kRead && memory_ != nullptr) {
@@ -133,15 +133,13 @@ uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
     s.pins.push_back(0);
     s.flags.push_back(kDirty);  // a new row; FindOrFault clears it for a row read back
   }
-  s.index.emplace(key, slot);
+  s.index.Insert(key, slot);
   Recount(s);
   return slot;
 }
 
 int64_t SparseTablePart::StripeBytes(const Stripe& s) const {
-  // flat_hash_map: one slot (key, value pair) and one control byte per capacity entry.
-  using Entry = std::pair<const uint64_t, uint32_t>;
-  const size_t index = s.index.capacity() * (sizeof(Entry) + 1);
+  const size_t index = s.index.capacity() * RowIndex::bytes_per_entry();
   const size_t per_row = s.keys.capacity() * sizeof(uint64_t) +
                          s.steps.capacity() * sizeof(int64_t) +
                          s.saved_epoch.capacity() * sizeof(uint64_t) +
@@ -162,8 +160,9 @@ void SparseTablePart::Recount(Stripe& s) {
 }
 
 uint64_t SparseTablePart::RowCost() const {
-  // Index entry at a typical load, keys/steps/saved_epoch entries, the row itself.
-  constexpr uint64_t kPerRow = 2 * (sizeof(uint64_t) + sizeof(uint32_t) + 1) + 3 * 8;
+  // Index entry at a typical load (about half full), keys/steps/saved_epoch entries, the row
+  // itself.
+  constexpr uint64_t kPerRow = 2 * RowIndex::bytes_per_entry() + 3 * 8;
   return row_floats_ * sizeof(float) + kPerRow;
 }
 
@@ -181,10 +180,10 @@ absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> key
     if (b == e) continue;
     const Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
-    for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.prefetch(keys[groups.order[j]]);
+    for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.Prefetch(keys[groups.order[j]]);
     for (uint32_t j = b; j < e; ++j) {
-      if (j + kAhead < e) s.index.prefetch(keys[groups.order[j + kAhead]]);
-      if (!s.index.contains(keys[groups.order[j]])) ++missing;
+      if (j + kAhead < e) s.index.Prefetch(keys[groups.order[j + kAhead]]);
+      if (!s.index.Contains(keys[groups.order[j]])) ++missing;
     }
   }
   if (missing == 0) return absl::OkStatus();
@@ -199,8 +198,7 @@ void SparseTablePart::InitRow(uint64_t key, float* row) const {
 }
 
 uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
-  auto it = s.index.find(key);
-  if (it != s.index.end()) return it->second;
+  if (const uint32_t found = s.index.Find(key); found != RowIndex::kAbsent) return found;
   const uint32_t slot = AddRow(s, key);
   InitRow(key, RowPtr(s, slot));
   return slot;
@@ -208,7 +206,7 @@ uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
 
 void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
   const uint32_t last = static_cast<uint32_t>(s.keys.size() - 1);
-  s.index.erase(s.keys[slot]);
+  s.index.Erase(s.keys[slot]);
   if (slot != last) {
     std::memcpy(RowPtr(s, slot), RowPtr(s, last), row_floats_ * sizeof(float));
     s.keys[slot] = s.keys[last];
@@ -217,7 +215,7 @@ void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
     s.uses[slot] = s.uses[last];
     s.pins[slot] = s.pins[last];
     s.flags[slot] = s.flags[last];
-    s.index[s.keys[slot]] = slot;
+    s.index.Update(s.keys[slot], slot);
   }
   s.keys.pop_back();
   s.steps.pop_back();
@@ -244,17 +242,38 @@ absl::Status SparseTablePart::ReadResident(absl::Span<const uint64_t> keys,
   StripeGroups groups;
   GroupByStripe(keys, &groups);
   std::vector<uint32_t> slots(keys.size());
-  for (int i = 0; i < kNumStripes; ++i) {
-    const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
-    if (n == 0) continue;
-    Stripe& s = stripes_[i];
-    absl::MutexLock lock(&s.mu);
-    RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
-    for (uint32_t j = b; j < b + n; ++j) {
-      std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
-                  dim_ * sizeof(float));
+  return ForStripes(keys.size(), [&](int first, int last) -> absl::Status {
+    for (int i = first; i < last; ++i) {
+      const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
+      if (n == 0) continue;
+      Stripe& s = stripes_[i];
+      absl::MutexLock lock(&s.mu);
+      RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
+      for (uint32_t j = b; j < b + n; ++j) {
+        std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
+                    dim_ * sizeof(float));
+      }
     }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SparseTablePart::ForStripes(size_t num_keys,
+                                         absl::FunctionRef<absl::Status(int, int)> work) {
+  const int parts =
+      helpers_ == nullptr || num_keys < kParallelKeys ? 1 : helpers_->num_threads() + 1;
+  if (parts == 1) return work(0, kNumStripes);
+  std::vector<absl::Status> status(parts);
+  absl::BlockingCounter done(parts - 1);
+  for (int p = 1; p < parts; ++p) {
+    helpers_->Schedule([&work, &status, &done, p, parts] {
+      status[p] = work(p * kNumStripes / parts, (p + 1) * kNumStripes / parts);
+      done.DecrementCount();
+    });
   }
+  status[0] = work(0, kNumStripes / parts);
+  done.Wait();
+  for (absl::Status& st : status) RETURN_IF_ERROR(st);
   return absl::OkStatus();
 }
 
@@ -267,9 +286,9 @@ absl::Status SparseTablePart::ReadSpilling(absl::Span<const uint64_t> keys,
     float* dst = out.data() + i * dim_;
     {
       absl::MutexLock lock(&s.mu);
-      if (auto it = s.index.find(keys[i]); it != s.index.end()) {
-        std::memcpy(dst, RowPtr(s, it->second), dim_ * sizeof(float));
-        Use(s, it->second);
+      if (const uint32_t slot = s.index.Find(keys[i]); slot != RowIndex::kAbsent) {
+        std::memcpy(dst, RowPtr(s, slot), dim_ * sizeof(float));
+        Use(s, slot);
         continue;
       }
     }
@@ -316,10 +335,10 @@ void SparseTablePart::UnpinHeld(absl::Span<const uint64_t> keys) {
   for (uint64_t key : keys) {
     Stripe& s = stripes_[StripeOf(key)];
     absl::MutexLock lock(&s.mu);
-    auto it = s.index.find(key);
-    CHECK(it != s.index.end() && s.pins[it->second] > 0)
+    const uint32_t slot = s.index.Find(key);
+    CHECK(slot != RowIndex::kAbsent && s.pins[slot] > 0)
         << "table '" << name() << "': Unpin of key " << key << " that is not pinned";
-    --s.pins[it->second];
+    --s.pins[slot];
     Trim(s);
   }
 }
@@ -330,33 +349,41 @@ void SparseTablePart::Apply(absl::Span<const uint64_t> keys, absl::Span<const fl
   StripeGroups groups;
   GroupByStripe(keys, &groups);
   std::vector<uint32_t> slots(keys.size());
-  for (int i = 0; i < kNumStripes; ++i) {
-    const uint32_t b = groups.first[i], n = groups.first[i + 1] - b;
-    if (n == 0) continue;
-    Stripe& s = stripes_[i];
-    absl::MutexLock lock(&s.mu);
-    // An update's lookups cannot fail: a missing row is created, or (spilling) a CHECK.
-    const absl::Status found =
-        FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, &slots[b]);
-    CHECK(found.ok()) << found;
-    for (uint32_t j = b; j < b + n; ++j) {
-      const uint32_t slot = slots[j];
-      const uint64_t key = keys[groups.order[j]];
-      if (spills()) s.flags[slot] |= kDirty;
-      float* row = RowPtr(s, slot);
-      const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
-      if (epoch != 0 && s.saved_epoch[slot] < epoch) {
-        s.pending.emplace(key, std::make_pair(s.steps[slot],
-                                              std::vector<float>(row, row + row_floats_)));
-        s.saved_epoch[slot] = epoch;
-      }
-      const int64_t step =
-          options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
-      ApplyTo(optimizer_, num_slots_, step, row, dim_,
-              values.subspan(size_t{groups.order[j]} * dim_, dim_), options);
-    }
-  }
+  const absl::Status applied = ForStripes(keys.size(), [&](int first, int last) {
+    for (int i = first; i < last; ++i) ApplyStripe(i, keys, values, options, groups, &slots);
+    return absl::OkStatus();
+  });
+  CHECK(applied.ok()) << applied;
   CountUpdate();
+}
+
+void SparseTablePart::ApplyStripe(int stripe, absl::Span<const uint64_t> keys,
+                                  absl::Span<const float> values, const UpdateOptions& options,
+                                  const StripeGroups& groups, std::vector<uint32_t>* slots) {
+  const uint32_t b = groups.first[stripe], n = groups.first[stripe + 1] - b;
+  if (n == 0) return;
+  Stripe& s = stripes_[stripe];
+  absl::MutexLock lock(&s.mu);
+  // An update's lookups cannot fail: a missing row is created, or (spilling) a CHECK.
+  const absl::Status found =
+      FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, slots->data() + b);
+  CHECK(found.ok()) << found;
+  for (uint32_t j = b; j < b + n; ++j) {
+    const uint32_t slot = (*slots)[j];
+    const uint64_t key = keys[groups.order[j]];
+    if (spills()) s.flags[slot] |= kDirty;
+    float* row = RowPtr(s, slot);
+    const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
+    if (epoch != 0 && s.saved_epoch[slot] < epoch) {
+      s.pending.emplace(key, std::make_pair(s.steps[slot],
+                                            std::vector<float>(row, row + row_floats_)));
+      s.saved_epoch[slot] = epoch;
+    }
+    const int64_t step =
+        options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
+    ApplyTo(optimizer_, num_slots_, step, row, dim_,
+            values.subspan(size_t{groups.order[j]} * dim_, dim_), options);
+  }
 }
 
 SpillStats SparseTablePart::spill_stats() const {

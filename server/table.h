@@ -34,15 +34,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/partitioner.h"
+#include "common/thread_pool.h"
 #include "kernels/optimizer.h"
 #include "proto/config.pb.h"
 #include "server/memory_budget.h"
+#include "server/row_index.h"
 #include "server/storage/spill_table.h"
 
 namespace ps::server {
@@ -223,6 +226,15 @@ class SparseTablePart final : public TablePart {
   // (not owned; must outlive the table), and, for a table that does not spill, refuses to
   // create rows beyond it. Call before the first row is created.
   void set_memory_budget(MemoryBudget* budget) { memory_ = budget; }
+  // A Read (of a table that keeps every row in memory) or Apply of at least this many keys
+  // spreads its stripes over the helper threads, if any.
+  static constexpr size_t kParallelKeys = 4096;
+  // Threads (not owned; may be null; must outlive the table) that take part of the stripes of
+  // a large Read or Apply, the calling thread doing the rest: a lookup waits on cache misses,
+  // and two cores keep twice as many in flight. Each stripe is still worked by one thread in
+  // request order, so results are those of one thread. Tasks never wait for other tasks, so
+  // the pool may be shared (Shard's apply pool). Call before the first Read or Apply.
+  void set_helpers(common::ThreadPool* helpers) { helpers_ = helpers; }
   // RESOURCE_EXHAUSTED when the rows of `keys` that do not exist yet would not fit in the
   // memory budget (a table that spills makes room by evicting instead: always OK). A push
   // checks this before it is admitted, since Apply cannot fail half-way.
@@ -231,7 +243,8 @@ class SparseTablePart final : public TablePart {
   // Copies the rows of `keys` into out (keys.size() * dim), creating missing rows and
   // faulting spilled ones in. REQUIRES: out.size() == keys.size() * dim.
   // RESOURCE_EXHAUSTED (naming the table, key and bytes) when a row to create does not fit
-  // in the memory budget and the table does not spill; rows created before it stay.
+  // in the memory budget and the table does not spill; rows created before it (and, in a
+  // call spread over helper threads, rows of the other threads' stripes) stay.
   // Errors (only when spilling) from the spill table, naming the table and key: DATA_LOSS (a
   // spilled row is corrupt), UNAVAILABLE / RESOURCE_EXHAUSTED / PERMISSION_DENIED (I/O). The
   // rows' values are unchanged then; `out` is partly written.
@@ -277,7 +290,7 @@ class SparseTablePart final : public TablePart {
     mutable absl::Mutex mu;
     // Rows in memory occupy slots [0, keys.size()); evicting a row moves the last one into its
     // slot.
-    absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // key -> row slot
+    RowIndex index ABSL_GUARDED_BY(mu);  // key -> row slot
     std::vector<Chunk> chunks ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> keys ABSL_GUARDED_BY(mu);         // per slot
     std::vector<int64_t> steps ABSL_GUARDED_BY(mu);         // per slot
@@ -319,6 +332,14 @@ class SparseTablePart final : public TablePart {
     uint32_t first[kNumStripes + 1];
   };
   static void GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups);
+  // Runs work(first, last) over the stripes [first, last) of a partition of all stripes: one
+  // part per helper thread plus one on the calling thread when num_keys >= kParallelKeys,
+  // else one part. Returns the first error by part.
+  absl::Status ForStripes(size_t num_keys, absl::FunctionRef<absl::Status(int, int)> work);
+  // Apply's work on one stripe: its keys' rows found (or created) and updated in order.
+  void ApplyStripe(int stripe, absl::Span<const uint64_t> keys, absl::Span<const float> values,
+                   const UpdateOptions& options, const StripeGroups& groups,
+                   std::vector<uint32_t>* slots);
   // Read for a table that keeps every row in memory; ReadSpilling for one with a budget.
   absl::Status ReadResident(absl::Span<const uint64_t> keys, absl::Span<float> out);
   absl::Status ReadSpilling(absl::Span<const uint64_t> keys, absl::Span<float> out);
@@ -365,6 +386,7 @@ class SparseTablePart final : public TablePart {
   const uint64_t budget_rows_;
   const uint32_t rows_per_chunk_;
   MemoryBudget* memory_ = nullptr;  // Not owned; null = no budget.
+  common::ThreadPool* helpers_ = nullptr;  // Not owned; null = one thread per call.
   std::atomic<int64_t> bytes_{0};   // sum of the stripes' bytes
   std::vector<float> slot_init_;  // a fresh row's slot values (row_floats - dim)
   std::unique_ptr<Stripe[]> stripes_;

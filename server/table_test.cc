@@ -23,6 +23,7 @@
 #include "common/hash.h"
 #include "common/partitioner.h"
 #include "common/status_matchers.h"
+#include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard.h"
@@ -406,15 +407,22 @@ TEST(SparseSpill, ConcurrentPullsAndPushesUnderEvictionAreExact) {
 // ahead): a batch of keys over every stripe, in random order with repeated keys, must read and
 // update exactly as the same keys one call at a time in request order, with and without a
 // budget. Adam makes a repeated key's updates order-dependent (step, slots).
+// Also with helper threads: batches of more than kParallelKeys keys spread their stripes.
 TEST(SparseBatch, KeysOverEveryStripeInRandomOrderMatchOneKeyAtATime) {
-  for (uint64_t budget : {uint64_t{0}, uint64_t{5000}}) {
+  common::ThreadPool pool(2);
+  const std::vector<std::pair<uint64_t, common::ThreadPool*>> cases = {
+      {0, nullptr}, {0, &pool}, {5000, nullptr}, {5000, &pool}};
+  for (const auto& [budget, helpers] : cases) {
+    SCOPED_TRACE(helpers == nullptr ? "one thread" : "helper threads");
     storage::InMemorySpillTable spill_a, spill_b;
     Table batched("kind: ADAM learning_rate: 0.05", budget, &spill_a);
+    batched.part.set_helpers(helpers);
     Table single("kind: ADAM learning_rate: 0.05", budget, &spill_b);
     std::mt19937_64 rng(11);
-    std::vector<uint64_t> keys = RandomKeys(rng, 3000, uint64_t{1} << 40);
+    std::vector<uint64_t> keys = RandomKeys(rng, 4000, uint64_t{1} << 40);
     for (int i = 0; i < 600; ++i) keys.push_back(keys[rng() % keys.size()]);  // repeats
     std::shuffle(keys.begin(), keys.end(), rng);
+    ASSERT_GE(keys.size(), SparseTablePart::kParallelKeys);
     std::set<uint64_t> stripes;
     for (uint64_t k : keys) stripes.insert(common::Mix64(k) >> 56);
     ASSERT_EQ(stripes.size(), static_cast<size_t>(SparseTablePart::kNumStripes));

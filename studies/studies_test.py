@@ -21,6 +21,7 @@ import advise_validation  # noqa: E402
 import crossover_study  # noqa: E402
 import data_path_targets as targets  # noqa: E402
 import job_runs  # noqa: E402
+import scaling_bench  # noqa: E402
 
 
 # A job that would go on training after its evaluations: only SIGTERM ends it. Worker 0's and
@@ -276,6 +277,47 @@ class DataPathTargetsTest(unittest.TestCase):
         self.assertEqual(rows["training 1+1 worst worker (pull+push)/compute"]["met"], "met")
         self.assertEqual(rows["training 2+2 worst worker (pull+push)/compute"]["met"], "not met")
         self.assertIn("| met |", targets.table(list(rows.values())))
+
+    def test_training_with_prefetch_shows_exposed_communication_too(self):
+        records = [dict(mode="centralized", servers=0, workers=1, samples_per_s=10000, comm=None, exposed=None),
+                   dict(mode="distributed", servers=1, workers=1, samples_per_s=7000, comm=2.5, exposed=0.8)]
+        rows = self.by_target(targets.training_rows(records))
+        self.assertEqual(rows["training 1+1 worst worker (pull+push)/compute"]["met"], "not met")
+        self.assertEqual(rows["training 1+1 worst worker exposed communication/compute"]["met"], "met")
+
+
+class ScalingBenchTest(unittest.TestCase):
+    """Communication over compute, two ways, from the workers' "done" records."""
+
+    @staticmethod
+    def done(worker, prefetch, **times):
+        rec = dict(type="done", worker=worker, steps=10, samples=640, wall_s=1.0, samples_per_s=640.0,
+                   pull_s=0.0, compute_s=1.0, push_s=0.0, data_s=0.0, wait_s=0.0, prefetch=prefetch)
+        rec.update(times)
+        return rec
+
+    def test_without_prefetch_both_are_the_calls(self):
+        rec = self.done(0, False, pull_s=0.1, push_s=1.9, comm_s=2.0, exposed_comm_s=2.0)
+        self.assertEqual(scaling_bench.comm_ratios(rec), (2.0, 2.0))
+
+    def test_with_prefetch_staging_alone_is_not_communication(self):
+        # pull_s + push_s are the step loop's share (0.3); the calls took 2.5 s in the
+        # background and the steps waited 1.5 s of them.
+        rec = self.done(0, True, pull_s=0.2, push_s=0.1, wait_s=1.5, comm_s=2.5, exposed_comm_s=1.8)
+        self.assertEqual(scaling_bench.comm_ratios(rec), (2.5, 1.8))
+
+    def test_old_logs_with_prefetch_have_no_call_time(self):
+        rec = self.done(0, True, pull_s=0.2, push_s=0.1, wait_s=1.5)
+        calls, exposed = scaling_bench.comm_ratios(rec)
+        self.assertIsNone(calls)
+        self.assertAlmostEqual(exposed, 1.8)
+
+    def test_parse_takes_the_worst_worker_of_each(self):
+        records = [self.done(0, True, comm_s=2.5, exposed_comm_s=0.5),
+                   self.done(1, True, comm_s=1.5, exposed_comm_s=1.2)]
+        _, _, comm, exposed, times = scaling_bench.parse(records)
+        self.assertEqual((comm, exposed), (2.5, 1.2))
+        self.assertEqual([t["worker"] for t in times], [0, 1])
 
 
 if __name__ == "__main__":

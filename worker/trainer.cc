@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +25,13 @@ std::string JsonNumber(double v) {
 enum Phase { kData = 0, kPull, kCompute, kPush, kWait, kNumPhases };
 constexpr const char* kPhaseNames[kNumPhases] = {"data", "pull", "compute", "push", "wait"};
 
-// A pull or push issued ahead (prefetch): the tables, keys and values it names, copied into
-// buffers of its own so that the model may move on to another batch meanwhile. The vectors
-// keep their capacity from step to step.
+}  // namespace
+
+namespace internal {
+
+// A pull or push issued ahead (prefetch) for a model with one set of buffers: the tables,
+// keys and values it names, copied into buffers of its own so that the model may move on to
+// another batch meanwhile. The vectors keep their capacity from step to step.
 struct Staged {
   std::vector<std::string> dense_tables, sparse_tables;
   std::vector<std::vector<uint64_t>> keys;     // per sparse entry
@@ -32,6 +39,12 @@ struct Staged {
   common::PullBatch pull;  // spans into the vectors above
   common::PushBatch push;
 };
+
+}  // namespace internal
+
+namespace {
+
+using internal::Staged;
 
 template <typename Entry>
 void CopyInto(const Entry& from, std::vector<float>* to) {
@@ -319,8 +332,10 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
     } else {
       RETURN_IF_ERROR_CTX(store_->Push(push, push_options), what);
     }
+    const absl::Duration pushed_for = absl::Now() - p0;
+    state->result->breakdown.calls += pulled + pushed_for;  // every call blocked the step
     EndStep(epoch, offset, batches[cur].size, step.loss,
-            {data, pulled, c1 - c0, absl::Now() - p0, absl::ZeroDuration()}, state);
+            {data, pulled, c1 - c0, pushed_for, absl::ZeroDuration()}, state);
     if (!has_next) break;
     offset = next_offset;
     data = next_data;
@@ -329,103 +344,173 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
   return absl::OkStatus();
 }
 
-namespace {
+namespace internal {
 
-// Queues on `background` the pull of step `clock`+1 (at `clock`) into what `staged` names;
-// returns its ticket. `staged` must outlive the call.
-uint64_t SubmitPull(common::ParameterStore* store, Staged* staged, int64_t clock,
-                    SerialExecutor* background) {
-  return background->Submit(absl::StrCat("step ", clock + 1, " pull"), [store, staged, clock] {
-    common::PullOptions options;
-    options.clock = clock;
-    return store->Pull(staged->pull, options);
-  });
+// The background side of overlapped steps (prefetch): the batches each call reads and fills
+// (two of each kind, used by step parity), their staging buffers when the model has only one
+// set of buffers, the one thread that runs the store calls in submission order, and the calls'
+// summed wall time. Thread-compatible: one step loop drives it.
+class Pipeline {
+ public:
+  explicit Pipeline(common::ParameterStore* store) : store_(store) {}
+
+  common::PullBatch& pull(int slot) { return pulls_[slot]; }
+  common::PushBatch& push(int slot) { return pushes_[slot]; }
+  Staged& staged_pull(int slot) { return staged_pulls_[slot]; }
+  Staged& staged_push(int slot) { return staged_pushes_[slot]; }
+  // Queues one store call: push(push_slot) (-1: none) at `push_clock`, and pull(pull_slot)
+  // (-1: none) at `pull_clock`. Both at once go out as one PushPull (one round trip per
+  // server; its pull reads after its push).
+  void Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t pull_clock);
+  // Blocks until the call filling pull slot `slot` has run; the first error of any call.
+  absl::Status WaitForPull(int slot) { return background_.Wait(pull_ticket_[slot]); }
+  absl::Status Drain() { return background_.Drain(); }
+  // Wall time of the calls run so far.
+  absl::Duration calls() const { return absl::Nanoseconds(calls_ns_.load()); }
+
+ private:
+  common::ParameterStore* const store_;  // Not owned.
+  common::PullBatch pulls_[2];
+  common::PushBatch pushes_[2];
+  Staged staged_pulls_[2], staged_pushes_[2];
+  uint64_t pull_ticket_[2] = {0, 0};
+  std::atomic<int64_t> calls_ns_{0};
+  // Declared last: destroyed (joined) before the buffers its calls use.
+  SerialExecutor background_;
+};
+
+void Pipeline::Submit(int push_slot, int64_t push_clock, int pull_slot, int64_t pull_clock) {
+  const common::PushBatch* push = push_slot >= 0 ? &pushes_[push_slot] : nullptr;
+  const common::PullBatch* pull = pull_slot >= 0 ? &pulls_[pull_slot] : nullptr;
+  // Labels name steps as the step loop does: the pull at clock c is for step c+1.
+  std::string label = push != nullptr ? absl::StrCat("step ", push_clock, " push") : "";
+  if (pull != nullptr) {
+    absl::StrAppend(&label, push != nullptr ? " + " : "", "step ", pull_clock + 1, " pull");
+  }
+  const uint64_t ticket =
+      background_.Submit(std::move(label), [this, push, push_clock, pull, pull_clock] {
+        const common::PushOptions push_options{push_clock, false};
+        const common::PullOptions pull_options{pull_clock};
+        const absl::Time start = absl::Now();
+        absl::Status status;
+        if (push != nullptr && pull != nullptr) {
+          status = store_->PushPull(*push, push_options, *pull, pull_options);
+        } else if (push != nullptr) {
+          status = store_->Push(*push, push_options);
+        } else {
+          status = store_->Pull(*pull, pull_options);
+        }
+        calls_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
+        return status;
+      });
+  if (pull != nullptr) pull_ticket_[pull_slot] = ticket;
 }
 
-// Queues on `background` the push of step `clock` of what `staged` holds.
-void SubmitPush(common::ParameterStore* store, const Staged* staged, int64_t clock,
-                SerialExecutor* background) {
-  background->Submit(absl::StrCat("step ", clock, " push"), [store, staged, clock] {
-    common::PushOptions options;
-    options.clock = clock;
-    return store->Push(staged->push, options);
-  });
+}  // namespace internal
+
+absl::Status Trainer::PreparePrefetch(const Batch& batch, int slot, internal::Pipeline* pipe) {
+  common::PullBatch& pull = pipe->pull(slot);
+  pull = common::PullBatch();
+  RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
+  if (!buffer_sets_) {
+    // Into buffers of the pipeline's own: the model computes on its buffers meanwhile.
+    StagePull(pull, &pipe->staged_pull(slot));
+    pull = pipe->staged_pull(slot).pull;
+  }
+  return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status Trainer::PrepareGradients(int slot, internal::Pipeline* pipe) {
+  common::PushBatch& push = pipe->push(slot);
+  push = common::PushBatch();
+  RETURN_IF_ERROR(model_->PreparePush(&push));
+  if (!buffer_sets_) {
+    // Copied out: the next step's backward overwrites the model's gradients.
+    StagePush(push, &pipe->staged_push(slot));
+    push = pipe->staged_push(slot).push;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state) {
-  // Two of each, alternating by step parity; the class comment says why reuse is safe: the
-  // call that last used a buffer is always done before the buffer is filled again.
-  Batch batches[2];
-  uint64_t offsets[2] = {0, 0};  // the iterator's offset after each batch
-  Staged pulls[2], pushes[2];
-  uint64_t pull_ticket[2] = {0, 0};
+  // Step i of the epoch (from 0) reads batch slot i % 3 (batches are read two steps ahead)
+  // and pull and push slot i % 2; the class comment says why reuse is safe.
+  Batch batches[3];
+  uint64_t offsets[3] = {0, 0, 0};  // the iterator's offset after each batch
   std::vector<int64_t> indices;
-  // Declared after the buffers its calls use, so it is destroyed (joined) before them.
-  SerialExecutor background;
-  auto steps_left = [&](uint64_t done) {
-    return options_.max_steps == 0 || done < options_.max_steps;
-  };
-  // Queues the pull of step `clock`+1 for the batch in slot `b`.
-  auto issue_pull = [&](int b, int64_t clock) -> absl::Status {
-    common::PullBatch spec;
-    RETURN_IF_ERROR(model_->PreparePull(batches[b], &spec));
-    StagePull(spec, &pulls[b]);
-    pull_ticket[b] = SubmitPull(store_, &pulls[b], clock, &background);
-    return absl::OkStatus();
+  internal::Pipeline pipe(store_);
+  const uint64_t before = state->result->steps;
+  auto fetch = [&](uint64_t i) {  // batch i into its slot; false past the epoch or max_steps
+    if ((options_.max_steps > 0 && before + i >= options_.max_steps) || !it->Next(&indices)) {
+      return false;
+    }
+    train_->FillBatch(indices, &batches[i % 3]);
+    offsets[i % 3] = it->offset();
+    return true;
   };
 
   absl::Time t0 = absl::Now();
-  if (state->stop || !it->Next(&indices)) return absl::OkStatus();
-  train_->FillBatch(indices, &batches[0]);
-  offsets[0] = it->offset();
-  RETURN_IF_ERROR(issue_pull(0, state->clock));
-  absl::Duration carried_data = absl::Now() - t0;  // the first batch's, charged to step 1
-  int cur = 0;
-  while (true) {
-    const int next = 1 - cur;
+  if (state->stop || !fetch(0)) return absl::OkStatus();
+  // The first two steps' pulls go out alone; with two buffer sets, each into its own set.
+  RETURN_IF_ERROR(PreparePrefetch(batches[0], 0, &pipe));
+  pipe.Submit(-1, 0, 0, state->clock);
+  if (buffer_sets_) model_->SwapBufferSets();
+  bool has_next = fetch(1);
+  if (has_next) {
+    RETURN_IF_ERROR(PreparePrefetch(batches[1], 1, &pipe));
+    pipe.Submit(-1, 0, 1, state->clock + 1);
+  }
+  absl::Duration carried = absl::Now() - t0;  // charged to step 0's data
+  for (uint64_t i = 0;; ++i) {
+    const int slot = static_cast<int>(i % 2);
+    const Batch& batch = batches[i % 3];
     t0 = absl::Now();
-    const bool has_next = steps_left(state->result->steps + 1) && it->Next(&indices);
-    if (has_next) {
-      train_->FillBatch(indices, &batches[next]);
-      offsets[next] = it->offset();
-    }
+    RETURN_IF_ERROR(pipe.WaitForPull(slot));
     const absl::Time t1 = absl::Now();
-    RETURN_IF_ERROR(background.Wait(pull_ticket[cur]));
+    RETURN_IF_ERROR(UsePrefetched(batch, pipe.staged_pull(slot)));
     const absl::Time t2 = absl::Now();
-    // The next step's pull goes out before this step computes; then the model is pointed
-    // back at this step's batch and given the parameters pulled for it.
-    if (has_next) RETURN_IF_ERROR(issue_pull(next, state->clock + 1));
-    common::PullBatch spec;
-    RETURN_IF_ERROR(model_->PreparePull(batches[cur], &spec));
-    RETURN_IF_ERROR(UnstagePull(pulls[cur], spec));
+    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batch));
     const absl::Time t3 = absl::Now();
-    ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
-    common::PushBatch push;
-    RETURN_IF_ERROR(model_->PreparePush(&push));
+    RETURN_IF_ERROR(PrepareGradients(slot, &pipe));
     const absl::Time t4 = absl::Now();
-    StagePush(push, &pushes[cur]);
-    SubmitPush(store_, &pushes[cur], state->clock + 1, &background);
-    absl::Time t5 = absl::Now();
-    absl::Duration wait = t2 - t1;
+    const bool has_after_next = has_next && fetch(i + 2);
+    const absl::Time t5 = absl::Now();
+    // One call, queued behind the one that pulls the next step's parameters and running while
+    // the next step computes: this step's gradients out (clock c + 1) and the parameters of
+    // the step after next in (clock c + 2), into the buffers this step is done with.
+    if (has_after_next) RETURN_IF_ERROR(PreparePrefetch(batches[(i + 2) % 3], slot, &pipe));
+    pipe.Submit(slot, state->clock + 1, has_after_next ? slot : -1, state->clock + 2);
+    absl::Time t6 = absl::Now();
+    absl::Duration wait = t1 - t0;
     if (!has_next) {
       // The end of the epoch (or of the run): every push is applied before anything else.
-      RETURN_IF_ERROR(background.Drain());
+      RETURN_IF_ERROR(pipe.Drain());
       const absl::Time drained = absl::Now();
-      wait += drained - t5;
-      t5 = drained;
+      wait += drained - t6;
+      t6 = drained;
     }
-    // The position reported is that of the step just computed; its push may still be in
-    // flight (a worker restarted now would lose that one step, as without prefetch a worker
-    // killed during a push does).
-    EndStep(epoch, offsets[cur], batches[cur].size, step.loss,
-            {carried_data + (t1 - t0), t3 - t2, t4 - t3, t5 - t4, wait}, state);
-    carried_data = absl::ZeroDuration();
+    // The position reported is that of the step just computed; its push is queued behind
+    // the previous step's call (a worker restarted now loses at most those two steps).
+    EndStep(epoch, offsets[i % 3], batch.size, step.loss,
+            {carried + (t5 - t4), (t2 - t1) + (t6 - t5), t3 - t2, t4 - t3, wait}, state);
+    carried = absl::ZeroDuration();
     if (!has_next) break;
-    cur = next;
+    has_next = has_after_next;
   }
+  state->result->breakdown.calls += pipe.calls();
   return absl::OkStatus();
+}
+
+absl::Status Trainer::UsePrefetched(const Batch& batch, const internal::Staged& staged) {
+  if (buffer_sets_) {
+    // To the set this step's parameters were pulled into (the previous step used the other).
+    model_->SwapBufferSets();
+    return absl::OkStatus();
+  }
+  // The model is pointed back at this step's batch and given the values staged for it.
+  common::PullBatch spec;
+  RETURN_IF_ERROR(model_->PreparePull(batch, &spec));
+  return UnstagePull(staged, spec);
 }
 
 uint64_t Trainer::EstimateTotalSteps() const {
@@ -481,7 +566,9 @@ void Trainer::LogDone(const TrainResult& result) {
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)), ",\"push_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.push)), ",\"data_s\":",
       JsonNumber(absl::ToDoubleSeconds(result.breakdown.data)), ",\"wait_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"prefetch\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"comm_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.calls)), ",\"exposed_comm_s\":",
+      JsonNumber(absl::ToDoubleSeconds(result.breakdown.exposed())), ",\"prefetch\":",
       options_.prefetch ? "true" : "false"));
 }
 
@@ -492,6 +579,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   ShardIterator it(train_->size(), options_.worker_index, options_.num_workers,
                    options_.batch_size, options_.shuffle, options_.seed);
   total_steps_estimate_ = EstimateTotalSteps();
+  if (options_.prefetch) {
+    // Two buffer sets spare the overlapped steps their staging copies, where the model can.
+    ASSIGN_OR_RETURN(buffer_sets_, model_->AddSecondBufferSet());
+  }
   RunState state;
   state.result = &result;
   state.clock = options_.start_clock;

@@ -24,6 +24,10 @@
 namespace ps::worker {
 
 class ShardIterator;
+namespace internal {
+struct Staged;
+class Pipeline;
+}  // namespace internal
 
 struct TrainerOptions {
   int32_t worker_index = 0;
@@ -55,11 +59,11 @@ struct TrainerOptions {
   std::function<void(uint32_t, uint64_t)> on_step;
   // Extra fields for every JSON log line (e.g. "\"mode\":\"centralized\"").
   std::string log_tag;
-  // Overlapped steps (training.prefetch): while step t computes, the pull of step t+1 and the
-  // push of step t-1 run on a background thread, in that order (see Trainer). The parameters
-  // of step t+1 then lack this worker's own step-t gradient: one step more staleness than
-  // without prefetch, never more. REQUIRES: a store whose consistency bound is not BSP (a
-  // pull of clock t+1 issued before the push of clock t+1 would wait for itself).
+  // Overlapped steps (training.prefetch): while step t computes, one store call (a fused
+  // PushPull) pushes step t-1's gradients and pulls the parameters of step t+1 (see Trainer).
+  // The parameters of step t+1 then lack this worker's own step-t gradient: one step more
+  // staleness than without prefetch, never more. REQUIRES: a store whose consistency bound is
+  // not BSP (a pull of clock t issued with the push of clock t-1 would wait for itself).
   bool prefetch = false;
 };
 
@@ -71,11 +75,19 @@ struct EvalMetrics {
 };
 
 // Time spent per phase over a run, summed. Without prefetch, pull and push are the store's
-// calls. With prefetch they are the trainer's share (staging the next pull, copying the
-// prefetched parameters in, copying the gradients out), and `wait` is the time blocked on the
-// background pull and push; without prefetch it is zero.
+// calls (each step's push is a PushPull that also pulls the next step's parameters; pull is
+// then only the first pull of each epoch). With prefetch they are the step loop's share
+// (staging the next pull, copying the prefetched parameters in, copying the gradients out),
+// and `wait` is the time blocked on the background calls; without prefetch it is zero.
+//
+// Communication, two ways: `calls` is the wall time of the store calls of training steps,
+// wherever they ran (with prefetch, on the background thread, overlapping compute); exposed()
+// is the time the steps spent on communication instead of computing. Without prefetch both
+// are pull + push.
 struct StepBreakdown {
   absl::Duration pull, compute, push, data, wait;
+  absl::Duration calls;
+  absl::Duration exposed() const { return pull + push + wait; }
 };
 
 struct TrainResult {
@@ -92,18 +104,31 @@ struct TrainResult {
 // Thread-compatible. Borrows everything it is given (Not owned).
 //
 // With options.prefetch, a step t of an epoch runs as:
-//   data:    batch t+1 from the iterator
-//   wait:    until the background pull of step t is done
-//   pull:    stage the pull of step t+1 (keys copied, values into a staging buffer) and queue
-//            it; then PreparePull(batch t) again and copy step t's staged values into the model
-//   compute: ForwardBackward(batch t), PreparePush
-//   push:    copy the gradients into a staging buffer and queue their push (clock t+1)
-// One background thread runs the queued calls in order: ... push t-1, pull t+1, push t ...
-// So each pull sees every earlier push of this worker except the one just before it, and at
-// most one push is in flight when a pull starts. Two staging buffers of each kind alternate.
-// The pipeline does not cross epochs: it drains at the end of each (evaluation, progress and
-// a following epoch see every push applied). A failed background call fails the run with its
-// error ("step 12 push: ..."); the calls queued after it are dropped.
+//   wait:    until the background call that pulls step t's parameters is done
+//   pull:    give the model step t's parameters (turn it to the buffer set they are in, or
+//            copy them in from staging)
+//   compute: ForwardBackward(batch t)
+//   push:    take the gradients (spans into the model's set, or copied out to staging)
+//   data:    batch t+2 from the iterator
+//   pull:    queue one call: PushPull(step t's gradients at clock t, the parameters of batch
+//            t+2 at clock t+1)
+// One background thread runs the calls in order, back to back: ... [push t-1, pull t+1],
+// [push t, pull t+2], ... The call queued at the end of step t starts when the one pulling
+// step t+1's parameters ends, and runs while step t+1 computes: one round trip per server
+// per step, off the step's critical path. Each pull sees every earlier push of this worker
+// except the one just before it. The first two steps of an epoch pull alone; its last two
+// steps push alone.
+//
+// Where the call's values live: a model with two buffer sets (Model::AddSecondBufferSet, the
+// MLP) computes step t on set t % 2; the call queued after step t reads that set's gradients
+// and fills that set's parameters for step t+2 while step t+1 computes on the other set:
+// nothing is copied. Other models get staging buffers of the trainer (pulls copied into the
+// model's buffers at their step, gradients copied out after compute), two of each, by step
+// parity. A slot is filled again only after the call that last used it is done (the step
+// that needs the next value waits for it). The pipeline does not cross epochs: it drains at
+// the end of each (evaluation, progress and a following epoch see every push applied). A
+// failed background call fails the run with its error ("step 12 push + step 14 pull: ...");
+// the calls queued after it are dropped.
 //
 // Metrics (ps_worker_, registered in the registry given to the constructor, updated once per
 // step with atomic adds): steps, samples and samples/s, epoch, clock, last and smoothed loss,
@@ -135,6 +160,14 @@ class Trainer {
   // One epoch of steps, each one after the other (TrainEpoch) or overlapped (prefetch).
   absl::Status TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state);
   absl::Status TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, RunState* state);
+  // Overlapped steps: points pipe's pull of `slot` at the parameters `batch` needs (into the
+  // model's other buffer set, or into staging buffers), and its push of `slot` at the
+  // gradients of the last ForwardBackward (in the model's current set, or copied out).
+  absl::Status PreparePrefetch(const Batch& batch, int slot, internal::Pipeline* pipe);
+  absl::Status PrepareGradients(int slot, internal::Pipeline* pipe);
+  // Gives the model the parameters prefetched for `batch`: turns it to the buffer set they
+  // were pulled into, or copies them in from `staged`.
+  absl::Status UsePrefetched(const Batch& batch, const internal::Staged& staged);
   // This worker's steps over the remaining epochs (for the progress line), capped by
   // max_steps.
   uint64_t EstimateTotalSteps() const;
@@ -165,6 +198,8 @@ class Trainer {
   uint64_t samples_ = 0;
   uint64_t total_steps_estimate_ = 0;
   double loss_ema_ = 0;
+  // Prefetch with the model's two buffer sets (Model::AddSecondBufferSet), not staging copies.
+  bool buffer_sets_ = false;
 };
 
 }  // namespace ps::worker

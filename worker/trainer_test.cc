@@ -2,6 +2,8 @@
 #include "worker/trainer.h"
 
 #include <cmath>
+#include <functional>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -10,11 +12,13 @@
 #include "absl/synchronization/mutex.h"
 #include "common/config/config.h"
 #include "common/parameter_store.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "proto/config.pb.h"
+#include "worker/data/in_memory_dataset.h"
 #include "worker/data/load.h"
 #include "worker/models/fake_parameter_store.h"
 #include "worker/models/model_factory.h"
@@ -41,33 +45,35 @@ constexpr char kJob[] = R"pb(
   security { plaintext: true }
 )pb";
 
-// Wraps a store: records the order of calls (pull clock, push clock) and fails the n-th
-// pull or push when asked to.
+// Wraps a store: records the order of calls (pull clock, push clock; the push and the pull
+// of a fused PushPull as two calls marked `fused`, the push first), a fingerprint of each
+// push's values, and fails the n-th pull or push when asked to.
 class RecordingStore final : public common::ParameterStore {
  public:
   struct Call {
     bool push;
     int64_t clock;
+    bool fused = false;
+    uint64_t fingerprint = 0;  // pushes: FNV-1a over the bits of every value pushed
   };
   explicit RecordingStore(common::ParameterStore* inner) : inner_(inner) {}
   void FailPushNumber(int n) { fail_push_ = n; }
   void FailPullNumber(int n) { fail_pull_ = n; }
 
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override {
-    {
-      absl::MutexLock lock(&mu_);
-      calls_.push_back({false, options.clock});
-      if (++pulls_ == fail_pull_) return absl::UnavailableError("pull refused by the test");
-    }
+    RETURN_IF_ERROR(RecordPull(options, false));
     return inner_->Pull(batch, options);
   }
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override {
-    {
-      absl::MutexLock lock(&mu_);
-      calls_.push_back({true, options.clock});
-      if (++pushes_ == fail_push_) return absl::UnavailableError("push refused by the test");
-    }
+    RETURN_IF_ERROR(RecordPush(batch, options, false));
     return inner_->Push(batch, options);
+  }
+  absl::Status PushPull(const common::PushBatch& push, const common::PushOptions& push_options,
+                        const common::PullBatch& pull,
+                        const common::PullOptions& pull_options) override {
+    RETURN_IF_ERROR(RecordPush(push, push_options, true));
+    RETURN_IF_ERROR(RecordPull(pull_options, true));
+    return inner_->PushPull(push, push_options, pull, pull_options);
   }
   absl::Status Finish() override { return inner_->Finish(); }
 
@@ -77,6 +83,33 @@ class RecordingStore final : public common::ParameterStore {
   }
 
  private:
+  static uint64_t Fingerprint(const common::PushBatch& batch) {
+    uint64_t h = 1469598103934665603ull;
+    auto add = [&h](absl::Span<const float> values) {
+      for (float v : values) {
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof(bits));
+        h = (h ^ bits) * 1099511628211ull;
+      }
+    };
+    for (const common::DensePush& p : batch.dense) add(p.values);
+    for (const common::SparsePush& p : batch.sparse) add(p.values);
+    return h;
+  }
+  absl::Status RecordPull(const common::PullOptions& options, bool fused) {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back({false, options.clock, fused});
+    if (++pulls_ == fail_pull_) return absl::UnavailableError("pull refused by the test");
+    return absl::OkStatus();
+  }
+  absl::Status RecordPush(const common::PushBatch& batch, const common::PushOptions& options,
+                          bool fused) {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back({true, options.clock, fused, Fingerprint(batch)});
+    if (++pushes_ == fail_push_) return absl::UnavailableError("push refused by the test");
+    return absl::OkStatus();
+  }
+
   common::ParameterStore* const inner_;
   mutable absl::Mutex mu_;
   std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
@@ -105,12 +138,13 @@ class TrainerTest : public ::testing::Test {
   // A fresh model and store (plain SGD) and a trainer run over them.
   absl::StatusOr<TrainResult> Train(bool prefetch, uint64_t max_steps = 0,
                                     RecordingStore** recorder = nullptr,
-                                    int fail_push = -1, int fail_pull = -1) {
+                                    int fail_push = -1, int fail_pull = -1,
+                                    float learning_rate = 0.05f) {
     const std::vector<TableConfig> tables(config_.tables().begin(), config_.tables().end());
     absl::StatusOr<std::unique_ptr<FakeParameterStore>> fake = FakeParameterStore::ForTables(tables);
     if (!fake.ok()) return fake.status();
     fake_ = *std::move(fake);
-    fake_->set_learning_rate(0.05f);
+    fake_->set_learning_rate(learning_rate);
     store_ = std::make_unique<RecordingStore>(fake_.get());
     store_->FailPushNumber(fail_push);
     store_->FailPullNumber(fail_pull);
@@ -124,13 +158,17 @@ class TrainerTest : public ::testing::Test {
     options.epochs = config_.training().epochs();
     options.max_steps = max_steps;
     options.seed = 1;
-    options.binary = true;
+    options.binary = binary_;
     options.progress = nullptr;
     options.prefetch = prefetch;
+    if (adjust_) adjust_(&options);
     Trainer trainer(model_.get(), store_.get(), data_.train.get(), data_.test.get(), options);
     return trainer.Run();
   }
 
+  bool binary_ = true;  // the CTR job; the MLP fixture below is not
+  // Changes the options of the next Train calls (e.g. a resume position).
+  std::function<void(TrainerOptions*)> adjust_;
   JobConfig config_;
   LoadedData data_;
   std::unique_ptr<kernels::Backend> backend_;
@@ -179,6 +217,103 @@ TEST_F(TrainerTest, PrefetchedPullIsAtMostOneStepBehindOwnPushes) {
   EXPECT_EQ(ahead, static_cast<int64_t>(result->steps) - 2);
 }
 
+// With prefetch a step makes one store call: a fused PushPull of the previous step's
+// gradients (clock c - 1) and the next step's parameters (clock c), as without prefetch the
+// pull of step c + 1 carries clock c. Only the ends of an epoch differ: its first two steps
+// pull alone, its last step pushes the step before it and then its own gradients alone.
+TEST_F(TrainerTest, PrefetchMakesOneFusedCallPerStep) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, 0, &recorder);
+  ASSERT_OK(result.status());
+  ASSERT_EQ(result->steps, 500u);  // 2 epochs of 250
+  int64_t fused = 0, pulls = 0, pushes = 0;
+  const std::vector<RecordingStore::Call> calls = recorder->calls();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const RecordingStore::Call& call = calls[i];
+    if (!call.fused) {
+      ++(call.push ? pushes : pulls);
+      continue;
+    }
+    ASSERT_TRUE(call.push) << "a fused call starts with its push";
+    ASSERT_LT(i + 1, calls.size());
+    EXPECT_FALSE(calls[i + 1].push);
+    EXPECT_TRUE(calls[i + 1].fused);
+    EXPECT_EQ(calls[i + 1].clock, call.clock + 1) << "pull of the fused call at push " << call.clock;
+    ++fused;
+    ++i;
+  }
+  // Evaluation after each epoch pulls once per test batch.
+  const int64_t eval_pulls = (data_.test->size() + 63) / 64;
+  EXPECT_EQ(fused, 500 - 2 * 2);
+  EXPECT_EQ(pulls, 2 * 2 + 2 * eval_pulls);
+  EXPECT_EQ(pushes, 2 * 2);
+}
+
+// With a learning rate of 0 the parameters never change, so staleness cannot matter: the
+// overlapped steps must compute and push exactly what plain steps do, step for step (each
+// step given the parameters pulled for its own batch, each gradient pushed once, in order).
+TEST_F(TrainerTest, PrefetchPushesTheSameGradientsAsPlainStepsWhenParametersStayPut) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> plain = Train(/*prefetch=*/false, 0, &recorder, -1, -1, 0.0f);
+  ASSERT_OK(plain.status());
+  auto pushed = [](const std::vector<RecordingStore::Call>& calls) {
+    std::vector<std::pair<int64_t, uint64_t>> out;
+    for (const RecordingStore::Call& c : calls) {
+      if (c.push) out.emplace_back(c.clock, c.fingerprint);
+    }
+    return out;
+  };
+  const std::vector<std::pair<int64_t, uint64_t>> expected = pushed(recorder->calls());
+  absl::StatusOr<TrainResult> overlapped = Train(/*prefetch=*/true, 0, &recorder, -1, -1, 0.0f);
+  ASSERT_OK(overlapped.status());
+  ASSERT_EQ(expected.size(), 500u);
+  EXPECT_EQ(pushed(recorder->calls()), expected);
+  ASSERT_TRUE(plain->final_eval.has_value() && overlapped->final_eval.has_value());
+  EXPECT_EQ(overlapped->final_eval->loss, plain->final_eval->loss);
+}
+
+// The breakdown: without prefetch every call blocks the step (calls == exposed == pull +
+// push); with prefetch the calls run in the background, and exposed is what the steps spent
+// staging and waiting.
+TEST_F(TrainerTest, CommunicationTimesAddUp) {
+  absl::StatusOr<TrainResult> plain = Train(/*prefetch=*/false, /*max_steps=*/50);
+  ASSERT_OK(plain.status());
+  const StepBreakdown& p = plain->breakdown;
+  EXPECT_EQ(p.calls, p.pull + p.push);
+  EXPECT_EQ(p.exposed(), p.calls);
+  EXPECT_GT(p.calls, absl::ZeroDuration());
+  absl::StatusOr<TrainResult> overlapped = Train(/*prefetch=*/true, /*max_steps=*/50);
+  ASSERT_OK(overlapped.status());
+  const StepBreakdown& o = overlapped->breakdown;
+  EXPECT_EQ(o.exposed(), o.pull + o.push + o.wait);
+  EXPECT_GT(o.calls, absl::ZeroDuration());
+}
+
+// A restarted worker resumes at its position and clock with prefetch as without: the first
+// pull carries the saved clock, the pushes go on from the next clock, each once, in order.
+TEST_F(TrainerTest, PrefetchResumesAtTheSavedPositionAndClock) {
+  adjust_ = [](TrainerOptions* options) {
+    options->epochs = 1;
+    options->start_offset = 200 * 64;  // 200 of the epoch's 250 steps are done
+    options->start_clock = 200;
+  };
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, 0, &recorder);
+  ASSERT_OK(result.status());
+  EXPECT_EQ(result->steps, 50u);
+  const std::vector<RecordingStore::Call> calls = recorder->calls();
+  ASSERT_FALSE(calls.empty());
+  EXPECT_FALSE(calls.front().push);
+  EXPECT_EQ(calls.front().clock, 200);
+  int64_t next_push = 201;
+  for (const RecordingStore::Call& call : calls) {
+    if (call.push) {
+      EXPECT_EQ(call.clock, next_push++);
+    }
+  }
+  EXPECT_EQ(next_push, 251);
+}
+
 TEST_F(TrainerTest, PrefetchStopsAtMaxStepsWithoutExtraCalls) {
   RecordingStore* recorder = nullptr;
   absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, /*max_steps=*/10, &recorder);
@@ -198,7 +333,7 @@ TEST_F(TrainerTest, BackgroundPushErrorFailsTheRun) {
   absl::StatusOr<TrainResult> result =
       Train(/*prefetch=*/true, 0, &recorder, /*fail_push=*/5);
   EXPECT_THAT(result.status(), StatusIs(absl::StatusCode::kUnavailable,
-                                        HasSubstr("step 5 push: push refused by the test")));
+                                        HasSubstr("step 5 push + step 7 pull: push refused by the test")));
   // Nothing queued behind the failed push ran.
   int64_t after = -1;
   for (const RecordingStore::Call& call : recorder->calls()) {
@@ -220,6 +355,95 @@ TEST_F(TrainerTest, ErrorOnTheLastStepOfAnEpochSurfacesAtTheDrain) {
   absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, 0, nullptr, /*fail_push=*/250);
   EXPECT_THAT(result.status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("step 250 push")));
+}
+
+// The MLP (dense only) has two buffer sets: with prefetch the store fills one set while the
+// model computes on the other, no staging copies. 1600 examples of 8 features in 3 classes
+// (deterministic pseudo-random), batch 64: 25 steps per epoch, 2 epochs.
+constexpr char kMlpJob[] = R"pb(
+  name: "trainer-test-mlp"
+  cluster { num_servers: 1 num_workers: 1 }
+  model { mlp { input_dim: 8 hidden: [16] num_classes: 3 activation: RELU } }
+  data { format: IDX }
+  training { batch_size: 64 epochs: 2 device: "cpu" seed: 1 }
+  security { plaintext: true }
+)pb";
+
+std::unique_ptr<Dataset> MlpData(int64_t n, uint32_t seed) {
+  std::vector<float> features(n * 8);
+  std::vector<int32_t> labels(n);
+  uint32_t x = seed;
+  auto next = [&x] { return x = x * 1664525u + 1013904223u; };
+  for (int64_t i = 0; i < n; ++i) {
+    float sum = 0;
+    for (int j = 0; j < 8; ++j) {
+      features[i * 8 + j] = static_cast<float>(next() >> 8) / (1 << 24) - 0.5f;
+      sum += features[i * 8 + j] * (j + 1);
+    }
+    labels[i] = sum < -0.5f ? 0 : sum < 0.5f ? 1 : 2;
+  }
+  return std::make_unique<DenseDataset>(8, 3, std::move(features), std::move(labels));
+}
+
+class MlpTrainerTest : public TrainerTest {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<JobConfig> config = common::ParseJobConfigText(kMlpJob, "job");
+    ASSERT_OK(config.status());
+    config_ = *std::move(config);
+    ASSERT_OK(common::ExpandModelTables(&config_));
+    data_.train = MlpData(1600, 1);
+    data_.test = MlpData(400, 2);
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
+        kernels::CreateBackend("cpu", kernels::BackendOptions());
+    ASSERT_OK(backend.status());
+    backend_ = *std::move(backend);
+    binary_ = false;
+  }
+};
+
+TEST_F(MlpTrainerTest, PrefetchWithBufferSetsPushesWhatPlainStepsPushWhenParametersStayPut) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> plain = Train(/*prefetch=*/false, 0, &recorder, -1, -1, 0.0f);
+  ASSERT_OK(plain.status());
+  std::vector<std::pair<int64_t, uint64_t>> expected;
+  for (const RecordingStore::Call& c : recorder->calls()) {
+    if (c.push) expected.emplace_back(c.clock, c.fingerprint);
+  }
+  absl::StatusOr<TrainResult> overlapped = Train(/*prefetch=*/true, 0, &recorder, -1, -1, 0.0f);
+  ASSERT_OK(overlapped.status());
+  std::vector<std::pair<int64_t, uint64_t>> got;
+  for (const RecordingStore::Call& c : recorder->calls()) {
+    if (c.push) got.emplace_back(c.clock, c.fingerprint);
+  }
+  ASSERT_EQ(expected.size(), 50u);
+  EXPECT_EQ(got, expected);
+  ASSERT_TRUE(plain->final_eval.has_value() && overlapped->final_eval.has_value());
+  EXPECT_EQ(overlapped->final_eval->loss, plain->final_eval->loss);
+}
+
+// With learning, each step's parameters are those of a pull that saw every push of this
+// worker but the last one: the model learns as well as without prefetch, and the buffer set
+// a step computes on is never the one being filled (a mix-up would break the fused-call count
+// or the pushes' order, or fail to learn).
+TEST_F(MlpTrainerTest, PrefetchWithBufferSetsLearnsAndFusesEachStep) {
+  absl::StatusOr<TrainResult> plain = Train(/*prefetch=*/false);
+  ASSERT_OK(plain.status());
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> overlapped = Train(/*prefetch=*/true, 0, &recorder);
+  ASSERT_OK(overlapped.status());
+  ASSERT_TRUE(plain->final_eval.has_value() && overlapped->final_eval.has_value());
+  EXPECT_GT(plain->final_eval->accuracy, 0.6);
+  EXPECT_NEAR(overlapped->final_eval->accuracy, plain->final_eval->accuracy, 0.05);
+  int64_t fused = 0, pushes = 0;
+  for (const RecordingStore::Call& c : recorder->calls()) {
+    if (c.push) {
+      EXPECT_EQ(c.clock, ++pushes);
+      if (c.fused) ++fused;
+    }
+  }
+  EXPECT_EQ(pushes, 50);
+  EXPECT_EQ(fused, 50 - 2 * 2);
 }
 
 }  // namespace

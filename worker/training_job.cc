@@ -167,7 +167,10 @@ absl::StatusOr<TrainResult> TrainingJob::Run() {
             << static_cast<int64_t>(result.samples_per_s) << " samples/s; data "
             << result.breakdown.data << ", pull " << result.breakdown.pull << ", compute "
             << result.breakdown.compute << ", push " << result.breakdown.push << ", wait "
-            << result.breakdown.wait << (options.prefetch ? ", prefetch on" : "") << ")";
+            << result.breakdown.wait << (options.prefetch ? ", prefetch on" : "")
+            << "; communication: store calls " << result.breakdown.calls << ", exposed "
+            << result.breakdown.exposed() << " (pull + push + wait: what the steps waited for)"
+            << ")";
   return result;
 }
 

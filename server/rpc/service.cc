@@ -291,7 +291,8 @@ absl::Status ParameterServerService::ReadPull(
     tv->set_table(t.table());
     tv->set_encoding(t.encoding());
     for (uint32_t b : t.block_ids()) tv->add_blocks()->set_block_id(b);
-    *tv->mutable_keys() = t.keys();
+    // A frame's rows follow the keys of the request, which the worker has: not echoed.
+    if (out == nullptr) *tv->mutable_keys() = t.keys();
   }
   std::vector<float> scratch;
   std::string encoded;

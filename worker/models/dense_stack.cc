@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "common/parameter_store.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "kernels/backend.h"
 
 namespace ps::worker {
@@ -65,7 +66,8 @@ absl::StatusOr<std::unique_ptr<DenseStack>> DenseStack::Create(DenseStackOptions
 }
 
 DenseStack::DenseStack(DenseStackOptions options, kernels::Backend* backend)
-    : options_(std::move(options)), backend_(backend), params_(backend), grads_(backend) {}
+    : options_(std::move(options)), backend_(backend), params_(backend), grads_(backend),
+      spare_params_(backend), spare_grads_(backend) {}
 
 absl::Status DenseStack::Init() {
   const int64_t num_layers = static_cast<int64_t>(options_.widths.size()) - 1;
@@ -124,6 +126,24 @@ absl::Status DenseStack::CheckRows(int64_t rows) const {
         absl::StrCat("DenseStack: ", rows, " rows, want 1..", options_.max_batch));
   }
   return absl::OkStatus();
+}
+
+absl::Status DenseStack::AddSecondBufferSet() {
+  if (has_spare_) return absl::OkStatus();
+  RETURN_IF_ERROR(spare_params_.Reserve(num_params_));
+  RETURN_IF_ERROR(spare_grads_.Reserve(num_params_));
+  std::fill_n(spare_params_.host(), num_params_, 0.f);
+  std::fill_n(spare_grads_.host(), num_params_, 0.f);
+  has_spare_ = true;
+  return absl::OkStatus();
+}
+
+void DenseStack::SwapBufferSets() {
+  CHECK(has_spare_) << "DenseStack::SwapBufferSets without AddSecondBufferSet";
+  // Moving a MirroredArray keeps its memory where it is, so spans into either set stay valid.
+  std::swap(params_, spare_params_);
+  std::swap(grads_, spare_grads_);
+  params_on_device_ = false;
 }
 
 absl::StatusOr<float*> DenseStack::Forward(int64_t rows, const float* x) {

@@ -64,6 +64,16 @@ class DenseStack {
   // next Backward).
   void AddPushes(common::PushBatch* push) const;
 
+  // Overlapped steps without staging copies: allocates a second set of parameter and
+  // gradient buffers (zeros), so that a store may fill one set's parameters and read its
+  // gradients while the stack computes on the other. Idempotent.
+  // Errors: RESOURCE_EXHAUSTED when the device is out of memory.
+  absl::Status AddSecondBufferSet();
+  // Makes the other set current: Forward, Backward, AddPulls and AddPushes use it from now
+  // on, and the next Forward copies its parameters to the device. The spans AddPulls and
+  // AddPushes handed out keep pointing into their own set. REQUIRES: AddSecondBufferSet.
+  void SwapBufferSets();
+
   // Forward over `rows` rows of x (device memory, rows x input_dim()). Returns the output
   // (device, rows x output_dim()), valid until the next Forward; the caller may overwrite it,
   // e.g. with the loss gradient it then hands to Backward.
@@ -98,6 +108,10 @@ class DenseStack {
   int64_t num_params_ = 0;  // of the flat arrays, padding included
   MirroredArray<float> params_;
   MirroredArray<float> grads_;
+  // The other set (SwapBufferSets); empty until AddSecondBufferSet.
+  MirroredArray<float> spare_params_;
+  MirroredArray<float> spare_grads_;
+  bool has_spare_ = false;
   // Ping-pong device buffers (max_batch x widest hidden layer) for the gradients w.r.t.
   // hidden activations during Backward.
   kernels::DeviceBuffer hidden_grad_[2];

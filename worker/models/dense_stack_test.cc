@@ -87,6 +87,38 @@ TEST(DenseStack, GradientsSumOverRows) {
   EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {2.f}));
 }
 
+// Two buffer sets: a store may fill one set while the stack computes on the other; each
+// Forward uses the current set, and spans into the other set stay where they were.
+TEST(DenseStack, BufferSetsAreIndependentAndSpansSurviveSwaps) {
+  std::unique_ptr<kernels::Backend> backend = CpuBackend();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  ASSERT_OK(stack->AddSecondBufferSet());
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});  // set A: y = 12
+  common::PullBatch a;
+  stack->AddPulls(&a);
+  stack->SwapBufferSets();
+  FillParams(*stack, {{0, 0, 0, 0}, {0, 0}, {0, 0}, {7}});  // set B: y = 7
+  common::PullBatch b;
+  stack->AddPulls(&b);
+  EXPECT_NE(a.dense[0].out.data(), b.dense[0].out.data());
+  const std::vector<float> x = {1, 2};
+  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+  EXPECT_FLOAT_EQ(y[0], 7.f);
+  stack->SwapBufferSets();
+  ASSERT_OK_AND_ASSIGN(y, stack->Forward(1, x.data()));
+  EXPECT_FLOAT_EQ(y[0], 12.f);
+  // A span handed out before the swaps still names set A: changing it changes what A computes.
+  a.dense[3].out[0] = 2;
+  stack->SwapBufferSets();
+  stack->SwapBufferSets();  // back on A; the next Forward reads it afresh
+  ASSERT_OK_AND_ASSIGN(y, stack->Forward(1, x.data()));
+  EXPECT_FLOAT_EQ(y[0], 13.f);
+  common::PullBatch again;
+  stack->AddPulls(&again);
+  EXPECT_EQ(again.dense[0].out.data(), a.dense[0].out.data());
+}
+
 TEST(DenseStack, RejectsRowsOutsideOneToMaxBatch) {
   std::unique_ptr<kernels::Backend> backend = CpuBackend();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,

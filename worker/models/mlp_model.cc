@@ -119,6 +119,16 @@ absl::Status MlpModel::PreparePush(common::PushBatch* push) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> MlpModel::AddSecondBufferSet() {
+  RETURN_IF_ERROR(stack_->AddSecondBufferSet());
+  return true;
+}
+
+void MlpModel::SwapBufferSets() {
+  stack_->SwapBufferSets();
+  std::swap(has_gradients_, spare_has_gradients_);
+}
+
 absl::Status MlpModel::Evaluate(const Batch& batch, EvalAccumulator* acc) {
   ASSIGN_OR_RETURN(float* logits, Forward(batch));
   ASSIGN_OR_RETURN(

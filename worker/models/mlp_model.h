@@ -58,6 +58,10 @@ class MlpModel final : public Model {
   // Errors: as ForwardBackward.
   absl::Status Evaluate(const Batch& batch, EvalAccumulator* acc) override;
 
+  // Two sets of parameter and gradient buffers (DenseStack::AddSecondBufferSet): returns true.
+  absl::StatusOr<bool> AddSecondBufferSet() override;
+  void SwapBufferSets() override;
+
  private:
   MlpModel(kernels::Backend* backend, std::unique_ptr<DenseStack> stack);
 
@@ -76,6 +80,7 @@ class MlpModel final : public Model {
   const float* device_features_ = nullptr;
   const int32_t* device_labels_ = nullptr;
   bool has_gradients_ = false;
+  bool spare_has_gradients_ = false;  // of the other buffer set
 };
 
 }  // namespace ps::worker

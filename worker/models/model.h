@@ -47,6 +47,19 @@ class Model {
   virtual absl::Status PreparePush(common::PushBatch* push) = 0;
   // Forward only on `batch` (after PreparePull + pull), accumulating metrics.
   virtual absl::Status Evaluate(const Batch& batch, EvalAccumulator* acc) = 0;
+
+  // Optional, for overlapped steps (training.prefetch) without staging copies: gives the
+  // model a second set of parameter and gradient buffers. Returns false when the model has no
+  // such support (the default: the trainer then copies), true once the second set exists.
+  // Errors: RESOURCE_EXHAUSTED (memory).
+  virtual absl::StatusOr<bool> AddSecondBufferSet() { return false; }
+  // Makes the other set current: every call above uses it from now on. The spans PreparePull
+  // and PreparePush handed out for the set left keep pointing into it, so a store may fill
+  // its parameters and read its gradients while the model computes on the current set. Only
+  // a model whose PreparePull keeps no state of the batch may offer two sets: the trainer
+  // prepares the pull of a later batch before computing the current one.
+  // REQUIRES: AddSecondBufferSet returned true.
+  virtual void SwapBufferSets() {}
 };
 
 }  // namespace ps::worker

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/codec.h"
+#include "common/hash.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/grpc_status.h"
@@ -34,24 +35,72 @@ bool ErrorFeedback(const common::TableInfo& t) {
   return t.config->wire_encoding() != ENCODING_FLOAT32 && t.config->wire_error_feedback();
 }
 
-// A sparse request's keys without duplicates: unique[j] is the j-th distinct key and
-// slot[i] the index in `unique` of keys[i].
-struct DedupedKeys {
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> slot;
-};
-
-DedupedKeys Dedup(absl::Span<const uint64_t> keys) {
-  DedupedKeys d;
-  d.slot.resize(keys.size());
-  absl::flat_hash_map<uint64_t, uint32_t> seen;
-  seen.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto [it, inserted] = seen.emplace(keys[i], static_cast<uint32_t>(d.unique.size()));
-    if (inserted) d.unique.push_back(keys[i]);
-    d.slot[i] = it->second;
+// A sparse pull's keys split by server without duplicates: positions[s] holds the positions
+// (into `keys`, ascending) of the first occurrences of server s's keys, and `repeats` pairs
+// each later occurrence's position with its first's. Only first occurrences are asked for;
+// the answers land in the caller's rows at those positions, and repeats are copied from
+// there, so no buffer of unique rows is needed.
+//
+// The keys seen are kept in an open-addressing table that the calling thread reuses (its
+// entries carry the number of the call that wrote them, so a new call starts without clearing
+// it): no per-call allocation or zero fill for the common sizes.
+void SplitUniqueKeys(absl::Span<const uint64_t> keys, const common::Partitioner& partitioner,
+                     std::vector<std::vector<uint32_t>>* positions,
+                     std::vector<std::pair<uint32_t, uint32_t>>* repeats) {
+  // An entry names the key by its position in `keys`: 8 bytes, so that the table of a large
+  // pull stays in the L2 cache (the keys themselves are read there too).
+  struct Seen {
+    uint32_t position;
+    uint32_t call;  // 0: never written
+  };
+  // Tables up to this many entries (8 MB) are kept per thread; bigger ones are per call.
+  constexpr size_t kKeptEntries = size_t{1} << 20;
+  thread_local std::vector<Seen> kept;
+  thread_local uint32_t kept_call = 0;
+  size_t capacity = 16;  // at most 5/8 full
+  while (capacity * 5 < keys.size() * 8) capacity *= 2;
+  std::vector<Seen> local;
+  std::vector<Seen>* table = &local;
+  uint32_t call = 1;
+  if (capacity <= kKeptEntries) {
+    table = &kept;
+    if (kept.size() < capacity || ++kept_call == 0) {
+      kept.assign(std::max(capacity, kept.size()), Seen{0, 0});
+      kept_call = 1;
+    }
+    call = kept_call;
+  } else {
+    local.assign(capacity, Seen{0, 0});
   }
-  return d;
+  const size_t mask = capacity - 1;
+  const uint32_t servers = partitioner.num_servers();
+  positions->resize(servers);
+  for (std::vector<uint32_t>& p : *positions) {
+    p.clear();
+    p.reserve(keys.size() / servers + 16);
+  }
+  repeats->clear();
+  Seen* seen = table->data();
+  // The entry of the key this far ahead is prefetched: the table outgrows the L1 cache.
+  constexpr size_t kAhead = 8;
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    if (i + kAhead < keys.size()) {
+      __builtin_prefetch(&seen[common::Mix64(keys[i + kAhead]) & mask]);
+    }
+    const uint64_t key = keys[i];
+    for (size_t h = common::Mix64(key) & mask;; h = (h + 1) & mask) {
+      Seen& e = seen[h];
+      if (e.call != call) {
+        e = Seen{i, call};
+        (*positions)[servers == 1 ? 0 : partitioner.ServerForKey(key)].push_back(i);
+        break;
+      }
+      if (keys[e.position] == key) {
+        repeats->emplace_back(i, e.position);
+        break;
+      }
+    }
+  }
 }
 
 absl::Status BadResponse(uint32_t server, absl::string_view what) {
@@ -249,9 +298,9 @@ struct GrpcParameterStore::Exchange {
   struct SparseOut {
     const common::SparsePull* pull;
     const common::TableInfo* info;
-    DedupedKeys keys;
-    std::vector<std::vector<uint32_t>> positions;  // per server: indices into keys.unique
-    std::vector<float> rows;                        // unique rows
+    // Per server: positions in pull->keys of the first occurrences it answers for.
+    std::vector<std::vector<uint32_t>> positions;
+    std::vector<std::pair<uint32_t, uint32_t>> repeats;  // (position, its first occurrence)
   };
   explicit Exchange(size_t n) : headers(n), payloads(n) {}
 
@@ -345,6 +394,16 @@ void GrpcParameterStore::AddSparsePush(const common::SparsePush& p,
     TableValues* tv = x->headers[s].add_push();
     tv->set_table(p.table);
     tv->set_encoding(EncodingOf(*t));
+    if ((*positions)[s].size() == p.keys.size() && EncodingOf(*t) == ENCODING_FLOAT32) {
+      // Every row goes to this server, in order: the caller's keys and gradient as they are.
+      tv->mutable_keys()->Add(p.keys.begin(), p.keys.end());
+      absl::string_view rows(reinterpret_cast<const char*>(p.values.data()),
+                             p.values.size() * sizeof(float));
+      tv->set_rows_bytes(rows.size());
+      x->payloads[s].push_back(rows);
+      x->sent += rows.size();
+      continue;
+    }
     std::string& rows = x->encoded.emplace_back(TakeBuffer());
     rows.reserve((*positions)[s].size() * t->dim * common::BytesPerValue(EncodingOf(*t)));
     tv->mutable_keys()->Reserve(static_cast<int>((*positions)[s].size()));
@@ -418,17 +477,19 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
     Exchange::SparseOut& so = x->sparse_out[p.table];
     so.pull = &p;
     so.info = t;
-    so.keys = Dedup(p.keys);
-    so.rows.resize(so.keys.unique.size() * t->dim);
-    partitioner_.SplitKeysByServer(so.keys.unique, &so.positions);
+    SplitUniqueKeys(p.keys, partitioner_, &so.positions, &so.repeats);
     for (uint32_t s = 0; s < n; ++s) {
       if (so.positions[s].empty()) continue;
       TablePullRequest* tr = x->headers[s].add_pull();
       tr->set_table(p.table);
       tr->set_encoding(EncodingOf(*t));
       auto* keys = tr->mutable_keys();
+      if (so.positions[s].size() == p.keys.size()) {  // every key, in order
+        keys->Add(p.keys.begin(), p.keys.end());
+        continue;
+      }
       keys->Reserve(static_cast<int>(so.positions[s].size()));
-      for (uint32_t i : so.positions[s]) keys->AddAlreadyReserved(so.keys.unique[i]);
+      for (uint32_t i : so.positions[s]) keys->AddAlreadyReserved(p.keys[i]);
     }
   }
   return absl::OkStatus();
@@ -485,24 +546,33 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& 
       Exchange::SparseOut& so = it->second;
       const auto& pos = so.positions[s];
       const size_t dim = so.info->dim;
-      if (static_cast<size_t>(tv.keys_size()) != pos.size() ||
-          tv.rows_bytes() != pos.size() * dim * bpv) {
-        return BadResponse(s, absl::StrCat(tv.keys_size(), " rows of '", tv.table(), "' for ",
-                                           pos.size(), " keys"));
+      // Rows come in the order of the keys asked for; the keys are not echoed.
+      if (tv.keys_size() != 0 || tv.rows_bytes() != pos.size() * dim * bpv) {
+        return BadResponse(s, absl::StrCat(tv.rows_bytes(), " bytes and ", tv.keys_size(),
+                                           " keys of '", tv.table(), "' for ", pos.size(),
+                                           " rows"));
       }
-      scratch.resize(tv.rows_bytes());
-      reader.CopyTo(scratch.size(), scratch.data());
-      // Float32 rows are scattered straight from the received bytes; others are decoded first.
-      const char* rows = scratch.data();
-      std::vector<float> decoded;
-      if (tv.encoding() != ENCODING_FLOAT32) {
-        decoded.resize(pos.size() * dim);
-        RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(), absl::MakeSpan(decoded)));
-        rows = reinterpret_cast<const char*>(decoded.data());
-      }
+      float* out = so.pull->out.data();
       const size_t row_bytes = dim * sizeof(float);
-      for (size_t j = 0; j < pos.size(); ++j) {
-        std::memcpy(so.rows.data() + size_t{pos[j]} * dim, rows + j * row_bytes, row_bytes);
+      if (tv.encoding() == ENCODING_FLOAT32) {
+        // The one copy: from gRPC's receive slices into the caller's rows.
+        // Runs of consecutive positions (all of them when one server has every key, which
+        // then has no repeats) are copied at once.
+        for (size_t j = 0; j < pos.size();) {
+          size_t end = j + 1;
+          while (end < pos.size() && pos[end] == pos[end - 1] + 1) ++end;
+          reader.CopyTo((end - j) * row_bytes,
+                        reinterpret_cast<char*>(out + size_t{pos[j]} * dim));
+          j = end;
+        }
+      } else {
+        scratch.resize(tv.rows_bytes());
+        reader.CopyTo(scratch.size(), scratch.data());
+        std::vector<float> decoded(pos.size() * dim);
+        RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(), absl::MakeSpan(decoded)));
+        for (size_t j = 0; j < pos.size(); ++j) {
+          std::memcpy(out + size_t{pos[j]} * dim, decoded.data() + j * dim, row_bytes);
+        }
       }
       x->received += tv.rows_bytes();
     } else {
@@ -548,11 +618,12 @@ absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
   for (uint32_t s = 0; s < n; ++s) {
     if (send[s]) RETURN_IF_ERROR(ReadAnswer(s, answers[s], &x));
   }
+  // Repeated keys get the row their first occurrence received.
   for (auto& [name, so] : x.sparse_out) {
     const size_t dim = so.info->dim;
-    for (size_t i = 0; i < so.keys.slot.size(); ++i) {
-      std::memcpy(so.pull->out.data() + i * dim, so.rows.data() + size_t{so.keys.slot[i]} * dim,
-                  dim * sizeof(float));
+    float* out = so.pull->out.data();
+    for (auto [i, first] : so.repeats) {
+      std::memcpy(out + size_t{i} * dim, out + size_t{first} * dim, dim * sizeof(float));
     }
   }
   duplicates_ += x.duplicates;

@@ -1,0 +1,309 @@
+// Overlapped steps (training.prefetch) through real services: two ParameterServerServices on
+// in-process gRPC channels (no sockets) and whole TrainingJobs (synthetic CTR model: sparse
+// embedding and dense layers). With prefetch each step makes one PushPull round trip per
+// server (the previous step's push and the next step's pull in one frame); two workers under
+// SSP get no pull answered beyond the bound and every push is applied once; one worker trains
+// to bitwise the same parameters through the gRPC store, with every third reply lost (retried
+// fused calls count once), as through the in-process store that centralized mode uses; also
+// the MLP, whose two buffer sets the store fills directly (skipped without Fashion-MNIST).
+#include <sys/stat.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/config/config.h"
+#include "common/status_macros.h"
+#include "common/status_matchers.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/client_interceptor.h"
+#include "gtest/gtest.h"
+#include "server/in_process_store.h"
+#include "server/rpc/service.h"
+#include "server/shard.h"
+#include "worker/rpc/grpc_store.h"
+#include "worker/training_job.h"
+
+namespace ps {
+namespace {
+
+using ::ps::common::IsOk;
+
+// 4000 examples, batch 50: 40 steps per worker of 2 (80 for one worker). Dense blocks of 64
+// floats, so that every dense table has blocks on both servers and every pull reaches both.
+constexpr char kJob[] = R"pb(
+  name: "overlapped-steps-test"
+  cluster { num_servers: 2 num_workers: 2 dense_block_floats: 64 }
+  model { ctr { embedding_table: "emb" embedding_dim: 4 combiner: SUM } }
+  default_optimizer { kind: ADAM learning_rate: 0.01 }
+  data {
+    format: SYNTHETIC_CTR
+    shuffle: false
+    synthetic {
+      num_train: 4000 num_test: 400 num_fields: 6 vocabulary_per_field: 100
+      zipf_exponent: 1.1 weight_stddev: 1.0 seed: 7
+    }
+  }
+  training { batch_size: 50 epochs: 1 device: "cpu" seed: 1 prefetch: true }
+  checkpoint { interval_s: 0 }
+  security { plaintext: true }
+)pb";
+
+constexpr char kPushPull[] = "/ps.ParameterServer/PushPull";
+
+// Counts a channel's PushPull calls; with `lose` set, replaces the status of every third
+// PushPull reply with UNAVAILABLE after the server answered (the store retries the frame).
+class CountCalls final : public grpc::experimental::Interceptor {
+ public:
+  CountCalls(grpc::experimental::ClientRpcInfo* info, std::atomic<int>* calls,
+             std::atomic<int>* lost, bool lose)
+      : data_path_(std::string(info->method()) == kPushPull), calls_(calls), lost_(lost),
+        lose_(lose) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (data_path_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      ++*calls_;
+    }
+    if (data_path_ && lose_ &&
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS)) {
+      grpc::Status* status = methods->GetRecvStatus();
+      if (status->ok() && *calls_ % 3 == 0) {
+        ++*lost_;
+        *status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "reply lost (injected)");
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const bool data_path_;
+  std::atomic<int>* const calls_;
+  std::atomic<int>* const lost_;
+  const bool lose_;
+};
+
+class CountCallsFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit CountCallsFactory(bool lose) : lose_(lose) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new CountCalls(info, &calls, &lost, lose_);
+  }
+  std::atomic<int> calls{0}, lost{0};
+
+ private:
+  const bool lose_;
+};
+
+// The Fashion-MNIST MLP (two buffer sets: the store fills the model's spare set directly),
+// 100 steps of one worker.
+constexpr char kMlpJob[] = R"pb(
+  name: "overlapped-steps-mlp"
+  cluster { num_servers: 2 num_workers: 1 dense_block_floats: 16384 }
+  model { mlp { input_dim: 784 hidden: [64] num_classes: 10 activation: RELU } }
+  default_optimizer { kind: ADAM learning_rate: 0.001 }
+  data {
+    format: IDX
+    train_images: "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+    train_labels: "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
+    test_images: "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+    test_labels: "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
+  }
+  training { batch_size: 64 epochs: 1 max_steps: 100 device: "cpu" seed: 1 prefetch: true }
+  checkpoint { interval_s: 0 }
+  security { plaintext: true }
+)pb";
+
+JobConfig Job(int workers, std::optional<int> staleness, const char* text = kJob) {
+  absl::StatusOr<JobConfig> config = common::ParseJobConfigText(text, "job");
+  CHECK(config.ok()) << config.status();
+  config->mutable_cluster()->set_num_workers(workers);
+  if (staleness.has_value()) config->mutable_training()->set_staleness(*staleness);
+  CHECK(common::ExpandModelTables(&*config).ok());
+  CHECK(common::ValidateJobConfig(*config).ok());
+  for (int s = 0; s < 2; ++s) config->mutable_cluster()->add_servers("in-process");
+  return *std::move(config);
+}
+
+// Two services over shards of `config`, each reached through one counting channel.
+class Cluster {
+ public:
+  Cluster(const JobConfig& config, bool lose_replies) {
+    for (uint32_t s = 0; s < 2; ++s) {
+      server::ShardOptions options;
+      options.server_index = s;
+      absl::StatusOr<std::unique_ptr<server::Shard>> shard = server::Shard::Create(config, options);
+      CHECK(shard.ok()) << shard.status();
+      shards_.push_back(*std::move(shard));
+      server::ServiceOptions service_options;
+      service_options.auth.check_identities = false;  // plaintext, in-process
+      services_.push_back(std::make_unique<server::ParameterServerService>(
+          shards_.back().get(), service_options, server::ServiceHooks{}));
+      grpc::ServerBuilder builder;
+      builder.RegisterService(services_.back().get());
+      servers_.push_back(builder.BuildAndStart());
+      CHECK(servers_.back() != nullptr);
+      auto factory = std::make_unique<CountCallsFactory>(lose_replies);
+      counters_.push_back(factory.get());  // owned by the channel
+      std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> f;
+      f.push_back(std::move(factory));
+      channels_.push_back(servers_.back()->experimental().InProcessChannelWithInterceptors(
+          grpc::ChannelArguments(), std::move(f)));
+    }
+  }
+  ~Cluster() {
+    for (auto& s : servers_) s->Shutdown();
+  }
+
+  worker::StoreFactory StoreFor(int worker) {
+    return [this, worker](const JobConfig& config, common::metrics::Registry*)
+               -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
+      worker::GrpcStoreOptions options = worker::JobStoreOptions(config, worker, 1);
+      options.initial_backoff = absl::Milliseconds(1);
+      ASSIGN_OR_RETURN(auto store,
+                       worker::GrpcParameterStore::CreateWithChannels(config, options, channels_));
+      return std::unique_ptr<common::ParameterStore>(std::move(store));
+    };
+  }
+  int calls(int s) const { return counters_[s]->calls.load(); }
+  int lost() const { return counters_[0]->lost.load() + counters_[1]->lost.load(); }
+  StatsResponse Stats(int s) const {
+    StatsResponse stats;
+    shards_[s]->FillStats(&stats);
+    return stats;
+  }
+  std::vector<server::Shard*> shards() const {
+    return {shards_[0].get(), shards_[1].get()};
+  }
+
+ private:
+  std::vector<std::unique_ptr<server::Shard>> shards_;
+  std::vector<std::unique_ptr<server::ParameterServerService>> services_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::vector<CountCallsFactory*> counters_;  // owned by channels_
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+};
+
+absl::StatusOr<worker::TrainResult> Train(const JobConfig& config, int worker,
+                                          const std::string& eval,
+                                          const worker::StoreFactory& store) {
+  worker::TrainingJobOptions options;
+  options.worker_index = worker;
+  options.eval = eval;
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::TrainingJob> job,
+                   worker::TrainingJob::Create(config, options, store));
+  return job->Run();
+}
+
+// Every dense table of `config`, read through an in-process store over `shards`.
+std::vector<std::vector<float>> DenseTables(const JobConfig& config,
+                                            std::vector<server::Shard*> shards) {
+  server::InProcessStoreOptions options;
+  options.worker_id = -1;
+  auto reader = server::InProcessParameterStore::Create(std::move(shards), options);
+  CHECK(reader.ok()) << reader.status();
+  std::vector<std::vector<float>> out;
+  common::PullBatch pull;
+  out.reserve(config.tables_size());
+  for (const TableConfig& t : config.tables()) {
+    if (t.kind() != TABLE_KIND_DENSE) continue;
+    int64_t n = 1;
+    for (int64_t d : t.shape()) n *= d;
+    out.emplace_back(n);
+    pull.dense.push_back({t.name(), absl::MakeSpan(out.back())});
+  }
+  CHECK((*reader)->Pull(pull, {}).ok());
+  return out;
+}
+
+TEST(OverlappedSteps, EachStepIsOnePushPullPerServerWithinTheSspBound) {
+  const JobConfig config = Job(/*workers=*/2, /*staleness=*/1);
+  Cluster cluster(config, /*lose_replies=*/false);
+  absl::StatusOr<worker::TrainResult> results[2];
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] { results[w] = Train(config, w, "never", cluster.StoreFor(w)); });
+  }
+  for (std::thread& t : workers) t.join();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_THAT(results[w].status(), IsOk());
+    ASSERT_EQ(results[w]->steps, 40u);
+  }
+  for (int s = 0; s < 2; ++s) {
+    // Per worker: 40 steps, 38 fused calls, the first two steps' pulls and the last two
+    // steps' pushes alone (without prefetch's fusion it would be 80).
+    EXPECT_EQ(cluster.calls(s), 2 * (40 + 2)) << "server " << s;
+    const StatsResponse stats = cluster.Stats(s);
+    EXPECT_EQ(stats.pushes(), 80u) << "server " << s;  // under SSP every server hears each
+    EXPECT_EQ(stats.duplicate_pushes(), 0u);
+    EXPECT_LE(stats.max_staleness_seen(), 1) << "server " << s;
+  }
+}
+
+// One worker through the gRPC store, every third reply lost, and through the in-process
+// store: the same steps, so bitwise the same parameters and test metrics.
+void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t steps,
+                                               bool binary) {
+  Cluster cluster(config, /*lose_replies=*/true);
+  absl::StatusOr<worker::TrainResult> remote = Train(config, 0, "always", cluster.StoreFor(0));
+  ASSERT_THAT(remote.status(), IsOk());
+  EXPECT_EQ(remote->steps, steps);
+  EXPECT_GT(cluster.lost(), 0);
+  uint64_t pushes = 0, duplicates = 0;
+  for (int s = 0; s < 2; ++s) {
+    pushes += cluster.Stats(s).pushes();
+    duplicates += cluster.Stats(s).duplicate_pushes();
+  }
+  EXPECT_GT(duplicates, 0u) << "no lost reply was a push's";
+
+  std::vector<std::unique_ptr<server::Shard>> local;
+  for (uint32_t s = 0; s < 2; ++s) {
+    server::ShardOptions options;
+    options.server_index = s;
+    local.push_back(*server::Shard::Create(config, options));
+  }
+  std::vector<server::Shard*> local_shards = {local[0].get(), local[1].get()};
+  auto in_process = [&](const JobConfig&, common::metrics::Registry*)
+      -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
+    ASSIGN_OR_RETURN(auto store, server::InProcessParameterStore::Create(local_shards, {}));
+    return std::unique_ptr<common::ParameterStore>(std::move(store));
+  };
+  absl::StatusOr<worker::TrainResult> centralized = Train(config, 0, "always", in_process);
+  ASSERT_THAT(centralized.status(), IsOk());
+  ASSERT_TRUE(remote->final_eval.has_value() && centralized->final_eval.has_value());
+  EXPECT_EQ(remote->final_eval->loss, centralized->final_eval->loss);
+  if (binary) {
+    EXPECT_EQ(remote->final_eval->auc, centralized->final_eval->auc);
+  } else {
+    EXPECT_EQ(remote->final_eval->accuracy, centralized->final_eval->accuracy);
+  }
+  EXPECT_EQ(DenseTables(config, cluster.shards()), DenseTables(config, local_shards));
+  uint64_t local_pushes = 0;
+  for (auto& shard : local) {
+    StatsResponse stats;
+    shard->FillStats(&stats);
+    local_pushes += stats.pushes();
+  }
+  EXPECT_EQ(pushes, local_pushes) << "a retried push was applied twice";
+}
+
+TEST(OverlappedSteps, GrpcWithLostRepliesMatchesTheInProcessStoreBitwise) {
+  ExpectGrpcWithLostRepliesMatchesInProcess(Job(/*workers=*/1, std::nullopt), 80, true);
+}
+
+TEST(OverlappedSteps, MlpBufferSetsOverGrpcMatchTheInProcessStoreBitwise) {
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  ExpectGrpcWithLostRepliesMatchesInProcess(Job(/*workers=*/1, std::nullopt, kMlpJob), 100,
+                                            false);
+}
+
+}  // namespace
+}  // namespace ps

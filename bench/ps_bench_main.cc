@@ -334,6 +334,7 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   // Before any thread starts: freed payload memory stays mapped for the next call.
   if (absl::Status s = ps::common::KeepFreedMemoryForReuse(); !s.ok()) LOG(WARNING) << s;
+  ps::common::SkipMutexDeadlockChecks();
   // Before any other thread exists, so that every thread inherits the blocked signals.
   ps::bench::SignalStopper stopper;
   const absl::Status status = ps::bench::Run(&stopper);

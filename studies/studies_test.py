@@ -258,6 +258,15 @@ class DataPathTargetsTest(unittest.TestCase):
         self.assertEqual(r["met"], "met")
         self.assertEqual(targets.adam_row(benchmarks[:2])["met"], "not measured")
 
+    def test_adam_prefers_the_paired_benchmark_and_its_median_ratio(self):
+        pairs = [dict(name="BM_PairAdamPush64MB/manual_time", run_type="iteration", speedup=v,
+                      ms_1=13.0, ms_2=8.0, ceiling=1.9) for v in (1.2, 1.7, 1.65)]
+        pairs.append(dict(name="BM_PairAdamPush64MB/manual_time_median", run_type="aggregate", speedup=9.0))
+        r = targets.adam_row(pairs + [dict(name="BM_AdamPush64MB/0/real_time", run_type="iteration",
+                                           real_time=100.0)])
+        self.assertAlmostEqual(r["ratio"], 1.65)
+        self.assertEqual(r["met"], "met")
+
     def test_memory_counts_the_optimizer_slots(self):
         text = ("ps_load: 1 servers, 2 clients, 21 tables x 4194304 floats (adam), 10 s\n"
                 "  server 0: RSS 300 MiB before, 1100 MiB after, peak 1200 MiB "

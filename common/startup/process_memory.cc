@@ -1,5 +1,7 @@
 #include "common/startup/process_memory.h"
 
+#include "absl/synchronization/mutex.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -22,6 +24,10 @@ absl::Status KeepFreedMemoryForReuse() {
   }
 #endif
   return absl::OkStatus();
+}
+
+void SkipMutexDeadlockChecks() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace ps::common

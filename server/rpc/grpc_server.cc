@@ -18,7 +18,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
                                                               const SecurityConfig& security,
                                                               ParameterServerService* service) {
   ASSIGN_OR_RETURN(auto credentials, common::MakeServerCredentials(security));
-  grpc::EnableDefaultHealthCheckService(true);
+  // The service answers the health check itself (ParameterServerService::health_service).
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.address, credentials, &port);
@@ -32,16 +33,36 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
   for (const auto& [name, value] : common::DataPathChannelArgs()) {
     builder.AddChannelArgument(name, value);
   }
+  if (options.data_threads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_threads is ", options.data_threads, ": expected > 0"));
+  }
+  service->ServeFromQueue();
   builder.RegisterService(service);
+  builder.RegisterAsyncGenericService(service->health_service());
+  std::unique_ptr<grpc::ServerCompletionQueue> queue = builder.AddCompletionQueue();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
+    if (server != nullptr) server->Shutdown();
+    queue->Shutdown();
+    void* tag;
+    bool ok;
+    while (queue->Next(&tag, &ok)) {
+    }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address));
   }
-  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port));
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port, service,
+                                                    std::move(queue), options.data_threads));
 }
 
-GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port)
-    : server_(std::move(server)), port_(port) {}
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port,
+                       ParameterServerService* service,
+                       std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads)
+    : queue_(std::move(queue)), server_(std::move(server)), port_(port), service_(service) {
+  for (int i = 0; i < data_threads; ++i) {
+    data_threads_.emplace_back([this] { service_->ServeQueue(queue_.get()); });
+  }
+}
 
 GrpcServer::~GrpcServer() {
   Shutdown(absl::ZeroDuration());
@@ -49,13 +70,21 @@ GrpcServer::~GrpcServer() {
 }
 
 void GrpcServer::SetServing(bool serving) {
-  server_->GetHealthCheckService()->SetServingStatus(serving);
+  service_->SetServing(serving);
 }
 
 void GrpcServer::Shutdown(absl::Duration drain) {
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(drain));
+  // Calls still running on the queue are cancelled by now; they end, then the queue.
+  service_->StopQueue(queue_.get());
 }
 
-void GrpcServer::Wait() { server_->Wait(); }
+void GrpcServer::Wait() {
+  server_->Wait();
+  absl::MutexLock lock(&join_mu_);
+  for (std::thread& t : data_threads_) {
+    if (t.joinable()) t.join();
+  }
+}
 
 }  // namespace ps::server

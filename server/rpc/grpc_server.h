@@ -10,13 +10,17 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/config.pb.h"
 
 namespace grpc {
 class Server;
+class ServerCompletionQueue;
 }  // namespace grpc
 
 namespace ps::server {
@@ -28,6 +32,10 @@ struct GrpcServerOptions {
   std::string address = "0.0.0.0:0";
   // Largest message received or sent, in bytes (server.max_message_bytes; capped at 2^31-1).
   uint64_t max_message_bytes = 64ull << 20;
+  // Threads that serve PushPull calls from the server's completion queue (each reads, serves
+  // and answers a call itself; see ParameterServerService::ServePushPullFromQueue).
+  // REQUIRES: > 0.
+  int data_threads = 1;
 };
 
 // Thread-safe. STARTED by Start(); Shutdown() then Wait() stop it (the destructor does both).
@@ -51,10 +59,16 @@ class GrpcServer {
   void Wait();
 
  private:
-  GrpcServer(std::unique_ptr<grpc::Server> server, int port);
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port, ParameterServerService* service,
+             std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads);
 
+  // Declared before server_: the server goes first.
+  const std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   const std::unique_ptr<grpc::Server> server_;
   const int port_;
+  ParameterServerService* const service_;  // Not owned.
+  std::vector<std::thread> data_threads_;
+  absl::Mutex join_mu_;  // one joiner at a time
 };
 
 }  // namespace ps::server

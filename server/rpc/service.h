@@ -1,4 +1,5 @@
-// The ParameterServer gRPC service (callback API) over one Shard.
+// The ParameterServer gRPC service over one Shard: from a completion queue in a GrpcServer
+// (ServeFromQueue), on the callback API when registered with a plain ServerBuilder (tests).
 //
 // The service checks who the caller is (auth.h) and decodes bytes into the shard's
 // wire-independent requests (PushView, PullTable); the shard validates them, in full before
@@ -22,6 +23,7 @@
 #ifndef PS_SERVER_RPC_SERVICE_H_
 #define PS_SERVER_RPC_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -31,6 +33,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/frame.h"
 #include "common/thread_pool.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/rpc/auth.h"
 #include "server/shard.h"
@@ -126,6 +129,27 @@ class ParameterServerService final
   absl::Status HandlePushPull(const grpc::ByteBuffer& request, absl::Time deadline,
                               grpc::ByteBuffer* response);
 
+  // Every method from a completion queue (GrpcServer's way). gRPC's callback API hands each
+  // call from the thread that polled the socket to an executor thread and back, and its own
+  // polling threads take turns with the others (four to seven context switches per call); a
+  // thread that polls a queue of its own reads a request, serves it and writes the answer
+  // itself. Call once, before the service is registered with a server that has `cq`
+  // (ServerBuilder::AddCompletionQueue) and health_service() as its generic service. A
+  // service built without it serves on the callback API (tests with in-process servers).
+  void ServeFromQueue();
+  // grpc.health.v1.Health/Check for ServeFromQueue (register with
+  // ServerBuilder::RegisterAsyncGenericService; gRPC's default health service would bring
+  // the callback threads back). It answers SERVING until SetServing(false).
+  grpc::AsyncGenericService* health_service();
+  void SetServing(bool serving);
+  // Serves calls of `cq` on the calling thread (any number of threads may) until StopQueue
+  // has shut the queue down and it is drained.
+  void ServeQueue(grpc::ServerCompletionQueue* cq);
+  // After the server's Shutdown: no new calls are asked for, calls still running (parked
+  // pulls included: the server's shutdown cancels them) are answered, then `cq` is shut
+  // down. Idempotent.
+  void StopQueue(grpc::ServerCompletionQueue* cq);
+
   // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
   const common::DataPathCounters& data_path_counters() const { return counters_; }
 
@@ -137,6 +161,24 @@ class ParameterServerService final
   class CallReactor;
   // What a PushPull's answer needs once its pull may read.
   struct PushPullCall;
+  // Calls taken from a completion queue (ServeQueue): what a tag points at, a unary call of
+  // a method, and the health check.
+  class QueuedCall;
+  class UnaryCall;
+  template <class Request, class Response>
+  class TypedCall;
+  class HealthCall;
+  // Asks `cq` for the next call of `method` (an index of the service's methods, or the
+  // health check after them), unless StopQueue has begun.
+  void RequestQueuedCall(int method, grpc::ServerCompletionQueue* cq)
+      ABSL_LOCKS_EXCLUDED(queue_mu_);
+  // The calls of RequestQueuedCall, by kind of method.
+  void NewDataCall(int method, grpc::ServerCompletionQueue* cq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  void NewControlCall(int method, grpc::ServerCompletionQueue* cq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  void NewWorkerControlCall(int method, grpc::ServerCompletionQueue* cq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
   // Called exactly once with a call's outcome (after it was counted in the metrics).
   using Done = std::function<void(absl::Status)>;
   using WaiterId = WorkerTracker::WaiterId;
@@ -199,6 +241,13 @@ class ParameterServerService final
   absl::Mutex log_mu_;
   absl::Time last_unparseable_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   uint64_t unlogged_unparseable_ ABSL_GUARDED_BY(log_mu_) = 0;
+  grpc::AsyncGenericService generic_;  // the health check (ServeFromQueue)
+  std::atomic<bool> serving_{true};
+  absl::Mutex queue_mu_;
+  bool queue_stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool queue_stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
+  // QueuedCalls alive (asked for, or running until their last tag).
+  size_t queued_calls_ ABSL_GUARDED_BY(queue_mu_) = 0;
   common::ThreadPool pool_;
 };
 

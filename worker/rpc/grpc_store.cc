@@ -1,6 +1,7 @@
 #include "worker/rpc/grpc_store.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -12,7 +13,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "common/codec.h"
 #include "common/hash.h"
 #include "common/rpc/credentials.h"
@@ -181,7 +181,34 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
   }
 }
 
-GrpcParameterStore::~GrpcParameterStore() = default;
+GrpcParameterStore::~GrpcParameterStore() {
+  absl::MutexLock lock(&queues_mu_);
+  for (auto& queue : spare_queues_) {
+    // Every call on a spare queue has ended: only the shutdown event is left to take.
+    queue->Shutdown();
+    void* tag;
+    bool ok;
+    while (queue->Next(&tag, &ok)) {
+    }
+  }
+}
+
+std::unique_ptr<grpc::CompletionQueue> GrpcParameterStore::TakeQueue() {
+  {
+    absl::MutexLock lock(&queues_mu_);
+    if (!spare_queues_.empty()) {
+      std::unique_ptr<grpc::CompletionQueue> queue = std::move(spare_queues_.back());
+      spare_queues_.pop_back();
+      return queue;
+    }
+  }
+  return std::make_unique<grpc::CompletionQueue>();
+}
+
+void GrpcParameterStore::GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue) {
+  absl::MutexLock lock(&queues_mu_);
+  spare_queues_.push_back(std::move(queue));
+}
 
 RequestHeader GrpcParameterStore::Header(int64_t clock, uint64_t sequence) const {
   RequestHeader h;
@@ -212,18 +239,27 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
     if (send[s]) pending.push_back(s);
   }
   std::vector<absl::Time> first_failure(n, absl::InfiniteFuture());
+  std::unique_ptr<grpc::CompletionQueue> queue = TakeQueue();
+  // Back to the spares only when no call of it is left running (every path below waits for
+  // all the calls of an attempt).
+  absl::Cleanup give_back = [&] { GiveQueue(std::move(queue)); };
+  std::vector<grpc::Status> outcome(n);
   for (uint32_t attempt = 0; !pending.empty(); ++attempt) {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-    absl::BlockingCounter done(static_cast<int>(pending.size()));
     for (uint32_t s : pending) {
       contexts[s] = std::make_unique<grpc::ClientContext>();
       contexts[s]->set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
-      start(s, contexts[s].get(), [&status, &done, s](grpc::Status st) {
-        status[s] = common::FromGrpcStatus(st);
-        done.DecrementCount();
-      });
+      start(s, contexts[s].get(), queue.get(), &outcome[s],
+            reinterpret_cast<void*>(static_cast<uintptr_t>(s) + 1));
     }
-    done.Wait();
+    for (size_t answered = 0; answered < pending.size(); ++answered) {
+      void* tag;
+      bool ok;
+      // Each call has a deadline, so its tag comes; Next fails only after Shutdown.
+      CHECK(queue->Next(&tag, &ok)) << "completion queue shut down while calls were running";
+      const auto s = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(tag) - 1);
+      status[s] = common::FromGrpcStatus(outcome[s]);
+    }
     std::vector<uint32_t> retry;
     for (uint32_t s : pending) {
       if (status[s].ok()) {
@@ -615,11 +651,13 @@ absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
     requests[s] = frame.Build();
   }
   static const std::string kMethod = "/ps.ParameterServer/PushPull";
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncResponseReader>> calls(n);
   RETURN_IF_ERROR(FanOut(send, [&](uint32_t s, grpc::ClientContext* context,
-                                   std::function<void(grpc::Status)> done) {
+                                   grpc::CompletionQueue* cq, grpc::Status* status, void* tag) {
     answers[s].Clear();
-    data_stubs_[s]->UnaryCall(context, kMethod, grpc::StubOptions(), &requests[s], &answers[s],
-                              std::move(done));
+    calls[s] = data_stubs_[s]->PrepareUnaryCall(context, kMethod, requests[s], cq);
+    calls[s]->StartCall();
+    calls[s]->Finish(&answers[s], status, tag);
   }));
   for (uint32_t s = 0; s < n; ++s) {
     if (send[s]) RETURN_IF_ERROR(ReadAnswer(s, answers[s], &x));
@@ -694,10 +732,14 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     r.set_finished(finished);
   }
   std::vector<HeartbeatResponse> responses(n);
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReaderInterface<HeartbeatResponse>>>
+      calls(n);
   RETURN_IF_ERROR(FanOut(std::vector<bool>(n, true), [&](uint32_t s, grpc::ClientContext* context,
-                                                          std::function<void(grpc::Status)> done) {
+                                                          grpc::CompletionQueue* cq,
+                                                          grpc::Status* status, void* tag) {
     responses[s].Clear();
-    stubs_[s]->async()->Heartbeat(context, &requests[s], &responses[s], std::move(done));
+    calls[s] = stubs_[s]->AsyncHeartbeat(context, requests[s], cq);
+    calls[s]->Finish(&responses[s], status, tag);
   }));
   Position saved;
   for (const auto& r : responses) {

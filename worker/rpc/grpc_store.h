@@ -142,11 +142,19 @@ class GrpcParameterStore final : public common::ParameterStore {
                      std::vector<std::shared_ptr<grpc::Channel>> channels,
                      common::metrics::Registry* metrics);
   RequestHeader Header(int64_t clock, uint64_t sequence) const;
-  // Starts call `s` on `context`, calling `done` when it ends.
+  // Starts call `s` on `context` with its completion on `cq`: when the call ends, `*status`
+  // holds its outcome and `tag` comes out of cq->Next (whatever the call holds must live
+  // until then).
   using StartCall = std::function<void(uint32_t s, grpc::ClientContext* context,
-                                       std::function<void(grpc::Status)> done)>;
-  // Runs start(s) for every s where send[s], concurrently, with retries.
+                                       grpc::CompletionQueue* cq, grpc::Status* status,
+                                       void* tag)>;
+  // Runs start(s) for every s where send[s], concurrently, with retries. The calling thread
+  // waits for the answers on a completion queue of its own and reads them itself (it is
+  // gRPC's poller while it waits), so an answer wakes no other thread on its way here.
   absl::Status FanOut(const std::vector<bool>& send, const StartCall& start);
+  // A completion queue no other thread is using (from spare_queues_, or a new one), and back.
+  std::unique_ptr<grpc::CompletionQueue> TakeQueue();
+  void GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue);
   absl::Duration Backoff(uint32_t attempt) const;
   // The push and/or pull (either may be null) as one frame per server, sent and answered.
   absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
@@ -188,6 +196,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   const bool push_to_all_;
   // Next push sequence per server.
   std::unique_ptr<std::atomic<uint64_t>[]> next_sequence_;
+  absl::Mutex queues_mu_;
+  // Idle completion queues (one per thread that has called concurrently, at most).
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> spare_queues_ ABSL_GUARDED_BY(queues_mu_);
   absl::Mutex buffers_mu_;
   std::vector<std::string> spare_buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<uint64_t> bytes_sent_{0};

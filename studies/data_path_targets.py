@@ -130,7 +130,7 @@ def adam_row(benchmarks):
 def memory_rows(text):
     """ps_load's report -> one row per server: peak RSS over parameters + optimizer slots."""
     m = re.search(r"tables x \d+ floats \((\w+)\)", text)
-    slots = SLOTS.get(m.group(1), 0) if m else 0
+    slots = SLOTS.get(m.group(1).lower(), 0) if m else 0
     out = []
     for s, peak, params in re.findall(
             r"server (\d+): RSS \d+ MiB before, \d+ MiB after, peak (\d+) MiB "

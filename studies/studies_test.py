@@ -268,13 +268,13 @@ class DataPathTargetsTest(unittest.TestCase):
         self.assertEqual(r["met"], "met")
 
     def test_memory_counts_the_optimizer_slots(self):
-        text = ("ps_load: 1 servers, 2 clients, 21 tables x 4194304 floats (adam), 10 s\n"
+        text = ("ps_load: 1 servers, 2 clients, 21 tables x 4194304 floats (ADAM), 10 s\n"
                 "  server 0: RSS 300 MiB before, 1100 MiB after, peak 1200 MiB "
                 "(parameters only: 336 MiB per server before slots)\n")
         [r] = targets.memory_rows(text)
         self.assertAlmostEqual(r["ratio"], 1200 / (336 * 3))
         self.assertEqual(r["met"], "met")
-        self.assertEqual(targets.memory_rows(text.replace("adam", "sgd"))[0]["met"], "not met")
+        self.assertEqual(targets.memory_rows(text.replace("ADAM", "SGD"))[0]["met"], "not met")
 
     def test_training_against_centralized(self):
         records = [dict(mode="centralized", servers=0, workers=1, samples_per_s=10000, comm=None),

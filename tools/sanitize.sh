@@ -96,6 +96,9 @@ race_top:grpc::internal::CallbackWithSuccessTag::
 # (gpr_malloc) and handed over on another of its threads.
 race_top:grpc::ProtoBufferReader::
 race_top:grpc::ProtoBufferWriter::
+# And the grpcpp header that copies a finished call's status message out of the slice gRPC's
+# transport thread filled (the copy's top frame is std::string's, so race_top cannot name it).
+race:grpc::internal::CallOpClientRecvStatus::FinishOp
 # RocksDB cannot be ignored that way: it starts its background threads and hands them work
 # through pthread calls, which called_from_lib would hide as well. Its memtable is a skip list
 # whose writers and readers synchronize with std::atomic operations inside the library, so

@@ -325,5 +325,21 @@ TEST(CountNonFinite, CountsNanAndInfOnly) {
   EXPECT_EQ(CountNonFinite(absl::MakeConstSpan(chunked).subspan(1, 5)), 0u);
 }
 
+TEST(CountNonFinite, FindsAValueAtEveryPositionOfTheVectorGroupsAndTheTail) {
+  // The loops take 32 values (AVX2), then 16 (SSE2), then one at a time: a value in any of
+  // them, at any misalignment of the start, counts once.
+  std::vector<float> values(200, 0.5f);
+  for (size_t start = 0; start < 4; ++start) {
+    for (size_t n = 0; n + start <= 100; ++n) {
+      for (size_t at = 0; at < n; ++at) {
+        values[start + at] = (at % 2 == 0) ? kInf : std::numeric_limits<float>::quiet_NaN();
+        ASSERT_EQ(CountNonFinite(absl::MakeConstSpan(values).subspan(start, n)), 1u)
+            << "start " << start << " n " << n << " at " << at;
+        values[start + at] = 0.5f;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ps::common

@@ -60,6 +60,7 @@ struct BenchOptions {
   uint64_t key_space = 1000000;
   bool sparse_prefill = true;
   uint64_t dense_block_floats = 131072;
+  uint64_t pull_piece_bytes = worker::GrpcStoreOptions().pull_piece_bytes;
   size_t tcp_stream_write = 4 << 20;
   uint64_t seed = 1;
   double zipf = 1.1;

@@ -303,6 +303,7 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     options.worker_incarnation = incarnation;
     options.deadline = absl::Seconds(config.rpc().deadline_s());
     options.max_retries = config.rpc().max_retries();
+    options.pull_piece_bytes = env->flags->pull_piece_bytes;
     ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
     stores.push_back(std::move(store));
     env->stores.push_back(stores.back().get());

@@ -76,6 +76,9 @@ ABSL_FLAG(uint64_t, key_space, 1000000, "Sparse keys are drawn uniformly from [0
 ABSL_FLAG(bool, sparse_prefill, true,
           "Pull the whole key space once before the sparse runs, so that row creation (first "
           "touch) is not measured.");
+ABSL_FLAG(uint64_t, pull_piece_bytes, ps::worker::GrpcStoreOptions().pull_piece_bytes,
+          "GrpcStoreOptions::pull_piece_bytes of the bench clients: dense pulls of at least twice "
+          "this many bytes per server go in pieces (0 = one frame per server).");
 ABSL_FLAG(uint64_t, dense_block_floats, 131072,
           "cluster.dense_block_floats of the generated config (131072 = 512 KB blocks: a 1 MB "
           "table spans two servers, so runs with --servers=2 load both).");
@@ -241,6 +244,7 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->sparse_dim = absl::GetFlag(FLAGS_sparse_dim);
   f->key_space = absl::GetFlag(FLAGS_key_space);
   f->dense_block_floats = absl::GetFlag(FLAGS_dense_block_floats);
+  f->pull_piece_bytes = absl::GetFlag(FLAGS_pull_piece_bytes);
   f->tcp_stream_write = absl::GetFlag(FLAGS_tcp_stream_write);
   f->zipf = absl::GetFlag(FLAGS_zipf);
   f->zipf_stream_keys = absl::GetFlag(FLAGS_zipf_stream_keys);

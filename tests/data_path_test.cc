@@ -4,6 +4,7 @@
 // allocates a new payload buffer in steady state; pushes go only to the servers that hold
 // their data; a fused PushPull reads what Push then Pull read, bitwise equal to the
 // in-process store.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,11 @@ class DataPathTest : public ::testing::Test {
     StatsResponse stats;
     shards_[s]->FillStats(&stats);
     return stats.pushes();
+  }
+  uint64_t Pulls(uint32_t s) {
+    StatsResponse stats;
+    shards_[s]->FillStats(&stats);
+    return stats.pulls();
   }
 
   JobConfig config_;
@@ -171,6 +177,61 @@ TEST_F(DataPathTest, AnswersCopiedByThreadsEqualTheOneThreadCopy) {
   EXPECT_EQ(by_threads, by_one);
   EXPECT_NE(by_one[0], 7.0f);
   EXPECT_NE(by_threads.back(), -7.0f);
+}
+
+// A large pull asked for in pieces (several frames per server, each answered and copied on its
+// own) reads what one frame per server reads, for every table of the call; a call that also
+// pushes is never split.
+TEST_F(DataPathTest, PullsInPiecesReadWhatOneFramePerServerReads) {
+  std::vector<float> grad(525000);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>(i % 97);
+  common::PushBatch push;
+  push.dense.push_back({"m", grad});
+  ASSERT_THAT(store_->Push(push, {1, false}), IsOk());
+  worker::GrpcStoreOptions pieces;
+  pieces.deadline = absl::Seconds(30);
+  pieces.worker_id = -1;
+  pieces.pull_piece_bytes = 256 << 10;  // one block: "m" goes in 4 or 5 pieces per server
+  pieces.max_pull_pieces = 3;
+  worker::GrpcStoreOptions whole = pieces;
+  whole.pull_piece_bytes = 0;
+  struct Out {
+    std::vector<float> m = std::vector<float>(525000, -7.0f);
+    std::vector<float> w = std::vector<float>(131072, -7.0f);
+    std::vector<float> b = std::vector<float>(8, -7.0f);
+  };
+  Out split, one;
+  std::vector<uint64_t> frames;  // pulls served by both servers, per store
+  for (auto [options, out] : {std::pair{&pieces, &split}, std::pair{&whole, &one}}) {
+    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, *options, channels_);
+    ASSERT_THAT(store.status(), IsOk());
+    common::PullBatch pull;
+    pull.dense.push_back({"m", absl::MakeSpan(out->m)});
+    pull.dense.push_back({"w", absl::MakeSpan(out->w)});
+    pull.dense.push_back({"b", absl::MakeSpan(out->b)});
+    const uint64_t before = Pulls(0) + Pulls(1);
+    ASSERT_THAT((*store)->Pull(pull, {0}), IsOk());
+    frames.push_back(Pulls(0) + Pulls(1) - before);
+  }
+  EXPECT_EQ(split.m, one.m);
+  EXPECT_EQ(split.w, one.w);
+  EXPECT_EQ(split.b, one.b);
+  EXPECT_EQ(frames[0], 6u);  // at most 3 pieces per server, each a pull of its own
+  EXPECT_EQ(frames[1], 2u);
+  for (const auto* v : {&one.m, &one.w, &one.b}) {
+    EXPECT_EQ(std::count(v->begin(), v->end(), -7.0f), 0);
+  }
+  // With a push in the call, one frame per server: its pull must see its push.
+  worker::GrpcStoreOptions pusher = pieces;
+  pusher.worker_id = 0;
+  pusher.worker_incarnation = 2;
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, pusher, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  const uint64_t before = Pulls(0) + Pulls(1);
+  common::PullBatch pull;
+  pull.dense.push_back({"m", absl::MakeSpan(split.m)});
+  ASSERT_THAT((*store)->PushPull(push, {1, false}, pull, {0}), IsOk());
+  EXPECT_EQ(Pulls(0) + Pulls(1) - before, 2u);
 }
 
 }  // namespace

@@ -153,8 +153,11 @@ absl::Duration GrpcParameterStore::Backoff(uint32_t attempt) const {
   return d * jitter(rng);
 }
 
-absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start) {
-  const size_t n = stubs_.size();
+absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start,
+                                        absl::Span<const uint32_t> server_of,
+                                        const std::function<void(uint32_t)>& on_answer) {
+  const size_t n = send.size();
+  auto server = [&server_of](uint32_t s) { return server_of.empty() ? s : server_of[s]; };
   std::vector<absl::Status> status(n);
   std::vector<uint32_t> pending;
   for (uint32_t s = 0; s < n; ++s) {
@@ -181,22 +184,24 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
       CHECK(queue->Next(&tag, &ok)) << "completion queue shut down while calls were running";
       const auto s = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(tag) - 1);
       status[s] = common::FromGrpcStatus(outcome[s]);
+      if (status[s].ok() && on_answer) on_answer(s);
     }
     std::vector<uint32_t> retry;
     for (uint32_t s : pending) {
+      const uint32_t to = server(s);
       if (status[s].ok()) {
         if (attempt > 0 && options_.on_recovered) {
-          options_.on_recovered(s, attempt, absl::Now() - first_failure[s]);
+          options_.on_recovered(to, attempt, absl::Now() - first_failure[s]);
         }
         continue;
       }
       first_failure[s] = std::min(first_failure[s], absl::Now());
-      metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status[s].code())})
+      metrics_->failures->WithLabels({absl::StrCat(to), absl::StatusCodeToString(status[s].code())})
           ->Increment();
       if (!Retryable(status[s]) || attempt >= options_.max_retries) {
-        return common::Annotate(status[s], absl::StrCat("server ", s, " (",
-                                                        config_.cluster().servers_size() > s
-                                                            ? config_.cluster().servers(s)
+        return common::Annotate(status[s], absl::StrCat("server ", to, " (",
+                                                        config_.cluster().servers_size() > to
+                                                            ? config_.cluster().servers(to)
                                                             : "?",
                                                         ")"));
       }
@@ -205,8 +210,8 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
     if (retry.empty()) break;
     retries_ += retry.size();
     for (uint32_t s : retry) {
-      metrics_->retries[s]->Increment();
-      if (options_.on_retry) options_.on_retry(s, attempt + 1, status[s]);
+      metrics_->retries[server(s)]->Increment();
+      if (options_.on_retry) options_.on_retry(server(s), attempt + 1, status[s]);
     }
     absl::SleepFor(Backoff(attempt));
     pending = std::move(retry);
@@ -225,13 +230,17 @@ absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
   };
   if (pull != nullptr) RETURN_IF_ERROR(AddPull(*pull, pull_options, &x));
   if (push != nullptr) RETURN_IF_ERROR(AddPush(*push, push_options, &x));
+  if (push == nullptr) SplitPullPieces(&x);
   for (PushPullRequest& h : x.headers) {
     h.set_pull_clock(pull_options.clock);
     if (!h.has_push()) *h.mutable_header() = Header(pull_options.clock, 0);
   }
-  std::vector<bool> send(n);
-  std::vector<grpc::ByteBuffer> requests(n), answers(n);
-  for (uint32_t s = 0; s < n; ++s) {
+  const size_t frames = x.headers.size();
+  std::vector<uint32_t> server_of(frames);
+  for (uint32_t f = 0; f < frames; ++f) server_of[f] = x.ServerOf(f);
+  std::vector<bool> send(frames);
+  std::vector<grpc::ByteBuffer> requests(frames), answers(frames);
+  for (uint32_t s = 0; s < frames; ++s) {
     send[s] = x.headers[s].has_push() || x.headers[s].pull_size() > 0;
     if (!send[s]) continue;
     common::FrameBuilder frame(x.headers[s]);
@@ -239,17 +248,25 @@ absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
     requests[s] = frame.Build();
   }
   static const std::string kMethod = "/ps.ParameterServer/PushPull";
-  std::vector<std::unique_ptr<grpc::GenericClientAsyncResponseReader>> calls(n);
-  RETURN_IF_ERROR(FanOut(send, [&](uint32_t s, grpc::ClientContext* context,
-                                   grpc::CompletionQueue* cq, grpc::Status* status, void* tag) {
-    answers[s].Clear();
-    calls[s] = data_stubs_[s]->PrepareUnaryCall(context, kMethod, requests[s], cq);
-    calls[s]->StartCall();
-    calls[s]->Finish(&answers[s], status, tag);
-  }));
-  for (uint32_t s = 0; s < n; ++s) {
-    if (send[s]) RETURN_IF_ERROR(ReadAnswer(s, answers[s], &x));
-  }
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncResponseReader>> calls(frames);
+  // Each answer is read (checked, then copied into the caller's buffers) as it arrives, while
+  // the other frames are still on their way; the first error is returned after all are in.
+  std::vector<absl::Status> read(frames);
+  RETURN_IF_ERROR(FanOut(
+      send,
+      [&](uint32_t s, grpc::ClientContext* context, grpc::CompletionQueue* cq,
+          grpc::Status* status, void* tag) {
+        answers[s].Clear();
+        calls[s] = data_stubs_[server_of[s]]->PrepareUnaryCall(context, kMethod, requests[s], cq);
+        calls[s]->StartCall();
+        calls[s]->Finish(&answers[s], status, tag);
+      },
+      server_of,
+      [&](uint32_t s) {
+        read[s] = ReadAnswer(s, answers[s], &x);
+        answers[s].Clear();  // its slices go back to gRPC now, not at the end of the call
+      }));
+  for (const absl::Status& st : read) RETURN_IF_ERROR(st);
   // Repeated keys get the row their first occurrence received.
   for (auto& [name, so] : x.sparse_out) {
     const size_t dim = so.info->dim;

@@ -70,6 +70,23 @@ struct GrpcStoreOptions {
   // a core and 64 MB pulls got slower (p50 77-102 ms against 61.5 ms with one thread,
   // docs/lab/2026-12-02-large-payloads.md). Try it where workers have idle cores.
   size_t parallel_copy_bytes = 0;
+  // A pull (a call without a push) of at least twice this many dense bytes from one server
+  // asks for them in pieces of about this size, whole blocks each, at most max_pull_pieces
+  // per server, sent at once as separate frames. The server reads (copies) each piece and
+  // sends it on its own, and this side copies each answer into the caller's buffers as soon
+  // as it arrives: the two copies of a large pull overlap the transfer instead of preceding
+  // and following it. Each piece is its own pull (it waits for the consistency bound, parks
+  // and is retried on its own; a parked piece counts against the server's
+  // max_parked_pulls_per_worker); each block is still read whole, under its lock, as in one
+  // frame, where a pull was never one cut across blocks either. A call that also pushes is
+  // never split (its pull must see its push). A pull that fails may have written some of the
+  // caller's blocks (each whole), those of the frames answered before the failure.
+  // 0 = one frame per server, the default: on the shared 2-core development VM 64 MB pulls in
+  // 4-8 pieces took 40-50% more CPU per call on each side and were not faster
+  // (docs/lab/2026-12-02-large-payloads-2.md). Try it where both sides have idle cores.
+  size_t pull_piece_bytes = 0;
+  // The most frames one server gets for one pull in pieces (see pull_piece_bytes).
+  uint32_t max_pull_pieces = 8;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -151,7 +168,12 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Runs start(s) for every s where send[s], concurrently, with retries. The calling thread
   // waits for the answers on a completion queue of its own and reads them itself (it is
   // gRPC's poller while it waits), so an answer wakes no other thread on its way here.
-  absl::Status FanOut(const std::vector<bool>& send, const StartCall& start);
+  // Call s goes to server server_of[s] (s itself when server_of is empty: one call per
+  // server); `on_answer(s)`, when given, runs on this thread as soon as call s has succeeded,
+  // while the others may still be in flight.
+  absl::Status FanOut(const std::vector<bool>& send, const StartCall& start,
+                      absl::Span<const uint32_t> server_of = {},
+                      const std::function<void(uint32_t)>& on_answer = nullptr);
   // A completion queue no other thread is using (from spare_queues_, or a new one), and back.
   std::unique_ptr<grpc::CompletionQueue> TakeQueue();
   void GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue);
@@ -173,7 +195,11 @@ class GrpcParameterStore final : public common::ParameterStore {
                      Exchange* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(residuals_mu_);
   absl::Status AddPull(const common::PullBatch& batch, const common::PullOptions& options,
                        Exchange* x);
-  absl::Status ReadAnswer(uint32_t s, const grpc::ByteBuffer& answer, Exchange* x);
+  // Splits each server's pull into pieces when GrpcStoreOptions::pull_piece_bytes says so:
+  // frames after the first x->servers hold the extra pieces. REQUIRES: x has no push.
+  void SplitPullPieces(Exchange* x) const;
+  // Checks the answer to frame `f` and copies its values into the caller's buffers.
+  absl::Status ReadAnswer(uint32_t f, const grpc::ByteBuffer& answer, Exchange* x);
   // Float32 blocks of one answer: bytes at `offset` of its payload go to `dest`.
   struct BlockCopy {
     size_t offset;

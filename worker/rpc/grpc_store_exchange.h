@@ -15,7 +15,9 @@
 
 namespace ps::worker {
 
-// One call's frames: headers and payload pieces per server, and where pulled values go.
+// One call's frames: headers and payload pieces per frame, and where pulled values go. Frame
+// s < servers goes to server s; the frames after them are the extra pieces of large pulls
+// (SplitPullPieces), to piece_server[f - servers].
 struct GrpcParameterStore::Exchange {
   struct SparseOut {
     const common::SparsePull* pull;
@@ -24,7 +26,11 @@ struct GrpcParameterStore::Exchange {
     std::vector<std::vector<uint32_t>> positions;
     std::vector<std::pair<uint32_t, uint32_t>> repeats;  // (position, its first occurrence)
   };
-  explicit Exchange(size_t n) : headers(n), payloads(n) {}
+  explicit Exchange(size_t n) : servers(n), headers(n), payloads(n) {}
+  uint32_t ServerOf(uint32_t f) const { return f < servers ? f : piece_server[f - servers]; }
+
+  const size_t servers;
+  std::vector<uint32_t> piece_server;
 
   std::vector<PushPullRequest> headers;
   // Per server, in header order: aliased gradient bytes, or bytes of `encoded`.

@@ -279,15 +279,78 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
   return absl::OkStatus();
 }
 
-absl::Status GrpcParameterStore::ReadAnswer(uint32_t s, const grpc::ByteBuffer& answer,
+void GrpcParameterStore::SplitPullPieces(Exchange* x) const {
+  const size_t piece = options_.pull_piece_bytes;
+  if (piece == 0 || options_.max_pull_pieces < 2) return;
+  for (uint32_t s = 0; s < x->servers; ++s) {
+    // The server's dense blocks in frame order: (table entry, block, bytes).
+    struct Part {
+      int table;
+      uint32_t block;
+      uint64_t bytes;
+    };
+    std::vector<Part> parts;
+    uint64_t total = 0;
+    const auto& tables = x->headers[s].pull();  // (no frame is added before the parts are listed)
+    for (int i = 0; i < tables.size(); ++i) {
+      const common::TableInfo* t = partitioner_.FindTable(tables[i].table());
+      if (t->kind != TABLE_KIND_DENSE) continue;
+      for (uint32_t b : tables[i].block_ids()) {
+        auto [begin, end] = partitioner_.BlockRange(*t, b);
+        parts.push_back(Part{i, b, (end - begin) * common::BytesPerValue(tables[i].encoding())});
+        total += parts.back().bytes;
+      }
+    }
+    const uint64_t pieces = std::min<uint64_t>(
+        {total / piece, options_.max_pull_pieces, static_cast<uint64_t>(parts.size())});
+    if (pieces < 2) continue;
+    // Piece k takes the blocks that start in its k-th of the bytes; piece 0 stays in frame s
+    // (with the sparse tables), the others become frames of their own.
+    const PushPullRequest whole = x->headers[s];
+    for (auto& t : *x->headers[s].mutable_pull()) t.clear_block_ids();
+    std::vector<size_t> frames = {s};
+    for (uint64_t k = 1; k < pieces; ++k) {
+      frames.push_back(x->headers.size());
+      x->headers.emplace_back();
+      x->payloads.emplace_back();
+      x->piece_server.push_back(s);
+    }
+    // entries[k][i]: piece k's entry for the frame's table entry i.
+    std::vector<std::vector<TablePullRequest*>> entries(
+        pieces, std::vector<TablePullRequest*>(whole.pull_size(), nullptr));
+    uint64_t before = 0;
+    for (const Part& p : parts) {
+      const uint64_t k = std::min(pieces - 1, before * pieces / total);
+      before += p.bytes;
+      TablePullRequest*& e = entries[k][p.table];
+      if (e == nullptr && k == 0) e = x->headers[s].mutable_pull(p.table);
+      if (e == nullptr) {
+        e = x->headers[frames[k]].add_pull();
+        e->set_table(whole.pull(p.table).table());
+        e->set_encoding(whole.pull(p.table).encoding());
+      }
+      e->add_block_ids(p.block);
+    }
+    // Dense tables left without blocks in piece 0 are dropped from it.
+    auto* first = x->headers[s].mutable_pull();
+    for (int i = first->size() - 1; i >= 0; --i) {
+      if (first->Get(i).block_ids().empty() && first->Get(i).keys().empty()) {
+        first->DeleteSubrange(i, 1);
+      }
+    }
+  }
+}
+
+absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& answer,
                                             Exchange* x) {
+  const uint32_t s = x->ServerOf(f);
   PushPullResponse header;
   common::FrameReader reader;
   if (absl::Status st = common::FrameReader::Open(answer, size_t{1} << 30, &header, &reader);
       !st.ok()) {
     return BadResponse(s, st.message());
   }
-  if (x->headers[s].has_push() && header.push().duplicate()) ++x->duplicates;
+  if (x->headers[f].has_push() && header.push().duplicate()) ++x->duplicates;
   uint64_t total = 0;
   for (const TableValues& tv : header.pull().tables()) {
     for (const DenseBlock& block : tv.blocks()) total += block.payload_bytes();

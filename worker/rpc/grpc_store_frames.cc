@@ -97,6 +97,33 @@ absl::Status BadResponse(uint32_t server, absl::string_view what) {
   return absl::InternalError(absl::StrCat("server ", server, " answered a pull wrongly: ", what));
 }
 
+// One sparse table's rows of an answer (checked for size) into the caller's rows `out`, row j
+// at position pos[j].
+absl::Status ReadRows(Encoding encoding, absl::Span<const uint32_t> pos, size_t dim, float* out,
+                      common::FrameReader* reader, std::string* scratch) {
+  const size_t row_bytes = dim * sizeof(float);
+  if (encoding == ENCODING_FLOAT32) {
+    // The one copy: from gRPC's receive slices into the caller's rows.
+    // Runs of consecutive positions (all of them when one server has every key, which
+    // then has no repeats) are copied at once.
+    for (size_t j = 0; j < pos.size();) {
+      size_t end = j + 1;
+      while (end < pos.size() && pos[end] == pos[end - 1] + 1) ++end;
+      reader->CopyTo((end - j) * row_bytes, reinterpret_cast<char*>(out + size_t{pos[j]} * dim));
+      j = end;
+    }
+    return absl::OkStatus();
+  }
+  scratch->resize(pos.size() * dim * common::BytesPerValue(encoding));
+  reader->CopyTo(scratch->size(), scratch->data());
+  std::vector<float> decoded(pos.size() * dim);
+  RETURN_IF_ERROR(common::DecodeFloats(*scratch, encoding, absl::MakeSpan(decoded)));
+  for (size_t j = 0; j < pos.size(); ++j) {
+    std::memcpy(out + size_t{pos[j]} * dim, decoded.data() + j * dim, row_bytes);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string GrpcParameterStore::TakeBuffer() {
@@ -404,28 +431,7 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
                                            " keys of '", tv.table(), "' for ", pos.size(),
                                            " rows"));
       }
-      float* out = so.pull->out.data();
-      const size_t row_bytes = dim * sizeof(float);
-      if (tv.encoding() == ENCODING_FLOAT32) {
-        // The one copy: from gRPC's receive slices into the caller's rows.
-        // Runs of consecutive positions (all of them when one server has every key, which
-        // then has no repeats) are copied at once.
-        for (size_t j = 0; j < pos.size();) {
-          size_t end = j + 1;
-          while (end < pos.size() && pos[end] == pos[end - 1] + 1) ++end;
-          reader.CopyTo((end - j) * row_bytes,
-                        reinterpret_cast<char*>(out + size_t{pos[j]} * dim));
-          j = end;
-        }
-      } else {
-        scratch.resize(tv.rows_bytes());
-        reader.CopyTo(scratch.size(), scratch.data());
-        std::vector<float> decoded(pos.size() * dim);
-        RETURN_IF_ERROR(common::DecodeFloats(scratch, tv.encoding(), absl::MakeSpan(decoded)));
-        for (size_t j = 0; j < pos.size(); ++j) {
-          std::memcpy(out + size_t{pos[j]} * dim, decoded.data() + j * dim, row_bytes);
-        }
-      }
+      RETURN_IF_ERROR(ReadRows(tv.encoding(), pos, dim, so.pull->out.data(), &reader, &scratch));
       x->received += tv.rows_bytes();
     } else {
       return BadResponse(s, absl::StrCat("unrequested table '", tv.table(), "'"));

@@ -174,6 +174,8 @@ void GrpcParameterStore::AsyncCalls::WaitForLaggards() {
 
 void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
   slot->answer.Clear();
+  // The reader lives in the previous attempt's call arena, which its context holds.
+  slot->reader.reset();
   slot->context = std::make_unique<grpc::ClientContext>();
   slot->context->set_deadline(absl::ToChronoTime(absl::Now() + store_->options_.deadline));
   slot->reader = store_->data_stubs_[slot->server]->PrepareUnaryCall(

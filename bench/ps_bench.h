@@ -45,6 +45,9 @@ struct BenchOptions {
   std::vector<bool> dense_ops;        // true = push, false = pull
   std::vector<bool> sparse_ops;       // true = push, false = pull
   int window = 1;                     // calls in flight per client
+  // Dense window > 1: `window` blocked threads per client instead of one thread keeping the
+  // calls in flight with the store's asynchronous calls (sparse and spill always use threads).
+  bool window_threads = false;
   int repeat = 1;                     // runs per measurement (the median is reported)
   LoadOptions load;                   // duration and warm-up
 
@@ -129,6 +132,12 @@ uint64_t TotalRetries(const BenchEnv& env);
 // With `row`, also fills its costs per call (of the median run).
 absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
                                       const std::string& what, BenchRow* row = nullptr);
+
+// RunChecked for windowed calls: `threads` threads each keep `window` calls in flight
+// (bench_load.h RunWindowLoad); costs per call are per reaped call.
+absl::StatusOr<LoadResult> RunCheckedWindow(const BenchEnv& env, int threads, int window,
+                                            const WindowCalls& calls, const std::string& what,
+                                            BenchRow* row = nullptr);
 
 // Prints each row as it comes (and its JSON line to `json`) and keeps them for the table.
 // Thread-compatible.

@@ -10,7 +10,8 @@
 //          8 bytes) for every payload, one connection; and one-way streaming bandwidth.
 //   dense  GrpcParameterStore push and pull of one dense table per payload, for every client
 //          count; a client is its own store with its own worker id (0..C-1, asynchronous),
-//          running --window calls in flight (one thread per call).
+//          running --window calls in flight (one thread keeping them in flight with the
+//          store's asynchronous calls; --window_threads: one blocked thread per call).
 //   sparse GrpcParameterStore pulls of --sparse_keys uniform keys from a --key_space key space.
 //   spill  (not in the default --modes) pulls of --sparse_keys unique keys drawn from a Zipf
 //          (--zipf) stream over --key_space rows, once per --spill_budgets entry: fresh servers
@@ -66,7 +67,11 @@ ABSL_FLAG(std::string, payloads, "4KB,1MB,64MB",
           "Dense and raw-TCP payloads per call (B, KB, MB; KB = 1024 bytes; multiples of 4).");
 ABSL_FLAG(std::string, clients, "1,2,4", "Concurrent client counts for dense and sparse.");
 ABSL_FLAG(std::string, dense_ops, "push,pull", "Dense operations to measure: push, pull or both.");
-ABSL_FLAG(int32_t, window, 1, "Calls in flight per client (threads per client).");
+ABSL_FLAG(int32_t, window, 1,
+          "Calls in flight per client (dense: kept by one thread per client; sparse and spill: "
+          "threads per client).");
+ABSL_FLAG(bool, window_threads, false,
+          "Dense --window > 1 with one blocked thread per call in flight (for comparison).");
 ABSL_FLAG(std::string, sparse_keys, "1000,10000", "Keys per sparse pull or push.");
 ABSL_FLAG(std::string, sparse_ops, "pull,push",
           "Sparse operations to measure: pull, push or both (a push sends one gradient row per "
@@ -240,6 +245,7 @@ absl::Status ParseLists(BenchOptions* f) {
 absl::Status ParseScalars(BenchOptions* f) {
   f->servers = absl::GetFlag(FLAGS_servers);
   f->window = absl::GetFlag(FLAGS_window);
+  f->window_threads = absl::GetFlag(FLAGS_window_threads);
   f->repeat = absl::GetFlag(FLAGS_repeat);
   f->sparse_dim = absl::GetFlag(FLAGS_sparse_dim);
   f->key_space = absl::GetFlag(FLAGS_key_space);

@@ -20,6 +20,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/rpc/grpc_async_calls.h"
 #include "worker/rpc/grpc_store_exchange.h"
 #include "worker/rpc/unanswered.h"
 
@@ -79,6 +80,10 @@ absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWi
                                                    " servers but ", channels.size(),
                                                    " addresses are given (cluster.servers)"));
   }
+  if (options.max_sequence_lead < 1 || options.max_sequence_lead > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_lead ", options.max_sequence_lead,
+                                                   " is outside 1..1024"));
+  }
   return std::unique_ptr<GrpcParameterStore>(new GrpcParameterStore(
       config, options, std::move(partitioner), std::move(channels), metrics));
 }
@@ -105,6 +110,7 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
 
 GrpcParameterStore::~GrpcParameterStore() {
   absl::MutexLock lock(&queues_mu_);
+  spare_calls_.clear();  // nothing pending in them: each only shuts its queue down
   for (auto& queue : spare_queues_) {
     // Every call on a spare queue has ended: only the shutdown event is left to take.
     queue->Shutdown();
@@ -132,6 +138,29 @@ void GrpcParameterStore::GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue)
   spare_queues_.push_back(std::move(queue));
 }
 
+std::unique_ptr<GrpcParameterStore::AsyncCalls> GrpcParameterStore::NewAsyncCalls() {
+  return std::make_unique<AsyncCalls>(this);
+}
+
+std::unique_ptr<GrpcParameterStore::AsyncCalls> GrpcParameterStore::TakeCalls() {
+  {
+    absl::MutexLock lock(&queues_mu_);
+    if (!spare_calls_.empty()) {
+      std::unique_ptr<AsyncCalls> calls = std::move(spare_calls_.back());
+      spare_calls_.pop_back();
+      return calls;
+    }
+  }
+  return NewAsyncCalls();
+}
+
+void GrpcParameterStore::GiveCalls(std::unique_ptr<AsyncCalls> calls) {
+  // A blocking call reaps its own call on every path, so nothing is pending here.
+  DCHECK_EQ(calls->pending(), 0u);
+  absl::MutexLock lock(&queues_mu_);
+  spare_calls_.push_back(std::move(calls));
+}
+
 RequestHeader GrpcParameterStore::Header(int64_t clock, uint64_t sequence) const {
   RequestHeader h;
   h.set_worker_id(options_.worker_id);
@@ -153,11 +182,27 @@ absl::Duration GrpcParameterStore::Backoff(uint32_t attempt) const {
   return d * jitter(rng);
 }
 
-absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start,
-                                        absl::Span<const uint32_t> server_of,
-                                        const std::function<void(uint32_t)>& on_answer) {
-  const size_t n = send.size();
-  auto server = [&server_of](uint32_t s) { return server_of.empty() ? s : server_of[s]; };
+void GrpcParameterStore::CountFailure(uint32_t s, const absl::Status& status) {
+  metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status.code())})
+      ->Increment();
+}
+
+void GrpcParameterStore::CountRetry(uint32_t s) {
+  ++retries_;
+  metrics_->retries[s]->Increment();
+}
+
+void GrpcParameterStore::CountExchange(const Exchange& x) {
+  duplicates_ += x.duplicates;
+  metrics_->duplicates->Increment(x.duplicates);
+  bytes_sent_ += x.sent;
+  metrics_->bytes_sent->Increment(x.sent);
+  bytes_received_ += x.received;
+  metrics_->bytes_received->Increment(x.received);
+}
+
+absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start) {
+  const size_t n = stubs_.size();
   std::vector<absl::Status> status(n);
   std::vector<uint32_t> pending;
   for (uint32_t s = 0; s < n; ++s) {
@@ -184,24 +229,22 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
       CHECK(queue->Next(&tag, &ok)) << "completion queue shut down while calls were running";
       const auto s = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(tag) - 1);
       status[s] = common::FromGrpcStatus(outcome[s]);
-      if (status[s].ok() && on_answer) on_answer(s);
     }
     std::vector<uint32_t> retry;
     for (uint32_t s : pending) {
-      const uint32_t to = server(s);
       if (status[s].ok()) {
         if (attempt > 0 && options_.on_recovered) {
-          options_.on_recovered(to, attempt, absl::Now() - first_failure[s]);
+          options_.on_recovered(s, attempt, absl::Now() - first_failure[s]);
         }
         continue;
       }
       first_failure[s] = std::min(first_failure[s], absl::Now());
-      metrics_->failures->WithLabels({absl::StrCat(to), absl::StatusCodeToString(status[s].code())})
+      metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status[s].code())})
           ->Increment();
       if (!Retryable(status[s]) || attempt >= options_.max_retries) {
-        return common::Annotate(status[s], absl::StrCat("server ", to, " (",
-                                                        config_.cluster().servers_size() > to
-                                                            ? config_.cluster().servers(to)
+        return common::Annotate(status[s], absl::StrCat("server ", s, " (",
+                                                        config_.cluster().servers_size() > s
+                                                            ? config_.cluster().servers(s)
                                                             : "?",
                                                         ")"));
       }
@@ -210,8 +253,8 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
     if (retry.empty()) break;
     retries_ += retry.size();
     for (uint32_t s : retry) {
-      metrics_->retries[server(s)]->Increment();
-      if (options_.on_retry) options_.on_retry(server(s), attempt + 1, status[s]);
+      metrics_->retries[s]->Increment();
+      if (options_.on_retry) options_.on_retry(s, attempt + 1, status[s]);
     }
     absl::SleepFor(Backoff(attempt));
     pending = std::move(retry);
@@ -223,65 +266,13 @@ absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
                                      const common::PushOptions& push_options,
                                      const common::PullBatch* pull,
                                      const common::PullOptions& pull_options) {
-  const size_t n = stubs_.size();
-  Exchange x(n);
-  absl::Cleanup give_back = [&] {
-    for (std::string& b : x.encoded) GiveBuffer(std::move(b));
-  };
-  if (pull != nullptr) RETURN_IF_ERROR(AddPull(*pull, pull_options, &x));
-  if (push != nullptr) RETURN_IF_ERROR(AddPush(*push, push_options, &x));
-  if (push == nullptr) SplitPullPieces(&x);
-  for (PushPullRequest& h : x.headers) {
-    h.set_pull_clock(pull_options.clock);
-    if (!h.has_push()) *h.mutable_header() = Header(pull_options.clock, 0);
-  }
-  const size_t frames = x.headers.size();
-  std::vector<uint32_t> server_of(frames);
-  for (uint32_t f = 0; f < frames; ++f) server_of[f] = x.ServerOf(f);
-  std::vector<bool> send(frames);
-  std::vector<grpc::ByteBuffer> requests(frames), answers(frames);
-  for (uint32_t s = 0; s < frames; ++s) {
-    send[s] = x.headers[s].has_push() || x.headers[s].pull_size() > 0;
-    if (!send[s]) continue;
-    common::FrameBuilder frame(x.headers[s]);
-    for (absl::string_view bytes : x.payloads[s]) frame.AddAliased(bytes);
-    requests[s] = frame.Build();
-  }
-  static const std::string kMethod = "/ps.ParameterServer/PushPull";
-  std::vector<std::unique_ptr<grpc::GenericClientAsyncResponseReader>> calls(frames);
-  // Each answer is read (checked, then copied into the caller's buffers) as it arrives, while
-  // the other frames are still on their way; the first error is returned after all are in.
-  std::vector<absl::Status> read(frames);
-  RETURN_IF_ERROR(FanOut(
-      send,
-      [&](uint32_t s, grpc::ClientContext* context, grpc::CompletionQueue* cq,
-          grpc::Status* status, void* tag) {
-        answers[s].Clear();
-        calls[s] = data_stubs_[server_of[s]]->PrepareUnaryCall(context, kMethod, requests[s], cq);
-        calls[s]->StartCall();
-        calls[s]->Finish(&answers[s], status, tag);
-      },
-      server_of,
-      [&](uint32_t s) {
-        read[s] = ReadAnswer(s, answers[s], &x);
-        answers[s].Clear();  // its slices go back to gRPC now, not at the end of the call
-      }));
-  for (const absl::Status& st : read) RETURN_IF_ERROR(st);
-  // Repeated keys get the row their first occurrence received.
-  for (auto& [name, so] : x.sparse_out) {
-    const size_t dim = so.info->dim;
-    float* out = so.pull->out.data();
-    for (auto [i, first] : so.repeats) {
-      std::memcpy(out + size_t{i} * dim, out + size_t{first} * dim, dim * sizeof(float));
-    }
-  }
-  duplicates_ += x.duplicates;
-  metrics_->duplicates->Increment(x.duplicates);
-  bytes_sent_ += x.sent;
-  metrics_->bytes_sent->Increment(x.sent);
-  bytes_received_ += x.received;
-  metrics_->bytes_received->Increment(x.received);
-  return absl::OkStatus();
+  // The answers come to the AsyncCalls' queue, which this thread reads itself (it is gRPC's
+  // poller while it waits), so an answer wakes no other thread on its way here.
+  std::unique_ptr<AsyncCalls> calls = TakeCalls();
+  absl::Cleanup give_back = [&] { GiveCalls(std::move(calls)); };
+  ASSIGN_OR_RETURN(const AsyncCalls::CallId id,
+                   calls->Start(push, push_options, pull, pull_options, /*borrow_pull=*/true));
+  return calls->Wait(id);
 }
 
 absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,

@@ -73,8 +73,8 @@ struct GrpcStoreOptions {
   // A pull (a call without a push) of at least twice this many dense bytes from one server
   // asks for them in pieces of about this size, whole blocks each, at most max_pull_pieces
   // per server, sent at once as separate frames. The server reads (copies) each piece and
-  // sends it on its own, and this side copies each answer into the caller's buffers as soon
-  // as it arrives: the two copies of a large pull overlap the transfer instead of preceding
+  // sends it on its own, and this side copies each answer into the caller's buffers as it
+  // arrives (as every call's answers are): the two copies of a large pull overlap the transfer instead of preceding
   // and following it. Each piece is its own pull (it waits for the consistency bound, parks
   // and is retried on its own; a parked piece counts against the server's
   // max_parked_pulls_per_worker); each block is still read whole, under its lock, as in one
@@ -87,6 +87,11 @@ struct GrpcStoreOptions {
   size_t pull_piece_bytes = 0;
   // The most frames one server gets for one pull in pieces (see pull_piece_bytes).
   uint32_t max_pull_pieces = 8;
+  // Asynchronous calls (AsyncCalls): a push starts only when this object's oldest unfinished
+  // push to each server is fewer than this many sequences behind that server's next one, so
+  // that its retries still count once. REQUIRES: 1..1024 (the servers remember 1024 applied
+  // sequences above their floor).
+  uint64_t max_sequence_lead = 512;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -126,6 +131,11 @@ class GrpcParameterStore final : public common::ParameterStore {
       common::metrics::Registry* metrics = nullptr);
 
   ~GrpcParameterStore() override;
+
+  // Calls kept in flight by one thread (worker/rpc/grpc_async_calls.h).
+  class AsyncCalls;
+  // A new set of asynchronous calls of this store; it must not outlive the store.
+  std::unique_ptr<AsyncCalls> NewAsyncCalls();
 
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
@@ -168,16 +178,18 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Runs start(s) for every s where send[s], concurrently, with retries. The calling thread
   // waits for the answers on a completion queue of its own and reads them itself (it is
   // gRPC's poller while it waits), so an answer wakes no other thread on its way here.
-  // Call s goes to server server_of[s] (s itself when server_of is empty: one call per
-  // server); `on_answer(s)`, when given, runs on this thread as soon as call s has succeeded,
-  // while the others may still be in flight.
-  absl::Status FanOut(const std::vector<bool>& send, const StartCall& start,
-                      absl::Span<const uint32_t> server_of = {},
-                      const std::function<void(uint32_t)>& on_answer = nullptr);
+  absl::Status FanOut(const std::vector<bool>& send, const StartCall& start);
   // A completion queue no other thread is using (from spare_queues_, or a new one), and back.
   std::unique_ptr<grpc::CompletionQueue> TakeQueue();
   void GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue);
+  // The AsyncCalls of a blocking call (from spare_calls_, or a new one), and back.
+  std::unique_ptr<AsyncCalls> TakeCalls();
+  void GiveCalls(std::unique_ptr<AsyncCalls> calls);
   absl::Duration Backoff(uint32_t attempt) const;
+  // Metrics and stats: a failed attempt to server s, a retry of it, an exchange that ended OK.
+  void CountFailure(uint32_t s, const absl::Status& status);
+  void CountRetry(uint32_t s);
+  void CountExchange(const Exchange& x);
   // The push and/or pull (either may be null) as one frame per server, sent and answered.
   absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
                    const common::PullBatch* pull, const common::PullOptions& pull_options);
@@ -225,6 +237,8 @@ class GrpcParameterStore final : public common::ParameterStore {
   absl::Mutex queues_mu_;
   // Idle completion queues (one per thread that has called concurrently, at most).
   std::vector<std::unique_ptr<grpc::CompletionQueue>> spare_queues_ ABSL_GUARDED_BY(queues_mu_);
+  // Idle AsyncCalls of blocking calls (nothing pending), as many as threads called at once.
+  std::vector<std::unique_ptr<AsyncCalls>> spare_calls_ ABSL_GUARDED_BY(queues_mu_);
   absl::Mutex buffers_mu_;
   std::vector<std::string> spare_buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<uint64_t> bytes_sent_{0};

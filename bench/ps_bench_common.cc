@@ -237,7 +237,7 @@ absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const Lo
     return call(t);
   };
   const std::vector<pid_t> servers =
-      env.cluster != nullptr ? env.cluster->pids() : std::vector<pid_t>();
+      env.cluster != nullptr ? env.cluster->pids() : env.server_pids;
   std::map<double, std::pair<BenchRow::Usage, BenchRow::Usage>> usage;  // by calls/s
   // One call per thread first, so that the costs per call are those of the steady state, not
   // of first touches of the run's buffers (a 64 MB run makes few calls).

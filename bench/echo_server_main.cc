@@ -5,9 +5,12 @@
 // context switches are counted apart from the client's, as a ps_server's are):
 //
 //   echo_server --port_file=F [--api=sync|callback] [--max_reply_bytes=N] [--data_path_args]
+//   echo_server --port_file=F --raw_tcp
 //
 // It binds 127.0.0.1:0 (plaintext, as the bench's servers), writes the port to F and serves
-// until SIGTERM/SIGINT. The process settings are those of ps_server (freed memory kept for
+// until SIGTERM/SIGINT. With --raw_tcp it serves ps_bench's raw-TCP request/reply protocol
+// (bench/raw_tcp.h) instead: the raw baseline with the same process boundary as the gRPC
+// servers (ps_bench's own tcp rows run their server as threads of the client's process). The process settings are those of ps_server (freed memory kept for
 // reuse, Abseil's deadlock detection off), so that only the serving code differs.
 
 #include <signal.h>
@@ -28,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/echo.grpc.pb.h"
+#include "bench/raw_tcp.h"
 #include "common/rpc/credentials.h"
 #include "common/startup/process_memory.h"
 #include "grpcpp/grpcpp.h"
@@ -37,6 +41,8 @@ ABSL_FLAG(std::string, api, "sync",
           "gRPC server API: sync (gRPC's own polling threads run the handler) or callback.");
 ABSL_FLAG(uint64_t, max_reply_bytes, 64 << 20,
           "Largest reply_bytes answered; also the largest request accepted.");
+ABSL_FLAG(bool, raw_tcp, false,
+          "Serve raw-TCP request/reply (bench/raw_tcp.h) instead of gRPC.");
 ABSL_FLAG(bool, data_path_args, false,
           "Serve with the parameter server's data-path channel arguments "
           "(common/rpc/credentials.h DataPathChannelArgs) instead of gRPC's defaults.");
@@ -105,12 +111,27 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
+// Signal handlers only set the flag; this thread looks at it. A parent that ends without
+// stopping this server (ps_bench killed) leaves it no reason to run.
+void WaitForStop(pid_t parent) {
+  while (!stop_requested && getppid() == parent) absl::SleepFor(absl::Milliseconds(50));
+}
+
+absl::Status ServeRawTcp(const std::string& port_file, pid_t parent) {
+  absl::StatusOr<std::unique_ptr<RawTcpServer>> server = RawTcpServer::Start();
+  if (!server.ok()) return server.status();
+  if (absl::Status s = WritePortFile(port_file, (*server)->port()); !s.ok()) return s;
+  WaitForStop(parent);
+  return absl::OkStatus();
+}
+
 absl::Status Serve() {
   const pid_t parent = getppid();
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   const std::string api = absl::GetFlag(FLAGS_api);
   const uint64_t max_bytes = absl::GetFlag(FLAGS_max_reply_bytes);
   if (port_file.empty()) return absl::InvalidArgumentError("--port_file is required");
+  if (absl::GetFlag(FLAGS_raw_tcp)) return ServeRawTcp(port_file, parent);
   if (api != "sync" && api != "callback") {
     return absl::InvalidArgumentError(absl::StrCat("--api=", api, ": expected sync or callback"));
   }
@@ -143,9 +164,7 @@ absl::Status Serve() {
     server->Shutdown();
     return s;
   }
-  // Signal handlers only set the flag; this thread looks at it. A parent that ends without
-  // stopping this server (ps_bench killed) leaves it no reason to run.
-  while (!stop_requested && getppid() == parent) absl::SleepFor(absl::Milliseconds(50));
+  WaitForStop(parent);
   server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
   return absl::OkStatus();

@@ -1,4 +1,5 @@
-// ps_bench --modes=echo: the plain-gRPC reference (bench/echo_server_main.cc). One client
+// ps_bench --modes=echo: the plain-gRPC reference (bench/echo_server_main.cc), and raw TCP to a
+// server in a child process (the same process boundary as every gRPC row). One client
 // thread makes unary calls of a generated stub to an echo server in a child process, shaped
 // as the dense rows are: "push" sends the payload and gets an empty answer, "pull" sends an
 // empty request and gets the payload back. Costs per call are counted for both processes, as
@@ -10,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/bench_process.h"
 #include "bench/echo.grpc.pb.h"
 #include "bench/ps_bench.h"
+#include "bench/raw_tcp.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -43,7 +46,8 @@ std::string FindEchoBinary() {
 struct EchoTarget {
   std::string dir;
   std::unique_ptr<ChildProcess> server;
-  std::unique_ptr<Echo::Stub> stub;
+  int port = 0;
+  std::unique_ptr<Echo::Stub> stub;  // null for the raw-TCP server
   ~EchoTarget() {
     if (server != nullptr) server->Stop(absl::Seconds(5));
     std::error_code ec;
@@ -51,24 +55,37 @@ struct EchoTarget {
   }
 };
 
-absl::StatusOr<std::unique_ptr<EchoTarget>> StartEcho(const BenchOptions& f,
-                                                      const std::string& api) {
-  auto target = std::make_unique<EchoTarget>();
-  ASSIGN_OR_RETURN(target->dir, MakeTempDir("ps_bench_echo."));
+uint64_t MaxPayload(const BenchOptions& f) {
   uint64_t max_bytes = 1;
   for (uint64_t b : f.payloads) max_bytes = std::max(max_bytes, b);
+  return max_bytes;
+}
+
+// Starts bench/echo_server with `flags` and waits for its port.
+absl::StatusOr<std::unique_ptr<EchoTarget>> StartServer(const std::vector<std::string>& flags) {
+  auto target = std::make_unique<EchoTarget>();
+  ASSIGN_OR_RETURN(target->dir, MakeTempDir("ps_bench_echo."));
   const std::string port_file = target->dir + "/port";
-  std::vector<std::string> argv = {FindEchoBinary(), "--port_file=" + port_file, "--api=" + api,
-                                   absl::StrCat("--max_reply_bytes=", max_bytes)};
-  if (f.echo_data_path_args) argv.push_back("--data_path_args");
+  std::vector<std::string> argv = {FindEchoBinary(), "--port_file=" + port_file};
+  argv.insert(argv.end(), flags.begin(), flags.end());
   ASSIGN_OR_RETURN(target->server, ChildProcess::Start(argv, target->dir + "/echo.log"));
   absl::StatusOr<std::string> port =
       WaitForFileLine(port_file, absl::Seconds(30), target->server.get());
-  if (!port.ok()) {
-    return absl::Status(port.status().code(),
-                        absl::StrCat("echo server (", argv[0], "): ", port.status().message(),
-                                     "\n", target->server->LogTail(20)));
+  if (!port.ok() || !absl::SimpleAtoi(*port, &target->port)) {
+    const absl::Status s = port.ok() ? absl::InternalError("bad port file") : port.status();
+    return absl::Status(s.code(), absl::StrCat("echo server (", argv[0], "): ", s.message(),
+                                               "\n", target->server->LogTail(20)));
   }
+  return target;
+}
+
+absl::StatusOr<std::unique_ptr<EchoTarget>> StartEcho(const BenchOptions& f,
+                                                      const std::string& api) {
+  const uint64_t max_bytes = MaxPayload(f);
+  std::vector<std::string> flags = {"--api=" + api,
+                                    absl::StrCat("--max_reply_bytes=", max_bytes)};
+  if (f.echo_data_path_args) flags.push_back("--data_path_args");
+  ASSIGN_OR_RETURN(std::unique_ptr<EchoTarget> target, StartServer(flags));
   grpc::ChannelArguments args;
   const int max_message = static_cast<int>(std::min<uint64_t>(max_bytes + 4096, INT32_MAX));
   args.SetMaxReceiveMessageSize(max_message);
@@ -76,13 +93,55 @@ absl::StatusOr<std::unique_ptr<EchoTarget>> StartEcho(const BenchOptions& f,
   if (f.echo_data_path_args) {
     for (const auto& [name, value] : common::DataPathChannelArgs()) args.SetInt(name, value);
   }
-  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", *port),
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", target->port),
                                            grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(30)))) {
-    return absl::UnavailableError(absl::StrCat("echo server on port ", *port, " not reachable"));
+    return absl::UnavailableError(
+        absl::StrCat("echo server on port ", target->port, " not reachable"));
   }
   target->stub = Echo::NewStub(channel);
   return target;
+}
+
+// The costs per call of both processes, the ratio to raw TCP of one in-process connection.
+absl::StatusOr<BenchRow> Measure(const BenchEnv& env, EchoTarget* target, const LoadCall& call,
+                                 const std::string& what, const BenchRow& shape) {
+  BenchEnv echo_env = env;
+  echo_env.cluster = nullptr;
+  echo_env.server_pids = {target->server->pid()};
+  BenchRow usage;
+  ASSIGN_OR_RETURN(LoadResult r, RunChecked(echo_env, 1, call, what, &usage));
+  BenchRow row =
+      MakeRow(shape.mode, shape.op, shape.payload, shape.payload_bytes, 0, 1, 1, r);
+  row.client_per_call = usage.client_per_call;
+  row.server_per_call = usage.server_per_call;
+  if (auto it = env.tcp_mb_per_s.find({row.payload_bytes, 1});
+      it != env.tcp_mb_per_s.end() && it->second > 0) {
+    row.vs_tcp = row.mb_per_second / it->second;
+  }
+  return row;
+}
+
+// Raw-TCP request/reply to a server in a child process: the raw baseline's figures with the
+// process boundary the gRPC servers have.
+absl::StatusOr<std::vector<BenchRow>> RunRawTcpChild(const BenchEnv& env) {
+  ASSIGN_OR_RETURN(std::unique_ptr<EchoTarget> target, StartServer({"--raw_tcp"}));
+  ASSIGN_OR_RETURN(auto client, RawTcpClient::Connect(target->port));
+  std::vector<BenchRow> rows;
+  for (uint64_t bytes : env.flags->payloads) {
+    const std::string payload(bytes, 'p');
+    BenchRow shape;
+    shape.mode = "tcp_child";
+    shape.op = "req_reply";
+    shape.payload = FormatBytes(bytes);
+    shape.payload_bytes = bytes;
+    ASSIGN_OR_RETURN(BenchRow row,
+                     Measure(env, target.get(), [&](int) { return client->Call(payload); },
+                             absl::StrCat("raw tcp to a child process ", FormatBytes(bytes)),
+                             shape));
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 absl::StatusOr<BenchRow> RunEchoOp(const BenchEnv& env, const std::string& api,
@@ -106,31 +165,20 @@ absl::StatusOr<BenchRow> RunEchoOp(const BenchEnv& env, const std::string& api,
     }
     return absl::OkStatus();
   };
-  BenchEnv echo_env = env;
-  echo_env.cluster = nullptr;
-  echo_env.server_pids = {target->server->pid()};
-  BenchRow usage;
-  ASSIGN_OR_RETURN(LoadResult r,
-                   RunChecked(echo_env, 1, call,
-                              absl::StrCat("echo (", api, ") ", push ? "push " : "pull ",
-                                           FormatBytes(bytes)),
-                              &usage));
-  BenchRow row = MakeRow(absl::StrCat("echo_", api), push ? "push" : "pull", FormatBytes(bytes),
-                         bytes, 0, 1, 1, r);
-  row.client_per_call = usage.client_per_call;
-  row.server_per_call = usage.server_per_call;
-  if (auto it = env.tcp_mb_per_s.find({bytes, 1});
-      it != env.tcp_mb_per_s.end() && it->second > 0) {
-    row.vs_tcp = row.mb_per_second / it->second;
-  }
-  return row;
+  BenchRow shape;
+  shape.mode = absl::StrCat("echo_", api);
+  shape.op = push ? "push" : "pull";
+  shape.payload = FormatBytes(bytes);
+  shape.payload_bytes = bytes;
+  return Measure(env, target, call,
+                 absl::StrCat("echo (", api, ") ", shape.op, " ", shape.payload), shape);
 }
 
 }  // namespace
 
 absl::StatusOr<std::vector<BenchRow>> RunEcho(BenchEnv* env) {
   const BenchOptions& f = *env->flags;
-  std::vector<BenchRow> rows;
+  ASSIGN_OR_RETURN(std::vector<BenchRow> rows, RunRawTcpChild(*env));
   for (const std::string& api : f.echo_apis) {
     ASSIGN_OR_RETURN(std::unique_ptr<EchoTarget> target, StartEcho(f, api));
     for (uint64_t bytes : f.payloads) {

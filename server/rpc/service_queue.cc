@@ -1,0 +1,431 @@
+// ParameterServerService's calls taken from a completion queue (ServeFromQueue): the tags,
+// the unary calls of each method, the health check, and the serving loop. The handlers they
+// run are service.cc's.
+#include <atomic>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rpc/grpc_status.h"
+#include "glog/logging.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/grpcpp.h"
+#include "server/rpc/service.h"
+
+namespace ps::server {
+
+// ---- Calls from a completion queue -----------------------------------------------------
+
+namespace {
+// The methods' indices in the service (their order in ps.proto, as the generated code has
+// them), and one more for the health check (served through the generic service).
+enum QueuedMethod {
+  kPullMethod = 0,
+  kPushMethod = 1,
+  kPushPullMethod = 2,
+  kStatsMethod = 3,
+  kCheckpointMethod = 4,
+  kServerInfoMethod = 5,
+  kHeartbeatMethod = 6,
+  kShutdownMethod = 7,
+  kHealthMethod = 8,
+};
+constexpr int kNumQueuedMethods = 9;
+// Calls each serving thread asks for ahead, per method, so that a burst of calls is not
+// matched one by one (a call that finds none asked for waits in gRPC for the next).
+constexpr int kCallsAskedAhead[kNumQueuedMethods] = {2, 2, 8, 1, 1, 1, 1, 1, 1};
+constexpr const char kHealthCheck[] = "/grpc.health.v1.Health/Check";
+// Requests at least this large are served on the pool: their work (parse, apply) would keep
+// the thread that polls the queue from the small calls behind them. Below it a request is
+// served inline: a 1 MB push (about 0.3 ms of work) handed to the pool cost the server 9
+// context switches and 600 us of CPU per call instead of 2 and 340 us (ps_bench, 2026-12-02).
+constexpr size_t kInlineRequestBytes = size_t{4} << 20;
+}  // namespace
+
+// What a tag of the queue points at. Owns itself: deleted after its last tag.
+class ParameterServerService::QueuedCall {
+ public:
+  enum Kind { kArrived, kDone, kFinished, kRead };
+  struct Tag {
+    QueuedCall* call;
+    Kind kind;
+  };
+  virtual ~QueuedCall() = default;
+  // One of this call's tags came out of the queue with `ok`.
+  virtual void Handle(Kind kind, bool ok) = 0;
+
+ protected:
+  QueuedCall(ParameterServerService* service, grpc::ServerCompletionQueue* cq, int method)
+      : service_(service), cq_(cq), method_(method) {}
+  void End() {
+    ParameterServerService* service = service_;
+    delete this;
+    absl::MutexLock lock(&service->queue_mu_);
+    --service->queued_calls_;
+  }
+
+  ParameterServerService* const service_;
+  grpc::ServerCompletionQueue* const cq_;
+  const int method_;
+};
+
+// A unary call of one of the service's methods. Deleted after its done and finish tags and
+// the handler's Started(), whichever comes last; a call that never arrived only has its
+// arrival tag.
+class ParameterServerService::UnaryCall : public QueuedCall {
+ public:
+  // Answers with `status` (and the response when OK). Called exactly once.
+  virtual void Finish(const absl::Status& status) = 0;
+  // As CallReactor: the handler is done with the call; `id` is its parked pull (0: none).
+  // Called exactly once, after the handler has taken what it needs from the context.
+  void Started(WaiterId id) {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancelled = cancelled_;
+    }
+    if (cancelled && id != 0) service_->shard_->workers().CancelWaiter(id, Cancelled());
+    Unref();
+  }
+  absl::Time deadline() const { return absl::FromChrono(context_.deadline()); }
+  PeerIdentity Peer() const {
+    return service_->auth_.Identify(context_.auth_context().get(), context_.peer());
+  }
+
+  void Handle(Kind kind, bool ok) override {
+    switch (kind) {
+      case kArrived:
+        service_->RequestQueuedCall(method_, cq_);  // the next one
+        if (!ok) {
+          End();  // the server is shutting down; no other tag of this call will come
+          return;
+        }
+        Serve();
+        return;
+      case kDone:
+        if (context_.IsCancelled()) Cancel();
+        Unref();
+        return;
+      case kFinished:
+      case kRead:
+        Unref();
+        return;
+    }
+  }
+
+ protected:
+  UnaryCall(ParameterServerService* service, grpc::ServerCompletionQueue* cq, int method)
+      : QueuedCall(service, cq, method) {
+    context_.AsyncNotifyWhenDone(&done_tag_);
+  }
+  // Serves the call on this thread, or hands it on (the pool, a parked pull).
+  virtual void Serve() = 0;
+
+  grpc::ServerContext context_;
+  Tag arrived_tag_{this, kArrived};
+  Tag finished_tag_{this, kFinished};
+
+ private:
+  void Cancel() {
+    WaiterId id;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    // The waiter's callback finishes the call; nothing when it was answered meanwhile.
+    if (id != 0) service_->shard_->workers().CancelWaiter(id, Cancelled());
+  }
+  static absl::Status Cancelled() {
+    return absl::CancelledError("the client cancelled the call while its pull waited");
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) End();
+  }
+
+  Tag done_tag_{this, kDone};
+  std::atomic<int> refs_{3};  // the handler's, the done tag's and the finish tag's
+  absl::Mutex mu_;
+  WaiterId id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+template <class Request, class Response>
+class ParameterServerService::TypedCall final : public UnaryCall {
+ public:
+  // The method's handler: calls Finish and Started once each.
+  using Handler = void (*)(ParameterServerService* service, TypedCall* call);
+
+  TypedCall(ParameterServerService* service, grpc::ServerCompletionQueue* cq, int method,
+            Handler handler)
+      : UnaryCall(service, cq, method), responder_(&context_), handler_(handler) {
+    service->RequestAsyncUnary(method, &context_, &request, &responder_, cq, cq, &arrived_tag_);
+  }
+  void Finish(const absl::Status& status) override {
+    responder_.Finish(response, common::ToGrpcStatus(status), &finished_tag_);
+  }
+
+  Request request;
+  Response response;
+
+ private:
+  void Serve() override { handler_(service_, this); }
+
+  grpc::ServerAsyncResponseWriter<Response> responder_;
+  const Handler handler_;
+};
+
+// grpc.health.v1.Health/Check (what Kubernetes' probes ask), through the generic service:
+// HealthCheckRequest { string service = 1; } and HealthCheckResponse { ServingStatus status
+// = 1; } are encoded by hand (Debian's gRPC has no health protos). The server's own status
+// answers for the service "" (NOT_FOUND for any other name, as gRPC's default service does);
+// other unregistered methods get UNIMPLEMENTED.
+class ParameterServerService::HealthCall final : public QueuedCall {
+ public:
+  HealthCall(ParameterServerService* service, grpc::ServerCompletionQueue* cq)
+      : QueuedCall(service, cq, kHealthMethod), stream_(&context_) {
+    service->generic_.RequestCall(&context_, &stream_, cq, cq, &arrived_tag_);
+  }
+
+  void Handle(Kind kind, bool ok) override {
+    switch (kind) {
+      case kArrived:
+        service_->RequestQueuedCall(method_, cq_);
+        if (!ok) {
+          End();
+          return;
+        }
+        if (context_.method() != kHealthCheck) {
+          stream_.Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                      absl::StrCat("no method ", context_.method())),
+                         &finished_tag_);
+          return;
+        }
+        stream_.Read(&request_, &read_tag_);
+        return;
+      case kRead:
+        Answer(ok);
+        return;
+      case kDone:
+      case kFinished:
+        End();
+        return;
+    }
+  }
+
+ private:
+  void Answer(bool read) {
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (read && request_.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) {
+        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+    // Empty: the service "" (proto3 leaves the default out); else field 1 with its length.
+    const bool overall = read && (bytes.empty() || (bytes.size() == 2 && bytes[0] == 0x0a &&
+                                                    bytes[1] == 0));
+    if (!overall) {
+      stream_.Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                  "this server answers only for the service \"\""),
+                     &finished_tag_);
+      return;
+    }
+    const char answer[2] = {0x08, service_->serving_.load() ? '\x01' : '\x02'};
+    grpc::Slice slice(answer, sizeof(answer));
+    stream_.WriteAndFinish(grpc::ByteBuffer(&slice, 1), grpc::WriteOptions(),
+                           grpc::Status::OK, &finished_tag_);
+  }
+
+  grpc::GenericServerContext context_;
+  grpc::GenericServerAsyncReaderWriter stream_;
+  grpc::ByteBuffer request_;
+  Tag arrived_tag_{this, kArrived};
+  Tag read_tag_{this, kRead};
+  Tag finished_tag_{this, kFinished};
+};
+
+void ParameterServerService::ServeFromQueue() {
+  // A method without a handler is an async one: the server matches its calls to the requests
+  // of RequestQueuedCall. No method is left on the callback API, so gRPC starts none of its
+  // callback threads (which would take turns polling the sockets and hand calls over).
+  for (int m = kPullMethod; m <= kShutdownMethod; ++m) {
+    MarkMethodRawCallback(m, nullptr);
+    if (m == kPushPullMethod) {
+      MarkMethodRaw(m);
+    } else {
+      MarkMethodAsync(m);
+    }
+  }
+}
+
+grpc::AsyncGenericService* ParameterServerService::health_service() { return &generic_; }
+
+void ParameterServerService::SetServing(bool serving) { serving_ = serving; }
+
+void ParameterServerService::RequestQueuedCall(int method, grpc::ServerCompletionQueue* cq) {
+  absl::MutexLock lock(&queue_mu_);
+  if (queue_stopping_) return;
+  ++queued_calls_;
+  if (method == kHealthMethod) {
+    new HealthCall(this, cq);
+  } else if (method == kPullMethod || method == kPushMethod || method == kPushPullMethod) {
+    NewDataCall(method, cq);
+  } else {
+    NewControlCall(method, cq);
+  }
+}
+
+void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue* cq) {
+  if (method == kPullMethod) {
+    using Call = TypedCall<PullRequest, PullResponse>;
+    new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+      const absl::Time arrived = absl::Now();
+      if (absl::Status st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(),
+                                                 "pull");
+          !st.ok()) {
+        st = s->shard_->Reject("identity", std::move(st));
+        s->Record(kPull, arrived, st, c->request.ByteSizeLong(), 0);
+        c->Finish(st);
+        c->Started(0);
+        return;
+      }
+      c->Started(s->StartPull(c->request, c->deadline(), &c->response, arrived,
+                              [c](absl::Status status) { c->Finish(status); }));
+    });
+  } else if (method == kPushMethod) {
+    using Call = TypedCall<PushRequest, PushResponse>;
+    new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+      const absl::Time arrived = absl::Now();
+      if (absl::Status st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(),
+                                                 "push");
+          !st.ok()) {
+        st = s->shard_->Reject("identity", std::move(st));
+        s->Record(kPush, arrived, st, c->request.ByteSizeLong(), 0);
+        c->Finish(st);
+        c->Started(0);
+        return;
+      }
+      auto serve = [s, c, arrived] {
+        c->Finish(s->ServePush(c->request, &c->response, arrived));
+        c->Started(0);
+      };
+      if (!s->PushesWait() && c->request.ByteSizeLong() < kInlineRequestBytes) return serve();
+      s->pool_.Schedule(std::move(serve));
+    });
+  } else {
+    using Call = TypedCall<grpc::ByteBuffer, grpc::ByteBuffer>;
+    new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+      auto serve = [s, c, arrived = absl::Now(), peer = c->Peer()] {
+        c->Started(s->StartPushPull(c->request, c->deadline(), &c->response, arrived, &peer,
+                                    [c](absl::Status status) { c->Finish(status); }));
+      };
+      // No push here waits: answer on this thread; a pull that must wait is parked.
+      if (!s->PushesWait() && c->request.Length() < kInlineRequestBytes) return serve();
+      s->pool_.Schedule(std::move(serve));
+    });
+  }
+}
+
+void ParameterServerService::NewControlCall(int method, grpc::ServerCompletionQueue* cq) {
+  switch (method) {
+    case kStatsMethod: {
+      using Call = TypedCall<StatsRequest, StatsResponse>;
+      new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+        s->shard_->FillStats(&c->response);
+        if (s->hooks_.stats) s->hooks_.stats(&c->response);
+        s->CountCall("stats", absl::OkStatus());
+        c->Finish(absl::OkStatus());
+        c->Started(0);
+      });
+      return;
+    }
+    case kCheckpointMethod: {
+      using Call = TypedCall<CheckpointRequest, CheckpointResponse>;
+      new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+        absl::Status status = s->auth_.CheckOperator(c->Peer(), "checkpoint");
+        if (status.ok() && !s->hooks_.checkpoint) {
+          status = absl::FailedPreconditionError("this server has no data dir to checkpoint to");
+        }
+        if (!status.ok()) {
+          s->CountCall("checkpoint", status);
+          c->Finish(status);
+          c->Started(0);
+          return;
+        }
+        s->pool_.Schedule([s, c] {
+          absl::StatusOr<CheckpointResponse> result = s->hooks_.checkpoint();
+          if (result.ok()) c->response = *std::move(result);
+          s->CountCall("checkpoint", result.status());
+          c->Finish(result.status());
+          c->Started(0);
+        });
+      });
+      return;
+    }
+    case kServerInfoMethod: {
+      using Call = TypedCall<ServerInfoRequest, ServerInfoResponse>;
+      new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+        s->shard_->FillServerInfo(&c->response);
+        if (s->hooks_.server_info) s->hooks_.server_info(&c->response);
+        s->CountCall("server_info", absl::OkStatus());
+        c->Finish(absl::OkStatus());
+        c->Started(0);
+      });
+      return;
+    }
+    default:
+      NewWorkerControlCall(method, cq);
+  }
+}
+
+void ParameterServerService::NewWorkerControlCall(int method, grpc::ServerCompletionQueue* cq) {
+  if (method == kHeartbeatMethod) {
+    using Call = TypedCall<HeartbeatRequest, HeartbeatResponse>;
+    new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+      const absl::Status status = s->HandleHeartbeat(c->Peer(), c->request, &c->response);
+      s->CountCall("heartbeat", status);
+      c->Finish(status);
+      c->Started(0);
+    });
+    return;
+  }
+  CHECK_EQ(method, kShutdownMethod);
+  using Call = TypedCall<ShutdownRequest, ShutdownResponse>;
+  new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
+    const absl::Status status = s->HandleShutdown(c->Peer(), c->request);
+    s->CountCall("shutdown", status);
+    c->Finish(status);
+    c->Started(0);
+  });
+}
+
+void ParameterServerService::ServeQueue(grpc::ServerCompletionQueue* cq) {
+  for (int m = 0; m < kNumQueuedMethods; ++m) {
+    for (int i = 0; i < kCallsAskedAhead[m]; ++i) RequestQueuedCall(m, cq);
+  }
+  void* tag;
+  bool ok;
+  while (cq->Next(&tag, &ok)) {
+    auto* t = static_cast<QueuedCall::Tag*>(tag);
+    t->call->Handle(t->kind, ok);
+  }
+}
+
+void ParameterServerService::StopQueue(grpc::ServerCompletionQueue* cq) {
+  absl::MutexLock lock(&queue_mu_);
+  if (queue_stopping_) {
+    queue_mu_.Await(absl::Condition(&queue_stopped_));
+    return;
+  }
+  queue_stopping_ = true;
+  // The server is shut down: calls asked for come back unmatched, running ones end.
+  queue_mu_.Await(absl::Condition(
+      +[](size_t* calls) { return *calls == 0; }, &queued_calls_));
+  cq->Shutdown();
+  queue_stopped_ = true;
+}
+
+}  // namespace ps::server

@@ -1,0 +1,44 @@
+// GrpcParameterStore's Exchange: one call's PushPull frames per server, shared by the files
+// that build and read them (grpc_store_frames.cc) and run them (grpc_store.cc). Internal.
+#ifndef PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
+#define PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "worker/rpc/grpc_store.h"
+
+namespace ps::worker {
+
+// One call's frames: headers and payload pieces per server, and where pulled values go.
+struct GrpcParameterStore::Exchange {
+  struct SparseOut {
+    const common::SparsePull* pull;
+    const common::TableInfo* info;
+    // Per server: positions in pull->keys of the first occurrences it answers for.
+    std::vector<std::vector<uint32_t>> positions;
+    std::vector<std::pair<uint32_t, uint32_t>> repeats;  // (position, its first occurrence)
+  };
+  explicit Exchange(size_t n) : headers(n), payloads(n) {}
+
+  std::vector<PushPullRequest> headers;
+  // Per server, in header order: aliased gradient bytes, or bytes of `encoded`.
+  std::vector<std::vector<absl::string_view>> payloads;
+  // Owned encode buffers (stable addresses), taken from the store's spares. A list: empty,
+  // it allocates nothing (a deque allocates two blocks up front, on every call).
+  std::list<std::string> encoded;
+  absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
+  absl::flat_hash_map<std::string, SparseOut> sparse_out;
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  uint64_t duplicates = 0;
+};
+
+}  // namespace ps::worker
+
+#endif  // PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_

@@ -227,10 +227,6 @@ grpc::ChannelArguments MakeChannelArguments(const RpcConfig& rpc) {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Each store keeps its own connections (one per server), not shared with other stores.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // The store retries by itself (back-off, exactly-once by sequence numbers); gRPC's retry
-  // layer would only add its per-call bookkeeping (a call attempt, cached send ops) to every
-  // call. A call that never reached the server comes back UNAVAILABLE and is retried there.
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   for (const auto& [name, value] : DataPathChannelArgs()) args.SetInt(name, value);
   return args;
 }

@@ -236,7 +236,7 @@ absl::StatusOr<LoadResult> RunMedian(const BenchEnv& env, const std::string& wha
                                      const std::function<absl::StatusOr<LoadResult>()>& run,
                                      std::atomic<uint64_t>* calls) {
   const std::vector<pid_t> servers =
-      env.cluster != nullptr ? env.cluster->pids() : std::vector<pid_t>();
+      env.cluster != nullptr ? env.cluster->pids() : env.server_pids;
   std::vector<LoadResult> runs;
   std::map<double, std::pair<BenchRow::Usage, BenchRow::Usage>> usage;  // by calls/s
   // One call per thread first, so that the costs per call are those of the steady state, not

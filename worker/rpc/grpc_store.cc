@@ -20,6 +20,8 @@
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "worker/rpc/grpc_async_calls.h"
 #include "worker/rpc/grpc_store_exchange.h"
 #include "worker/rpc/unanswered.h"
@@ -63,10 +65,15 @@ struct GrpcParameterStore::Metrics {
 
 absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::Create(
     const JobConfig& config, const GrpcStoreOptions& options, common::metrics::Registry* metrics) {
+  ASSIGN_OR_RETURN(auto credentials, common::MakeChannelCredentials(config.security()));
+  grpc::ChannelArguments args = common::MakeChannelArguments(config.rpc());
+  // The store retries by itself (back-off, exactly-once by sequence numbers): gRPC's retry
+  // layer only added its per-call bookkeeping to every call. A call that never reached its
+  // server comes back UNAVAILABLE and FanOut retries it.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const std::string& address : config.cluster().servers()) {
-    ASSIGN_OR_RETURN(auto channel, common::MakeChannel(address, config));
-    channels.push_back(std::move(channel));
+    channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
   }
   return CreateWithChannels(config, options, std::move(channels), metrics);
 }

@@ -79,7 +79,8 @@ struct ParameterServerService::Metrics {
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
             "identity, "
-            "bad_encoding, bound_timeout, turn_timeout, too_many_waiting, unparseable, other).",
+            "bad_encoding, bound_timeout, turn_timeout, too_many_waiting, server_busy, "
+            "unparseable, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(
             "ps_rejected_requests_total",
@@ -411,9 +412,15 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
     Finish(reactor, ServePush(*request, response, arrived));
     return reactor;
   }
-  pool_.Schedule([this, reactor, request, response, arrived] {
-    Finish(reactor, ServePush(*request, response, arrived));
-  });
+  const size_t bytes = request->ByteSizeLong();
+  if (absl::Status s = ServeOnPool(bytes, [this, reactor, request, response, arrived] {
+        Finish(reactor, ServePush(*request, response, arrived));
+      });
+      !s.ok()) {
+    context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
+    Record(kPush, arrived, s, bytes, 0);
+    Finish(reactor, s);
+  }
   return reactor;
 }
 
@@ -448,6 +455,49 @@ absl::Status ParameterServerService::Unparseable(absl::Status status) {
 
 bool ParameterServerService::PushesWait() const {
   return shard_->config().training().deterministic();
+}
+
+absl::Status ParameterServerService::ServeOnPool(size_t bytes, std::function<void()> serve) {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    // The first request always gets in: one within the message size limit must be servable.
+    if (pool_requests_ > 0 && (pool_requests_ >= options_.max_pool_requests ||
+                               bytes > options_.max_pool_request_bytes - std::min(
+                                           pool_request_bytes_, options_.max_pool_request_bytes))) {
+      const size_t held = pool_requests_;
+      const size_t held_bytes = pool_request_bytes_;
+      return shard_->Reject(
+          kServerBusyReason,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "server busy: ", held, " requests (", held_bytes,
+              " bytes) wait for or run on its threads already (max_pool_requests ",
+              options_.max_pool_requests, ", max_pool_request_bytes ",
+              options_.max_pool_request_bytes, "); this one (", bytes,
+              " bytes) changed nothing and may be sent again")));
+    }
+    ++pool_requests_;
+    pool_request_bytes_ += bytes;
+  }
+  pool_.Schedule([this, bytes, serve = std::move(serve)] {
+    serve();
+    absl::MutexLock lock(&pool_mu_);
+    --pool_requests_;
+    pool_request_bytes_ -= bytes;
+  });
+  return absl::OkStatus();
+}
+
+size_t ParameterServerService::pool_requests() const {
+  absl::MutexLock lock(&pool_mu_);
+  return pool_requests_;
+}
+
+void ParameterServerService::WaitForPoolRequestsForTest(size_t n) {
+  absl::MutexLock lock(&pool_mu_);
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_) {
+    return pool_requests_ == n;
+  };
+  pool_mu_.Await(absl::Condition(&reached));
 }
 
 absl::Status ParameterServerService::FramePushParts(const PushPullRequest& header,
@@ -616,7 +666,12 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
     serve();
     return reactor;
   }
-  pool_.Schedule(std::move(serve));
+  if (absl::Status s = ServeOnPool(request->Length(), std::move(serve)); !s.ok()) {
+    context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
+    Record(kPush, arrived, s, request->Length(), 0);
+    Finish(reactor, s);
+    reactor->Started(0);
+  }
   return reactor;
 }
 

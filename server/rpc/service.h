@@ -40,6 +40,11 @@
 
 namespace ps::server {
 
+// The rejection reason (RejectionReason) of a call refused because the server holds too many
+// requests already (ServiceOptions::max_pool_requests); its answer carries
+// common::kServerBusyMetadata.
+inline constexpr char kServerBusyReason[] = "server_busy";
+
 struct ServiceOptions {
   // Threads running pulls and pushes. REQUIRES: > 0.
   int num_threads = 4;
@@ -55,6 +60,14 @@ struct ServiceOptions {
   AuthOptions auth;
   // Idle payload buffers kept for reuse (receive gathers and pull answers), bytes.
   size_t max_cached_payload_bytes = size_t{512} << 20;
+  // Requests handed to the pool (those of 4 MB or more, and pushes of a deterministic-BSP
+  // job) hold their bytes from arrival until served. At most this many such requests, and
+  // this many of their bytes, wait for or run on the pool at once; one more is refused with
+  // RESOURCE_EXHAUSTED (reason "server_busy", the trailer kServerBusyMetadata set) and
+  // changes nothing. A request is always let in when none is held, so any request within
+  // the message size limit can be served. REQUIRES: > 0.
+  size_t max_pool_requests = 64;
+  size_t max_pool_request_bytes = size_t{1} << 30;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -153,6 +166,13 @@ class ParameterServerService final
   // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
   const common::DataPathCounters& data_path_counters() const { return counters_; }
 
+  // Requests handed to the pool and not yet done (see max_pool_requests).
+  size_t pool_requests() const ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Blocks until exactly `n` requests are held by the pool.
+  void WaitForPoolRequestsForTest(size_t n) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Runs `task` on the pool, outside its caps (tests hold the pool's threads with it).
+  void RunOnPoolForTest(std::function<void()> task) { pool_.Schedule(std::move(task)); }
+
  private:
   struct Metrics;
   // A PushPull frame counts as a push when it carries one, as a pull otherwise.
@@ -210,6 +230,12 @@ class ParameterServerService final
                       std::function<absl::Status()> read, Done done);
   // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
   bool PushesWait() const;
+  // Runs `serve` (a call's whole work) on the pool, counted against max_pool_requests and
+  // max_pool_request_bytes until it returns, and returns OK; or, when the request's `bytes`
+  // do not fit, returns RESOURCE_EXHAUSTED ("server_busy", counted) without running it: the
+  // caller answers the call with that status, and nothing has changed.
+  absl::Status ServeOnPool(size_t bytes, std::function<void()> serve)
+      ABSL_LOCKS_EXCLUDED(pool_mu_);
   // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
   // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
   // out == nullptr, into the answer's bytes fields.
@@ -248,6 +274,10 @@ class ParameterServerService final
   bool queue_stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
   // QueuedCalls alive (asked for, or running until their last tag).
   size_t queued_calls_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  // Requests held by the pool (ServeOnPool) and their bytes.
+  mutable absl::Mutex pool_mu_;
+  size_t pool_requests_ ABSL_GUARDED_BY(pool_mu_) = 0;
+  size_t pool_request_bytes_ ABSL_GUARDED_BY(pool_mu_) = 0;
   common::ThreadPool pool_;
 };
 

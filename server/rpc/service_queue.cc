@@ -164,6 +164,9 @@ class ParameterServerService::TypedCall final : public UnaryCall {
     service->RequestAsyncUnary(method, &context_, &request, &responder_, cq, cq, &arrived_tag_);
   }
   void Finish(const absl::Status& status) override {
+    if (!status.ok() && RejectionReason(status) == kServerBusyReason) {
+      context_.AddTrailingMetadata(common::kServerBusyMetadata, "1");
+    }
     responder_.Finish(response, common::ToGrpcStatus(status), &finished_tag_);
   }
 
@@ -312,19 +315,30 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
         c->Finish(s->ServePush(c->request, &c->response, arrived));
         c->Started(0);
       };
-      if (!s->PushesWait() && c->request.ByteSizeLong() < kInlineRequestBytes) return serve();
-      s->pool_.Schedule(std::move(serve));
+      const size_t bytes = c->request.ByteSizeLong();
+      if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
+      if (absl::Status st = s->ServeOnPool(bytes, std::move(serve)); !st.ok()) {
+        s->Record(kPush, arrived, st, bytes, 0);
+        c->Finish(st);
+        c->Started(0);
+      }
     });
   } else {
     using Call = TypedCall<grpc::ByteBuffer, grpc::ByteBuffer>;
     new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
-      auto serve = [s, c, arrived = absl::Now(), peer = c->Peer()] {
+      const absl::Time arrived = absl::Now();
+      auto serve = [s, c, arrived, peer = c->Peer()] {
         c->Started(s->StartPushPull(c->request, c->deadline(), &c->response, arrived, &peer,
                                     [c](absl::Status status) { c->Finish(status); }));
       };
       // No push here waits: answer on this thread; a pull that must wait is parked.
-      if (!s->PushesWait() && c->request.Length() < kInlineRequestBytes) return serve();
-      s->pool_.Schedule(std::move(serve));
+      const size_t bytes = c->request.Length();
+      if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
+      if (absl::Status st = s->ServeOnPool(bytes, std::move(serve)); !st.ok()) {
+        s->Record(kPush, arrived, st, bytes, 0);  // not parsed: counted as a push
+        c->Finish(st);
+        c->Started(0);
+      }
     });
   }
 }

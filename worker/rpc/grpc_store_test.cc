@@ -11,6 +11,7 @@
 #include "common/config/config.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/frame_testing.h"
+#include "common/rpc/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
@@ -21,11 +22,13 @@ namespace ps::worker {
 namespace {
 
 // Records every push it receives (the PushPull frames the store sends, as the PushRequest
-// each stands for) and answers the first `fail_pushes` with UNAVAILABLE.
+// each stands for) and answers the first `fail_pushes` with `code` (marked as a busy
+// server's refusal when `busy`).
 class RecordingServer final
     : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
  public:
-  explicit RecordingServer(int fail_pushes) : fail_pushes_(fail_pushes) {}
+  RecordingServer(int fail_pushes, grpc::StatusCode code, bool busy)
+      : code_(code), busy_(busy), fail_pushes_(fail_pushes) {}
 
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -37,7 +40,8 @@ class RecordingServer final
     pushes_.push_back(push.ok() ? *push : PushRequest());
     if (fail_pushes_ > 0) {
       --fail_pushes_;
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dropped for the test"));
+      if (busy_) context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
+      reactor->Finish(grpc::Status(code_, "dropped for the test"));
     } else {
       *response = common::FrameBuilder(PushPullResponse()).Build();
       reactor->Finish(grpc::Status::OK);
@@ -51,6 +55,8 @@ class RecordingServer final
   }
 
  private:
+  const grpc::StatusCode code_;
+  const bool busy_;
   absl::Mutex mu_;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
@@ -58,8 +64,9 @@ class RecordingServer final
 
 class GrpcStoreTest : public ::testing::Test {
  protected:
-  void Start(int fail_pushes) {
-    service_ = std::make_unique<RecordingServer>(fail_pushes);
+  void Start(int fail_pushes, grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE,
+             bool busy = false, uint32_t max_retries = 20) {
+    service_ = std::make_unique<RecordingServer>(fail_pushes, code, busy);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -84,6 +91,7 @@ class GrpcStoreTest : public ::testing::Test {
     options.initial_backoff = absl::Milliseconds(1);
     options.max_backoff = absl::Milliseconds(1);
     options.deadline = absl::Seconds(30);
+    options.max_retries = max_retries;
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     channels.push_back(server_->InProcessChannel(grpc::ChannelArguments()));
     auto store = GrpcParameterStore::CreateWithChannels(config, options, std::move(channels));
@@ -111,6 +119,36 @@ class GrpcStoreTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<GrpcParameterStore> store_;
 };
+
+// A busy server's refusal changed nothing at the server: the store sends the same push (same
+// sequence) again, within its retries.
+TEST_F(GrpcStoreTest, ABusyServersRefusalIsRetried) {
+  Start(/*fail_pushes=*/2, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
+  ASSERT_TRUE(PushOnce(1).ok());
+  const std::vector<PushRequest> pushes = service_->pushes();
+  ASSERT_EQ(pushes.size(), 3u);
+  EXPECT_EQ(pushes[1].SerializeAsString(), pushes[0].SerializeAsString());
+  EXPECT_EQ(pushes[2].SerializeAsString(), pushes[0].SerializeAsString());
+  EXPECT_EQ(store_->stats().retries, 2u);
+}
+
+TEST_F(GrpcStoreTest, BusyRetriesAreBounded) {
+  Start(/*fail_pushes=*/100, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true,
+        /*max_retries=*/3);
+  const absl::Status status = PushOnce(1);
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  EXPECT_EQ(service_->pushes().size(), 4u);
+}
+
+// Without the busy mark RESOURCE_EXHAUSTED says the request cannot be served (too large,
+// too many waiting pulls): returned at once.
+TEST_F(GrpcStoreTest, OtherResourceExhaustedIsNotRetried) {
+  Start(/*fail_pushes=*/1, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/false);
+  const absl::Status status = PushOnce(1);
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  EXPECT_EQ(service_->pushes().size(), 1u);
+  EXPECT_EQ(store_->stats().retries, 0u);
+}
 
 TEST_F(GrpcStoreTest, RetriedPushResendsIdenticalBytes) {
   Start(/*fail_pushes=*/1);

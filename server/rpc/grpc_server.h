@@ -40,7 +40,9 @@ struct GrpcServerOptions {
   // server.max_concurrent_streams). gRPC clients queue calls beyond it on their side; a peer
   // that opens more streams anyway after acknowledging the setting loses its connection. So
   // a connection makes the server hold at most this many requests of up to
-  // max_message_bytes each, however many calls it sends. REQUIRES: > 0.
+  // max_message_bytes each, however many calls it sends. Keep it above the parked pulls a
+  // worker may have (ServiceOptions::max_parked_pulls_per_worker, 16), so that a worker's
+  // waiting pulls never hold every stream its pushes need. REQUIRES: > 0.
   int max_concurrent_streams = 32;
 };
 

@@ -1,6 +1,6 @@
 // ParameterServerService's calls taken from a completion queue (ServeFromQueue): the tags,
-// the unary calls of each method, the health check, and the serving loop. The handlers they
-// run are service.cc's.
+// the unary calls of each method, the health check, the serving loop, and the cap on the
+// requests handed to the pool. The handlers they run are service.cc's.
 #include <atomic>
 #include <string>
 #include <utility>
@@ -440,6 +440,51 @@ void ParameterServerService::StopQueue(grpc::ServerCompletionQueue* cq) {
       +[](size_t* calls) { return *calls == 0; }, &queued_calls_));
   cq->Shutdown();
   queue_stopped_ = true;
+}
+
+// ---- Requests held by the pool ----------------------------------------------------------
+
+absl::Status ParameterServerService::ServeOnPool(size_t bytes, std::function<void()> serve) {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    // The first request always gets in: one within the message size limit must be servable.
+    // (Both sums stay far below 2^64: bytes are within the message size limit.)
+    if (pool_requests_ > 0 && (pool_requests_ >= options_.max_pool_requests ||
+                               pool_request_bytes_ + bytes > options_.max_pool_request_bytes)) {
+      const size_t held = pool_requests_;
+      const size_t held_bytes = pool_request_bytes_;
+      return shard_->Reject(
+          kServerBusyReason,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "server busy: ", held, " requests (", held_bytes,
+              " bytes) wait for or run on its threads already (max_pool_requests ",
+              options_.max_pool_requests, ", max_pool_request_bytes ",
+              options_.max_pool_request_bytes, "); this one (", bytes,
+              " bytes) changed nothing and may be sent again")));
+    }
+    ++pool_requests_;
+    pool_request_bytes_ += bytes;
+  }
+  pool_.Schedule([this, bytes, serve = std::move(serve)] {
+    serve();
+    absl::MutexLock lock(&pool_mu_);
+    --pool_requests_;
+    pool_request_bytes_ -= bytes;
+  });
+  return absl::OkStatus();
+}
+
+size_t ParameterServerService::pool_requests() const {
+  absl::MutexLock lock(&pool_mu_);
+  return pool_requests_;
+}
+
+void ParameterServerService::WaitForPoolRequestsForTest(size_t n) {
+  absl::MutexLock lock(&pool_mu_);
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_) {
+    return pool_requests_ == n;
+  };
+  pool_mu_.Await(absl::Condition(&reached));
 }
 
 }  // namespace ps::server

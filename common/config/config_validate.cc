@@ -297,6 +297,8 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
   Positive(errors, "server.max_pool_requests", server.max_pool_requests());
   Positive(errors, "server.max_pool_request_bytes",
            static_cast<double>(server.max_pool_request_bytes()));
+  Positive(errors, "server.max_unsent_answer_bytes",
+           static_cast<double>(server.max_unsent_answer_bytes()));
 
   const ps::RpcConfig& rpc = config.rpc();
   Positive(errors, "rpc.deadline_s", rpc.deadline_s());

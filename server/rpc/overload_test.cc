@@ -1,8 +1,9 @@
 // What a client can make a GrpcServer hold is capped: requests waiting for the service's pool
-// (max_pool_requests, max_pool_request_bytes: one more is refused with RESOURCE_EXHAUSTED,
-// reason "server_busy", marked retryable, and changes nothing), and calls open on one
-// connection (max_concurrent_streams: announced in the server's HTTP/2 SETTINGS, honoured by
-// gRPC clients, and a peer that opens more streams anyway loses its connection).
+// (max_pool_requests, max_pool_request_bytes) and answers its peers do not take
+// (max_unsent_answer_bytes), beyond which a call is refused with RESOURCE_EXHAUSTED, reason
+// "server_busy", marked retryable, and changes nothing; and calls open on one connection
+// (max_concurrent_streams: announced in the server's HTTP/2 SETTINGS, honoured by gRPC
+// clients, and a peer that opens more streams anyway loses its connection).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -76,6 +77,7 @@ class OverloadTest : public ::testing::Test {
   std::unique_ptr<ParameterServer::Stub> NewStub() {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetMaxReceiveMessageSize(-1);
     return ParameterServer::NewStub(grpc::CreateCustomChannel(
         absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
   }
@@ -303,7 +305,11 @@ class RawConnection {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   }
-  ~RawConnection() { close(fd_); }
+  ~RawConnection() { Close(); }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
   bool connected() const { return connected_; }
 
   void Send(const std::string& bytes) {
@@ -352,15 +358,15 @@ class RawConnection {
   bool connected_ = false;
 };
 
-constexpr uint8_t kHeaders = 0x1, kSettings = 0x4, kPing = 0x6, kGoAway = 0x7;
-constexpr uint8_t kAck = 0x1, kEndHeaders = 0x4;
+constexpr uint8_t kData = 0x0, kHeaders = 0x1, kSettings = 0x4, kPing = 0x6, kGoAway = 0x7;
+constexpr uint8_t kAck = 0x1, kEndStream = 0x1, kEndHeaders = 0x4;
 constexpr uint16_t kMaxConcurrentStreams = 0x3;
 
-// Opens the connection (preface, empty SETTINGS) and returns the server's SETTINGS value
-// of `id` (0 when not sent).
-uint32_t Handshake(RawConnection* c, uint16_t id) {
+// Opens the connection (preface, SETTINGS with `settings`) and returns the server's
+// SETTINGS value of `id` (0 when not sent).
+uint32_t Handshake(RawConnection* c, uint16_t id, const std::string& settings = "") {
   c->Send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-  c->SendFrame(kSettings, 0, 0, "");
+  c->SendFrame(kSettings, 0, 0, settings);
   RawConnection::Frame f;
   while (c->Read(&f)) {
     if (f.type != kSettings || (f.flags & kAck) != 0) continue;
@@ -436,6 +442,48 @@ TEST_F(OverloadTest, APeerOpeningMoreStreamsThanTheCapLosesItsConnection) {
   pull->done.WaitForNotification();
   EXPECT_TRUE(pull->status.ok()) << pull->status.error_message();
   (void)goaway;  // GOAWAY or a plain close: either ends the connection
+}
+
+// A peer that takes no byte of its answers (stream windows of 0): the server holds them
+// until the call ends, and while they are over max_unsent_answer_bytes new pulls are refused
+// as busy (retryable) instead of piling up more.
+TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
+  ServiceOptions options;
+  options.max_unsent_answer_bytes = 1 << 20;
+  Start(options, GrpcServerOptions{}, kLargeJob);
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.connected());
+  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
+  Handshake(&c, kMaxConcurrentStreams, no_window);
+  c.SendFrame(kSettings, kAck, 0, "");
+  PullRequest pull;
+  *pull.mutable_header() = Header(-1, 0, 0);
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  const std::string message = pull.SerializeAsString();
+  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    grpc_message.push_back(static_cast<char>(message.size() >> shift));
+  }
+  c.SendFrame(kHeaders, kEndHeaders, 1, PullHeaders());
+  c.SendFrame(kData, kEndStream, 1, grpc_message + message);
+  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+
+  auto refused = SendPull(stub_.get(), 0, 0);
+  refused->done.WaitForNotification();
+  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused->status.error_message(), HasSubstr("answers wait for their peers"));
+  EXPECT_TRUE(MarkedBusy(refused->context));
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+
+  // The peer goes: its call ends, the server lets go of its answer and serves pulls again.
+  c.Close();
+  while (service_->unsent_answer_bytes() != 0) absl::SleepFor(absl::Milliseconds(1));
+  auto served = SendPull(stub_.get(), 0, 0);
+  served->done.WaitForNotification();
+  EXPECT_TRUE(served->status.ok()) << served->status.error_message();
 }
 
 // A gRPC client queues the calls beyond the cap: five pulls that must wait for the bound,

@@ -68,6 +68,11 @@ struct ServiceOptions {
   // the message size limit can be served. REQUIRES: > 0.
   size_t max_pool_requests = 64;
   size_t max_pool_request_bytes = size_t{1} << 30;
+  // Answers handed to gRPC that their peers have not taken yet, bytes: a peer that does not
+  // read keeps its answers in this server until its calls end. While more than this is
+  // held, new Pull and PushPull calls get RESOURCE_EXHAUSTED ("server_busy", retryable) and
+  // change nothing. Counted for calls from a completion queue (ServeFromQueue).
+  size_t max_unsent_answer_bytes = size_t{2} << 30;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -168,6 +173,10 @@ class ParameterServerService final
 
   // Requests handed to the pool and not yet done (see max_pool_requests).
   size_t pool_requests() const ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Bytes of answers given to gRPC and not yet taken (see max_unsent_answer_bytes).
+  size_t unsent_answer_bytes() const {
+    return unsent_answer_bytes_.load(std::memory_order_relaxed);
+  }
   // Blocks until exactly `n` requests are held by the pool.
   void WaitForPoolRequestsForTest(size_t n) ABSL_LOCKS_EXCLUDED(pool_mu_);
   // Runs `task` on the pool, outside its caps (tests hold the pool's threads with it).
@@ -236,6 +245,9 @@ class ParameterServerService final
   // caller answers the call with that status, and nothing has changed.
   absl::Status ServeOnPool(size_t bytes, std::function<void()> serve)
       ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // RESOURCE_EXHAUSTED ("server_busy", counted) while more than max_unsent_answer_bytes of
+  // answers wait for their peers; OK otherwise.
+  absl::Status CheckUnsentAnswers();
   // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
   // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
   // out == nullptr, into the answer's bytes fields.
@@ -278,6 +290,8 @@ class ParameterServerService final
   mutable absl::Mutex pool_mu_;
   size_t pool_requests_ ABSL_GUARDED_BY(pool_mu_) = 0;
   size_t pool_request_bytes_ ABSL_GUARDED_BY(pool_mu_) = 0;
+  // Answers between Finish and their finish tag (UnaryCall).
+  std::atomic<size_t> unsent_answer_bytes_{0};
   common::ThreadPool pool_;
 };
 

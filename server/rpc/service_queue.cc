@@ -109,6 +109,10 @@ class ParameterServerService::UnaryCall : public QueuedCall {
         Unref();
         return;
       case kFinished:
+        // The answer is on the wire, or the call ended without it: either way gRPC let go.
+        service_->unsent_answer_bytes_.fetch_sub(answer_bytes_, std::memory_order_relaxed);
+        Unref();
+        return;
       case kRead:
         Unref();
         return;
@@ -123,11 +127,18 @@ class ParameterServerService::UnaryCall : public QueuedCall {
   // Serves the call on this thread, or hands it on (the pool, a parked pull).
   virtual void Serve() = 0;
 
+  // Counts the answer of `bytes` as held until its finish tag (Finish calls it once).
+  void HoldAnswer(size_t bytes) {
+    answer_bytes_ = bytes;
+    service_->unsent_answer_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
   grpc::ServerContext context_;
   Tag arrived_tag_{this, kArrived};
   Tag finished_tag_{this, kFinished};
 
  private:
+  size_t answer_bytes_ = 0;  // set before Finish, read when its tag comes
   void Cancel() {
     WaiterId id;
     {
@@ -167,6 +178,7 @@ class ParameterServerService::TypedCall final : public UnaryCall {
     if (!status.ok() && RejectionReason(status) == kServerBusyReason) {
       context_.AddTrailingMetadata(common::kServerBusyMetadata, "1");
     }
+    HoldAnswer(status.ok() ? AnswerBytes(response) : 0);
     responder_.Finish(response, common::ToGrpcStatus(status), &finished_tag_);
   }
 
@@ -175,6 +187,10 @@ class ParameterServerService::TypedCall final : public UnaryCall {
 
  private:
   void Serve() override { handler_(service_, this); }
+  static size_t AnswerBytes(const grpc::ByteBuffer& answer) { return answer.Length(); }
+  static size_t AnswerBytes(const google::protobuf::Message& answer) {
+    return answer.ByteSizeLong();
+  }
 
   grpc::ServerAsyncResponseWriter<Response> responder_;
   const Handler handler_;
@@ -286,10 +302,12 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
     using Call = TypedCall<PullRequest, PullResponse>;
     new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
       const absl::Time arrived = absl::Now();
-      if (absl::Status st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(),
-                                                 "pull");
-          !st.ok()) {
-        st = s->shard_->Reject("identity", std::move(st));
+      absl::Status st = s->CheckUnsentAnswers();
+      if (st.ok()) {
+        st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(), "pull");
+        if (!st.ok()) st = s->shard_->Reject("identity", std::move(st));
+      }
+      if (!st.ok()) {
         s->Record(kPull, arrived, st, c->request.ByteSizeLong(), 0);
         c->Finish(st);
         c->Started(0);
@@ -333,8 +351,12 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
       };
       // No push here waits: answer on this thread; a pull that must wait is parked.
       const size_t bytes = c->request.Length();
-      if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
-      if (absl::Status st = s->ServeOnPool(bytes, std::move(serve)); !st.ok()) {
+      absl::Status st = s->CheckUnsentAnswers();
+      if (st.ok()) {
+        if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
+        st = s->ServeOnPool(bytes, std::move(serve));
+      }
+      if (!st.ok()) {
         s->Record(kPush, arrived, st, bytes, 0);  // not parsed: counted as a push
         c->Finish(st);
         c->Started(0);
@@ -477,6 +499,17 @@ absl::Status ParameterServerService::ServeOnPool(size_t bytes, std::function<voi
 size_t ParameterServerService::pool_requests() const {
   absl::MutexLock lock(&pool_mu_);
   return pool_requests_;
+}
+
+absl::Status ParameterServerService::CheckUnsentAnswers() {
+  const size_t held = unsent_answer_bytes_.load(std::memory_order_relaxed);
+  if (held <= options_.max_unsent_answer_bytes) return absl::OkStatus();
+  return shard_->Reject(
+      kServerBusyReason,
+      absl::ResourceExhaustedError(absl::StrCat(
+          "server busy: ", held, " bytes of answers wait for their peers to take them "
+          "(max_unsent_answer_bytes ", options_.max_unsent_answer_bytes,
+          "); this call changed nothing and may be sent again")));
 }
 
 void ParameterServerService::WaitForPoolRequestsForTest(size_t n) {

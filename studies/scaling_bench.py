@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput of centralized mode against 1, 2 and 4 workers on 1 and 2 servers.
 
-    python3 studies/scaling_bench.py [--epochs 1] [--set training.prefetch=true] [--json F]
+    python3 studies/scaling_bench.py [--epochs 1] [--set training.prefetch=false] [--json F]
 
 For each model (Fashion-MNIST MLP, synthetic CTR) it runs the job once in centralized mode
 and once per (servers, workers) cell through tools/launch_local.py, all on this machine, and
@@ -15,6 +15,8 @@ worst worker, its communication over its compute time, two ways:
 Without prefetch the two are equal. Logs of binaries older than the comm_s field give
 (pull + push) / compute for both without prefetch; with prefetch their calls/compute is unknown
 ("-") and exposed is (pull + push + wait) / compute.
+Each mode runs with the config's defaults: distributed asynchronous jobs overlap their steps
+(training.prefetch), centralized ones do not; --set applies to every run, centralized included.
 Build first: bazel build //server:ps_server //worker:ps_worker
 """
 

@@ -292,7 +292,10 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
   // and the next step's pull go out as one PushPull (the pull reads after the push, as a
   // Push then a Pull would). Its time counts as the step's push; the pull phase is then 0.
   Batch batches[2];
-  Staged pushed;  // the gradients, copied: preparing the next pull may reuse the model's
+  // The gradients, copied when preparing the next pull may change the model's (sparse keys);
+  // a model whose pushes survive the next pull (the MLP) sends its own buffers.
+  Staged pushed;
+  const bool stage_push = !model_->PushSurvivesNextPull();
   std::vector<int64_t> indices;
   absl::Time t0 = absl::Now();
   if (state->stop || !it->Next(&indices)) return absl::OkStatus();
@@ -321,13 +324,13 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
     if (has_next) {
       train_->FillBatch(indices, &batches[1 - cur]);
       next_offset = it->offset();
-      StagePush(push, &pushed);
+      if (stage_push) StagePush(push, &pushed);
       common::PullBatch next_pull;
       RETURN_IF_ERROR(model_->PreparePull(batches[1 - cur], &next_pull));
       p0 = absl::Now();
       next_data = p0 - c1;
-      RETURN_IF_ERROR_CTX(store_->PushPull(pushed.push, push_options, next_pull,
-                                           common::PullOptions{state->clock + 1}),
+      RETURN_IF_ERROR_CTX(store_->PushPull(stage_push ? pushed.push : push, push_options,
+                                           next_pull, common::PullOptions{state->clock + 1}),
                           what);
     } else {
       RETURN_IF_ERROR_CTX(store_->Push(push, push_options), what);

@@ -55,6 +55,7 @@ class RecordingStore final : public common::ParameterStore {
     int64_t clock;
     bool fused = false;
     uint64_t fingerprint = 0;  // pushes: FNV-1a over the bits of every value pushed
+    const float* first_values = nullptr;  // pushes: where the first table's values were
   };
   explicit RecordingStore(common::ParameterStore* inner) : inner_(inner) {}
   void FailPushNumber(int n) { fail_push_ = n; }
@@ -105,7 +106,10 @@ class RecordingStore final : public common::ParameterStore {
   absl::Status RecordPush(const common::PushBatch& batch, const common::PushOptions& options,
                           bool fused) {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({true, options.clock, fused, Fingerprint(batch)});
+    const float* first = !batch.dense.empty()    ? batch.dense[0].values.data()
+                         : !batch.sparse.empty() ? batch.sparse[0].values.data()
+                                                 : nullptr;
+    calls_.push_back({true, options.clock, fused, Fingerprint(batch), first});
     if (++pushes_ == fail_push_) return absl::UnavailableError("push refused by the test");
     return absl::OkStatus();
   }
@@ -275,6 +279,25 @@ TEST_F(TrainerTest, PrefetchPushesTheSameGradientsAsPlainStepsWhenParametersStay
 // The breakdown: without prefetch every call blocks the step (calls == exposed == pull +
 // push); with prefetch the calls run in the background, and exposed is what the steps spent
 // staging and waiting.
+// Plain steps of a model whose next pull may change its gradients (the CTR model's sparse
+// rows) send a copy of them, never the model's own buffers.
+TEST_F(TrainerTest, PlainStepsPushACopyOfGradientsTheNextPullMayChange) {
+  adjust_ = [](TrainerOptions* o) { o->evaluate = false; };  // keeps the last gradients
+  RecordingStore* recorder = nullptr;
+  ASSERT_OK(Train(/*prefetch=*/false, 20, &recorder).status());
+  ASSERT_FALSE(model_->PushSurvivesNextPull());
+  common::PushBatch own;
+  ASSERT_OK(model_->PreparePush(&own));
+  int fused = 0;
+  for (const RecordingStore::Call& c : recorder->calls()) {
+    if (!c.push || !c.fused) continue;
+    ++fused;
+    for (const common::DensePush& p : own.dense) EXPECT_NE(c.first_values, p.values.data());
+    for (const common::SparsePush& p : own.sparse) EXPECT_NE(c.first_values, p.values.data());
+  }
+  EXPECT_EQ(fused, 19);
+}
+
 TEST_F(TrainerTest, CommunicationTimesAddUp) {
   absl::StatusOr<TrainResult> plain = Train(/*prefetch=*/false, /*max_steps=*/50);
   ASSERT_OK(plain.status());
@@ -420,6 +443,26 @@ TEST_F(MlpTrainerTest, PrefetchWithBufferSetsPushesWhatPlainStepsPushWhenParamet
   EXPECT_EQ(got, expected);
   ASSERT_TRUE(plain->final_eval.has_value() && overlapped->final_eval.has_value());
   EXPECT_EQ(overlapped->final_eval->loss, plain->final_eval->loss);
+}
+
+// Plain steps of the MLP (its pulls leave the gradients alone) push the gradients from the
+// buffers the backward pass wrote, without copying them; that they are the same values as
+// steps that copy them is checked above (prefetch with buffer sets).
+TEST_F(MlpTrainerTest, PlainStepsPushTheModelsGradientBuffersWithoutCopying) {
+  adjust_ = [](TrainerOptions* o) { o->evaluate = false; };
+  RecordingStore* recorder = nullptr;
+  ASSERT_OK(Train(/*prefetch=*/false, 0, &recorder).status());
+  ASSERT_TRUE(model_->PushSurvivesNextPull());
+  common::PushBatch own;
+  ASSERT_OK(model_->PreparePush(&own));
+  ASSERT_FALSE(own.dense.empty());
+  int pushes = 0;
+  for (const RecordingStore::Call& c : recorder->calls()) {
+    if (!c.push) continue;
+    ++pushes;
+    EXPECT_EQ(c.first_values, own.dense[0].values.data()) << "push at clock " << c.clock;
+  }
+  EXPECT_EQ(pushes, 50);
 }
 
 // With learning, each step's parameters are those of a pull that saw every push of this

@@ -41,6 +41,11 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
   return job;
 }
 
+bool PrefetchSteps(const TrainingConfig& training, bool centralized) {
+  if (training.has_prefetch()) return training.prefetch();
+  return !centralized && !training.has_staleness() && training.local_sgd().steps() == 0;
+}
+
 TrainingJob::TrainingJob(const JobConfig& config, const TrainingJobOptions& options)
     : config_(config), options_(options) {}
 
@@ -129,7 +134,7 @@ absl::StatusOr<TrainerOptions> TrainingJob::MakeTrainerOptions() {
   options.progress = stderr;
   options.progress_tty = isatty(fileno(stderr));
   options.progress_interval = absl::Seconds(config_.training().progress_interval_s());
-  options.prefetch = config_.training().prefetch();
+  options.prefetch = PrefetchSteps(config_.training(), options_.centralized);
   options.log_tag = absl::StrFormat("\"job\":\"%s\",\"mode\":\"%s\"", config_.name(),
                                     options_.centralized ? "centralized" : "distributed");
   // A restarted worker resumes where the store saw it last (its data position and clock); a

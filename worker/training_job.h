@@ -54,6 +54,18 @@ struct TrainingJobOptions {
   absl::Duration position_interval = absl::Seconds(1);
 };
 
+// Whether the job's steps overlap their store calls with compute (Trainer's prefetch):
+// training.prefetch when the config sets it; unset, on for a distributed job without a
+// consistency bound (staleness unset) and without local SGD, off otherwise. Async training
+// already lets every other worker's pushes arrive at any delay, so the one step of its own
+// gradients a prefetched pull lacks changes nothing it promises, while the step stops
+// waiting for the round trip whenever the call is no longer than compute (on any cluster
+// where servers are not on the worker's cores, the common case). BSP refuses prefetch; under
+// SSP the extra step would count against the bound the job chose; a centralized run keeps
+// exact sequential SGD (its in-process store has no round trip to hide). Each may still set
+// training.prefetch: true (not BSP).
+bool PrefetchSteps(const TrainingConfig& training, bool centralized);
+
 // Makes the parameter store once the metrics endpoint serves (a gRPC store waits for its
 // servers here). `metrics` outlives the store.
 using StoreFactory = std::function<absl::StatusOr<std::unique_ptr<common::ParameterStore>>(

@@ -1,6 +1,8 @@
 #include "worker/training_job.h"
 
 #include <memory>
+#include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,6 +51,10 @@ class RememberingStore final : public common::ParameterStore {
   RememberingStore(std::unique_ptr<FakeParameterStore> fake, common::WorkerPosition saved)
       : fake_(std::move(fake)), saved_(saved) {}
   absl::Status Pull(const common::PullBatch& b, const common::PullOptions& o) override {
+    {
+      absl::MutexLock lock(&mu_);
+      pull_threads_.insert(std::this_thread::get_id());
+    }
     return fake_->Pull(b, o);
   }
   absl::Status Push(const common::PushBatch& b, const common::PushOptions& o) override {
@@ -69,6 +75,11 @@ class RememberingStore final : public common::ParameterStore {
     absl::MutexLock lock(&mu_);
     return finished_;
   }
+  // The threads that have pulled.
+  std::set<std::thread::id> pull_threads() {
+    absl::MutexLock lock(&mu_);
+    return pull_threads_;
+  }
   std::vector<std::pair<uint32_t, uint64_t>> reports() {
     absl::MutexLock lock(&mu_);
     return reports_;
@@ -80,6 +91,7 @@ class RememberingStore final : public common::ParameterStore {
   absl::Mutex mu_;
   int finished_ = 0;
   std::vector<std::pair<uint32_t, uint64_t>> reports_;
+  std::set<std::thread::id> pull_threads_;
 };
 
 // Builds a job on a RememberingStore; `*store` points at it afterwards.
@@ -145,6 +157,49 @@ TEST(TrainingJob, RefusesAnUnknownEvalMode) {
   RememberingStore* store = nullptr;
   EXPECT_THAT(MakeJob(options, {}, &store).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("--eval")));
+}
+
+TrainingConfig Training(const std::string& text) {
+  TrainingConfig training;
+  CHECK(google::protobuf::TextFormat::ParseFromString(text, &training));
+  return training;
+}
+
+TEST(PrefetchSteps, UnsetIsOnOnlyForDistributedAsyncJobsWithoutLocalSgd) {
+  EXPECT_TRUE(PrefetchSteps(Training(""), /*centralized=*/false));
+  EXPECT_FALSE(PrefetchSteps(Training(""), /*centralized=*/true));
+  EXPECT_FALSE(PrefetchSteps(Training("staleness: 2"), false));
+  EXPECT_FALSE(PrefetchSteps(Training("staleness: 0"), false));
+  EXPECT_FALSE(PrefetchSteps(Training("staleness: 0 deterministic: true"), false));
+  EXPECT_FALSE(PrefetchSteps(Training("local_sgd { steps: 4 }"), false));
+}
+
+TEST(PrefetchSteps, ASetValueIsKeptEverywhere) {
+  EXPECT_FALSE(PrefetchSteps(Training("prefetch: false"), false));
+  EXPECT_TRUE(PrefetchSteps(Training("prefetch: true"), true));
+  EXPECT_TRUE(PrefetchSteps(Training("prefetch: true staleness: 2"), false));
+}
+
+// A distributed asynchronous job without training.prefetch overlaps its steps: its training
+// pulls run on the trainer's background thread. A centralized one pulls on its own thread.
+TEST(TrainingJob, DistributedAsyncJobOverlapsStepsByDefault) {
+  for (const bool centralized : {false, true}) {
+    TrainingJobOptions options;  // worker 0; the config leaves prefetch unset
+    options.centralized = centralized;
+    RememberingStore* store = nullptr;
+    auto job = MakeJob(options, {}, &store);
+    ASSERT_TRUE(job.ok()) << job.status();
+    absl::StatusOr<TrainResult> result = (*job)->Run();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->steps, 20u);
+    const std::set<std::thread::id> threads = store->pull_threads();
+    if (centralized) {
+      EXPECT_EQ(threads.size(), 1u);
+    } else {
+      EXPECT_GE(threads.size(), 2u);  // the background thread's and evaluation's
+    }
+    EXPECT_EQ(threads.count(std::this_thread::get_id()), 1u);  // evaluation pulls here
+  }
 }
 
 }  // namespace

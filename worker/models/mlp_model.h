@@ -61,6 +61,8 @@ class MlpModel final : public Model {
   // Two sets of parameter and gradient buffers (DenseStack::AddSecondBufferSet): returns true.
   absl::StatusOr<bool> AddSecondBufferSet() override;
   void SwapBufferSets() override;
+  // True: every pull is every table, whatever the batch, into buffers the gradients are not in.
+  bool PushSurvivesNextPull() const override { return true; }
 
  private:
   MlpModel(kernels::Backend* backend, std::unique_ptr<DenseStack> stack);

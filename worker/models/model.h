@@ -60,6 +60,13 @@ class Model {
   // prepares the pull of a later batch before computing the current one.
   // REQUIRES: AddSecondBufferSet returned true.
   virtual void SwapBufferSets() {}
+
+  // True when PreparePull for another batch leaves the spans the last PreparePush handed out,
+  // and the gradients they point at, as they are (the model keeps no state of the batch in
+  // its pull). Steps without prefetch then send those gradients in the PushPull that pulls
+  // the next batch's parameters as they are; otherwise (the default) the trainer copies them
+  // out first, since preparing the next pull may change them.
+  virtual bool PushSurvivesNextPull() const { return false; }
 };
 
 }  // namespace ps::worker

@@ -20,6 +20,12 @@
 // CANCELLED when the client goes away, UNAVAILABLE when the server stops. Parked pulls are
 // capped per worker and in all (RESOURCE_EXHAUSTED, reason "too_many_waiting"). So no client,
 // honest or not, can make pulls hold the threads other workers' calls need.
+//
+// Memory a client can make the service hold is capped as well: requests handed to the pool
+// (max_pool_requests, max_pool_request_bytes) and answers its peers have not taken
+// (max_unsent_answer_bytes). Beyond them a call gets RESOURCE_EXHAUSTED, reason
+// "server_busy", with the trailer common::kServerBusyMetadata that tells a client it may send
+// the call again: nothing changed. (Calls per connection are GrpcServer's cap.)
 #ifndef PS_SERVER_RPC_SERVICE_H_
 #define PS_SERVER_RPC_SERVICE_H_
 

@@ -51,6 +51,24 @@ using LoadCall = std::function<absl::Status(int thread)>;
 absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const LoadCall& call,
                                    const std::atomic<bool>* cancel);
 
+// A closed loop of `window` calls in flight per thread, kept by the thread itself (an
+// asynchronous client): start(thread, slot) starts a call in one of the thread's slots
+// 0..window-1; reap(thread) waits for one of its calls to end and returns that call's slot,
+// or the call's error. Each thread starts a call in every slot, then starts a new one in each
+// slot it reaps. Both must be safe to run concurrently with the other threads' calls.
+struct WindowCalls {
+  std::function<absl::Status(int thread, int slot)> start;
+  std::function<absl::StatusOr<int>(int thread)> reap;
+};
+
+// RunLoad for windowed calls (options.threads threads of `window` calls): the calls that end
+// in a thread's measured period count, at the thread's time of its last one; latency is from
+// a call's start to its reaping. When the period ends each thread reaps what it still has in
+// flight (not counted). REQUIRES: window > 0.
+absl::StatusOr<LoadResult> RunWindowLoad(const LoadOptions& options, int window,
+                                         const WindowCalls& calls,
+                                         const std::atomic<bool>* cancel);
+
 }  // namespace ps::bench
 
 #endif  // PS_BENCH_BENCH_LOAD_H_

@@ -39,6 +39,7 @@ class PsBenchFlagsTest(unittest.TestCase):
             (["--tcp_stream_write=0"], "--tcp_stream_write=0: expected"),
             (["--connect=127.0.0.1:99999", "--config=x"], "'127.0.0.1:99999' is not host:port"),
             (["--modes=gpu"], "--modes: unknown mode 'gpu'"),
+            (["--modes=echo", "--echo_apis=async"], "--echo_apis: unknown API 'async'"),
         ])
 
 

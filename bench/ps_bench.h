@@ -2,6 +2,7 @@
 // become, the environment a measurement runs in, the median-of-runs driver with costs per
 // call, the report, and the modes' entry points. Each mode lives in its own file:
 //   ps_bench_tcp.cc     raw-socket request/reply and streaming baseline
+//   ps_bench_echo.cc    plain-gRPC unary reference (an echo server in a child process)
 //   ps_bench_dense.cc   GrpcParameterStore dense push / pull
 //   ps_bench_sparse.cc  GrpcParameterStore sparse pull / push (uniform keys)
 //   ps_bench_servers.cc dense and sparse against started or --connect servers
@@ -37,7 +38,9 @@ namespace ps::bench {
 // Everything the flags say, checked by the main (ranges) before any mode runs.
 struct BenchOptions {
   // What to measure.
-  bool tcp = false, dense = false, sparse = false, spill = false;
+  bool tcp = false, dense = false, sparse = false, spill = false, echo = false;
+  std::vector<std::string> echo_apis = {"sync"};  // echo server APIs: "sync", "callback"
+  bool echo_data_path_args = false;  // echo with DataPathChannelArgs, not gRPC's defaults
   std::vector<uint64_t> payloads;     // bytes, whole floats
   std::vector<int> clients;           // concurrent client counts
   std::vector<uint64_t> sparse_keys;  // keys per sparse call
@@ -45,6 +48,9 @@ struct BenchOptions {
   std::vector<bool> dense_ops;        // true = push, false = pull
   std::vector<bool> sparse_ops;       // true = push, false = pull
   int window = 1;                     // calls in flight per client
+  // Dense window > 1: `window` blocked threads per client instead of one thread keeping the
+  // calls in flight with the store's asynchronous calls (sparse and spill always use threads).
+  bool window_threads = false;
   int repeat = 1;                     // runs per measurement (the median is reported)
   LoadOptions load;                   // duration and warm-up
 
@@ -112,6 +118,8 @@ struct BenchEnv {
   const BenchOptions* flags;
   std::vector<worker::GrpcParameterStore*> stores;  // store i = worker i
   LocalCluster* cluster = nullptr;                  // null with --connect
+  // Without a cluster: the server processes whose costs per call are counted (echo).
+  std::vector<pid_t> server_pids;
   const std::atomic<bool>* cancel;
   // Raw TCP request/reply MB/s by (payload bytes, concurrent connections).
   std::map<std::pair<uint64_t, int>, double> tcp_mb_per_s;
@@ -128,6 +136,12 @@ uint64_t TotalRetries(const BenchEnv& env);
 // With `row`, also fills its costs per call (of the median run).
 absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
                                       const std::string& what, BenchRow* row = nullptr);
+
+// RunChecked for windowed calls: `threads` threads each keep `window` calls in flight
+// (bench_load.h RunWindowLoad); costs per call are per reaped call.
+absl::StatusOr<LoadResult> RunCheckedWindow(const BenchEnv& env, int threads, int window,
+                                            const WindowCalls& calls, const std::string& what,
+                                            BenchRow* row = nullptr);
 
 // Prints each row as it comes (and its JSON line to `json`) and keeps them for the table.
 // Thread-compatible.
@@ -159,6 +173,10 @@ std::string KeysLabel(uint64_t num_keys);
 // connections at once, then streaming bandwidth. Records the request/reply rates in
 // env->tcp_mb_per_s (the dense rows' baseline, by payload and clients).
 absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env);
+
+// echo: for each of --echo_apis, an echo server (bench/echo_server) in a child process and one
+// client thread; push and pull rows per payload, compared with raw TCP of one connection.
+absl::StatusOr<std::vector<BenchRow>> RunEcho(BenchEnv* env);
 
 // dense: one measurement of `clients` stores pushing or pulling the dense table of `bytes`.
 absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push, int clients);

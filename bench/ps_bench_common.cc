@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <iterator>
 
@@ -226,29 +227,28 @@ uint64_t TotalRetries(const BenchEnv& env) {
   return n;
 }
 
-absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
-                                      const std::string& what, BenchRow* row) {
-  LoadOptions options = env.flags->load;
-  options.threads = threads;
-  std::vector<LoadResult> runs;
-  std::atomic<uint64_t> calls{0};
-  const LoadCall counted = [&](int t) {
-    calls.fetch_add(1, std::memory_order_relaxed);
-    return call(t);
-  };
+namespace {
+
+// RunChecked's driver: prime() once, then run() --repeat times (each resets and counts the
+// calls it makes in `*calls`); returns the run with the median throughput.
+absl::StatusOr<LoadResult> RunMedian(const BenchEnv& env, const std::string& what,
+                                     BenchRow* row, const std::function<absl::Status()>& prime,
+                                     const std::function<absl::StatusOr<LoadResult>()>& run,
+                                     std::atomic<uint64_t>* calls) {
   const std::vector<pid_t> servers =
-      env.cluster != nullptr ? env.cluster->pids() : std::vector<pid_t>();
+      env.cluster != nullptr ? env.cluster->pids() : env.server_pids;
+  std::vector<LoadResult> runs;
   std::map<double, std::pair<BenchRow::Usage, BenchRow::Usage>> usage;  // by calls/s
   // One call per thread first, so that the costs per call are those of the steady state, not
   // of first touches of the run's buffers (a 64 MB run makes few calls).
-  for (int t = 0; t < threads; ++t) RETURN_IF_ERROR_CTX(call(t), what);
+  RETURN_IF_ERROR_CTX(prime(), what);
   for (int i = 0; i < env.flags->repeat; ++i) {
-    calls = 0;
+    *calls = 0;
     const Usage client_before = SelfUsage(), server_before = ProcUsage(servers);
-    absl::StatusOr<LoadResult> r = RunLoad(options, counted, env.cancel);
+    absl::StatusOr<LoadResult> r = run();
     if (r.ok()) {
-      usage[r->calls_per_second] = {PerCall(client_before, SelfUsage(), calls),
-                                    PerCall(server_before, ProcUsage(servers), calls)};
+      usage[r->calls_per_second] = {PerCall(client_before, SelfUsage(), *calls),
+                                    PerCall(server_before, ProcUsage(servers), *calls)};
     }
     absl::Status servers =
         env.cluster != nullptr ? env.cluster->CheckRunning() : absl::OkStatus();
@@ -269,6 +269,49 @@ absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const Lo
     if (!servers.empty()) row->server_per_call = usage[median.calls_per_second].second;
   }
   return std::move(median);
+}
+
+}  // namespace
+
+absl::StatusOr<LoadResult> RunChecked(const BenchEnv& env, int threads, const LoadCall& call,
+                                      const std::string& what, BenchRow* row) {
+  LoadOptions options = env.flags->load;
+  options.threads = threads;
+  std::atomic<uint64_t> calls{0};
+  const LoadCall counted = [&](int t) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    return call(t);
+  };
+  auto prime = [&]() -> absl::Status {
+    for (int t = 0; t < threads; ++t) RETURN_IF_ERROR(call(t));
+    return absl::OkStatus();
+  };
+  return RunMedian(
+      env, what, row, prime, [&] { return RunLoad(options, counted, env.cancel); }, &calls);
+}
+
+absl::StatusOr<LoadResult> RunCheckedWindow(const BenchEnv& env, int threads, int window,
+                                            const WindowCalls& calls, const std::string& what,
+                                            BenchRow* row) {
+  LoadOptions options = env.flags->load;
+  options.threads = threads;
+  std::atomic<uint64_t> reaped{0};
+  WindowCalls counted = calls;
+  counted.reap = [&](int t) {
+    reaped.fetch_add(1, std::memory_order_relaxed);
+    return calls.reap(t);
+  };
+  // Every slot of every thread once.
+  auto prime = [&]() -> absl::Status {
+    for (int t = 0; t < threads; ++t) {
+      for (int slot = 0; slot < window; ++slot) RETURN_IF_ERROR(calls.start(t, slot));
+      for (int slot = 0; slot < window; ++slot) RETURN_IF_ERROR(calls.reap(t).status());
+    }
+    return absl::OkStatus();
+  };
+  return RunMedian(
+      env, what, row, prime, [&] { return RunWindowLoad(options, window, counted, env.cancel); },
+      &reaped);
 }
 
 void Reporter::Add(const BenchRow& row) {

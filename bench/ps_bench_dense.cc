@@ -1,5 +1,6 @@
 // ps_bench --modes=dense: GrpcParameterStore push and pull of one dense table per payload.
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -7,17 +8,84 @@
 #include "bench/ps_bench.h"
 #include "common/parameter_store.h"
 #include "common/status_macros.h"
+#include "worker/rpc/grpc_async_calls.h"
 
 namespace ps::bench {
+namespace {
+
+using AsyncCalls = worker::GrpcParameterStore::AsyncCalls;
+
+// One thread per client keeps the window's calls in flight with the store's asynchronous
+// calls; each slot pulls into a buffer of its own.
+class AsyncWindow {
+ public:
+  AsyncWindow(const BenchEnv& env, int clients, int window, std::string table, size_t numel,
+              bool push)
+      : table_(std::move(table)),
+        push_(push),
+        gradient_(push ? numel : 0, 1e-4f),
+        out_(push ? 0 : clients * window, std::vector<float>(numel)),
+        slots_(clients),
+        window_(window) {
+    for (int c = 0; c < clients; ++c) calls_.push_back(env.stores[c]->NewAsyncCalls());
+  }
+
+  WindowCalls Calls() {
+    return WindowCalls{[this](int t, int slot) { return Start(t, slot); },
+                       [this](int t) { return Reap(t); }};
+  }
+
+ private:
+  absl::Status Start(int t, int slot) {
+    absl::StatusOr<AsyncCalls::CallId> id;
+    if (push_) {
+      common::PushBatch batch;
+      batch.dense.push_back({table_, absl::MakeConstSpan(gradient_)});
+      id = calls_[t]->StartPush(batch, common::PushOptions{});
+    } else {
+      common::PullBatch batch;
+      batch.dense.push_back({table_, absl::MakeSpan(out_[t * window_ + slot])});
+      id = calls_[t]->StartPull(batch, common::PullOptions{});
+    }
+    if (!id.ok()) return id.status();
+    slots_[t].emplace_back(*id, slot);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int> Reap(int t) {
+    ASSIGN_OR_RETURN(AsyncCalls::Done done, calls_[t]->Next());
+    RETURN_IF_ERROR(done.status);
+    std::vector<std::pair<AsyncCalls::CallId, int>>& slots = slots_[t];
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].first != done.id) continue;
+      const int slot = slots[i].second;
+      slots[i] = slots.back();
+      slots.pop_back();
+      return slot;
+    }
+    return absl::InternalError(absl::StrCat("call ", done.id, " was not started here"));
+  }
+
+  const std::string table_;
+  const bool push_;
+  const std::vector<float> gradient_;  // small finite values: SGD moves the parameters a little
+  std::vector<std::vector<float>> out_;                               // per (client, slot)
+  std::vector<std::vector<std::pair<AsyncCalls::CallId, int>>> slots_;  // per client: in flight
+  const int window_;
+  std::vector<std::unique_ptr<AsyncCalls>> calls_;  // per client
+};
+
+}  // namespace
 
 absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push, int clients) {
   const int window = env.flags->window;
-  const int threads = clients * window;
+  const bool async = window > 1 && !env.flags->window_threads;
+  const int threads = async ? clients : clients * window;
   const std::string table = DenseTableName(bytes);
   const size_t numel = bytes / sizeof(float);
   // Small finite gradients: SGD moves the parameters a little on every push.
-  const std::vector<float> gradient(push ? numel : 0, 1e-4f);
-  std::vector<std::vector<float>> out(push ? 0 : threads, std::vector<float>(numel));
+  const std::vector<float> gradient(push && !async ? numel : 0, 1e-4f);
+  std::vector<std::vector<float>> out(push || async ? 0 : threads, std::vector<float>(numel));
   auto call = [&](int t) -> absl::Status {
     worker::GrpcParameterStore* store = env.stores[t / window];
     if (push) {
@@ -31,13 +99,18 @@ absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push
   };
   const uint64_t retries = TotalRetries(env);
   BenchRow usage;
-  ASSIGN_OR_RETURN(LoadResult r, RunChecked(env, threads, call,
-                                            absl::StrCat("dense ", push ? "push " : "pull ",
-                                                         FormatBytes(bytes), ", ", clients,
-                                                         " clients"),
-                                            &usage));
-  BenchRow row = MakeRow("grpc", push ? "push" : "pull", FormatBytes(bytes), bytes, 0, clients,
-                         window, r);
+  const std::string what = absl::StrCat("dense ", push ? "push " : "pull ", FormatBytes(bytes),
+                                        ", ", clients, " clients");
+  absl::StatusOr<LoadResult> r;
+  if (async) {
+    AsyncWindow calls(env, clients, window, table, numel, push);
+    r = RunCheckedWindow(env, threads, window, calls.Calls(), what, &usage);
+  } else {
+    r = RunChecked(env, threads, call, what, &usage);
+  }
+  RETURN_IF_ERROR(r.status());
+  BenchRow row = MakeRow("grpc", push ? "push" : "pull", FormatBytes(bytes),
+                         bytes, 0, clients, window, *r);
   row.client_per_call = usage.client_per_call;
   row.server_per_call = usage.server_per_call;
   row.retries = TotalRetries(env) - retries;

@@ -8,9 +8,13 @@
 // for --seconds after a --warmup:
 //   tcp    raw-socket request/reply (client sends the payload, server reads it all and answers
 //          8 bytes) for every payload, one connection; and one-way streaming bandwidth.
+//   echo   (not in the default --modes) plain gRPC unary calls of one client thread to an echo
+//          server in a child process (bench/echo_server): push = payload out, empty answer;
+//          pull = empty request, payload back. The reference for what gRPC itself costs.
 //   dense  GrpcParameterStore push and pull of one dense table per payload, for every client
 //          count; a client is its own store with its own worker id (0..C-1, asynchronous),
-//          running --window calls in flight (one thread per call).
+//          running --window calls in flight (one thread keeping them in flight with the
+//          store's asynchronous calls; --window_threads: one blocked thread per call).
 //   sparse GrpcParameterStore pulls of --sparse_keys uniform keys from a --key_space key space.
 //   spill  (not in the default --modes) pulls of --sparse_keys unique keys drawn from a Zipf
 //          (--zipf) stream over --key_space rows, once per --spill_budgets entry: fresh servers
@@ -61,12 +65,22 @@ ABSL_FLAG(std::string, config, "",
 ABSL_FLAG(std::string, write_config, "",
           "Write the bench's tables-only config for --servers servers to this file and exit.");
 ABSL_FLAG(std::string, modes, "tcp,dense,sparse",
-          "What to measure: any of tcp,dense,sparse,spill (spill: see --spill_budgets).");
+          "What to measure: any of tcp,echo,dense,sparse,spill (spill: see --spill_budgets; "
+          "echo: plain gRPC unary calls to bench/echo_server, see --echo_apis).");
+ABSL_FLAG(std::string, echo_apis, "sync",
+          "echo mode: the echo server's gRPC API, sync and/or callback (one row each).");
+ABSL_FLAG(bool, echo_data_path_args, false,
+          "echo mode: both ends use the parameter server's data-path channel arguments (16 MB "
+          "frames, 64 MB window, no BDP probe) instead of gRPC's defaults.");
 ABSL_FLAG(std::string, payloads, "4KB,1MB,64MB",
           "Dense and raw-TCP payloads per call (B, KB, MB; KB = 1024 bytes; multiples of 4).");
 ABSL_FLAG(std::string, clients, "1,2,4", "Concurrent client counts for dense and sparse.");
 ABSL_FLAG(std::string, dense_ops, "push,pull", "Dense operations to measure: push, pull or both.");
-ABSL_FLAG(int32_t, window, 1, "Calls in flight per client (threads per client).");
+ABSL_FLAG(int32_t, window, 1,
+          "Calls in flight per client (dense: kept by one thread per client; sparse and spill: "
+          "threads per client).");
+ABSL_FLAG(bool, window_threads, false,
+          "Dense --window > 1 with one blocked thread per call in flight (for comparison).");
 ABSL_FLAG(std::string, sparse_keys, "1000,10000", "Keys per sparse pull or push.");
 ABSL_FLAG(std::string, sparse_ops, "pull,push",
           "Sparse operations to measure: pull, push or both (a push sends one gradient row per "
@@ -185,11 +199,13 @@ absl::Status ParseModes(const std::string& text, BenchOptions* f) {
       f->sparse = true;
     } else if (m == "spill") {
       f->spill = true;
+    } else if (m == "echo") {
+      f->echo = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("--modes: unknown mode '", m, "'"));
     }
   }
-  if (!f->tcp && !f->dense && !f->sparse && !f->spill) {
+  if (!f->tcp && !f->dense && !f->sparse && !f->spill && !f->echo) {
     return absl::InvalidArgumentError("--modes is empty");
   }
   return absl::OkStatus();
@@ -230,6 +246,13 @@ absl::Status ParseLists(BenchOptions* f) {
   ASSIGN_OR_RETURN(f->spill_budgets,
                    ParseList<int>("spill_budgets", absl::GetFlag(FLAGS_spill_budgets), 100));
   ASSIGN_OR_RETURN(f->connect, ParseConnect(absl::GetFlag(FLAGS_connect)));
+  f->echo_apis = absl::StrSplit(absl::GetFlag(FLAGS_echo_apis), ',', absl::SkipWhitespace());
+  for (const std::string& api : f->echo_apis) {
+    if (api != "sync" && api != "callback") {
+      return absl::InvalidArgumentError(absl::StrCat("--echo_apis: unknown API '", api, "'"));
+    }
+  }
+  if (f->echo_apis.empty()) return absl::InvalidArgumentError("--echo_apis is empty");
   return absl::OkStatus();
 }
 
@@ -237,6 +260,7 @@ absl::Status ParseLists(BenchOptions* f) {
 absl::Status ParseScalars(BenchOptions* f) {
   f->servers = absl::GetFlag(FLAGS_servers);
   f->window = absl::GetFlag(FLAGS_window);
+  f->window_threads = absl::GetFlag(FLAGS_window_threads);
   f->repeat = absl::GetFlag(FLAGS_repeat);
   f->sparse_dim = absl::GetFlag(FLAGS_sparse_dim);
   f->key_space = absl::GetFlag(FLAGS_key_space);
@@ -280,6 +304,7 @@ absl::StatusOr<BenchOptions> ParseFlags() {
   f.server_binary = absl::GetFlag(FLAGS_server_binary);
   f.config = absl::GetFlag(FLAGS_config);
   f.keep_temp = absl::GetFlag(FLAGS_keep_temp);
+  f.echo_data_path_args = absl::GetFlag(FLAGS_echo_data_path_args);
   f.sparse_prefill = absl::GetFlag(FLAGS_sparse_prefill);
   f.seed = absl::GetFlag(FLAGS_seed);
   for (uint64_t k : f.sparse_keys) {
@@ -314,6 +339,11 @@ absl::Status Run(SignalStopper* stopper) {
   if (flags.tcp) {
     std::cerr << "raw TCP over 127.0.0.1" << std::endl;
     ASSIGN_OR_RETURN(std::vector<BenchRow> rows, RunTcp(&env));
+    for (const auto& r : rows) reporter.Add(r);
+  }
+  if (flags.echo) {
+    std::cerr << "plain gRPC unary (echo server) over 127.0.0.1" << std::endl;
+    ASSIGN_OR_RETURN(std::vector<BenchRow> rows, RunEcho(&env));
     for (const auto& r : rows) reporter.Add(r);
   }
   if (flags.dense || flags.sparse) RETURN_IF_ERROR(RunAgainstServers(&env, stopper, &reporter));

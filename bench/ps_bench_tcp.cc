@@ -30,11 +30,15 @@ absl::StatusOr<std::vector<BenchRow>> RunTcp(BenchEnv* env) {
         ASSIGN_OR_RETURN(auto client, RawTcpClient::Connect(server->port()));
         clients.push_back(std::move(client));
       }
+      // The server's threads are this process's: the client's costs per call are both ends'.
+      BenchRow usage;
       ASSIGN_OR_RETURN(LoadResult r,
                        RunChecked(*env, c, [&](int t) { return clients[t]->Call(payload); },
                                   absl::StrCat("raw tcp ", FormatBytes(bytes), ", ", c,
-                                               " clients")));
+                                               " clients"),
+                                  &usage));
       rows.push_back(MakeRow("tcp", "req_reply", FormatBytes(bytes), bytes, 0, c, 1, r));
+      rows.back().client_per_call = usage.client_per_call;
       env->tcp_mb_per_s[{bytes, c}] = rows.back().mb_per_second;
     }
   }

@@ -20,6 +20,9 @@
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "worker/rpc/grpc_async_calls.h"
 #include "worker/rpc/grpc_store_exchange.h"
 #include "worker/rpc/unanswered.h"
 
@@ -72,10 +75,15 @@ struct GrpcParameterStore::Metrics {
 
 absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::Create(
     const JobConfig& config, const GrpcStoreOptions& options, common::metrics::Registry* metrics) {
+  ASSIGN_OR_RETURN(auto credentials, common::MakeChannelCredentials(config.security()));
+  grpc::ChannelArguments args = common::MakeChannelArguments(config.rpc());
+  // The store retries by itself (back-off, exactly-once by sequence numbers): gRPC's retry
+  // layer only added its per-call bookkeeping to every call. A call that never reached its
+  // server comes back UNAVAILABLE and FanOut retries it.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const std::string& address : config.cluster().servers()) {
-    ASSIGN_OR_RETURN(auto channel, common::MakeChannel(address, config));
-    channels.push_back(std::move(channel));
+    channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
   }
   return CreateWithChannels(config, options, std::move(channels), metrics);
 }
@@ -88,6 +96,10 @@ absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWi
     return absl::InvalidArgumentError(absl::StrCat("the layout has ", partitioner.num_servers(),
                                                    " servers but ", channels.size(),
                                                    " addresses are given (cluster.servers)"));
+  }
+  if (options.max_sequence_lead < 1 || options.max_sequence_lead > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_lead ", options.max_sequence_lead,
+                                                   " is outside 1..1024"));
   }
   return std::unique_ptr<GrpcParameterStore>(new GrpcParameterStore(
       config, options, std::move(partitioner), std::move(channels), metrics));
@@ -115,6 +127,7 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
 
 GrpcParameterStore::~GrpcParameterStore() {
   absl::MutexLock lock(&queues_mu_);
+  spare_calls_.clear();  // nothing pending in them: each only shuts its queue down
   for (auto& queue : spare_queues_) {
     // Every call on a spare queue has ended: only the shutdown event is left to take.
     queue->Shutdown();
@@ -142,6 +155,29 @@ void GrpcParameterStore::GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue)
   spare_queues_.push_back(std::move(queue));
 }
 
+std::unique_ptr<GrpcParameterStore::AsyncCalls> GrpcParameterStore::NewAsyncCalls() {
+  return std::make_unique<AsyncCalls>(this);
+}
+
+std::unique_ptr<GrpcParameterStore::AsyncCalls> GrpcParameterStore::TakeCalls() {
+  {
+    absl::MutexLock lock(&queues_mu_);
+    if (!spare_calls_.empty()) {
+      std::unique_ptr<AsyncCalls> calls = std::move(spare_calls_.back());
+      spare_calls_.pop_back();
+      return calls;
+    }
+  }
+  return NewAsyncCalls();
+}
+
+void GrpcParameterStore::GiveCalls(std::unique_ptr<AsyncCalls> calls) {
+  // A blocking call reaps its own call on every path, so nothing is pending here.
+  DCHECK_EQ(calls->pending(), 0u);
+  absl::MutexLock lock(&queues_mu_);
+  spare_calls_.push_back(std::move(calls));
+}
+
 RequestHeader GrpcParameterStore::Header(int64_t clock, uint64_t sequence) const {
   RequestHeader h;
   h.set_worker_id(options_.worker_id);
@@ -161,6 +197,25 @@ absl::Duration GrpcParameterStore::Backoff(uint32_t attempt) const {
   thread_local std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.5, 1.0);
   return d * jitter(rng);
+}
+
+void GrpcParameterStore::CountFailure(uint32_t s, const absl::Status& status) {
+  metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status.code())})
+      ->Increment();
+}
+
+void GrpcParameterStore::CountRetry(uint32_t s) {
+  ++retries_;
+  metrics_->retries[s]->Increment();
+}
+
+void GrpcParameterStore::CountExchange(const Exchange& x) {
+  duplicates_ += x.duplicates;
+  metrics_->duplicates->Increment(x.duplicates);
+  bytes_sent_ += x.sent;
+  metrics_->bytes_sent->Increment(x.sent);
+  bytes_received_ += x.received;
+  metrics_->bytes_received->Increment(x.received);
 }
 
 absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start) {
@@ -229,53 +284,13 @@ absl::Status GrpcParameterStore::Run(const common::PushBatch* push,
                                      const common::PushOptions& push_options,
                                      const common::PullBatch* pull,
                                      const common::PullOptions& pull_options) {
-  const size_t n = stubs_.size();
-  Exchange x(n);
-  absl::Cleanup give_back = [&] {
-    for (std::string& b : x.encoded) GiveBuffer(std::move(b));
-  };
-  if (pull != nullptr) RETURN_IF_ERROR(AddPull(*pull, pull_options, &x));
-  if (push != nullptr) RETURN_IF_ERROR(AddPush(*push, push_options, &x));
-  for (PushPullRequest& h : x.headers) {
-    h.set_pull_clock(pull_options.clock);
-    if (!h.has_push()) *h.mutable_header() = Header(pull_options.clock, 0);
-  }
-  std::vector<bool> send(n);
-  std::vector<grpc::ByteBuffer> requests(n), answers(n);
-  for (uint32_t s = 0; s < n; ++s) {
-    send[s] = x.headers[s].has_push() || x.headers[s].pull_size() > 0;
-    if (!send[s]) continue;
-    common::FrameBuilder frame(x.headers[s]);
-    for (absl::string_view bytes : x.payloads[s]) frame.AddAliased(bytes);
-    requests[s] = frame.Build();
-  }
-  static const std::string kMethod = "/ps.ParameterServer/PushPull";
-  std::vector<std::unique_ptr<grpc::GenericClientAsyncResponseReader>> calls(n);
-  RETURN_IF_ERROR(FanOut(send, [&](uint32_t s, grpc::ClientContext* context,
-                                   grpc::CompletionQueue* cq, grpc::Status* status, void* tag) {
-    answers[s].Clear();
-    calls[s] = data_stubs_[s]->PrepareUnaryCall(context, kMethod, requests[s], cq);
-    calls[s]->StartCall();
-    calls[s]->Finish(&answers[s], status, tag);
-  }));
-  for (uint32_t s = 0; s < n; ++s) {
-    if (send[s]) RETURN_IF_ERROR(ReadAnswer(s, answers[s], &x));
-  }
-  // Repeated keys get the row their first occurrence received.
-  for (auto& [name, so] : x.sparse_out) {
-    const size_t dim = so.info->dim;
-    float* out = so.pull->out.data();
-    for (auto [i, first] : so.repeats) {
-      std::memcpy(out + size_t{i} * dim, out + size_t{first} * dim, dim * sizeof(float));
-    }
-  }
-  duplicates_ += x.duplicates;
-  metrics_->duplicates->Increment(x.duplicates);
-  bytes_sent_ += x.sent;
-  metrics_->bytes_sent->Increment(x.sent);
-  bytes_received_ += x.received;
-  metrics_->bytes_received->Increment(x.received);
-  return absl::OkStatus();
+  // The answers come to the AsyncCalls' queue, which this thread reads itself (it is gRPC's
+  // poller while it waits), so an answer wakes no other thread on its way here.
+  std::unique_ptr<AsyncCalls> calls = TakeCalls();
+  absl::Cleanup give_back = [&] { GiveCalls(std::move(calls)); };
+  ASSIGN_OR_RETURN(const AsyncCalls::CallId id,
+                   calls->Start(push, push_options, pull, pull_options, /*borrow_pull=*/true));
+  return calls->Wait(id);
 }
 
 absl::Status GrpcParameterStore::Pull(const common::PullBatch& batch,

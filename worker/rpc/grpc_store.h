@@ -73,6 +73,11 @@ struct GrpcStoreOptions {
   // a core and 64 MB pulls got slower (p50 77-102 ms against 61.5 ms with one thread,
   // docs/lab/2026-12-02-large-payloads.md). Try it where workers have idle cores.
   size_t parallel_copy_bytes = 0;
+  // Asynchronous calls (AsyncCalls): a push starts only when this object's oldest unfinished
+  // push to each server is fewer than this many sequences behind that server's next one, so
+  // that its retries still count once. REQUIRES: 1..1024 (the servers remember 1024 applied
+  // sequences above their floor).
+  uint64_t max_sequence_lead = 512;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -112,6 +117,11 @@ class GrpcParameterStore final : public common::ParameterStore {
       common::metrics::Registry* metrics = nullptr);
 
   ~GrpcParameterStore() override;
+
+  // Calls kept in flight by one thread (worker/rpc/grpc_async_calls.h).
+  class AsyncCalls;
+  // A new set of asynchronous calls of this store; it must not outlive the store.
+  std::unique_ptr<AsyncCalls> NewAsyncCalls();
 
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
@@ -158,7 +168,14 @@ class GrpcParameterStore final : public common::ParameterStore {
   // A completion queue no other thread is using (from spare_queues_, or a new one), and back.
   std::unique_ptr<grpc::CompletionQueue> TakeQueue();
   void GiveQueue(std::unique_ptr<grpc::CompletionQueue> queue);
+  // The AsyncCalls of a blocking call (from spare_calls_, or a new one), and back.
+  std::unique_ptr<AsyncCalls> TakeCalls();
+  void GiveCalls(std::unique_ptr<AsyncCalls> calls);
   absl::Duration Backoff(uint32_t attempt) const;
+  // Metrics and stats: a failed attempt to server s, a retry of it, an exchange that ended OK.
+  void CountFailure(uint32_t s, const absl::Status& status);
+  void CountRetry(uint32_t s);
+  void CountExchange(const Exchange& x);
   // The push and/or pull (either may be null) as one frame per server, sent and answered.
   absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
                    const common::PullBatch* pull, const common::PullOptions& pull_options);
@@ -202,6 +219,8 @@ class GrpcParameterStore final : public common::ParameterStore {
   absl::Mutex queues_mu_;
   // Idle completion queues (one per thread that has called concurrently, at most).
   std::vector<std::unique_ptr<grpc::CompletionQueue>> spare_queues_ ABSL_GUARDED_BY(queues_mu_);
+  // Idle AsyncCalls of blocking calls (nothing pending), as many as threads called at once.
+  std::vector<std::unique_ptr<AsyncCalls>> spare_calls_ ABSL_GUARDED_BY(queues_mu_);
   absl::Mutex buffers_mu_;
   std::vector<std::string> spare_buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<uint64_t> bytes_sent_{0};

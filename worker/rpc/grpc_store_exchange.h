@@ -4,7 +4,7 @@
 #define PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
 
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +29,9 @@ struct GrpcParameterStore::Exchange {
   std::vector<PushPullRequest> headers;
   // Per server, in header order: aliased gradient bytes, or bytes of `encoded`.
   std::vector<std::vector<absl::string_view>> payloads;
-  std::deque<std::string> encoded;  // owned encode buffers (stable addresses) (taken from the store's spares)
+  // Owned encode buffers (stable addresses), taken from the store's spares. A list: empty,
+  // it allocates nothing (a deque allocates two blocks up front, on every call).
+  std::list<std::string> encoded;
   absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
   absl::flat_hash_map<std::string, SparseOut> sparse_out;
   uint64_t sent = 0;

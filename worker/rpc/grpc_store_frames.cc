@@ -386,9 +386,13 @@ void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,
   };
   size_t bytes = 0;
   for (const BlockCopy& c : copies) bytes += c.n;
+  if (options_.parallel_copy_bytes == 0 || bytes < options_.parallel_copy_bytes) {
+    copy_run(copies);
+    return;
+  }
+  // Asked only here: glibc reads /sys for it (three system calls), too dear for every answer.
   const size_t threads = std::min<size_t>(4, std::max(1u, std::thread::hardware_concurrency()));
-  if (options_.parallel_copy_bytes == 0 || bytes < options_.parallel_copy_bytes ||
-      threads < 2) {
+  if (threads < 2) {
     copy_run(copies);
     return;
   }

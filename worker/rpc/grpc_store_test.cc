@@ -1,7 +1,9 @@
 // GrpcParameterStore against a fake ParameterServer on an in-process channel (no sockets).
 #include "worker/rpc/grpc_store.h"
 
+#include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/rpc/grpc_async_calls.h"
 #include "worker/rpc/push_residuals.h"
 
 namespace ps::worker {
@@ -23,7 +26,8 @@ namespace {
 
 // Records every push it receives (the PushPull frames the store sends, as the PushRequest
 // each stands for) and answers the first `fail_pushes` with `code` (marked as a busy
-// server's refusal when `busy`).
+// server's refusal when `busy`). With Hold(n) it keeps its answers back until n calls have
+// arrived (then answers them all); with AnswerGarbage() it answers bytes that are no frame.
 class RecordingServer final
     : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
  public:
@@ -42,11 +46,31 @@ class RecordingServer final
       --fail_pushes_;
       if (busy_) context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
       reactor->Finish(grpc::Status(code_, "dropped for the test"));
+      return reactor;
+    }
+    if (garbage_) {
+      grpc::Slice bytes(std::string("no frame"));
+      *response = grpc::ByteBuffer(&bytes, 1);
     } else {
       *response = common::FrameBuilder(PushPullResponse()).Build();
-      reactor->Finish(grpc::Status::OK);
     }
+    held_.push_back(reactor);
+    if (held_.size() >= hold_) ReleaseLocked();
     return reactor;
+  }
+
+  void Hold(size_t n) {
+    absl::MutexLock lock(&mu_);
+    hold_ = n;
+  }
+  // Answers every call held back.
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    ReleaseLocked();
+  }
+  void AnswerGarbage() {
+    absl::MutexLock lock(&mu_);
+    garbage_ = true;
   }
 
   std::vector<PushRequest> pushes() {
@@ -60,12 +84,20 @@ class RecordingServer final
   absl::Mutex mu_;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
+  size_t hold_ ABSL_GUARDED_BY(mu_) = 0;
+  bool garbage_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (grpc::ServerUnaryReactor* r : held_) r->Finish(grpc::Status::OK);
+    held_.clear();
+  }
 };
 
 class GrpcStoreTest : public ::testing::Test {
  protected:
-  void Start(int fail_pushes, grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE,
-             bool busy = false, uint32_t max_retries = 20) {
+  void Start(int fail_pushes, GrpcStoreOptions options = FastRetries(),
+             grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE, bool busy = false) {
     service_ = std::make_unique<RecordingServer>(fail_pushes, code, busy);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
@@ -87,11 +119,6 @@ class GrpcStoreTest : public ::testing::Test {
     sparse->set_wire_encoding(ENCODING_BF16);
     ASSERT_TRUE(common::ExpandModelTables(&config).ok());
 
-    GrpcStoreOptions options;
-    options.initial_backoff = absl::Milliseconds(1);
-    options.max_backoff = absl::Milliseconds(1);
-    options.deadline = absl::Seconds(30);
-    options.max_retries = max_retries;
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     channels.push_back(server_->InProcessChannel(grpc::ChannelArguments()));
     auto store = GrpcParameterStore::CreateWithChannels(config, options, std::move(channels));
@@ -101,7 +128,27 @@ class GrpcStoreTest : public ::testing::Test {
 
   void TearDown() override {
     store_.reset();
+    if (service_ != nullptr) {
+      service_->Hold(0);
+      service_->Release();
+    }
     if (server_ != nullptr) server_->Shutdown();
+  }
+
+  static GrpcStoreOptions FastRetries() {
+    GrpcStoreOptions options;
+    options.initial_backoff = absl::Milliseconds(1);
+    options.max_backoff = absl::Milliseconds(1);
+    options.deadline = absl::Seconds(30);
+    return options;
+  }
+
+  absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> StartPush(
+      GrpcParameterStore::AsyncCalls* calls, int64_t clock) {
+    common::PushBatch batch;
+    batch.dense.push_back({"w", dense_grad_});
+    batch.sparse.push_back({"emb", keys_, sparse_grad_});
+    return calls->StartPush(batch, common::PushOptions{clock, false});
   }
 
   absl::Status PushOnce(int64_t clock) {
@@ -123,7 +170,7 @@ class GrpcStoreTest : public ::testing::Test {
 // A busy server's refusal changed nothing at the server: the store sends the same push (same
 // sequence) again, within its retries.
 TEST_F(GrpcStoreTest, ABusyServersRefusalIsRetried) {
-  Start(/*fail_pushes=*/2, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
+  Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
   ASSERT_TRUE(PushOnce(1).ok());
   const std::vector<PushRequest> pushes = service_->pushes();
   ASSERT_EQ(pushes.size(), 3u);
@@ -133,8 +180,9 @@ TEST_F(GrpcStoreTest, ABusyServersRefusalIsRetried) {
 }
 
 TEST_F(GrpcStoreTest, BusyRetriesAreBounded) {
-  Start(/*fail_pushes=*/100, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true,
-        /*max_retries=*/3);
+  GrpcStoreOptions options = FastRetries();
+  options.max_retries = 3;
+  Start(/*fail_pushes=*/100, options, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
   const absl::Status status = PushOnce(1);
   EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
   EXPECT_EQ(service_->pushes().size(), 4u);
@@ -143,7 +191,7 @@ TEST_F(GrpcStoreTest, BusyRetriesAreBounded) {
 // Without the busy mark RESOURCE_EXHAUSTED says the request cannot be served (too large,
 // too many waiting pulls): returned at once.
 TEST_F(GrpcStoreTest, OtherResourceExhaustedIsNotRetried) {
-  Start(/*fail_pushes=*/1, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/false);
+  Start(/*fail_pushes=*/1, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/false);
   const absl::Status status = PushOnce(1);
   EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
   EXPECT_EQ(service_->pushes().size(), 1u);
@@ -214,6 +262,173 @@ TEST_F(GrpcStoreTest, ErrorFeedbackCanBeTurnedOff) {
   common::EncodeFloats(dense_grad_, ENCODING_BF16, &nearest);
   EXPECT_EQ(pushes[0].tables(0).blocks(0).values(), nearest);
   EXPECT_EQ(pushes[1].tables(0).blocks(0).values(), nearest);
+}
+
+
+// What `n` pushes of dense_grad_ / sparse_grad_ through error feedback send, in order.
+std::vector<std::pair<std::string, std::string>> ExpectedEncodings(
+    int n, const std::vector<float>& dense, const std::vector<uint64_t>& keys,
+    const std::vector<float>& sparse) {
+  PushResiduals reference;
+  std::vector<std::pair<std::string, std::string>> out(n);
+  for (auto& [d, sp] : out) {
+    reference.AppendDense("w", 8, 0, dense, ENCODING_BF16, &d);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      reference.AppendSparseRow("emb", keys[i], absl::MakeConstSpan(sparse).subspan(2 * i, 2),
+                                ENCODING_BF16, &sp);
+    }
+  }
+  return out;
+}
+
+TEST_F(GrpcStoreTest, AsyncCallsKeepEightPushesInFlightFromOneThread) {
+  Start(/*fail_pushes=*/0);
+  // No answer comes before the 8th call arrives: one call at a time would never end.
+  service_->Hold(8);
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  std::set<uint64_t> started;
+  for (int i = 0; i < 8; ++i) {
+    auto id = StartPush(calls.get(), i + 1);
+    ASSERT_TRUE(id.ok()) << id.status();
+    started.insert(*id);
+  }
+  EXPECT_EQ(calls->pending(), 8u);
+  std::set<uint64_t> ended;
+  for (int i = 0; i < 8; ++i) {
+    auto done = calls->Next();
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_TRUE(done->status.ok()) << done->status;
+    EXPECT_TRUE(ended.insert(done->id).second) << "call " << done->id << " ended twice";
+  }
+  EXPECT_EQ(ended, started);
+  EXPECT_EQ(calls->Next().status().code(), absl::StatusCode::kFailedPrecondition);
+  // Sequences 1..8 in order of start; error feedback moved in that order too.
+  std::vector<PushRequest> pushes = service_->pushes();
+  ASSERT_EQ(pushes.size(), 8u);
+  std::sort(pushes.begin(), pushes.end(), [](const PushRequest& a, const PushRequest& b) {
+    return a.header().sequence() < b.header().sequence();
+  });
+  const auto expected = ExpectedEncodings(8, dense_grad_, keys_, sparse_grad_);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(pushes[i].header().sequence(), static_cast<uint64_t>(i + 1));
+    EXPECT_EQ(pushes[i].header().clock(), i + 1);
+    EXPECT_EQ(pushes[i].tables(0).blocks(0).values(), expected[i].first) << i;
+    EXPECT_EQ(pushes[i].tables(1).rows(), expected[i].second) << i;
+  }
+}
+
+TEST_F(GrpcStoreTest, AsyncCallsRetryABusyServersRefusal) {
+  Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  auto id = StartPush(calls.get(), 1);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(calls->Wait(*id).ok());
+  const std::vector<PushRequest> pushes = service_->pushes();
+  ASSERT_EQ(pushes.size(), 3u);
+  EXPECT_EQ(pushes[2].SerializeAsString(), pushes[0].SerializeAsString());
+}
+
+TEST_F(GrpcStoreTest, AsyncRetryKeepsItsSequenceAndLaterPushesWaitWithinTheLead) {
+  GrpcStoreOptions options = FastRetries();
+  options.max_sequence_lead = 3;
+  Start(/*fail_pushes=*/1, options);
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  constexpr int kPushes = 12;
+  for (int i = 0; i < kPushes; ++i) {
+    ASSERT_TRUE(StartPush(calls.get(), i + 1).ok());
+    if (calls->pending() == 6) {  // a window of 6, wider than the lead
+      auto done = calls->Next();
+      ASSERT_TRUE(done.ok() && done->status.ok());
+    }
+  }
+  while (calls->pending() > 0) {
+    auto done = calls->Next();
+    ASSERT_TRUE(done.ok() && done->status.ok());
+  }
+  std::vector<PushRequest> pushes = service_->pushes();
+  ASSERT_EQ(pushes.size(), kPushes + 1u);  // one lost and resent
+  const uint64_t lost = pushes[0].header().sequence();
+  size_t resent = 0;
+  std::multiset<uint64_t> seen;
+  for (size_t i = 0; i < pushes.size(); ++i) {
+    const uint64_t q = pushes[i].header().sequence();
+    seen.insert(q);
+    if (i > 0 && q == lost) {
+      resent = i;
+      EXPECT_EQ(pushes[i].SerializeAsString(), pushes[0].SerializeAsString());
+    }
+  }
+  ASSERT_GT(resent, 0u);
+  for (uint64_t q = 1; q <= kPushes; ++q) EXPECT_EQ(seen.count(q), q == lost ? 2u : 1u) << q;
+  // No push 3 or more sequences past the lost one left before the retry arrived.
+  for (size_t i = 0; i < resent; ++i) EXPECT_LT(pushes[i].header().sequence(), lost + 3) << i;
+  EXPECT_EQ(store_->stats().retries, 1u);
+}
+
+TEST_F(GrpcStoreTest, AsyncCallRefusesABadAnswer) {
+  Start(/*fail_pushes=*/0);
+  service_->AnswerGarbage();
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  auto first = StartPush(calls.get(), 1);
+  auto second = StartPush(calls.get(), 2);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(calls->Wait(*second).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(calls->Wait(*first).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(calls->Wait(*first).code(), absl::StatusCode::kNotFound);  // reaped already
+  EXPECT_EQ(store_->Push(common::PushBatch(), common::PushOptions{3, false}).code(),
+            absl::StatusCode::kInternal);
+}
+
+TEST_F(GrpcStoreTest, AsyncCallRefusesABadBatchWithoutTakingASequence) {
+  Start(/*fail_pushes=*/0);
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  common::PushBatch bad;
+  bad.dense.push_back({"w", absl::MakeConstSpan(dense_grad_).subspan(1)});
+  EXPECT_EQ(calls->StartPush(bad, common::PushOptions{1, false}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  common::PushBatch unknown;
+  unknown.dense.push_back({"nope", dense_grad_});
+  EXPECT_EQ(calls->StartPush(unknown, common::PushOptions{1, false}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(calls->pending(), 0u);
+  auto id = StartPush(calls.get(), 1);
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(calls->Wait(*id).ok());
+  ASSERT_EQ(service_->pushes().size(), 1u);
+  EXPECT_EQ(service_->pushes()[0].header().sequence(), 1u);
+}
+
+TEST_F(GrpcStoreTest, AsyncCallsThatMissTheirDeadlineAreRetriedThenFail) {
+  GrpcStoreOptions options = FastRetries();
+  options.deadline = absl::Milliseconds(200);
+  options.max_retries = 1;
+  Start(/*fail_pushes=*/0, options);
+  service_->Hold(1000);  // never answers during the test
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(StartPush(calls.get(), i + 1).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto done = calls->Next();
+    ASSERT_TRUE(done.ok());
+    EXPECT_EQ(done->status.code(), absl::StatusCode::kDeadlineExceeded) << done->status;
+  }
+  // Each attempt that reached the server in time carried its call's sequence.
+  std::multiset<uint64_t> seen;
+  for (const PushRequest& p : service_->pushes()) seen.insert(p.header().sequence());
+  for (uint64_t q : seen) {
+    EXPECT_TRUE(q >= 1 && q <= 3) << q;
+    EXPECT_LE(seen.count(q), 2u) << q;
+  }
+  EXPECT_EQ(store_->stats().retries, 3u);
+}
+
+TEST_F(GrpcStoreTest, DestroyingAsyncCallsCancelsTheCallsInFlight) {
+  Start(/*fail_pushes=*/0);
+  service_->Hold(1000);
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(StartPush(calls.get(), i + 1).ok());
+  calls.reset();  // returns although no answer comes
+  service_->Hold(0);
+  EXPECT_TRUE(PushOnce(5).ok());
 }
 
 }  // namespace

@@ -1,0 +1,306 @@
+// GrpcParameterStore::AsyncCalls: starting calls, reaping their answers from one completion
+// queue, retrying attempts after an alarm.
+//
+// Queue events. Every event's tag is the Slot (one server's frame of one call) it is for:
+// either the end of the slot's attempt, or, while the slot backs off before a retry
+// (Slot::backing_off), its alarm. A Slot stays where it is until its call ends, and a call
+// ends only when none of its slots has an attempt or an alarm pending, so a tag never
+// outlives what it points at.
+#include "worker/rpc/grpc_async_calls.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc/frame.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "grpcpp/alarm.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "worker/rpc/grpc_store_exchange.h"
+
+namespace ps::worker {
+namespace {
+
+constexpr char kPushPullMethod[] = "/ps.ParameterServer/PushPull";
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+// As GrpcParameterStore::FanOut: a RESOURCE_EXHAUSTED the server marked busy changed nothing
+// and is sent again; any other RESOURCE_EXHAUSTED is final.
+bool ServerBusy(const absl::Status& s, const grpc::ClientContext& context) {
+  return absl::IsResourceExhausted(s) &&
+         context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
+}
+
+}  // namespace
+
+// One server's frame of a call.
+struct GrpcParameterStore::AsyncCalls::Slot {
+  Call* call = nullptr;
+  uint32_t server = 0;
+  uint32_t attempt = 0;        // attempts failed so far
+  bool backing_off = false;    // the pending event is the alarm, not an attempt's end
+  absl::Time first_failure = absl::InfiniteFuture();
+  grpc::ByteBuffer request;    // built once, resent by every retry (same sequence)
+  grpc::ByteBuffer answer;
+  grpc::Status outcome;
+  std::unique_ptr<grpc::ClientContext> context;  // of the current attempt
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+  std::unique_ptr<grpc::Alarm> alarm;
+};
+
+struct GrpcParameterStore::AsyncCalls::Call {
+  explicit Call(size_t n) : x(n), sequence(n, 0) {}
+  CallId id = 0;
+  Exchange x;
+  common::PullBatch pull;           // a copy, unless the caller keeps its own alive
+  std::vector<uint64_t> sequence;   // push sequence per server, 0 = no push there
+  std::vector<Slot> slots;          // never resized once sent: tags point into it
+  size_t unfinished = 0;            // slots with an attempt or an alarm pending
+  absl::Status status;              // the first error that ends the call
+};
+
+GrpcParameterStore::AsyncCalls::AsyncCalls(GrpcParameterStore* store) : store_(store) {}
+
+GrpcParameterStore::AsyncCalls::~AsyncCalls() {
+  closing_ = true;
+  for (auto& [id, c] : running_) {
+    for (Slot& slot : c->slots) {
+      if (slot.backing_off && slot.alarm != nullptr) slot.alarm->Cancel();
+      if (!slot.backing_off && slot.context != nullptr) slot.context->TryCancel();
+    }
+  }
+  while (!running_.empty()) Step();
+  queue_.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue_.Next(&tag, &ok)) {
+  }
+}
+
+absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> GrpcParameterStore::AsyncCalls::StartPush(
+    const common::PushBatch& batch, const common::PushOptions& options) {
+  return Start(&batch, options, nullptr, common::PullOptions(), false);
+}
+
+absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> GrpcParameterStore::AsyncCalls::StartPull(
+    const common::PullBatch& batch, const common::PullOptions& options) {
+  return Start(nullptr, common::PushOptions(), &batch, options, false);
+}
+
+absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId>
+GrpcParameterStore::AsyncCalls::StartPushPull(const common::PushBatch& push,
+                                              const common::PushOptions& push_options,
+                                              const common::PullBatch& pull,
+                                              const common::PullOptions& pull_options) {
+  return Start(&push, push_options, &pull, pull_options, false);
+}
+
+absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push,
+                                                   const common::PushOptions& push_options,
+                                                   const common::PullBatch* pull,
+                                                   const common::PullOptions& pull_options,
+                                                   Call* c) {
+  const size_t n = store_->stubs_.size();
+  Exchange& x = c->x;
+  if (pull != nullptr) RETURN_IF_ERROR(store_->AddPull(*pull, pull_options, &x));
+  if (push != nullptr) RETURN_IF_ERROR(store_->AddPush(*push, push_options, &x));
+  size_t sends = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    PushPullRequest& h = x.headers[s];
+    h.set_pull_clock(pull_options.clock);
+    if (h.has_push()) {
+      c->sequence[s] = h.header().sequence();
+    } else {
+      *h.mutable_header() = store_->Header(pull_options.clock, 0);
+    }
+    if (h.has_push() || h.pull_size() > 0) ++sends;
+  }
+  c->slots.resize(sends);
+  size_t i = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    if (!x.headers[s].has_push() && x.headers[s].pull_size() == 0) continue;
+    common::FrameBuilder frame(x.headers[s]);
+    for (absl::string_view bytes : x.payloads[s]) frame.AddAliased(bytes);
+    Slot& slot = c->slots[i++];
+    slot.call = c;
+    slot.server = s;
+    slot.request = frame.Build();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> GrpcParameterStore::AsyncCalls::Start(
+    const common::PushBatch* push, const common::PushOptions& push_options,
+    const common::PullBatch* pull, const common::PullOptions& pull_options, bool borrow_pull) {
+  if (push != nullptr) WaitForLaggards();
+  auto c = std::make_unique<Call>(store_->stubs_.size());
+  if (pull != nullptr && !borrow_pull) {
+    c->pull = *pull;
+    pull = &c->pull;
+  }
+  if (absl::Status st = Build(push, push_options, pull, pull_options, c.get()); !st.ok()) {
+    for (std::string& b : c->x.encoded) store_->GiveBuffer(std::move(b));
+    return st;
+  }
+  const CallId id = next_id_++;
+  c->id = id;
+  c->unfinished = c->slots.size();
+  Call* call = c.get();
+  running_.emplace(id, std::move(c));
+  if (call->slots.empty()) {
+    End(call);  // nothing to send (an empty pull): done at once, as the blocking call is
+    return id;
+  }
+  for (Slot& slot : call->slots) Send(&slot);
+  return id;
+}
+
+void GrpcParameterStore::AsyncCalls::WaitForLaggards() {
+  const uint64_t lead = store_->options_.max_sequence_lead;
+  auto lagging = [&] {
+    for (const auto& [id, c] : running_) {
+      for (size_t s = 0; s < c->sequence.size(); ++s) {
+        if (c->sequence[s] != 0 && c->unfinished > 0 &&
+            store_->next_sequence_[s].load(std::memory_order_relaxed) - c->sequence[s] >= lead) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  while (lagging()) Step();
+}
+
+void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
+  slot->answer.Clear();
+  // The reader lives in the previous attempt's call arena, which its context holds.
+  slot->reader.reset();
+  slot->context = std::make_unique<grpc::ClientContext>();
+  slot->context->set_deadline(absl::ToChronoTime(absl::Now() + store_->options_.deadline));
+  slot->reader = store_->data_stubs_[slot->server]->PrepareUnaryCall(
+      slot->context.get(), kPushPullMethod, slot->request, &queue_);
+  slot->reader->StartCall();
+  slot->reader->Finish(&slot->answer, &slot->outcome, slot);
+}
+
+void GrpcParameterStore::AsyncCalls::Step() {
+  void* tag;
+  bool ok;
+  // Every attempt has a deadline and every alarm a time, so a tag comes; Next fails only
+  // after Shutdown, which the destructor calls once nothing is in flight.
+  CHECK(queue_.Next(&tag, &ok)) << "completion queue shut down while calls were running";
+  Slot* slot = static_cast<Slot*>(tag);
+  if (!slot->backing_off) {
+    OnAnswer(slot);
+    return;
+  }
+  slot->backing_off = false;
+  slot->alarm.reset();
+  if (closing_ || !slot->call->status.ok()) {
+    if (slot->call->status.ok()) slot->call->status = absl::CancelledError("calls closed");
+    SlotDone(slot->call);
+    return;
+  }
+  Send(slot);
+}
+
+void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
+  Call* c = slot->call;
+  const uint32_t s = slot->server;
+  const GrpcStoreOptions& options = store_->options_;
+  absl::Status st = common::FromGrpcStatus(slot->outcome);
+  if (st.ok()) {
+    if (slot->attempt > 0 && options.on_recovered) {
+      options.on_recovered(s, slot->attempt, absl::Now() - slot->first_failure);
+    }
+    if (c->status.ok()) c->status = store_->ReadAnswer(s, slot->answer, &c->x);
+    slot->answer.Clear();
+    SlotDone(c);
+    return;
+  }
+  slot->first_failure = std::min(slot->first_failure, absl::Now());
+  store_->CountFailure(s, st);
+  // A call that failed already (another server refused) or is being closed retries nothing.
+  if (!c->status.ok() || closing_) {
+    if (c->status.ok()) c->status = st;
+    SlotDone(c);
+    return;
+  }
+  const bool again = Retryable(st) || ServerBusy(st, *slot->context);
+  if (!again || slot->attempt >= options.max_retries) {
+    const auto& servers = store_->config_.cluster().servers();
+    c->status = common::Annotate(
+        st, absl::StrCat("server ", s, " (", servers.size() > static_cast<int>(s) ? servers[s] : "?",
+                         ")"));
+    // Slots of c waiting to retry give up now (their alarms fire at once, cancelled).
+    for (Slot& other : c->slots) {
+      if (other.backing_off) other.alarm->Cancel();
+    }
+    SlotDone(c);
+    return;
+  }
+  store_->CountRetry(s);
+  if (options.on_retry) options.on_retry(s, slot->attempt + 1, st);
+  const absl::Duration backoff = store_->Backoff(slot->attempt);
+  ++slot->attempt;
+  slot->backing_off = true;
+  slot->alarm = std::make_unique<grpc::Alarm>();
+  slot->alarm->Set(&queue_, absl::ToChronoTime(absl::Now() + backoff), slot);
+}
+
+void GrpcParameterStore::AsyncCalls::SlotDone(Call* c) {
+  if (--c->unfinished == 0) End(c);
+}
+
+void GrpcParameterStore::AsyncCalls::End(Call* c) {
+  Exchange& x = c->x;
+  if (c->status.ok()) {
+    // Repeated keys get the row their first occurrence received.
+    for (auto& [name, so] : x.sparse_out) {
+      const size_t dim = so.info->dim;
+      float* out = so.pull->out.data();
+      for (auto [i, first] : so.repeats) {
+        std::memcpy(out + size_t{i} * dim, out + size_t{first} * dim, dim * sizeof(float));
+      }
+    }
+    store_->CountExchange(x);
+  }
+  for (std::string& b : x.encoded) store_->GiveBuffer(std::move(b));
+  ended_.push_back(Done{c->id, c->status});
+  running_.erase(c->id);  // destroys c
+}
+
+absl::StatusOr<GrpcParameterStore::AsyncCalls::Done> GrpcParameterStore::AsyncCalls::Next() {
+  if (ended_.empty() && running_.empty()) {
+    return absl::FailedPreconditionError("no call in flight");
+  }
+  while (ended_.empty()) Step();
+  Done done = std::move(ended_.front());
+  ended_.pop_front();
+  return done;
+}
+
+absl::Status GrpcParameterStore::AsyncCalls::Wait(CallId id) {
+  while (true) {
+    for (auto it = ended_.begin(); it != ended_.end(); ++it) {
+      if (it->id != id) continue;
+      absl::Status st = std::move(it->status);
+      ended_.erase(it);
+      return st;
+    }
+    if (running_.find(id) == running_.end()) {
+      return absl::NotFoundError(absl::StrCat("call ", id, " is not pending"));
+    }
+    Step();
+  }
+}
+
+}  // namespace ps::worker

@@ -249,6 +249,9 @@ absl::Status ParameterServer::Start() {
   ServiceOptions service_options;
   service_options.num_threads = ServingThreads(config_, options_.num_threads);
   service_options.max_pull_wait = absl::Seconds(config_.server().max_pull_wait_s());
+  service_options.max_pool_requests = config_.server().max_pool_requests();
+  service_options.max_pool_request_bytes = config_.server().max_pool_request_bytes();
+  service_options.max_unsent_answer_bytes = config_.server().max_unsent_answer_bytes();
   service_options.auth.check_identities = !config_.security().plaintext();
   service_options.auth.operator_token_required =
       !config_.security().operator_token_file().empty();
@@ -277,6 +280,7 @@ absl::Status ParameterServer::Start() {
   GrpcServerOptions grpc_options;
   grpc_options.address = absl::StrCat(options_.host, ":", options_.port);
   grpc_options.max_message_bytes = config_.server().max_message_bytes();
+  grpc_options.max_concurrent_streams = static_cast<int>(config_.server().max_concurrent_streams());
   ASSIGN_OR_RETURN(grpc_server_,
                    GrpcServer::Start(grpc_options, config_.security(), service_.get()));
   grpc_server_->SetServing(true);

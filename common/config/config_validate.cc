@@ -292,6 +292,13 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
   MessageLimit(errors, "server.max_message_bytes", server.max_message_bytes());
   Positive(errors, "server.worker_lease_s", server.worker_lease_s());
   Positive(errors, "server.max_pull_wait_s", server.max_pull_wait_s());
+  // gRPC takes it as an int, as it takes message limits.
+  MessageLimit(errors, "server.max_concurrent_streams", server.max_concurrent_streams());
+  Positive(errors, "server.max_pool_requests", server.max_pool_requests());
+  Positive(errors, "server.max_pool_request_bytes",
+           static_cast<double>(server.max_pool_request_bytes()));
+  Positive(errors, "server.max_unsent_answer_bytes",
+           static_cast<double>(server.max_unsent_answer_bytes()));
 
   const ps::RpcConfig& rpc = config.rpc();
   Positive(errors, "rpc.deadline_s", rpc.deadline_s());

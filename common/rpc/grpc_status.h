@@ -12,6 +12,13 @@
 
 namespace ps::common {
 
+// Trailing metadata a server sets on a RESOURCE_EXHAUSTED answer that refused a call only
+// because the server held too many requests already (reason "server_busy"): the request was
+// fine and changed nothing, so a client may send it again after a backoff. Any other
+// RESOURCE_EXHAUSTED (a message over the size limit, too many waiting pulls) comes without
+// it and is final.
+inline constexpr char kServerBusyMetadata[] = "ps-server-busy";
+
 inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));

@@ -37,6 +37,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
     return absl::InvalidArgumentError(
         absl::StrCat("data_threads is ", options.data_threads, ": expected > 0"));
   }
+  if (options.max_concurrent_streams <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_concurrent_streams is ", options.max_concurrent_streams, ": expected > 0"));
+  }
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   service->ServeFromQueue();
   builder.RegisterService(service);
   builder.RegisterAsyncGenericService(service->health_service());

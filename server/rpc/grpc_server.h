@@ -1,8 +1,8 @@
 // GrpcServer: the gRPC server a ParameterServer serves its service on.
 //
 // The one place of the server that builds a grpc::Server: listening port and credentials
-// (mutual TLS or plaintext, from the job's SecurityConfig), message size limits, keepalive
-// policy and the standard grpc.health.v1 service. The header names no gRPC type, so
+// (mutual TLS or plaintext, from the job's SecurityConfig), message size limits, the cap on
+// calls per connection, keepalive policy and the standard grpc.health.v1 service. The header names no gRPC type, so
 // server/parameter_server.cc composes it without including grpcpp.
 #ifndef PS_SERVER_RPC_GRPC_SERVER_H_
 #define PS_SERVER_RPC_GRPC_SERVER_H_
@@ -36,6 +36,14 @@ struct GrpcServerOptions {
   // and answers a call itself; see ParameterServerService::ServePushPullFromQueue).
   // REQUIRES: > 0.
   int data_threads = 1;
+  // Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS,
+  // server.max_concurrent_streams). gRPC clients queue calls beyond it on their side; a peer
+  // that opens more streams anyway after acknowledging the setting loses its connection. So
+  // a connection makes the server hold at most this many requests of up to
+  // max_message_bytes each, however many calls it sends. Keep it above the parked pulls a
+  // worker may have (ServiceOptions::max_parked_pulls_per_worker, 16), so that a worker's
+  // waiting pulls never hold every stream its pushes need. REQUIRES: > 0.
+  int max_concurrent_streams = 32;
 };
 
 // Thread-safe. STARTED by Start(); Shutdown() then Wait() stop it (the destructor does both).

@@ -60,6 +60,7 @@ class ParkingTest : public ::testing::Test {
     service_ = std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{});
     GrpcServerOptions server_options;
     server_options.address = "127.0.0.1:0";
+    server_options.max_concurrent_streams = 64;  // 50 waiting pulls on one connection
     auto server = GrpcServer::Start(server_options, config_.security(), service_.get());
     ASSERT_THAT(server.status(), IsOk());
     server_ = *std::move(server);

@@ -79,7 +79,8 @@ struct ParameterServerService::Metrics {
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
             "identity, "
-            "bad_encoding, bound_timeout, turn_timeout, too_many_waiting, unparseable, other).",
+            "bad_encoding, bound_timeout, turn_timeout, too_many_waiting, server_busy, "
+            "unparseable, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(
             "ps_rejected_requests_total",
@@ -411,9 +412,15 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
     Finish(reactor, ServePush(*request, response, arrived));
     return reactor;
   }
-  pool_.Schedule([this, reactor, request, response, arrived] {
-    Finish(reactor, ServePush(*request, response, arrived));
-  });
+  const size_t bytes = request->ByteSizeLong();
+  if (absl::Status s = ServeOnPool(bytes, [this, reactor, request, response, arrived] {
+        Finish(reactor, ServePush(*request, response, arrived));
+      });
+      !s.ok()) {
+    context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
+    Record(kPush, arrived, s, bytes, 0);
+    Finish(reactor, s);
+  }
   return reactor;
 }
 
@@ -616,7 +623,12 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
     serve();
     return reactor;
   }
-  pool_.Schedule(std::move(serve));
+  if (absl::Status s = ServeOnPool(request->Length(), std::move(serve)); !s.ok()) {
+    context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
+    Record(kPush, arrived, s, request->Length(), 0);
+    Finish(reactor, s);
+    reactor->Started(0);
+  }
   return reactor;
 }
 

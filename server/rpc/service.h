@@ -20,6 +20,12 @@
 // CANCELLED when the client goes away, UNAVAILABLE when the server stops. Parked pulls are
 // capped per worker and in all (RESOURCE_EXHAUSTED, reason "too_many_waiting"). So no client,
 // honest or not, can make pulls hold the threads other workers' calls need.
+//
+// Memory a client can make the service hold is capped as well: requests handed to the pool
+// (max_pool_requests, max_pool_request_bytes) and answers its peers have not taken
+// (max_unsent_answer_bytes). Beyond them a call gets RESOURCE_EXHAUSTED, reason
+// "server_busy", with the trailer common::kServerBusyMetadata that tells a client it may send
+// the call again: nothing changed. (Calls per connection are GrpcServer's cap.)
 #ifndef PS_SERVER_RPC_SERVICE_H_
 #define PS_SERVER_RPC_SERVICE_H_
 
@@ -40,6 +46,11 @@
 
 namespace ps::server {
 
+// The rejection reason (RejectionReason) of a call refused because the server holds too many
+// requests already (ServiceOptions::max_pool_requests); its answer carries
+// common::kServerBusyMetadata.
+inline constexpr char kServerBusyReason[] = "server_busy";
+
 struct ServiceOptions {
   // Threads running pulls and pushes. REQUIRES: > 0.
   int num_threads = 4;
@@ -55,6 +66,19 @@ struct ServiceOptions {
   AuthOptions auth;
   // Idle payload buffers kept for reuse (receive gathers and pull answers), bytes.
   size_t max_cached_payload_bytes = size_t{512} << 20;
+  // Requests handed to the pool (those of 4 MB or more, and pushes of a deterministic-BSP
+  // job) hold their bytes from arrival until served. At most this many such requests, and
+  // this many of their bytes, wait for or run on the pool at once; one more is refused with
+  // RESOURCE_EXHAUSTED (reason "server_busy", the trailer kServerBusyMetadata set) and
+  // changes nothing. A request is always let in when none is held, so any request within
+  // the message size limit can be served. REQUIRES: > 0.
+  size_t max_pool_requests = 64;
+  size_t max_pool_request_bytes = size_t{1} << 30;
+  // Answers handed to gRPC that their peers have not taken yet, bytes: a peer that does not
+  // read keeps its answers in this server until its calls end. While more than this is
+  // held, new Pull and PushPull calls get RESOURCE_EXHAUSTED ("server_busy", retryable) and
+  // change nothing. Counted for calls from a completion queue (ServeFromQueue).
+  size_t max_unsent_answer_bytes = size_t{2} << 30;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -153,6 +177,17 @@ class ParameterServerService final
   // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
   const common::DataPathCounters& data_path_counters() const { return counters_; }
 
+  // Requests handed to the pool and not yet done (see max_pool_requests).
+  size_t pool_requests() const ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Bytes of answers given to gRPC and not yet taken (see max_unsent_answer_bytes).
+  size_t unsent_answer_bytes() const {
+    return unsent_answer_bytes_.load(std::memory_order_relaxed);
+  }
+  // Blocks until exactly `n` requests are held by the pool.
+  void WaitForPoolRequestsForTest(size_t n) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Runs `task` on the pool, outside its caps (tests hold the pool's threads with it).
+  void RunOnPoolForTest(std::function<void()> task) { pool_.Schedule(std::move(task)); }
+
  private:
   struct Metrics;
   // A PushPull frame counts as a push when it carries one, as a pull otherwise.
@@ -210,6 +245,15 @@ class ParameterServerService final
                       std::function<absl::Status()> read, Done done);
   // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
   bool PushesWait() const;
+  // Runs `serve` (a call's whole work) on the pool, counted against max_pool_requests and
+  // max_pool_request_bytes until it returns, and returns OK; or, when the request's `bytes`
+  // do not fit, returns RESOURCE_EXHAUSTED ("server_busy", counted) without running it: the
+  // caller answers the call with that status, and nothing has changed.
+  absl::Status ServeOnPool(size_t bytes, std::function<void()> serve)
+      ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // RESOURCE_EXHAUSTED ("server_busy", counted) while more than max_unsent_answer_bytes of
+  // answers wait for their peers; OK otherwise.
+  absl::Status CheckUnsentAnswers();
   // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
   // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
   // out == nullptr, into the answer's bytes fields.
@@ -248,6 +292,12 @@ class ParameterServerService final
   bool queue_stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
   // QueuedCalls alive (asked for, or running until their last tag).
   size_t queued_calls_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  // Requests held by the pool (ServeOnPool) and their bytes.
+  mutable absl::Mutex pool_mu_;
+  size_t pool_requests_ ABSL_GUARDED_BY(pool_mu_) = 0;
+  size_t pool_request_bytes_ ABSL_GUARDED_BY(pool_mu_) = 0;
+  // Answers between Finish and their finish tag (UnaryCall).
+  std::atomic<size_t> unsent_answer_bytes_{0};
   common::ThreadPool pool_;
 };
 

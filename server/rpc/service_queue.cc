@@ -1,6 +1,6 @@
 // ParameterServerService's calls taken from a completion queue (ServeFromQueue): the tags,
-// the unary calls of each method, the health check, and the serving loop. The handlers they
-// run are service.cc's.
+// the unary calls of each method, the health check, the serving loop, and the cap on the
+// requests handed to the pool. The handlers they run are service.cc's.
 #include <atomic>
 #include <string>
 #include <utility>
@@ -109,6 +109,10 @@ class ParameterServerService::UnaryCall : public QueuedCall {
         Unref();
         return;
       case kFinished:
+        // The answer is on the wire, or the call ended without it: either way gRPC let go.
+        service_->unsent_answer_bytes_.fetch_sub(answer_bytes_, std::memory_order_relaxed);
+        Unref();
+        return;
       case kRead:
         Unref();
         return;
@@ -123,11 +127,18 @@ class ParameterServerService::UnaryCall : public QueuedCall {
   // Serves the call on this thread, or hands it on (the pool, a parked pull).
   virtual void Serve() = 0;
 
+  // Counts the answer of `bytes` as held until its finish tag (Finish calls it once).
+  void HoldAnswer(size_t bytes) {
+    answer_bytes_ = bytes;
+    service_->unsent_answer_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
   grpc::ServerContext context_;
   Tag arrived_tag_{this, kArrived};
   Tag finished_tag_{this, kFinished};
 
  private:
+  size_t answer_bytes_ = 0;  // set before Finish, read when its tag comes
   void Cancel() {
     WaiterId id;
     {
@@ -164,6 +175,10 @@ class ParameterServerService::TypedCall final : public UnaryCall {
     service->RequestAsyncUnary(method, &context_, &request, &responder_, cq, cq, &arrived_tag_);
   }
   void Finish(const absl::Status& status) override {
+    if (!status.ok() && RejectionReason(status) == kServerBusyReason) {
+      context_.AddTrailingMetadata(common::kServerBusyMetadata, "1");
+    }
+    HoldAnswer(status.ok() ? AnswerBytes(response) : 0);
     responder_.Finish(response, common::ToGrpcStatus(status), &finished_tag_);
   }
 
@@ -172,6 +187,10 @@ class ParameterServerService::TypedCall final : public UnaryCall {
 
  private:
   void Serve() override { handler_(service_, this); }
+  static size_t AnswerBytes(const grpc::ByteBuffer& answer) { return answer.Length(); }
+  static size_t AnswerBytes(const google::protobuf::Message& answer) {
+    return answer.ByteSizeLong();
+  }
 
   grpc::ServerAsyncResponseWriter<Response> responder_;
   const Handler handler_;
@@ -283,10 +302,12 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
     using Call = TypedCall<PullRequest, PullResponse>;
     new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
       const absl::Time arrived = absl::Now();
-      if (absl::Status st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(),
-                                                 "pull");
-          !st.ok()) {
-        st = s->shard_->Reject("identity", std::move(st));
+      absl::Status st = s->CheckUnsentAnswers();
+      if (st.ok()) {
+        st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(), "pull");
+        if (!st.ok()) st = s->shard_->Reject("identity", std::move(st));
+      }
+      if (!st.ok()) {
         s->Record(kPull, arrived, st, c->request.ByteSizeLong(), 0);
         c->Finish(st);
         c->Started(0);
@@ -312,19 +333,34 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
         c->Finish(s->ServePush(c->request, &c->response, arrived));
         c->Started(0);
       };
-      if (!s->PushesWait() && c->request.ByteSizeLong() < kInlineRequestBytes) return serve();
-      s->pool_.Schedule(std::move(serve));
+      const size_t bytes = c->request.ByteSizeLong();
+      if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
+      if (absl::Status st = s->ServeOnPool(bytes, std::move(serve)); !st.ok()) {
+        s->Record(kPush, arrived, st, bytes, 0);
+        c->Finish(st);
+        c->Started(0);
+      }
     });
   } else {
     using Call = TypedCall<grpc::ByteBuffer, grpc::ByteBuffer>;
     new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
-      auto serve = [s, c, arrived = absl::Now(), peer = c->Peer()] {
+      const absl::Time arrived = absl::Now();
+      auto serve = [s, c, arrived, peer = c->Peer()] {
         c->Started(s->StartPushPull(c->request, c->deadline(), &c->response, arrived, &peer,
                                     [c](absl::Status status) { c->Finish(status); }));
       };
       // No push here waits: answer on this thread; a pull that must wait is parked.
-      if (!s->PushesWait() && c->request.Length() < kInlineRequestBytes) return serve();
-      s->pool_.Schedule(std::move(serve));
+      const size_t bytes = c->request.Length();
+      absl::Status st = s->CheckUnsentAnswers();
+      if (st.ok()) {
+        if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
+        st = s->ServeOnPool(bytes, std::move(serve));
+      }
+      if (!st.ok()) {
+        s->Record(kPush, arrived, st, bytes, 0);  // not parsed: counted as a push
+        c->Finish(st);
+        c->Started(0);
+      }
     });
   }
 }
@@ -426,6 +462,62 @@ void ParameterServerService::StopQueue(grpc::ServerCompletionQueue* cq) {
       +[](size_t* calls) { return *calls == 0; }, &queued_calls_));
   cq->Shutdown();
   queue_stopped_ = true;
+}
+
+// ---- Requests held by the pool ----------------------------------------------------------
+
+absl::Status ParameterServerService::ServeOnPool(size_t bytes, std::function<void()> serve) {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    // The first request always gets in: one within the message size limit must be servable.
+    // (Both sums stay far below 2^64: bytes are within the message size limit.)
+    if (pool_requests_ > 0 && (pool_requests_ >= options_.max_pool_requests ||
+                               pool_request_bytes_ + bytes > options_.max_pool_request_bytes)) {
+      const size_t held = pool_requests_;
+      const size_t held_bytes = pool_request_bytes_;
+      return shard_->Reject(
+          kServerBusyReason,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "server busy: ", held, " requests (", held_bytes,
+              " bytes) wait for or run on its threads already (max_pool_requests ",
+              options_.max_pool_requests, ", max_pool_request_bytes ",
+              options_.max_pool_request_bytes, "); this one (", bytes,
+              " bytes) changed nothing and may be sent again")));
+    }
+    ++pool_requests_;
+    pool_request_bytes_ += bytes;
+  }
+  pool_.Schedule([this, bytes, serve = std::move(serve)] {
+    serve();
+    absl::MutexLock lock(&pool_mu_);
+    --pool_requests_;
+    pool_request_bytes_ -= bytes;
+  });
+  return absl::OkStatus();
+}
+
+size_t ParameterServerService::pool_requests() const {
+  absl::MutexLock lock(&pool_mu_);
+  return pool_requests_;
+}
+
+absl::Status ParameterServerService::CheckUnsentAnswers() {
+  const size_t held = unsent_answer_bytes_.load(std::memory_order_relaxed);
+  if (held <= options_.max_unsent_answer_bytes) return absl::OkStatus();
+  return shard_->Reject(
+      kServerBusyReason,
+      absl::ResourceExhaustedError(absl::StrCat(
+          "server busy: ", held, " bytes of answers wait for their peers to take them "
+          "(max_unsent_answer_bytes ", options_.max_unsent_answer_bytes,
+          "); this call changed nothing and may be sent again")));
+}
+
+void ParameterServerService::WaitForPoolRequestsForTest(size_t n) {
+  absl::MutexLock lock(&pool_mu_);
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_) {
+    return pool_requests_ == n;
+  };
+  pool_mu_.Await(absl::Condition(&reached));
 }
 
 }  // namespace ps::server

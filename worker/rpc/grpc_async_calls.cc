@@ -32,6 +32,13 @@ bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
 }
 
+// As GrpcParameterStore::FanOut: a RESOURCE_EXHAUSTED the server marked busy changed nothing
+// and is sent again; any other RESOURCE_EXHAUSTED is final.
+bool ServerBusy(const absl::Status& s, const grpc::ClientContext& context) {
+  return absl::IsResourceExhausted(s) &&
+         context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
+}
+
 }  // namespace
 
 // One server's frame of a call.
@@ -230,7 +237,8 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
     SlotDone(c);
     return;
   }
-  if (!Retryable(st) || slot->attempt >= options.max_retries) {
+  const bool again = Retryable(st) || ServerBusy(st, *slot->context);
+  if (!again || slot->attempt >= options.max_retries) {
     const auto& servers = store_->config_.cluster().servers();
     c->status = common::Annotate(
         st, absl::StrCat("server ", s, " (", servers.size() > static_cast<int>(s) ? servers[s] : "?",

@@ -33,6 +33,14 @@ bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
 }
 
+// RESOURCE_EXHAUSTED that the server marked as "busy, send it again" (it held too many
+// requests; this one changed nothing). Every other RESOURCE_EXHAUSTED (a message over the
+// size limit, too many waiting pulls) says the request itself cannot be served: final.
+bool ServerBusy(const absl::Status& s, const grpc::ClientContext& context) {
+  return absl::IsResourceExhausted(s) &&
+         context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
+}
+
 }  // namespace
 
 struct GrpcParameterStore::Metrics {
@@ -50,7 +58,9 @@ struct GrpcParameterStore::Metrics {
             "Push answers saying the server had applied the push already (after a retry).")) {
     auto* family = r->AddCounterFamily(
         "ps_worker_rpc_retries_total",
-        "RPCs to each server retried after UNAVAILABLE or DEADLINE_EXCEEDED.", {"server"});
+        "RPCs to each server retried after UNAVAILABLE, DEADLINE_EXCEEDED or a busy server's "
+        "RESOURCE_EXHAUSTED.",
+        {"server"});
     for (size_t s = 0; s < num_servers; ++s) {
       retries.push_back(family->WithLabels({absl::StrCat(s)}));
     }
@@ -248,7 +258,8 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
       first_failure[s] = std::min(first_failure[s], absl::Now());
       metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status[s].code())})
           ->Increment();
-      if (!Retryable(status[s]) || attempt >= options_.max_retries) {
+      const bool again = Retryable(status[s]) || ServerBusy(status[s], *contexts[s]);
+      if (!again || attempt >= options_.max_retries) {
         return common::Annotate(status[s], absl::StrCat("server ", s, " (",
                                                         config_.cluster().servers_size() > s
                                                             ? config_.cluster().servers(s)

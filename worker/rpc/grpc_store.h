@@ -4,10 +4,13 @@
 // (common/rpc/frame.h), sent concurrently, and reassembled in order: float32 gradients go to
 // the socket as slices aliasing the caller's buffers, and pulled parameters are copied once,
 // from gRPC's receive slices into the caller's buffers. Sparse keys are deduplicated before
-// pulling. Every call has a deadline; calls that fail with UNAVAILABLE or DEADLINE_EXCEEDED
-// are retried with exponential back-off and jitter (pushes carry (worker, incarnation,
-// sequence), with a sequence of their own per server, so a retried push is applied at most
-// once). A push goes only to the servers that hold some of its data, except under a
+// pulling. Every call has a deadline; calls that fail with UNAVAILABLE or DEADLINE_EXCEEDED,
+// or with a RESOURCE_EXHAUSTED the server marked busy (common::kServerBusyMetadata: it
+// held too many requests and this one changed nothing), are retried with exponential
+// back-off and jitter (pushes carry (worker, incarnation, sequence), with a sequence of their
+// own per server, so a retried push is applied at most once). Other refusals, another
+// RESOURCE_EXHAUSTED included (a message over the size limit, too many waiting pulls), say
+// the request cannot be served as it is and are returned at once. A push goes only to the servers that hold some of its data, except under a
 // consistency bound (training.staleness) or deterministic BSP, where every server hears of
 // every push (an empty one at worst) so that its view of the worker's clock advances. A push
 // of an empty batch is a clock tick and goes to every server.
@@ -51,7 +54,7 @@ struct GrpcStoreOptions {
   uint64_t worker_incarnation = 1;
   // Deadline of each attempt.
   absl::Duration deadline = absl::Seconds(60);
-  // Retries after UNAVAILABLE / DEADLINE_EXCEEDED; then the error is returned.
+  // Retries after UNAVAILABLE / DEADLINE_EXCEEDED / a busy server; then the error is returned.
   uint32_t max_retries = 20;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);

@@ -13,6 +13,7 @@
 #include "common/config/config.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/frame_testing.h"
+#include "common/rpc/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/config.pb.h"
@@ -24,13 +25,14 @@ namespace ps::worker {
 namespace {
 
 // Records every push it receives (the PushPull frames the store sends, as the PushRequest
-// each stands for) and answers the first `fail_pushes` with UNAVAILABLE. With Hold(n) it
-// keeps its answers back until n calls have arrived (then answers them all); with
-// AnswerGarbage() it answers bytes that are no frame.
+// each stands for) and answers the first `fail_pushes` with `code` (marked as a busy
+// server's refusal when `busy`). With Hold(n) it keeps its answers back until n calls have
+// arrived (then answers them all); with AnswerGarbage() it answers bytes that are no frame.
 class RecordingServer final
     : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
  public:
-  explicit RecordingServer(int fail_pushes) : fail_pushes_(fail_pushes) {}
+  RecordingServer(int fail_pushes, grpc::StatusCode code, bool busy)
+      : code_(code), busy_(busy), fail_pushes_(fail_pushes) {}
 
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -42,7 +44,8 @@ class RecordingServer final
     pushes_.push_back(push.ok() ? *push : PushRequest());
     if (fail_pushes_ > 0) {
       --fail_pushes_;
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dropped for the test"));
+      if (busy_) context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
+      reactor->Finish(grpc::Status(code_, "dropped for the test"));
       return reactor;
     }
     if (garbage_) {
@@ -76,6 +79,8 @@ class RecordingServer final
   }
 
  private:
+  const grpc::StatusCode code_;
+  const bool busy_;
   absl::Mutex mu_;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
@@ -91,8 +96,9 @@ class RecordingServer final
 
 class GrpcStoreTest : public ::testing::Test {
  protected:
-  void Start(int fail_pushes, GrpcStoreOptions options = FastRetries()) {
-    service_ = std::make_unique<RecordingServer>(fail_pushes);
+  void Start(int fail_pushes, GrpcStoreOptions options = FastRetries(),
+             grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE, bool busy = false) {
+    service_ = std::make_unique<RecordingServer>(fail_pushes, code, busy);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -160,6 +166,37 @@ class GrpcStoreTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<GrpcParameterStore> store_;
 };
+
+// A busy server's refusal changed nothing at the server: the store sends the same push (same
+// sequence) again, within its retries.
+TEST_F(GrpcStoreTest, ABusyServersRefusalIsRetried) {
+  Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
+  ASSERT_TRUE(PushOnce(1).ok());
+  const std::vector<PushRequest> pushes = service_->pushes();
+  ASSERT_EQ(pushes.size(), 3u);
+  EXPECT_EQ(pushes[1].SerializeAsString(), pushes[0].SerializeAsString());
+  EXPECT_EQ(pushes[2].SerializeAsString(), pushes[0].SerializeAsString());
+  EXPECT_EQ(store_->stats().retries, 2u);
+}
+
+TEST_F(GrpcStoreTest, BusyRetriesAreBounded) {
+  GrpcStoreOptions options = FastRetries();
+  options.max_retries = 3;
+  Start(/*fail_pushes=*/100, options, grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
+  const absl::Status status = PushOnce(1);
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  EXPECT_EQ(service_->pushes().size(), 4u);
+}
+
+// Without the busy mark RESOURCE_EXHAUSTED says the request cannot be served (too large,
+// too many waiting pulls): returned at once.
+TEST_F(GrpcStoreTest, OtherResourceExhaustedIsNotRetried) {
+  Start(/*fail_pushes=*/1, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/false);
+  const absl::Status status = PushOnce(1);
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  EXPECT_EQ(service_->pushes().size(), 1u);
+  EXPECT_EQ(store_->stats().retries, 0u);
+}
 
 TEST_F(GrpcStoreTest, RetriedPushResendsIdenticalBytes) {
   Start(/*fail_pushes=*/1);
@@ -278,6 +315,17 @@ TEST_F(GrpcStoreTest, AsyncCallsKeepEightPushesInFlightFromOneThread) {
     EXPECT_EQ(pushes[i].tables(0).blocks(0).values(), expected[i].first) << i;
     EXPECT_EQ(pushes[i].tables(1).rows(), expected[i].second) << i;
   }
+}
+
+TEST_F(GrpcStoreTest, AsyncCallsRetryABusyServersRefusal) {
+  Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
+  std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+  auto id = StartPush(calls.get(), 1);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(calls->Wait(*id).ok());
+  const std::vector<PushRequest> pushes = service_->pushes();
+  ASSERT_EQ(pushes.size(), 3u);
+  EXPECT_EQ(pushes[2].SerializeAsString(), pushes[0].SerializeAsString());
 }
 
 TEST_F(GrpcStoreTest, AsyncRetryKeepsItsSequenceAndLaterPushesWaitWithinTheLead) {

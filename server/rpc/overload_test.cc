@@ -1,0 +1,526 @@
+// What a client can make a GrpcServer hold is capped: requests waiting for the service's pool
+// (max_pool_requests, max_pool_request_bytes) and answers its peers do not take
+// (max_unsent_answer_bytes), beyond which a call is refused with RESOURCE_EXHAUSTED, reason
+// "server_busy", marked retryable, and changes nothing; and calls open on one connection
+// (max_concurrent_streams: announced in the server's HTTP/2 SETTINGS, honoured by gRPC
+// clients, and a peer that opens more streams anyway loses its connection).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/codec.h"
+#include "common/config/config.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/rpc/grpc_server.h"
+#include "server/rpc/service.h"
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::testing::HasSubstr;
+
+// Values of "w": a push of all of them is a request of about 4.8 MB, over the 4 MB from
+// which requests are served on the pool.
+constexpr int kFloats = 1200000;
+
+// One call sent with the callback API; `done` is notified with its status.
+template <class Request, class Response>
+struct Pending {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  grpc::Status status;
+  absl::Notification done;
+};
+using PendingPush = Pending<PushRequest, PushResponse>;
+using PendingPull = Pending<PullRequest, PullResponse>;
+
+class OverloadTest : public ::testing::Test {
+ protected:
+  // One server of `config_text`'s job (a table "w" of `floats` values, initial value 1,
+  // SGD with rate 1), its service on one pool thread.
+  void Start(ServiceOptions options, GrpcServerOptions server_options,
+             const std::string& config_text) {
+    auto config = common::ParseJobConfigText(config_text, "test");
+    ASSERT_THAT(config.status(), IsOk());
+    config_ = *config;
+    auto shard = Shard::Create(config_, ShardOptions{});
+    ASSERT_THAT(shard.status(), IsOk());
+    shard_ = *std::move(shard);
+    options.num_threads = 1;
+    options.auth.check_identities = false;
+    service_ = std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{},
+                                                        &registry_);
+    server_options.address = "127.0.0.1:0";
+    auto server = GrpcServer::Start(server_options, config_.security(), service_.get());
+    ASSERT_THAT(server.status(), IsOk());
+    server_ = *std::move(server);
+    stub_ = NewStub();
+  }
+
+  // A stub on a connection of its own.
+  std::unique_ptr<ParameterServer::Stub> NewStub() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetMaxReceiveMessageSize(-1);
+    return ParameterServer::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
+  }
+
+  void TearDown() override {
+    Release();  // the pool's thread, when a test held it
+    if (shard_ != nullptr) shard_->workers().CloseWaiters(absl::UnavailableError("stopping"));
+    server_.reset();
+    service_.reset();
+  }
+
+  // Holds the service's one pool thread until TearDown or Release.
+  void HoldPool() {
+    service_->RunOnPoolForTest([this] { release_.WaitForNotification(); });
+  }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+
+  RequestHeader Header(int32_t worker, int64_t clock, uint64_t sequence) {
+    RequestHeader h;
+    h.set_worker_id(worker);
+    h.set_worker_incarnation(1);
+    h.set_sequence(sequence);
+    h.set_clock(clock);
+    h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
+    return h;
+  }
+
+  // Sends a push of gradient `g` for every value of "w" as worker 0, not waiting for it.
+  std::unique_ptr<PendingPush> SendPush(uint64_t sequence, float g, int floats = kFloats) {
+    auto push = std::make_unique<PendingPush>();
+    *push->request.mutable_header() = Header(0, 0, sequence);
+    auto* t = push->request.add_tables();
+    t->set_table("w");
+    auto* block = t->add_blocks();
+    block->set_block_id(0);
+    common::EncodeFloats(std::vector<float>(floats, g), ENCODING_FLOAT32,
+                         block->mutable_values());
+    push->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    PendingPush* p = push.get();
+    stub_->async()->Push(&p->context, &p->request, &p->response, [p](grpc::Status status) {
+      p->status = std::move(status);
+      p->done.Notify();
+    });
+    return push;
+  }
+
+  // Sends a pull of "w" as `worker` at `clock` on `stub`, not waiting for it.
+  std::unique_ptr<PendingPull> SendPull(ParameterServer::Stub* stub, int32_t worker,
+                                        int64_t clock) {
+    auto pull = std::make_unique<PendingPull>();
+    *pull->request.mutable_header() = Header(worker, clock, 0);
+    auto* t = pull->request.add_tables();
+    t->set_table("w");
+    t->add_block_ids(0);
+    pull->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    PendingPull* p = pull.get();
+    stub->async()->Pull(&p->context, &p->request, &p->response, [p](grpc::Status status) {
+      p->status = std::move(status);
+      p->done.Notify();
+    });
+    return pull;
+  }
+
+  // The values of "w", read through the service's handler (no pool, no gRPC).
+  std::vector<float> Values(int floats = kFloats) {
+    PullRequest request;
+    *request.mutable_header() = Header(-1, 0, 0);
+    auto* t = request.add_tables();
+    t->set_table("w");
+    t->add_block_ids(0);
+    PullResponse response;
+    EXPECT_THAT(service_->HandlePull(request, absl::Now() + absl::Seconds(60), &response),
+                IsOk());
+    std::vector<float> values(floats);
+    EXPECT_THAT(common::DecodeFloats(response.tables(0).blocks(0).values(), ENCODING_FLOAT32,
+                                     absl::MakeSpan(values)),
+                IsOk());
+    return values;
+  }
+
+  uint64_t Rejected(const std::string& reason) {
+    StatsResponse stats;
+    shard_->FillStats(&stats);
+    auto it = stats.rejected().find(reason);
+    return it == stats.rejected().end() ? 0 : it->second;
+  }
+
+  static bool MarkedBusy(const grpc::ClientContext& context) {
+    return context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
+  }
+
+  common::metrics::Registry registry_;
+  JobConfig config_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+  absl::Notification release_;
+};
+
+// An asynchronous job with one dense block of kFloats values.
+constexpr char kLargeJob[] = R"pb(
+  cluster { num_servers: 1 num_workers: 1 dense_block_floats: 2097152 num_virtual_shards: 8 }
+  security { plaintext: true }
+  tables {
+    name: "w" kind: TABLE_KIND_DENSE shape: 1200000
+    initializer { kind: CONSTANT value: 1 }
+    optimizer { kind: SGD learning_rate: 1 }
+  }
+)pb";
+
+TEST_F(OverloadTest, LargeRequestsBeyondThePoolCapAreRefusedAndChangeNothing) {
+  ServiceOptions options;
+  options.max_pool_requests = 2;
+  Start(options, GrpcServerOptions{}, kLargeJob);
+  HoldPool();
+  auto first = SendPush(1, 0.125f);
+  auto second = SendPush(2, 0.25f);
+  service_->WaitForPoolRequestsForTest(2);
+
+  auto over = SendPush(3, 0.5f);
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over->status.error_message(), HasSubstr("server busy"));
+  EXPECT_TRUE(MarkedBusy(over->context));
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+  EXPECT_THAT(registry_.Render(),
+              HasSubstr("ps_rejected_requests_total{reason=\"server_busy\"} 1\n"));
+  // Nothing ran or changed: the two held pushes wait, the refused one left no trace.
+  EXPECT_EQ(service_->pool_requests(), 2u);
+  EXPECT_THAT(Values(), ::testing::Each(1.0f));
+
+  Release();
+  for (auto* push : {first.get(), second.get()}) {
+    push->done.WaitForNotification();
+    ASSERT_TRUE(push->status.ok()) << push->status.error_message();
+  }
+  // The refused push sent again is applied (its sequence was not taken), once.
+  auto again = SendPush(3, 0.5f);
+  again->done.WaitForNotification();
+  ASSERT_TRUE(again->status.ok()) << again->status.error_message();
+  EXPECT_FALSE(again->response.duplicate());
+  EXPECT_THAT(Values(), ::testing::Each(1.0f - 0.125f - 0.25f - 0.5f));
+  EXPECT_EQ(service_->pool_requests(), 0u);
+}
+
+TEST_F(OverloadTest, PoolBytesAreCappedButOneRequestAlwaysGetsIn) {
+  ServiceOptions options;
+  options.max_pool_request_bytes = 1;  // below any request: only the first gets in
+  Start(options, GrpcServerOptions{}, kLargeJob);
+  HoldPool();
+  auto first = SendPush(1, 0.125f);
+  service_->WaitForPoolRequestsForTest(1);
+  auto over = SendPush(2, 0.25f);
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(MarkedBusy(over->context));
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+  Release();
+  first->done.WaitForNotification();
+  ASSERT_TRUE(first->status.ok()) << first->status.error_message();
+  EXPECT_THAT(Values(), ::testing::Each(1.0f - 0.125f));
+}
+
+// Deterministic BSP: every push goes to the pool, however small.
+TEST_F(OverloadTest, DeterministicPushesBeyondThePoolCapAreRefused) {
+  ServiceOptions options;
+  options.max_pool_requests = 1;
+  Start(options, GrpcServerOptions{}, R"pb(
+    cluster { num_servers: 1 num_workers: 1 dense_block_floats: 4 num_virtual_shards: 8 }
+    training { staleness: 0 deterministic: true }
+    security { plaintext: true }
+    tables {
+      name: "w" kind: TABLE_KIND_DENSE shape: 4
+      initializer { kind: CONSTANT value: 1 }
+      optimizer { kind: SGD learning_rate: 1 }
+    }
+  )pb");
+  HoldPool();
+  auto first = SendPush(1, 0.125f, 4);
+  service_->WaitForPoolRequestsForTest(1);
+  auto over = SendPush(2, 0.25f, 4);
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(MarkedBusy(over->context));
+  Release();
+  first->done.WaitForNotification();
+  ASSERT_TRUE(first->status.ok()) << first->status.error_message();
+  EXPECT_THAT(Values(4), ::testing::Each(1.0f - 0.125f));
+}
+
+// Other refusals are not marked retryable: a pull beyond the parked-pull cap.
+TEST_F(OverloadTest, TooManyWaitingPullsAreNotMarkedBusy) {
+  ServiceOptions options;
+  options.max_parked_pulls_per_worker = 1;
+  Start(options, GrpcServerOptions{}, R"pb(
+    cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
+    training { staleness: 0 }
+    security { plaintext: true }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 4 optimizer { kind: SGD learning_rate: 1 } }
+  )pb");
+  auto parked = SendPull(stub_.get(), 0, 1);
+  while (shard_->workers().parked() != 1) absl::SleepFor(absl::Milliseconds(1));
+  auto over = SendPull(stub_.get(), 0, 1);
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_FALSE(MarkedBusy(over->context));
+}
+
+// ---- Streams per connection -------------------------------------------------------------
+
+// A bare HTTP/2 connection (h2c, prior knowledge) to the test's server: what a peer that
+// does not go through a gRPC client can send.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    timeval timeout{30, 0};  // a safety net against a hung test, not an assertion
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~RawConnection() { Close(); }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  bool connected() const { return connected_; }
+
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  void SendFrame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+    std::string f;
+    f.push_back(static_cast<char>(payload.size() >> 16));
+    f.push_back(static_cast<char>(payload.size() >> 8));
+    f.push_back(static_cast<char>(payload.size()));
+    f.push_back(static_cast<char>(type));
+    f.push_back(static_cast<char>(flags));
+    for (int shift = 24; shift >= 0; shift -= 8) f.push_back(static_cast<char>(stream >> shift));
+    Send(f + payload);
+  }
+
+  struct Frame {
+    uint8_t type = 0;
+    uint8_t flags = 0;
+    std::string payload;
+  };
+  // The next frame; false at the end of the connection (or an error).
+  bool Read(Frame* frame) {
+    std::string header;
+    if (!ReadExactly(9, &header)) return false;
+    const size_t length = (static_cast<uint8_t>(header[0]) << 16) |
+                          (static_cast<uint8_t>(header[1]) << 8) | static_cast<uint8_t>(header[2]);
+    frame->type = static_cast<uint8_t>(header[3]);
+    frame->flags = static_cast<uint8_t>(header[4]);
+    return ReadExactly(length, &frame->payload);
+  }
+
+ private:
+  bool ReadExactly(size_t n, std::string* out) {
+    out->resize(n);
+    for (size_t got = 0; got < n;) {
+      const ssize_t r = recv(fd_, out->data() + got, n - got, 0);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+constexpr uint8_t kData = 0x0, kHeaders = 0x1, kSettings = 0x4, kPing = 0x6, kGoAway = 0x7;
+constexpr uint8_t kAck = 0x1, kEndStream = 0x1, kEndHeaders = 0x4;
+constexpr uint16_t kMaxConcurrentStreams = 0x3;
+
+// Opens the connection (preface, SETTINGS with `settings`) and returns the server's
+// SETTINGS value of `id` (0 when not sent).
+uint32_t Handshake(RawConnection* c, uint16_t id, const std::string& settings = "") {
+  c->Send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+  c->SendFrame(kSettings, 0, 0, settings);
+  RawConnection::Frame f;
+  while (c->Read(&f)) {
+    if (f.type != kSettings || (f.flags & kAck) != 0) continue;
+    uint32_t value = 0;
+    for (size_t i = 0; i + 6 <= f.payload.size(); i += 6) {
+      const auto* p = reinterpret_cast<const uint8_t*>(f.payload.data() + i);
+      if (((p[0] << 8) | p[1]) == id) {
+        value = (uint32_t{p[2]} << 24) | (uint32_t{p[3]} << 16) | (uint32_t{p[4]} << 8) | p[5];
+      }
+    }
+    return value;
+  }
+  return 0;
+}
+
+// HPACK: a literal header field without indexing, new name (RFC 7541 6.2.2), short strings.
+std::string Literal(const std::string& name, const std::string& value) {
+  return std::string(1, '\0') + static_cast<char>(name.size()) + name +
+         static_cast<char>(value.size()) + value;
+}
+
+// The headers of a Pull call whose message never comes: the server holds the stream open.
+std::string PullHeaders() {
+  return Literal(":method", "POST") + Literal(":scheme", "http") +
+         Literal(":path", "/ps.ParameterServer/Pull") + Literal(":authority", "localhost") +
+         Literal("content-type", "application/grpc") + Literal("te", "trailers");
+}
+
+constexpr char kSmallJob[] = R"pb(
+  cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
+  training { staleness: 0 }
+  security { plaintext: true }
+  tables {
+    name: "w" kind: TABLE_KIND_DENSE shape: 4
+    initializer { kind: CONSTANT value: 1 }
+    optimizer { kind: SGD learning_rate: 1 }
+  }
+)pb";
+
+TEST_F(OverloadTest, TheServerAnnouncesItsStreamCap) {
+  GrpcServerOptions server_options;
+  server_options.max_concurrent_streams = 3;
+  Start(ServiceOptions{}, server_options, kSmallJob);
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.connected());
+  EXPECT_EQ(Handshake(&c, kMaxConcurrentStreams), 3u);
+}
+
+TEST_F(OverloadTest, APeerOpeningMoreStreamsThanTheCapLosesItsConnection) {
+  GrpcServerOptions server_options;
+  server_options.max_concurrent_streams = 3;
+  Start(ServiceOptions{}, server_options, kSmallJob);
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_EQ(Handshake(&c, kMaxConcurrentStreams), 3u);
+  c.SendFrame(kSettings, kAck, 0, "");  // from here on the server holds the peer to it
+  // Four calls whose messages never come, then a ping. Frames are read in order: the server
+  // answers the ping only if it took the fourth stream.
+  for (uint32_t stream = 1; stream <= 7; stream += 2) {
+    c.SendFrame(kHeaders, kEndHeaders, stream, PullHeaders());
+  }
+  c.SendFrame(kPing, 0, 0, std::string(8, '\x07'));
+  RawConnection::Frame f;
+  bool ping_answered = false;
+  bool goaway = false;
+  while (!ping_answered && c.Read(&f)) {
+    ping_answered = f.type == kPing && (f.flags & kAck) != 0;
+    goaway = goaway || f.type == kGoAway;
+  }
+  EXPECT_FALSE(ping_answered) << "the server took a 4th stream on one connection (cap 3)";
+  // The server still serves other connections.
+  auto pull = SendPull(NewStub().get(), 1, 0);
+  pull->done.WaitForNotification();
+  EXPECT_TRUE(pull->status.ok()) << pull->status.error_message();
+  (void)goaway;  // GOAWAY or a plain close: either ends the connection
+}
+
+// A peer that takes no byte of its answers (stream windows of 0): the server holds them
+// until the call ends, and while they are over max_unsent_answer_bytes new pulls are refused
+// as busy (retryable) instead of piling up more.
+TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
+  ServiceOptions options;
+  options.max_unsent_answer_bytes = 1 << 20;
+  Start(options, GrpcServerOptions{}, kLargeJob);
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.connected());
+  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
+  Handshake(&c, kMaxConcurrentStreams, no_window);
+  c.SendFrame(kSettings, kAck, 0, "");
+  PullRequest pull;
+  *pull.mutable_header() = Header(-1, 0, 0);
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  const std::string message = pull.SerializeAsString();
+  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    grpc_message.push_back(static_cast<char>(message.size() >> shift));
+  }
+  c.SendFrame(kHeaders, kEndHeaders, 1, PullHeaders());
+  c.SendFrame(kData, kEndStream, 1, grpc_message + message);
+  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+
+  auto refused = SendPull(stub_.get(), 0, 0);
+  refused->done.WaitForNotification();
+  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused->status.error_message(), HasSubstr("answers wait for their peers"));
+  EXPECT_TRUE(MarkedBusy(refused->context));
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+
+  // The peer goes: its call ends, the server lets go of its answer and serves pulls again.
+  c.Close();
+  while (service_->unsent_answer_bytes() != 0) absl::SleepFor(absl::Milliseconds(1));
+  auto served = SendPull(stub_.get(), 0, 0);
+  served->done.WaitForNotification();
+  EXPECT_TRUE(served->status.ok()) << served->status.error_message();
+}
+
+// A gRPC client queues the calls beyond the cap: five pulls that must wait for the bound,
+// on one connection whose cap is 3, with at most 3 parked per worker. Were more than 3 at
+// the server at once, the others would get RESOURCE_EXHAUSTED (too_many_waiting).
+TEST_F(OverloadTest, OneConnectionHasAtMostTheCapOfCallsAtTheServer) {
+  GrpcServerOptions server_options;
+  server_options.max_concurrent_streams = 3;
+  ServiceOptions options;
+  options.max_parked_pulls_per_worker = 3;
+  Start(options, server_options, kSmallJob);
+  std::vector<std::unique_ptr<PendingPull>> pulls;
+  for (int i = 0; i < 5; ++i) pulls.push_back(SendPull(stub_.get(), 0, 1));
+  while (shard_->workers().parked() != 3) absl::SleepFor(absl::Milliseconds(1));
+  // Both workers reach clock 1 (on another connection: this one is full).
+  std::unique_ptr<ParameterServer::Stub> other = NewStub();
+  for (int32_t worker : {0, 1}) {
+    PushRequest request;
+    *request.mutable_header() = Header(worker, 1, 1);
+    auto* t = request.add_tables();
+    t->set_table("w");
+    auto* block = t->add_blocks();
+    block->set_block_id(0);
+    common::EncodeFloats(std::vector<float>(4, 0.25f), ENCODING_FLOAT32,
+                         block->mutable_values());
+    PushResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    grpc::Status status = other->Push(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  for (const auto& pull : pulls) {
+    pull->done.WaitForNotification();
+    EXPECT_TRUE(pull->status.ok()) << pull->status.error_message();
+  }
+  EXPECT_EQ(Rejected("too_many_waiting"), 0u);
+}
+
+}  // namespace
+}  // namespace ps::server

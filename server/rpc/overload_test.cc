@@ -287,6 +287,9 @@ TEST_F(OverloadTest, TooManyWaitingPullsAreNotMarkedBusy) {
   over->done.WaitForNotification();
   EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_FALSE(MarkedBusy(over->context));
+  // A call's context must outlive it: end the parked pull before its context goes.
+  parked->context.TryCancel();
+  parked->done.WaitForNotification();
 }
 
 // ---- Streams per connection -------------------------------------------------------------

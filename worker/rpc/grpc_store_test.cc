@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
 #include "common/config/config.h"
@@ -426,6 +427,9 @@ TEST_F(GrpcStoreTest, DestroyingAsyncCallsCancelsTheCallsInFlight) {
   service_->Hold(1000);
   std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(StartPush(calls.get(), i + 1).ok());
+  // The in-process server reads the requests' payloads where the client's buffers hold them
+  // (no socket in between): let it take all four before those buffers go.
+  while (service_->pushes().size() < 4) absl::SleepFor(absl::Milliseconds(1));
   calls.reset();  // returns although no answer comes
   service_->Hold(0);
   EXPECT_TRUE(PushOnce(5).ok());

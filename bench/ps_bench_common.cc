@@ -55,6 +55,10 @@ std::string BenchConfigText(const BenchOptions& f, int num_servers) {
       "\n  num_workers: ", max_clients,
       "\n  dense_block_floats: ", f.dense_block_floats, "\n}\n",
       "default_optimizer { kind: SGD learning_rate: 0.01 }\n");
+  if (f.busy_poll_us >= 0) {
+    absl::StrAppend(&text, "server { busy_poll_us: ", f.busy_poll_us, " }\n",
+                    "rpc { busy_poll_us: ", f.busy_poll_us, " }\n");
+  }
   for (uint64_t bytes : f.payloads) {
     absl::StrAppend(&text, "tables {\n  name: \"", DenseTableName(bytes),
                     "\"\n  kind: TABLE_KIND_DENSE\n  shape: ", bytes / sizeof(float),
@@ -347,6 +351,7 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     options.deadline = absl::Seconds(config.rpc().deadline_s());
     options.max_retries = config.rpc().max_retries();
     options.pull_piece_bytes = env->flags->pull_piece_bytes;
+    options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
     ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
     stores.push_back(std::move(store));
     env->stores.push_back(stores.back().get());

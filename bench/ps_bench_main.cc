@@ -93,6 +93,10 @@ ABSL_FLAG(bool, sparse_prefill, true,
 ABSL_FLAG(uint64_t, pull_piece_bytes, ps::worker::GrpcStoreOptions().pull_piece_bytes,
           "GrpcStoreOptions::pull_piece_bytes of the bench clients: dense pulls of at least twice "
           "this many bytes per server go in pieces (0 = one frame per server).");
+ABSL_FLAG(int64_t, busy_poll_us, -1,
+          "server.busy_poll_us and rpc.busy_poll_us of the generated config: how long the "
+          "servers' data threads and the clients poll for events before they sleep (0 = "
+          "sleep at once; -1 = the config's defaults).");
 ABSL_FLAG(uint64_t, dense_block_floats, 131072,
           "cluster.dense_block_floats of the generated config (131072 = 512 KB blocks: a 1 MB "
           "table spans two servers, so runs with --servers=2 load both).");
@@ -269,6 +273,11 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->key_space = absl::GetFlag(FLAGS_key_space);
   f->dense_block_floats = absl::GetFlag(FLAGS_dense_block_floats);
   f->pull_piece_bytes = absl::GetFlag(FLAGS_pull_piece_bytes);
+  f->busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
+  if (f->busy_poll_us < -1 || f->busy_poll_us > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--busy_poll_us=", f->busy_poll_us, ": expected -1..1000000"));
+  }
   f->tcp_stream_write = absl::GetFlag(FLAGS_tcp_stream_write);
   f->zipf = absl::GetFlag(FLAGS_zipf);
   f->zipf_stream_keys = absl::GetFlag(FLAGS_zipf_stream_keys);

@@ -281,6 +281,7 @@ absl::Status ParameterServer::Start() {
   grpc_options.address = absl::StrCat(options_.host, ":", options_.port);
   grpc_options.max_message_bytes = config_.server().max_message_bytes();
   grpc_options.max_concurrent_streams = static_cast<int>(config_.server().max_concurrent_streams());
+  grpc_options.busy_poll = absl::Microseconds(config_.server().busy_poll_us());
   ASSIGN_OR_RETURN(grpc_server_,
                    GrpcServer::Start(grpc_options, config_.security(), service_.get()));
   grpc_server_->SetServing(true);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -109,6 +110,7 @@ void ValidateDenseShape(const std::string& path, const ps::TableConfig& table,
 }
 
 constexpr uint32_t kMaxSparseDim = uint32_t{1} << 20;
+constexpr uint32_t kMaxBusyPollUs = 1000000;
 
 void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_floats, Errors* errors) {
   const std::string path = absl::StrCat("tables[", index, "]");
@@ -310,6 +312,14 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
   }
   Positive(errors, "rpc.keepalive_s", rpc.keepalive_s());
   MessageLimit(errors, "rpc.max_message_bytes", rpc.max_message_bytes());
+  // Polling for longer than a second after each event is a thread that never sleeps.
+  for (auto [field, us] : {std::pair<const char*, uint32_t>{"server.busy_poll_us",
+                                                             server.busy_poll_us()},
+                           {"rpc.busy_poll_us", rpc.busy_poll_us()}}) {
+    if (us > kMaxBusyPollUs) {
+      errors->Add(field, absl::StrCat("must be <= ", kMaxBusyPollUs, " (1 s), got ", us));
+    }
+  }
 
   if (config.metrics().port() < -1 || config.metrics().port() > 65535) {
     errors->Add("metrics.port",

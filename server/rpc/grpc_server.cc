@@ -57,15 +57,17 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address));
   }
   return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port, service,
-                                                    std::move(queue), options.data_threads));
+                                                    std::move(queue), options.data_threads,
+                                                    options.busy_poll));
 }
 
 GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port,
                        ParameterServerService* service,
-                       std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads)
+                       std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads,
+                       absl::Duration busy_poll)
     : queue_(std::move(queue)), server_(std::move(server)), port_(port), service_(service) {
   for (int i = 0; i < data_threads; ++i) {
-    data_threads_.emplace_back([this] { service_->ServeQueue(queue_.get()); });
+    data_threads_.emplace_back([this, busy_poll] { service_->ServeQueue(queue_.get(), busy_poll); });
   }
 }
 

@@ -44,6 +44,9 @@ struct GrpcServerOptions {
   // worker may have (ServiceOptions::max_parked_pulls_per_worker, 16), so that a worker's
   // waiting pulls never hold every stream its pushes need. REQUIRES: > 0.
   int max_concurrent_streams = 32;
+  // How long a data thread polls the queue before it sleeps (server.busy_poll_us;
+  // common/rpc/busy_poll.h). Zero: it sleeps at once.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 // Thread-safe. STARTED by Start(); Shutdown() then Wait() stop it (the destructor does both).
@@ -68,7 +71,8 @@ class GrpcServer {
 
  private:
   GrpcServer(std::unique_ptr<grpc::Server> server, int port, ParameterServerService* service,
-             std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads);
+             std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads,
+             absl::Duration busy_poll);
 
   // Declared before server_: the server goes first.
   const std::unique_ptr<grpc::ServerCompletionQueue> queue_;

@@ -167,8 +167,9 @@ class ParameterServerService final
   grpc::AsyncGenericService* health_service();
   void SetServing(bool serving);
   // Serves calls of `cq` on the calling thread (any number of threads may) until StopQueue
-  // has shut the queue down and it is drained.
-  void ServeQueue(grpc::ServerCompletionQueue* cq);
+  // has shut the queue down and it is drained. After each event the thread polls the queue
+  // for up to `busy_poll` before it sleeps (common/rpc/busy_poll.h).
+  void ServeQueue(grpc::ServerCompletionQueue* cq, absl::Duration busy_poll = absl::ZeroDuration());
   // After the server's Shutdown: no new calls are asked for, calls still running (parked
   // pulls included: the server's shutdown cancels them) are answered, then `cq` is shut
   // down. Idempotent.

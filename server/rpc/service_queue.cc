@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/busy_poll.h"
 #include "common/rpc/grpc_status.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -438,13 +439,15 @@ void ParameterServerService::NewWorkerControlCall(int method, grpc::ServerComple
   });
 }
 
-void ParameterServerService::ServeQueue(grpc::ServerCompletionQueue* cq) {
+void ParameterServerService::ServeQueue(grpc::ServerCompletionQueue* cq,
+                                        absl::Duration busy_poll) {
   for (int m = 0; m < kNumQueuedMethods; ++m) {
     for (int i = 0; i < kCallsAskedAhead[m]; ++i) RequestQueuedCall(m, cq);
   }
   void* tag;
   bool ok;
-  while (cq->Next(&tag, &ok)) {
+  common::BusyPoller poller(busy_poll);
+  while (poller.Next(cq, &tag, &ok)) {
     auto* t = static_cast<QueuedCall::Tag*>(tag);
     t->call->Handle(t->kind, ok);
   }

@@ -15,6 +15,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/busy_poll.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -68,7 +69,8 @@ struct GrpcParameterStore::AsyncCalls::Call {
   absl::Status status;              // the first error that ends the call
 };
 
-GrpcParameterStore::AsyncCalls::AsyncCalls(GrpcParameterStore* store) : store_(store) {}
+GrpcParameterStore::AsyncCalls::AsyncCalls(GrpcParameterStore* store)
+    : store_(store), poller_(store->options_.busy_poll) {}
 
 GrpcParameterStore::AsyncCalls::~AsyncCalls() {
   closing_ = true;
@@ -199,7 +201,8 @@ void GrpcParameterStore::AsyncCalls::Step() {
   bool ok;
   // Every attempt has a deadline and every alarm a time, so a tag comes; Next fails only
   // after Shutdown, which the destructor calls once nothing is in flight.
-  CHECK(queue_.Next(&tag, &ok)) << "completion queue shut down while calls were running";
+  CHECK(poller_.Next(&queue_, &tag, &ok))
+      << "completion queue shut down while calls were running";
   Slot* slot = static_cast<Slot*>(tag);
   if (!slot->backing_off) {
     OnAnswer(slot);

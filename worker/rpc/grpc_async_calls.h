@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/parameter_store.h"
+#include "common/rpc/busy_poll.h"
 #include "grpcpp/completion_queue.h"
 #include "worker/rpc/grpc_store.h"
 
@@ -83,6 +84,9 @@ class GrpcParameterStore::AsyncCalls {
   absl::Status Wait(CallId id);
   // Calls started and not reaped yet (in flight or ended).
   size_t pending() const { return running_.size() + ended_.size(); }
+  // How the waits for answers went: taken while polling, or after sleeping
+  // (GrpcStoreOptions::busy_poll).
+  const common::BusyPollStats& poll_stats() const { return poller_.stats(); }
 
  private:
   friend class GrpcParameterStore;
@@ -116,6 +120,7 @@ class GrpcParameterStore::AsyncCalls {
   bool closing_ = false;
   std::map<CallId, std::unique_ptr<Call>> running_;  // by id: in order of start
   std::deque<Done> ended_;                           // ended, not reaped yet
+  common::BusyPoller poller_;  // waits for queue_
 };
 
 }  // namespace ps::worker

@@ -261,7 +261,7 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
       const bool again = Retryable(status[s]) || ServerBusy(status[s], *contexts[s]);
       if (!again || attempt >= options_.max_retries) {
         return common::Annotate(status[s], absl::StrCat("server ", s, " (",
-                                                        config_.cluster().servers_size() > s
+                                                        static_cast<uint32_t>(config_.cluster().servers_size()) > s
                                                             ? config_.cluster().servers(s)
                                                             : "?",
                                                         ")"));
@@ -319,6 +319,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.max_retries = config.rpc().max_retries();
   options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
   options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
+  options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
   auto silent = std::make_shared<NotAnsweringLog>(
       std::vector<std::string>(config.cluster().servers().begin(),
                                config.cluster().servers().end()),

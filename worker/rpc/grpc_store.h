@@ -95,6 +95,9 @@ struct GrpcStoreOptions {
   // that its retries still count once. REQUIRES: 1..1024 (the servers remember 1024 applied
   // sequences above their floor).
   uint64_t max_sequence_lead = 512;
+  // While the calling thread waits for answers it polls its completion queue for up to this
+  // long before it sleeps (rpc.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and

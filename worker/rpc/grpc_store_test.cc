@@ -318,6 +318,44 @@ TEST_F(GrpcStoreTest, AsyncCallsKeepEightPushesInFlightFromOneThread) {
   }
 }
 
+// rpc.busy_poll_us reaches the store, and its calls wait for answers by polling: with a
+// spin longer than any answer takes, each of 8 pushes ends while polling, and with none
+// every wait sleeps.
+TEST_F(GrpcStoreTest, CallsPollForTheirAnswersWhenTheJobSaysSo) {
+  JobConfig job;
+  EXPECT_EQ(JobStoreOptions(job, 0, 1).busy_poll, absl::Microseconds(2000));  // the default
+  job.mutable_rpc()->set_busy_poll_us(0);
+  EXPECT_EQ(JobStoreOptions(job, 0, 1).busy_poll, absl::ZeroDuration());
+  for (absl::Duration spin : {absl::Seconds(30), absl::ZeroDuration()}) {
+    GrpcStoreOptions options = FastRetries();
+    options.busy_poll = spin;
+    Start(/*fail_pushes=*/0, options);
+    std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
+    for (int i = 0; i < 8; ++i) {
+      auto id = StartPush(calls.get(), i + 1);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ASSERT_TRUE(calls->Wait(*id).ok());
+    }
+    const common::BusyPollStats& stats = calls->poll_stats();
+    if (spin > absl::ZeroDuration()) {
+      // Each wait polled until its answer came (or, on a loaded machine, slept after a
+      // contended stretch); none ran out of its 30 s.
+      EXPECT_GT(stats.polls, 0u);
+      EXPECT_EQ(stats.waits_blocked, stats.waits_backed_off);
+      EXPECT_GT(stats.events_polled, 0u);
+    } else {
+      EXPECT_EQ(stats.polls, 0u);
+      EXPECT_EQ(stats.events_polled, 0u);
+      EXPECT_GT(stats.waits_blocked, 0u);
+    }
+    calls.reset();
+    TearDown();
+    store_.reset();
+    service_.reset();
+    server_.reset();
+  }
+}
+
 TEST_F(GrpcStoreTest, AsyncCallsRetryABusyServersRefusal) {
   Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
   std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();

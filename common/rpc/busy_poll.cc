@@ -1,0 +1,77 @@
+#include "common/rpc/busy_poll.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "grpc/support/time.h"
+
+namespace ps::common {
+namespace {
+
+// CPU time of the calling thread.
+std::chrono::nanoseconds ThreadCpuTime() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+constexpr uint32_t kFirstBackoff = 8;
+constexpr uint32_t kMaxBackoff = 1024;
+// Polling stretches shorter than this say too little about who else wants the core.
+constexpr std::chrono::microseconds kMinJudgedSpin(20);
+
+}  // namespace
+
+int BusyPoller::Spin(grpc::CompletionQueue* cq, void** tag, bool* ok) {
+  // steady_clock is read through the vDSO: no system call per poll.
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + absl::ToChronoNanoseconds(spin_);
+  const std::chrono::nanoseconds cpu_start = ThreadCpuTime();
+  const gpr_timespec passed = gpr_time_0(GPR_CLOCK_MONOTONIC);  // a deadline already passed
+  int result = 0;
+  auto now = start;
+  while (true) {
+    ++stats_.polls;
+    const grpc::CompletionQueue::NextStatus s = cq->AsyncNext(tag, ok, passed);
+    now = std::chrono::steady_clock::now();
+    if (s != grpc::CompletionQueue::TIMEOUT) {
+      result = s == grpc::CompletionQueue::GOT_EVENT ? 1 : -1;
+      break;
+    }
+    if (now >= until) break;
+    sched_yield();
+  }
+  const auto wall = now - start;
+  if (wall >= kMinJudgedSpin) {
+    if (2 * (ThreadCpuTime() - cpu_start) < wall) {
+      ++stats_.contended_spins;
+      backoff_ = backoff_ == 0 ? kFirstBackoff : std::min(kMaxBackoff, 2 * backoff_);
+      skip_waits_ = backoff_;
+    } else {
+      backoff_ = 0;
+    }
+  }
+  return result;
+}
+
+bool BusyPoller::Next(grpc::CompletionQueue* cq, void** tag, bool* ok) {
+  if (spin_ > absl::ZeroDuration()) {
+    if (skip_waits_ > 0) {
+      --skip_waits_;
+      ++stats_.waits_backed_off;
+    } else {
+      const int got = Spin(cq, tag, ok);
+      if (got != 0) {
+        if (got > 0) ++stats_.events_polled;
+        return got > 0;
+      }
+    }
+  }
+  ++stats_.waits_blocked;
+  return cq->Next(tag, ok);
+}
+
+}  // namespace ps::common

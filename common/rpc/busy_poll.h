@@ -1,0 +1,66 @@
+// Waiting for a gRPC completion queue by polling it before going to sleep.
+//
+// A thread that sleeps in the queue (epoll_wait) until its answer or request arrives has to be
+// woken by the kernel, and on a virtual machine that wake-up is dear: the peer that sends
+// pays an inter-processor interrupt through the hypervisor in the socket's wake-up path
+// (pvm_irq_enable was 18% of a server's and 12% of a worker's CPU in a training step on the
+// development VM: docs/lab/2026-12-02-busy-poll.md). A thread that polls the queue without
+// blocking while it expects an event is never asleep when the bytes arrive: nobody pays the
+// wake-up, and the event is handled without the scheduler's latency.
+//
+// Polling only pays on a core that would otherwise idle. Between polls the thread calls
+// sched_yield(), so any other thread ready to run on its core gets the core at once; and
+// each poll measures how much of its wall time this thread actually ran. When it ran less
+// than half of it, other threads wanted the core (more busy threads than cores: the yields
+// handed it over), and the poller sleeps at once for its next waits, 8 after the first such
+// poll and twice as many after each further one in a row (at most 1024), before it tries
+// polling again. So a machine with idle cores gets the wake-ups saved, and an oversubscribed
+// one gets plain sleeping waits after a short probe.
+//
+// The cost where it polls: the thread shows as busy (up to `spin` per wait) on a core that
+// had nothing else to do.
+#ifndef PS_COMMON_RPC_BUSY_POLL_H_
+#define PS_COMMON_RPC_BUSY_POLL_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "grpcpp/completion_queue.h"
+
+namespace ps::common {
+
+// What a BusyPoller did, summed over its waits (for tests and tuning).
+struct BusyPollStats {
+  uint64_t events_polled = 0;    // events that came while polling
+  uint64_t waits_blocked = 0;    // waits that slept in the blocking Next
+  uint64_t polls = 0;            // non-blocking polls of the queue
+  uint64_t contended_spins = 0;  // polling stretches that ran less than half their wall time
+  uint64_t waits_backed_off = 0; // waits that slept at once after contended spins
+};
+
+// Not thread-safe: one per waiting thread.
+class BusyPoller {
+ public:
+  // `spin` <= 0: every wait is the plain blocking Next.
+  explicit BusyPoller(absl::Duration spin) : spin_(spin) {}
+
+  // As cq->Next(tag, ok): the next event of `cq` (true), or false once the queue is shut
+  // down and drained. Polls `cq` without blocking (yielding the core between polls) for up
+  // to `spin` first, unless backed off (see the file comment); then blocks in Next.
+  bool Next(grpc::CompletionQueue* cq, void** tag, bool* ok);
+
+  const BusyPollStats& stats() const { return stats_; }
+
+ private:
+  // Polls for up to spin_: 1 = an event (in *tag, *ok), 0 = none came, -1 = shut down.
+  int Spin(grpc::CompletionQueue* cq, void** tag, bool* ok);
+
+  const absl::Duration spin_;
+  uint32_t backoff_ = 0;     // waits to sleep at once after the latest contended spin
+  uint32_t skip_waits_ = 0;  // of them, still to go
+  BusyPollStats stats_;
+};
+
+}  // namespace ps::common
+
+#endif  // PS_COMMON_RPC_BUSY_POLL_H_

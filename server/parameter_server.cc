@@ -252,6 +252,8 @@ absl::Status ParameterServer::Start() {
   service_options.max_pool_requests = config_.server().max_pool_requests();
   service_options.max_pool_request_bytes = config_.server().max_pool_request_bytes();
   service_options.max_unsent_answer_bytes = config_.server().max_unsent_answer_bytes();
+  service_options.max_unsent_answer_bytes_per_peer =
+      config_.server().max_unsent_answer_bytes_per_peer();
   service_options.auth.check_identities = !config_.security().plaintext();
   service_options.auth.operator_token_required =
       !config_.security().operator_token_file().empty();

@@ -35,7 +35,7 @@ using ::ps::testing::Subprocess;
 
 constexpr char kOverrides[] =
     "--set=data.synthetic.num_train=200000,data.synthetic.vocabulary_per_field=20000,"
-    "training.epochs=2,checkpoint.interval_s=2,training.progress_interval_s=2";
+    "training.epochs=2,checkpoint.interval_s=1,training.progress_interval_s=2";
 constexpr char kTable[] = "ctr/embedding";
 
 std::string ReadFile(const std::string& path) {
@@ -115,8 +115,9 @@ class Job {
     }
   }
 
-  // SIGKILL server i a few checkpoints into training (one every 2 s), then restart it on the
-  // same port and data dir.
+  // SIGKILL server i a few checkpoints into training (one every second: the updates since the
+  // last one are lost with the server, and the restarted run must still reach the AUC of the
+  // first), then restart it on the same port and data dir.
   void KillServerDuringTraining(int i) {
     absl::SleepFor(absl::Seconds(7));
     ASSERT_TRUE(servers_[i]->running()) << "the job ended before the kill";

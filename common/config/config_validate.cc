@@ -301,6 +301,8 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
            static_cast<double>(server.max_pool_request_bytes()));
   Positive(errors, "server.max_unsent_answer_bytes",
            static_cast<double>(server.max_unsent_answer_bytes()));
+  Positive(errors, "server.max_unsent_answer_bytes_per_peer",
+           static_cast<double>(server.max_unsent_answer_bytes_per_peer()));
 
   const ps::RpcConfig& rpc = config.rpc();
   Positive(errors, "rpc.deadline_s", rpc.deadline_s());

@@ -489,6 +489,54 @@ TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
   EXPECT_TRUE(served->status.ok()) << served->status.error_message();
 }
 
+// One connection that takes no byte of its answers holds more than its own cap: its next
+// pull is refused as busy, while another connection's pulls are still served (the server-wide
+// cap is far away). Without the per-connection cap the peer could hold the whole server-wide
+// budget, and every other peer's pulls would be refused.
+TEST_F(OverloadTest, AnswersOnePeerDoesNotTakeAreCappedForThatPeerOnly) {
+  ServiceOptions options;
+  options.max_unsent_answer_bytes_per_peer = 1 << 20;
+  Start(options, GrpcServerOptions{}, kLargeJob);
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.connected());
+  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
+  Handshake(&c, kMaxConcurrentStreams, no_window);
+  c.SendFrame(kSettings, kAck, 0, "");
+  PullRequest pull;
+  *pull.mutable_header() = Header(-1, 0, 0);
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  const std::string message = pull.SerializeAsString();
+  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    grpc_message.push_back(static_cast<char>(message.size() >> shift));
+  }
+  c.SendFrame(kHeaders, kEndHeaders, 1, PullHeaders());
+  c.SendFrame(kData, kEndStream, 1, grpc_message + message);
+  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const size_t held = service_->unsent_answer_bytes();
+  // The same peer asks again: refused (counted), its answer would pile up too.
+  c.SendFrame(kHeaders, kEndHeaders, 3, PullHeaders());
+  c.SendFrame(kData, kEndStream, 3, grpc_message + message);
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (Rejected(kServerBusyReason) == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+  EXPECT_EQ(service_->unsent_answer_bytes(), held);  // nothing more held
+
+  // Another connection is served as usual.
+  auto served = SendPull(stub_.get(), 0, 0);
+  served->done.WaitForNotification();
+  EXPECT_TRUE(served->status.ok()) << served->status.error_message();
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+
+  c.Close();
+  while (service_->unsent_answer_bytes() != 0) absl::SleepFor(absl::Milliseconds(1));
+}
+
 // A gRPC client queues the calls beyond the cap: five pulls that must wait for the bound,
 // on one connection whose cap is 3, with at most 3 parked per worker. Were more than 3 at
 // the server at once, the others would get RESOURCE_EXHAUSTED (too_many_waiting).

@@ -32,9 +32,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/frame.h"
@@ -79,6 +82,11 @@ struct ServiceOptions {
   // held, new Pull and PushPull calls get RESOURCE_EXHAUSTED ("server_busy", retryable) and
   // change nothing. Counted for calls from a completion queue (ServeFromQueue).
   size_t max_unsent_answer_bytes = size_t{2} << 30;
+  // The same per connection (the peer's address and port, as gRPC names it): while more than
+  // this is held for one connection, that connection's new Pull and PushPull calls are
+  // refused the same way, so that one peer that does not read cannot take the whole
+  // max_unsent_answer_bytes and have every other peer's pulls refused.
+  size_t max_unsent_answer_bytes_per_peer = size_t{512} << 20;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -253,8 +261,12 @@ class ParameterServerService final
   absl::Status ServeOnPool(size_t bytes, std::function<void()> serve)
       ABSL_LOCKS_EXCLUDED(pool_mu_);
   // RESOURCE_EXHAUSTED ("server_busy", counted) while more than max_unsent_answer_bytes of
-  // answers wait for their peers; OK otherwise.
-  absl::Status CheckUnsentAnswers();
+  // answers wait for their peers, or more than max_unsent_answer_bytes_per_peer for the
+  // connection `peer` (ServerContext::peer()); OK otherwise.
+  absl::Status CheckUnsentAnswers(const std::string& peer) ABSL_LOCKS_EXCLUDED(unsent_mu_);
+  // Answers of `bytes` for `peer` handed to gRPC, and taken (or dropped with their call).
+  void HoldAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);
+  void ReleaseAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);
   // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
   // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
   // out == nullptr, into the answer's bytes fields.
@@ -299,6 +311,9 @@ class ParameterServerService final
   size_t pool_request_bytes_ ABSL_GUARDED_BY(pool_mu_) = 0;
   // Answers between Finish and their finish tag (UnaryCall).
   std::atomic<size_t> unsent_answer_bytes_{0};
+  // The same per connection; connections without answers held have no entry.
+  absl::Mutex unsent_mu_;
+  absl::flat_hash_map<std::string, size_t> unsent_by_peer_ ABSL_GUARDED_BY(unsent_mu_);
   common::ThreadPool pool_;
 };
 

@@ -1,6 +1,7 @@
 // ParameterServerService's calls taken from a completion queue (ServeFromQueue): the tags,
 // the unary calls of each method, the health check, the serving loop, and the cap on the
 // requests handed to the pool. The handlers they run are service.cc's.
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <utility>
@@ -91,6 +92,8 @@ class ParameterServerService::UnaryCall : public QueuedCall {
     Unref();
   }
   absl::Time deadline() const { return absl::FromChrono(context_.deadline()); }
+  // The connection, as gRPC names it ("ipv4:10.0.0.7:50122").
+  std::string PeerAddress() const { return context_.peer(); }
   PeerIdentity Peer() const {
     return service_->auth_.Identify(context_.auth_context().get(), context_.peer());
   }
@@ -111,7 +114,7 @@ class ParameterServerService::UnaryCall : public QueuedCall {
         return;
       case kFinished:
         // The answer is on the wire, or the call ended without it: either way gRPC let go.
-        service_->unsent_answer_bytes_.fetch_sub(answer_bytes_, std::memory_order_relaxed);
+        if (answer_bytes_ > 0) service_->ReleaseAnswerBytes(answer_peer_, answer_bytes_);
         Unref();
         return;
       case kRead:
@@ -131,7 +134,9 @@ class ParameterServerService::UnaryCall : public QueuedCall {
   // Counts the answer of `bytes` as held until its finish tag (Finish calls it once).
   void HoldAnswer(size_t bytes) {
     answer_bytes_ = bytes;
-    service_->unsent_answer_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    if (bytes == 0) return;
+    answer_peer_ = context_.peer();
+    service_->HoldAnswerBytes(answer_peer_, bytes);
   }
 
   grpc::ServerContext context_;
@@ -140,6 +145,7 @@ class ParameterServerService::UnaryCall : public QueuedCall {
 
  private:
   size_t answer_bytes_ = 0;  // set before Finish, read when its tag comes
+  std::string answer_peer_;  // the connection it is held for (when answer_bytes_ > 0)
   void Cancel() {
     WaiterId id;
     {
@@ -303,7 +309,7 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
     using Call = TypedCall<PullRequest, PullResponse>;
     new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
       const absl::Time arrived = absl::Now();
-      absl::Status st = s->CheckUnsentAnswers();
+      absl::Status st = s->CheckUnsentAnswers(c->PeerAddress());
       if (st.ok()) {
         st = s->auth_.CheckWorker(c->Peer(), c->request.header().worker_id(), "pull");
         if (!st.ok()) st = s->shard_->Reject("identity", std::move(st));
@@ -352,7 +358,7 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
       };
       // No push here waits: answer on this thread; a pull that must wait is parked.
       const size_t bytes = c->request.Length();
-      absl::Status st = s->CheckUnsentAnswers();
+      absl::Status st = s->CheckUnsentAnswers(c->PeerAddress());
       if (st.ok()) {
         if (!s->PushesWait() && bytes < kInlineRequestBytes) return serve();
         st = s->ServeOnPool(bytes, std::move(serve));
@@ -504,15 +510,46 @@ size_t ParameterServerService::pool_requests() const {
   return pool_requests_;
 }
 
-absl::Status ParameterServerService::CheckUnsentAnswers() {
+absl::Status ParameterServerService::CheckUnsentAnswers(const std::string& peer) {
   const size_t held = unsent_answer_bytes_.load(std::memory_order_relaxed);
-  if (held <= options_.max_unsent_answer_bytes) return absl::OkStatus();
+  if (held > options_.max_unsent_answer_bytes) {
+    return shard_->Reject(
+        kServerBusyReason,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "server busy: ", held, " bytes of answers wait for their peers to take them "
+            "(max_unsent_answer_bytes ", options_.max_unsent_answer_bytes,
+            "); this call changed nothing and may be sent again")));
+  }
+  size_t held_for_peer = 0;
+  {
+    absl::MutexLock lock(&unsent_mu_);
+    auto it = unsent_by_peer_.find(peer);
+    if (it != unsent_by_peer_.end()) held_for_peer = it->second;
+  }
+  if (held_for_peer <= options_.max_unsent_answer_bytes_per_peer) return absl::OkStatus();
   return shard_->Reject(
       kServerBusyReason,
       absl::ResourceExhaustedError(absl::StrCat(
-          "server busy: ", held, " bytes of answers wait for their peers to take them "
-          "(max_unsent_answer_bytes ", options_.max_unsent_answer_bytes,
+          "server busy: ", held_for_peer, " bytes of answers wait for this connection to "
+          "take them (max_unsent_answer_bytes_per_peer ",
+          options_.max_unsent_answer_bytes_per_peer,
           "); this call changed nothing and may be sent again")));
+}
+
+void ParameterServerService::HoldAnswerBytes(const std::string& peer, size_t bytes) {
+  unsent_answer_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  absl::MutexLock lock(&unsent_mu_);
+  unsent_by_peer_[peer] += bytes;
+}
+
+void ParameterServerService::ReleaseAnswerBytes(const std::string& peer, size_t bytes) {
+  unsent_answer_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  absl::MutexLock lock(&unsent_mu_);
+  auto it = unsent_by_peer_.find(peer);
+  DCHECK(it != unsent_by_peer_.end() && it->second >= bytes);
+  if (it == unsent_by_peer_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) unsent_by_peer_.erase(it);
 }
 
 void ParameterServerService::WaitForPoolRequestsForTest(size_t n) {

@@ -447,6 +447,21 @@ TEST_F(OverloadTest, APeerOpeningMoreStreamsThanTheCapLosesItsConnection) {
   (void)goaway;  // GOAWAY or a plain close: either ends the connection
 }
 
+// A whole Pull call of block 0 of "w" with `header` on `stream` of a bare connection.
+void SendRawPull(RawConnection* c, uint32_t stream, const RequestHeader& header) {
+  PullRequest pull;
+  *pull.mutable_header() = header;
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  const std::string message = pull.SerializeAsString();
+  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    grpc_message.push_back(static_cast<char>(message.size() >> shift));
+  }
+  c->SendFrame(kHeaders, kEndHeaders, stream, PullHeaders());
+  c->SendFrame(kData, kEndStream, stream, grpc_message + message);
+}
+
 // A peer that takes no byte of its answers (stream windows of 0): the server holds them
 // until the call ends, and while they are over max_unsent_answer_bytes new pulls are refused
 // as busy (retryable) instead of piling up more.
@@ -459,17 +474,7 @@ TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
   const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
   Handshake(&c, kMaxConcurrentStreams, no_window);
   c.SendFrame(kSettings, kAck, 0, "");
-  PullRequest pull;
-  *pull.mutable_header() = Header(-1, 0, 0);
-  pull.add_tables()->set_table("w");
-  pull.mutable_tables(0)->add_block_ids(0);
-  const std::string message = pull.SerializeAsString();
-  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    grpc_message.push_back(static_cast<char>(message.size() >> shift));
-  }
-  c.SendFrame(kHeaders, kEndHeaders, 1, PullHeaders());
-  c.SendFrame(kData, kEndStream, 1, grpc_message + message);
+  SendRawPull(&c, 1, Header(-1, 0, 0));
   while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
@@ -502,24 +507,13 @@ TEST_F(OverloadTest, AnswersOnePeerDoesNotTakeAreCappedForThatPeerOnly) {
   const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
   Handshake(&c, kMaxConcurrentStreams, no_window);
   c.SendFrame(kSettings, kAck, 0, "");
-  PullRequest pull;
-  *pull.mutable_header() = Header(-1, 0, 0);
-  pull.add_tables()->set_table("w");
-  pull.mutable_tables(0)->add_block_ids(0);
-  const std::string message = pull.SerializeAsString();
-  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    grpc_message.push_back(static_cast<char>(message.size() >> shift));
-  }
-  c.SendFrame(kHeaders, kEndHeaders, 1, PullHeaders());
-  c.SendFrame(kData, kEndStream, 1, grpc_message + message);
+  SendRawPull(&c, 1, Header(-1, 0, 0));
   while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   const size_t held = service_->unsent_answer_bytes();
   // The same peer asks again: refused (counted), its answer would pile up too.
-  c.SendFrame(kHeaders, kEndHeaders, 3, PullHeaders());
-  c.SendFrame(kData, kEndStream, 3, grpc_message + message);
+  SendRawPull(&c, 3, Header(-1, 0, 0));
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (Rejected(kServerBusyReason) == 0 && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(1));

@@ -50,6 +50,8 @@ struct Pending {
 using PendingPush = Pending<PushRequest, PushResponse>;
 using PendingPull = Pending<PullRequest, PullResponse>;
 
+class RawConnection;
+
 class OverloadTest : public ::testing::Test {
  protected:
   // One server of `config_text`'s job (a table "w" of `floats` values, initial value 1,
@@ -178,6 +180,8 @@ class OverloadTest : public ::testing::Test {
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<ParameterServer::Stub> stub_;
   absl::Notification release_;
+  // (Defined after RawConnection.)
+  void PullWithoutReading(RawConnection* c);
 };
 
 // An asynchronous job with one dense block of kFloats values.
@@ -462,6 +466,19 @@ void SendRawPull(RawConnection* c, uint32_t stream, const RequestHeader& header)
   c->SendFrame(kData, kEndStream, stream, grpc_message + message);
 }
 
+// A bare peer that takes no byte of its answers (stream windows of 0) pulls block 0 of "w";
+// returns once the server holds the answer.
+void OverloadTest::PullWithoutReading(RawConnection* c) {
+  ASSERT_TRUE(c->connected());
+  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
+  Handshake(c, kMaxConcurrentStreams, no_window);
+  c->SendFrame(kSettings, kAck, 0, "");
+  SendRawPull(c, 1, Header(-1, 0, 0));
+  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 // A peer that takes no byte of its answers (stream windows of 0): the server holds them
 // until the call ends, and while they are over max_unsent_answer_bytes new pulls are refused
 // as busy (retryable) instead of piling up more.
@@ -470,14 +487,7 @@ TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
   options.max_unsent_answer_bytes = 1 << 20;
   Start(options, GrpcServerOptions{}, kLargeJob);
   RawConnection c(server_->port());
-  ASSERT_TRUE(c.connected());
-  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
-  Handshake(&c, kMaxConcurrentStreams, no_window);
-  c.SendFrame(kSettings, kAck, 0, "");
-  SendRawPull(&c, 1, Header(-1, 0, 0));
-  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  ASSERT_NO_FATAL_FAILURE(PullWithoutReading(&c));
 
   auto refused = SendPull(stub_.get(), 0, 0);
   refused->done.WaitForNotification();
@@ -503,14 +513,7 @@ TEST_F(OverloadTest, AnswersOnePeerDoesNotTakeAreCappedForThatPeerOnly) {
   options.max_unsent_answer_bytes_per_peer = 1 << 20;
   Start(options, GrpcServerOptions{}, kLargeJob);
   RawConnection c(server_->port());
-  ASSERT_TRUE(c.connected());
-  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
-  Handshake(&c, kMaxConcurrentStreams, no_window);
-  c.SendFrame(kSettings, kAck, 0, "");
-  SendRawPull(&c, 1, Header(-1, 0, 0));
-  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  ASSERT_NO_FATAL_FAILURE(PullWithoutReading(&c));
   const size_t held = service_->unsent_answer_bytes();
   // The same peer asks again: refused (counted), its answer would pile up too.
   SendRawPull(&c, 3, Header(-1, 0, 0));

@@ -92,8 +92,11 @@ class ParameterServerService::UnaryCall : public QueuedCall {
     Unref();
   }
   absl::Time deadline() const { return absl::FromChrono(context_.deadline()); }
-  // The connection, as gRPC names it ("ipv4:10.0.0.7:50122").
-  std::string PeerAddress() const { return context_.peer(); }
+  // The connection, as gRPC names it ("ipv4:10.0.0.7:50122"); asked of gRPC once per call.
+  const std::string& PeerAddress() {
+    if (peer_address_.empty()) peer_address_ = context_.peer();
+    return peer_address_;
+  }
   PeerIdentity Peer() const {
     return service_->auth_.Identify(context_.auth_context().get(), context_.peer());
   }
@@ -114,7 +117,7 @@ class ParameterServerService::UnaryCall : public QueuedCall {
         return;
       case kFinished:
         // The answer is on the wire, or the call ended without it: either way gRPC let go.
-        if (answer_bytes_ > 0) service_->ReleaseAnswerBytes(answer_peer_, answer_bytes_);
+        if (answer_bytes_ > 0) service_->ReleaseAnswerBytes(PeerAddress(), answer_bytes_);
         Unref();
         return;
       case kRead:
@@ -135,8 +138,7 @@ class ParameterServerService::UnaryCall : public QueuedCall {
   void HoldAnswer(size_t bytes) {
     answer_bytes_ = bytes;
     if (bytes == 0) return;
-    answer_peer_ = context_.peer();
-    service_->HoldAnswerBytes(answer_peer_, bytes);
+    service_->HoldAnswerBytes(PeerAddress(), bytes);
   }
 
   grpc::ServerContext context_;
@@ -145,7 +147,7 @@ class ParameterServerService::UnaryCall : public QueuedCall {
 
  private:
   size_t answer_bytes_ = 0;  // set before Finish, read when its tag comes
-  std::string answer_peer_;  // the connection it is held for (when answer_bytes_ > 0)
+  std::string peer_address_;  // PeerAddress(), once asked
   void Cancel() {
     WaiterId id;
     {

@@ -55,10 +55,13 @@ std::string BenchConfigText(const BenchOptions& f, int num_servers) {
       "\n  num_workers: ", max_clients,
       "\n  dense_block_floats: ", f.dense_block_floats, "\n}\n",
       "default_optimizer { kind: SGD learning_rate: 0.01 }\n");
+  std::string server;
   if (f.busy_poll_us >= 0) {
-    absl::StrAppend(&text, "server { busy_poll_us: ", f.busy_poll_us, " }\n",
-                    "rpc { busy_poll_us: ", f.busy_poll_us, " }\n");
+    absl::StrAppend(&server, " busy_poll_us: ", f.busy_poll_us);
+    absl::StrAppend(&text, "rpc { busy_poll_us: ", f.busy_poll_us, " }\n");
   }
+  if (f.data_threads > 0) absl::StrAppend(&server, " data_threads: ", f.data_threads);
+  if (!server.empty()) absl::StrAppend(&text, "server {", server, " }\n");
   for (uint64_t bytes : f.payloads) {
     absl::StrAppend(&text, "tables {\n  name: \"", DenseTableName(bytes),
                     "\"\n  kind: TABLE_KIND_DENSE\n  shape: ", bytes / sizeof(float),

@@ -104,6 +104,11 @@ int ServingThreads(const JobConfig& config, int requested) {
 
 }  // namespace
 
+int DataThreads(const JobConfig& config, unsigned cores) {
+  if (config.server().data_threads() > 0) return static_cast<int>(config.server().data_threads());
+  return static_cast<int>(std::max(1u, std::min(config.cluster().num_workers(), cores)));
+}
+
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     const JobConfig& config, const ParameterServerOptions& options) {
   if (options.server_index < 0) {
@@ -284,6 +289,12 @@ absl::Status ParameterServer::Start() {
   grpc_options.max_message_bytes = config_.server().max_message_bytes();
   grpc_options.max_concurrent_streams = static_cast<int>(config_.server().max_concurrent_streams());
   grpc_options.busy_poll = absl::Microseconds(config_.server().busy_poll_us());
+  grpc_options.data_threads = DataThreads(config_, std::thread::hardware_concurrency());
+  LOG(INFO) << "serving the data path on " << grpc_options.data_threads << " thread"
+            << (grpc_options.data_threads == 1
+                    ? absl::StrCat(", polling ", config_.server().busy_poll_us(),
+                                   " us before it sleeps")
+                    : "s (no busy polling)");
   ASSIGN_OR_RETURN(grpc_server_,
                    GrpcServer::Start(grpc_options, config_.security(), service_.get()));
   grpc_server_->SetServing(true);

@@ -141,6 +141,17 @@ TEST(ParameterServer, RefusesAMemoryBudgetWithoutADataDir) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("--data_dir")));
 }
 
+TEST(ParameterServer, ServesTheDataPathOnAThreadPerWorkerUpToTheCores) {
+  JobConfig config = Config();
+  EXPECT_EQ(DataThreads(config, 8), 1);  // one worker
+  config.mutable_cluster()->set_num_workers(4);
+  EXPECT_EQ(DataThreads(config, 8), 4);
+  EXPECT_EQ(DataThreads(config, 2), 2);
+  EXPECT_EQ(DataThreads(config, 0), 1);  // cores unknown
+  config.mutable_server()->set_data_threads(3);  // a set value is kept
+  EXPECT_EQ(DataThreads(config, 2), 3);
+}
+
 TEST(ParameterServer, RefusesPortsOutOfRange) {
   ParameterServerOptions options = Options("");
   options.port = 99999;

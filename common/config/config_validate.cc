@@ -111,6 +111,8 @@ void ValidateDenseShape(const std::string& path, const ps::TableConfig& table,
 
 constexpr uint32_t kMaxSparseDim = uint32_t{1} << 20;
 constexpr uint32_t kMaxBusyPollUs = 1000000;
+// Beyond this, threads of one queue only take turns at it.
+constexpr uint32_t kMaxDataThreads = 1024;
 
 void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_floats, Errors* errors) {
   const std::string path = absl::StrCat("tables[", index, "]");
@@ -321,6 +323,11 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
     if (us > kMaxBusyPollUs) {
       errors->Add(field, absl::StrCat("must be <= ", kMaxBusyPollUs, " (1 s), got ", us));
     }
+  }
+
+  if (server.data_threads() > kMaxDataThreads) {
+    errors->Add("server.data_threads", absl::StrCat("must be <= ", kMaxDataThreads, ", got ",
+                                                    server.data_threads()));
   }
 
   if (config.metrics().port() < -1 || config.metrics().port() > 65535) {

@@ -210,6 +210,7 @@ const ErrorCase kErrorCases[] = {
     {"ServerBusyPoll", {"server.busy_poll_us=1000001"}, "server.busy_poll_us: must be <= 1000000"},
     {"RpcMessageLimit", {"rpc.max_message_bytes=4294967296"}, "rpc.max_message_bytes"},
     {"RpcBusyPoll", {"rpc.busy_poll_us=4000000"}, "rpc.busy_poll_us: must be <= 1000000"},
+    {"DataThreads", {"server.data_threads=1025"}, "server.data_threads: must be <= 1024"},
     {"RpcBackoffOrder",
      {"rpc.max_backoff_s=0.01"},
      "rpc.max_backoff_s: must be >= initial_backoff_s"},

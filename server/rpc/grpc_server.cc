@@ -66,6 +66,7 @@ GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port,
                        std::unique_ptr<grpc::ServerCompletionQueue> queue, int data_threads,
                        absl::Duration busy_poll)
     : queue_(std::move(queue)), server_(std::move(server)), port_(port), service_(service) {
+  if (data_threads > 1) busy_poll = absl::ZeroDuration();  // see GrpcServerOptions
   for (int i = 0; i < data_threads; ++i) {
     data_threads_.emplace_back([this, busy_poll] { service_->ServeQueue(queue_.get(), busy_poll); });
   }

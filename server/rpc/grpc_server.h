@@ -32,9 +32,9 @@ struct GrpcServerOptions {
   std::string address = "0.0.0.0:0";
   // Largest message received or sent, in bytes (server.max_message_bytes; capped at 2^31-1).
   uint64_t max_message_bytes = 64ull << 20;
-  // Threads that serve PushPull calls from the server's completion queue (each reads, serves
-  // and answers a call itself; see ParameterServerService::ServePushPullFromQueue).
-  // REQUIRES: > 0.
+  // Threads that serve calls from the server's completion queue (each reads, serves and
+  // answers a call itself; see ParameterServerService::ServeQueue), so that calls arriving
+  // together are served in parallel (server.data_threads). REQUIRES: > 0.
   int data_threads = 1;
   // Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS,
   // server.max_concurrent_streams). gRPC clients queue calls beyond it on their side; a peer
@@ -45,7 +45,9 @@ struct GrpcServerOptions {
   // waiting pulls never hold every stream its pushes need. REQUIRES: > 0.
   int max_concurrent_streams = 32;
   // How long a data thread polls the queue before it sleeps (server.busy_poll_us;
-  // common/rpc/busy_poll.h). Zero: it sleeps at once.
+  // common/rpc/busy_poll.h). Zero: it sleeps at once. Used only with one data thread: gRPC
+  // lets one thread at a time poll the connections, and while another sleeps in the queue
+  // as that poller, the wake-ups polling is for are paid anyway.
   absl::Duration busy_poll = absl::ZeroDuration();
 };
 

@@ -1,15 +1,19 @@
 // GrpcServer serves every method from its completion queue, the health check included (gRPC's
 // default health service is off there): grpc.health.v1.Health/Check answers SERVING or
 // NOT_SERVING as SetServing says, NOT_FOUND for a named service, and other unregistered
-// methods get UNIMPLEMENTED; the service's control methods answer as on the callback API.
+// methods get UNIMPLEMENTED; the service's control methods answer as on the callback API;
+// with several data threads, one serves while another is busy.
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
 #include "common/status_matchers.h"
+#include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -22,24 +26,33 @@ namespace {
 
 using ::ps::common::IsOk;
 
+// The config of these tests' one table, for `workers` workers.
+JobConfig TestConfig(int workers) {
+  auto config = common::ParseJobConfigText(absl::StrCat(R"pb(
+    security { plaintext: true }
+    tables { name: "w" kind: TABLE_KIND_DENSE shape: 4 optimizer { kind: SGD learning_rate: 1 } }
+    cluster { num_servers: 1 num_workers: )pb", workers, " }"), "test");
+  CHECK(config.ok()) << config.status();
+  return *config;
+}
+
+std::unique_ptr<Shard> TestShard(const JobConfig& config) {
+  auto shard = Shard::Create(config, ShardOptions{});
+  CHECK(shard.ok()) << shard.status();
+  return *std::move(shard);
+}
+
 class GrpcServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto config = common::ParseJobConfigText(R"pb(
-      cluster { num_servers: 1 num_workers: 1 }
-      security { plaintext: true }
-      tables { name: "w" kind: TABLE_KIND_DENSE shape: 4 optimizer { kind: SGD learning_rate: 1 } }
-    )pb", "test");
-    ASSERT_THAT(config.status(), IsOk());
-    auto shard = Shard::Create(*config, ShardOptions{});
-    ASSERT_THAT(shard.status(), IsOk());
-    shard_ = *std::move(shard);
+    const JobConfig config = TestConfig(1);
+    shard_ = TestShard(config);
     ServiceOptions options;
     options.auth.check_identities = false;
     service_ = std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{});
     GrpcServerOptions server_options;
     server_options.address = "127.0.0.1:0";
-    auto server = GrpcServer::Start(server_options, config->security(), service_.get());
+    auto server = GrpcServer::Start(server_options, config.security(), service_.get());
     ASSERT_THAT(server.status(), IsOk());
     server_ = *std::move(server);
     channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
@@ -140,6 +153,46 @@ TEST_F(GrpcServerTest, ControlMethodsAreServedFromTheQueue) {
     EXPECT_EQ(stub->Checkpoint(&context, CheckpointRequest(), &response).error_code(),
               grpc::StatusCode::FAILED_PRECONDITION);
   }
+}
+
+// With two data threads, a call is served while the other thread is held inside a call.
+TEST(GrpcServerThreadsTest, ASecondDataThreadServesWhileTheFirstIsBusy) {
+  const JobConfig config = TestConfig(2);
+  std::unique_ptr<Shard> shard = TestShard(config);
+  absl::Notification entered, release;
+  ServiceHooks hooks;
+  // Stats is served on the data thread that took it: this one holds its thread.
+  hooks.stats = [&](StatsResponse*) {
+    entered.Notify();
+    release.WaitForNotification();
+  };
+  ServiceOptions options;
+  options.auth.check_identities = false;
+  ParameterServerService service(shard.get(), options, std::move(hooks));
+  GrpcServerOptions server_options;
+  server_options.address = "127.0.0.1:0";
+  server_options.data_threads = 2;
+  server_options.busy_poll = absl::Milliseconds(1);  // not used with two threads
+  auto server = GrpcServer::Start(server_options, config.security(), &service);
+  ASSERT_THAT(server.status(), IsOk());
+  auto stub = ParameterServer::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+
+  std::thread held([&] {
+    grpc::ClientContext context;
+    StatsResponse stats;
+    EXPECT_TRUE(stub->Stats(&context, StatsRequest(), &stats).ok());
+  });
+  entered.WaitForNotification();
+  // With one data thread this call would wait for the release and miss its deadline.
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  ServerInfoResponse info;
+  const grpc::Status status = stub->ServerInfo(&context, ServerInfoRequest(), &info);
+  release.Notify();
+  held.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(info.layout_fingerprint(), shard->partitioner().layout_fingerprint());
 }
 
 }  // namespace

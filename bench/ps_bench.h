@@ -68,7 +68,7 @@ struct BenchOptions {
   uint64_t dense_block_floats = 131072;
   uint64_t pull_piece_bytes = worker::GrpcStoreOptions().pull_piece_bytes;
   int64_t busy_poll_us = -1;  // server and rpc busy_poll_us of the config; -1: their defaults
-  uint32_t data_threads = 0;  // server.data_threads of the config; 0: its default
+  int32_t data_threads = -1;  // server.data_threads of the config; -1: its default
   size_t tcp_stream_write = 4 << 20;
   uint64_t seed = 1;
   double zipf = 1.1;

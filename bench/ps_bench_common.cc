@@ -60,7 +60,7 @@ std::string BenchConfigText(const BenchOptions& f, int num_servers) {
     absl::StrAppend(&server, " busy_poll_us: ", f.busy_poll_us);
     absl::StrAppend(&text, "rpc { busy_poll_us: ", f.busy_poll_us, " }\n");
   }
-  if (f.data_threads > 0) absl::StrAppend(&server, " data_threads: ", f.data_threads);
+  if (f.data_threads >= 0) absl::StrAppend(&server, " data_threads: ", f.data_threads);
   if (!server.empty()) absl::StrAppend(&text, "server {", server, " }\n");
   for (uint64_t bytes : f.payloads) {
     absl::StrAppend(&text, "tables {\n  name: \"", DenseTableName(bytes),

@@ -97,9 +97,9 @@ ABSL_FLAG(int64_t, busy_poll_us, -1,
           "server.busy_poll_us and rpc.busy_poll_us of the generated config: how long the "
           "servers' data threads and the clients poll for events before they sleep (0 = "
           "sleep at once; -1 = the config's defaults).");
-ABSL_FLAG(uint32_t, data_threads, 0,
+ABSL_FLAG(int32_t, data_threads, -1,
           "server.data_threads of the generated config: threads serving each server's data "
-          "path (0 = the config's default, one per client up to the cores).");
+          "path (0 = one per client up to the cores; -1 = the config's default, 1).");
 ABSL_FLAG(uint64_t, dense_block_floats, 131072,
           "cluster.dense_block_floats of the generated config (131072 = 512 KB blocks: a 1 MB "
           "table spans two servers, so runs with --servers=2 load both).");
@@ -282,9 +282,9 @@ absl::Status ParseScalars(BenchOptions* f) {
         absl::StrCat("--busy_poll_us=", f->busy_poll_us, ": expected -1..1000000"));
   }
   f->data_threads = absl::GetFlag(FLAGS_data_threads);
-  if (f->data_threads > 1024) {
+  if (f->data_threads < -1 || f->data_threads > 1024) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--data_threads=", f->data_threads, ": expected 0..1024"));
+        absl::StrCat("--data_threads=", f->data_threads, ": expected -1..1024"));
   }
   f->tcp_stream_write = absl::GetFlag(FLAGS_tcp_stream_write);
   f->zipf = absl::GetFlag(FLAGS_zipf);

@@ -90,8 +90,8 @@ struct ParameterServerOptions {
   StopRequest* stop = nullptr;
 };
 
-// Threads serving the data path's queue (server.data_threads): the value set, or one per
-// worker of the job, at most `cores` (at least 1).
+// Threads serving the data path's queue (server.data_threads): the value set, or for 0 one
+// per worker of the job, at most `cores` (at least 1).
 int DataThreads(const JobConfig& config, unsigned cores);
 
 // Thread-safe: RequestStop() may be called from any thread (a signal thread, the Shutdown

@@ -141,15 +141,19 @@ TEST(ParameterServer, RefusesAMemoryBudgetWithoutADataDir) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("--data_dir")));
 }
 
-TEST(ParameterServer, ServesTheDataPathOnAThreadPerWorkerUpToTheCores) {
+TEST(ParameterServer, ServesTheDataPathOnOneThreadUnlessToldOtherwise) {
   JobConfig config = Config();
-  EXPECT_EQ(DataThreads(config, 8), 1);  // one worker
   config.mutable_cluster()->set_num_workers(4);
+  EXPECT_EQ(DataThreads(config, 8), 1);  // the default
+  config.mutable_server()->set_data_threads(3);  // a set value is kept
+  EXPECT_EQ(DataThreads(config, 2), 3);
+  // 0: one per worker, up to the cores.
+  config.mutable_server()->set_data_threads(0);
   EXPECT_EQ(DataThreads(config, 8), 4);
   EXPECT_EQ(DataThreads(config, 2), 2);
   EXPECT_EQ(DataThreads(config, 0), 1);  // cores unknown
-  config.mutable_server()->set_data_threads(3);  // a set value is kept
-  EXPECT_EQ(DataThreads(config, 2), 3);
+  config.mutable_cluster()->set_num_workers(1);
+  EXPECT_EQ(DataThreads(config, 8), 1);
 }
 
 TEST(ParameterServer, RefusesPortsOutOfRange) {

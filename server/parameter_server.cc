@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/metrics/http_server.h"
+#include "common/startup/cores.h"
 #include "common/startup/atomic_file.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -86,8 +87,7 @@ int ServingThreads(const JobConfig& config, int requested) {
   int threads = requested > 0 ? requested
                               : (config.server().num_threads() > 0
                                      ? static_cast<int>(config.server().num_threads())
-                                     : static_cast<int>(std::max(
-                                           2u, std::thread::hardware_concurrency())));
+                                     : static_cast<int>(std::max(2u, common::UsableCores())));
   // Pulls waiting for the bound are parked without a thread, but a deterministic push holds
   // its thread while it waits for its turn: with fewer threads than workers, the push whose
   // turn it is would never run.
@@ -289,7 +289,7 @@ absl::Status ParameterServer::Start() {
   grpc_options.max_message_bytes = config_.server().max_message_bytes();
   grpc_options.max_concurrent_streams = static_cast<int>(config_.server().max_concurrent_streams());
   grpc_options.busy_poll = absl::Microseconds(config_.server().busy_poll_us());
-  grpc_options.data_threads = DataThreads(config_, std::thread::hardware_concurrency());
+  grpc_options.data_threads = DataThreads(config_, common::UsableCores());
   LOG(INFO) << "serving the data path on " << grpc_options.data_threads << " thread"
             << (grpc_options.data_threads == 1
                     ? absl::StrCat(", polling ", config_.server().busy_poll_us(),

@@ -11,6 +11,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/startup/cores.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -114,7 +115,7 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
       workers_(tracker_options, options.now) {
   const int helpers = options.apply_threads >= 0
                           ? options.apply_threads
-                          : static_cast<int>(std::thread::hardware_concurrency()) - 1;
+                          : static_cast<int>(common::UsableCores()) - 1;
   if (helpers > 0) apply_pool_ = std::make_unique<common::ThreadPool>(helpers);
   size_t next_spill_table = 0;  // Create() opened one spill table per budgeted sparse table
   for (const auto& info : partitioner_.tables()) {

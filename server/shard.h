@@ -61,8 +61,8 @@ struct ShardOptions {
   uint64_t max_memory_bytes = 0;
   // Threads that help apply the dense blocks of a large push (at least kParallelApplyValues
   // values) in parallel with the pushing thread, so that a big optimizer step runs at memory
-  // bandwidth rather than one core's speed. -1 = one fewer than the machine's cores; 0 = every
-  // push is applied by the thread that received it.
+  // bandwidth rather than one core's speed. -1 = one fewer than the cores the process may use
+  // (common/startup/cores.h); 0 = every push is applied by the thread that received it.
   int apply_threads = -1;
   // Asked between the blocks of the dense tables Create allocates and initializes (several GB
   // take seconds to minutes): once it returns true, Create stops and returns CANCELLED. Empty:

@@ -210,6 +210,17 @@ def measure(args, tmp):
     return rows
 
 
+def missing_binaries(bin_dir, memory, training):
+    """The binaries a run with these options needs that are not executables in bin_dir (checked
+    before minutes of measurement, not after), as package/name paths."""
+    needed = ["bench/ps_bench", "server/shard_benchmark"]
+    if memory:
+        needed.append("bench/ps_load")
+    if training:
+        needed += ["server/ps_server", "worker/ps_worker"]
+    return [b for b in needed if not os.access(os.path.join(bin_dir, b), os.X_OK)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
@@ -219,6 +230,10 @@ def main():
     ap.add_argument("--training", action="store_true", help="also run studies/scaling_bench.py")
     ap.add_argument("--json", help="write the rows here, one JSON object per line")
     args = ap.parse_args()
+    missing = missing_binaries(args.bin_dir, args.memory, args.training)
+    if missing:
+        sys.exit("data_path_targets: not built in %s: %s\n  bazel build %s" % (
+            args.bin_dir, ", ".join(missing), " ".join("//%s:%s" % tuple(b.split("/")) for b in missing)))
     with tempfile.TemporaryDirectory(prefix="ps-targets-") as tmp:
         rows = measure(args, tmp)
     if args.json:

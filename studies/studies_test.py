@@ -224,6 +224,21 @@ class DataPathTargetsTest(unittest.TestCase):
     def by_target(self, rows):
         return {r["target"]: r for r in rows}
 
+    def test_the_binaries_a_run_needs_are_checked_before_it_starts(self):
+        with tempfile.TemporaryDirectory() as bin_dir:
+            self.assertEqual(targets.missing_binaries(bin_dir, False, False),
+                             ["bench/ps_bench", "server/shard_benchmark"])
+            self.assertEqual(targets.missing_binaries(bin_dir, True, True),
+                             ["bench/ps_bench", "server/shard_benchmark", "bench/ps_load",
+                              "server/ps_server", "worker/ps_worker"])
+            for name, mode in (("bench/ps_bench", 0o755), ("server/shard_benchmark", 0o644)):
+                os.makedirs(os.path.join(bin_dir, os.path.dirname(name)), exist_ok=True)
+                with open(os.path.join(bin_dir, name), "w"):
+                    pass
+                os.chmod(os.path.join(bin_dir, name), mode)
+            # A file that is not executable is as missing as no file.
+            self.assertEqual(targets.missing_binaries(bin_dir, False, False), ["server/shard_benchmark"])
+
     def test_transport_ratios_and_verdicts(self):
         window8 = [bench_row("grpc", "push", "4KB", calls_per_s=21000),
                    bench_row("grpc", "pull", "4KB", calls_per_s=19000)]

@@ -174,7 +174,7 @@ TEST(FaultE2e, JobSurvivesKilledServersAndWorker) {
       << "undisturbed " << undisturbed << ", with failures " << disturbed;
   // The figures for docs/reliability.md: recovery and lost updates, as the processes log them.
   std::regex facts("(answers again after[^\\n]*|[0-9]+ updates since the restored checkpoint[^\\n]*)");
-  for (const std::string& name : {"server0", "worker0"}) {
+  for (const char* name : {"server0", "worker0"}) {
     const std::string log = job.Log(name);
     for (std::sregex_iterator it(log.begin(), log.end(), facts), end; it != end; ++it) {
       std::cout << name << ": " << it->str() << "\n";

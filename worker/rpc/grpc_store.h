@@ -67,8 +67,9 @@ struct GrpcStoreOptions {
   // (LRU; each costs dim floats plus about 64 bytes). 0 = no feedback for sparse tables.
   size_t max_residual_rows = PushResiduals::kDefaultMaxSparseRows;
   // Float32 dense bytes of one server's pull answer from which their copy into the caller's
-  // buffers is split over up to 4 threads (this one and helpers started for the copy): the
-  // copy is the last step of a large pull and the server has nothing to send meanwhile.
+  // buffers is split over up to 4 threads, at most the cores the process may use (this one
+  // and helpers started for the copy; common/startup/cores.h): the copy is the last step of
+  // a large pull and the server has nothing to send meanwhile.
   // 0 = never split, the default: on the shared 2-core development VM the helpers waited for
   // a core and 64 MB pulls got slower (p50 77-102 ms against 61.5 ms with one thread,
   // docs/lab/2026-12-02-large-payloads.md). Try it where workers have idle cores.

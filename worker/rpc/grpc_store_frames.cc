@@ -11,6 +11,7 @@
 #include "common/codec.h"
 #include "common/hash.h"
 #include "common/rpc/frame.h"
+#include "common/startup/cores.h"
 #include "common/status_macros.h"
 #include "worker/rpc/grpc_store.h"
 #include "worker/rpc/grpc_store_exchange.h"
@@ -459,8 +460,11 @@ void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,
     copy_run(copies);
     return;
   }
-  // Asked only here: glibc reads /sys for it (three system calls), too dear for every answer.
-  const size_t threads = std::min<size_t>(4, std::max(1u, std::thread::hardware_concurrency()));
+  // The cores this process may use (its affinity mask and cgroup CPU quota: a container
+  // allowed 2 cores on a 64-core node copies with 2 threads, not 4), read once per process:
+  // the cgroup files are too dear to read for every answer.
+  static const unsigned cores = common::UsableCores();
+  const size_t threads = std::min<size_t>(4, cores);
   if (threads < 2) {
     copy_run(copies);
     return;

@@ -128,6 +128,16 @@ ABSL_FLAG(double, spill_settle_s, 5,
 namespace ps::bench {
 namespace {
 
+// The kernel's TCP congestion control for new connections ("unknown" if unreadable). It moves
+// the raw TCP reference: on loopback BBR paces each connection with timers, and raw TCP ran at
+// half cubic's rate on the development VM (docs/lab/2026-12-02-flow-window.md).
+std::string CongestionControl() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string name;
+  if (!(in >> name)) return "unknown";
+  return name;
+}
+
 // Upper bounds of the flags: beyond them a value is a typo, not a benchmark (a 1 TB payload
 // would be allocated by every client thread before failing).
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 30;
@@ -358,7 +368,8 @@ absl::Status Run(SignalStopper* stopper) {
   env.flags = &flags;
   env.cancel = stopper->cancelled();
   if (flags.tcp) {
-    std::cerr << "raw TCP over 127.0.0.1" << std::endl;
+    std::cerr << "raw TCP over 127.0.0.1 (TCP congestion control: " << CongestionControl() << ")"
+              << std::endl;
     ASSIGN_OR_RETURN(std::vector<BenchRow> rows, RunTcp(&env));
     for (const auto& r : rows) reporter.Add(r);
   }

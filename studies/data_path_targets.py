@@ -210,6 +210,17 @@ def measure(args, tmp):
     return rows
 
 
+def congestion_control(path="/proc/sys/net/ipv4/tcp_congestion_control"):
+    """The kernel's TCP congestion control for new connections ("unknown" if unreadable). It
+    moves the raw TCP reference: on loopback, BBR paces each connection with timers, and raw
+    TCP ran at half cubic's rate on the development VM (docs/lab/2026-12-02-flow-window.md)."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def missing_binaries(bin_dir, memory, training):
     """The binaries a run with these options needs that are not executables in bin_dir (checked
     before minutes of measurement, not after), as package/name paths."""
@@ -242,7 +253,7 @@ def main():
                 f.write(json.dumps(r) + "\n")
     print(table(rows))
     met = sum(r["met"] == "met" for r in rows)
-    print("\n%d of %d targets met" % (met, len(rows)))
+    print("\n%d of %d targets met (TCP congestion control: %s)" % (met, len(rows), congestion_control()))
 
 
 if __name__ == "__main__":

@@ -239,6 +239,17 @@ class DataPathTargetsTest(unittest.TestCase):
             # A file that is not executable is as missing as no file.
             self.assertEqual(targets.missing_binaries(bin_dir, False, False), ["server/shard_benchmark"])
 
+    def test_the_congestion_control_is_read_from_the_kernel_setting(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tcp_congestion_control")
+            with open(path, "w") as f:
+                f.write("bbr\n")
+            self.assertEqual(targets.congestion_control(path), "bbr")
+            with open(path, "w"):
+                pass
+            self.assertEqual(targets.congestion_control(path), "unknown")
+            self.assertEqual(targets.congestion_control(os.path.join(tmp, "absent")), "unknown")
+
     def test_transport_ratios_and_verdicts(self):
         window8 = [bench_row("grpc", "push", "4KB", calls_per_s=21000),
                    bench_row("grpc", "pull", "4KB", calls_per_s=19000)]

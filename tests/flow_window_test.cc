@@ -114,7 +114,10 @@ class HoldingProxy {
         forwarded_[d] += kept.size();
         kept.clear();
       }
-      if (!open) continue;
+      if (!open) {  // the source is done: wait for the release of what is kept
+        absl::SleepFor(absl::Milliseconds(1));
+        continue;
+      }
       pollfd p{from, POLLIN, 0};
       if (poll(&p, 1, 5) <= 0) continue;
       const ssize_t n = read(from, buffer.data(), buffer.size());
@@ -136,7 +139,8 @@ class HoldingProxy {
 
   static bool WriteAll(int fd, const char* data, size_t size) {
     while (size > 0) {
-      const ssize_t n = write(fd, data, size);
+      // No SIGPIPE when the far end has gone (at teardown): the pump just stops.
+      const ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
       if (n <= 0) return false;
       data += n;
       size -= n;

@@ -71,7 +71,8 @@ ABSL_FLAG(std::string, echo_apis, "sync",
           "echo mode: the echo server's gRPC API, sync and/or callback (one row each).");
 ABSL_FLAG(bool, echo_data_path_args, false,
           "echo mode: both ends use the parameter server's data-path channel arguments (16 MB "
-          "frames, 64 MB stream window, no channelz) instead of gRPC's defaults.");
+          "frames and 64 MB stream windows to start with, no channelz) instead of gRPC's "
+          "defaults.");
 ABSL_FLAG(std::string, payloads, "4KB,1MB,64MB",
           "Dense and raw-TCP payloads per call (B, KB, MB; KB = 1024 bytes; multiples of 4).");
 ABSL_FLAG(std::string, clients, "1,2,4", "Concurrent client counts for dense and sparse.");

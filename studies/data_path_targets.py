@@ -253,7 +253,8 @@ def main():
                 f.write(json.dumps(r) + "\n")
     print(table(rows))
     met = sum(r["met"] == "met" for r in rows)
-    print("\n%d of %d targets met (TCP congestion control: %s)" % (met, len(rows), congestion_control()))
+    print("\n%d of %d targets met (TCP congestion control: %s)"
+          % (met, len(rows), congestion_control()))
 
 
 if __name__ == "__main__":

@@ -201,18 +201,20 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 
 std::vector<std::pair<std::string, int>> DataPathChannelArgs() {
   return {
-      // Peers may send DATA frames of up to 16 MB - 1 (the HTTP/2 maximum) instead of 16 KB:
-      // a 64 MB payload is 4 frames, not 4,096, and arrives in fewer, larger slices.
+      // The frame size and stream window a connection starts with: DATA frames of up to
+      // 16 MB - 1 (the HTTP/2 maximum) instead of 16 KB, and 64 MB per stream before its
+      // first window update instead of 64 KB. Once the bandwidth-delay probe below has an
+      // estimate, gRPC announces both from it instead (windows of at most 32 MB). Neither
+      // admits more than the message size limit does: a receiver holds a whole message
+      // before handing it over either way.
       {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1},
-      // Each new stream may carry 64 MB before its first window update, not 64 KB. It admits
-      // nothing the message size limit does not already admit: a receiver holds a whole
-      // message before handing it over either way.
       {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20},
       // The bandwidth-delay probe stays on (gRPC's default): in gRPC 1.51 it is the only
       // thing that raises the connection's own window above HTTP/2's initial 64 KB. With it
       // off, every message over 64 KB stopped after its first 64 KB until the receiver had
       // read them and sent a WINDOW_UPDATE: a round trip and two wake-ups per large message
-      // in each direction. Its pings back off to one per 10 s once the estimate is steady.
+      // in each direction (tests/flow_window_test). Its pings back off to one per 10 s once
+      // the estimate is steady.
       {GRPC_ARG_HTTP2_BDP_PROBE, 1},
       // No channelz: nothing here reads it, and every call paid for its counters and
       // timestamps on both ends.

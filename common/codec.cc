@@ -227,9 +227,9 @@ constexpr size_t kCountChunk = size_t{1} << 20;
 
 #if defined(__SSE2__)
 // Counts the non-finite values of data[0, *done) and sets *done (a multiple of 16).
-uint64_t CountNonFiniteSse2(const float* data, size_t n, size_t* done) {
+uint64_t CountNonFiniteSse2(const unsigned char* data, size_t n, size_t* done) {
   const __m128i mask = _mm_set1_epi32(static_cast<int>(kFloatInf));
-  auto hits = [&mask](const float* p) {
+  auto hits = [&mask](const unsigned char* p) {
     const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm_cmpeq_epi32(_mm_and_si128(bits, mask), mask);  // -1 per non-finite lane
   };
@@ -239,10 +239,10 @@ uint64_t CountNonFiniteSse2(const float* data, size_t n, size_t* done) {
     const size_t end = i + std::min((n - i) & ~size_t{15}, kCountChunk);
     __m128i c0 = _mm_setzero_si128(), c1 = c0, c2 = c0, c3 = c0;
     for (; i < end; i += 16) {
-      c0 = _mm_sub_epi32(c0, hits(data + i));
-      c1 = _mm_sub_epi32(c1, hits(data + i + 4));
-      c2 = _mm_sub_epi32(c2, hits(data + i + 8));
-      c3 = _mm_sub_epi32(c3, hits(data + i + 12));
+      c0 = _mm_sub_epi32(c0, hits(data + 4 * i));
+      c1 = _mm_sub_epi32(c1, hits(data + 4 * (i + 4)));
+      c2 = _mm_sub_epi32(c2, hits(data + 4 * (i + 8)));
+      c3 = _mm_sub_epi32(c3, hits(data + 4 * (i + 12)));
     }
     alignas(16) uint32_t lanes[4];
     _mm_store_si128(reinterpret_cast<__m128i*>(lanes),
@@ -258,7 +258,7 @@ uint64_t CountNonFiniteSse2(const float* data, size_t n, size_t* done) {
 // As CountNonFiniteSse2 with 256-bit lanes (*done a multiple of 32); only called where the
 // CPU has AVX2 (picked at run time: the build targets x86-64-v2). Plain integer compares, so
 // the count is the same on either path.
-__attribute__((target("avx2"))) uint64_t CountNonFiniteAvx2(const float* data, size_t n,
+__attribute__((target("avx2"))) uint64_t CountNonFiniteAvx2(const unsigned char* data, size_t n,
                                                             size_t* done) {
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(kFloatInf));
 #define PS_HITS_AVX2(p)                                                                   \
@@ -270,10 +270,10 @@ __attribute__((target("avx2"))) uint64_t CountNonFiniteAvx2(const float* data, s
     const size_t end = i + std::min((n - i) & ~size_t{31}, kCountChunk);
     __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
     for (; i < end; i += 32) {
-      c0 = _mm256_sub_epi32(c0, PS_HITS_AVX2(data + i));
-      c1 = _mm256_sub_epi32(c1, PS_HITS_AVX2(data + i + 8));
-      c2 = _mm256_sub_epi32(c2, PS_HITS_AVX2(data + i + 16));
-      c3 = _mm256_sub_epi32(c3, PS_HITS_AVX2(data + i + 24));
+      c0 = _mm256_sub_epi32(c0, PS_HITS_AVX2(data + 4 * i));
+      c1 = _mm256_sub_epi32(c1, PS_HITS_AVX2(data + 4 * (i + 8)));
+      c2 = _mm256_sub_epi32(c2, PS_HITS_AVX2(data + 4 * (i + 16)));
+      c3 = _mm256_sub_epi32(c3, PS_HITS_AVX2(data + 4 * (i + 24)));
     }
     alignas(32) uint32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
@@ -294,11 +294,15 @@ bool HasAvx2() {
 }  // namespace
 
 size_t CountNonFinite(absl::Span<const float> values) {
+  return CountNonFinite(values.data(), values.size());
+}
+
+size_t CountNonFinite(const void* bytes, size_t n) {
   // Exponent all ones <=> NaN or inf. GCC's -O2 does not vectorize the scalar loop, and
   // servers run this over every pushed gradient before applying any of it (a 1 MB push: 8% of
-  // the server's CPU with a one-counter SSE2 loop), so x86 gets explicit vector loops.
-  const float* data = values.data();
-  const size_t n = values.size();
+  // the server's CPU with a one-counter SSE2 loop), so x86 gets explicit vector loops. Every
+  // load is unaligned: the values may lie where a network buffer put them.
+  const auto* data = static_cast<const unsigned char*>(bytes);
   size_t i = 0;
   uint64_t count = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -307,12 +311,12 @@ size_t CountNonFinite(absl::Span<const float> values) {
 #endif
 #if defined(__SSE2__)
   size_t done = 0;
-  count += CountNonFiniteSse2(data + i, n - i, &done);
+  count += CountNonFiniteSse2(data + 4 * i, n - i, &done);
   i += done;
 #endif
   for (; i < n; ++i) {
     uint32_t bits;
-    std::memcpy(&bits, data + i, sizeof(bits));
+    std::memcpy(&bits, data + 4 * i, sizeof(bits));
     count += (bits & kFloatInf) == kFloatInf;
   }
   return static_cast<size_t>(count);

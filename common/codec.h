@@ -58,6 +58,8 @@ void AppendFloats(absl::Span<const float> values, ps::Encoding encoding, std::st
 
 // Number of NaN and +/-inf values in `values`. Memory-bound (SSE2 on x86-64).
 size_t CountNonFinite(absl::Span<const float> values);
+// The same over `n` little-endian float32 values at `bytes`, at any alignment.
+size_t CountNonFinite(const void* bytes, size_t n);
 
 // ---- Scalar conversions ------------------------------------------------------------------
 

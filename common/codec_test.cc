@@ -341,5 +341,25 @@ TEST(CountNonFinite, FindsAValueAtEveryPositionOfTheVectorGroupsAndTheTail) {
   }
 }
 
+TEST(CountNonFinite, ReadsValuesAtAnyByteOffset) {
+  // Payloads are checked where gRPC's receive buffers hold them, at any byte offset.
+  std::vector<float> values(100, 0.5f);
+  std::vector<unsigned char> bytes(values.size() * sizeof(float) + 3);
+  for (size_t offset = 0; offset < 4; ++offset) {
+    for (size_t at = 0; at < values.size(); at += 7) {
+      values[at] = std::numeric_limits<float>::quiet_NaN();
+      values[values.size() - 1 - at / 7] = -kInf;
+      std::memcpy(bytes.data() + offset, values.data(), values.size() * sizeof(float));
+      ASSERT_EQ(CountNonFinite(bytes.data() + offset, values.size()),
+                CountNonFinite(values))
+          << "offset " << offset << " at " << at;
+      EXPECT_EQ(CountNonFinite(bytes.data() + offset, values.size() - 1),
+                CountNonFinite(absl::MakeConstSpan(values).first(values.size() - 1)));
+      values[at] = 0.5f;
+      values[values.size() - 1 - at / 7] = 0.5f;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ps::common

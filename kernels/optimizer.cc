@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -11,6 +12,14 @@ namespace ps::kernels {
 namespace {
 
 using internal::OptimizerConsts;
+
+// Element i of a gradient given as float32 bytes at any address. memcpy is how C++ reads a
+// float that may not be aligned; GCC turns it into one (vector) load.
+inline float G(const unsigned char* __restrict g, int64_t i) {
+  float v;
+  std::memcpy(&v, g + i * sizeof(float), sizeof(float));
+  return v;
+}
 
 // One loop per rule, with the rule chosen outside the loop: the bodies are branch-free and
 // the pointers __restrict, so GCC vectorizes each into a single streaming pass (a second pass
@@ -30,37 +39,37 @@ using internal::OptimizerConsts;
 #endif
 
 PS_KERNELS_MULTIVERSION void SgdLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-             const float* __restrict g) {
+             const unsigned char* __restrict g) {
   for (int64_t i = 0; i < n; ++i) {
-    internal::SgdElement(c, internal::DecayAndClip(c, g[i], w[i]) * scale, w[i]);
+    internal::SgdElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i]);
   }
 }
 
 PS_KERNELS_MULTIVERSION void MomentumLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-                  const float* __restrict g, float* __restrict v) {
+                  const unsigned char* __restrict g, float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
-    internal::MomentumElement(c, internal::DecayAndClip(c, g[i], w[i]) * scale, w[i], v[i]);
+    internal::MomentumElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], v[i]);
   }
 }
 
 PS_KERNELS_MULTIVERSION void AdagradLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-                 const float* __restrict g, float* __restrict a) {
+                 const unsigned char* __restrict g, float* __restrict a) {
   for (int64_t i = 0; i < n; ++i) {
-    internal::AdagradElement(c, internal::DecayAndClip(c, g[i], w[i]) * scale, w[i], a[i]);
+    internal::AdagradElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], a[i]);
   }
 }
 
 PS_KERNELS_MULTIVERSION void AdamLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-              const float* __restrict g, float* __restrict m, float* __restrict v) {
+              const unsigned char* __restrict g, float* __restrict m, float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
-    internal::AdamElement(c, internal::DecayAndClip(c, g[i], w[i]) * scale, w[i], m[i], v[i]);
+    internal::AdamElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], m[i], v[i]);
   }
 }
 
 PS_KERNELS_MULTIVERSION void FtrlLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-              const float* __restrict g, float* __restrict z, float* __restrict nn) {
+              const unsigned char* __restrict g, float* __restrict z, float* __restrict nn) {
   for (int64_t i = 0; i < n; ++i) {
-    internal::FtrlElement(c, internal::DecayAndClip(c, g[i], w[i]) * scale, w[i], z[i], nn[i]);
+    internal::FtrlElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], z[i], nn[i]);
   }
 }
 
@@ -68,7 +77,7 @@ PS_KERNELS_MULTIVERSION void FtrlLoop(const OptimizerConsts& c, float scale, int
 // turns into two SSE accumulators without needing -ffast-math) over short blocks, and the
 // blocks added in double: fast, and accurate to ~1e-7 relative for 10^7+ elements.
 PS_KERNELS_MULTIVERSION double DecayedClippedSumSq(const OptimizerConsts& c, int64_t n, const float* __restrict w,
-                           const float* __restrict g) {
+                           const unsigned char* __restrict g) {
   constexpr int kLanes = 8;
   constexpr int64_t kBlock = 256;
   double total = 0;
@@ -78,14 +87,14 @@ PS_KERNELS_MULTIVERSION double DecayedClippedSumSq(const OptimizerConsts& c, int
     float acc[kLanes] = {};
     for (; i + kLanes <= block_end; i += kLanes) {
       for (int j = 0; j < kLanes; ++j) {
-        const float e = internal::DecayAndClip(c, g[i + j], w[i + j]);
+        const float e = internal::DecayAndClip(c, G(g, i + j), w[i + j]);
         acc[j] += e * e;
       }
     }
     for (float a : acc) total += a;
   }
   for (; i < n; ++i) {
-    const float e = internal::DecayAndClip(c, g[i], w[i]);
+    const float e = internal::DecayAndClip(c, G(g, i), w[i]);
     total += double{e} * e;
   }
   return total;
@@ -176,13 +185,20 @@ absl::Status ValidateOptimizerParams(const OptimizerParams& p) {
 
 void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
                     absl::Span<const float> grads, absl::Span<float* const> slots) {
-  DCHECK_GE(step, 1);
   CHECK_EQ(grads.size(), params.size());
+  ApplyOptimizer(p, step, params, FloatBytes{grads.data(), static_cast<int64_t>(grads.size())},
+                 slots);
+}
+
+void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
+                    FloatBytes grads, absl::Span<float* const> slots) {
+  DCHECK_GE(step, 1);
+  CHECK_EQ(grads.n, static_cast<int64_t>(params.size()));
   CHECK_EQ(slots.size(), static_cast<size_t>(NumSlots(p.kind)));
   const OptimizerConsts c = internal::MakeOptimizerConsts(p, step);
   const int64_t n = static_cast<int64_t>(params.size());
   float* w = params.data();
-  const float* g = grads.data();
+  const auto* g = static_cast<const unsigned char*>(grads.data);
   const float scale =
       p.clip_norm > 0
           ? internal::ClipNormScale(p.clip_norm, DecayedClippedSumSq(c, n, w, g))
@@ -207,12 +223,16 @@ void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> pa
   LOG(FATAL) << "unknown OptimizerKind " << static_cast<int>(p.kind);
 }
 
-PS_KERNELS_MULTIVERSION void ApplyDelta(float scale, absl::Span<float> params, absl::Span<const float> delta) {
-  CHECK_EQ(delta.size(), params.size());
+PS_KERNELS_MULTIVERSION void ApplyDelta(float scale, absl::Span<float> params, FloatBytes delta) {
+  CHECK_EQ(delta.n, static_cast<int64_t>(params.size()));
   float* __restrict w = params.data();
-  const float* __restrict d = delta.data();
-  const int64_t n = static_cast<int64_t>(params.size());
-  for (int64_t i = 0; i < n; ++i) w[i] += scale * d[i];
+  const auto* __restrict d = static_cast<const unsigned char*>(delta.data);
+  const int64_t n = delta.n;
+  for (int64_t i = 0; i < n; ++i) w[i] += scale * G(d, i);
+}
+
+void ApplyDelta(float scale, absl::Span<float> params, absl::Span<const float> delta) {
+  ApplyDelta(scale, params, FloatBytes{delta.data(), static_cast<int64_t>(delta.size())});
 }
 
 }  // namespace ps::kernels

@@ -83,6 +83,14 @@ float SlotInitialValue(const OptimizerParams& p, int slot);
 // nonsensical value that becomes live when the kind changes.
 [[nodiscard]] absl::Status ValidateOptimizerParams(const OptimizerParams& p);
 
+// Values given as little-endian float32 bytes at any address (e.g. where a network receive
+// buffer holds them): the kernels read them without assuming float alignment, so a payload
+// need not be copied to an aligned buffer first.
+struct FloatBytes {
+  const void* data = nullptr;
+  int64_t n = 0;  // values (4 bytes each)
+};
+
 // Applies one update in place, as described at the top of this file.
 // `step`: 1-based count of updates this span has received, this one included (Adam's bias
 // correction; other rules ignore it).
@@ -91,9 +99,14 @@ float SlotInitialValue(const OptimizerParams& p, int slot);
 // with SlotInitialValue before the first step; no span overlaps another.
 void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
                     absl::Span<const float> grads, absl::Span<float* const> slots);
+// The same with the gradient as bytes (REQUIRES grads.n == params.size()); the result is the
+// same bit for bit.
+void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
+                    FloatBytes grads, absl::Span<float* const> slots);
 
 // params += scale * delta (merging a local-SGD delta). REQUIRES delta.size() == params.size().
 void ApplyDelta(float scale, absl::Span<float> params, absl::Span<const float> delta);
+void ApplyDelta(float scale, absl::Span<float> params, FloatBytes delta);
 
 }  // namespace ps::kernels
 

@@ -5,6 +5,7 @@
 #include "kernels/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,51 @@ TEST(OptimizerTest, LongSpanMatchesElementwiseRule) {
   m.Step(g);
   for (int i = 0; i < n; ++i) {
     ASSERT_NEAR(m.weights[i], w[i] - (i % 2 == 0 ? 0.01f : -0.01f), 1e-6f) << i;
+  }
+}
+
+// A gradient read where a network buffer holds it (any byte offset) gives the aligned
+// result bit for bit, for every rule, with decay and both clips on (clip_norm sums the span).
+TEST(OptimizerTest, UnalignedGradientBytesMatchTheAlignedSpanBitwise) {
+  const int n = 1003;
+  std::vector<float> w(n), g(n);
+  for (int i = 0; i < n; ++i) {
+    w[i] = 0.001f * i - 0.3f;
+    g[i] = std::sin(0.37f * i);
+  }
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum,
+                             OptimizerKind::kAdagrad, OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
+    for (bool clip : {false, true}) {
+      OptimizerParams p = Params(kind, 0.01f);
+      p.weight_decay = 0.001f;
+      if (clip) {
+        p.clip_value = 0.5f;
+        p.clip_norm = 3.0f;
+      }
+      Model aligned(p, w);
+      aligned.Step(g);
+      aligned.Step(g);
+      for (size_t offset = 1; offset < sizeof(float); ++offset) {
+        std::vector<unsigned char> bytes(n * sizeof(float) + offset);
+        std::memcpy(bytes.data() + offset, g.data(), n * sizeof(float));
+        Model moved(p, w);
+        for (int step = 1; step <= 2; ++step) {
+          std::vector<float*> slots;
+          for (auto& s : moved.slots) slots.push_back(s.data());
+          ApplyOptimizer(p, step, absl::MakeSpan(moved.weights),
+                         FloatBytes{bytes.data() + offset, n}, slots);
+        }
+        const std::string what = std::string(OptimizerKindName(kind)) +
+                                 (clip ? " clipped" : "") + ", offset " + std::to_string(offset);
+        ASSERT_EQ(std::memcmp(moved.weights.data(), aligned.weights.data(), n * sizeof(float)), 0)
+            << what;
+        for (size_t s = 0; s < moved.slots.size(); ++s) {
+          ASSERT_EQ(std::memcmp(moved.slots[s].data(), aligned.slots[s].data(), n * sizeof(float)),
+                    0)
+              << what << ", slot " << s;
+        }
+      }
+    }
   }
 }
 

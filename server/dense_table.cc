@@ -81,16 +81,41 @@ void DenseTablePart::Apply(uint32_t block, absl::Span<const float> values,
   CHECK(b != nullptr && values.size() == b->size);
   {
     absl::MutexLock lock(&b->mu);
-    const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
-    if (epoch != 0 && b->saved_epoch < epoch) {
-      // First change since the snapshot began, and the writer has not saved this block yet:
-      // save its old contents now (write-through; no copy of the table is kept).
-      b->saved_epoch = epoch;
-      absl::Status s = (*sink_)(BlockKey(block), EncodeBlock(b->step, b->data));
-      if (!s.ok()) RecordSinkError(s);
-    }
-    const int64_t step = options.kind == UpdateKind::kGradient ? ++b->step : b->step;
+    const int64_t step = BeginUpdate(block, b, options);
     ApplyTo(optimizer_, num_slots_, step, b->data.data(), b->size, values, options);
+  }
+  CountUpdate();
+}
+
+int64_t DenseTablePart::BeginUpdate(uint32_t id, Block* b, const UpdateOptions& options) {
+  const uint64_t epoch = active_epoch_.load(std::memory_order_acquire);
+  if (epoch != 0 && b->saved_epoch < epoch) {
+    // First change since the snapshot began, and the writer has not saved this block yet:
+    // save its old contents now (write-through; no copy of the table is kept).
+    b->saved_epoch = epoch;
+    absl::Status s = (*sink_)(BlockKey(id), EncodeBlock(b->step, b->data));
+    if (!s.ok()) RecordSinkError(s);
+  }
+  return options.kind == UpdateKind::kGradient ? ++b->step : b->step;
+}
+
+void DenseTablePart::Apply(uint32_t block, absl::Span<const BlockPiece> pieces,
+                           const UpdateOptions& options) {
+  Block* b = Find(block);
+  CHECK(b != nullptr);
+  DCHECK(optimizer_.clip_norm == 0 || options.kind == UpdateKind::kDelta);
+  size_t next = 0;
+  for (const BlockPiece& p : pieces) {
+    CHECK_EQ(p.offset, next) << "pieces of block " << block << " do not follow each other";
+    next += static_cast<size_t>(p.values.n);
+  }
+  CHECK_EQ(next, b->size);
+  {
+    absl::MutexLock lock(&b->mu);
+    const int64_t step = BeginUpdate(block, b, options);
+    for (const BlockPiece& p : pieces) {
+      internal::ApplyPieceTo(optimizer_, num_slots_, step, b->data.data(), b->size, p, options);
+    }
   }
   CountUpdate();
 }

@@ -1,7 +1,9 @@
 #include "server/shard.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -250,14 +252,21 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
   // One count per part, in parallel for a large push; the verdict, in push order, here.
   std::vector<size_t> bad(updates.size(), 0);
   size_t values = 0;
-  for (const PendingUpdate& u : updates) values += u.values.size();
+  for (const PendingUpdate& u : updates) values += u.num_values();
+  auto count = [](const PendingUpdate& u) {
+    if (u.pieces.empty()) return common::CountNonFinite(u.values);
+    size_t n = 0;
+    for (const BlockPiece& p : u.pieces) {
+      n += common::CountNonFinite(p.values.data, static_cast<size_t>(p.values.n));
+    }
+    return n;
+  };
   if (apply_pool_ != nullptr && values >= kParallelApplyValues) {
-    apply_pool_->ParallelFor(updates.size(), apply_pool_->num_threads(), [&](size_t i) {
-      bad[i] = common::CountNonFinite(updates[i].values);
-    });
+    apply_pool_->ParallelFor(updates.size(), apply_pool_->num_threads(),
+                             [&](size_t i) { bad[i] = count(updates[i]); });
   } else {
     for (size_t i = 0; i < updates.size(); ++i) {
-      bad[i] = common::CountNonFinite(updates[i].values);
+      bad[i] = count(updates[i]);
       if (bad[i] != 0 && options_.reject_nonfinite) break;  // the parts after are not needed
     }
   }
@@ -265,7 +274,7 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
     if (bad[i] == 0) continue;
     const PendingUpdate& u = updates[i];
     size_t first = 0;
-    while (first < u.values.size() && std::isfinite(u.values[first])) ++first;
+    while (first < u.num_values() && std::isfinite(u.value(first))) ++first;
     {
       absl::MutexLock lock(&stats_mu_);
       nonfinite_values_ += bad[i];
@@ -277,7 +286,7 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
     return Reject("nonfinite", absl::InvalidArgumentError(absl::StrCat(
                                    "table '", u.table->name(), "' ", part, ": ", bad[i],
                                    " non-finite values (first at index ", first, ", value ",
-                                   u.values[first], ")")));
+                                   u.value(first), ")")));
   }
   return absl::OkStatus();
 }
@@ -432,8 +441,8 @@ absl::StatusOr<absl::Span<const float>> Shard::PayloadValues(absl::string_view b
                                                              CheckedPush* push) {
   static_assert(absl::little_endian::IsLittleEndian(), "the wire format is little-endian");
   if (n == 0) return absl::Span<const float>();
-  // Float32 payloads are used where they lie (protobuf's heap strings, frames' slices and
-  // gather buffers, the in-process store's spans are aligned for float): no copy.
+  // Float32 payloads are used where they lie (protobuf's heap strings, the in-process
+  // store's spans and gather buffers are aligned for float): no copy.
   if (encoding == ENCODING_FLOAT32 &&
       reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
     return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()), n);
@@ -450,19 +459,105 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
   }
   const size_t bpv = common::BytesPerValue(t.encoding);
   for (const PushTable::Block& block : t.blocks) {
-    if (block.bytes.size() % bpv != 0) {
+    size_t bytes = block.bytes.size();
+    for (absl::string_view piece : block.pieces) bytes += piece.size();
+    if (bytes % bpv != 0) {
       return Reject("bad_size", absl::InvalidArgumentError(absl::StrCat(
                                     "table '", t.table, "' block ", block.id, ": payload of ",
-                                    block.bytes.size(), " bytes is not a whole number of ",
+                                    bytes, " bytes is not a whole number of ",
                                     common::EncodingName(t.encoding), " values")));
     }
-    RETURN_IF_ERROR(CheckBlock(*table, block.id, block.bytes.size() / bpv));
-    ASSIGN_OR_RETURN(absl::Span<const float> values,
-                     PayloadValues(block.bytes, t.encoding, table->BlockSize(block.id), push));
-    push->updates_.push_back(PendingUpdate{table, block.id, {}, values});
-    push->bytes_in_ += block.bytes.size();
+    RETURN_IF_ERROR(CheckBlock(*table, block.id, bytes / bpv));
+    const size_t n = table->BlockSize(block.id);
+    if (block.pieces.empty() || (block.pieces.size() == 1 && block.bytes.empty())) {
+      const absl::string_view payload = block.pieces.empty() ? block.bytes : block.pieces[0];
+      if (t.encoding != ENCODING_FLOAT32 ||
+          reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0 ||
+          table->optimizer().clip_norm > 0) {
+        ASSIGN_OR_RETURN(absl::Span<const float> values,
+                         PayloadValues(payload, t.encoding, n, push));
+        push->updates_.push_back(PendingUpdate{table, block.id, {}, values, {}});
+      } else {
+        push->updates_.push_back(PieceUpdate(table, block.id, block.pieces, push));
+      }
+    } else if (t.encoding == ENCODING_FLOAT32 && table->optimizer().clip_norm == 0) {
+      push->updates_.push_back(PieceUpdate(table, block.id, block.pieces, push));
+    } else {
+      // 16-bit values are decoded anyway, and clip_norm sums the block in one span (so that
+      // the result is bit for bit the in-process store's): gather the pieces first.
+      std::string joined;
+      std::vector<float>& out = push->decoded_.emplace_back(n);
+      char* to = reinterpret_cast<char*>(out.data());
+      if (t.encoding != ENCODING_FLOAT32) {
+        joined.resize(bytes);
+        to = joined.data();
+      }
+      for (absl::string_view piece : block.pieces) {
+        std::memcpy(to, piece.data(), piece.size());
+        to += piece.size();
+      }
+      if (t.encoding != ENCODING_FLOAT32) {
+        RETURN_IF_ERROR(common::DecodeFloats(joined, t.encoding, absl::MakeSpan(out)));
+      }
+      push->updates_.push_back(PendingUpdate{table, block.id, {}, out, {}});
+    }
+    push->bytes_in_ += bytes;
   }
   return absl::OkStatus();
+}
+
+size_t PendingUpdate::num_values() const {
+  if (pieces.empty()) return values.size();
+  return pieces.back().offset + static_cast<size_t>(pieces.back().values.n);
+}
+
+float PendingUpdate::value(size_t i) const {
+  if (pieces.empty()) return values[i];
+  for (const BlockPiece& p : pieces) {
+    if (i < p.offset + static_cast<size_t>(p.values.n)) {
+      float v;
+      std::memcpy(&v, static_cast<const char*>(p.values.data) + (i - p.offset) * sizeof(float),
+                  sizeof(float));
+      return v;
+    }
+  }
+  LOG(FATAL) << "value " << i << " of " << num_values();
+}
+
+PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
+                                 absl::Span<const absl::string_view> pieces, CheckedPush* push) {
+  // Whole values in place; a value cut between two pieces is put together in straddles_.
+  const size_t first = push->pieces_.size();
+  size_t offset = 0;     // values of the block so far
+  char partial[4];       // the start of a value cut at the end of the previous piece
+  size_t have = 0;       // bytes of it
+  for (absl::string_view piece : pieces) {
+    size_t at = 0;
+    if (have > 0) {
+      const size_t take = std::min(sizeof(float) - have, piece.size());
+      std::memcpy(partial + have, piece.data(), take);
+      have += take;
+      at = take;
+      if (have < sizeof(float)) continue;
+      float& v = push->straddles_.emplace_back();
+      std::memcpy(&v, partial, sizeof(float));
+      push->pieces_.push_back(BlockPiece{offset, kernels::FloatBytes{&v, 1}});
+      ++offset;
+      have = 0;
+    }
+    const size_t whole = (piece.size() - at) / sizeof(float);
+    if (whole > 0) {
+      push->pieces_.push_back(BlockPiece{
+          offset, kernels::FloatBytes{piece.data() + at, static_cast<int64_t>(whole)}});
+      offset += whole;
+    }
+    have = piece.size() - at - whole * sizeof(float);
+    std::memcpy(partial, piece.data() + at + whole * sizeof(float), have);
+  }
+  DCHECK_EQ(have, 0u);
+  DCHECK_EQ(offset, table->BlockSize(block));
+  return PendingUpdate{table, block, {}, {},
+                       absl::MakeConstSpan(push->pieces_).subspan(first, push->pieces_.size() - first)};
 }
 
 absl::Status Shard::CheckSparsePush(SparseTablePart* table, const PushTable& t,
@@ -494,10 +589,16 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   checked.info_ = push.info;
   checked.options_.kind = push.is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
   checked.options_.delta_scale = delta_scale();
-  size_t count = 0;
-  for (const PushTable& t : push.tables) count += t.blocks.size() + 1;
+  size_t count = 0, pieces = 0;
+  for (const PushTable& t : push.tables) {
+    count += t.blocks.size() + 1;
+    // A block of k pieces makes at most k in place and k - 1 cut values.
+    for (const PushTable::Block& b : t.blocks) pieces += 2 * b.pieces.size();
+  }
   checked.updates_.reserve(count);
   checked.decoded_.reserve(count);
+  checked.pieces_.reserve(pieces);
+  checked.straddles_.reserve(pieces);
   const absl::Status parts = CheckPushTables(push, &checked);
   // Values are checked after the parts' structure, all at once (in parallel for a large push),
   // but reported as if each part had been checked in turn: the parts found before a
@@ -589,14 +690,19 @@ void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOp
   size_t dense_values = 0;
   for (const PendingUpdate& u : updates) {
     if (u.table->info().kind == TABLE_KIND_DENSE) {
-      dense_values += u.values.size();
+      dense_values += u.num_values();
     } else {
       static_cast<SparseTablePart*>(u.table)->Apply(u.keys, u.values, options);
     }
   }
   auto apply = [&](size_t i) {
-    static_cast<DenseTablePart*>(updates[i].table)->Apply(updates[i].block, updates[i].values,
-                                                          options);
+    const PendingUpdate& u = updates[i];
+    auto* table = static_cast<DenseTablePart*>(u.table);
+    if (u.pieces.empty()) {
+      table->Apply(u.block, u.values, options);
+    } else {
+      table->Apply(u.block, u.pieces, options);
+    }
   };
   if (apply_pool_ == nullptr || dense_values < kParallelApplyValues) {
     for (size_t i = 0; i < updates.size(); ++i) {

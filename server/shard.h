@@ -91,6 +91,10 @@ struct PushTable {
   struct Block {
     uint32_t id = 0;
     absl::string_view bytes;  // BlockSize(id) values in `encoding`
+    // Or, when not empty (and `bytes` is), the payload as consecutive pieces where a network
+    // buffer holds them (one per gRPC receive slice). Float32 pieces are checked and applied
+    // where they lie, at any alignment; a value cut between two pieces is copied (4 bytes).
+    absl::Span<const absl::string_view> pieces;
   };
   absl::string_view table;
   Encoding encoding = ENCODING_FLOAT32;
@@ -129,7 +133,13 @@ struct PendingUpdate {
   TablePart* table = nullptr;
   uint32_t block = 0;                 // dense
   absl::Span<const uint64_t> keys;    // sparse
-  absl::Span<const float> values;
+  absl::Span<const float> values;     // sparse rows; a dense block in one aligned span
+  // A dense block's values in place, in pieces that cover it in order (values empty).
+  absl::Span<const BlockPiece> pieces;
+
+  size_t num_values() const;
+  // Value i of the update (slow: for error messages). REQUIRES: i < num_values().
+  float value(size_t i) const;
 };
 
 // A push that Shard::CheckPush found good in every part, ready for Shard::ApplyPush. It keeps
@@ -148,6 +158,10 @@ class CheckedPush {
   UpdateOptions options_;
   std::vector<PendingUpdate> updates_;
   std::vector<std::vector<float>> decoded_;  // moved vectors keep their buffers
+  // PendingUpdate::pieces point here, and into straddles_ for values cut between two
+  // pieces: both are reserved once (CheckPush), so they never move.
+  std::vector<BlockPiece> pieces_;
+  std::vector<float> straddles_;
   uint64_t bytes_in_ = 0;
 };
 
@@ -291,6 +305,10 @@ class Shard {
   // into a buffer `push` keeps.
   absl::StatusOr<absl::Span<const float>> PayloadValues(absl::string_view bytes, Encoding encoding,
                                                         size_t n, CheckedPush* push);
+  // The update of dense block `block` (whose size the pieces' float32 bytes make up) with its
+  // values where they lie; values cut between two pieces are copied into push->straddles_.
+  static PendingUpdate PieceUpdate(DenseTablePart* table, uint32_t block,
+                                   absl::Span<const absl::string_view> pieces, CheckedPush* push);
   // Brings the rows of `updates` over a memory budget into memory and pins them (listed in
   // `pinned`), or checks there is room for new ones; nothing pinned on error.
   absl::Status PrepareRows(absl::Span<const PendingUpdate> updates,

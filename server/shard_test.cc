@@ -1,5 +1,6 @@
 #include "server/shard.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
+#include "common/codec.h"
 #include "common/config/config.h"
 #include "common/status_matchers.h"
 #include "glog/logging.h"
@@ -609,6 +611,17 @@ PushTable WholeTable(const Shard& shard, const std::vector<float>& grad) {
   return table;
 }
 
+// Worker 0's push (incarnation 1) of `table` with sequence `seq`, for `shard`'s layout.
+PushView FirstWorkerPush(const Shard& shard, const PushTable* table, uint64_t seq = 1) {
+  PushView push;
+  push.info.layout_fingerprint = shard.partitioner().layout_fingerprint();
+  push.info.worker_id = 0;
+  push.info.worker_incarnation = 1;
+  push.info.sequence = seq;
+  push.tables = absl::MakeConstSpan(table, 1);
+  return push;
+}
+
 std::vector<uint32_t> AllBlocks(const Shard& shard) {
   std::vector<uint32_t> blocks(shard.partitioner().FindTable("w")->num_blocks);
   for (uint32_t b = 0; b < blocks.size(); ++b) blocks[b] = b;
@@ -645,12 +658,7 @@ TEST(Shard, NonFiniteValueAtTheEndOfALargePushChangesNothing) {
     std::vector<float> grad(before.size(), 0.25f);
     grad.back() = std::numeric_limits<float>::quiet_NaN();
     PushTable table = WholeTable(*shard, grad);
-    PushView push;
-    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
-    push.info.worker_id = 0;
-    push.info.worker_incarnation = 1;
-    push.info.sequence = 1;
-    push.tables = absl::MakeConstSpan(&table, 1);
+    PushView push = FirstWorkerPush(*shard, &table);
     absl::Status status = shard->Push(push).status();
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
                                  HasSubstr("block 31: 1 non-finite values (first at index 65535")));
@@ -666,6 +674,122 @@ TEST(Shard, NonFiniteValueAtTheEndOfALargePushChangesNothing) {
   }
 }
 
+// A large shard of one dense table "w" (2M values, 32 blocks of 64k) with `optimizer`.
+std::unique_ptr<Shard> MakeLargeShard(const std::string& optimizer, int apply_threads) {
+  auto config = common::ParseJobConfigText(
+      absl::StrCat(R"pb(
+        cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
+        tables { name: "w" kind: TABLE_KIND_DENSE shape: 2097152
+                 initializer { kind: UNIFORM low: -1 high: 1 } optimizer { )pb",
+                   optimizer, R"pb( } }
+      )pb"),
+      "test");
+  CHECK_OK(config.status());
+  ShardOptions options;
+  options.apply_threads = apply_threads;
+  auto shard = Shard::Create(*config, options);
+  CHECK_OK(shard.status());
+  return *std::move(shard);
+}
+
+// `table`'s blocks again, each copied to `storage` at an odd address and cut into pieces of
+// varying size (1 to 70,000 bytes: cuts inside values, pieces shorter than a value), as
+// gRPC's receive slices cut a payload.
+PushTable InPieces(const PushTable& table, std::string* storage,
+                   std::vector<std::vector<absl::string_view>>* pieces) {
+  size_t total = 0;
+  for (const auto& b : table.blocks) total += b.bytes.size();
+  storage->assign(total + 1, '\0');
+  pieces->assign(table.blocks.size(), {});
+  PushTable out = table;
+  size_t at = 1;  // odd: no value is float-aligned
+  uint64_t draw = 12345;
+  for (size_t i = 0; i < table.blocks.size(); ++i) {
+    const absl::string_view bytes = table.blocks[i].bytes;
+    std::memcpy(storage->data() + at, bytes.data(), bytes.size());
+    for (size_t done = 0; done < bytes.size();) {
+      draw = draw * 6364136223846793005ull + 1442695040888963407ull;
+      const size_t sizes[] = {1, 2, 3, 5, 4093, 65536, 70000};
+      const size_t n = std::min(sizes[(draw >> 33) % 7], bytes.size() - done);
+      (*pieces)[i].emplace_back(storage->data() + at + done, n);
+      done += n;
+    }
+    out.blocks[i].bytes = absl::string_view();
+    out.blocks[i].pieces = (*pieces)[i];
+    at += bytes.size();
+  }
+  return out;
+}
+
+TEST(Shard, PushInPiecesAtAnyAlignmentEqualsTheWholePushBitwise) {
+  // Dense payloads are applied where the receive slices hold them. Whatever the cuts, the
+  // result is the contiguous push's bit for bit: every rule, one thread or several, 16-bit
+  // values (decoded from the pieces), clip_norm (which sums whole blocks: gathered first),
+  // and local-SGD deltas.
+  const std::vector<std::string> optimizers = {
+      "kind: SGD learning_rate: 0.1", "kind: ADAM weight_decay: 0.01 clip_value: 0.2",
+      "kind: MOMENTUM nesterov: true", "kind: ADAM clip_norm: 5"};
+  for (const std::string& optimizer : optimizers) {
+    for (int threads : {0, 3}) {
+      for (Encoding encoding : {ENCODING_FLOAT32, ENCODING_FP16}) {
+        for (bool delta : {false, true}) {
+          SCOPED_TRACE(absl::StrCat(optimizer, ", apply_threads ", threads, ", encoding ",
+                                    encoding, delta ? ", delta" : ""));
+          auto whole = MakeLargeShard(optimizer, threads);
+          auto cut = MakeLargeShard(optimizer, threads);
+          std::vector<float> grad(2097152);
+          for (size_t i = 0; i < grad.size(); ++i) {
+            grad[i] = std::sin(0.001f * static_cast<float>(i)) * 0.3f;
+          }
+          std::string encoded;
+          PushTable table = WholeTable(*whole, grad);
+          if (encoding != ENCODING_FLOAT32) {
+            common::EncodeFloats(grad, encoding, &encoded);
+            table.encoding = encoding;
+            const size_t bytes = encoded.size() / table.blocks.size();
+            for (size_t b = 0; b < table.blocks.size(); ++b) {
+              table.blocks[b].bytes = absl::string_view(encoded).substr(b * bytes, bytes);
+            }
+          }
+          std::string storage;
+          std::vector<std::vector<absl::string_view>> pieces;
+          const PushTable pieced = InPieces(table, &storage, &pieces);
+          for (uint64_t seq = 1; seq <= 2; ++seq) {
+            PushView push = FirstWorkerPush(*whole, &table, seq);
+            push.is_delta = delta;
+            ASSERT_THAT(whole->Push(push).status(), IsOk());
+            push.tables = absl::MakeConstSpan(&pieced, 1);
+            ASSERT_THAT(cut->Push(push).status(), IsOk());
+          }
+          const std::vector<float> want = ReadBlocks(*whole, "w", AllBlocks(*whole));
+          const std::vector<float> got = ReadBlocks(*cut, "w", AllBlocks(*cut));
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+}
+
+TEST(Shard, NonFiniteValueInTheLastPieceChangesNothing) {
+  for (int threads : {0, 3}) {
+    SCOPED_TRACE(absl::StrCat("apply_threads ", threads));
+    auto shard = MakeLargeAdamShard(threads);
+    const std::vector<float> before = ReadBlocks(*shard, "w", AllBlocks(*shard));
+    std::vector<float> grad(before.size(), 0.25f);
+    grad[31 * 65536 + 65530] = std::numeric_limits<float>::infinity();
+    std::string storage;
+    std::vector<std::vector<absl::string_view>> pieces;
+    const PushTable table = InPieces(WholeTable(*shard, grad), &storage, &pieces);
+    PushView push = FirstWorkerPush(*shard, &table);
+    absl::Status status = shard->Push(push).status();
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("block 31: 1 non-finite values (first at index 65530, "
+                                           "value inf)")));
+    const std::vector<float> after = ReadBlocks(*shard, "w", AllBlocks(*shard));
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(Shard, FirstBadPartOfALargePushIsReportedInPushOrder) {
   // The values of a large push are checked after the structure of all its parts, but the
   // refusal is the one a part-by-part check would give: the first bad part, of either kind.
@@ -675,12 +799,7 @@ TEST(Shard, FirstBadPartOfALargePushIsReportedInPushOrder) {
     std::vector<float> grad(2097152, 0.25f);
     grad[3 * 65536 + 7] = std::numeric_limits<float>::infinity();  // block 3
     PushTable table = WholeTable(*shard, grad);
-    PushView push;
-    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
-    push.info.worker_id = 0;
-    push.info.worker_incarnation = 1;
-    push.info.sequence = 1;
-    push.tables = absl::MakeConstSpan(&table, 1);
+    PushView push = FirstWorkerPush(*shard, &table);
     // Block 3's Inf comes before block 40 (out of range) at the end.
     table.blocks.push_back({40, table.blocks[0].bytes});
     absl::Status status = shard->Push(push).status();
@@ -706,12 +825,7 @@ TEST(Shard, NonFiniteValuesAreCountedInEveryPartWhenAccepted) {
     grad[20 * 65536] = std::numeric_limits<float>::infinity();
     grad.back() = -std::numeric_limits<float>::infinity();
     PushTable table = WholeTable(*shard, grad);
-    PushView push;
-    push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
-    push.info.worker_id = 0;
-    push.info.worker_incarnation = 1;
-    push.info.sequence = 1;
-    push.tables = absl::MakeConstSpan(&table, 1);
+    PushView push = FirstWorkerPush(*shard, &table);
     EXPECT_THAT(shard->Push(push).status(), IsOk());
     EXPECT_EQ(NonFiniteValues(*shard), 3u);
   }

@@ -61,6 +61,12 @@ struct UpdateOptions {
   float delta_scale = 1.0f;
 };
 
+// Consecutive float32 values of a dense block's update where they lie (any alignment).
+struct BlockPiece {
+  size_t offset = 0;  // index of the first value in the block
+  kernels::FloatBytes values;
+};
+
 // Receives snapshot records: a key naming the block or row group, and its serialized bytes.
 // The sink of a snapshot is called from the writer and from pushing threads at once: it must
 // be thread-safe.
@@ -130,6 +136,11 @@ class DenseTablePart final : public TablePart {
   void Read(uint32_t block, absl::Span<float> out) const;
   // Applies one update to block `block`. REQUIRES: Owns(block), values.size()==BlockSize.
   void Apply(uint32_t block, absl::Span<const float> values, const UpdateOptions& options);
+  // The same with the values in pieces that cover the block in order (BlockPiece): one
+  // update (one step), under one hold of the block's lock, bit for bit what Apply does with
+  // the values in one span (every rule is element-wise; REQUIRES: clip_norm == 0, which sums
+  // the whole block).
+  void Apply(uint32_t block, absl::Span<const BlockPiece> pieces, const UpdateOptions& options);
 
   uint64_t NumRows() const override { return blocks_.size(); }
   uint64_t NumBytes() const override { return bytes_; }
@@ -148,6 +159,10 @@ class DenseTablePart final : public TablePart {
     uint64_t saved_epoch ABSL_GUARDED_BY(mu) = 0;  // last snapshot that has this block
   };
   Block* Find(uint32_t block) const;
+  // Under b->mu, before an update of block `id` changes it: saves its old contents if a
+  // snapshot is under way and has not saved it yet; returns the step the update uses.
+  int64_t BeginUpdate(uint32_t id, Block* b, const UpdateOptions& options)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu);
   static absl::string_view EncodeBlock(int64_t step, absl::Span<const float> data);
   static std::string BlockKey(uint32_t id);
   void RecordSinkError(const absl::Status& status);

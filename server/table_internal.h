@@ -47,6 +47,22 @@ inline void ApplyTo(const kernels::OptimizerParams& opt, int num_slots, int64_t 
                           absl::Span<float* const>(slots, num_slots));
 }
 
+// ApplyTo for the values of `piece` only: data holds a block of `size` values followed by
+// its slots (each `size` long).
+inline void ApplyPieceTo(const kernels::OptimizerParams& opt, int num_slots, int64_t step,
+                         float* data, size_t size, const BlockPiece& piece,
+                         const UpdateOptions& options) {
+  absl::Span<float> params(data + piece.offset, static_cast<size_t>(piece.values.n));
+  if (options.kind == UpdateKind::kDelta) {
+    kernels::ApplyDelta(options.delta_scale, params, piece.values);
+    return;
+  }
+  float* slots[4];
+  for (int i = 0; i < num_slots; ++i) slots[i] = data + size * (i + 1) + piece.offset;
+  kernels::ApplyOptimizer(opt, step, params, piece.values,
+                          absl::Span<float* const>(slots, num_slots));
+}
+
 // ---- Sparse tables.
 //
 // Snapshot record keys of a sparse table (8 bytes; RestoreRecord reads only the values):

@@ -139,14 +139,19 @@ absl::Status FrameReader::Open(const grpc::ByteBuffer& buffer, size_t max_header
 }
 
 void FrameReader::Consume(size_t n, char* dest) {
+  Walk(n, [&dest](const char* bytes, size_t size) {
+    if (dest == nullptr) return;
+    std::memcpy(dest, bytes, size);
+    dest += size;
+  });
+}
+
+void FrameReader::Walk(size_t n, absl::FunctionRef<void(const char*, size_t)> visit) {
   remaining_ -= n;
   while (n > 0) {
     const grpc::Slice& s = slices_[slice_];
     const size_t take = std::min(n, s.size() - offset_);
-    if (dest != nullptr) {
-      std::memcpy(dest, s.begin() + offset_, take);
-      dest += take;
-    }
+    visit(reinterpret_cast<const char*>(s.begin()) + offset_, take);
     n -= take;
     offset_ += take;
     if (offset_ == s.size()) {
@@ -173,6 +178,11 @@ absl::string_view FrameReader::Next(size_t n, size_t align, char* scratch) {
   if (counters_ != nullptr) counters_->bytes_gathered.fetch_add(n, std::memory_order_relaxed);
   Consume(n, scratch);
   return absl::string_view(scratch, n);
+}
+
+void FrameReader::Pieces(size_t n, std::vector<absl::string_view>* pieces) {
+  if (counters_ != nullptr) counters_->bytes_in_place.fetch_add(n, std::memory_order_relaxed);
+  Walk(n, [pieces](const char* bytes, size_t size) { pieces->emplace_back(bytes, size); });
 }
 
 void FrameReader::CopyTo(size_t n, char* dest) { Consume(n, dest); }

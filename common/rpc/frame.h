@@ -11,12 +11,14 @@
 // hands a pooled buffer back to its BufferPool when gRPC lets go of it. So gradients go from
 // the model's buffer to the socket, and parameters from the server's read buffer to it.
 //
-// Receiving: FrameReader walks gRPC's receive slices in place. A payload that lies in one
-// slice at a float-aligned address is used where it is; one that spans slices (gRPC cuts
-// messages into HTTP/2 frames of 16 KB) is gathered once into a caller's scratch buffer,
-// which comes from a BufferPool, so that no call touches freshly mapped pages in steady
-// state. Every gathered byte and every fresh pool buffer is counted (DataPathCounters), which
-// the zero-copy tests assert on.
+// Receiving: FrameReader walks gRPC's receive slices in place. Pieces() hands a payload out
+// as views of the slices it spans (gRPC reads a socket into slices of up to 64 KB, so a large
+// payload spans many, at any alignment): dense push payloads are checked and applied there.
+// Next() gives one contiguous view: in place when the bytes lie in one slice at an aligned
+// address, else gathered once into a caller's scratch buffer, which comes from a BufferPool,
+// so that no call touches freshly mapped pages in steady state. Every byte handed out in
+// place or gathered, and every fresh pool buffer, is counted (DataPathCounters), which the
+// zero-copy tests assert on.
 #ifndef PS_COMMON_RPC_FRAME_H_
 #define PS_COMMON_RPC_FRAME_H_
 
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -112,6 +115,9 @@ class FrameReader {
   // The next `n` payload bytes: in place when they lie in one slice at an address aligned to
   // `align`, otherwise copied to `scratch` (which must hold n bytes). REQUIRES: n <= remaining.
   absl::string_view Next(size_t n, size_t align, char* scratch);
+  // The next `n` payload bytes where they lie, appended to `pieces` as one view per slice
+  // they touch (no copy, at any alignment). REQUIRES: n <= remaining.
+  void Pieces(size_t n, std::vector<absl::string_view>* pieces);
   // Copies the next `n` payload bytes to `dest`. REQUIRES: n <= remaining.
   void CopyTo(size_t n, char* dest);
   // Skips `n` bytes. REQUIRES: n <= remaining.
@@ -120,6 +126,8 @@ class FrameReader {
  private:
   // Copies n bytes from the current position to dest (nullptr: skip) and advances.
   void Consume(size_t n, char* dest);
+  // Advances over n bytes, calling `visit` with each slice's part of them.
+  void Walk(size_t n, absl::FunctionRef<void(const char*, size_t)> visit);
 
   std::vector<grpc::Slice> slices_;
   size_t slice_ = 0;   // current slice

@@ -458,7 +458,9 @@ bool ParameterServerService::PushesWait() const {
 }
 
 absl::Status ParameterServerService::FramePushParts(const PushPullRequest& header,
-                                                    common::FrameReader* reader, char* scratch,
+                                                    common::FrameReader* reader,
+                                                    common::BufferPool::Buffer* scratch,
+                                                    std::vector<absl::string_view>* pieces,
                                                     std::vector<PushTable>* tables) {
   // The lengths must cut the payload exactly: sum them before taking anything.
   uint64_t total = 0;
@@ -481,20 +483,36 @@ absl::Status ParameterServerService::FramePushParts(const PushPullRequest& heade
         absl::StrCat("the header's payload lengths do not add up to the ", reader->remaining(),
                      " payload bytes of the frame"));
   }
+  // Dense blocks are taken where they lie, as the views of the slices they span (the shard
+  // checks and applies them there); sparse rows, read by key, are made contiguous (in place
+  // when they lie in one aligned slice, else gathered into the scratch buffer).
+  uint64_t rows_bytes = 0;
+  for (const TableValues& t : header.push()) rows_bytes += t.rows_bytes();
+  if (rows_bytes > 0) *scratch = buffers_->Acquire(rows_bytes);
+  pieces->clear();
   tables->resize(header.push_size());
   size_t offset = 0;
+  std::vector<std::pair<size_t, size_t>> spans;  // each block's [first, end) in `pieces`
   for (int i = 0; i < header.push_size(); ++i) {
     const TableValues& t = header.push(i);
     PushTable& p = (*tables)[i];
     p = TableOf(t);
     for (const DenseBlock& block : t.blocks()) {
-      p.blocks.push_back(PushTable::Block{
-          block.block_id(),
-          reader->Next(block.payload_bytes(), alignof(float), scratch + offset)});
-      offset += block.payload_bytes();
+      const size_t first = pieces->size();
+      reader->Pieces(block.payload_bytes(), pieces);
+      spans.emplace_back(first, pieces->size());
+      p.blocks.push_back(PushTable::Block{block.block_id(), {}, {}});
     }
-    p.rows = reader->Next(t.rows_bytes(), alignof(float), scratch + offset);
+    p.rows = reader->Next(t.rows_bytes(), alignof(float), scratch->data.get() + offset);
     offset += t.rows_bytes();
+  }
+  // Spans into `pieces` only now: it may have grown while it was filled.
+  size_t k = 0;
+  for (PushTable& p : *tables) {
+    for (PushTable::Block& b : p.blocks) {
+      const auto [first, end] = spans[k++];
+      b.pieces = absl::MakeConstSpan(*pieces).subspan(first, end - first);
+    }
   }
   return absl::OkStatus();
 }
@@ -536,9 +554,9 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
   ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
   if (header.has_push()) {
     common::BufferPool::Buffer scratch;
-    if (reader.remaining() > 0) scratch = buffers_->Acquire(reader.remaining());
+    std::vector<absl::string_view> pieces;
     std::vector<PushTable> tables;
-    absl::Status status = FramePushParts(header, &reader, scratch.data.get(), &tables);
+    absl::Status status = FramePushParts(header, &reader, &scratch, &pieces, &tables);
     if (!status.ok()) {
       status = Unparseable(absl::InvalidArgumentError(
           absl::StrCat("unparseable frame: ", status.message())));

@@ -7,10 +7,12 @@
 // counted under its reason, and leaves the server's state as it was.
 //
 // The data path is PushPull, which carries frames (common/rpc/frame.h) instead of protobuf
-// messages: push payloads are used where gRPC received them (or gathered once into a pooled
-// buffer when they span receive slices), and pull payloads are read from the tables into a
-// pooled buffer that becomes the response's slice, so payload bytes are copied at most once
-// in user space on each side and no call maps fresh memory in steady state.
+// messages: dense push payloads are checked and applied where gRPC received them, as the
+// pieces of the receive slices they span (no copy in user space; sparse rows, read by key,
+// are gathered once into a pooled buffer when they span slices), and pull payloads are read
+// from the tables into a pooled buffer that becomes the response's slice, so payload bytes
+// are copied at most once in user space on each side and no call maps fresh memory in
+// steady state.
 //
 // Threads. A call is served on the gRPC thread that received it, except a push of a
 // deterministic-BSP job, which may wait for its turn and goes to the worker pool. A pull (Pull,
@@ -272,10 +274,13 @@ class ParameterServerService final
   // out == nullptr, into the answer's bytes fields.
   absl::Status ReadPull(const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
                         absl::Span<const PullTable> views, PullResponse* response, char* out);
-  // The pushed tables of a frame, their payloads taken from `reader` (gathering into
-  // `scratch` where needed).
+  // The pushed tables of a frame, their payloads taken from `reader`: dense blocks as views
+  // of the receive slices (kept in `pieces`), sparse rows contiguous (gathered into `scratch`,
+  // acquired here from buffers_, where they span slices).
   absl::Status FramePushParts(const PushPullRequest& header, common::FrameReader* reader,
-                              char* scratch, std::vector<PushTable>* tables);
+                              common::BufferPool::Buffer* scratch,
+                              std::vector<absl::string_view>* pieces,
+                              std::vector<PushTable>* tables);
   // Counts an unparseable request and logs it (at most once per 10 s).
   absl::Status Unparseable(absl::Status status);
   void Record(Method method, absl::Time arrived, const absl::Status& status, size_t bytes_in,

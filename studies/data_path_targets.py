@@ -14,7 +14,8 @@ Runs, back to back on this machine:
     inside each iteration (the median ratio of --repeat repetitions);
   - with --memory, bench/ps_load (21 tables of 4M floats, Adam) and each server's peak RSS against
     its parameters and optimizer slots;
-  - with --training, studies/scaling_bench.py's MLP rows (centralized, 1x1, 2x2).
+  - with --training, studies/scaling_bench.py's MLP rows (centralized, 1x1, 2x2), --repeat
+    runs, each cell's ratio the median of the runs'.
 and prints each target with its measured value, the ratio the target is stated in, and met or
 not met. Ratios come from one run of each reference (raw TCP in the same ps_bench process, the
 1 + 1 figures of the same session, the centralized run of the same scaling_bench call).
@@ -142,23 +143,46 @@ def memory_rows(text):
     return out or [row("server memory under ps_load", "-", None, 1.3, higher_is_better=False)]
 
 
-def training_rows(records):
-    """scaling_bench --json records of the MLP: cells against centralized, and (pull+push)/compute."""
-    base = next((r["samples_per_s"] for r in records if r["mode"] == "centralized"), None)
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def training_rows(runs):
+    """scaling_bench --json records of the MLP, one list per run: cells against centralized,
+    and (pull+push)/compute, each the median over the runs (each run's ratio against its own
+    centralized run; the runs' values are listed)."""
     out = []
     for cell, goal in (((1, 1), 0.6), ((2, 2), 0.8)):
-        r = next((r for r in records if (r["servers"], r["workers"]) == cell), None)
-        ratio = r["samples_per_s"] / base if r and base else None
-        out.append(row("training %d+%d vs centralized samples/s" % cell,
-                       "%.0f vs %.0f samples/s" % (r["samples_per_s"], base) if ratio else "-",
-                       ratio, goal))
-        if r and r.get("comm") is not None:
-            out.append(row("training %d+%d worst worker (pull+push)/compute" % cell,
-                           "%.2f" % r["comm"], r["comm"], 1.0, higher_is_better=False))
-        # With training.prefetch the calls overlap compute: what the steps lost to them too.
-        if r and r.get("exposed") is not None and r["exposed"] != r.get("comm"):
-            out.append(row("training %d+%d worst worker exposed communication/compute" % cell,
-                           "%.2f" % r["exposed"], r["exposed"], 1.0, higher_is_better=False))
+        ratios, comms, exposed, rates = [], [], [], []
+        for records in runs:
+            base = next((r["samples_per_s"] for r in records if r["mode"] == "centralized"), None)
+            r = next((r for r in records if (r["servers"], r["workers"]) == cell), None)
+            if not r or not base:
+                continue
+            ratios.append(r["samples_per_s"] / base)
+            rates.append((r["samples_per_s"], base))
+            if r.get("comm") is not None:
+                comms.append(r["comm"])
+            # With training.prefetch the calls overlap compute: what the steps lost to them too.
+            if r.get("exposed") is not None and r["exposed"] != r.get("comm"):
+                exposed.append(r["exposed"])
+        listed = lambda values: ", ".join("%.2f" % v for v in values)
+        if ratios:
+            mid = median(ratios)
+            rate, base = rates[ratios.index(mid)]
+            measured = "%.0f vs %.0f samples/s" % (rate, base)
+            if len(ratios) > 1:
+                measured += " (median of %s)" % listed(ratios)
+        else:
+            mid, measured = None, "-"
+        out.append(row("training %d+%d vs centralized samples/s" % cell, measured, mid, goal))
+        for name, values in (("(pull+push)/compute", comms),
+                             ("exposed communication/compute", exposed)):
+            if values:
+                out.append(row("training %d+%d worst worker %s" % (cell + (name,)),
+                               listed(values) if len(values) > 1 else "%.2f" % values[0],
+                               median(values), 1.0, higher_is_better=False))
     return out
 
 
@@ -203,10 +227,14 @@ def measure(args, tmp):
                                  "--clients=2", "--tables=21", "--table_floats=4194304",
                                  "--optimizer=adam"]))
     if args.training:
-        path = os.path.join(tmp, "training.jsonl")
-        run([sys.executable, "studies/scaling_bench.py", "--models", "mlp", "--cells", "1x1,2x2",
-             "--bin_dir", args.bin_dir, "--json", path])
-        rows += training_rows(read_jsonl(path))
+        # Training varies more between runs than the transport rows: --repeat runs, medians.
+        runs = []
+        for i in range(args.repeat):
+            path = os.path.join(tmp, "training-%d.jsonl" % i)
+            run([sys.executable, "studies/scaling_bench.py", "--models", "mlp", "--cells", "1x1,2x2",
+                 "--bin_dir", args.bin_dir, "--json", path])
+            runs.append(read_jsonl(path))
+        rows += training_rows(runs)
     return rows
 
 

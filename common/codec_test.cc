@@ -350,8 +350,7 @@ TEST(CountNonFinite, ReadsValuesAtAnyByteOffset) {
       values[at] = std::numeric_limits<float>::quiet_NaN();
       values[values.size() - 1 - at / 7] = -kInf;
       std::memcpy(bytes.data() + offset, values.data(), values.size() * sizeof(float));
-      ASSERT_EQ(CountNonFinite(bytes.data() + offset, values.size()),
-                CountNonFinite(values))
+      ASSERT_EQ(CountNonFinite(bytes.data() + offset, values.size()), CountNonFinite(values))
           << "offset " << offset << " at " << at;
       EXPECT_EQ(CountNonFinite(bytes.data() + offset, values.size() - 1),
                 CountNonFinite(absl::MakeConstSpan(values).first(values.size() - 1)));

@@ -38,36 +38,40 @@ inline float G(const unsigned char* __restrict g, int64_t i) {
 #define PS_KERNELS_MULTIVERSION
 #endif
 
-PS_KERNELS_MULTIVERSION void SgdLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-             const unsigned char* __restrict g) {
+PS_KERNELS_MULTIVERSION void SgdLoop(const OptimizerConsts& c, float scale, int64_t n,
+                                     float* __restrict w, const unsigned char* __restrict g) {
   for (int64_t i = 0; i < n; ++i) {
     internal::SgdElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i]);
   }
 }
 
-PS_KERNELS_MULTIVERSION void MomentumLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-                  const unsigned char* __restrict g, float* __restrict v) {
+PS_KERNELS_MULTIVERSION void MomentumLoop(const OptimizerConsts& c, float scale, int64_t n,
+                                          float* __restrict w, const unsigned char* __restrict g,
+                                          float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
     internal::MomentumElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], v[i]);
   }
 }
 
-PS_KERNELS_MULTIVERSION void AdagradLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-                 const unsigned char* __restrict g, float* __restrict a) {
+PS_KERNELS_MULTIVERSION void AdagradLoop(const OptimizerConsts& c, float scale, int64_t n,
+                                         float* __restrict w, const unsigned char* __restrict g,
+                                         float* __restrict a) {
   for (int64_t i = 0; i < n; ++i) {
     internal::AdagradElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], a[i]);
   }
 }
 
-PS_KERNELS_MULTIVERSION void AdamLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-              const unsigned char* __restrict g, float* __restrict m, float* __restrict v) {
+PS_KERNELS_MULTIVERSION void AdamLoop(const OptimizerConsts& c, float scale, int64_t n,
+                                      float* __restrict w, const unsigned char* __restrict g,
+                                      float* __restrict m, float* __restrict v) {
   for (int64_t i = 0; i < n; ++i) {
     internal::AdamElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], m[i], v[i]);
   }
 }
 
-PS_KERNELS_MULTIVERSION void FtrlLoop(const OptimizerConsts& c, float scale, int64_t n, float* __restrict w,
-              const unsigned char* __restrict g, float* __restrict z, float* __restrict nn) {
+PS_KERNELS_MULTIVERSION void FtrlLoop(const OptimizerConsts& c, float scale, int64_t n,
+                                      float* __restrict w, const unsigned char* __restrict g,
+                                      float* __restrict z, float* __restrict nn) {
   for (int64_t i = 0; i < n; ++i) {
     internal::FtrlElement(c, internal::DecayAndClip(c, G(g, i), w[i]) * scale, w[i], z[i], nn[i]);
   }
@@ -76,8 +80,9 @@ PS_KERNELS_MULTIVERSION void FtrlLoop(const OptimizerConsts& c, float scale, int
 // Squared L2 norm of the decayed and value-clipped gradient. Eight float lanes (which GCC
 // turns into two SSE accumulators without needing -ffast-math) over short blocks, and the
 // blocks added in double: fast, and accurate to ~1e-7 relative for 10^7+ elements.
-PS_KERNELS_MULTIVERSION double DecayedClippedSumSq(const OptimizerConsts& c, int64_t n, const float* __restrict w,
-                           const unsigned char* __restrict g) {
+PS_KERNELS_MULTIVERSION double DecayedClippedSumSq(const OptimizerConsts& c, int64_t n,
+                                                   const float* __restrict w,
+                                                   const unsigned char* __restrict g) {
   constexpr int kLanes = 8;
   constexpr int64_t kBlock = 256;
   double total = 0;

@@ -222,8 +222,8 @@ TEST(OptimizerTest, UnalignedGradientBytesMatchTheAlignedSpanBitwise) {
     w[i] = 0.001f * i - 0.3f;
     g[i] = std::sin(0.37f * i);
   }
-  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum,
-                             OptimizerKind::kAdagrad, OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdagrad,
+                             OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
     for (bool clip : {false, true}) {
       OptimizerParams p = Params(kind, 0.01f);
       p.weight_decay = 0.001f;
@@ -244,8 +244,8 @@ TEST(OptimizerTest, UnalignedGradientBytesMatchTheAlignedSpanBitwise) {
           ApplyOptimizer(p, step, absl::MakeSpan(moved.weights),
                          FloatBytes{bytes.data() + offset, n}, slots);
         }
-        const std::string what = std::string(OptimizerKindName(kind)) +
-                                 (clip ? " clipped" : "") + ", offset " + std::to_string(offset);
+        const std::string what = std::string(OptimizerKindName(kind)) + (clip ? " clipped" : "") +
+                                 ", offset " + std::to_string(offset);
         ASSERT_EQ(std::memcmp(moved.weights.data(), aligned.weights.data(), n * sizeof(float)), 0)
             << what;
         for (size_t s = 0; s < moved.slots.size(); ++s) {

@@ -283,10 +283,10 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
     const std::string part = u.table->info().kind == TABLE_KIND_DENSE
                                  ? absl::StrCat("block ", u.block)
                                  : std::string("rows");
-    return Reject("nonfinite", absl::InvalidArgumentError(absl::StrCat(
-                                   "table '", u.table->name(), "' ", part, ": ", bad[i],
-                                   " non-finite values (first at index ", first, ", value ",
-                                   u.value(first), ")")));
+    return Reject("nonfinite", absl::InvalidArgumentError(
+                                   absl::StrCat("table '", u.table->name(), "' ", part, ": ",
+                                                bad[i], " non-finite values (first at index ",
+                                                first, ", value ", u.value(first), ")")));
   }
   return absl::OkStatus();
 }
@@ -469,22 +469,22 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
     }
     RETURN_IF_ERROR(CheckBlock(*table, block.id, bytes / bpv));
     const size_t n = table->BlockSize(block.id);
-    if (block.pieces.empty() || (block.pieces.size() == 1 && block.bytes.empty())) {
-      const absl::string_view payload = block.pieces.empty() ? block.bytes : block.pieces[0];
-      if (t.encoding != ENCODING_FLOAT32 ||
-          reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0 ||
-          table->optimizer().clip_norm > 0) {
-        ASSIGN_OR_RETURN(absl::Span<const float> values,
-                         PayloadValues(payload, t.encoding, n, push));
-        push->updates_.push_back(PendingUpdate{table, block.id, {}, values, {}});
-      } else {
-        push->updates_.push_back(PieceUpdate(table, block.id, block.pieces, push));
-      }
-    } else if (t.encoding == ENCODING_FLOAT32 && table->optimizer().clip_norm == 0) {
-      push->updates_.push_back(PieceUpdate(table, block.id, block.pieces, push));
+    absl::Span<const absl::string_view> pieces = block.pieces;
+    if (pieces.empty()) pieces = absl::MakeConstSpan(&block.bytes, 1);
+    // Float32 values are used where they lie, unless clip_norm sums the block (one span keeps
+    // the sum, and so the result, bit for bit the in-process store's) or a peer cut the
+    // payload into tiny HTTP/2 frames (each piece costs more bookkeeping than its bytes).
+    const bool in_place = t.encoding == ENCODING_FLOAT32 && table->optimizer().clip_norm == 0 &&
+                          pieces.size() <= 1 + bytes / kMinPieceBytes;
+    const bool aligned = reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0;
+    if (pieces.size() == 1 && (aligned || !in_place)) {
+      ASSIGN_OR_RETURN(absl::Span<const float> values,
+                       PayloadValues(pieces[0], t.encoding, n, push));
+      push->updates_.push_back(PendingUpdate{table, block.id, {}, values, {}});
+    } else if (in_place) {
+      push->updates_.push_back(PieceUpdate(table, block.id, pieces, push));
     } else {
-      // 16-bit values are decoded anyway, and clip_norm sums the block in one span (so that
-      // the result is bit for bit the in-process store's): gather the pieces first.
+      // Gathered into one span (16-bit values are decoded from it).
       std::string joined;
       std::vector<float>& out = push->decoded_.emplace_back(n);
       char* to = reinterpret_cast<char*>(out.data());
@@ -492,7 +492,7 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
         joined.resize(bytes);
         to = joined.data();
       }
-      for (absl::string_view piece : block.pieces) {
+      for (absl::string_view piece : pieces) {
         std::memcpy(to, piece.data(), piece.size());
         to += piece.size();
       }
@@ -527,10 +527,14 @@ float PendingUpdate::value(size_t i) const {
 PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
                                  absl::Span<const absl::string_view> pieces, CheckedPush* push) {
   // Whole values in place; a value cut between two pieces is put together in straddles_.
+  // CheckPush reserved 2 entries per piece (k pieces make at most k views and k - 1 cut
+  // values): the spans into pieces_ and straddles_ must never move.
+  CHECK_LE(push->pieces_.size() + 2 * pieces.size(), push->pieces_.capacity());
+  CHECK_LE(push->straddles_.size() + pieces.size(), push->straddles_.capacity());
   const size_t first = push->pieces_.size();
-  size_t offset = 0;     // values of the block so far
-  char partial[4];       // the start of a value cut at the end of the previous piece
-  size_t have = 0;       // bytes of it
+  size_t offset = 0;  // values of the block so far
+  char partial[4];    // the start of a value cut at the end of the previous piece
+  size_t have = 0;    // bytes of it
   for (absl::string_view piece : pieces) {
     size_t at = 0;
     if (have > 0) {
@@ -547,8 +551,8 @@ PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
     }
     const size_t whole = (piece.size() - at) / sizeof(float);
     if (whole > 0) {
-      push->pieces_.push_back(BlockPiece{
-          offset, kernels::FloatBytes{piece.data() + at, static_cast<int64_t>(whole)}});
+      push->pieces_.push_back(
+          BlockPiece{offset, kernels::FloatBytes{piece.data() + at, static_cast<int64_t>(whole)}});
       offset += whole;
     }
     have = piece.size() - at - whole * sizeof(float);
@@ -556,8 +560,7 @@ PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
   }
   DCHECK_EQ(have, 0u);
   DCHECK_EQ(offset, table->BlockSize(block));
-  return PendingUpdate{table, block, {}, {},
-                       absl::MakeConstSpan(push->pieces_).subspan(first, push->pieces_.size() - first)};
+  return PendingUpdate{table, block, {}, {}, absl::MakeConstSpan(push->pieces_).subspan(first)};
 }
 
 absl::Status Shard::CheckSparsePush(SparseTablePart* table, const PushTable& t,
@@ -593,7 +596,7 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   for (const PushTable& t : push.tables) {
     count += t.blocks.size() + 1;
     // A block of k pieces makes at most k in place and k - 1 cut values.
-    for (const PushTable::Block& b : t.blocks) pieces += 2 * b.pieces.size();
+    for (const PushTable::Block& b : t.blocks) pieces += 2 * std::max<size_t>(1, b.pieces.size());
   }
   checked.updates_.reserve(count);
   checked.decoded_.reserve(count);

@@ -93,7 +93,8 @@ class DataPathTest : public ::testing::Test {
     for (uint32_t s = 0; s < 2; ++s) {
       server::ShardOptions options;
       options.server_index = s;
-      ASSIGN_OR_RETURN(std::unique_ptr<server::Shard> shard, server::Shard::Create(config_, options));
+      ASSIGN_OR_RETURN(std::unique_ptr<server::Shard> shard,
+                       server::Shard::Create(config_, options));
       owned->push_back(std::move(shard));
       shards.push_back(owned->back().get());
     }

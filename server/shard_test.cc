@@ -674,12 +674,13 @@ TEST(Shard, NonFiniteValueAtTheEndOfALargePushChangesNothing) {
   }
 }
 
-// A large shard of one dense table "w" (2M values, 32 blocks of 64k) with `optimizer`.
+// A shard of one dense table "w" just large enough for the parallel apply (1M values, 16 blocks
+// of 64k) with `optimizer`.
 std::unique_ptr<Shard> MakeLargeShard(const std::string& optimizer, int apply_threads) {
   auto config = common::ParseJobConfigText(
       absl::StrCat(R"pb(
                      cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
-                     tables { name: "w" kind: TABLE_KIND_DENSE shape: 2097152
+                     tables { name: "w" kind: TABLE_KIND_DENSE shape: 1048576
                               initializer { kind: UNIFORM low: -1 high: 1 }
                               optimizer {)pb",
                    optimizer, R"pb(}
@@ -749,39 +750,47 @@ TEST(Shard, PushInPiecesAtAnyAlignmentEqualsTheWholePushBitwise) {
   // result is the contiguous push's bit for bit: every rule, one thread or several, 16-bit
   // values (decoded from the pieces), clip_norm (which sums whole blocks: gathered first),
   // and local-SGD deltas.
-  const std::vector<std::string> optimizers = {
-      "kind: SGD learning_rate: 0.1", "kind: ADAM weight_decay: 0.01 clip_value: 0.2",
-      "kind: MOMENTUM nesterov: true", "kind: ADAM clip_norm: 5"};
-  for (const std::string& optimizer : optimizers) {
-    for (int threads : {0, 3}) {
-      for (Encoding encoding : {ENCODING_FLOAT32, ENCODING_FP16}) {
-        for (bool delta : {false, true}) {
-          SCOPED_TRACE(absl::StrCat(optimizer, ", apply_threads ", threads, ", encoding ", encoding,
-                                    delta ? ", delta" : ""));
-          auto whole = MakeLargeShard(optimizer, threads);
-          auto cut = MakeLargeShard(optimizer, threads);
-          std::vector<float> grad(2097152);
-          for (size_t i = 0; i < grad.size(); ++i) {
-            grad[i] = std::sin(0.001f * static_cast<float>(i)) * 0.3f;
-          }
-          std::string encoded;
-          const PushTable table = WholeTableIn(*whole, grad, encoding, &encoded);
-          std::string storage;
-          std::vector<std::vector<absl::string_view>> pieces;
-          const PushTable pieced = InPieces(table, &storage, &pieces);
-          for (uint64_t seq = 1; seq <= 2; ++seq) {
-            PushView push = FirstWorkerPush(*whole, &table, seq);
-            push.is_delta = delta;
-            ASSERT_THAT(whole->Push(push).status(), IsOk());
-            push.tables = absl::MakeConstSpan(&pieced, 1);
-            ASSERT_THAT(cut->Push(push).status(), IsOk());
-          }
-          const std::vector<float> want = ReadBlocks(*whole, "w", AllBlocks(*whole));
-          const std::vector<float> got = ReadBlocks(*cut, "w", AllBlocks(*cut));
-          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
-        }
-      }
+  struct Case {
+    std::string optimizer;
+    int threads;
+    Encoding encoding;
+    bool delta;
+  };
+  const std::string adam = "kind: ADAM weight_decay: 0.01 clip_value: 0.2";
+  const std::vector<Case> cases = {
+      {"kind: SGD learning_rate: 0.1", 0, ENCODING_FLOAT32, false},
+      {"kind: SGD learning_rate: 0.1", 3, ENCODING_FLOAT32, false},
+      {adam, 0, ENCODING_FLOAT32, false},
+      {adam, 3, ENCODING_FLOAT32, false},
+      {"kind: MOMENTUM nesterov: true", 3, ENCODING_FLOAT32, false},
+      {"kind: ADAM clip_norm: 5", 3, ENCODING_FLOAT32, false},
+      {adam, 3, ENCODING_FP16, false},
+      {adam, 3, ENCODING_FLOAT32, true},
+  };
+  for (const auto& [optimizer, threads, encoding, delta] : cases) {
+    SCOPED_TRACE(absl::StrCat(optimizer, ", apply_threads ", threads, ", encoding ", encoding,
+                              delta ? ", delta" : ""));
+    auto whole = MakeLargeShard(optimizer, threads);
+    auto cut = MakeLargeShard(optimizer, threads);
+    std::vector<float> grad(1048576);
+    for (size_t i = 0; i < grad.size(); ++i) {
+      grad[i] = std::sin(0.001f * static_cast<float>(i)) * 0.3f;
     }
+    std::string encoded;
+    const PushTable table = WholeTableIn(*whole, grad, encoding, &encoded);
+    std::string storage;
+    std::vector<std::vector<absl::string_view>> pieces;
+    const PushTable pieced = InPieces(table, &storage, &pieces);
+    for (uint64_t seq = 1; seq <= 2; ++seq) {
+      PushView push = FirstWorkerPush(*whole, &table, seq);
+      push.is_delta = delta;
+      ASSERT_THAT(whole->Push(push).status(), IsOk());
+      push.tables = absl::MakeConstSpan(&pieced, 1);
+      ASSERT_THAT(cut->Push(push).status(), IsOk());
+    }
+    const std::vector<float> want = ReadBlocks(*whole, "w", AllBlocks(*whole));
+    const std::vector<float> got = ReadBlocks(*cut, "w", AllBlocks(*cut));
+    ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
   }
 }
 
@@ -791,9 +800,9 @@ TEST(Shard, TinyPiecesAndUnalignedWholePayloadsEqualTheAlignedPushBitwise) {
   for (Cut cut : {Cut::kTiny, Cut::kWholeAtAnOddAddress}) {
     for (Encoding encoding : {ENCODING_FLOAT32, ENCODING_FP16}) {
       SCOPED_TRACE(absl::StrCat("cut ", static_cast<int>(cut), ", encoding ", encoding));
-      auto whole = MakeLargeAdamShard(0);
-      auto cut_shard = MakeLargeAdamShard(0);
-      std::vector<float> grad(2097152);
+      auto whole = MakeLargeShard("kind: ADAM", 0);
+      auto cut_shard = MakeLargeShard("kind: ADAM", 0);
+      std::vector<float> grad(1048576);
       for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::cos(0.003f * static_cast<float>(i));
       std::string encoded;
       const PushTable table = WholeTableIn(*whole, grad, encoding, &encoded);

@@ -475,7 +475,7 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
     // the sum, and so the result, bit for bit the in-process store's) or a peer cut the
     // payload into tiny HTTP/2 frames (each piece costs more bookkeeping than its bytes).
     const bool in_place = t.encoding == ENCODING_FLOAT32 && table->optimizer().clip_norm == 0 &&
-                          pieces.size() <= 1 + bytes / kMinPieceBytes;
+                          pieces.size() <= kFreePieces + bytes / kMinPieceBytes;
     const bool aligned = reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0;
     if (pieces.size() == 1 && (aligned || !in_place)) {
       ASSIGN_OR_RETURN(absl::Span<const float> values,

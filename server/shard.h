@@ -175,10 +175,12 @@ struct SparseTableStats {
 
 // Pushes with at least this many dense values are applied in parallel (ShardOptions).
 inline constexpr size_t kParallelApplyValues = size_t{1} << 20;
-// A dense float32 payload is checked and applied where it lies when its pieces (gRPC receive
-// slices) average at least this many bytes; smaller pieces (a peer's tiny HTTP/2 frames) are
-// gathered into one buffer first, so a push's bookkeeping stays proportional to its bytes.
+// A dense float32 payload is checked and applied where it lies when it comes in at most
+// kFreePieces + bytes / kMinPieceBytes pieces (gRPC receive slices); more, smaller pieces (a
+// peer's tiny HTTP/2 frames) are gathered into one buffer first, so a push's bookkeeping
+// stays proportional to its bytes.
 inline constexpr size_t kMinPieceBytes = 1024;
+inline constexpr size_t kFreePieces = 4;
 
 struct PushResult {
   bool duplicate = false;

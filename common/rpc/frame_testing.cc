@@ -37,7 +37,7 @@ void TakePayloads(TableValues* t, FrameReader* reader) {
 
 }  // namespace
 
-grpc::ByteBuffer FrameOf(const PushRequest* push, const PullRequest* pull) {
+grpc::ByteBuffer FrameOf(const PushRequest* push, const PullRequest* pull, size_t cut_every) {
   PushPullRequest header;
   std::string payload;
   if (push != nullptr) {
@@ -56,8 +56,17 @@ grpc::ByteBuffer FrameOf(const PushRequest* push, const PullRequest* pull) {
     *header.mutable_pull() = pull->tables();
   }
   FrameBuilder frame(header);
-  // Copied into a slice of its own: the frame outlives this function.
-  frame.AddSlice(grpc::Slice(payload));
+  if (cut_every == 0) {
+    // Copied into a slice of its own: the frame outlives this function.
+    frame.AddSlice(grpc::Slice(payload));
+    return frame.Build();
+  }
+  for (size_t at = 0; at < payload.size(); at += cut_every) {
+    const size_t n = std::min(cut_every, payload.size() - at);
+    // One byte more, and the view past it: the piece starts at an odd address.
+    std::string bytes = "." + payload.substr(at, n);
+    frame.AddSlice(grpc::Slice(bytes).sub(1, n + 1));
+  }
   return frame.Build();
 }
 

@@ -24,16 +24,21 @@ using ::ps::common::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// Every case runs through both wire forms: protobuf Push/Pull (false) and PushPull frames
-// (true), which must refuse the same bad input with the same code and change nothing either.
-class ServiceTest : public ::testing::TestWithParam<bool> {
+// The wire forms every case runs through: protobuf Push/Pull, and PushPull frames whose
+// payload is one aligned slice or is cut into slices of 7 bytes at odd addresses (the shard
+// then checks and applies dense values in those pieces, putting together the values cut in
+// two). Each must refuse the same bad input with the same code and change nothing either.
+enum WireForm { kMessages, kFrames, kFramesInPieces };
+
+class ServiceTest : public ::testing::TestWithParam<int> {
  protected:
-  bool frames() const { return GetParam(); }
+  bool frames() const { return GetParam() != kMessages; }
+  size_t cut_every() const { return GetParam() == kFramesInPieces ? 7 : 0; }
 
   absl::Status DoPush(const PushRequest& request, PushResponse* response) {
     if (!frames()) return service_->HandlePush(request, response);
     grpc::ByteBuffer answer;
-    RETURN_IF_ERROR(service_->HandlePushPull(common::FrameOf(&request, nullptr),
+    RETURN_IF_ERROR(service_->HandlePushPull(common::FrameOf(&request, nullptr, cut_every()),
                                              absl::Now() + absl::Seconds(5), &answer));
     ASSIGN_OR_RETURN(PushPullResponse decoded, common::AnswerOfFrame(answer));
     *response = decoded.push();
@@ -570,13 +575,21 @@ TEST_P(FrameTest, PayloadsAreUsedInPlaceAndBuffersReused) {
   EXPECT_EQ(counters.buffers_allocated.load(), allocated) << "a call allocated a new buffer";
 }
 
-INSTANTIATE_TEST_SUITE_P(Frames, FrameTest, ::testing::Values(true),
-                         [](const ::testing::TestParamInfo<bool>&) { return "Frames"; });
+std::string WireFormName(const ::testing::TestParamInfo<int>& info) {
+  switch (info.param) {
+    case kMessages:
+      return "Messages";
+    case kFrames:
+      return "Frames";
+    default:
+      return "FramesInPieces";
+  }
+}
 
-INSTANTIATE_TEST_SUITE_P(WireForms, ServiceTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Frames" : "Messages";
-                         });
+INSTANTIATE_TEST_SUITE_P(Frames, FrameTest, ::testing::Values(kFrames), WireFormName);
+
+INSTANTIATE_TEST_SUITE_P(WireForms, ServiceTest,
+                         ::testing::Values(kMessages, kFrames, kFramesInPieces), WireFormName);
 
 }  // namespace
 }  // namespace ps::server

@@ -273,8 +273,7 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
   for (size_t i = 0; i < updates.size(); ++i) {
     if (bad[i] == 0) continue;
     const PendingUpdate& u = updates[i];
-    size_t first = 0;
-    while (first < u.num_values() && std::isfinite(u.value(first))) ++first;
+    const size_t first = u.FirstNonFinite();
     {
       absl::MutexLock lock(&stats_mu_);
       nonfinite_values_ += bad[i];
@@ -513,15 +512,34 @@ size_t PendingUpdate::num_values() const {
 
 float PendingUpdate::value(size_t i) const {
   if (pieces.empty()) return values[i];
+  // The piece holding value i: the last one starting at or before it.
+  auto it = std::upper_bound(pieces.begin(), pieces.end(), i,
+                             [](size_t v, const BlockPiece& p) { return v < p.offset; });
+  CHECK(it != pieces.begin() && i < num_values()) << "value " << i << " of " << num_values();
+  --it;
+  float v;
+  std::memcpy(&v, static_cast<const char*>(it->values.data) + (i - it->offset) * sizeof(float),
+              sizeof(float));
+  return v;
+}
+
+size_t PendingUpdate::FirstNonFinite() const {
+  size_t i = 0;
+  const size_t n = num_values();
+  if (pieces.empty()) {
+    while (i < n && std::isfinite(values[i])) ++i;
+    return i;
+  }
+  // Piece by piece (not value(i) by value(i): a push may hold many pieces).
   for (const BlockPiece& p : pieces) {
-    if (i < p.offset + static_cast<size_t>(p.values.n)) {
+    const auto* bytes = static_cast<const char*>(p.values.data);
+    for (int64_t k = 0; k < p.values.n; ++k, ++i) {
       float v;
-      std::memcpy(&v, static_cast<const char*>(p.values.data) + (i - p.offset) * sizeof(float),
-                  sizeof(float));
-      return v;
+      std::memcpy(&v, bytes + k * sizeof(float), sizeof(float));
+      if (!std::isfinite(v)) return i;
     }
   }
-  LOG(FATAL) << "value " << i << " of " << num_values();
+  return i;
 }
 
 PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
@@ -595,13 +613,22 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   size_t count = 0, pieces = 0;
   for (const PushTable& t : push.tables) {
     count += t.blocks.size() + 1;
-    // A block of k pieces makes at most k in place and k - 1 cut values.
-    for (const PushTable::Block& b : t.blocks) pieces += 2 * std::max<size_t>(1, b.pieces.size());
+    // A block of k pieces makes at most k in place and k - 1 cut values; a whole payload at
+    // an unaligned address is one piece.
+    for (const PushTable::Block& b : t.blocks) {
+      if (!b.pieces.empty()) {
+        pieces += 2 * b.pieces.size();
+      } else if (reinterpret_cast<uintptr_t>(b.bytes.data()) % alignof(float) != 0) {
+        pieces += 2;
+      }
+    }
   }
   checked.updates_.reserve(count);
   checked.decoded_.reserve(count);
-  checked.pieces_.reserve(pieces);
-  checked.straddles_.reserve(pieces);
+  if (pieces > 0) {
+    checked.pieces_.reserve(pieces);
+    checked.straddles_.reserve(pieces);
+  }
   const absl::Status parts = CheckPushTables(push, &checked);
   // Values are checked after the parts' structure, all at once (in parallel for a large push),
   // but reported as if each part had been checked in turn: the parts found before a

@@ -138,8 +138,10 @@ struct PendingUpdate {
   absl::Span<const BlockPiece> pieces;
 
   size_t num_values() const;
-  // Value i of the update (slow: for error messages). REQUIRES: i < num_values().
+  // Value i of the update (for error messages). REQUIRES: i < num_values().
   float value(size_t i) const;
+  // Index of the first NaN or Inf value; num_values() if none.
+  size_t FirstNonFinite() const;
 };
 
 // A push that Shard::CheckPush found good in every part, ready for Shard::ApplyPush. It keeps

@@ -31,8 +31,11 @@ using ::ps::common::IsOk;
 using ::ps::testing::Subprocess;
 
 constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+// Ten epochs: the kills below need about 8 s of training after both workers have started,
+// and on a quiet 2-core machine 4 epochs of the 2 + 2 job took 6.5 s (worker 1 had finished,
+// and the servers with it, before the test killed it).
 constexpr char kOverrides[] =
-    "--set=training.epochs=4,checkpoint.interval_s=1,training.progress_interval_s=1";
+    "--set=training.epochs=10,checkpoint.interval_s=1,training.progress_interval_s=1";
 
 class Job {
  public:

@@ -69,6 +69,8 @@ struct BenchOptions {
   uint64_t pull_piece_bytes = worker::GrpcStoreOptions().pull_piece_bytes;
   int64_t busy_poll_us = -1;  // server and rpc busy_poll_us of the config; -1: their defaults
   int32_t data_threads = -1;  // server.data_threads of the config; -1: its default
+  // rpc.shared_memory_mb and server.max_shared_memory_mb of the config; -1: their defaults
+  int64_t shared_memory_mb = -1;
   size_t tcp_stream_write = 4 << 20;
   uint64_t seed = 1;
   double zipf = 1.1;

@@ -56,11 +56,17 @@ std::string BenchConfigText(const BenchOptions& f, int num_servers) {
       "\n  dense_block_floats: ", f.dense_block_floats, "\n}\n",
       "default_optimizer { kind: SGD learning_rate: 0.01 }\n");
   std::string server;
+  std::string rpc;
   if (f.busy_poll_us >= 0) {
     absl::StrAppend(&server, " busy_poll_us: ", f.busy_poll_us);
-    absl::StrAppend(&text, "rpc { busy_poll_us: ", f.busy_poll_us, " }\n");
+    absl::StrAppend(&rpc, " busy_poll_us: ", f.busy_poll_us);
+  }
+  if (f.shared_memory_mb >= 0) {
+    absl::StrAppend(&server, " max_shared_memory_mb: ", f.shared_memory_mb);
+    absl::StrAppend(&rpc, " shared_memory_mb: ", f.shared_memory_mb);
   }
   if (f.data_threads >= 0) absl::StrAppend(&server, " data_threads: ", f.data_threads);
+  if (!rpc.empty()) absl::StrAppend(&text, "rpc {", rpc, " }\n");
   if (!server.empty()) absl::StrAppend(&text, "server {", server, " }\n");
   for (uint64_t bytes : f.payloads) {
     absl::StrAppend(&text, "tables {\n  name: \"", DenseTableName(bytes),
@@ -355,6 +361,7 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     options.max_retries = config.rpc().max_retries();
     options.pull_piece_bytes = env->flags->pull_piece_bytes;
     options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
+    options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
     ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
     stores.push_back(std::move(store));
     env->stores.push_back(stores.back().get());

@@ -98,6 +98,10 @@ ABSL_FLAG(int64_t, busy_poll_us, -1,
           "server.busy_poll_us and rpc.busy_poll_us of the generated config: how long the "
           "servers' data threads and the clients poll for events before they sleep (0 = "
           "sleep at once; -1 = the config's defaults).");
+ABSL_FLAG(int64_t, shared_memory_mb, -1,
+          "rpc.shared_memory_mb and server.max_shared_memory_mb of the generated config: shared "
+          "memory between each client and server (0: payloads go by the socket). -1: the "
+          "config's defaults.");
 ABSL_FLAG(int32_t, data_threads, -1,
           "server.data_threads of the generated config: threads serving each server's data "
           "path (0 = one per client up to the cores; -1 = the config's default, 1).");
@@ -293,6 +297,11 @@ absl::Status ParseScalars(BenchOptions* f) {
         absl::StrCat("--busy_poll_us=", f->busy_poll_us, ": expected -1..1000000"));
   }
   f->data_threads = absl::GetFlag(FLAGS_data_threads);
+  f->shared_memory_mb = absl::GetFlag(FLAGS_shared_memory_mb);
+  if (f->shared_memory_mb < -1 || f->shared_memory_mb > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shared_memory_mb=", f->shared_memory_mb, ": expected -1..65536"));
+  }
   if (f->data_threads < -1 || f->data_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("--data_threads=", f->data_threads, ": expected -1..1024"));

@@ -259,6 +259,8 @@ absl::Status ParameterServer::Start() {
   service_options.max_unsent_answer_bytes = config_.server().max_unsent_answer_bytes();
   service_options.max_unsent_answer_bytes_per_peer =
       config_.server().max_unsent_answer_bytes_per_peer();
+  service_options.max_shared_bytes_per_worker = size_t{config_.server().max_shared_memory_mb()}
+                                                << 20;
   service_options.auth.check_identities = !config_.security().plaintext();
   service_options.auth.operator_token_required =
       !config_.security().operator_token_file().empty();

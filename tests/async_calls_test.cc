@@ -70,7 +70,8 @@ class LoseRepliesFactory final : public grpc::experimental::ClientInterceptorFac
   std::atomic<int> replies{0}, lost{0};
 };
 
-class AsyncCallsTest : public ::testing::Test {
+// Over plain frames, and with shared memory (GetParam()): lost replies give the segment up.
+class AsyncCallsTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     auto config = common::ParseJobConfigText(kConfig, "test");
@@ -87,6 +88,7 @@ class AsyncCallsTest : public ::testing::Test {
       shards_.push_back(*std::move(shard));
       server::ServiceOptions service_options;
       service_options.auth.check_identities = false;  // plaintext, in-process
+      if (GetParam()) service_options.max_shared_bytes_per_worker = 16 << 20;
       services_.push_back(std::make_unique<server::ParameterServerService>(
           shards_.back().get(), service_options, server::ServiceHooks{}));
       grpc::ServerBuilder builder;
@@ -105,6 +107,7 @@ class AsyncCallsTest : public ::testing::Test {
     options.deadline = absl::Seconds(30);
     options.initial_backoff = absl::Milliseconds(1);
     options.max_backoff = absl::Milliseconds(1);
+    if (GetParam()) options.shared_memory_bytes = 16 << 20;
     auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, lossy);
     ASSERT_THAT(store.status(), IsOk());
     store_ = *std::move(store);
@@ -153,7 +156,7 @@ void RunWindow(AsyncCalls* calls, int window, int total,
   }
 }
 
-TEST_F(AsyncCallsTest, PushesInFlightAreAppliedOnceWithRepliesLost) {
+TEST_P(AsyncCallsTest, PushesInFlightAreAppliedOnceWithRepliesLost) {
   const uint32_t owner = store_->partitioner().ServerForBlock(
       *store_->partitioner().FindTable("b"), 0);
   const std::vector<float> grad(8, 1.0f);
@@ -178,9 +181,15 @@ TEST_F(AsyncCallsTest, PushesInFlightAreAppliedOnceWithRepliesLost) {
   pull.dense.push_back({"b", absl::MakeSpan(b)});
   ASSERT_THAT(reader_->Pull(pull, common::PullOptions{}), IsOk());
   for (float v : b) EXPECT_EQ(v, -0.5f * kPushes);
+  const uint64_t shared_in = services_[owner]->data_path_counters().bytes_shared_in.load();
+  if (GetParam()) {
+    EXPECT_GT(shared_in, 0u);
+  } else {
+    EXPECT_EQ(shared_in, 0u);
+  }
 }
 
-TEST_F(AsyncCallsTest, PullsInFlightReadWhatABlockingPullReads) {
+TEST_P(AsyncCallsTest, PullsInFlightReadWhatABlockingPullReads) {
   const size_t numel = 525000;
   std::vector<float> expected(numel);
   common::PullBatch reference;
@@ -203,7 +212,7 @@ TEST_F(AsyncCallsTest, PullsInFlightReadWhatABlockingPullReads) {
   for (int i = 0; i < kWindow; ++i) EXPECT_TRUE(out[i] == expected) << "pull " << i;
 }
 
-TEST_F(AsyncCallsTest, FusedCallsInFlightPushOnceAndPullTheirServersAnswers) {
+TEST_P(AsyncCallsTest, FusedCallsInFlightPushOnceAndPullTheirServersAnswers) {
   const std::vector<float> grad(8, 1.0f);
   constexpr int kCalls = 30;
   std::vector<std::vector<float>> out(kCalls, std::vector<float>(8));
@@ -227,6 +236,11 @@ TEST_F(AsyncCallsTest, FusedCallsInFlightPushOnceAndPullTheirServersAnswers) {
     EXPECT_GE(out[i][0], -0.5f * kCalls) << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, AsyncCallsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SharedMemory" : "Frames";
+                         });
 
 }  // namespace
 }  // namespace ps

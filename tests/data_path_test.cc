@@ -55,6 +55,7 @@ class DataPathTest : public ::testing::Test {
       shards_.push_back(*std::move(shard));
       server::ServiceOptions service_options;
       service_options.auth.check_identities = false;  // plaintext, in-process
+      service_options.max_shared_bytes_per_worker = shared_bytes_;
       services_.push_back(std::make_unique<server::ParameterServerService>(
           shards_.back().get(), service_options, server::ServiceHooks{}));
       grpc::ServerBuilder builder;
@@ -74,11 +75,22 @@ class DataPathTest : public ::testing::Test {
         channels_.push_back(servers_.back()->InProcessChannel(args));
       }
     }
-    worker::GrpcStoreOptions options;
-    options.deadline = absl::Seconds(30);
-    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, Options(), channels_);
     ASSERT_THAT(store.status(), IsOk());
     store_ = *std::move(store);
+  }
+
+  worker::GrpcStoreOptions Options() const {
+    worker::GrpcStoreOptions options;
+    options.deadline = absl::Seconds(30);
+    options.shared_memory_bytes = shared_bytes_;
+    return options;
+  }
+
+  uint64_t Sum(std::atomic<uint64_t> common::DataPathCounters::*field) const {
+    uint64_t n = 0;
+    for (auto& s : services_) n += (s->data_path_counters().*field).load();
+    return n;
   }
 
   void TearDown() override {
@@ -112,8 +124,29 @@ class DataPathTest : public ::testing::Test {
     return stats.pulls();
   }
 
+  // PushPull steps of "m" from `store`, checked bitwise against `local` after each step.
+  void Steps(worker::GrpcParameterStore* store, server::InProcessParameterStore* local, int first,
+             int last) {
+    std::vector<float> grad(525000), got(525000), want(525000);
+    for (int step = first; step <= last; ++step) {
+      for (size_t i = 0; i < grad.size(); ++i) {
+        grad[i] = 1e-3f * static_cast<float>((i * 7 + step) % 101) - 0.05f;
+      }
+      common::PushBatch push;
+      push.dense.push_back({"m", grad});
+      common::PullBatch pull_got, pull_want;
+      pull_got.dense.push_back({"m", absl::MakeSpan(got)});
+      pull_want.dense.push_back({"m", absl::MakeSpan(want)});
+      ASSERT_THAT(store->PushPull(push, {step, false}, pull_got, {step}), IsOk());
+      ASSERT_THAT(local->Push(push, {step, false}), IsOk());
+      ASSERT_THAT(local->Pull(pull_want, {step}), IsOk());
+      ASSERT_EQ(got, want) << "step " << step;
+    }
+  }
+
   bool tcp_ = false;   // real sockets on 127.0.0.1 instead of in-process channels
   bool adam_ = false;  // Adam (lr 0.01) instead of the config's SGD
+  size_t shared_bytes_ = 0;  // shared memory per worker and server (0: none)
   JobConfig config_;
   std::vector<std::unique_ptr<server::Shard>> shards_;
   std::vector<std::unique_ptr<server::ParameterServerService>> services_;
@@ -164,32 +197,74 @@ TEST_F(DataPathOverTcpTest, DensePushPayloadsAreNeverCopiedAndApplyLikeTheInProc
   std::vector<std::unique_ptr<server::Shard>> owned;
   auto local = LocalStore(&owned);
   ASSERT_THAT(local.status(), IsOk());
-  std::vector<float> grad(525000), got(525000), want(525000);
-  auto sum = [&](auto field) {
-    uint64_t n = 0;
-    for (auto& s : services_) n += (s->data_path_counters().*field).load();
-    return n;
-  };
-  const uint64_t gathered = sum(&common::DataPathCounters::bytes_gathered);
-  const uint64_t in_place = sum(&common::DataPathCounters::bytes_in_place);
+  const uint64_t gathered = Sum(&common::DataPathCounters::bytes_gathered);
+  const uint64_t in_place = Sum(&common::DataPathCounters::bytes_in_place);
   constexpr int kSteps = 5;
-  for (int step = 1; step <= kSteps; ++step) {
-    for (size_t i = 0; i < grad.size(); ++i) {
-      grad[i] = 1e-3f * static_cast<float>((i * 7 + step) % 101) - 0.05f;
-    }
-    common::PushBatch push;
-    push.dense.push_back({"m", grad});
-    common::PullBatch pull_got, pull_want;
-    pull_got.dense.push_back({"m", absl::MakeSpan(got)});
-    pull_want.dense.push_back({"m", absl::MakeSpan(want)});
-    ASSERT_THAT(store_->PushPull(push, {step, false}, pull_got, {step}), IsOk());
-    ASSERT_THAT((*local)->Push(push, {step, false}), IsOk());
-    ASSERT_THAT((*local)->Pull(pull_want, {step}), IsOk());
-    ASSERT_EQ(got, want) << "step " << step;
+  Steps(store_.get(), local->get(), 1, kSteps);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_gathered), gathered);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_in_place) - in_place,
+            kSteps * 525000 * sizeof(float));
+}
+
+// The same services with shared memory: the store asks each server for a segment with its
+// first call, then puts push payloads there and finds pull answers there.
+class DataPathOverSharedMemoryTest : public DataPathTest {
+ protected:
+  DataPathOverSharedMemoryTest() {
+    tcp_ = true;
+    adam_ = true;
+    shared_bytes_ = 16 << 20;
   }
-  EXPECT_EQ(sum(&common::DataPathCounters::bytes_gathered), gathered);
-  EXPECT_EQ(sum(&common::DataPathCounters::bytes_in_place) - in_place,
-            kSteps * grad.size() * sizeof(float));
+};
+
+TEST_F(DataPathOverSharedMemoryTest, PayloadsCrossTheSegmentAndApplyLikeTheInProcessStore) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  Steps(store_.get(), local->get(), 1, 1);  // asks for the segments (payloads by the socket)
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), 0u);
+  constexpr int kSteps = 4;
+  Steps(store_.get(), local->get(), 2, 1 + kSteps);
+  const uint64_t payload = kSteps * 525000 * sizeof(float);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), payload);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_out), payload);
+}
+
+// A segment the server no longer has (another store of the same worker asked for a new one, as
+// a restarted server has none): the call is refused with nothing changed and goes by the
+// socket, once; the store then asks again. Every push is applied exactly once.
+TEST_F(DataPathOverSharedMemoryTest, AForgottenSegmentSendsTheCallBySocketAndAppliesItOnce) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  Steps(store_.get(), local->get(), 1, 3);
+  const uint64_t shared_in = Sum(&common::DataPathCounters::bytes_shared_in);
+  ASSERT_GT(shared_in, 0u);
+  auto other = worker::GrpcParameterStore::CreateWithChannels(config_, Options(), channels_);
+  ASSERT_THAT(other.status(), IsOk());
+  std::vector<float> out(525000);
+  common::PullBatch pull;
+  pull.dense.push_back({"m", absl::MakeSpan(out)});  // on both servers
+  ASSERT_THAT((*other)->Pull(pull, {0}), IsOk());    // its asks replace store_'s segments
+  uint64_t pushes = Pushes(0) + Pushes(1);
+  Steps(store_.get(), local->get(), 4, 4);  // refused (ABORTED), sent again by the socket
+  EXPECT_EQ(Pushes(0) + Pushes(1) - pushes, 2u) << "a push applied twice or not at all";
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
+  Steps(store_.get(), local->get(), 5, 6);  // asks again, then through the new segment
+  EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
+}
+
+// A segment too small for a call's payloads: that call goes by the socket.
+TEST_F(DataPathOverSharedMemoryTest, CallsThatDoNotFitGoBySocket) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  worker::GrpcStoreOptions small = Options();
+  small.shared_memory_bytes = 64 << 10;
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, small, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  Steps(store->get(), local->get(), 1, 3);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), 0u);
 }
 
 TEST_F(DataPathTest, PushesGoOnlyToServersHoldingTheirData) {

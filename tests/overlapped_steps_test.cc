@@ -133,7 +133,8 @@ JobConfig Job(int workers, std::optional<int> staleness, const char* text = kJob
 // Two services over shards of `config`, each reached through one counting channel.
 class Cluster {
  public:
-  Cluster(const JobConfig& config, bool lose_replies) {
+  // With `shared` the services grant shared memory (and the job's stores ask for it).
+  Cluster(const JobConfig& config, bool lose_replies, bool shared = false) {
     for (uint32_t s = 0; s < 2; ++s) {
       server::ShardOptions options;
       options.server_index = s;
@@ -142,6 +143,7 @@ class Cluster {
       shards_.push_back(*std::move(shard));
       server::ServiceOptions service_options;
       service_options.auth.check_identities = false;  // plaintext, in-process
+      if (shared) service_options.max_shared_bytes_per_worker = 64 << 20;
       services_.push_back(std::make_unique<server::ParameterServerService>(
           shards_.back().get(), service_options, server::ServiceHooks{}));
       grpc::ServerBuilder builder;
@@ -172,6 +174,11 @@ class Cluster {
   }
   int calls(int s) const { return counters_[s]->calls.load(); }
   int lost() const { return counters_[0]->lost.load() + counters_[1]->lost.load(); }
+  // Push payload bytes that came through shared memory.
+  uint64_t shared_in() const {
+    return services_[0]->data_path_counters().bytes_shared_in.load() +
+           services_[1]->data_path_counters().bytes_shared_in.load();
+  }
   StatsResponse Stats(int s) const {
     StatsResponse stats;
     shards_[s]->FillStats(&stats);
@@ -247,9 +254,9 @@ TEST(OverlappedSteps, EachStepIsOnePushPullPerServerWithinTheSspBound) {
 
 // One worker through the gRPC store, every third reply lost, and through the in-process
 // store: the same steps, so bitwise the same parameters and test metrics.
-void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t steps,
-                                               bool binary) {
-  Cluster cluster(config, /*lose_replies=*/true);
+void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t steps, bool binary,
+                                               bool shared = false) {
+  Cluster cluster(config, /*lose_replies=*/true, shared);
   absl::StatusOr<worker::TrainResult> remote = Train(config, 0, "always", cluster.StoreFor(0));
   ASSERT_THAT(remote.status(), IsOk());
   EXPECT_EQ(remote->steps, steps);
@@ -260,6 +267,11 @@ void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t
     duplicates += cluster.Stats(s).duplicate_pushes();
   }
   EXPECT_GT(duplicates, 0u) << "no lost reply was a push's";
+  if (shared) {
+    EXPECT_GT(cluster.shared_in(), 0u);
+  } else {
+    EXPECT_EQ(cluster.shared_in(), 0u);
+  }
 
   std::vector<std::unique_ptr<server::Shard>> local;
   for (uint32_t s = 0; s < 2; ++s) {
@@ -294,6 +306,13 @@ void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t
 
 TEST(OverlappedSteps, GrpcWithLostRepliesMatchesTheInProcessStoreBitwise) {
   ExpectGrpcWithLostRepliesMatchesInProcess(Job(/*workers=*/1, std::nullopt), 80, true);
+}
+
+// The same through shared memory: a lost reply gives the segment up (the server may still
+// write the abandoned attempt's answer), the retry goes by the socket, the store asks anew.
+TEST(OverlappedSteps, GrpcOverSharedMemoryWithLostRepliesMatchesTheInProcessStoreBitwise) {
+  ExpectGrpcWithLostRepliesMatchesInProcess(Job(/*workers=*/1, std::nullopt), 80, true,
+                                            /*shared=*/true);
 }
 
 TEST(OverlappedSteps, MlpBufferSetsOverGrpcMatchTheInProcessStoreBitwise) {

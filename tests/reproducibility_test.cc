@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -133,8 +134,28 @@ std::vector<float> InProcessRun(int workers) {
   return State(store_for(-1).get());
 }
 
-// The same on two real ps_server processes, over gRPC.
-std::vector<float> GrpcRun(int workers) {
+// A worker's GrpcParameterStore that adds its bytes through shared memory to `total` when done.
+class CountShared final : public common::ParameterStore {
+ public:
+  CountShared(std::unique_ptr<worker::GrpcParameterStore> store, std::atomic<uint64_t>* total)
+      : store_(std::move(store)), total_(total) {}
+  ~CountShared() override { *total_ += store_->stats().bytes_shared; }
+  absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override {
+    return store_->Pull(batch, options);
+  }
+  absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override {
+    return store_->Push(batch, options);
+  }
+  absl::Status Finish() override { return store_->Finish(); }
+
+ private:
+  std::unique_ptr<worker::GrpcParameterStore> store_;
+  std::atomic<uint64_t>* const total_;
+};
+
+// The same on two real ps_server processes, over gRPC; with `shared`, payloads through shared
+// memory (the servers grant it by default), which must then have carried some.
+std::vector<float> GrpcRun(int workers, bool shared = false) {
   const std::string dir = testing::MakeTempDir("repro");
   const std::string config_path = dir + "/job.textproto";
   std::ofstream(config_path) << ConfigText(workers);
@@ -157,17 +178,24 @@ std::vector<float> GrpcRun(int workers) {
     if (!port.ok()) return {};
     config->mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", *port));
   }
-  auto store_for = [&config](int worker) -> std::unique_ptr<common::ParameterStore> {
+  std::atomic<uint64_t> shared_bytes{0};
+  auto store_for = [&](int worker) -> std::unique_ptr<common::ParameterStore> {
     worker::GrpcStoreOptions options;
     options.worker_id = worker;
     options.worker_incarnation = 1;
     options.deadline = absl::Seconds(60);
+    if (shared) options.shared_memory_bytes = 16 << 20;
     auto store = worker::GrpcParameterStore::Create(*config, options);
     EXPECT_THAT(store.status(), IsOk());
     EXPECT_THAT((*store)->WaitForServers(absl::Seconds(30)), IsOk());
-    return *std::move(store);
+    return std::make_unique<CountShared>(*std::move(store), &shared_bytes);
   };
   Train(workers, store_for);
+  if (shared) {
+    EXPECT_GT(shared_bytes.load(), 0u);
+  } else {
+    EXPECT_EQ(shared_bytes.load(), 0u);
+  }
   std::vector<float> state = State(store_for(-1).get());
   for (auto& s : servers) s->Signal(SIGTERM);
   for (auto& s : servers) EXPECT_THAT(s->Wait(absl::Seconds(30)).status(), IsOk());
@@ -185,6 +213,12 @@ TEST(Reproducibility, ServersOverGrpcMatchInProcessShardsBitwise) {
   const std::vector<float> in_process = InProcessRun(2);
   const std::vector<float> grpc = GrpcRun(2);
   EXPECT_TRUE(BitwiseEqual(in_process, grpc));
+}
+
+TEST(Reproducibility, ServersOverSharedMemoryMatchInProcessShardsBitwise) {
+  const std::vector<float> in_process = InProcessRun(2);
+  const std::vector<float> shared = GrpcRun(2, /*shared=*/true);
+  EXPECT_TRUE(BitwiseEqual(in_process, shared));
 }
 
 // Centralized mode is one worker on in-process shards: the same as BSP with one worker on

@@ -189,4 +189,14 @@ void FrameReader::CopyTo(size_t n, char* dest) { Consume(n, dest); }
 
 void FrameReader::Skip(size_t n) { Consume(n, nullptr); }
 
+void FrameReader::Append(absl::string_view bytes) {
+  if (bytes.empty()) return;
+  slices_.emplace_back(bytes.data(), bytes.size(), grpc::Slice::STATIC_SLICE);
+  remaining_ += bytes.size();
+  while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) {
+    ++slice_;
+    offset_ = 0;
+  }
+}
+
 }  // namespace ps::common

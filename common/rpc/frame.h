@@ -48,6 +48,10 @@ struct DataPathCounters {
   std::atomic<uint64_t> bytes_in_place{0};
   // Buffers a BufferPool had to allocate (not reused).
   std::atomic<uint64_t> buffers_allocated{0};
+  // Payload bytes that came through shared memory (copied out of it once on receipt), and
+  // that went out through it (written into it once).
+  std::atomic<uint64_t> bytes_shared_in{0};
+  std::atomic<uint64_t> bytes_shared_out{0};
 };
 
 // Reusable byte buffers, so that payload memory stays mapped across calls. Thread-safe.
@@ -122,6 +126,10 @@ class FrameReader {
   void CopyTo(size_t n, char* dest);
   // Skips `n` bytes. REQUIRES: n <= remaining.
   void Skip(size_t n);
+  // Adds `bytes` (which the caller keeps alive and unchanged while the reader and its views
+  // are used) to the end of the payload: a payload that came in shared memory
+  // (common/rpc/shared_memory.h) rather than in the frame.
+  void Append(absl::string_view bytes);
 
  private:
   // Copies n bytes from the current position to dest (nullptr: skip) and advances.

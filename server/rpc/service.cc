@@ -524,7 +524,67 @@ struct ParameterServerService::PushPullCall {
   uint64_t pull_bytes = 0;
   Method method = kPush;  // an unparseable frame counts as a push
   size_t bytes_in = 0;
+  std::shared_ptr<common::SharedMemory> shared;  // the worker's segment, if the call names it
 };
+
+absl::StatusOr<std::shared_ptr<common::SharedMemory>> ParameterServerService::SharedSegmentOf(
+    const PushPullRequest& header, const common::FrameReader& reader) {
+  const SharedPayload& sp = header.shared();
+  std::shared_ptr<common::SharedMemory> segment;
+  {
+    absl::MutexLock lock(&shared_mu_);
+    auto it = shared_.find(header.header().worker_id());
+    if (it != shared_.end() && it->second.memory->id() == sp.segment()) {
+      segment = it->second.memory;
+    }
+  }
+  if (segment == nullptr) {
+    return shard_->Reject(
+        "unknown_segment",
+        absl::AbortedError(absl::StrCat("shared segment ", absl::Hex(sp.segment()),
+                                        " is not this worker's: send the call without it")));
+  }
+  if (reader.remaining() > 0 || (sp.push_bytes() > 0 && !header.has_push()) ||
+      (sp.push_bytes() > 0 && !segment->Holds(sp.push_offset(), sp.push_bytes())) ||
+      (sp.answer_capacity() > 0 && !segment->Holds(sp.answer_offset(), sp.answer_capacity()))) {
+    return Unparseable(absl::InvalidArgumentError(
+        absl::StrCat("unparseable frame: shared payload of ", sp.push_bytes(), " bytes at ",
+                     sp.push_offset(), " and answer room of ", sp.answer_capacity(), " at ",
+                     sp.answer_offset(), ", ", reader.remaining(),
+                     " payload bytes in the frame, in a segment of ", segment->size(), " bytes")));
+  }
+  return segment;
+}
+
+bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_t bytes,
+                                                SharedSegment* offer) {
+  const int32_t worker_id = info.worker_id;
+  bytes = std::min<uint64_t>(bytes, options_.max_shared_bytes_per_worker);
+  if (bytes <= common::SharedMemory::kReservedBytes || worker_id < 0 ||
+      worker_id >= static_cast<int64_t>(shard_->config().cluster().num_workers())) {
+    return false;
+  }
+  {
+    absl::MutexLock lock(&shared_mu_);
+    auto it = shared_.find(worker_id);
+    if (it != shared_.end() && it->second.incarnation > info.worker_incarnation) return false;
+  }
+  absl::StatusOr<std::shared_ptr<common::SharedMemory>> made = common::SharedMemory::Create(bytes);
+  if (!made.ok()) {
+    LOG(WARNING) << "no shared memory for worker " << worker_id << ": " << made.status();
+    return false;
+  }
+  offer->set_id((*made)->id());
+  offer->set_path((*made)->path());
+  offer->set_bytes((*made)->size());
+  offer->set_boot_id(common::SharedMemory::BootId());
+  absl::MutexLock lock(&shared_mu_);
+  WorkerSegment& w = shared_[worker_id];
+  if (w.memory != nullptr && w.incarnation > info.worker_incarnation) return false;
+  w.incarnation = info.worker_incarnation;
+  w.memory = *std::move(made);  // calls still using the old one hold it
+  return true;
+}
 
 absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& request,
                                                    const PeerIdentity* peer, PushPullCall* call) {
@@ -552,6 +612,20 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
   // The pull is checked before the push is applied: a bad pull changes nothing either.
   call->pull_views = PullViews(header.pull());
   ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
+  common::BufferPool::Buffer copied;  // the push payload, out of the worker's segment
+  if (header.has_shared()) {
+    ASSIGN_OR_RETURN(call->shared, SharedSegmentOf(header, reader));
+    const uint64_t n = header.shared().push_bytes();
+    if (n > 0) {
+      // Copied out before anything reads it: the worker can still write its segment, and
+      // must not change a value between the check and the update.
+      copied = buffers_->Acquire(n);
+      std::memcpy(copied.data.get(), call->shared->data() + header.shared().push_offset(), n);
+      counters_.bytes_shared_in.fetch_add(n, std::memory_order_relaxed);
+      reader.Append(absl::string_view(copied.data.get(), n));
+      call->bytes_in += n;
+    }
+  }
   if (header.has_push()) {
     common::BufferPool::Buffer scratch;
     std::vector<absl::string_view> pieces;
@@ -564,7 +638,14 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push());
     }
     buffers_->Release(std::move(scratch));
+    if (copied.data != nullptr) buffers_->Release(std::move(copied));
     RETURN_IF_ERROR(status);
+  }
+  if (header.want_shared_bytes() > 0) {
+    SharedSegment offer;
+    if (OfferSharedSegment(info, header.want_shared_bytes(), &offer)) {
+      *call->answer.mutable_shared_offer() = std::move(offer);
+    }
   }
   return absl::OkStatus();
 }
@@ -572,17 +653,31 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
 absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
                                                     grpc::ByteBuffer* response) {
   common::BufferPool::Buffer out;
+  // The answer goes straight into the worker's segment when it has room there.
+  const SharedPayload& sp = call->header.shared();
+  char* shared_out =
+      call->shared != nullptr && call->pull_bytes > 0 && call->pull_bytes <= sp.answer_capacity()
+          ? call->shared->data() + sp.answer_offset()
+          : nullptr;
   if (Pulls(call->header)) {
-    out = buffers_->Acquire(call->pull_bytes);
-    if (absl::Status s = ReadPull(call->header.pull(), call->pull_views,
-                                  call->answer.mutable_pull(), out.data.get());
+    char* dest = shared_out;
+    if (dest == nullptr) {
+      out = buffers_->Acquire(call->pull_bytes);
+      dest = out.data.get();
+    }
+    if (absl::Status s =
+            ReadPull(call->header.pull(), call->pull_views, call->answer.mutable_pull(), dest);
         !s.ok()) {
-      buffers_->Release(std::move(out));
+      if (out.data != nullptr) buffers_->Release(std::move(out));
       return s;
     }
   }
+  if (shared_out != nullptr) {
+    call->answer.set_shared_answer_bytes(call->pull_bytes);
+    counters_.bytes_shared_out.fetch_add(call->pull_bytes, std::memory_order_relaxed);
+  }
   common::FrameBuilder frame(call->answer);
-  if (call->pull_bytes > 0) {
+  if (call->pull_bytes > 0 && shared_out == nullptr) {
     frame.AddSlice(buffers_->MakeSlice(std::move(out), call->pull_bytes));
   }
   *response = frame.Build();
@@ -594,7 +689,8 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     absl::Time arrived, const PeerIdentity* peer, Done done) {
   auto call = std::make_shared<PushPullCall>();
   auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
-    Record(call->method, arrived, status, call->bytes_in, status.ok() ? response->Length() : 0);
+    Record(call->method, arrived, status, call->bytes_in,
+           status.ok() ? response->Length() + call->answer.shared_answer_bytes() : 0);
     done(std::move(status));
   };
   auto answer = [this, call, response] { return PushPullAnswer(call.get(), response); };

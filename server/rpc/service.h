@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/frame.h"
+#include "common/rpc/shared_memory.h"
 #include "common/thread_pool.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "proto/ps.grpc.pb.h"
@@ -89,6 +90,9 @@ struct ServiceOptions {
   // refused the same way, so that one peer that does not read cannot take the whole
   // max_unsent_answer_bytes and have every other peer's pulls refused.
   size_t max_unsent_answer_bytes_per_peer = size_t{512} << 20;
+  // Largest shared-memory segment made for a worker that asks for one (one per worker; a
+  // worker's new one replaces its old one), bytes. 0 = none is made.
+  size_t max_shared_bytes_per_worker = 0;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -248,6 +252,15 @@ class ParameterServerService final
                              PushPullCall* call);
   // The answer frame of `call`, with its pull read now.
   absl::Status PushPullAnswer(PushPullCall* call, grpc::ByteBuffer* response);
+  // The segment of a PushPull that names one (header.shared), its ranges checked: ABORTED
+  // when it is not the worker's current segment (it asks for a new one and sends the call
+  // again without it), INVALID_ARGUMENT for a range outside it.
+  absl::StatusOr<std::shared_ptr<common::SharedMemory>> SharedSegmentOf(
+      const PushPullRequest& header, const common::FrameReader& reader);
+  // Makes (or replaces) the worker's segment and describes it in `offer`; false (no offer)
+  // when off, when making it fails, for a worker id outside the job, or while a newer
+  // incarnation of the worker has one.
+  bool OfferSharedSegment(const RequestInfo& info, uint64_t bytes, SharedSegment* offer);
   // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
   // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with
   // read's status; `done` gets the refusal instead when the pull may not wait. Returns the
@@ -300,6 +313,13 @@ class ParameterServerService final
   std::unique_ptr<Metrics> metrics_;
   common::DataPathCounters counters_;
   const std::shared_ptr<common::BufferPool> buffers_;
+  // Each worker's shared-memory segment (the latest its newest incarnation asked for).
+  struct WorkerSegment {
+    uint64_t incarnation = 0;
+    std::shared_ptr<common::SharedMemory> memory;
+  };
+  absl::Mutex shared_mu_;
+  absl::flat_hash_map<int32_t, WorkerSegment> shared_ ABSL_GUARDED_BY(shared_mu_);
   absl::Mutex log_mu_;
   absl::Time last_unparseable_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   uint64_t unlogged_unparseable_ ABSL_GUARDED_BY(log_mu_) = 0;

@@ -11,6 +11,7 @@
 #include "common/codec.h"
 #include "common/config/config.h"
 #include "common/rpc/frame_testing.h"
+#include "common/rpc/shared_memory.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -27,20 +28,91 @@ using ::testing::HasSubstr;
 // The wire forms every case runs through: protobuf Push/Pull, and PushPull frames whose
 // payload is one aligned slice or is cut into slices of 7 bytes at odd addresses (the shard
 // then checks and applies dense values in those pieces, putting together the values cut in
-// two). Each must refuse the same bad input with the same code and change nothing either.
-enum WireForm { kMessages, kFrames, kFramesInPieces };
+// two), and frames whose payloads lie in the worker's shared-memory segment (push payload
+// copied there, pull answer written there by the server). Each must refuse the same bad input
+// with the same code and change nothing either.
+enum WireForm { kMessages, kFrames, kFramesInPieces, kSharedMemory };
+
+// A frame's header length, header and payload, taken apart.
+struct FrameParts {
+  std::string header;
+  std::string payload;
+};
+
+FrameParts PartsOf(const grpc::ByteBuffer& frame) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(frame.Dump(&slices).ok());
+  std::string whole;
+  for (const auto& sl : slices) whole.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  const uint32_t h = static_cast<uint8_t>(whole[0]) | static_cast<uint8_t>(whole[1]) << 8 |
+                     static_cast<uint8_t>(whole[2]) << 16 | static_cast<uint8_t>(whole[3]) << 24;
+  return FrameParts{whole.substr(4, h), whole.substr(4 + h)};
+}
+
+// The bytes of a frame of `header` followed by `payload`, built by hand.
+std::string RawFrameBytes(const std::string& header, const std::string& payload) {
+  std::string bytes(4, '\0');
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return bytes + header + payload;
+}
+
+grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload) {
+  grpc::Slice slice(RawFrameBytes(header, payload));
+  return grpc::ByteBuffer(&slice, 1);
+}
 
 class ServiceTest : public ::testing::TestWithParam<int> {
  protected:
   bool frames() const { return GetParam() != kMessages; }
   size_t cut_every() const { return GetParam() == kFramesInPieces ? 7 : 0; }
 
+  // Where the shared-memory form puts push payloads and answers in the segment.
+  static constexpr uint64_t kPushAt = 4096;
+  static constexpr uint64_t kAnswerAt = 512 * 1024;
+  static constexpr uint64_t kSegmentBytes = 1 << 20;
+
+  // The request frame in the test's wire form. The shared-memory form moves the payload
+  // into the segment of the request's worker, as a worker would; a request of a worker with
+  // no segment (a tool, a worker outside the job) goes as a plain frame, as it would too.
+  grpc::ByteBuffer RequestFrame(const PushRequest* push, const PullRequest* pull) {
+    grpc::ByteBuffer frame = common::FrameOf(push, pull, cut_every());
+    const int32_t worker =
+        push != nullptr ? push->header().worker_id() : pull->header().worker_id();
+    if (GetParam() != kSharedMemory || worker != 0 || segment_ == nullptr) return frame;
+    FrameParts parts = PartsOf(frame);
+    PushPullRequest header;
+    EXPECT_TRUE(header.ParseFromString(parts.header));
+    EXPECT_LE(parts.payload.size(), kAnswerAt - kPushAt);
+    std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
+    SharedPayload* sp = header.mutable_shared();
+    sp->set_segment(segment_->id());
+    sp->set_push_offset(kPushAt);
+    sp->set_push_bytes(parts.payload.size());
+    sp->set_answer_offset(kAnswerAt);
+    sp->set_answer_capacity(kSegmentBytes - kAnswerAt);
+    return RawFrame(header.SerializeAsString(), "");
+  }
+
+  // The answer to a request frame, its payload back in the frame when it came in the segment.
+  absl::StatusOr<PushPullResponse> Answer(const grpc::ByteBuffer& answer) {
+    if (GetParam() != kSharedMemory) return common::AnswerOfFrame(answer);
+    FrameParts parts = PartsOf(answer);
+    PushPullResponse header;
+    if (!header.ParseFromString(parts.header)) return absl::InternalError("answer header");
+    if (header.shared_answer_bytes() == 0) return common::AnswerOfFrame(answer);
+    EXPECT_TRUE(parts.payload.empty());
+    const uint64_t n = header.shared_answer_bytes();
+    header.clear_shared_answer_bytes();
+    return common::AnswerOfFrame(
+        RawFrame(header.SerializeAsString(), std::string(segment_->data() + kAnswerAt, n)));
+  }
+
   absl::Status DoPush(const PushRequest& request, PushResponse* response) {
     if (!frames()) return service_->HandlePush(request, response);
     grpc::ByteBuffer answer;
-    RETURN_IF_ERROR(service_->HandlePushPull(common::FrameOf(&request, nullptr, cut_every()),
+    RETURN_IF_ERROR(service_->HandlePushPull(RequestFrame(&request, nullptr),
                                              absl::Now() + absl::Seconds(5), &answer));
-    ASSIGN_OR_RETURN(PushPullResponse decoded, common::AnswerOfFrame(answer));
+    ASSIGN_OR_RETURN(PushPullResponse decoded, Answer(answer));
     *response = decoded.push();
     return absl::OkStatus();
   }
@@ -48,11 +120,29 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   absl::Status DoPull(const PullRequest& request, absl::Time deadline, PullResponse* response) {
     if (!frames()) return service_->HandlePull(request, deadline, response);
     grpc::ByteBuffer answer;
-    RETURN_IF_ERROR(
-        service_->HandlePushPull(common::FrameOf(nullptr, &request), deadline, &answer));
-    ASSIGN_OR_RETURN(PushPullResponse decoded, common::AnswerOfFrame(answer));
+    RETURN_IF_ERROR(service_->HandlePushPull(RequestFrame(nullptr, &request), deadline, &answer));
+    ASSIGN_OR_RETURN(PushPullResponse decoded, Answer(answer));
     *response = decoded.pull();
     return absl::OkStatus();
+  }
+
+  // Worker 0 (incarnation 1) asks for a segment with a pull of nothing, and maps it.
+  void OpenSegment() {
+    PushPullRequest ask;
+    *ask.mutable_header() = Header(0);
+    ask.set_want_shared_bytes(kSegmentBytes);
+    grpc::ByteBuffer answer;
+    ASSERT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                         absl::Now() + absl::Seconds(5), &answer),
+                IsOk());
+    PushPullResponse header;
+    ASSERT_TRUE(header.ParseFromString(PartsOf(answer).header));
+    ASSERT_TRUE(header.has_shared_offer());
+    const SharedSegment& offer = header.shared_offer();
+    auto opened =
+        common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+    ASSERT_THAT(opened.status(), IsOk());
+    segment_ = *std::move(opened);
   }
 
   // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);
@@ -78,7 +168,10 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     auto shard = Shard::Create(config_, options);
     ASSERT_THAT(shard.status(), IsOk());
     shard_ = *std::move(shard);
-    service_ = std::make_unique<ParameterServerService>(shard_.get(), ServiceOptions{}, ServiceHooks{});
+    ServiceOptions service_options;
+    service_options.max_shared_bytes_per_worker = kSegmentBytes;
+    service_ =
+        std::make_unique<ParameterServerService>(shard_.get(), service_options, ServiceHooks{});
     const auto* w = shard_->partitioner().FindTable("w");
     for (uint32_t b = 0; b < w->num_blocks; ++b) {
       (shard_->partitioner().ServerForBlock(*w, b) == 0 ? mine_ : theirs_).push_back(b);
@@ -92,6 +185,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
         other_key_ = k;
       }
     }
+    if (GetParam() == kSharedMemory) OpenSegment();
   }
 
   RequestHeader Header(uint64_t sequence) {
@@ -164,6 +258,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   std::vector<uint32_t> mine_, theirs_;
   std::vector<uint64_t> keys_;
   uint64_t other_key_ = 0;
+  std::shared_ptr<common::SharedMemory> segment_;  // the shared-memory form's
 };
 
 TEST_P(ServiceTest, ValidPushChangesStateOnce) {
@@ -459,28 +554,14 @@ TEST_P(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
 
 using FrameTest = ServiceTest;
 
-// A frame of `header` followed by `payload`, built by hand.
-grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload) {
-  std::string bytes(4, '\0');
-  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  bytes += header;
-  bytes += payload;
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 TEST_P(FrameTest, UnparseableFramesAreRefusedCountedAndChangeNothing) {
   const std::string before = State();
   PushRequest valid = ValidPush(1);
   // The valid push's header and payload, to damage one way or another.
-  grpc::ByteBuffer good = common::FrameOf(&valid, nullptr);
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(good.Dump(&slices).ok());
-  std::string whole;
-  for (const auto& sl : slices) whole.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  const uint32_t h = static_cast<uint8_t>(whole[0]) | static_cast<uint8_t>(whole[1]) << 8 |
-                     static_cast<uint8_t>(whole[2]) << 16 | static_cast<uint8_t>(whole[3]) << 24;
-  const std::string header = whole.substr(4, h), payload = whole.substr(4 + h);
+  const FrameParts parts = PartsOf(common::FrameOf(&valid, nullptr));
+  const std::string& header = parts.header;
+  const std::string& payload = parts.payload;
+  const std::string whole = RawFrameBytes(header, payload);
   PushPullRequest with_values;
   ASSERT_TRUE(with_values.ParseFromString(header));
   with_values.mutable_push(0)->mutable_blocks(0)->set_values("x");
@@ -575,21 +656,193 @@ TEST_P(FrameTest, PayloadsAreUsedInPlaceAndBuffersReused) {
   EXPECT_EQ(counters.buffers_allocated.load(), allocated) << "a call allocated a new buffer";
 }
 
+// ---- Shared memory only ----------------------------------------------------------------------
+
+using SharedMemoryTest = ServiceTest;
+
+// A push and a pull through the segment: the payloads cross it (counted), not the frames, and
+// the server ends where a server given the same push as a message ends, bit for bit.
+TEST_P(SharedMemoryTest, PushAndAnswerGoThroughTheSegmentAndMatchTheMessagePath) {
+  const PushRequest push = ValidPush(1);
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  auto* w = pull.add_tables();
+  w->set_table("w");
+  for (uint32_t b : mine_) w->add_block_ids(b);
+  auto* e = pull.add_tables();
+  e->set_table("emb");
+  for (uint64_t k : keys_) e->add_keys(k);
+  grpc::ByteBuffer answer;
+  ASSERT_THAT(
+      service_->HandlePushPull(RequestFrame(&push, &pull), absl::Now() + absl::Seconds(5), &answer),
+      IsOk());
+  EXPECT_TRUE(PartsOf(answer).payload.empty());
+  auto fused = Answer(answer);
+  ASSERT_THAT(fused.status(), IsOk());
+  const auto& counters = service_->data_path_counters();
+  const size_t push_bytes = PartsOf(common::FrameOf(&push, nullptr)).payload.size();
+  EXPECT_EQ(counters.bytes_shared_in.load(), push_bytes);
+  uint64_t answer_bytes = 0;
+  for (const TableValues& tv : fused->pull().tables()) {
+    for (const DenseBlock& b : tv.blocks()) answer_bytes += b.values().size();
+    answer_bytes += tv.rows().size();
+  }
+  EXPECT_GT(answer_bytes, 0u);
+  EXPECT_EQ(counters.bytes_shared_out.load(), answer_bytes);
+  EXPECT_EQ(counters.bytes_gathered.load(), 0u);
+
+  // The same push as a message, to a second server of the same job.
+  ShardOptions options;
+  options.server_index = 0;
+  auto other_shard = Shard::Create(config_, options);
+  ASSERT_THAT(other_shard.status(), IsOk());
+  ParameterServerService other(other_shard->get(), ServiceOptions{}, ServiceHooks{});
+  PushResponse pushed;
+  ASSERT_THAT(other.HandlePush(push, &pushed), IsOk());
+  PullResponse expected;
+  ASSERT_THAT(other.HandlePull(pull, absl::Now() + absl::Seconds(5), &expected), IsOk());
+  ASSERT_EQ(fused->pull().tables_size(), 2);
+  for (int t = 0; t < 2; ++t) {
+    const TableValues& got = fused->pull().tables(t);
+    const TableValues& want = expected.tables(t);
+    ASSERT_EQ(got.blocks_size(), want.blocks_size());
+    for (int b = 0; b < got.blocks_size(); ++b) {
+      EXPECT_EQ(got.blocks(b).values(), want.blocks(b).values()) << "block " << b;
+    }
+    EXPECT_EQ(got.rows(), want.rows());
+  }
+}
+
+TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
+  const PushRequest push = ValidPush(1);
+  const FrameParts parts = PartsOf(common::FrameOf(&push, nullptr));
+  std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
+  PushPullRequest good;
+  ASSERT_TRUE(good.ParseFromString(parts.header));
+  SharedPayload* sp = good.mutable_shared();
+  sp->set_segment(segment_->id());
+  sp->set_push_offset(kPushAt);
+  sp->set_push_bytes(parts.payload.size());
+  auto with = [&](auto change) {
+    PushPullRequest h = good;
+    change(&h);
+    return h;
+  };
+  struct Case {
+    PushPullRequest header;
+    std::string payload;  // in the frame
+    absl::StatusCode code;
+    std::string text;
+  };
+  const uint64_t end = kSegmentBytes;
+  const std::vector<Case> cases = {
+      {with(
+           [](PushPullRequest* h) { h->mutable_shared()->set_segment(h->shared().segment() + 1); }),
+       "", absl::StatusCode::kAborted, "not this worker's"},
+      {with([](PushPullRequest* h) { h->mutable_header()->set_worker_id(-1); }), "",
+       absl::StatusCode::kAborted, "not this worker's"},
+      {with([&](PushPullRequest* h) { h->mutable_shared()->set_push_offset(end - 8); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) { h->mutable_shared()->set_push_offset(0); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) { h->mutable_shared()->set_push_offset(~uint64_t{0} - 7); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) { h->mutable_shared()->set_push_bytes(~uint64_t{0}); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([&](PushPullRequest* h) {
+         h->mutable_shared()->set_answer_offset(end - 64);
+         h->mutable_shared()->set_answer_capacity(128);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      {good, parts.payload, absl::StatusCode::kInvalidArgument, "payload bytes in the frame"},
+      {with([](PushPullRequest* h) {
+         h->set_has_push(false);
+         h->clear_push();
+       }),
+       "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) {
+         h->mutable_shared()->set_push_bytes(h->shared().push_bytes() - 1);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "do not add up"},
+  };
+  const std::string before = State();
+  for (const Case& c : cases) {
+    grpc::ByteBuffer answer;
+    EXPECT_THAT(service_->HandlePushPull(RawFrame(c.header.SerializeAsString(), c.payload),
+                                         absl::Now() + absl::Seconds(1), &answer),
+                StatusIs(c.code, HasSubstr(c.text)))
+        << c.header.ShortDebugString();
+    EXPECT_EQ(State(), before) << c.header.ShortDebugString();
+  }
+  EXPECT_EQ(Rejected("unknown_segment"), 2u);
+  // A non-finite value in the segment is refused as in a frame.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(segment_->data() + kPushAt + parts.payload.size() - sizeof(float), &nan, sizeof(nan));
+  grpc::ByteBuffer answer;
+  EXPECT_THAT(service_->HandlePushPull(RawFrame(good.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(1), &answer),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(State(), before);
+  // The good one then goes through, once.
+  std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
+  ASSERT_THAT(service_->HandlePushPull(RawFrame(good.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(1), &answer),
+              IsOk());
+  EXPECT_NE(State(), before);
+}
+
+TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnation) {
+  auto ask = [&](int32_t worker, uint64_t incarnation, uint64_t bytes) {
+    PushPullRequest h;
+    *h.mutable_header() = Header(0);
+    h.mutable_header()->set_worker_id(worker);
+    h.mutable_header()->set_worker_incarnation(incarnation);
+    h.set_want_shared_bytes(bytes);
+    grpc::ByteBuffer answer;
+    service_
+        ->HandlePushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(1),
+                         &answer)
+        .IgnoreError();
+    PushPullResponse r;
+    if (answer.Valid()) r.ParseFromString(PartsOf(answer).header);
+    return r;
+  };
+  EXPECT_FALSE(ask(-1, 1, kSegmentBytes).has_shared_offer());  // a tool
+  EXPECT_FALSE(ask(1, 1, kSegmentBytes).has_shared_offer());   // outside a 1-worker job
+  EXPECT_FALSE(ask(0, 0, kSegmentBytes).has_shared_offer());   // older than the segment's
+  EXPECT_FALSE(ask(0, 1, 64).has_shared_offer());              // no room past the id
+  // The segment in use still works.
+  PushResponse pushed;
+  ASSERT_THAT(DoPush(ValidPush(1), &pushed), IsOk());
+  EXPECT_GT(service_->data_path_counters().bytes_shared_in.load(), 0u);
+  // A newer incarnation's segment replaces it, capped at the server's limit.
+  PushPullResponse newer = ask(0, 2, uint64_t{1} << 40);
+  ASSERT_TRUE(newer.has_shared_offer());
+  EXPECT_EQ(newer.shared_offer().bytes(), kSegmentBytes);
+  EXPECT_NE(newer.shared_offer().id(), segment_->id());
+  EXPECT_THAT(DoPush(ValidPush(2), &pushed),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
+}
+
 std::string WireFormName(const ::testing::TestParamInfo<int>& info) {
   switch (info.param) {
     case kMessages:
       return "Messages";
     case kFrames:
       return "Frames";
-    default:
+    case kFramesInPieces:
       return "FramesInPieces";
+    default:
+      return "SharedMemory";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Frames, FrameTest, ::testing::Values(kFrames), WireFormName);
+INSTANTIATE_TEST_SUITE_P(Shared, SharedMemoryTest, ::testing::Values(kSharedMemory), WireFormName);
 
 INSTANTIATE_TEST_SUITE_P(WireForms, ServiceTest,
-                         ::testing::Values(kMessages, kFrames, kFramesInPieces), WireFormName);
+                         ::testing::Values(kMessages, kFrames, kFramesInPieces, kSharedMemory),
+                         WireFormName);
 
 }  // namespace
 }  // namespace ps::server

@@ -128,16 +128,17 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
     if (h.has_push() || h.pull_size() > 0) ++sends;
   }
   c->slots.resize(sends);
+  x.shared.resize(frames);
+  x.asked.assign(frames, false);
   size_t i = 0;
   for (uint32_t s = 0; s < frames; ++s) {
     if (!x.headers[s].has_push() && x.headers[s].pull_size() == 0) continue;
-    common::FrameBuilder frame(x.headers[s]);
-    for (absl::string_view bytes : x.payloads[s]) frame.AddAliased(bytes);
+    store_->PlaceShared(s, &x);
     Slot& slot = c->slots[i++];
     slot.call = c;
     slot.frame = s;
     slot.server = x.ServerOf(s);
-    slot.request = frame.Build();
+    slot.request = store_->BuildFrame(s, x);
   }
   return absl::OkStatus();
 }
@@ -232,6 +233,17 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
     SlotDone(c);
     return;
   }
+  if (c->x.shared[slot->frame].valid() || c->x.asked[slot->frame]) {
+    // Whatever went wrong, the frame's next attempt goes by the socket (ABORTED: the server
+    // no longer has the segment, and nothing changed: sent again at once).
+    const bool used_shared = c->x.shared[slot->frame].valid();
+    store_->OnSharedFailure(slot->frame, &c->x);
+    if (used_shared) slot->request = store_->BuildFrame(slot->frame, c->x);
+    if (used_shared && absl::IsAborted(st) && c->status.ok() && !closing_) {
+      Send(slot);
+      return;
+    }
+  }
   slot->first_failure = std::min(slot->first_failure, absl::Now());
   store_->CountFailure(s, st);
   // A call that failed already (another server refused) or is being closed retries nothing.
@@ -268,6 +280,11 @@ void GrpcParameterStore::AsyncCalls::SlotDone(Call* c) {
 
 void GrpcParameterStore::AsyncCalls::End(Call* c) {
   Exchange& x = c->x;
+  if (!c->status.ok()) {
+    for (uint32_t f = 0; f < x.shared.size(); ++f) {
+      if (x.shared[f].valid() || x.asked[f]) store_->OnSharedFailure(f, &x);
+    }
+  }
   if (c->status.ok()) {
     // Repeated keys get the row their first occurrence received.
     for (auto& [name, so] : x.sparse_out) {

@@ -53,6 +53,10 @@ struct GrpcParameterStore::Metrics {
                                  "Parameter bytes pushed to the servers (payload only).")),
         bytes_received(r->AddCounter("ps_worker_bytes_received_total",
                                      "Parameter bytes pulled from the servers (payload only).")),
+        bytes_shared(r->AddCounter(
+            "ps_worker_bytes_shared_total",
+            "Of the parameter bytes pushed and pulled, those that went through shared memory "
+            "with a server on this host.")),
         duplicates(r->AddCounter(
             "ps_worker_push_duplicates_total",
             "Push answers saying the server had applied the push already (after a retry).")) {
@@ -69,6 +73,7 @@ struct GrpcParameterStore::Metrics {
   common::metrics::Family<common::metrics::Counter>* const failures;
   common::metrics::Counter* const bytes_sent;
   common::metrics::Counter* const bytes_received;
+  common::metrics::Counter* const bytes_shared;
   common::metrics::Counter* const duplicates;
   std::vector<common::metrics::Counter*> retries;  // per server
 };
@@ -123,6 +128,8 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
     data_stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[s]));
     next_sequence_[s] = 1;
   }
+  absl::MutexLock lock(&shared_mu_);
+  shared_.resize(channels.size());
 }
 
 GrpcParameterStore::~GrpcParameterStore() {
@@ -215,6 +222,8 @@ void GrpcParameterStore::CountExchange(const Exchange& x) {
   bytes_sent_ += x.sent;
   metrics_->bytes_sent->Increment(x.sent);
   bytes_received_ += x.received;
+  bytes_shared_ += x.shared_bytes;
+  metrics_->bytes_shared->Increment(x.shared_bytes);
   metrics_->bytes_received->Increment(x.received);
 }
 
@@ -320,6 +329,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.initial_backoff = absl::Seconds(config.rpc().initial_backoff_s());
   options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
   options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
+  options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
   auto silent = std::make_shared<NotAnsweringLog>(
       std::vector<std::string>(config.cluster().servers().begin(),
                                config.cluster().servers().end()),
@@ -433,8 +443,9 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
 }
 
 std::string GrpcStoreStats::Summary() const {
-  return absl::StrCat("sent ", bytes_sent, " bytes, received ", bytes_received, " bytes, ",
-                      retries, " retries");
+  return absl::StrCat(
+      "sent ", bytes_sent, " bytes, received ", bytes_received, " bytes, ", retries, " retries",
+      bytes_shared > 0 ? absl::StrCat(", ", bytes_shared, " bytes through shared memory") : "");
 }
 
 GrpcStoreStats GrpcParameterStore::stats() const {
@@ -443,6 +454,7 @@ GrpcStoreStats GrpcParameterStore::stats() const {
   s.bytes_received = bytes_received_;
   s.retries = retries_;
   s.duplicate_pushes = duplicates_;
+  s.bytes_shared = bytes_shared_;
   return s;
 }
 

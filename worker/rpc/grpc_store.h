@@ -36,8 +36,9 @@
 #include "common/metrics/metrics.h"
 #include "common/parameter_store.h"
 #include "common/partitioner.h"
-#include "proto/config.pb.h"
+#include "common/rpc/shared_memory.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "proto/config.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "worker/rpc/push_residuals.h"
 
@@ -99,6 +100,10 @@ struct GrpcStoreOptions {
   // While the calling thread waits for answers it polls its completion queue for up to this
   // long before it sleeps (rpc.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
   absl::Duration busy_poll = absl::ZeroDuration();
+  // Shared memory asked of each server (rpc.shared_memory_mb; common/rpc/shared_memory.h),
+  // bytes: a server on this host that grants it gets payloads through it instead of the
+  // socket. 0 = never asked.
+  size_t shared_memory_bytes = 0;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -112,8 +117,11 @@ struct GrpcStoreStats {
   uint64_t bytes_received = 0;
   uint64_t retries = 0;
   uint64_t duplicate_pushes = 0;
+  // Of the payload bytes sent and received, those that went through shared memory.
+  uint64_t bytes_shared = 0;
 
-  // "sent <n> bytes, received <n> bytes, <n> retries", the form tools/ read from the log.
+  // "sent <n> bytes, received <n> bytes, <n> retries[, <n> bytes through shared memory]", the
+  // form tools/ read from the log.
   std::string Summary() const;
 };
 
@@ -228,6 +236,20 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Does `copies` (in payload order, offsets from where `reader` stands), split over threads
   // when they are large (GrpcStoreOptions::parallel_copy_bytes).
   void CopyBlocks(const common::FrameReader& reader, absl::Span<const BlockCopy> copies) const;
+  // Shared memory with server s (GrpcStoreOptions::shared_memory_bytes). Frame f's payloads
+  // go into a region of the server's segment when there is one with room: the frame then
+  // carries only the header (and where they lie). The first frame to a server asks for a
+  // segment instead (want_shared_bytes); ReadAnswer maps the offer.
+  void PlaceShared(uint32_t f, Exchange* x);
+  // The frame to send for f: its header and, unless they lie in shared memory, its payloads.
+  grpc::ByteBuffer BuildFrame(uint32_t f, const Exchange& x) const;
+  // Frame f's attempt ended with `status`, not OK, after it asked for or used shared memory:
+  // a frame using a segment goes back to the socket, and the segment is given up (the server
+  // may still write an abandoned attempt's answer into its region), so the next call asks
+  // for a new one.
+  void OnSharedFailure(uint32_t f, Exchange* x);
+  // Pull answer bytes frame f asks for (float32 or encoded, as the server will send them).
+  uint64_t AnswerBytes(const PushPullRequest& h) const;
   // Encode buffers reused across calls (16-bit payloads, sparse rows).
   std::string TakeBuffer();
   void GiveBuffer(std::string buffer);
@@ -248,10 +270,18 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::vector<std::unique_ptr<AsyncCalls>> spare_calls_ ABSL_GUARDED_BY(queues_mu_);
   absl::Mutex buffers_mu_;
   std::vector<std::string> spare_buffers_ ABSL_GUARDED_BY(buffers_mu_);
+  // Shared memory per server.
+  struct SharedLink {
+    enum State { kNone, kAsked, kActive, kOff } state = kNone;
+    std::shared_ptr<common::SharedArena> arena;  // when kActive
+  };
+  absl::Mutex shared_mu_;
+  std::vector<SharedLink> shared_ ABSL_GUARDED_BY(shared_mu_);
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> bytes_shared_{0};
   // Held while a Push encodes (not while it sends).
   absl::Mutex residuals_mu_;
   PushResiduals residuals_ ABSL_GUARDED_BY(residuals_mu_);

@@ -40,8 +40,14 @@ struct GrpcParameterStore::Exchange {
   std::list<std::string> encoded;
   absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
   absl::flat_hash_map<std::string, SparseOut> sparse_out;
+  // Per frame (sized when the frames are built): the region of shared memory holding its push
+  // payload and room for its answer (invalid: by the socket), and whether it asked for a
+  // segment.
+  std::vector<common::SharedArena::Region> shared;
+  std::vector<bool> asked;
   uint64_t sent = 0;
   uint64_t received = 0;
+  uint64_t shared_bytes = 0;  // of sent and received, through shared memory
   uint64_t duplicates = 0;
 };
 

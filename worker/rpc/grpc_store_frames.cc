@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -11,8 +12,10 @@
 #include "common/codec.h"
 #include "common/hash.h"
 #include "common/rpc/frame.h"
+#include "common/rpc/shared_memory.h"
 #include "common/startup/cores.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "worker/rpc/grpc_store.h"
 #include "worker/rpc/grpc_store_exchange.h"
 
@@ -369,6 +372,85 @@ void GrpcParameterStore::SplitPullPieces(Exchange* x) const {
   }
 }
 
+uint64_t GrpcParameterStore::AnswerBytes(const PushPullRequest& h) const {
+  uint64_t bytes = 0;
+  for (const TablePullRequest& tr : h.pull()) {
+    const common::TableInfo* t = partitioner_.FindTable(tr.table());
+    const uint64_t bpv = common::BytesPerValue(tr.encoding());
+    if (t == nullptr) continue;
+    for (uint32_t b : tr.block_ids()) {
+      auto [begin, end] = partitioner_.BlockRange(*t, b);
+      bytes += (end - begin) * bpv;
+    }
+    bytes += uint64_t{static_cast<uint64_t>(tr.keys_size())} * t->dim * bpv;
+  }
+  return bytes;
+}
+
+void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
+  if (options_.shared_memory_bytes == 0) return;
+  const uint32_t s = x->ServerOf(f);
+  PushPullRequest& h = x->headers[f];
+  std::shared_ptr<common::SharedArena> arena;
+  {
+    absl::MutexLock lock(&shared_mu_);
+    SharedLink& link = shared_[s];
+    if (link.state == SharedLink::kNone) {
+      link.state = SharedLink::kAsked;
+      h.set_want_shared_bytes(options_.shared_memory_bytes);
+      x->asked[f] = true;
+      return;
+    }
+    if (link.state != SharedLink::kActive) return;
+    arena = link.arena;
+  }
+  uint64_t push = 0;
+  for (absl::string_view bytes : x->payloads[f]) push += bytes.size();
+  push = (push + 63) / 64 * 64;  // the answer's room starts aligned
+  const uint64_t answer = AnswerBytes(h);
+  if (push + answer == 0) return;
+  std::optional<common::SharedArena::Region> region =
+      common::SharedArena::Allocate(arena, push + answer);
+  if (!region.has_value()) return;  // no room now: this frame goes by the socket
+  // The one copy of a push: from the caller's gradient (or its encoding) into the segment.
+  char* at = region->data();
+  for (absl::string_view bytes : x->payloads[f]) {
+    std::memcpy(at, bytes.data(), bytes.size());
+    at += bytes.size();
+  }
+  SharedPayload* sp = h.mutable_shared();
+  sp->set_segment(arena->memory()->id());
+  sp->set_push_offset(region->offset());
+  sp->set_push_bytes(static_cast<uint64_t>(at - region->data()));
+  sp->set_answer_offset(region->offset() + push);
+  sp->set_answer_capacity(answer);
+  x->shared[f] = *std::move(region);
+}
+
+grpc::ByteBuffer GrpcParameterStore::BuildFrame(uint32_t f, const Exchange& x) const {
+  common::FrameBuilder frame(x.headers[f]);
+  if (!x.shared[f].valid()) {
+    for (absl::string_view bytes : x.payloads[f]) frame.AddAliased(bytes);
+  }
+  return frame.Build();
+}
+
+void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
+  const uint32_t s = x->ServerOf(f);
+  absl::MutexLock lock(&shared_mu_);
+  SharedLink& link = shared_[s];
+  if (x->shared[f].valid()) {
+    if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
+      link = SharedLink();
+    }
+    // The region is not reused: an abandoned attempt's answer may still land in it. It goes
+    // with the old segment, which no new call uses.
+    x->headers[f].clear_shared();
+    x->shared[f] = common::SharedArena::Region();
+  }
+  if (x->asked[f] && link.state == SharedLink::kAsked) link.state = SharedLink::kNone;
+}
+
 absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& answer,
                                             Exchange* x) {
   const uint32_t s = x->ServerOf(f);
@@ -378,6 +460,40 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
       !st.ok()) {
     return BadResponse(s, st.message());
   }
+  if (x->asked[f]) {
+    std::shared_ptr<common::SharedArena> arena;
+    if (header.has_shared_offer()) {
+      const SharedSegment& offer = header.shared_offer();
+      absl::StatusOr<std::shared_ptr<common::SharedMemory>> opened =
+          common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+      if (opened.ok()) {
+        arena = std::make_shared<common::SharedArena>(*std::move(opened));
+      } else {
+        LOG(INFO) << "server " << s << ": its shared memory is not usable here (" << opened.status()
+                  << "); payloads go by the socket";
+      }
+    }
+    absl::MutexLock lock(&shared_mu_);
+    SharedLink& link = shared_[s];
+    if (link.state == SharedLink::kAsked) {
+      link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
+      link.arena = std::move(arena);
+    }
+  }
+  if (header.shared_answer_bytes() > 0) {
+    const SharedPayload& sp = x->headers[f].shared();
+    if (!x->shared[f].valid() || header.shared_answer_bytes() > sp.answer_capacity() ||
+        reader.remaining() > 0) {
+      return BadResponse(s, absl::StrCat("an answer of ", header.shared_answer_bytes(),
+                                         " bytes in shared memory, with room for ",
+                                         x->shared[f].valid() ? sp.answer_capacity() : 0));
+    }
+    reader.Append(
+        absl::string_view(x->shared[f].data() + (sp.answer_offset() - x->shared[f].offset()),
+                          header.shared_answer_bytes()));
+    x->shared_bytes += header.shared_answer_bytes();
+  }
+  if (x->shared[f].valid()) x->shared_bytes += x->headers[f].shared().push_bytes();
   if (x->headers[f].has_push() && header.push().duplicate()) ++x->duplicates;
   uint64_t total = 0;
   for (const TableValues& tv : header.pull().tables()) {

@@ -1,0 +1,177 @@
+#include "common/rpc/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace ps::common {
+namespace {
+
+absl::Status Errno(absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+constexpr uint64_t kAlign = 64;
+
+uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+const std::string& SharedMemory::BootId() {
+  static const std::string* id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string s;
+    std::getline(in, s);
+    return new std::string(absl::StripAsciiWhitespace(s));
+  }();
+  return *id;
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Create(size_t bytes) {
+  if (bytes <= kReservedBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a segment of ", bytes, " bytes"));
+  }
+  const int fd = memfd_create("ps-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Errno("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    absl::Status s = Errno("sizing and sealing a memfd");
+    close(fd);
+    return s;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    absl::Status s = Errno("mmap");
+    close(fd);
+    return s;
+  }
+  std::random_device random;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{random()} << 32) | random();
+  std::memcpy(p, &id, sizeof(id));
+  return std::shared_ptr<SharedMemory>(new SharedMemory(
+      fd, static_cast<char*>(p), bytes, id, absl::StrCat("/proc/", getpid(), "/fd/", fd)));
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Open(uint64_t id,
+                                                                 const std::string& path,
+                                                                 size_t bytes,
+                                                                 const std::string& boot_id) {
+  if (boot_id.empty() || boot_id != BootId()) {
+    return absl::FailedPreconditionError("the segment is on another host");
+  }
+  if (bytes <= kReservedBytes) {
+    return absl::FailedPreconditionError(absl::StrCat("a segment of ", bytes, " bytes"));
+  }
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("opening ", path));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes ||
+      fcntl(fd, F_GET_SEALS) != (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not a sealed segment of ", bytes, " bytes"));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    absl::Status s = Errno("mmap");
+    close(fd);
+    return s;
+  }
+  uint64_t found;
+  std::memcpy(&found, p, sizeof(found));
+  if (found != id) {
+    munmap(p, bytes);
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, " holds another segment"));
+  }
+  return std::shared_ptr<SharedMemory>(
+      new SharedMemory(fd, static_cast<char*>(p), bytes, id, std::string()));
+}
+
+SharedMemory::~SharedMemory() {
+  munmap(data_, size_);
+  close(fd_);
+}
+
+SharedArena::SharedArena(std::shared_ptr<SharedMemory> memory) : memory_(std::move(memory)) {
+  const uint64_t begin = RoundUp(SharedMemory::kReservedBytes);
+  if (memory_->size() > begin) free_.emplace(begin, memory_->size() - begin);
+}
+
+std::optional<SharedArena::Region> SharedArena::Allocate(const std::shared_ptr<SharedArena>& arena,
+                                                         size_t n) {
+  const uint64_t want = RoundUp(std::max<uint64_t>(n, 1));
+  absl::MutexLock lock(&arena->mu_);
+  for (auto it = arena->free_.begin(); it != arena->free_.end(); ++it) {
+    if (it->second < want) continue;
+    Region r;
+    r.arena_ = arena;
+    r.offset_ = it->first;
+    r.size_ = want;
+    const uint64_t rest = it->second - want;
+    const uint64_t after = it->first + want;
+    arena->free_.erase(it);
+    if (rest > 0) arena->free_.emplace(after, rest);
+    return r;
+  }
+  return std::nullopt;
+}
+
+void SharedArena::Free(uint64_t offset, uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = free_.emplace(offset, size);
+  if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+size_t SharedArena::free_bytes() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [offset, size] : free_) n += size;
+  return n;
+}
+
+SharedArena::Region& SharedArena::Region::operator=(Region&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    arena_ = std::move(other.arena_);
+    offset_ = other.offset_;
+    size_ = other.size_;
+    other.arena_ = nullptr;
+  }
+  return *this;
+}
+
+char* SharedArena::Region::data() const { return arena_->memory()->data() + offset_; }
+
+const std::shared_ptr<SharedMemory>& SharedArena::Region::memory() const {
+  return arena_->memory();
+}
+
+void SharedArena::Region::Reset() {
+  if (arena_ == nullptr) return;
+  arena_->Free(offset_, size_);
+  arena_ = nullptr;
+}
+
+}  // namespace ps::common

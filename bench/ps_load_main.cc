@@ -158,6 +158,8 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     options.worker_id = c;
     options.worker_incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
     options.deadline = absl::Seconds(120);
+    // As a worker of the job: shared memory with the servers on this host (config defaults).
+    options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
     ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
     RETURN_IF_ERROR(store->WaitForServers(absl::Seconds(60)));
     stores.push_back(std::move(store));

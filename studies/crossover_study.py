@@ -197,6 +197,10 @@ class Study:
                 else:
                     lines.append("%s %s addr=%s.%d%s" % (role, self.net.ns(host), SUBNET, octet,
                                                         " port=7000" if role == "server" else ""))
+        if link != "loopback":
+            # Namespaces share one kernel: payloads would skip the shaped links through shared
+            # memory.
+            sets = sets + ["rpc.shared_memory_mb=0"]
         return launch_argv(lines, os.path.join(ROOT, config), model_sets + EXTRA_MODES.get(mode, []) + sets,
                            self.wrapped, run_dir, "" if link == "loopback" else "ip netns exec {host}", eval_mode)
 

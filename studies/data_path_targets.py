@@ -10,6 +10,8 @@ Runs, back to back on this machine:
     10k keys x 16 pull and push;
   - ps_bench, the same with 8 calls in flight at 4 KB;
   - ps_bench, 2 servers + 2 clients, dense 1 MB and 64 MB;
+    (all three with payloads through shared memory, as the config's defaults have them between
+    processes of one host; --shared_memory_mb=0 sends them by the socket)
   - server/shard_benchmark's 64 MB Adam push, one thread against the parallel apply, alternated
     inside each iteration (the median ratio of --repeat repetitions);
   - with --memory, bench/ps_load (21 tables of 4M floats, Adam) and each server's peak RSS against
@@ -206,7 +208,8 @@ def run(cmd):
 def ps_bench(args, tmp, name, extra):
     path = os.path.join(tmp, name + ".jsonl")
     run([os.path.join(args.bin_dir, "bench/ps_bench"), "--seconds=%g" % args.seconds,
-         "--repeat=%d" % args.repeat, "--json=" + path] + extra)
+         "--repeat=%d" % args.repeat, "--json=" + path,
+         "--shared_memory_mb=%d" % args.shared_memory_mb] + extra)
     return read_jsonl(path)
 
 
@@ -231,8 +234,10 @@ def measure(args, tmp):
         runs = []
         for i in range(args.repeat):
             path = os.path.join(tmp, "training-%d.jsonl" % i)
+            shared = ([] if args.shared_memory_mb < 0 else
+                      ["--set", "rpc.shared_memory_mb=%d" % args.shared_memory_mb])
             run([sys.executable, "studies/scaling_bench.py", "--models", "mlp", "--cells", "1x1,2x2",
-                 "--bin_dir", args.bin_dir, "--json", path])
+                 "--bin_dir", args.bin_dir, "--json", path] + shared)
             runs.append(read_jsonl(path))
         rows += training_rows(runs)
     return rows
@@ -268,6 +273,10 @@ def main():
     ap.add_argument("--memory", action="store_true", help="also run bench/ps_load")
     ap.add_argument("--training", action="store_true", help="also run studies/scaling_bench.py")
     ap.add_argument("--json", help="write the rows here, one JSON object per line")
+    ap.add_argument("--shared_memory_mb", type=int, default=-1,
+                    help="shared memory between each client and server of ps_bench and the "
+                         "training runs (0: payloads by the socket only); -1: the config "
+                         "defaults (rpc.shared_memory_mb)")
     args = ap.parse_args()
     missing = missing_binaries(args.bin_dir, args.memory, args.training)
     if missing:
@@ -281,8 +290,10 @@ def main():
                 f.write(json.dumps(r) + "\n")
     print(table(rows))
     met = sum(r["met"] == "met" for r in rows)
-    print("\n%d of %d targets met (TCP congestion control: %s)"
-          % (met, len(rows), congestion_control()))
+    print("\n%d of %d targets met (TCP congestion control: %s; payloads %s)"
+          % (met, len(rows), congestion_control(),
+             "by the socket only" if args.shared_memory_mb == 0 else
+             "through shared memory between processes of this host"))
 
 
 if __name__ == "__main__":

@@ -233,6 +233,9 @@ def main():
                 os.path.join(root, CONFIG), "--exec", "ip netns exec {host}", "--bin_dir", bin_dir,
                 "--remote_dir", os.path.join(work, "hosts-dir"), "--log_dir", os.path.join(work, "logs"),
                 "--set", "training.epochs=%d" % args.epochs, "--set", "training.target_metric=%g" % args.target,
+                # The hosts share one kernel: without this, payloads would skip the emulated
+                # network through shared memory.
+                "--set", "rpc.shared_memory_mb=0",
                 # Every worker evaluates, so each stops at the target instead of running every epoch.
                 "--worker_arg=--eval=always", "--worker_arg=--wait_for_servers_s=30",
                 "--server_arg=--metrics_port=%d" % METRICS_PORT, "--worker_arg=--metrics_port=%d" % METRICS_PORT]

@@ -89,6 +89,11 @@ float SlotInitialValue(const OptimizerParams& p, int slot);
 struct FloatBytes {
   const void* data = nullptr;
   int64_t n = 0;  // values (4 bytes each)
+  // The bytes lie in memory another process may still write (a worker's shared-memory
+  // segment): they were checked before, but a value may have changed since, so each is read
+  // once and one that is not finite is taken as 0. Finite values give the same result bit for
+  // bit as with this off.
+  bool zero_nonfinite = false;
 };
 
 // Applies one update in place, as described at the top of this file.

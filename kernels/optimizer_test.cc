@@ -4,8 +4,10 @@
 // this code), so a mismatch means the implementation and the documented formula disagree.
 #include "kernels/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -211,6 +213,63 @@ TEST(OptimizerTest, LongSpanMatchesElementwiseRule) {
   for (int i = 0; i < n; ++i) {
     ASSERT_NEAR(m.weights[i], w[i] - (i % 2 == 0 ? 0.01f : -0.01f), 1e-6f) << i;
   }
+}
+
+// Bytes another process may still write (FloatBytes::zero_nonfinite): finite values give the
+// plain result bit for bit; NaN and infinities of either sign are read as 0, for every rule
+// (clip_norm's sum included) and for deltas.
+TEST(OptimizerTest, ZeroNonFiniteReadsFiniteValuesAsIsAndTheOthersAsZero) {
+  const int n = 517;
+  std::vector<float> w(n), g(n), poisoned(n), zeroed(n);
+  for (int i = 0; i < n; ++i) {
+    w[i] = 0.001f * i - 0.3f;
+    g[i] = std::sin(0.37f * i);
+    poisoned[i] = g[i];
+    zeroed[i] = g[i];
+  }
+  const float bad[] = {
+      std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::quiet_NaN()};
+  for (int k = 0; k < 4; ++k) {
+    for (int i : {k, 100 + k, n - 1 - k}) {
+      poisoned[i] = bad[k];
+      zeroed[i] = 0.0f;
+    }
+  }
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdagrad,
+                             OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
+    for (bool clip : {false, true}) {
+      OptimizerParams p = Params(kind, 0.01f);
+      if (clip) p.clip_norm = 3.0f;
+      const std::string what = std::string(OptimizerKindName(kind)) + (clip ? " clipped" : "");
+      auto run = [&](const std::vector<float>& grad, bool zero) {
+        Model m(p, w);
+        for (int step = 1; step <= 2; ++step) {
+          std::vector<float*> slots;
+          for (auto& s : m.slots) slots.push_back(s.data());
+          FloatBytes bytes{grad.data(), n};
+          bytes.zero_nonfinite = zero;
+          ApplyOptimizer(p, step, absl::MakeSpan(m.weights), bytes, slots);
+        }
+        return m.weights;
+      };
+      const std::vector<float> plain = run(g, false);
+      EXPECT_EQ(std::memcmp(run(g, true).data(), plain.data(), n * sizeof(float)), 0) << what;
+      const std::vector<float> expected = run(zeroed, false);
+      EXPECT_EQ(std::memcmp(run(poisoned, true).data(), expected.data(), n * sizeof(float)), 0)
+          << what;
+      const std::vector<float> unguarded = run(poisoned, false);
+      EXPECT_FALSE(
+          std::all_of(unguarded.begin(), unguarded.end(), [](float v) { return std::isfinite(v); }))
+          << what << ": the poisoned gradient should break the plain update";
+    }
+  }
+  std::vector<float> a = w, b = w;
+  FloatBytes delta{poisoned.data(), n};
+  delta.zero_nonfinite = true;
+  ApplyDelta(0.5f, absl::MakeSpan(a), delta);
+  ApplyDelta(0.5f, absl::MakeSpan(b), absl::MakeConstSpan(zeroed));
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0);
 }
 
 // A gradient read where a network buffer holds it (any byte offset) gives the aligned

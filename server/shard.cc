@@ -437,12 +437,12 @@ absl::StatusOr<SparseTableStats> Shard::SparseStats(absl::string_view table) con
 
 absl::StatusOr<absl::Span<const float>> Shard::PayloadValues(absl::string_view bytes,
                                                              Encoding encoding, size_t n,
-                                                             CheckedPush* push) {
+                                                             CheckedPush* push, bool may_change) {
   static_assert(absl::little_endian::IsLittleEndian(), "the wire format is little-endian");
   if (n == 0) return absl::Span<const float>();
   // Float32 payloads are used where they lie (protobuf's heap strings, the in-process
   // store's spans and gather buffers are aligned for float): no copy.
-  if (encoding == ENCODING_FLOAT32 &&
+  if (encoding == ENCODING_FLOAT32 && !may_change &&
       reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
     return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()), n);
   }
@@ -476,12 +476,13 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
     const bool in_place = t.encoding == ENCODING_FLOAT32 && table->optimizer().clip_norm == 0 &&
                           pieces.size() <= kFreePieces + bytes / kMinPieceBytes;
     const bool aligned = reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0;
-    if (pieces.size() == 1 && (aligned || !in_place)) {
+    // A payload that may change is read once by the update: as pieces (zero_nonfinite).
+    if (pieces.size() == 1 && (aligned || !in_place) && !(in_place && t.payload_may_change)) {
       ASSIGN_OR_RETURN(absl::Span<const float> values,
-                       PayloadValues(pieces[0], t.encoding, n, push));
+                       PayloadValues(pieces[0], t.encoding, n, push, t.payload_may_change));
       push->updates_.push_back(PendingUpdate{table, block.id, {}, values, {}});
     } else if (in_place) {
-      push->updates_.push_back(PieceUpdate(table, block.id, pieces, push));
+      push->updates_.push_back(PieceUpdate(table, block.id, pieces, push, t.payload_may_change));
     } else {
       // Gathered into one span (16-bit values are decoded from it).
       std::string joined;
@@ -543,7 +544,8 @@ size_t PendingUpdate::FirstNonFinite() const {
 }
 
 PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
-                                 absl::Span<const absl::string_view> pieces, CheckedPush* push) {
+                                 absl::Span<const absl::string_view> pieces, CheckedPush* push,
+                                 bool may_change) {
   // Whole values in place; a value cut between two pieces is put together in straddles_.
   // CheckPush reserved 2 entries per piece (k pieces make at most k views and k - 1 cut
   // values): the spans into pieces_ and straddles_ must never move.
@@ -569,8 +571,8 @@ PendingUpdate Shard::PieceUpdate(DenseTablePart* table, uint32_t block,
     }
     const size_t whole = (piece.size() - at) / sizeof(float);
     if (whole > 0) {
-      push->pieces_.push_back(
-          BlockPiece{offset, kernels::FloatBytes{piece.data() + at, static_cast<int64_t>(whole)}});
+      push->pieces_.push_back(BlockPiece{
+          offset, kernels::FloatBytes{piece.data() + at, static_cast<int64_t>(whole), may_change}});
       offset += whole;
     }
     have = piece.size() - at - whole * sizeof(float);
@@ -596,7 +598,8 @@ absl::Status Shard::CheckSparsePush(SparseTablePart* table, const PushTable& t,
   }
   const size_t n = t.rows.size() / bpv;
   RETURN_IF_ERROR(CheckKeys(*table, t.keys, n));
-  ASSIGN_OR_RETURN(absl::Span<const float> values, PayloadValues(t.rows, t.encoding, n, push));
+  ASSIGN_OR_RETURN(absl::Span<const float> values,
+                   PayloadValues(t.rows, t.encoding, n, push, t.payload_may_change));
   push->updates_.push_back(PendingUpdate{table, 0, t.keys, values});
   push->bytes_in_ += t.rows.size();
   return absl::OkStatus();
@@ -614,11 +617,12 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   for (const PushTable& t : push.tables) {
     count += t.blocks.size() + 1;
     // A block of k pieces makes at most k in place and k - 1 cut values; a whole payload at
-    // an unaligned address is one piece.
+    // an unaligned address, or one that may change, is one piece.
     for (const PushTable::Block& b : t.blocks) {
       if (!b.pieces.empty()) {
         pieces += 2 * b.pieces.size();
-      } else if (reinterpret_cast<uintptr_t>(b.bytes.data()) % alignof(float) != 0) {
+      } else if (t.payload_may_change ||
+                 reinterpret_cast<uintptr_t>(b.bytes.data()) % alignof(float) != 0) {
         pieces += 2;
       }
     }

@@ -101,6 +101,11 @@ struct PushTable {
   std::vector<Block> blocks;        // dense
   absl::Span<const uint64_t> keys;  // sparse
   absl::string_view rows;           // sparse: keys.size() rows of the table's dim
+  // The payloads lie in memory another process may still write (a worker's shared-memory
+  // segment), so a value read twice could differ: float32 blocks taken in place are read once
+  // more after the check, by the update, which takes a value no longer finite as 0
+  // (kernels::FloatBytes::zero_nonfinite); every other payload is copied before the check.
+  bool payload_may_change = false;
 };
 
 // A whole push to this shard.
@@ -309,14 +314,17 @@ class Shard {
   // The parts of one table of a push, checked and added to `push`.
   absl::Status CheckDensePush(DenseTablePart* table, const PushTable& t, CheckedPush* push);
   absl::Status CheckSparsePush(SparseTablePart* table, const PushTable& t, CheckedPush* push);
-  // The values of a payload of `n` values: in place when float32 and aligned, else decoded
-  // into a buffer `push` keeps.
+  // The values of a payload of `n` values: in place when float32, aligned and not
+  // `may_change`, else decoded (copied) into a buffer `push` keeps.
   absl::StatusOr<absl::Span<const float>> PayloadValues(absl::string_view bytes, Encoding encoding,
-                                                        size_t n, CheckedPush* push);
+                                                        size_t n, CheckedPush* push,
+                                                        bool may_change = false);
   // The update of dense block `block` (whose size the pieces' float32 bytes make up) with its
   // values where they lie; values cut between two pieces are copied into push->straddles_.
+  // With `may_change` the update reads values no longer finite as 0 (PushTable).
   static PendingUpdate PieceUpdate(DenseTablePart* table, uint32_t block,
-                                   absl::Span<const absl::string_view> pieces, CheckedPush* push);
+                                   absl::Span<const absl::string_view> pieces, CheckedPush* push,
+                                   bool may_change = false);
   // Brings the rows of `updates` over a memory budget into memory and pins them (listed in
   // `pinned`), or checks there is room for new ones; nothing pinned on error.
   absl::Status PrepareRows(absl::Span<const PendingUpdate> updates,

@@ -838,6 +838,104 @@ TEST(Shard, NonFiniteValueInTheLastPieceChangesNothing) {
   }
 }
 
+// A payload in memory the worker can still write (shared memory): a value changed to NaN or
+// infinity after the check reaches the update as 0, never as itself. Dense float32 blocks
+// are read once more by the update (as a whole aligned payload or in pieces); the contrast
+// run without the flag shows the change would otherwise land in the table.
+TEST(Shard, APayloadThatMayChangeAfterTheCheckNeverAppliesANonFiniteValue) {
+  for (int threads : {0, 3}) {
+    for (bool pieces : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("apply_threads ", threads, pieces ? ", in pieces" : ""));
+      std::vector<float> grad(2097152), zeroed(2097152);
+      for (size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>(i % 89);
+      std::vector<size_t> changed = {5, 65536 * 7 + 3, grad.size() - 1};
+      if (pieces) {
+        // Values whose 4 bytes lie in one piece (a value cut between two is copied at the
+        // check): InPieces cuts every table of this shape the same way, values from byte 1 on.
+        std::string storage;
+        std::vector<std::vector<absl::string_view>> views;
+        InPieces(WholeTable(*MakeLargeAdamShard(0), grad), &storage, &views);
+        auto whole = [&](size_t i) {
+          const char* at = storage.data() + 1 + i * sizeof(float);
+          for (const auto& block : views) {
+            for (absl::string_view v : block) {
+              if (at >= v.data() && at + sizeof(float) <= v.data() + v.size()) return true;
+            }
+          }
+          return false;
+        };
+        for (size_t& i : changed) {
+          while (!whole(i)) --i;
+        }
+      }
+      zeroed = grad;
+      for (size_t i : changed) zeroed[i] = 0.0f;
+      auto run = [&](bool may_change, const std::vector<float>* reference) {
+        auto shard = MakeLargeAdamShard(threads);
+        std::vector<float> payload = grad;
+        std::string storage;
+        std::vector<std::vector<absl::string_view>> views;
+        PushTable table = WholeTable(*shard, reference != nullptr ? *reference : payload);
+        if (pieces) table = InPieces(table, &storage, &views);
+        table.payload_may_change = may_change;
+        const PushView push = FirstWorkerPush(*shard, &table);
+        absl::StatusOr<CheckedPush> checked = shard->CheckPush(push);
+        EXPECT_THAT(checked.status(), IsOk());
+        if (reference == nullptr) {
+          // The worker writes after the check: in its payload, or in the pieces' storage.
+          const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity()};
+          for (size_t k = 0; k < changed.size(); ++k) {
+            if (pieces) {
+              std::memcpy(storage.data() + 1 + changed[k] * sizeof(float), &bad[k], sizeof(float));
+            } else {
+              payload[changed[k]] = bad[k];
+            }
+          }
+        }
+        EXPECT_THAT(shard->ApplyPush(*std::move(checked)).status(), IsOk());
+        return ReadBlocks(*shard, "w", AllBlocks(*shard));
+      };
+      const std::vector<float> want = run(false, &zeroed);
+      const std::vector<float> got = run(true, nullptr);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+      const std::vector<float> unguarded = run(false, nullptr);
+      EXPECT_FALSE(std::isfinite(unguarded[changed[0]]));
+    }
+  }
+}
+
+// Sparse rows that may change are copied before the check: a change after it has no effect.
+TEST(Shard, SparseRowsThatMayChangeAreCopiedBeforeTheCheck) {
+  const std::vector<uint64_t> keys = {3, 7, 11};
+  auto rows_after = [&](bool may_change) {
+    auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 0.5"));
+    std::vector<float> rows(keys.size() * 3, 1.0f);
+    PushTable table;
+    table.table = "emb";
+    table.keys = keys;
+    table.rows = Bytes(rows);
+    table.payload_may_change = may_change;
+    const PushView push = FirstWorkerPush(*shard, &table);
+    absl::StatusOr<CheckedPush> checked = shard->CheckPush(push);
+    EXPECT_THAT(checked.status(), IsOk());
+    rows[4] = std::numeric_limits<float>::quiet_NaN();
+    rows[0] = 100.0f;
+    EXPECT_THAT(shard->ApplyPush(*std::move(checked)).status(), IsOk());
+    std::vector<float> out;
+    const PullTable pull{"emb", ENCODING_FLOAT32, {}, keys};
+    CHECK_OK(shard->ReadPull({pull}, [&](size_t, size_t, size_t n,
+                                         absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+      out.resize(out.size() + n);
+      return fill(absl::MakeSpan(out).last(n));
+    }));
+    return out;
+  };
+  EXPECT_THAT(rows_after(true), ElementsAreArray(std::vector<float>(9, 0.0f)));  // 0.5 - 0.5 * 1
+  EXPECT_FALSE(std::isfinite(rows_after(false)[4]));
+}
+
 TEST(Shard, FirstBadPartOfALargePushIsReportedInPushOrder) {
   // The values of a large push are checked after the structure of all its parts, but the
   // refusal is the one a part-by-part check would give: the first bad part, of either kind.

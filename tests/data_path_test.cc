@@ -254,6 +254,20 @@ TEST_F(DataPathOverSharedMemoryTest, AForgottenSegmentSendsTheCallBySocketAndApp
   EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
 }
 
+// A push copied into the segment by two threads (chunks claimed as they go) lands as the
+// one-thread copy does: bitwise the in-process store's parameters.
+TEST_F(DataPathOverSharedMemoryTest, PushesCopiedInByTwoThreadsApplyLikeTheInProcessStore) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  worker::GrpcStoreOptions options = Options();
+  options.parallel_copy_in_bytes = 1;
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  Steps(store->get(), local->get(), 1, 4);
+  EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), 0u);
+}
+
 // A segment too small for a call's payloads: that call goes by the socket.
 TEST_F(DataPathOverSharedMemoryTest, CallsThatDoNotFitGoBySocket) {
   std::vector<std::unique_ptr<server::Shard>> owned;

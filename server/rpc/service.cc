@@ -612,17 +612,14 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
   // The pull is checked before the push is applied: a bad pull changes nothing either.
   call->pull_views = PullViews(header.pull());
   ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
-  common::BufferPool::Buffer copied;  // the push payload, out of the worker's segment
   if (header.has_shared()) {
     ASSIGN_OR_RETURN(call->shared, SharedSegmentOf(header, reader));
     const uint64_t n = header.shared().push_bytes();
     if (n > 0) {
-      // Copied out before anything reads it: the worker can still write its segment, and
-      // must not change a value between the check and the update.
-      copied = buffers_->Acquire(n);
-      std::memcpy(copied.data.get(), call->shared->data() + header.shared().push_offset(), n);
+      // Used where it lies. The worker can still write its segment, so the shard reads each
+      // value of it once after the check (PushTable::payload_may_change).
       counters_.bytes_shared_in.fetch_add(n, std::memory_order_relaxed);
-      reader.Append(absl::string_view(copied.data.get(), n));
+      reader.Append(absl::string_view(call->shared->data() + header.shared().push_offset(), n));
       call->bytes_in += n;
     }
   }
@@ -635,10 +632,10 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       status = Unparseable(absl::InvalidArgumentError(
           absl::StrCat("unparseable frame: ", status.message())));
     } else {
+      for (PushTable& t : tables) t.payload_may_change = call->shared != nullptr;
       status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push());
     }
     buffers_->Release(std::move(scratch));
-    if (copied.data != nullptr) buffers_->Release(std::move(copied));
     RETURN_IF_ERROR(status);
   }
   if (header.want_shared_bytes() > 0) {

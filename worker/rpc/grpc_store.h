@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -37,6 +38,7 @@
 #include "common/parameter_store.h"
 #include "common/partitioner.h"
 #include "common/rpc/shared_memory.h"
+#include "common/thread_pool.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/config.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -104,6 +106,11 @@ struct GrpcStoreOptions {
   // bytes: a server on this host that grants it gets payloads through it instead of the
   // socket. 0 = never asked.
   size_t shared_memory_bytes = 0;
+  // A push payload of at least this many bytes is copied into shared memory by the calling
+  // thread and a helper, where the process may use 2 cores or more: the server waits for
+  // the whole payload, so a second core is idle meanwhile (64 MB pushes: 7.4 -> 10.8 GB/s on
+  // the 2-core development VM, docs/lab/2026-12-03-shared-memory.md). 0 = never.
+  size_t parallel_copy_in_bytes = size_t{8} << 20;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -236,6 +243,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Does `copies` (in payload order, offsets from where `reader` stands), split over threads
   // when they are large (GrpcStoreOptions::parallel_copy_bytes).
   void CopyBlocks(const common::FrameReader& reader, absl::Span<const BlockCopy> copies) const;
+  // Copies from[i] to to[i].dest (a push into shared memory), shared with a helper thread
+  // from GrpcStoreOptions::parallel_copy_in_bytes on.
+  void CopyIn(absl::Span<const absl::string_view> from, absl::Span<const BlockCopy> to);
   // Shared memory with server s (GrpcStoreOptions::shared_memory_bytes). Frame f's payloads
   // go into a region of the server's segment when there is one with room: the frame then
   // carries only the header (and where they lie). The first frame to a server asks for a
@@ -277,6 +287,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   };
   absl::Mutex shared_mu_;
   std::vector<SharedLink> shared_ ABSL_GUARDED_BY(shared_mu_);
+  // CopyIn's helper, started by the first large copy.
+  absl::once_flag copy_helper_once_;
+  std::unique_ptr<common::ThreadPool> copy_helper_;
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> retries_{0};

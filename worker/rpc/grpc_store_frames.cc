@@ -414,10 +414,12 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   if (!region.has_value()) return;  // no room now: this frame goes by the socket
   // The one copy of a push: from the caller's gradient (or its encoding) into the segment.
   char* at = region->data();
+  std::vector<BlockCopy> copies;
   for (absl::string_view bytes : x->payloads[f]) {
-    std::memcpy(at, bytes.data(), bytes.size());
+    copies.push_back(BlockCopy{0, bytes.size(), at});
     at += bytes.size();
   }
+  CopyIn(x->payloads[f], copies);
   SharedPayload* sp = h.mutable_shared();
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(region->offset());
@@ -556,6 +558,38 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   }
   CopyBlocks(start, copies);
   return absl::OkStatus();
+}
+
+void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,
+                                absl::Span<const BlockCopy> to) {
+  size_t bytes = 0;
+  for (absl::string_view b : from) bytes += b.size();
+  static const unsigned cores = common::UsableCores();
+  if (options_.parallel_copy_in_bytes == 0 || bytes < options_.parallel_copy_in_bytes ||
+      cores < 2) {
+    for (size_t i = 0; i < from.size(); ++i)
+      std::memcpy(to[i].dest, from[i].data(), from[i].size());
+    return;
+  }
+  // Chunks of at most 1 MB, claimed by this thread and the helper as they go.
+  constexpr size_t kChunk = size_t{1} << 20;
+  struct Chunk {
+    const char* from;
+    char* to;
+    size_t n;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < from.size(); ++i) {
+    for (size_t at = 0; at < from[i].size(); at += kChunk) {
+      chunks.push_back(
+          Chunk{from[i].data() + at, to[i].dest + at, std::min(kChunk, from[i].size() - at)});
+    }
+  }
+  absl::call_once(copy_helper_once_,
+                  [this] { copy_helper_ = std::make_unique<common::ThreadPool>(1); });
+  copy_helper_->ParallelFor(chunks.size(), 1, [&chunks](size_t k) {
+    std::memcpy(chunks[k].to, chunks[k].from, chunks[k].n);
+  });
 }
 
 void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,

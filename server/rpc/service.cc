@@ -819,6 +819,12 @@ absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
     // Finishing takes the worker out of the bound (and, with --exit_when_done, can stop the
     // servers): only its current incarnation may, never a new one announced by this call.
     RETURN_IF_ERROR(workers.Finish(h.worker_id(), h.worker_incarnation()));
+    // Its segment goes with it (the pages are freed once its process lets go of them too).
+    absl::MutexLock lock(&shared_mu_);
+    if (auto it = shared_.find(h.worker_id());
+        it != shared_.end() && it->second.incarnation == h.worker_incarnation()) {
+      shared_.erase(it);
+    }
   } else {
     RETURN_IF_ERROR(workers.Touch(h.worker_id(), h.worker_incarnation()));
   }

@@ -824,6 +824,19 @@ TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnatio
               StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
 }
 
+// A worker that finishes gives its segment back: its calls through it are refused after.
+TEST_P(SharedMemoryTest, AFinishedWorkersSegmentIsDropped) {
+  PushResponse pushed;
+  ASSERT_THAT(DoPush(ValidPush(1), &pushed), IsOk());
+  HeartbeatRequest finish;
+  *finish.mutable_header() = Header(0);
+  finish.set_finished(true);
+  HeartbeatResponse response;
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), finish, &response), IsOk());
+  EXPECT_THAT(DoPush(ValidPush(2), &pushed),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
+}
+
 std::string WireFormName(const ::testing::TestParamInfo<int>& info) {
   switch (info.param) {
     case kMessages:

@@ -167,6 +167,9 @@ class Cluster {
                -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
       worker::GrpcStoreOptions options = worker::JobStoreOptions(config, worker, 1);
       options.initial_backoff = absl::Milliseconds(1);
+      // Replies are lost in gRPC: the calls go by the socket, the payloads through the segment
+      // (a call through the segment's channel has no gRPC reply to lose).
+      options.shared_memory_calls = false;
       ASSIGN_OR_RETURN(auto store,
                        worker::GrpcParameterStore::CreateWithChannels(config, options, channels_));
       return std::unique_ptr<common::ParameterStore>(std::move(store));

@@ -104,9 +104,11 @@ SharedMemory::~SharedMemory() {
   close(fd_);
 }
 
-SharedArena::SharedArena(std::shared_ptr<SharedMemory> memory) : memory_(std::move(memory)) {
+SharedArena::SharedArena(std::shared_ptr<SharedMemory> memory, uint64_t limit)
+    : memory_(std::move(memory)) {
   const uint64_t begin = RoundUp(SharedMemory::kReservedBytes);
-  if (memory_->size() > begin) free_.emplace(begin, memory_->size() - begin);
+  const uint64_t end = limit == 0 ? memory_->size() : std::min<uint64_t>(limit, memory_->size());
+  if (end > begin) free_.emplace(begin, end - begin);
 }
 
 std::optional<SharedArena::Region> SharedArena::Allocate(const std::shared_ptr<SharedArena>& arena,

@@ -72,7 +72,8 @@ class SharedMemory {
 // Regions of a segment for calls in flight: first fit, 64-byte aligned. Thread-safe.
 class SharedArena {
  public:
-  explicit SharedArena(std::shared_ptr<SharedMemory> memory);
+  // Regions of `memory` below `limit` (0: its whole size).
+  explicit SharedArena(std::shared_ptr<SharedMemory> memory, uint64_t limit = 0);
 
   // A region of the segment, given back to the arena when destroyed.
   class Region {

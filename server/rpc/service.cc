@@ -137,6 +137,8 @@ ParameterServerService::ParameterServerService(Shard* shard, const ServiceOption
       pool_(options.num_threads) {}
 
 ParameterServerService::~ParameterServerService() {
+  // No channel thread may start a call from here on.
+  StopChannels();
   // Parked pulls reference this service: answer them before it goes (their callbacks finish
   // their calls at once, without the pool).
   shard_->workers().CloseWaiters(absl::UnavailableError("the server is stopping"));
@@ -528,7 +530,8 @@ struct ParameterServerService::PushPullCall {
 };
 
 absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& request,
-                                                   const PeerIdentity* peer, PushPullCall* call) {
+                                                   const PeerIdentity* peer, bool from_channel,
+                                                   PushPullCall* call) {
   PushPullRequest& header = call->header;
   common::FrameReader reader;
   Method* method = &call->method;
@@ -541,6 +544,10 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
   *method = header.has_push() ? kPush : kPull;
   if (!header.has_push() && (header.push_size() > 0 || reader.remaining() > 0)) {
     return Unparseable(absl::InvalidArgumentError("unparseable frame: a payload without a push"));
+  }
+  if (from_channel && header.want_shared_bytes() > 0) {
+    return Unparseable(absl::InvalidArgumentError(
+        "unparseable frame: a call through a shared-memory channel asks for a segment"));
   }
   const RequestInfo info = InfoOf(header.header());
   if (peer != nullptr) {
@@ -581,7 +588,7 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
   }
   if (header.want_shared_bytes() > 0) {
     SharedSegment offer;
-    if (OfferSharedSegment(info, header.want_shared_bytes(), &offer)) {
+    if (OfferSharedSegment(info, header.want_shared_bytes(), peer, &offer)) {
       *call->answer.mutable_shared_offer() = std::move(offer);
     }
   }
@@ -624,7 +631,7 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
 
 ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     const grpc::ByteBuffer& request, absl::Time deadline, grpc::ByteBuffer* response,
-    absl::Time arrived, const PeerIdentity* peer, Done done) {
+    absl::Time arrived, const PeerIdentity* peer, Done done, bool from_channel) {
   auto call = std::make_shared<PushPullCall>();
   auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
     Record(call->method, arrived, status, call->bytes_in,
@@ -632,7 +639,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     done(std::move(status));
   };
   auto answer = [this, call, response] { return PushPullAnswer(call.get(), response); };
-  if (absl::Status s = PushPullBegin(request, peer, call.get()); !s.ok()) {
+  if (absl::Status s = PushPullBegin(request, peer, from_channel, call.get()); !s.ok()) {
     finish(std::move(s));
     return 0;
   }
@@ -761,9 +768,11 @@ absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
     // servers): only its current incarnation may, never a new one announced by this call.
     RETURN_IF_ERROR(workers.Finish(h.worker_id(), h.worker_incarnation()));
     // Its segment goes with it (the pages are freed once its process lets go of them too).
+    std::shared_ptr<ChannelServer> channel;  // joined after the lock
     absl::MutexLock lock(&shared_mu_);
     if (auto it = shared_.find(h.worker_id());
         it != shared_.end() && it->second.incarnation == h.worker_incarnation()) {
+      channel = std::move(it->second.channel);
       shared_.erase(it);
     }
   } else {

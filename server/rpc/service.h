@@ -241,15 +241,17 @@ class ParameterServerService final
   absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived);
   // As StartPull for a frame. `peer`: the caller, checked against the frame's worker id
   // before this returns; nullptr = not checked (tests).
+  // `from_channel`: the frame came through a shared-memory channel (it may not ask for a
+  // segment: the channel's thread would replace its own).
   WaiterId StartPushPull(const grpc::ByteBuffer& request, absl::Time deadline,
                          grpc::ByteBuffer* response, absl::Time arrived, const PeerIdentity* peer,
-                         Done done);
+                         Done done, bool from_channel = false);
   // Decoding done: the shard checks and applies the push (Shard::Push).
   absl::Status PushImpl(const RequestHeader& header, bool is_delta,
                         absl::Span<const PushTable> tables, PushResponse* response);
   // A frame up to its pull: parsed, checked (pull included), push applied.
   absl::Status PushPullBegin(const grpc::ByteBuffer& request, const PeerIdentity* peer,
-                             PushPullCall* call);
+                             bool from_channel, PushPullCall* call);
   // The answer frame of `call`, with its pull read now.
   absl::Status PushPullAnswer(PushPullCall* call, grpc::ByteBuffer* response);
   // The segment of a PushPull that names one (header.shared), its ranges checked: ABORTED
@@ -259,8 +261,10 @@ class ParameterServerService final
       const PushPullRequest& header, const common::FrameReader& reader);
   // Makes (or replaces) the worker's segment and describes it in `offer`; false (no offer)
   // when off, when making it fails, for a worker id outside the job, or while a newer
-  // incarnation of the worker has one.
-  bool OfferSharedSegment(const RequestInfo& info, uint64_t bytes, SharedSegment* offer);
+  // incarnation of the worker has one. A segment large enough gets a channel, served as
+  // `peer` (nullptr: identities not checked).
+  bool OfferSharedSegment(const RequestInfo& info, uint64_t bytes, const PeerIdentity* peer,
+                          SharedSegment* offer);
   // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
   // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with
   // read's status; `done` gets the refusal instead when the pull may not wait. Returns the
@@ -313,11 +317,18 @@ class ParameterServerService final
   std::unique_ptr<Metrics> metrics_;
   common::DataPathCounters counters_;
   const std::shared_ptr<common::BufferPool> buffers_;
+  // Serves the calls a worker posts in its segment's channel, on a thread of its own.
+  class ChannelServer;
   // Each worker's shared-memory segment (the latest its newest incarnation asked for).
   struct WorkerSegment {
     uint64_t incarnation = 0;
     std::shared_ptr<common::SharedMemory> memory;
+    uint64_t channel_offset = 0;             // 0: no channel; payload ranges lie below it
+    std::shared_ptr<ChannelServer> channel;  // destroyed (joined) outside shared_mu_
   };
+  // Stops and joins the channel threads of every segment (the destructor, before anything
+  // they use goes).
+  void StopChannels() ABSL_LOCKS_EXCLUDED(shared_mu_);
   absl::Mutex shared_mu_;
   absl::flat_hash_map<int32_t, WorkerSegment> shared_ ABSL_GUARDED_BY(shared_mu_);
   absl::Mutex log_mu_;

@@ -11,6 +11,7 @@
 #include "common/codec.h"
 #include "common/config/config.h"
 #include "common/rpc/frame_testing.h"
+#include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"
@@ -31,7 +32,8 @@ using ::testing::HasSubstr;
 // two), and frames whose payloads lie in the worker's shared-memory segment (push payload
 // copied there, pull answer written there by the server). Each must refuse the same bad input
 // with the same code and change nothing either.
-enum WireForm { kMessages, kFrames, kFramesInPieces, kSharedMemory };
+// kSharedCalls: payloads in the segment, and the frames of worker 0 through its channel.
+enum WireForm { kMessages, kFrames, kFramesInPieces, kSharedMemory, kSharedCalls };
 
 // A frame's header length, header and payload, taken apart.
 struct FrameParts {
@@ -64,12 +66,14 @@ grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload)
 class ServiceTest : public ::testing::TestWithParam<int> {
  protected:
   bool frames() const { return GetParam() != kMessages; }
+  bool shared() const { return GetParam() == kSharedMemory || GetParam() == kSharedCalls; }
   size_t cut_every() const { return GetParam() == kFramesInPieces ? 7 : 0; }
 
   // Where the shared-memory form puts push payloads and answers in the segment.
   static constexpr uint64_t kPushAt = 4096;
   static constexpr uint64_t kAnswerAt = 512 * 1024;
-  static constexpr uint64_t kSegmentBytes = 1 << 20;
+  static constexpr uint64_t kAnswerEnd = 1 << 20;
+  static constexpr uint64_t kSegmentBytes = 8 << 20;  // room for a channel at its end
 
   // The request frame in the test's wire form. The shared-memory form moves the payload
   // into the segment of the request's worker, as a worker would; a request of a worker with
@@ -78,7 +82,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     grpc::ByteBuffer frame = common::FrameOf(push, pull, cut_every());
     const int32_t worker =
         push != nullptr ? push->header().worker_id() : pull->header().worker_id();
-    if (GetParam() != kSharedMemory || worker != 0 || segment_ == nullptr) return frame;
+    if (!shared() || worker != 0 || segment_ == nullptr) return frame;
     FrameParts parts = PartsOf(frame);
     PushPullRequest header;
     EXPECT_TRUE(header.ParseFromString(parts.header));
@@ -89,13 +93,13 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     sp->set_push_offset(kPushAt);
     sp->set_push_bytes(parts.payload.size());
     sp->set_answer_offset(kAnswerAt);
-    sp->set_answer_capacity(kSegmentBytes - kAnswerAt);
+    sp->set_answer_capacity(kAnswerEnd - kAnswerAt);
     return RawFrame(header.SerializeAsString(), "");
   }
 
   // The answer to a request frame, its payload back in the frame when it came in the segment.
   absl::StatusOr<PushPullResponse> Answer(const grpc::ByteBuffer& answer) {
-    if (GetParam() != kSharedMemory) return common::AnswerOfFrame(answer);
+    if (!shared()) return common::AnswerOfFrame(answer);
     FrameParts parts = PartsOf(answer);
     PushPullResponse header;
     if (!header.ParseFromString(parts.header)) return absl::InternalError("answer header");
@@ -110,8 +114,8 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   absl::Status DoPush(const PushRequest& request, PushResponse* response) {
     if (!frames()) return service_->HandlePush(request, response);
     grpc::ByteBuffer answer;
-    RETURN_IF_ERROR(service_->HandlePushPull(RequestFrame(&request, nullptr),
-                                             absl::Now() + absl::Seconds(5), &answer));
+    RETURN_IF_ERROR(
+        PushPull(RequestFrame(&request, nullptr), absl::Now() + absl::Seconds(5), &answer));
     ASSIGN_OR_RETURN(PushPullResponse decoded, Answer(answer));
     *response = decoded.push();
     return absl::OkStatus();
@@ -120,7 +124,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   absl::Status DoPull(const PullRequest& request, absl::Time deadline, PullResponse* response) {
     if (!frames()) return service_->HandlePull(request, deadline, response);
     grpc::ByteBuffer answer;
-    RETURN_IF_ERROR(service_->HandlePushPull(RequestFrame(nullptr, &request), deadline, &answer));
+    RETURN_IF_ERROR(PushPull(RequestFrame(nullptr, &request), deadline, &answer));
     ASSIGN_OR_RETURN(PushPullResponse decoded, Answer(answer));
     *response = decoded.pull();
     return absl::OkStatus();
@@ -143,6 +147,42 @@ class ServiceTest : public ::testing::TestWithParam<int> {
         common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
     ASSERT_THAT(opened.status(), IsOk());
     segment_ = *std::move(opened);
+    if (GetParam() == kSharedCalls) {
+      ASSERT_TRUE(common::SharedChannel::Fits(offer.channel_offset(), segment_->size()));
+      channel_ = std::make_unique<common::SharedChannel>(segment_, offer.channel_offset());
+    }
+  }
+
+  // A PushPull frame served: worker 0's through its channel in the kSharedCalls form (as a
+  // worker sends them), the others (and every frame in the other forms) as a gRPC call is.
+  absl::Status PushPull(const grpc::ByteBuffer& frame, absl::Time deadline,
+                        grpc::ByteBuffer* answer) {
+    PushPullRequest header;
+    if (channel_ == nullptr || !header.ParseFromString(PartsOf(frame).header) ||
+        header.header().worker_id() != 0 || header.want_shared_bytes() > 0) {
+      return service_->HandlePushPull(frame, deadline, answer);
+    }
+    std::optional<uint32_t> slot = channel_->AcquireSlot();
+    if (!slot.has_value()) return absl::InternalError("no free channel slot");
+    channel_->Post(*slot, frame, deadline - absl::Now());
+    return ChannelAnswer(*slot, deadline, answer);
+  }
+
+  // The answer posted `slot` gets.
+  absl::Status ChannelAnswer(uint32_t slot, absl::Time deadline, grpc::ByteBuffer* answer) {
+    while (true) {
+      const uint32_t bell = channel_->worker_bell();
+      std::optional<common::SharedChannel::Answer> a = channel_->TakeAnswer(slot);
+      if (a.has_value()) {
+        if (a->status.ok()) *answer = std::move(a->frame);
+        return a->status;
+      }
+      if (channel_->Unserved(slot)) return absl::AbortedError("closed: not this worker's");
+      common::SharedChannel::WaitForAnswers({channel_.get()}, {bell}, deadline + absl::Seconds(5));
+      if (absl::Now() > deadline + absl::Seconds(5)) {
+        return absl::DeadlineExceededError("no answer in the channel");
+      }
+    }
   }
 
   // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);
@@ -185,7 +225,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
         other_key_ = k;
       }
     }
-    if (GetParam() == kSharedMemory) OpenSegment();
+    if (shared()) OpenSegment();
   }
 
   RequestHeader Header(uint64_t sequence) {
@@ -258,7 +298,8 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   std::vector<uint32_t> mine_, theirs_;
   std::vector<uint64_t> keys_;
   uint64_t other_key_ = 0;
-  std::shared_ptr<common::SharedMemory> segment_;  // the shared-memory form's
+  std::shared_ptr<common::SharedMemory> segment_;   // the shared-memory forms'
+  std::unique_ptr<common::SharedChannel> channel_;  // kSharedCalls'
 };
 
 TEST_P(ServiceTest, ValidPushChangesStateOnce) {
@@ -586,7 +627,7 @@ TEST_P(FrameTest, UnparseableFramesAreRefusedCountedAndChangeNothing) {
   uint64_t refused = 0;
   for (const auto& [frame, text] : cases) {
     grpc::ByteBuffer answer;
-    EXPECT_THAT(service_->HandlePushPull(frame, absl::Now() + absl::Seconds(1), &answer),
+    EXPECT_THAT(PushPull(frame, absl::Now() + absl::Seconds(1), &answer),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(text)));
     EXPECT_EQ(Rejected("unparseable"), ++refused) << text;
   }
@@ -607,13 +648,11 @@ TEST_P(FrameTest, FusedPullSeesThePushAndABadPullChangesNothing) {
   bad.add_tables()->set_table("nope");
   const std::string before = State();
   grpc::ByteBuffer answer;
-  EXPECT_THAT(service_->HandlePushPull(common::FrameOf(&push, &bad),
-                                       absl::Now() + absl::Seconds(1), &answer),
+  EXPECT_THAT(PushPull(common::FrameOf(&push, &bad), absl::Now() + absl::Seconds(1), &answer),
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(State(), before);
   // The valid fused call reads after its push: what a push then a pull would read.
-  ASSERT_THAT(service_->HandlePushPull(common::FrameOf(&push, &pull),
-                                       absl::Now() + absl::Seconds(1), &answer),
+  ASSERT_THAT(PushPull(common::FrameOf(&push, &pull), absl::Now() + absl::Seconds(1), &answer),
               IsOk());
   auto fused = common::AnswerOfFrame(answer);
   ASSERT_THAT(fused.status(), IsOk());
@@ -623,8 +662,7 @@ TEST_P(FrameTest, FusedPullSeesThePushAndABadPullChangesNothing) {
   EXPECT_EQ(fused->pull().tables(0).SerializeAsString(), after.tables(0).SerializeAsString());
   EXPECT_NE(alone.tables(0).SerializeAsString(), after.tables(0).SerializeAsString());
   // A retry of the fused call is a duplicate push and the same read.
-  ASSERT_THAT(service_->HandlePushPull(common::FrameOf(&push, &pull),
-                                       absl::Now() + absl::Seconds(1), &answer),
+  ASSERT_THAT(PushPull(common::FrameOf(&push, &pull), absl::Now() + absl::Seconds(1), &answer),
               IsOk());
   auto retried = common::AnswerOfFrame(answer);
   ASSERT_THAT(retried.status(), IsOk());
@@ -645,8 +683,7 @@ TEST_P(FrameTest, PayloadsAreUsedInPlaceAndBuffersReused) {
   uint64_t allocated = 0;
   for (uint64_t seq = 1; seq <= 5; ++seq) {
     PushRequest push = ValidPush(seq);
-    ASSERT_THAT(service_->HandlePushPull(common::FrameOf(&push, &pull),
-                                         absl::Now() + absl::Seconds(1), &answer),
+    ASSERT_THAT(PushPull(common::FrameOf(&push, &pull), absl::Now() + absl::Seconds(1), &answer),
                 IsOk());
     answer.Clear();  // gRPC lets go of the answer: its buffer goes back to the pool
     if (seq == 1) allocated = counters.buffers_allocated.load();
@@ -673,9 +710,8 @@ TEST_P(SharedMemoryTest, PushAndAnswerGoThroughTheSegmentAndMatchTheMessagePath)
   e->set_table("emb");
   for (uint64_t k : keys_) e->add_keys(k);
   grpc::ByteBuffer answer;
-  ASSERT_THAT(
-      service_->HandlePushPull(RequestFrame(&push, &pull), absl::Now() + absl::Seconds(5), &answer),
-      IsOk());
+  ASSERT_THAT(PushPull(RequestFrame(&push, &pull), absl::Now() + absl::Seconds(5), &answer),
+              IsOk());
   EXPECT_TRUE(PartsOf(answer).payload.empty());
   auto fused = Answer(answer);
   ASSERT_THAT(fused.status(), IsOk());
@@ -754,6 +790,10 @@ TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
          h->mutable_shared()->set_answer_capacity(128);
        }),
        "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([&](PushPullRequest* h) {  // into the channel at the segment's end
+         h->mutable_shared()->set_push_offset(*common::SharedChannel::OffsetFor(end) - 64);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "shared payload"},
       {good, parts.payload, absl::StatusCode::kInvalidArgument, "payload bytes in the frame"},
       {with([](PushPullRequest* h) {
          h->set_has_push(false);
@@ -768,8 +808,8 @@ TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
   const std::string before = State();
   for (const Case& c : cases) {
     grpc::ByteBuffer answer;
-    EXPECT_THAT(service_->HandlePushPull(RawFrame(c.header.SerializeAsString(), c.payload),
-                                         absl::Now() + absl::Seconds(1), &answer),
+    EXPECT_THAT(PushPull(RawFrame(c.header.SerializeAsString(), c.payload),
+                         absl::Now() + absl::Seconds(1), &answer),
                 StatusIs(c.code, HasSubstr(c.text)))
         << c.header.ShortDebugString();
     EXPECT_EQ(State(), before) << c.header.ShortDebugString();
@@ -779,15 +819,15 @@ TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(segment_->data() + kPushAt + parts.payload.size() - sizeof(float), &nan, sizeof(nan));
   grpc::ByteBuffer answer;
-  EXPECT_THAT(service_->HandlePushPull(RawFrame(good.SerializeAsString(), ""),
-                                       absl::Now() + absl::Seconds(1), &answer),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      PushPull(RawFrame(good.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer),
+      StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(State(), before);
   // The good one then goes through, once.
   std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
-  ASSERT_THAT(service_->HandlePushPull(RawFrame(good.SerializeAsString(), ""),
-                                       absl::Now() + absl::Seconds(1), &answer),
-              IsOk());
+  ASSERT_THAT(
+      PushPull(RawFrame(good.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer),
+      IsOk());
   EXPECT_NE(State(), before);
 }
 
@@ -799,9 +839,7 @@ TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnatio
     h.mutable_header()->set_worker_incarnation(incarnation);
     h.set_want_shared_bytes(bytes);
     grpc::ByteBuffer answer;
-    service_
-        ->HandlePushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(1),
-                         &answer)
+    PushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer)
         .IgnoreError();
     PushPullResponse r;
     if (answer.Valid()) r.ParseFromString(PartsOf(answer).header);
@@ -837,6 +875,60 @@ TEST_P(SharedMemoryTest, AFinishedWorkersSegmentIsDropped) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
 }
 
+using SharedCallsTest = ServiceTest;
+
+TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing) {
+  const std::string before = State();
+  grpc::ByteBuffer answer;
+  auto post = [&](const grpc::ByteBuffer& frame) {
+    std::optional<uint32_t> slot = channel_->AcquireSlot();
+    EXPECT_TRUE(slot.has_value());
+    channel_->Post(*slot, frame, absl::Seconds(5));
+    return ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer);
+  };
+  // Another worker's push, in worker 0's channel (plaintext: it would pass on a socket).
+  PushRequest other = ValidPush(1);
+  other.mutable_header()->set_worker_id(5);
+  EXPECT_THAT(post(common::FrameOf(&other, nullptr, 0)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("shared-memory channel")));
+  // A call asking for a segment (its thread would replace its own).
+  PushPullRequest ask;
+  *ask.mutable_header() = Header(0);
+  ask.set_want_shared_bytes(kSegmentBytes);
+  EXPECT_THAT(post(RawFrame(ask.SerializeAsString(), "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("asks for a segment")));
+  // Bytes that are no frame.
+  grpc::Slice junk(std::string("\xff\xff\xff\x7fjunk"));
+  EXPECT_THAT(post(grpc::ByteBuffer(&junk, 1)), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A request size beyond the slot's room, written by hand (slot header: state, then size).
+  std::optional<uint32_t> slot = channel_->AcquireSlot();
+  ASSERT_TRUE(slot.has_value());
+  char* header = segment_->data() + channel_->offset() + common::SharedChannel::kBellBytes +
+                 *slot * common::SharedChannel::kSlotBytes;
+  reinterpret_cast<std::atomic<uint32_t>*>(header + 4)->store(~0u);
+  reinterpret_cast<std::atomic<uint32_t>*>(header)->store(1);  // posted
+  channel_->RingServer();
+  EXPECT_THAT(ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("channel slot")));
+  EXPECT_EQ(State(), before);
+}
+
+TEST_P(SharedCallsTest, APushPostedAgainIsAppliedOnce) {
+  // The worker gave up waiting (its reply "lost") and sends the same sequence again.
+  const uint64_t applied = shard_->updates_applied();
+  const grpc::ByteBuffer frame =
+      RequestFrame(&*std::make_unique<PushRequest>(ValidPush(1)), nullptr);
+  grpc::ByteBuffer answer;
+  ASSERT_THAT(PushPull(frame, absl::Now() + absl::Seconds(5), &answer), IsOk());
+  const uint64_t once = shard_->updates_applied();
+  EXPECT_GT(once, applied);
+  ASSERT_THAT(PushPull(frame, absl::Now() + absl::Seconds(5), &answer), IsOk());
+  absl::StatusOr<PushPullResponse> second = Answer(answer);
+  ASSERT_THAT(second.status(), IsOk());
+  EXPECT_TRUE(second->push().duplicate());
+  EXPECT_EQ(shard_->updates_applied(), once);
+}
+
 std::string WireFormName(const ::testing::TestParamInfo<int>& info) {
   switch (info.param) {
     case kMessages:
@@ -845,16 +937,21 @@ std::string WireFormName(const ::testing::TestParamInfo<int>& info) {
       return "Frames";
     case kFramesInPieces:
       return "FramesInPieces";
-    default:
+    case kSharedMemory:
       return "SharedMemory";
+    default:
+      return "SharedCalls";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Frames, FrameTest, ::testing::Values(kFrames), WireFormName);
-INSTANTIATE_TEST_SUITE_P(Shared, SharedMemoryTest, ::testing::Values(kSharedMemory), WireFormName);
+INSTANTIATE_TEST_SUITE_P(Shared, SharedCallsTest, ::testing::Values(kSharedCalls), WireFormName);
+INSTANTIATE_TEST_SUITE_P(Shared, SharedMemoryTest, ::testing::Values(kSharedMemory, kSharedCalls),
+                         WireFormName);
 
 INSTANTIATE_TEST_SUITE_P(WireForms, ServiceTest,
-                         ::testing::Values(kMessages, kFrames, kFramesInPieces, kSharedMemory),
+                         ::testing::Values(kMessages, kFrames, kFramesInPieces, kSharedMemory,
+                                           kSharedCalls),
                          WireFormName);
 
 }  // namespace

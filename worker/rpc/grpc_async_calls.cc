@@ -56,6 +56,11 @@ struct GrpcParameterStore::AsyncCalls::Slot {
   std::unique_ptr<grpc::ClientContext> context;  // of the current attempt
   std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
   std::unique_ptr<grpc::Alarm> alarm;
+  // The current attempt went through this channel's slot (context is then null).
+  std::shared_ptr<common::SharedChannel> channel;
+  uint32_t channel_slot = 0;
+  absl::Time channel_deadline;
+  bool server_busy = false;  // the channel's answer said so (the socket's trailer)
 };
 
 struct GrpcParameterStore::AsyncCalls::Call {
@@ -189,6 +194,24 @@ void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
   slot->answer.Clear();
   // The reader lives in the previous attempt's call arena, which its context holds.
   slot->reader.reset();
+  slot->context.reset();
+  slot->channel.reset();
+  slot->server_busy = false;
+  if (std::shared_ptr<common::SharedChannel> channel =
+          store_->ChannelFor(slot->frame, slot->call->x);
+      channel != nullptr && slot->request.Length() <= common::SharedChannel::kRequestBytes &&
+      in_channels_.size() < common::kMaxChannelWaits) {
+    if (std::optional<uint32_t> i = channel->AcquireSlot(); i.has_value()) {
+      const absl::Duration deadline = store_->options_.deadline;
+      slot->channel_slot = *i;
+      slot->channel_deadline = absl::Now() + deadline;
+      channel->Post(*i, slot->request, deadline);
+      slot->channel = std::move(channel);
+      in_channels_.push_back(slot);
+      return;
+    }
+  }
+  ++queue_events_;
   slot->context = std::make_unique<grpc::ClientContext>();
   slot->context->set_deadline(absl::ToChronoTime(absl::Now() + store_->options_.deadline));
   slot->reader = store_->data_stubs_[slot->server]->PrepareUnaryCall(
@@ -200,10 +223,20 @@ void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
 void GrpcParameterStore::AsyncCalls::Step() {
   void* tag;
   bool ok;
-  // Every attempt has a deadline and every alarm a time, so a tag comes; Next fails only
-  // after Shutdown, which the destructor calls once nothing is in flight.
-  CHECK(poller_.Next(&queue_, &tag, &ok))
-      << "completion queue shut down while calls were running";
+  if (!in_channels_.empty()) {
+    if (StepChannels(/*wait=*/queue_events_ == 0) || queue_events_ == 0) return;
+    // Attempts of both kinds in flight: look at the queue for a moment, then at the channels.
+    if (queue_.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + absl::Microseconds(200))) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      return;
+    }
+  } else {
+    // Every attempt has a deadline and every alarm a time, so a tag comes; Next fails only
+    // after Shutdown, which the destructor calls once nothing is in flight.
+    CHECK(poller_.Next(&queue_, &tag, &ok))
+        << "completion queue shut down while calls were running";
+  }
+  --queue_events_;
   Slot* slot = static_cast<Slot*>(tag);
   if (!slot->backing_off) {
     OnAnswer(slot);
@@ -217,6 +250,56 @@ void GrpcParameterStore::AsyncCalls::Step() {
     return;
   }
   Send(slot);
+}
+
+bool GrpcParameterStore::AsyncCalls::StepChannels(bool wait) {
+  // The bells first: an answer written after they were read rings them again.
+  std::vector<const common::SharedChannel*> channels;
+  std::vector<uint32_t> bells;
+  for (const Slot* slot : in_channels_) {
+    if (std::find(channels.begin(), channels.end(), slot->channel.get()) == channels.end()) {
+      channels.push_back(slot->channel.get());
+      bells.push_back(slot->channel->worker_bell());
+    }
+  }
+  const absl::Time now = absl::Now();
+  absl::Time earliest = absl::InfiniteFuture();
+  std::vector<Slot*> done;
+  for (size_t i = 0; i < in_channels_.size();) {
+    Slot* slot = in_channels_[i];
+    std::optional<common::SharedChannel::Answer> answer =
+        slot->channel->TakeAnswer(slot->channel_slot);
+    if (answer.has_value()) {
+      slot->answer = std::move(answer->frame);
+      slot->outcome = common::ToGrpcStatus(answer->status);
+      slot->server_busy = answer->server_busy;
+    } else if (slot->channel->Unserved(slot->channel_slot)) {
+      // Nothing of it was applied: sent again by the socket at once (OnAnswer).
+      slot->outcome = grpc::Status(grpc::StatusCode::ABORTED,
+                                   "the server closed its shared-memory channel: the segment is "
+                                   "not this worker's any more");
+    } else if (closing_ || now >= slot->channel_deadline) {
+      // Given up: its channel slot stays out of use (the server may still answer into it).
+      slot->outcome = closing_ ? grpc::Status(grpc::StatusCode::CANCELLED, "calls closed")
+                               : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                              "no answer through shared memory in time");
+    } else {
+      earliest = std::min(earliest, slot->channel_deadline);
+      ++i;
+      continue;
+    }
+    done.push_back(slot);
+    in_channels_[i] = in_channels_.back();
+    in_channels_.pop_back();
+  }
+  for (Slot* slot : done) {
+    slot->channel.reset();
+    OnAnswer(slot);
+  }
+  if (!done.empty()) return true;
+  if (!wait) return false;
+  common::SharedChannel::WaitForAnswers(channels, bells, earliest);
+  return true;
 }
 
 void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
@@ -252,7 +335,9 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
     SlotDone(c);
     return;
   }
-  const bool again = Retryable(st) || ServerBusy(st, *slot->context);
+  const bool again = Retryable(st) || (slot->context != nullptr
+                                           ? ServerBusy(st, *slot->context)
+                                           : absl::IsResourceExhausted(st) && slot->server_busy);
   if (!again || slot->attempt >= options.max_retries) {
     const auto& servers = store_->config_.cluster().servers();
     c->status = common::Annotate(
@@ -271,6 +356,7 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
   ++slot->attempt;
   slot->backing_off = true;
   slot->alarm = std::make_unique<grpc::Alarm>();
+  ++queue_events_;
   slot->alarm->Set(&queue_, absl::ToChronoTime(absl::Now() + backoff), slot);
 }
 

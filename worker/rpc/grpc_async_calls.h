@@ -107,8 +107,12 @@ class GrpcParameterStore::AsyncCalls {
   void WaitForLaggards();
   // Sends one attempt of a slot's frame.
   void Send(Slot* slot);
-  // Takes one event off the queue and handles it.
+  // Takes one event off the queue, or answers (or expiries) of calls in shared-memory
+  // channels, and handles it; may return having only waited a while (callers loop).
   void Step();
+  // Handles the channels' answers and expired attempts; with `wait` and none, sleeps until a
+  // channel rings or the earliest attempt's deadline. False when it did neither.
+  bool StepChannels(bool wait);
   void OnAnswer(Slot* slot);
   // One slot of c is done for good; the call ends with its last one.
   void SlotDone(Call* c);
@@ -121,6 +125,8 @@ class GrpcParameterStore::AsyncCalls {
   std::map<CallId, std::unique_ptr<Call>> running_;  // by id: in order of start
   std::deque<Done> ended_;                           // ended, not reaped yet
   common::BusyPoller poller_;  // waits for queue_
+  size_t queue_events_ = 0;    // attempts and alarms whose tag queue_ will deliver
+  std::vector<Slot*> in_channels_;  // attempts posted in shared-memory channels
 };
 
 }  // namespace ps::worker

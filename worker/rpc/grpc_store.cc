@@ -330,6 +330,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.max_backoff = absl::Seconds(config.rpc().max_backoff_s());
   options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
   options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
+  options.shared_memory_calls = config.rpc().shared_memory_calls();
   auto silent = std::make_shared<NotAnsweringLog>(
       std::vector<std::string>(config.cluster().servers().begin(),
                                config.cluster().servers().end()),

@@ -437,12 +437,25 @@ grpc::ByteBuffer GrpcParameterStore::BuildFrame(uint32_t f, const Exchange& x) c
   return frame.Build();
 }
 
+std::shared_ptr<common::SharedChannel> GrpcParameterStore::ChannelFor(uint32_t f,
+                                                                      const Exchange& x) {
+  if (!x.shared[f].valid()) return nullptr;
+  absl::MutexLock lock(&shared_mu_);
+  const SharedLink& link = shared_[x.ServerOf(f)];
+  if (link.state != SharedLink::kActive || link.channel == nullptr ||
+      link.arena->memory() != x.shared[f].memory()) {
+    return nullptr;
+  }
+  return link.channel;
+}
+
 void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
   const uint32_t s = x->ServerOf(f);
   absl::MutexLock lock(&shared_mu_);
   SharedLink& link = shared_[s];
   if (x->shared[f].valid()) {
     if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
+      // The channel goes too: a call given up may still hold one of its slots.
       link = SharedLink();
     }
     // The region is not reused: an abandoned attempt's answer may still land in it. It goes
@@ -464,12 +477,21 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   }
   if (x->asked[f]) {
     std::shared_ptr<common::SharedArena> arena;
+    std::shared_ptr<common::SharedChannel> channel;
     if (header.has_shared_offer()) {
       const SharedSegment& offer = header.shared_offer();
       absl::StatusOr<std::shared_ptr<common::SharedMemory>> opened =
           common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
       if (opened.ok()) {
-        arena = std::make_shared<common::SharedArena>(*std::move(opened));
+        const uint64_t at = offer.channel_offset();
+        if (at != 0 && common::SharedChannel::Fits(at, (*opened)->size())) {
+          if (options_.shared_memory_calls) {
+            channel = std::make_shared<common::SharedChannel>(*opened, at);
+          }
+          arena = std::make_shared<common::SharedArena>(*std::move(opened), at);
+        } else {
+          arena = std::make_shared<common::SharedArena>(*std::move(opened));
+        }
       } else {
         LOG(INFO) << "server " << s << ": its shared memory is not usable here (" << opened.status()
                   << "); payloads go by the socket";
@@ -480,6 +502,7 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
     if (link.state == SharedLink::kAsked) {
       link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
       link.arena = std::move(arena);
+      link.channel = std::move(channel);
     }
   }
   if (header.shared_answer_bytes() > 0) {

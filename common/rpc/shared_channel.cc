@@ -1,0 +1,256 @@
+#include "common/rpc/shared_channel.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace ps::common {
+
+// A slot's header. Every field is written by one side and read by the other; the server reads
+// each once (the worker may change them at any time).
+struct SharedChannel::Slot {
+  std::atomic<uint32_t> state;          // kFree, kPosted (worker), kTaken, kAnswered (server)
+  std::atomic<uint32_t> request_bytes;  // worker
+  std::atomic<uint64_t> timeout_us;     // worker
+  std::atomic<uint32_t> answer_bytes;   // server: the frame, or the status message
+  std::atomic<int32_t> code;            // server: absl::StatusCode
+  std::atomic<uint32_t> flags;          // server: kServerBusy
+};
+
+struct SharedChannel::Bells {
+  alignas(64) std::atomic<uint32_t> server;  // rung by the worker after it posts
+  alignas(64) std::atomic<uint32_t> worker;  // rung by the server after it answers
+  std::atomic<uint32_t> closed;              // set by the server: no request is taken now
+};
+
+namespace {
+
+enum State : uint32_t { kFree = 0, kPosted = 1, kTaken = 2, kAnswered = 3 };
+
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// Shared futexes (not FUTEX_PRIVATE_FLAG): the word lies in a mapping of two processes.
+void Wake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+timespec RelativeTimeout(absl::Time deadline) {
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  return absl::ToTimespec(std::min(left, absl::Seconds(3600)));
+}
+
+void Wait(const std::atomic<uint32_t>* word, uint32_t seen, absl::Time deadline) {
+  const timespec timeout = RelativeTimeout(deadline);
+  // EAGAIN (the word moved), EINTR, ETIMEDOUT: the caller looks again either way.
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAIT, seen, &timeout, nullptr,
+          0);
+}
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+
+}  // namespace
+
+std::optional<uint64_t> SharedChannel::OffsetFor(size_t bytes) {
+  if (bytes < kMinSegmentBytes) return std::nullopt;
+  return (bytes - kBytes) & ~uint64_t{63};
+}
+
+bool SharedChannel::Fits(uint64_t offset, size_t bytes) {
+  return offset % 64 == 0 && offset >= SharedMemory::kReservedBytes && offset <= bytes &&
+         bytes - offset >= kBytes;
+}
+
+SharedChannel::SharedChannel(std::shared_ptr<SharedMemory> memory, uint64_t offset)
+    : memory_(std::move(memory)), offset_(offset) {
+  CHECK(Fits(offset_, memory_->size()));
+  static_assert(sizeof(Slot) <= kSlotHeaderBytes && sizeof(Bells) <= kBellBytes);
+}
+
+SharedChannel::Slot* SharedChannel::slot(uint32_t i) const {
+  return reinterpret_cast<Slot*>(memory_->data() + offset_ + kBellBytes + i * kSlotBytes);
+}
+
+SharedChannel::Bells* SharedChannel::bells() const {
+  return reinterpret_cast<Bells*>(memory_->data() + offset_);
+}
+
+// ---- Worker side.
+
+std::optional<uint32_t> SharedChannel::AcquireSlot() {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    if (!used_[i]) {
+      used_[i] = true;
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
+void SharedChannel::Post(uint32_t i, const grpc::ByteBuffer& frame, absl::Duration timeout) {
+  Slot* s = slot(i);
+  char* at = reinterpret_cast<char*>(s) + kSlotHeaderBytes;
+  std::vector<grpc::Slice> slices;
+  CHECK(frame.Dump(&slices).ok());
+  size_t n = 0;
+  for (const grpc::Slice& piece : slices) {
+    CHECK_LE(n + piece.size(), kRequestBytes);
+    std::memcpy(at + n, piece.begin(), piece.size());
+    n += piece.size();
+  }
+  s->request_bytes.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  s->timeout_us.store(
+      static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(timeout), 0)),
+      std::memory_order_relaxed);
+  s->state.store(kPosted, std::memory_order_release);
+  bells()->server.fetch_add(1, std::memory_order_acq_rel);
+  Wake(&bells()->server);
+}
+
+bool SharedChannel::Unserved(uint32_t i) const {
+  return bells()->closed.load(std::memory_order_acquire) != 0 &&
+         slot(i)->state.load(std::memory_order_acquire) == kPosted;
+}
+
+uint32_t SharedChannel::worker_bell() const {
+  return bells()->worker.load(std::memory_order_acquire);
+}
+
+std::optional<SharedChannel::Answer> SharedChannel::TakeAnswer(uint32_t i) {
+  Slot* s = slot(i);
+  if (s->state.load(std::memory_order_acquire) != kAnswered) return std::nullopt;
+  const uint32_t n =
+      std::min<uint32_t>(s->answer_bytes.load(std::memory_order_relaxed), kAnswerBytes);
+  const int32_t code = s->code.load(std::memory_order_relaxed);
+  const char* at = reinterpret_cast<const char*>(s) + kSlotHeaderBytes + kRequestBytes;
+  Answer answer;
+  answer.server_busy = (s->flags.load(std::memory_order_relaxed) & kServerBusy) != 0;
+  if (code == 0) {
+    grpc::Slice piece(at, n);
+    answer.frame = grpc::ByteBuffer(&piece, 1);
+  } else if (code > 0 && code <= 16) {
+    answer.status = absl::Status(static_cast<absl::StatusCode>(code), absl::string_view(at, n));
+  } else {
+    answer.status = absl::InternalError(absl::StrCat("an answer with status code ", code));
+  }
+  s->state.store(kFree, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  used_[i] = false;
+  return answer;
+}
+
+void SharedChannel::WaitForAnswers(const std::vector<const SharedChannel*>& channels,
+                                   const std::vector<uint32_t>& seen, absl::Time deadline) {
+  CHECK_EQ(channels.size(), seen.size());
+  CHECK(!channels.empty() && channels.size() <= kMaxChannelWaits);
+  static_assert(kMaxChannelWaits <= FUTEX_WAITV_MAX);
+  if (channels.size() == 1) return Wait(&channels[0]->bells()->worker, seen[0], deadline);
+  futex_waitv waiters[kMaxChannelWaits] = {};
+  for (size_t i = 0; i < channels.size(); ++i) {
+    waiters[i].val = seen[i];
+    waiters[i].uaddr = reinterpret_cast<uintptr_t>(&channels[i]->bells()->worker);
+    waiters[i].flags = FUTEX_32;
+  }
+  // futex_waitv takes an absolute CLOCK_MONOTONIC time.
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const absl::Duration left =
+      std::min(std::max(deadline - absl::Now(), absl::ZeroDuration()), absl::Seconds(3600));
+  const timespec until = absl::ToTimespec(absl::DurationFromTimespec(now) + left);
+  if (syscall(SYS_futex_waitv, waiters, channels.size(), 0, &until, CLOCK_MONOTONIC) < 0 &&
+      errno == ENOSYS) {
+    // A kernel before 5.16: look again soon.
+    absl::SleepFor(std::min(left, absl::Microseconds(50)));
+  }
+}
+
+// ---- Server side.
+
+uint32_t SharedChannel::server_bell() const {
+  return bells()->server.load(std::memory_order_acquire);
+}
+
+void SharedChannel::WaitForRequests(uint32_t seen, absl::Time deadline) const {
+  Wait(&bells()->server, seen, deadline);
+}
+
+void SharedChannel::RingServer() {
+  bells()->server.fetch_add(1, std::memory_order_acq_rel);
+  Wake(&bells()->server);
+}
+
+void SharedChannel::Close() {
+  bells()->closed.store(1, std::memory_order_release);
+  bells()->worker.fetch_add(1, std::memory_order_acq_rel);
+  Wake(&bells()->worker);
+}
+
+std::optional<SharedChannel::Request> SharedChannel::TakeRequest(uint32_t i) {
+  Slot* s = slot(i);
+  if (s->state.load(std::memory_order_acquire) != kPosted) return std::nullopt;
+  s->state.store(kTaken, std::memory_order_relaxed);
+  const uint32_t n = s->request_bytes.load(std::memory_order_relaxed);
+  const uint64_t timeout_us = s->timeout_us.load(std::memory_order_relaxed);
+  Request request;
+  request.timeout = absl::Microseconds(std::min<uint64_t>(timeout_us, uint64_t{1} << 40));
+  if (n > kRequestBytes) {
+    request.status = absl::InvalidArgumentError(
+        absl::StrCat("a request of ", n, " bytes in a channel slot of ", kRequestBytes));
+    return request;
+  }
+  // The one copy: the worker may rewrite the slot while the frame is served.
+  grpc::Slice piece(reinterpret_cast<const char*>(s) + kSlotHeaderBytes, n);
+  request.frame = grpc::ByteBuffer(&piece, 1);
+  return request;
+}
+
+void SharedChannel::WriteAnswer(uint32_t i, const absl::Status& status,
+                                const grpc::ByteBuffer* frame, bool server_busy) {
+  Slot* s = slot(i);
+  char* at = reinterpret_cast<char*>(s) + kSlotHeaderBytes + kRequestBytes;
+  absl::Status result = status;
+  size_t n = 0;
+  if (result.ok()) {
+    if (frame->Length() <= kAnswerBytes) {
+      std::vector<grpc::Slice> slices;
+      if (frame->Dump(&slices).ok()) {
+        for (const grpc::Slice& piece : slices) {
+          std::memcpy(at + n, piece.begin(), piece.size());
+          n += piece.size();
+        }
+      } else {
+        result = absl::InternalError("unreadable answer");
+      }
+    } else {
+      result = absl::AbortedError(absl::StrCat("an answer of ", frame->Length(),
+                                               " bytes does not fit a channel slot: send the "
+                                               "call without shared memory"));
+    }
+  }
+  if (!result.ok()) {
+    const absl::string_view message = result.message().substr(0, kAnswerBytes);
+    std::memcpy(at, message.data(), message.size());
+    n = message.size();
+  }
+  s->answer_bytes.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  s->code.store(static_cast<int32_t>(result.code()), std::memory_order_relaxed);
+  s->flags.store(server_busy ? kServerBusy : 0, std::memory_order_relaxed);
+  s->state.store(kAnswered, std::memory_order_release);
+  bells()->worker.fetch_add(1, std::memory_order_acq_rel);
+  Wake(&bells()->worker);
+}
+
+}  // namespace ps::common

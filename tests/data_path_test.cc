@@ -230,6 +230,21 @@ TEST_F(DataPathOverSharedMemoryTest, PayloadsCrossTheSegmentAndApplyLikeTheInPro
   EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_out), payload);
 }
 
+// rpc.shared_memory_calls=false: the payloads cross the segment, the calls go by the socket.
+TEST_F(DataPathOverSharedMemoryTest, WithoutTheChannelPayloadsStillCrossTheSegment) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  worker::GrpcStoreOptions options = Options();
+  options.shared_memory_calls = false;
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  Steps(store->get(), local->get(), 1, 3);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), 2 * 525000 * sizeof(float));
+  EXPECT_EQ(Sum(&common::DataPathCounters::calls_shared), 0u);
+  EXPECT_EQ((*store)->stats().calls_shared, 0u);
+}
+
 // A segment the server no longer has (another store of the same worker asked for a new one, as
 // a restarted server has none): the call is refused with nothing changed and goes by the
 // socket, once; the store then asks again. Every push is applied exactly once.
@@ -240,6 +255,9 @@ TEST_F(DataPathOverSharedMemoryTest, AForgottenSegmentSendsTheCallBySocketAndApp
   Steps(store_.get(), local->get(), 1, 3);
   const uint64_t shared_in = Sum(&common::DataPathCounters::bytes_shared_in);
   ASSERT_GT(shared_in, 0u);
+  const uint64_t channel_calls = Sum(&common::DataPathCounters::calls_shared);
+  ASSERT_GT(channel_calls, 0u);
+  EXPECT_EQ(store_->stats().calls_shared, channel_calls);
   auto other = worker::GrpcParameterStore::CreateWithChannels(config_, Options(), channels_);
   ASSERT_THAT(other.status(), IsOk());
   std::vector<float> out(525000);
@@ -247,9 +265,14 @@ TEST_F(DataPathOverSharedMemoryTest, AForgottenSegmentSendsTheCallBySocketAndApp
   pull.dense.push_back({"m", absl::MakeSpan(out)});  // on both servers
   ASSERT_THAT((*other)->Pull(pull, {0}), IsOk());    // its asks replace store_'s segments
   uint64_t pushes = Pushes(0) + Pushes(1);
-  Steps(store_.get(), local->get(), 4, 4);  // refused (ABORTED), sent again by the socket
+  // The servers closed store_'s channels with its segments: its calls posted there end at
+  // once, unserved (ABORTED), and go again by the socket.
+  const absl::Time start = absl::Now();
+  Steps(store_.get(), local->get(), 4, 4);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "waited for the deadline";
   EXPECT_EQ(Pushes(0) + Pushes(1) - pushes, 2u) << "a push applied twice or not at all";
   EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
+  EXPECT_EQ(Sum(&common::DataPathCounters::calls_shared), channel_calls);
   Steps(store_.get(), local->get(), 5, 6);  // asks again, then through the new segment
   EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
 }

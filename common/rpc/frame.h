@@ -52,6 +52,8 @@ struct DataPathCounters {
   // that went out through it (written into it once).
   std::atomic<uint64_t> bytes_shared_in{0};
   std::atomic<uint64_t> bytes_shared_out{0};
+  // Frames that came through a shared-memory channel instead of a gRPC call.
+  std::atomic<uint64_t> calls_shared{0};
 };
 
 // Reusable byte buffers, so that payload memory stays mapped across calls. Thread-safe.

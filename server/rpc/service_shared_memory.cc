@@ -79,6 +79,7 @@ class ParameterServerService::ChannelServer {
 
   void Serve(uint32_t slot, SharedChannel::Request request) {
     const absl::Time arrived = absl::Now();
+    service_->counters_.calls_shared.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<State> state = state_;
     if (!request.status.ok()) {
       service_->Unparseable(request.status).IgnoreError();

@@ -273,6 +273,7 @@ bool GrpcParameterStore::AsyncCalls::StepChannels(bool wait) {
       slot->answer = std::move(answer->frame);
       slot->outcome = common::ToGrpcStatus(answer->status);
       slot->server_busy = answer->server_busy;
+      if (answer->status.ok()) store_->CountSharedCall();
     } else if (slot->channel->Unserved(slot->channel_slot)) {
       // Nothing of it was applied: sent again by the socket at once (OnAnswer).
       slot->outcome = grpc::Status(grpc::StatusCode::ABORTED,

@@ -57,6 +57,10 @@ struct GrpcParameterStore::Metrics {
             "ps_worker_bytes_shared_total",
             "Of the parameter bytes pushed and pulled, those that went through shared memory "
             "with a server on this host.")),
+        calls_shared(r->AddCounter(
+            "ps_worker_calls_shared_total",
+            "Calls to a server on this host answered through its shared-memory channel instead "
+            "of gRPC (one per server a step's call reaches).")),
         duplicates(r->AddCounter(
             "ps_worker_push_duplicates_total",
             "Push answers saying the server had applied the push already (after a retry).")) {
@@ -74,6 +78,7 @@ struct GrpcParameterStore::Metrics {
   common::metrics::Counter* const bytes_sent;
   common::metrics::Counter* const bytes_received;
   common::metrics::Counter* const bytes_shared;
+  common::metrics::Counter* const calls_shared;
   common::metrics::Counter* const duplicates;
   std::vector<common::metrics::Counter*> retries;  // per server
 };
@@ -209,6 +214,11 @@ absl::Duration GrpcParameterStore::Backoff(uint32_t attempt) const {
 void GrpcParameterStore::CountFailure(uint32_t s, const absl::Status& status) {
   metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status.code())})
       ->Increment();
+}
+
+void GrpcParameterStore::CountSharedCall() {
+  ++calls_shared_;
+  metrics_->calls_shared->Increment();
 }
 
 void GrpcParameterStore::CountRetry(uint32_t s) {
@@ -456,6 +466,7 @@ GrpcStoreStats GrpcParameterStore::stats() const {
   s.retries = retries_;
   s.duplicate_pushes = duplicates_;
   s.bytes_shared = bytes_shared_;
+  s.calls_shared = calls_shared_;
   return s;
 }
 

@@ -130,6 +130,8 @@ struct GrpcStoreStats {
   uint64_t duplicate_pushes = 0;
   // Of the payload bytes sent and received, those that went through shared memory.
   uint64_t bytes_shared = 0;
+  // Calls (frames to one server) answered through a shared-memory channel, not gRPC.
+  uint64_t calls_shared = 0;
 
   // "sent <n> bytes, received <n> bytes, <n> retries[, <n> bytes through shared memory]", the
   // form tools/ read from the log.
@@ -212,9 +214,11 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::unique_ptr<AsyncCalls> TakeCalls();
   void GiveCalls(std::unique_ptr<AsyncCalls> calls);
   absl::Duration Backoff(uint32_t attempt) const;
-  // Metrics and stats: a failed attempt to server s, a retry of it, an exchange that ended OK.
+  // Metrics and stats: a failed attempt to server s, a retry of it, an exchange that ended OK,
+  // a call answered through a channel.
   void CountFailure(uint32_t s, const absl::Status& status);
   void CountRetry(uint32_t s);
+  void CountSharedCall();
   void CountExchange(const Exchange& x);
   // The push and/or pull (either may be null) as one frame per server, sent and answered.
   absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
@@ -304,6 +308,7 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> bytes_shared_{0};
+  std::atomic<uint64_t> calls_shared_{0};
   // Held while a Push encodes (not while it sends).
   absl::Mutex residuals_mu_;
   PushResiduals residuals_ ABSL_GUARDED_BY(residuals_mu_);

@@ -1,0 +1,147 @@
+#include "common/rpc/shared_channel.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps::common {
+namespace {
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string String(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string s;
+  for (const grpc::Slice& piece : slices) {
+    s.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+  }
+  return s;
+}
+
+// The server's and the worker's ends of one channel: two mappings of one segment, as in two
+// processes.
+struct Ends {
+  Ends() {
+    const size_t bytes = SharedChannel::kMinSegmentBytes;
+    std::shared_ptr<SharedMemory> made = *SharedMemory::Create(bytes);
+    std::shared_ptr<SharedMemory> opened =
+        *SharedMemory::Open(made->id(), made->path(), bytes, SharedMemory::BootId());
+    const uint64_t at = *SharedChannel::OffsetFor(bytes);
+    server = std::make_unique<SharedChannel>(made, at);
+    worker = std::make_unique<SharedChannel>(opened, at);
+  }
+  std::unique_ptr<SharedChannel> server, worker;
+};
+
+TEST(SharedChannel, OnlySegmentsWithRoomGetOneAtTheirAlignedEnd) {
+  EXPECT_FALSE(SharedChannel::OffsetFor(SharedChannel::kMinSegmentBytes - 1).has_value());
+  const size_t bytes = SharedChannel::kMinSegmentBytes + 100;
+  const uint64_t at = *SharedChannel::OffsetFor(bytes);
+  EXPECT_EQ(at % 64, 0u);
+  EXPECT_TRUE(SharedChannel::Fits(at, bytes));
+  EXPECT_GE(bytes - at, SharedChannel::kBytes);
+  EXPECT_FALSE(SharedChannel::Fits(at + 64, bytes));  // past the end
+  EXPECT_FALSE(SharedChannel::Fits(at + 1, bytes));   // not aligned
+  EXPECT_FALSE(SharedChannel::Fits(0, bytes));        // over the segment's id
+}
+
+TEST(SharedChannel, ARequestAndItsAnswerCrossBetweenTheMappings) {
+  Ends ends;
+  std::optional<uint32_t> slot = ends.worker->AcquireSlot();
+  ASSERT_TRUE(slot.has_value());
+  const uint32_t answered = ends.worker->worker_bell();
+  std::thread server([&] {
+    std::optional<SharedChannel::Request> request;
+    while (!(request = ends.server->TakeRequest(*slot)).has_value()) {
+      ends.server->WaitForRequests(ends.server->server_bell(), absl::Now() + absl::Seconds(1));
+    }
+    ASSERT_TRUE(request->status.ok());
+    EXPECT_EQ(String(request->frame), "request");
+    EXPECT_GT(request->timeout, absl::Seconds(4));
+    EXPECT_FALSE(ends.server->TakeRequest(*slot).has_value());  // taken once
+    const grpc::ByteBuffer answer = Bytes("answer");
+    ends.server->WriteAnswer(*slot, absl::OkStatus(), &answer, false);
+  });
+  ends.worker->Post(*slot, Bytes("request"), absl::Seconds(5));
+  std::optional<SharedChannel::Answer> answer;
+  while (!(answer = ends.worker->TakeAnswer(*slot)).has_value()) {
+    SharedChannel::WaitForAnswers({ends.worker.get()}, {answered}, absl::Now() + absl::Seconds(5));
+  }
+  server.join();
+  ASSERT_TRUE(answer->status.ok());
+  EXPECT_EQ(String(answer->frame), "answer");
+  EXPECT_FALSE(ends.worker->TakeAnswer(*slot).has_value());  // read once; the slot is free
+}
+
+TEST(SharedChannel, EachSlotIsHandedOutOnceUntilItsAnswerIsTaken) {
+  Ends ends;
+  std::vector<uint32_t> slots;
+  while (std::optional<uint32_t> s = ends.worker->AcquireSlot()) slots.push_back(*s);
+  EXPECT_EQ(slots.size(), SharedChannel::kSlots);
+  ends.worker->Post(slots[3], Bytes("x"), absl::Seconds(1));
+  EXPECT_FALSE(ends.worker->AcquireSlot().has_value());  // posted, not answered
+  ASSERT_TRUE(ends.server->TakeRequest(slots[3]).has_value());
+  ends.server->WriteAnswer(slots[3], absl::NotFoundError("no table"), nullptr, false);
+  std::optional<SharedChannel::Answer> answer = ends.worker->TakeAnswer(slots[3]);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->status, absl::NotFoundError("no table"));
+  EXPECT_EQ(ends.worker->AcquireSlot(), std::optional<uint32_t>(slots[3]));
+}
+
+TEST(SharedChannel, AnAnswerTooLargeForTheSlotComesBackAborted) {
+  Ends ends;
+  const uint32_t slot = *ends.worker->AcquireSlot();
+  ends.worker->Post(slot, Bytes("x"), absl::Seconds(1));
+  ASSERT_TRUE(ends.server->TakeRequest(slot).has_value());
+  const grpc::ByteBuffer big = Bytes(std::string(SharedChannel::kAnswerBytes + 1, 'a'));
+  ends.server->WriteAnswer(slot, absl::OkStatus(), &big, /*server_busy=*/true);
+  std::optional<SharedChannel::Answer> answer = ends.worker->TakeAnswer(slot);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->status.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(answer->server_busy);
+}
+
+TEST(SharedChannel, ClosingLeavesPostedCallsUnservedAndWakesTheWorker) {
+  Ends ends;
+  const uint32_t taken = *ends.worker->AcquireSlot();
+  const uint32_t waiting = *ends.worker->AcquireSlot();
+  ends.worker->Post(taken, Bytes("a"), absl::Seconds(1));
+  ends.worker->Post(waiting, Bytes("b"), absl::Seconds(1));
+  ASSERT_TRUE(ends.server->TakeRequest(taken).has_value());
+  EXPECT_FALSE(ends.worker->Unserved(waiting));  // open: it may still be served
+  const uint32_t bell = ends.worker->worker_bell();
+  std::thread closer([&] { ends.server->Close(); });
+  SharedChannel::WaitForAnswers({ends.worker.get()}, {bell}, absl::Now() + absl::Seconds(30));
+  closer.join();
+  EXPECT_NE(ends.worker->worker_bell(), bell);
+  EXPECT_TRUE(ends.worker->Unserved(waiting));
+  EXPECT_FALSE(ends.worker->Unserved(taken));  // being served: its answer still comes
+}
+
+TEST(SharedChannel, AWorkerWaitsOnSeveralChannelsAtOnce) {
+  Ends a, b;
+  const uint32_t slot = *b.worker->AcquireSlot();
+  b.worker->Post(slot, Bytes("x"), absl::Seconds(1));
+  const uint32_t bell_a = a.worker->worker_bell(), bell_b = b.worker->worker_bell();
+  std::thread server([&] {
+    ASSERT_TRUE(b.server->TakeRequest(slot).has_value());
+    const grpc::ByteBuffer answer = Bytes("y");
+    b.server->WriteAnswer(slot, absl::OkStatus(), &answer, false);
+  });
+  const absl::Time start = absl::Now();
+  SharedChannel::WaitForAnswers({a.worker.get(), b.worker.get()}, {bell_a, bell_b},
+                                absl::Now() + absl::Seconds(30));
+  server.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "woken by the deadline, not the bell";
+  EXPECT_TRUE(b.worker->TakeAnswer(slot).has_value());
+}
+
+}  // namespace
+}  // namespace ps::common

@@ -71,6 +71,9 @@ struct BenchOptions {
   int32_t data_threads = -1;  // server.data_threads of the config; -1: its default
   // rpc.shared_memory_mb and server.max_shared_memory_mb of the config; -1: their defaults
   int64_t shared_memory_mb = -1;
+  // rpc.shared_memory_calls of the config (false: payloads through shared memory, calls by
+  // the socket).
+  bool shared_memory_calls = true;
   size_t tcp_stream_write = 4 << 20;
   uint64_t seed = 1;
   double zipf = 1.1;

@@ -102,6 +102,9 @@ ABSL_FLAG(int64_t, shared_memory_mb, -1,
           "rpc.shared_memory_mb and server.max_shared_memory_mb of the generated config: shared "
           "memory between each client and server (0: payloads go by the socket). -1: the "
           "config's defaults.");
+ABSL_FLAG(bool, shared_memory_calls, true,
+          "rpc.shared_memory_calls of the generated config: with shared memory, calls go through "
+          "the segment's channel (false: by the socket, their payloads through the segment).");
 ABSL_FLAG(int32_t, data_threads, -1,
           "server.data_threads of the generated config: threads serving each server's data "
           "path (0 = one per client up to the cores; -1 = the config's default, 1).");
@@ -298,6 +301,7 @@ absl::Status ParseScalars(BenchOptions* f) {
   }
   f->data_threads = absl::GetFlag(FLAGS_data_threads);
   f->shared_memory_mb = absl::GetFlag(FLAGS_shared_memory_mb);
+  f->shared_memory_calls = absl::GetFlag(FLAGS_shared_memory_calls);
   if (f->shared_memory_mb < -1 || f->shared_memory_mb > 65536) {
     return absl::InvalidArgumentError(
         absl::StrCat("--shared_memory_mb=", f->shared_memory_mb, ": expected -1..65536"));

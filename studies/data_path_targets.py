@@ -10,8 +10,9 @@ Runs, back to back on this machine:
     10k keys x 16 pull and push;
   - ps_bench, the same with 8 calls in flight at 4 KB;
   - ps_bench, 2 servers + 2 clients, dense 1 MB and 64 MB;
-    (all three with payloads through shared memory, as the config's defaults have them between
-    processes of one host; --shared_memory_mb=0 sends them by the socket)
+    (all three with payloads and calls through shared memory, as the config's defaults have
+    them between processes of one host; --shared_memory_mb=0 sends them by the socket,
+    --no_shared_memory_calls only the calls)
   - server/shard_benchmark's 64 MB Adam push, one thread against the parallel apply, alternated
     inside each iteration (the median ratio of --repeat repetitions);
   - with --memory, bench/ps_load (21 tables of 4M floats, Adam) and each server's peak RSS against
@@ -209,7 +210,8 @@ def ps_bench(args, tmp, name, extra):
     path = os.path.join(tmp, name + ".jsonl")
     run([os.path.join(args.bin_dir, "bench/ps_bench"), "--seconds=%g" % args.seconds,
          "--repeat=%d" % args.repeat, "--json=" + path,
-         "--shared_memory_mb=%d" % args.shared_memory_mb] + extra)
+         "--shared_memory_mb=%d" % args.shared_memory_mb,
+         "--shared_memory_calls=%s" % str(not args.no_shared_memory_calls).lower()] + extra)
     return read_jsonl(path)
 
 
@@ -234,8 +236,11 @@ def measure(args, tmp):
         runs = []
         for i in range(args.repeat):
             path = os.path.join(tmp, "training-%d.jsonl" % i)
-            shared = ([] if args.shared_memory_mb < 0 else
-                      ["--set", "rpc.shared_memory_mb=%d" % args.shared_memory_mb])
+            sets = ([] if args.shared_memory_mb < 0 else
+                    ["rpc.shared_memory_mb=%d" % args.shared_memory_mb])
+            if args.no_shared_memory_calls:
+                sets.append("rpc.shared_memory_calls=false")
+            shared = ["--set", ",".join(sets)] if sets else []
             run([sys.executable, "studies/scaling_bench.py", "--models", "mlp", "--cells", "1x1,2x2",
                  "--bin_dir", args.bin_dir, "--json", path] + shared)
             runs.append(read_jsonl(path))
@@ -277,6 +282,9 @@ def main():
                     help="shared memory between each client and server of ps_bench and the "
                          "training runs (0: payloads by the socket only); -1: the config "
                          "defaults (rpc.shared_memory_mb)")
+    ap.add_argument("--no_shared_memory_calls", action="store_true",
+                    help="with shared memory, send the calls by the socket (only their payloads "
+                         "through the segment): rpc.shared_memory_calls=false")
     args = ap.parse_args()
     missing = missing_binaries(args.bin_dir, args.memory, args.training)
     if missing:
@@ -293,7 +301,9 @@ def main():
     print("\n%d of %d targets met (TCP congestion control: %s; payloads %s)"
           % (met, len(rows), congestion_control(),
              "by the socket only" if args.shared_memory_mb == 0 else
-             "through shared memory between processes of this host"))
+             "through shared memory between processes of this host, calls by the socket"
+             if args.no_shared_memory_calls else
+             "and calls through shared memory between processes of this host"))
 
 
 if __name__ == "__main__":

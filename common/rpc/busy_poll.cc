@@ -25,23 +25,18 @@ constexpr std::chrono::microseconds kMinJudgedSpin(20);
 
 }  // namespace
 
-int BusyPoller::Spin(grpc::CompletionQueue* cq, void** tag, bool* ok) {
+int BusyPoller::Spin(absl::FunctionRef<int()> poll) {
   // steady_clock is read through the vDSO: no system call per poll.
   const auto start = std::chrono::steady_clock::now();
   const auto until = start + absl::ToChronoNanoseconds(spin_);
   const std::chrono::nanoseconds cpu_start = ThreadCpuTime();
-  const gpr_timespec passed = gpr_time_0(GPR_CLOCK_MONOTONIC);  // a deadline already passed
   int result = 0;
   auto now = start;
   while (true) {
     ++stats_.polls;
-    const grpc::CompletionQueue::NextStatus s = cq->AsyncNext(tag, ok, passed);
+    result = poll();
     now = std::chrono::steady_clock::now();
-    if (s != grpc::CompletionQueue::TIMEOUT) {
-      result = s == grpc::CompletionQueue::GOT_EVENT ? 1 : -1;
-      break;
-    }
-    if (now >= until) break;
+    if (result != 0 || now >= until) break;
     sched_yield();
   }
   const auto wall = now - start;
@@ -57,21 +52,39 @@ int BusyPoller::Spin(grpc::CompletionQueue* cq, void** tag, bool* ok) {
   return result;
 }
 
-bool BusyPoller::Next(grpc::CompletionQueue* cq, void** tag, bool* ok) {
-  if (spin_ > absl::ZeroDuration()) {
-    if (skip_waits_ > 0) {
-      --skip_waits_;
-      ++stats_.waits_backed_off;
-    } else {
-      const int got = Spin(cq, tag, ok);
-      if (got != 0) {
-        if (got > 0) ++stats_.events_polled;
-        return got > 0;
-      }
-    }
+int BusyPoller::MaybeSpin(absl::FunctionRef<int()> poll) {
+  if (spin_ <= absl::ZeroDuration()) return 0;
+  if (skip_waits_ > 0) {
+    --skip_waits_;
+    ++stats_.waits_backed_off;
+    return 0;
   }
+  const int got = Spin(poll);
+  if (got > 0) ++stats_.events_polled;
+  return got;
+}
+
+bool BusyPoller::Next(grpc::CompletionQueue* cq, void** tag, bool* ok) {
+  const gpr_timespec passed = gpr_time_0(GPR_CLOCK_MONOTONIC);  // a deadline already passed
+  const int got = MaybeSpin([&] {
+    switch (cq->AsyncNext(tag, ok, passed)) {
+      case grpc::CompletionQueue::GOT_EVENT:
+        return 1;
+      case grpc::CompletionQueue::SHUTDOWN:
+        return -1;
+      default:
+        return 0;
+    }
+  });
+  if (got != 0) return got > 0;
   ++stats_.waits_blocked;
   return cq->Next(tag, ok);
+}
+
+bool BusyPoller::Poll(absl::FunctionRef<bool()> ready) {
+  if (MaybeSpin([&] { return ready() ? 1 : 0; }) > 0) return true;
+  ++stats_.waits_blocked;
+  return false;
 }
 
 }  // namespace ps::common

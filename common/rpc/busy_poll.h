@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "grpcpp/completion_queue.h"
 
@@ -48,12 +49,19 @@ class BusyPoller {
   // down and drained. Polls `cq` without blocking (yielding the core between polls) for up
   // to `spin` first, unless backed off (see the file comment); then blocks in Next.
   bool Next(grpc::CompletionQueue* cq, void** tag, bool* ok);
+  // The same for any event: calls `ready` (yielding the core between calls) for up to `spin`
+  // unless backed off, and returns true as soon as it does; false: the caller sleeps (counted
+  // as a blocked wait).
+  bool Poll(absl::FunctionRef<bool()> ready);
 
   const BusyPollStats& stats() const { return stats_; }
 
  private:
-  // Polls for up to spin_: 1 = an event (in *tag, *ok), 0 = none came, -1 = shut down.
-  int Spin(grpc::CompletionQueue* cq, void** tag, bool* ok);
+  // Calls `poll` for up to spin_ until it returns non-zero (1 = an event, -1 = shut down);
+  // 0 = none came.
+  int Spin(absl::FunctionRef<int()> poll);
+  // Spin unless spinning is off or backed off (then 0).
+  int MaybeSpin(absl::FunctionRef<int()> poll);
 
   const absl::Duration spin_;
   uint32_t backoff_ = 0;     // waits to sleep at once after the latest contended spin

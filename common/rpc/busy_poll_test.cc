@@ -66,6 +66,23 @@ TEST(BusyPollerTest, AfterTheSpinItSleepsUntilTheEventComes) {
   Drain(&cq);
 }
 
+// Poll: any condition (a shared-memory channel's bell), the same spin and accounting.
+TEST(BusyPollerTest, PollReturnsOnceTheConditionHoldsOrTellsTheCallerToSleep) {
+  BusyPoller poller(absl::Seconds(60));
+  int calls = 0;
+  EXPECT_TRUE(poller.Poll([&] { return ++calls == 5; }));
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(poller.stats().events_polled, 1u);
+  EXPECT_EQ(poller.stats().polls, 5u);
+  BusyPoller brief(absl::Milliseconds(1));
+  EXPECT_FALSE(brief.Poll([] { return false; }));  // the spin ran out: the caller sleeps
+  EXPECT_EQ(brief.stats().waits_blocked, 1u);
+  EXPECT_GE(brief.stats().polls, 1u);
+  BusyPoller off(absl::ZeroDuration());
+  EXPECT_FALSE(off.Poll([] { return true; }));  // no spin: not even one look
+  EXPECT_EQ(off.stats().polls, 0u);
+}
+
 TEST(BusyPollerTest, NoSpinIsThePlainBlockingNext) {
   grpc::CompletionQueue cq;
   int mine = 0;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 
@@ -27,9 +28,15 @@ struct SharedChannel::Slot {
   std::atomic<uint32_t> flags;          // server: kServerBusy
 };
 
+// A side rings a bell by moving it, and wakes the other side only when that side said it
+// sleeps (a futex wake is a system call, and the peer is often awake): the sleeper says so,
+// then looks at the bell once more before it sleeps, and the ringer moves the bell, then
+// looks whether anyone sleeps (both sequentially consistent: one of them sees the other).
 struct SharedChannel::Bells {
   alignas(64) std::atomic<uint32_t> server;  // rung by the worker after it posts
+  std::atomic<uint32_t> server_sleeping;     // the server's thread waits on `server`
   alignas(64) std::atomic<uint32_t> worker;  // rung by the server after it answers
+  std::atomic<uint32_t> worker_sleepers;     // worker threads waiting on `worker`
   std::atomic<uint32_t> closed;              // set by the server: no request is taken now
 };
 
@@ -116,8 +123,7 @@ void SharedChannel::Post(uint32_t i, const grpc::ByteBuffer& frame, absl::Durati
       static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(timeout), 0)),
       std::memory_order_relaxed);
   s->state.store(kPosted, std::memory_order_release);
-  bells()->server.fetch_add(1, std::memory_order_acq_rel);
-  Wake(&bells()->server);
+  RingServer();
 }
 
 bool SharedChannel::Unserved(uint32_t i) const {
@@ -155,6 +161,13 @@ std::optional<SharedChannel::Answer> SharedChannel::TakeAnswer(uint32_t i) {
 void SharedChannel::WaitForAnswers(const std::vector<const SharedChannel*>& channels,
                                    const std::vector<uint32_t>& seen, absl::Time deadline) {
   CHECK_EQ(channels.size(), seen.size());
+  for (const SharedChannel* c : channels) c->bells()->worker_sleepers.fetch_add(1);
+  absl::Cleanup awake = [&] {
+    for (const SharedChannel* c : channels) c->bells()->worker_sleepers.fetch_sub(1);
+  };
+  for (size_t i = 0; i < channels.size(); ++i) {
+    if (channels[i]->bells()->worker.load() != seen[i]) return;
+  }
   CHECK(!channels.empty() && channels.size() <= kMaxChannelWaits);
   static_assert(kMaxChannelWaits <= FUTEX_WAITV_MAX);
   if (channels.size() == 1) return Wait(&channels[0]->bells()->worker, seen[0], deadline);
@@ -184,18 +197,24 @@ uint32_t SharedChannel::server_bell() const {
 }
 
 void SharedChannel::WaitForRequests(uint32_t seen, absl::Time deadline) const {
-  Wait(&bells()->server, seen, deadline);
+  bells()->server_sleeping.store(1);
+  if (bells()->server.load() == seen) Wait(&bells()->server, seen, deadline);
+  bells()->server_sleeping.store(0);
 }
 
 void SharedChannel::RingServer() {
-  bells()->server.fetch_add(1, std::memory_order_acq_rel);
-  Wake(&bells()->server);
+  bells()->server.fetch_add(1);
+  if (bells()->server_sleeping.load() != 0) Wake(&bells()->server);
+}
+
+void SharedChannel::RingWorker() {
+  bells()->worker.fetch_add(1);
+  if (bells()->worker_sleepers.load() != 0) Wake(&bells()->worker);
 }
 
 void SharedChannel::Close() {
   bells()->closed.store(1, std::memory_order_release);
-  bells()->worker.fetch_add(1, std::memory_order_acq_rel);
-  Wake(&bells()->worker);
+  RingWorker();
 }
 
 std::optional<SharedChannel::Request> SharedChannel::TakeRequest(uint32_t i) {
@@ -249,8 +268,7 @@ void SharedChannel::WriteAnswer(uint32_t i, const absl::Status& status,
   s->code.store(static_cast<int32_t>(result.code()), std::memory_order_relaxed);
   s->flags.store(server_busy ? kServerBusy : 0, std::memory_order_relaxed);
   s->state.store(kAnswered, std::memory_order_release);
-  bells()->worker.fetch_add(1, std::memory_order_acq_rel);
-  Wake(&bells()->worker);
+  RingWorker();
 }
 
 }  // namespace ps::common

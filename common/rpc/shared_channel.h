@@ -118,6 +118,7 @@ class SharedChannel {
  private:
   struct Slot;
   struct Bells;
+  void RingWorker();
   Slot* slot(uint32_t i) const;
   Bells* bells() const;
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/busy_poll.h"
 #include "common/rpc/shared_channel.h"
 #include "glog/logging.h"
 #include "server/rpc/service.h"
@@ -31,6 +32,7 @@ class ParameterServerService::ChannelServer {
       : service_(service),
         state_(std::make_shared<State>(std::move(memory), offset)),
         peer_(Identity(worker_id, peer)),
+        poller_(service->options_.channel_busy_poll),
         thread_([this] { Run(); }) {}
   ~ChannelServer() {
     stop_.store(true, std::memory_order_release);
@@ -72,8 +74,15 @@ class ParameterServerService::ChannelServer {
         state_->serving[i].store(true, std::memory_order_release);
         Serve(i, *std::move(request));
       }
-      // A second's timeout only bounds how long a lost wake-up could delay a call.
-      if (!served) state_->channel.WaitForRequests(bell, absl::Now() + absl::Seconds(1));
+      if (served) continue;
+      // Polls first (a call answered by a thread that was awake costs no wake-up), then
+      // sleeps; a second's timeout only bounds how long a lost wake-up could delay a call.
+      if (poller_.Poll([&] {
+            return stop_.load(std::memory_order_relaxed) || state_->channel.server_bell() != bell;
+          })) {
+        continue;
+      }
+      state_->channel.WaitForRequests(bell, absl::Now() + absl::Seconds(1));
     }
   }
 
@@ -124,6 +133,7 @@ class ParameterServerService::ChannelServer {
   const std::shared_ptr<State> state_;  // shared with the answers of parked pulls
   const PeerIdentity peer_;
   std::atomic<bool> stop_{false};
+  common::BusyPoller poller_;  // the thread's own
   std::thread thread_;  // last: it starts in the constructor
 };
 

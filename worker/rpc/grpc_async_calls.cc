@@ -299,6 +299,14 @@ bool GrpcParameterStore::AsyncCalls::StepChannels(bool wait) {
   }
   if (!done.empty()) return true;
   if (!wait) return false;
+  if (poller_.Poll([&] {
+        for (size_t i = 0; i < channels.size(); ++i) {
+          if (channels[i]->worker_bell() != bells[i]) return true;
+        }
+        return false;
+      })) {
+    return true;
+  }
   common::SharedChannel::WaitForAnswers(channels, bells, earliest);
   return true;
 }

@@ -8,10 +8,11 @@
 // id (its first 8 bytes) before it trusts the mapping, and falls back to the socket otherwise.
 //
 // The worker then writes a push's payload into a region of the segment and sends only the
-// frame's header (PushPullRequest.shared); the server copies the payload out before it checks
-// and applies it (the worker can still write the region: checking in place would let it
-// change a value between the check and the update), and writes a pull's answer straight into
-// the region the worker named. Every range is checked against the segment.
+// frame's header (PushPullRequest.shared); the server uses the payload where it lies (the
+// worker can still write the region, so what is read twice is guarded or copied first:
+// docs/design.md), and writes a pull's answer straight into the region the worker named.
+// Every range is checked against the segment. The frame itself goes through the segment's
+// channel when it has one (common/rpc/shared_channel.h), else by the socket.
 #ifndef PS_COMMON_RPC_SHARED_MEMORY_H_
 #define PS_COMMON_RPC_SHARED_MEMORY_H_
 

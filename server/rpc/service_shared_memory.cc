@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -207,8 +208,12 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   const std::optional<uint64_t> channel_offset = SharedChannel::OffsetFor((*made)->size());
   std::shared_ptr<ChannelServer> channel;
   if (channel_offset.has_value()) {
-    offer->set_channel_offset(*channel_offset);
-    channel = std::make_shared<ChannelServer>(this, *made, *channel_offset, worker_id, peer);
+    try {
+      channel = std::make_shared<ChannelServer>(this, *made, *channel_offset, worker_id, peer);
+      offer->set_channel_offset(*channel_offset);
+    } catch (const std::system_error& e) {  // no thread to be had: the calls use the socket
+      LOG(WARNING) << "no shared-memory channel for worker " << worker_id << ": " << e.what();
+    }
   }
   std::shared_ptr<ChannelServer> old;  // joined after the lock (or the new one, unused)
   absl::MutexLock lock(&shared_mu_);
@@ -219,7 +224,7 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   }
   w.incarnation = info.worker_incarnation;
   w.memory = *std::move(made);  // calls still using the old one hold it
-  w.channel_offset = channel_offset.value_or(0);
+  w.channel_offset = channel != nullptr ? *channel_offset : 0;
   old = std::exchange(w.channel, std::move(channel));
   return true;
 }

@@ -134,12 +134,17 @@ std::vector<float> InProcessRun(int workers) {
   return State(store_for(-1).get());
 }
 
-// A worker's GrpcParameterStore that adds its bytes through shared memory to `total` when done.
+// A worker's GrpcParameterStore that adds its bytes through shared memory to `total`, and its
+// calls through the segments' channels to `calls`, when done.
 class CountShared final : public common::ParameterStore {
  public:
-  CountShared(std::unique_ptr<worker::GrpcParameterStore> store, std::atomic<uint64_t>* total)
-      : store_(std::move(store)), total_(total) {}
-  ~CountShared() override { *total_ += store_->stats().bytes_shared; }
+  CountShared(std::unique_ptr<worker::GrpcParameterStore> store, std::atomic<uint64_t>* total,
+              std::atomic<uint64_t>* calls)
+      : store_(std::move(store)), total_(total), calls_(calls) {}
+  ~CountShared() override {
+    *total_ += store_->stats().bytes_shared;
+    *calls_ += store_->stats().calls_shared;
+  }
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override {
     return store_->Pull(batch, options);
   }
@@ -151,10 +156,12 @@ class CountShared final : public common::ParameterStore {
  private:
   std::unique_ptr<worker::GrpcParameterStore> store_;
   std::atomic<uint64_t>* const total_;
+  std::atomic<uint64_t>* const calls_;
 };
 
-// The same on two real ps_server processes, over gRPC; with `shared`, payloads through shared
-// memory (the servers grant it by default), which must then have carried some.
+// The same on two real ps_server processes, over gRPC; with `shared`, payloads and calls
+// through shared memory (the servers grant it by default), which must then have carried some
+// (deterministic BSP: the servers serve the channels' pushes on their pools).
 std::vector<float> GrpcRun(int workers, bool shared = false) {
   const std::string dir = testing::MakeTempDir("repro");
   const std::string config_path = dir + "/job.textproto";
@@ -178,7 +185,7 @@ std::vector<float> GrpcRun(int workers, bool shared = false) {
     if (!port.ok()) return {};
     config->mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", *port));
   }
-  std::atomic<uint64_t> shared_bytes{0};
+  std::atomic<uint64_t> shared_bytes{0}, shared_calls{0};
   auto store_for = [&](int worker) -> std::unique_ptr<common::ParameterStore> {
     worker::GrpcStoreOptions options;
     options.worker_id = worker;
@@ -188,13 +195,15 @@ std::vector<float> GrpcRun(int workers, bool shared = false) {
     auto store = worker::GrpcParameterStore::Create(*config, options);
     EXPECT_THAT(store.status(), IsOk());
     EXPECT_THAT((*store)->WaitForServers(absl::Seconds(30)), IsOk());
-    return std::make_unique<CountShared>(*std::move(store), &shared_bytes);
+    return std::make_unique<CountShared>(*std::move(store), &shared_bytes, &shared_calls);
   };
   Train(workers, store_for);
   if (shared) {
     EXPECT_GT(shared_bytes.load(), 0u);
+    EXPECT_GT(shared_calls.load(), 0u);
   } else {
     EXPECT_EQ(shared_bytes.load(), 0u);
+    EXPECT_EQ(shared_calls.load(), 0u);
   }
   std::vector<float> state = State(store_for(-1).get());
   for (auto& s : servers) s->Signal(SIGTERM);

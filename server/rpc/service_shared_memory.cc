@@ -103,9 +103,11 @@ class ParameterServerService::ChannelServer {
     auto call = std::make_shared<Call>();
     call->request = std::move(request.frame);
     const absl::Time deadline = arrived + request.timeout;
-    auto serve = [this, state, slot, call, deadline, arrived] {
-      service_->StartPushPull(
-          call->request, deadline, &call->response, arrived, &peer_,
+    // On the pool (deterministic BSP) this may run after the channel was closed: it holds
+    // only what outlives the channel (the service outlives its pool).
+    auto serve = [service = service_, peer = peer_, state, slot, call, deadline, arrived] {
+      service->StartPushPull(
+          call->request, deadline, &call->response, arrived, &peer,
           [state, slot, call](absl::Status status) {
             Answer(*state, slot, status, &call->response, false);
           },

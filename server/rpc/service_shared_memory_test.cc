@@ -1,0 +1,266 @@
+// The service's shared-memory paths without sockets: payloads in a worker's segment, and calls
+// through its channel (every ServiceTest case also runs in both forms: service_test.cc).
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/rpc/frame_testing.h"
+#include "common/rpc/shared_channel.h"
+#include "common/rpc/shared_memory.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/rpc/service.h"
+#include "server/rpc/service_test_fixture.h"
+
+namespace ps::server {
+namespace {
+
+using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+using ::testing::HasSubstr;
+
+using SharedMemoryTest = ServiceTest;
+
+// A push and a pull through the segment: the payloads cross it (counted), not the frames, and
+// the server ends where a server given the same push as a message ends, bit for bit.
+TEST_P(SharedMemoryTest, PushAndAnswerGoThroughTheSegmentAndMatchTheMessagePath) {
+  const PushRequest push = ValidPush(1);
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  auto* w = pull.add_tables();
+  w->set_table("w");
+  for (uint32_t b : mine_) w->add_block_ids(b);
+  auto* e = pull.add_tables();
+  e->set_table("emb");
+  for (uint64_t k : keys_) e->add_keys(k);
+  grpc::ByteBuffer answer;
+  ASSERT_THAT(PushPull(RequestFrame(&push, &pull), absl::Now() + absl::Seconds(5), &answer),
+              IsOk());
+  EXPECT_TRUE(PartsOf(answer).payload.empty());
+  auto fused = Answer(answer);
+  ASSERT_THAT(fused.status(), IsOk());
+  const auto& counters = service_->data_path_counters();
+  const size_t push_bytes = PartsOf(common::FrameOf(&push, nullptr)).payload.size();
+  EXPECT_EQ(counters.bytes_shared_in.load(), push_bytes);
+  uint64_t answer_bytes = 0;
+  for (const TableValues& tv : fused->pull().tables()) {
+    for (const DenseBlock& b : tv.blocks()) answer_bytes += b.values().size();
+    answer_bytes += tv.rows().size();
+  }
+  EXPECT_GT(answer_bytes, 0u);
+  EXPECT_EQ(counters.bytes_shared_out.load(), answer_bytes);
+  EXPECT_EQ(counters.bytes_gathered.load(), 0u);
+
+  // The same push as a message, to a second server of the same job.
+  ShardOptions options;
+  options.server_index = 0;
+  auto other_shard = Shard::Create(config_, options);
+  ASSERT_THAT(other_shard.status(), IsOk());
+  ParameterServerService other(other_shard->get(), ServiceOptions{}, ServiceHooks{});
+  PushResponse pushed;
+  ASSERT_THAT(other.HandlePush(push, &pushed), IsOk());
+  PullResponse expected;
+  ASSERT_THAT(other.HandlePull(pull, absl::Now() + absl::Seconds(5), &expected), IsOk());
+  ASSERT_EQ(fused->pull().tables_size(), 2);
+  for (int t = 0; t < 2; ++t) {
+    const TableValues& got = fused->pull().tables(t);
+    const TableValues& want = expected.tables(t);
+    ASSERT_EQ(got.blocks_size(), want.blocks_size());
+    for (int b = 0; b < got.blocks_size(); ++b) {
+      EXPECT_EQ(got.blocks(b).values(), want.blocks(b).values()) << "block " << b;
+    }
+    EXPECT_EQ(got.rows(), want.rows());
+  }
+}
+
+TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
+  const PushRequest push = ValidPush(1);
+  const FrameParts parts = PartsOf(common::FrameOf(&push, nullptr));
+  std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
+  PushPullRequest good;
+  ASSERT_TRUE(good.ParseFromString(parts.header));
+  SharedPayload* sp = good.mutable_shared();
+  sp->set_segment(segment_->id());
+  sp->set_push_offset(kPushAt);
+  sp->set_push_bytes(parts.payload.size());
+  auto with = [&](auto change) {
+    PushPullRequest h = good;
+    change(&h);
+    return h;
+  };
+  struct Case {
+    PushPullRequest header;
+    std::string payload;  // in the frame
+    absl::StatusCode code;
+    std::string text;
+  };
+  const uint64_t end = kSegmentBytes;
+  const std::vector<Case> cases = {
+      {with(
+           [](PushPullRequest* h) { h->mutable_shared()->set_segment(h->shared().segment() + 1); }),
+       "", absl::StatusCode::kAborted, "not this worker's"},
+      {with([](PushPullRequest* h) { h->mutable_header()->set_worker_id(-1); }), "",
+       absl::StatusCode::kAborted, "not this worker's"},
+      {with([&](PushPullRequest* h) { h->mutable_shared()->set_push_offset(end - 8); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) { h->mutable_shared()->set_push_offset(0); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) { h->mutable_shared()->set_push_offset(~uint64_t{0} - 7); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) { h->mutable_shared()->set_push_bytes(~uint64_t{0}); }), "",
+       absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([&](PushPullRequest* h) {
+         h->mutable_shared()->set_answer_offset(end - 64);
+         h->mutable_shared()->set_answer_capacity(128);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([&](PushPullRequest* h) {  // into the channel at the segment's end
+         h->mutable_shared()->set_push_offset(*common::SharedChannel::OffsetFor(end) - 64);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      {good, parts.payload, absl::StatusCode::kInvalidArgument, "payload bytes in the frame"},
+      {with([](PushPullRequest* h) {
+         h->set_has_push(false);
+         h->clear_push();
+       }),
+       "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      {with([](PushPullRequest* h) {
+         h->mutable_shared()->set_push_bytes(h->shared().push_bytes() - 1);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "do not add up"},
+  };
+  const std::string before = State();
+  for (const Case& c : cases) {
+    grpc::ByteBuffer answer;
+    EXPECT_THAT(PushPull(RawFrame(c.header.SerializeAsString(), c.payload),
+                         absl::Now() + absl::Seconds(1), &answer),
+                StatusIs(c.code, HasSubstr(c.text)))
+        << c.header.ShortDebugString();
+    EXPECT_EQ(State(), before) << c.header.ShortDebugString();
+  }
+  EXPECT_EQ(Rejected("unknown_segment"), 2u);
+  // A non-finite value in the segment is refused as in a frame.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(segment_->data() + kPushAt + parts.payload.size() - sizeof(float), &nan, sizeof(nan));
+  grpc::ByteBuffer answer;
+  EXPECT_THAT(
+      PushPull(RawFrame(good.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer),
+      StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(State(), before);
+  // The good one then goes through, once.
+  std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
+  ASSERT_THAT(
+      PushPull(RawFrame(good.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer),
+      IsOk());
+  EXPECT_NE(State(), before);
+}
+
+TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnation) {
+  auto ask = [&](int32_t worker, uint64_t incarnation, uint64_t bytes) {
+    PushPullRequest h;
+    *h.mutable_header() = Header(0);
+    h.mutable_header()->set_worker_id(worker);
+    h.mutable_header()->set_worker_incarnation(incarnation);
+    h.set_want_shared_bytes(bytes);
+    grpc::ByteBuffer answer;
+    PushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer)
+        .IgnoreError();
+    PushPullResponse r;
+    if (answer.Valid()) r.ParseFromString(PartsOf(answer).header);
+    return r;
+  };
+  EXPECT_FALSE(ask(-1, 1, kSegmentBytes).has_shared_offer());  // a tool
+  EXPECT_FALSE(ask(1, 1, kSegmentBytes).has_shared_offer());   // outside a 1-worker job
+  EXPECT_FALSE(ask(0, 0, kSegmentBytes).has_shared_offer());   // older than the segment's
+  EXPECT_FALSE(ask(0, 1, 64).has_shared_offer());              // no room past the id
+  // The segment in use still works.
+  PushResponse pushed;
+  ASSERT_THAT(DoPush(ValidPush(1), &pushed), IsOk());
+  EXPECT_GT(service_->data_path_counters().bytes_shared_in.load(), 0u);
+  // A newer incarnation's segment replaces it, capped at the server's limit.
+  PushPullResponse newer = ask(0, 2, uint64_t{1} << 40);
+  ASSERT_TRUE(newer.has_shared_offer());
+  EXPECT_EQ(newer.shared_offer().bytes(), kSegmentBytes);
+  EXPECT_NE(newer.shared_offer().id(), segment_->id());
+  EXPECT_THAT(DoPush(ValidPush(2), &pushed),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
+}
+
+// A worker that finishes gives its segment back: its calls through it are refused after.
+TEST_P(SharedMemoryTest, AFinishedWorkersSegmentIsDropped) {
+  PushResponse pushed;
+  ASSERT_THAT(DoPush(ValidPush(1), &pushed), IsOk());
+  HeartbeatRequest finish;
+  *finish.mutable_header() = Header(0);
+  finish.set_finished(true);
+  HeartbeatResponse response;
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), finish, &response), IsOk());
+  EXPECT_THAT(DoPush(ValidPush(2), &pushed),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
+}
+
+using SharedCallsTest = ServiceTest;
+
+TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing) {
+  const std::string before = State();
+  grpc::ByteBuffer answer;
+  auto post = [&](const grpc::ByteBuffer& frame) {
+    std::optional<uint32_t> slot = channel_->AcquireSlot();
+    EXPECT_TRUE(slot.has_value());
+    channel_->Post(*slot, frame, absl::Seconds(5));
+    return ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer);
+  };
+  // Another worker's push, in worker 0's channel (plaintext: it would pass on a socket).
+  PushRequest other = ValidPush(1);
+  other.mutable_header()->set_worker_id(5);
+  EXPECT_THAT(post(common::FrameOf(&other, nullptr, 0)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("shared-memory channel")));
+  // A call asking for a segment (its thread would replace its own).
+  PushPullRequest ask;
+  *ask.mutable_header() = Header(0);
+  ask.set_want_shared_bytes(kSegmentBytes);
+  EXPECT_THAT(post(RawFrame(ask.SerializeAsString(), "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("asks for a segment")));
+  // Bytes that are no frame.
+  grpc::Slice junk(std::string("\xff\xff\xff\x7fjunk"));
+  EXPECT_THAT(post(grpc::ByteBuffer(&junk, 1)), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A request size beyond the slot's room, written by hand (slot header: state, then size).
+  std::optional<uint32_t> slot = channel_->AcquireSlot();
+  ASSERT_TRUE(slot.has_value());
+  char* header = segment_->data() + channel_->offset() + common::SharedChannel::kBellBytes +
+                 *slot * common::SharedChannel::kSlotBytes;
+  reinterpret_cast<std::atomic<uint32_t>*>(header + 4)->store(~0u);
+  reinterpret_cast<std::atomic<uint32_t>*>(header)->store(1);  // posted
+  channel_->RingServer();
+  EXPECT_THAT(ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("channel slot")));
+  EXPECT_EQ(State(), before);
+}
+
+TEST_P(SharedCallsTest, APushPostedAgainIsAppliedOnce) {
+  // The worker gave up waiting (its reply "lost") and sends the same sequence again.
+  const uint64_t applied = shard_->updates_applied();
+  const grpc::ByteBuffer frame =
+      RequestFrame(&*std::make_unique<PushRequest>(ValidPush(1)), nullptr);
+  grpc::ByteBuffer answer;
+  ASSERT_THAT(PushPull(frame, absl::Now() + absl::Seconds(5), &answer), IsOk());
+  const uint64_t once = shard_->updates_applied();
+  EXPECT_GT(once, applied);
+  ASSERT_THAT(PushPull(frame, absl::Now() + absl::Seconds(5), &answer), IsOk());
+  absl::StatusOr<PushPullResponse> second = Answer(answer);
+  ASSERT_THAT(second.status(), IsOk());
+  EXPECT_TRUE(second->push().duplicate());
+  EXPECT_EQ(shard_->updates_applied(), once);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, SharedCallsTest, ::testing::Values(kSharedCalls), WireFormName);
+INSTANTIATE_TEST_SUITE_P(Shared, SharedMemoryTest, ::testing::Values(kSharedMemory, kSharedCalls),
+                         WireFormName);
+
+}  // namespace
+}  // namespace ps::server

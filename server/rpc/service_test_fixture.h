@@ -1,0 +1,338 @@
+// The fixture of the service's request-handling tests (service_test.cc and
+// service_shared_memory_test.cc): one server's shard and service without sockets, and every
+// request sent in one of the wire forms. Test-only.
+#ifndef PS_SERVER_RPC_SERVICE_TEST_FIXTURE_H_
+#define PS_SERVER_RPC_SERVICE_TEST_FIXTURE_H_
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/config/config.h"
+#include "common/rpc/frame_testing.h"
+#include "common/rpc/shared_channel.h"
+#include "common/rpc/shared_memory.h"
+#include "common/status_macros.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/rpc/service.h"
+
+namespace ps::server {
+
+// The wire forms every case runs through: protobuf Push/Pull, and PushPull frames whose
+// payload is one aligned slice or is cut into slices of 7 bytes at odd addresses (the shard
+// then checks and applies dense values in those pieces, putting together the values cut in
+// two), and frames whose payloads lie in the worker's shared-memory segment (push payload
+// copied there, pull answer written there by the server), those same frames of worker 0 posted
+// in its segment's channel (kSharedCalls). Each must refuse the same bad input with the same
+// code and change nothing either.
+enum WireForm { kMessages, kFrames, kFramesInPieces, kSharedMemory, kSharedCalls };
+
+// A frame's header length, header and payload, taken apart.
+struct FrameParts {
+  std::string header;
+  std::string payload;
+};
+
+inline FrameParts PartsOf(const grpc::ByteBuffer& frame) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(frame.Dump(&slices).ok());
+  std::string whole;
+  for (const auto& sl : slices) whole.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  const uint32_t h = static_cast<uint8_t>(whole[0]) | static_cast<uint8_t>(whole[1]) << 8 |
+                     static_cast<uint8_t>(whole[2]) << 16 | static_cast<uint8_t>(whole[3]) << 24;
+  return FrameParts{whole.substr(4, h), whole.substr(4 + h)};
+}
+
+// The bytes of a frame of `header` followed by `payload`, built by hand.
+inline std::string RawFrameBytes(const std::string& header, const std::string& payload) {
+  std::string bytes(4, '\0');
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return bytes + header + payload;
+}
+
+inline grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload) {
+  grpc::Slice slice(RawFrameBytes(header, payload));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+class ServiceTest : public ::testing::TestWithParam<int> {
+ protected:
+  bool frames() const { return GetParam() != kMessages; }
+  bool shared() const { return GetParam() == kSharedMemory || GetParam() == kSharedCalls; }
+  size_t cut_every() const { return GetParam() == kFramesInPieces ? 7 : 0; }
+
+  // Where the shared-memory form puts push payloads and answers in the segment.
+  static constexpr uint64_t kPushAt = 4096;
+  static constexpr uint64_t kAnswerAt = 512 * 1024;
+  static constexpr uint64_t kAnswerEnd = 1 << 20;
+  static constexpr uint64_t kSegmentBytes = 8 << 20;  // room for a channel at its end
+
+  // The request frame in the test's wire form. The shared-memory form moves the payload
+  // into the segment of the request's worker, as a worker would; a request of a worker with
+  // no segment (a tool, a worker outside the job) goes as a plain frame, as it would too.
+  grpc::ByteBuffer RequestFrame(const PushRequest* push, const PullRequest* pull) {
+    grpc::ByteBuffer frame = common::FrameOf(push, pull, cut_every());
+    const int32_t worker =
+        push != nullptr ? push->header().worker_id() : pull->header().worker_id();
+    if (!shared() || worker != 0 || segment_ == nullptr) return frame;
+    FrameParts parts = PartsOf(frame);
+    PushPullRequest header;
+    EXPECT_TRUE(header.ParseFromString(parts.header));
+    EXPECT_LE(parts.payload.size(), kAnswerAt - kPushAt);
+    std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
+    SharedPayload* sp = header.mutable_shared();
+    sp->set_segment(segment_->id());
+    sp->set_push_offset(kPushAt);
+    sp->set_push_bytes(parts.payload.size());
+    sp->set_answer_offset(kAnswerAt);
+    sp->set_answer_capacity(kAnswerEnd - kAnswerAt);
+    return RawFrame(header.SerializeAsString(), "");
+  }
+
+  // The answer to a request frame, its payload back in the frame when it came in the segment.
+  absl::StatusOr<PushPullResponse> Answer(const grpc::ByteBuffer& answer) {
+    if (!shared()) return common::AnswerOfFrame(answer);
+    FrameParts parts = PartsOf(answer);
+    PushPullResponse header;
+    if (!header.ParseFromString(parts.header)) return absl::InternalError("answer header");
+    if (header.shared_answer_bytes() == 0) return common::AnswerOfFrame(answer);
+    EXPECT_TRUE(parts.payload.empty());
+    const uint64_t n = header.shared_answer_bytes();
+    header.clear_shared_answer_bytes();
+    return common::AnswerOfFrame(
+        RawFrame(header.SerializeAsString(), std::string(segment_->data() + kAnswerAt, n)));
+  }
+
+  absl::Status DoPush(const PushRequest& request, PushResponse* response) {
+    if (!frames()) return service_->HandlePush(request, response);
+    grpc::ByteBuffer answer;
+    RETURN_IF_ERROR(
+        PushPull(RequestFrame(&request, nullptr), absl::Now() + absl::Seconds(5), &answer));
+    ASSIGN_OR_RETURN(PushPullResponse decoded, Answer(answer));
+    *response = decoded.push();
+    return absl::OkStatus();
+  }
+
+  absl::Status DoPull(const PullRequest& request, absl::Time deadline, PullResponse* response) {
+    if (!frames()) return service_->HandlePull(request, deadline, response);
+    grpc::ByteBuffer answer;
+    RETURN_IF_ERROR(PushPull(RequestFrame(nullptr, &request), deadline, &answer));
+    ASSIGN_OR_RETURN(PushPullResponse decoded, Answer(answer));
+    *response = decoded.pull();
+    return absl::OkStatus();
+  }
+
+  // Worker 0 (incarnation 1) asks for a segment with a pull of nothing, and maps it.
+  void OpenSegment() {
+    PushPullRequest ask;
+    *ask.mutable_header() = Header(0);
+    ask.set_want_shared_bytes(kSegmentBytes);
+    grpc::ByteBuffer answer;
+    ASSERT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                         absl::Now() + absl::Seconds(5), &answer),
+                ::ps::common::IsOk());
+    PushPullResponse header;
+    ASSERT_TRUE(header.ParseFromString(PartsOf(answer).header));
+    ASSERT_TRUE(header.has_shared_offer());
+    const SharedSegment& offer = header.shared_offer();
+    auto opened =
+        common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+    ASSERT_THAT(opened.status(), ::ps::common::IsOk());
+    segment_ = *std::move(opened);
+    if (GetParam() == kSharedCalls) {
+      ASSERT_TRUE(common::SharedChannel::Fits(offer.channel_offset(), segment_->size()));
+      channel_ = std::make_unique<common::SharedChannel>(segment_, offer.channel_offset());
+    }
+  }
+
+  // A PushPull frame served: worker 0's through its channel in the kSharedCalls form (as a
+  // worker sends them), the others (and every frame in the other forms) as a gRPC call is.
+  absl::Status PushPull(const grpc::ByteBuffer& frame, absl::Time deadline,
+                        grpc::ByteBuffer* answer) {
+    PushPullRequest header;
+    if (channel_ == nullptr || !header.ParseFromString(PartsOf(frame).header) ||
+        header.header().worker_id() != 0 || header.want_shared_bytes() > 0) {
+      return service_->HandlePushPull(frame, deadline, answer);
+    }
+    std::optional<uint32_t> slot = channel_->AcquireSlot();
+    if (!slot.has_value()) return absl::InternalError("no free channel slot");
+    channel_->Post(*slot, frame, deadline - absl::Now());
+    return ChannelAnswer(*slot, deadline, answer);
+  }
+
+  // The answer posted `slot` gets.
+  absl::Status ChannelAnswer(uint32_t slot, absl::Time deadline, grpc::ByteBuffer* answer) {
+    while (true) {
+      const uint32_t bell = channel_->worker_bell();
+      std::optional<common::SharedChannel::Answer> a = channel_->TakeAnswer(slot);
+      if (a.has_value()) {
+        if (a->status.ok()) *answer = std::move(a->frame);
+        return a->status;
+      }
+      if (channel_->Unserved(slot)) return absl::AbortedError("closed: not this worker's");
+      common::SharedChannel::WaitForAnswers({channel_.get()}, {bell}, deadline + absl::Seconds(5));
+      if (absl::Now() > deadline + absl::Seconds(5)) {
+        return absl::DeadlineExceededError("no answer in the channel");
+      }
+    }
+  }
+
+  // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);
+  // sparse "emb": dim 3.
+  void SetUp() override {
+    auto config = common::ParseJobConfigText(
+        R"pb(
+          cluster { num_servers: 2 num_workers: 1 dense_block_floats: 4 num_virtual_shards: 64 }
+          tables {
+            name: "w"
+            kind: TABLE_KIND_DENSE
+            shape: 10
+            initializer { kind: UNIFORM low: -1 high: 1 }
+            optimizer { kind: ADAM }
+          }
+          tables {
+            name: "emb"
+            kind: TABLE_KIND_SPARSE
+            dim: 3
+            initializer { kind: NORMAL stddev: 0.1 }
+            optimizer { kind: ADAGRAD }
+          }
+        )pb",
+        "test");
+    ASSERT_THAT(config.status(), ::ps::common::IsOk());
+    config_ = *config;
+    ShardOptions options;
+    options.server_index = 0;
+    auto shard = Shard::Create(config_, options);
+    ASSERT_THAT(shard.status(), ::ps::common::IsOk());
+    shard_ = *std::move(shard);
+    ServiceOptions service_options;
+    service_options.max_shared_bytes_per_worker = kSegmentBytes;
+    service_ =
+        std::make_unique<ParameterServerService>(shard_.get(), service_options, ServiceHooks{});
+    const auto* w = shard_->partitioner().FindTable("w");
+    for (uint32_t b = 0; b < w->num_blocks; ++b) {
+      (shard_->partitioner().ServerForBlock(*w, b) == 0 ? mine_ : theirs_).push_back(b);
+    }
+    ASSERT_FALSE(mine_.empty());
+    ASSERT_FALSE(theirs_.empty());
+    for (uint64_t k = 0; keys_.size() < 4 || other_key_ == 0; ++k) {
+      if (shard_->partitioner().ServerForKey(k) == 0) {
+        if (keys_.size() < 4) keys_.push_back(k);
+      } else if (other_key_ == 0) {
+        other_key_ = k;
+      }
+    }
+    if (shared()) OpenSegment();
+  }
+
+  RequestHeader Header(uint64_t sequence) {
+    RequestHeader h;
+    h.set_worker_id(0);
+    h.set_worker_incarnation(1);
+    h.set_sequence(sequence);
+    h.set_clock(1);
+    h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
+    return h;
+  }
+
+  // Everything this server holds, as bytes, plus its update count.
+  std::string State() {
+    PullRequest request;
+    *request.mutable_header() = Header(0);
+    request.mutable_header()->set_worker_id(-1);  // a tool: no worker bookkeeping
+    auto* t = request.add_tables();
+    t->set_table("w");
+    for (uint32_t b : mine_) t->add_block_ids(b);
+    auto* e = request.add_tables();
+    e->set_table("emb");
+    for (uint64_t k : keys_) e->add_keys(k);
+    PullResponse response;
+    EXPECT_THAT(DoPull(request, absl::Now() + absl::Seconds(5), &response), ::ps::common::IsOk());
+    return absl::StrCat(response.SerializeAsString(), "/", shard_->updates_applied());
+  }
+
+  // A valid push: gradient 0.5 for every block of mine_ and every key of keys_.
+  PushRequest ValidPush(uint64_t sequence) {
+    PushRequest request;
+    *request.mutable_header() = Header(sequence);
+    auto* t = request.add_tables();
+    t->set_table("w");
+    for (uint32_t b : mine_) {
+      auto* block = t->add_blocks();
+      block->set_block_id(b);
+      const auto* info = shard_->partitioner().FindTable("w");
+      auto [begin, end] = shard_->partitioner().BlockRange(*info, b);
+      common::EncodeFloats(std::vector<float>(end - begin, 0.5f), ENCODING_FLOAT32,
+                           block->mutable_values());
+    }
+    auto* e = request.add_tables();
+    e->set_table("emb");
+    for (uint64_t k : keys_) e->add_keys(k);
+    common::EncodeFloats(std::vector<float>(keys_.size() * 3, 0.5f), ENCODING_FLOAT32,
+                         e->mutable_rows());
+    return request;
+  }
+
+  // Pushes `request`, expects `code` with `text` in the message, and that nothing changed.
+  void ExpectRejected(const PushRequest& request, absl::StatusCode code, const std::string& text) {
+    const std::string before = State();
+    PushResponse response;
+    EXPECT_THAT(DoPush(request, &response),
+                ::ps::common::StatusIs(code, ::testing::HasSubstr(text)));
+    EXPECT_EQ(State(), before) << "state changed by a rejected push";
+  }
+
+  uint64_t Rejected(const std::string& reason) {
+    StatsResponse stats;
+    shard_->FillStats(&stats);
+    auto it = stats.rejected().find(reason);
+    return it == stats.rejected().end() ? 0 : it->second;
+  }
+
+  JobConfig config_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::vector<uint32_t> mine_, theirs_;
+  std::vector<uint64_t> keys_;
+  uint64_t other_key_ = 0;
+  std::shared_ptr<common::SharedMemory> segment_;   // the shared-memory forms'
+  std::unique_ptr<common::SharedChannel> channel_;  // kSharedCalls'
+};
+
+// ---- Forged requests (a client lying about who it is or where it is) ------------------
+
+inline PeerIdentity Peer(PeerRole role, int32_t index) {
+  PeerIdentity p;
+  p.role = role;
+  p.index = index;
+  p.authenticated = role != PeerRole::kUnchecked;
+  p.name = "test peer";
+  return p;
+}
+
+// The test suffix of a wire form.
+inline std::string WireFormName(const ::testing::TestParamInfo<int>& info) {
+  switch (info.param) {
+    case kMessages:
+      return "Messages";
+    case kFrames:
+      return "Frames";
+    case kFramesInPieces:
+      return "FramesInPieces";
+    case kSharedMemory:
+      return "SharedMemory";
+    default:
+      return "SharedCalls";
+  }
+}
+
+}  // namespace ps::server
+
+#endif  // PS_SERVER_RPC_SERVICE_TEST_FIXTURE_H_

@@ -9,10 +9,15 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "glog/logging.h"
 
 namespace ps::common {
@@ -68,7 +73,53 @@ void Wait(const std::atomic<uint32_t>* word, uint32_t seen, absl::Time deadline)
 #define SYS_futex_waitv 449
 #endif
 
+// The state letter and start time (clock ticks after boot) of process `pid`, from
+// /proc/PID/stat; nullopt when it does not exist.
+struct ProcessFacts {
+  char state;
+  uint64_t start;
+};
+std::optional<ProcessFacts> ReadProcess(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  if (!std::getline(in, stat)) return std::nullopt;
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the fields after the
+  // last ')' are plain. starttime is field 22 of the line, the 20th after comm.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  ProcessFacts facts{};
+  if (fields.size() < 20 || fields[0].size() != 1 || !absl::SimpleAtoi(fields[19], &facts.start)) {
+    return std::nullopt;
+  }
+  facts.state = fields[0][0];
+  return facts;
+}
+
 }  // namespace
+
+std::optional<int> SharedChannel::PidOfPath(const std::string& path) {
+  std::vector<std::string> parts = absl::StrSplit(path, '/');  // "", proc, PID, fd, FD
+  int pid = 0;
+  if (parts.size() != 5 || !parts[0].empty() || parts[1] != "proc" || parts[3] != "fd" ||
+      !absl::SimpleAtoi(parts[2], &pid) || pid <= 0) {
+    return std::nullopt;
+  }
+  return pid;
+}
+
+void SharedChannel::WatchServer(int pid) {
+  server_pid_ = pid;
+  std::optional<ProcessFacts> facts = ReadProcess(pid);
+  server_start_ = facts.has_value() ? facts->start : 0;
+}
+
+bool SharedChannel::ServerGone() const {
+  if (server_pid_ <= 0) return false;
+  std::optional<ProcessFacts> facts = ReadProcess(server_pid_);
+  return !facts.has_value() || facts->state == 'Z' || facts->state == 'X' ||
+         (server_start_ != 0 && facts->start != server_start_);
+}
 
 std::optional<uint64_t> SharedChannel::OffsetFor(size_t bytes) {
   if (bytes < kMinSegmentBytes) return std::nullopt;

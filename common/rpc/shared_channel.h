@@ -67,6 +67,16 @@ class SharedChannel {
   uint64_t offset() const { return offset_; }
 
   // ---- Worker side.
+  // The server process whose channel this is (its pid, from the segment's /proc/PID/fd/FD
+  // path), so that a worker can tell when it is gone: a server that dies answers nothing and
+  // never closes the channel. Reads the process's start time now (0 when it cannot).
+  void WatchServer(int pid);
+  // Whether the watched server process has exited (or is a zombie, or its pid now names
+  // another process). False when none is watched. Reads /proc: call it now and then, not per
+  // poll.
+  bool ServerGone() const;
+  // The pid in a segment path "/proc/PID/fd/FD", or nullopt.
+  static std::optional<int> PidOfPath(const std::string& path);
   // A free slot, or nullopt when all are in use. A slot is free again once its answer was
   // taken: one whose call was given up stays out of use (the server may still write it).
   std::optional<uint32_t> AcquireSlot() ABSL_LOCKS_EXCLUDED(mu_);
@@ -124,6 +134,8 @@ class SharedChannel {
 
   const std::shared_ptr<SharedMemory> memory_;
   const uint64_t offset_;
+  int server_pid_ = 0;  // WatchServer's
+  uint64_t server_start_ = 0;
   absl::Mutex mu_;
   // Worker side: slots posted or given up.
   bool used_[kSlots] ABSL_GUARDED_BY(mu_) = {};

@@ -1,5 +1,9 @@
 #include "common/rpc/shared_channel.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,6 +145,31 @@ TEST(SharedChannel, AWorkerWaitsOnSeveralChannelsAtOnce) {
   server.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "woken by the deadline, not the bell";
   EXPECT_TRUE(b.worker->TakeAnswer(slot).has_value());
+}
+
+TEST(SharedChannel, AWorkerTellsWhenTheServerProcessIsGone) {
+  EXPECT_EQ(SharedChannel::PidOfPath("/proc/123/fd/7"), std::optional<int>(123));
+  EXPECT_FALSE(SharedChannel::PidOfPath("/proc/self/fd/7").has_value());
+  EXPECT_FALSE(SharedChannel::PidOfPath("/tmp/123/fd/7").has_value());
+  EXPECT_FALSE(SharedChannel::PidOfPath("/proc/-4/fd/7").has_value());
+  Ends ends;
+  EXPECT_FALSE(ends.worker->ServerGone());  // none watched
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  ends.worker->WatchServer(child);
+  EXPECT_FALSE(ends.worker->ServerGone());
+  kill(child, SIGKILL);
+  // Dead but not reaped (a zombie) is gone already; reaped, its /proc entry is gone too.
+  while (!ends.worker->ServerGone()) absl::SleepFor(absl::Milliseconds(1));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(ends.worker->ServerGone());
+  ends.worker->WatchServer(getpid());
+  EXPECT_FALSE(ends.worker->ServerGone());
 }
 
 }  // namespace

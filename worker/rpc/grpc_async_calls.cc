@@ -40,6 +40,10 @@ bool ServerBusy(const absl::Status& s, const grpc::ClientContext& context) {
          context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
 }
 
+// How often a call waiting in a shared-memory channel looks whether the server process is
+// still there (a read of /proc/PID/stat).
+constexpr absl::Duration kServerCheckInterval = absl::Milliseconds(50);
+
 }  // namespace
 
 // One server's frame of a call.
@@ -60,6 +64,7 @@ struct GrpcParameterStore::AsyncCalls::Slot {
   std::shared_ptr<common::SharedChannel> channel;
   uint32_t channel_slot = 0;
   absl::Time channel_deadline;
+  absl::Time channel_check;  // when to look next whether the server process is still there
   bool server_busy = false;  // the channel's answer said so (the socket's trailer)
 };
 
@@ -205,6 +210,7 @@ void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
       const absl::Duration deadline = store_->options_.deadline;
       slot->channel_slot = *i;
       slot->channel_deadline = absl::Now() + deadline;
+      slot->channel_check = absl::Now() + kServerCheckInterval;
       channel->Post(*i, slot->request, deadline);
       slot->channel = std::move(channel);
       in_channels_.push_back(slot);
@@ -279,13 +285,19 @@ bool GrpcParameterStore::AsyncCalls::StepChannels(bool wait) {
       slot->outcome = grpc::Status(grpc::StatusCode::ABORTED,
                                    "the server closed its shared-memory channel: the segment is "
                                    "not this worker's any more");
+    } else if (now >= slot->channel_check && slot->channel->ServerGone()) {
+      // A server that died answers nothing and closes nothing: retried (by the socket, after
+      // a back-off) as a call to a server that is down is.
+      slot->outcome = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "the server process of this shared-memory channel is gone");
     } else if (closing_ || now >= slot->channel_deadline) {
       // Given up: its channel slot stays out of use (the server may still answer into it).
       slot->outcome = closing_ ? grpc::Status(grpc::StatusCode::CANCELLED, "calls closed")
                                : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                                               "no answer through shared memory in time");
     } else {
-      earliest = std::min(earliest, slot->channel_deadline);
+      if (now >= slot->channel_check) slot->channel_check = now + kServerCheckInterval;
+      earliest = std::min({earliest, slot->channel_deadline, slot->channel_check});
       ++i;
       continue;
     }

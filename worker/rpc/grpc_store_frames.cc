@@ -487,6 +487,9 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
         if (at != 0 && common::SharedChannel::Fits(at, (*opened)->size())) {
           if (options_.shared_memory_calls) {
             channel = std::make_shared<common::SharedChannel>(*opened, at);
+            if (std::optional<int> pid = common::SharedChannel::PidOfPath(offer.path())) {
+              channel->WatchServer(*pid);
+            }
           }
           arena = std::make_shared<common::SharedArena>(*std::move(opened), at);
         } else {

@@ -345,8 +345,10 @@ absl::Status ParameterServer::Drain() {
   // Pulls parked for the consistency bound would otherwise hold the drain to its end: no
   // more pushes come to release them.
   shard_->workers().CloseWaiters(absl::UnavailableError("the server is shutting down"));
-  // Calls in flight finish (bounded), new ones are refused.
+  // Calls in flight finish (bounded), new ones are refused; the same for calls through the
+  // workers' shared-memory channels.
   grpc_server_->Shutdown(absl::Seconds(5));
+  service_->StopChannels(absl::Seconds(5));
   absl::Status result;
   if (checkpointer_ != nullptr) {
     checkpointer_->Stop();

@@ -192,6 +192,14 @@ class ParameterServerService final
   // down. Idempotent.
   void StopQueue(grpc::ServerCompletionQueue* cq);
 
+  // Stops serving the shared-memory channels, as the gRPC server's shutdown stops the socket's
+  // calls: each channel's thread finishes the call it is serving and stops, the channel is
+  // closed (its worker's calls not taken yet end ABORTED and go by the socket), and calls a
+  // channel handed to the pool are waited for, up to `timeout`. Segments made after it get
+  // no channel. A server's drain calls it before the final checkpoint, so that no push is
+  // acknowledged after it; the destructor too. Idempotent.
+  void StopChannels(absl::Duration timeout = absl::Seconds(5)) ABSL_LOCKS_EXCLUDED(shared_mu_);
+
   // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
   const common::DataPathCounters& data_path_counters() const { return counters_; }
 
@@ -329,11 +337,12 @@ class ParameterServerService final
     uint64_t channel_offset = 0;             // 0: no channel; payload ranges lie below it
     std::shared_ptr<ChannelServer> channel;  // destroyed (joined) outside shared_mu_
   };
-  // Stops and joins the channel threads of every segment (the destructor, before anything
-  // they use goes).
-  void StopChannels() ABSL_LOCKS_EXCLUDED(shared_mu_);
   absl::Mutex shared_mu_;
   absl::flat_hash_map<int32_t, WorkerSegment> shared_ ABSL_GUARDED_BY(shared_mu_);
+  // Set by StopChannels: segments made from then on get no channel.
+  bool channels_stopped_ ABSL_GUARDED_BY(shared_mu_) = false;
+  // Channel calls handed to the pool (deterministic BSP) and not yet served.
+  std::atomic<int> channel_pool_calls_{0};
   absl::Mutex log_mu_;
   absl::Time last_unparseable_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   uint64_t unlogged_unparseable_ ABSL_GUARDED_BY(log_mu_) = 0;

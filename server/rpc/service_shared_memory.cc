@@ -115,8 +115,15 @@ class ParameterServerService::ChannelServer {
     };
     if (!service_->PushesWait()) return serve();
     const size_t bytes = call->request.Length();
-    if (absl::Status st = service_->ServeOnPool(bytes, std::move(serve)); !st.ok()) {
-      service_->Record(kPush, arrived, st, bytes, 0);
+    ParameterServerService* service = service_;
+    ++service->channel_pool_calls_;
+    absl::Status st = service->ServeOnPool(bytes, [service, serve = std::move(serve)] {
+      serve();
+      --service->channel_pool_calls_;
+    });
+    if (!st.ok()) {
+      --service->channel_pool_calls_;
+      service->Record(kPush, arrived, st, bytes, 0);
       Answer(*state, slot, st, nullptr, /*server_busy=*/true);
     }
   }
@@ -142,13 +149,21 @@ class ParameterServerService::ChannelServer {
 
 thread_local bool ParameterServerService::ChannelServer::in_channel_thread = false;
 
-void ParameterServerService::StopChannels() {
+void ParameterServerService::StopChannels(absl::Duration timeout) {
   std::vector<std::shared_ptr<ChannelServer>> channels;
   {
     absl::MutexLock lock(&shared_mu_);
-    for (auto& [worker, segment] : shared_) channels.push_back(std::move(segment.channel));
+    channels_stopped_ = true;
+    for (auto& [worker, segment] : shared_) {
+      channels.push_back(std::move(segment.channel));
+      segment.channel_offset = 0;
+    }
   }
   channels.clear();  // joins each thread
+  const absl::Time until = absl::Now() + timeout;
+  while (channel_pool_calls_.load() > 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 }
 
 absl::StatusOr<std::shared_ptr<common::SharedMemory>> ParameterServerService::SharedSegmentOf(
@@ -209,7 +224,12 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   offer->set_boot_id(common::SharedMemory::BootId());
   const std::optional<uint64_t> channel_offset = SharedChannel::OffsetFor((*made)->size());
   std::shared_ptr<ChannelServer> channel;
-  if (channel_offset.has_value()) {
+  bool stopped;
+  {
+    absl::MutexLock lock(&shared_mu_);
+    stopped = channels_stopped_;
+  }
+  if (channel_offset.has_value() && !stopped) {
     try {
       channel = std::make_shared<ChannelServer>(this, *made, *channel_offset, worker_id, peer);
       offer->set_channel_offset(*channel_offset);
@@ -219,6 +239,10 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   }
   std::shared_ptr<ChannelServer> old;  // joined after the lock (or the new one, unused)
   absl::MutexLock lock(&shared_mu_);
+  if (channel != nullptr && channels_stopped_) {
+    old = std::move(channel);  // stopped meanwhile: no segment, the calls keep the socket
+    return false;
+  }
   WorkerSegment& w = shared_[worker_id];
   if (w.memory != nullptr && w.incarnation > info.worker_incarnation) {
     old = std::move(channel);

@@ -258,6 +258,30 @@ TEST_P(SharedCallsTest, APushPostedAgainIsAppliedOnce) {
   EXPECT_EQ(shard_->updates_applied(), once);
 }
 
+// A draining server stops its channels before its final checkpoint, as it stops gRPC: a call
+// posted after that is not served (the worker sends it by the socket, which refuses it too),
+// and a segment made after it has no channel.
+TEST_P(SharedCallsTest, StoppedChannelsServeNothingAndNewSegmentsGetNone) {
+  PushResponse pushed;
+  ASSERT_THAT(DoPush(ValidPush(1), &pushed), IsOk());
+  service_->StopChannels();
+  const std::string before = State();
+  EXPECT_THAT(DoPush(ValidPush(2), &pushed), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_EQ(State(), before);
+  PushPullRequest ask;
+  *ask.mutable_header() = Header(0);
+  ask.mutable_header()->set_worker_incarnation(2);
+  ask.set_want_shared_bytes(kSegmentBytes);
+  grpc::ByteBuffer answer;
+  ASSERT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(5), &answer),
+              IsOk());
+  PushPullResponse header;
+  ASSERT_TRUE(header.ParseFromString(PartsOf(answer).header));
+  ASSERT_TRUE(header.has_shared_offer());
+  EXPECT_EQ(header.shared_offer().channel_offset(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shared, SharedCallsTest, ::testing::Values(kSharedCalls), WireFormName);
 INSTANTIATE_TEST_SUITE_P(Shared, SharedMemoryTest, ::testing::Values(kSharedMemory, kSharedCalls),
                          WireFormName);

@@ -259,9 +259,14 @@ void GrpcParameterStore::AsyncCalls::Step() {
 }
 
 bool GrpcParameterStore::AsyncCalls::StepChannels(bool wait) {
-  // The bells first: an answer written after they were read rings them again.
-  std::vector<const common::SharedChannel*> channels;
-  std::vector<uint32_t> bells;
+  // The bells first: an answer written after they were read rings them again. (The vectors
+  // are members, reused: this runs on every wait of every call.)
+  std::vector<const common::SharedChannel*>& channels = wait_channels_;
+  std::vector<uint32_t>& bells = wait_bells_;
+  std::vector<Slot*>& done = done_slots_;
+  channels.clear();
+  bells.clear();
+  done.clear();
   for (const Slot* slot : in_channels_) {
     if (std::find(channels.begin(), channels.end(), slot->channel.get()) == channels.end()) {
       channels.push_back(slot->channel.get());
@@ -270,7 +275,6 @@ bool GrpcParameterStore::AsyncCalls::StepChannels(bool wait) {
   }
   const absl::Time now = absl::Now();
   absl::Time earliest = absl::InfiniteFuture();
-  std::vector<Slot*> done;
   for (size_t i = 0; i < in_channels_.size();) {
     Slot* slot = in_channels_[i];
     std::optional<common::SharedChannel::Answer> answer =

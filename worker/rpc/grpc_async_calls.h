@@ -34,6 +34,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -127,6 +128,10 @@ class GrpcParameterStore::AsyncCalls {
   common::BusyPoller poller_;  // waits for queue_
   size_t queue_events_ = 0;    // attempts and alarms whose tag queue_ will deliver
   std::vector<Slot*> in_channels_;  // attempts posted in shared-memory channels
+  // StepChannels' scratch (kept to save allocations per wait).
+  std::vector<const common::SharedChannel*> wait_channels_;
+  std::vector<uint32_t> wait_bells_;
+  std::vector<Slot*> done_slots_;
 };
 
 }  // namespace ps::worker

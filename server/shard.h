@@ -210,6 +210,9 @@ class Shard {
   uint32_t server_index() const { return options_.server_index; }
   uint64_t incarnation() const { return options_.incarnation; }
   WorkerTracker& workers() { return workers_; }
+  // The server's memory budget (server.max_memory_bytes): the tables charge it, and the
+  // service charges the shared-memory segments it makes for workers.
+  MemoryBudget& memory() { return memory_; }
   // The spill store of tables with a memory budget; null if none (tests damage it).
   storage::SpillStore* SpillStoreForTest() const { return spill_store_.get(); }
 

@@ -213,11 +213,25 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
     auto it = shared_.find(worker_id);
     if (it != shared_.end() && it->second.incarnation > info.worker_incarnation) return false;
   }
-  absl::StatusOr<std::shared_ptr<common::SharedMemory>> made = common::SharedMemory::Create(bytes);
+  // A segment counts against server.max_memory_bytes with its whole size (the worker may
+  // touch every page of it) for as long as anything holds it; one that does not fit is not
+  // made, and the worker's calls keep the socket.
+  // The charge is released by the last holder (the shard's budget outlives them all: parked
+  // pulls that hold a segment are the shard's, and the service goes before the shard).
+  MemoryBudget& budget = shard_->memory();
+  absl::Status room =
+      budget.CheckRoom(bytes, absl::StrCat("worker ", worker_id, "'s shared-memory segment"));
+  absl::StatusOr<std::shared_ptr<common::SharedMemory>> made =
+      room.ok() ? common::SharedMemory::Create(bytes) : room;
   if (!made.ok()) {
-    LOG(WARNING) << "no shared memory for worker " << worker_id << ": " << made.status();
+    LOG_EVERY_T(WARNING, 10) << "no shared memory for worker " << worker_id << ": "
+                             << made.status();
     return false;
   }
+  const int64_t charge = static_cast<int64_t>((*made)->size());
+  budget.Add(charge);
+  *made = std::shared_ptr<common::SharedMemory>(
+      made->get(), [held = *made, &budget, charge](common::SharedMemory*) { budget.Add(-charge); });
   offer->set_id((*made)->id());
   offer->set_path((*made)->path());
   offer->set_bytes((*made)->size());

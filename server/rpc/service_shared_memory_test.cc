@@ -204,6 +204,55 @@ TEST_P(SharedMemoryTest, AFinishedWorkersSegmentIsDropped) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
 }
 
+// A segment counts against server.max_memory_bytes with its whole size while the server
+// holds it; a worker whose segment would not fit gets none (its calls keep the socket).
+TEST_P(SharedMemoryTest, SegmentsCountAgainstTheMemoryBudget) {
+  auto offer = [&](ParameterServerService& service, uint64_t incarnation) {
+    PushPullRequest h;
+    *h.mutable_header() = Header(0);
+    h.mutable_header()->set_worker_incarnation(incarnation);
+    h.set_want_shared_bytes(kSegmentBytes);
+    grpc::ByteBuffer answer;
+    EXPECT_THAT(service.HandlePushPull(RawFrame(h.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(5), &answer),
+                IsOk());
+    PushPullResponse r;
+    EXPECT_TRUE(r.ParseFromString(PartsOf(answer).header));
+    return r.has_shared_offer();
+  };
+  // The fixture's server holds worker 0's segment; a newer incarnation's replaces it, and a
+  // finished worker's goes.
+  ShardOptions unlimited;
+  auto bare = Shard::Create(config_, unlimited);
+  ASSERT_THAT(bare.status(), IsOk());
+  const int64_t tables = (*bare)->memory().used();
+  ASSERT_GT(tables, 0);
+  EXPECT_EQ(shard_->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
+  ASSERT_TRUE(offer(*service_, 2));
+  EXPECT_EQ(shard_->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
+  HeartbeatRequest finish;
+  *finish.mutable_header() = Header(0);
+  finish.mutable_header()->set_worker_incarnation(2);
+  finish.set_finished(true);
+  HeartbeatResponse response;
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), finish, &response), IsOk());
+  EXPECT_EQ(shard_->memory().used(), tables);
+
+  // A server whose budget lacks one byte of room for the segment makes none.
+  for (const int64_t spare : {int64_t{-1}, int64_t{0}}) {
+    ShardOptions options;
+    options.max_memory_bytes = tables + kSegmentBytes + spare;
+    auto shard = Shard::Create(config_, options);
+    ASSERT_THAT(shard.status(), IsOk());
+    ServiceOptions service_options;
+    service_options.max_shared_bytes_per_worker = kSegmentBytes;
+    ParameterServerService service(shard->get(), service_options, ServiceHooks{});
+    EXPECT_EQ(offer(service, 1), spare >= 0) << spare;
+    EXPECT_EQ((*shard)->memory().used(),
+              tables + (spare >= 0 ? static_cast<int64_t>(kSegmentBytes) : 0));
+  }
+}
+
 using SharedCallsTest = ServiceTest;
 
 TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing) {

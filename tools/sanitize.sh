@@ -92,6 +92,10 @@ called_from_lib:libgpr.so
 called_from_lib:libupb.so
 called_from_lib:libabsl_status.so
 called_from_lib:libabsl_cord.so
+# - absl::Cord's tree nodes (libabsl_cord_internal) are shared by reference counts in that
+#   library: a large request's Cord made on gRPC's server thread and released on one of its
+#   client threads showed as a race on the nodes' new/delete (server/rpc/overload_test, 2026-12-03).
+called_from_lib:libabsl_cord_internal.so
 # gRPC's callback tags (grpcpp headers, so instrumented) are built on the calling thread and
 # run on gRPC's callback thread after a hand-off through gRPC's completion queue, which
 # synchronizes inside libgrpc. race_top: only reports whose top frame is the tag itself; our

@@ -1,5 +1,6 @@
 #include "kernels/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -56,6 +57,32 @@ PS_KERNELS_MULTIVERSION void SgdLoop(const OptimizerConsts& c, float scale, int6
   for (int64_t i = 0; i < n; ++i) {
     internal::SgdElement(c, internal::DecayAndClip(c, G<kZero>(g, i), w[i]) * scale, w[i]);
   }
+}
+
+// SgdLoop<true> with scale 1 that also keeps the old parameters and counts the values read
+// as 0 (their exponent bits all ones, as G<true> tests them). The count is kept in 32 bits per
+// stretch of 2^20 values so that GCC vectorizes the sum.
+PS_KERNELS_MULTIVERSION size_t SgdUndoLoop(const OptimizerConsts& c, int64_t n, float* __restrict w,
+                                           const unsigned char* __restrict g,
+                                           float* __restrict undo) {
+  size_t bad = 0;
+  for (int64_t start = 0; start < n; start += int64_t{1} << 20) {
+    const int64_t end = std::min(n, start + (int64_t{1} << 20));
+    uint32_t stretch = 0;
+    for (int64_t i = start; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, g + i * sizeof(float), sizeof(bits));
+      const uint32_t nonfinite = (bits & 0x7f800000u) == 0x7f800000u ? 1u : 0u;
+      stretch += nonfinite;
+      bits &= nonfinite != 0 ? 0u : ~0u;
+      float v;
+      std::memcpy(&v, &bits, sizeof(v));
+      undo[i] = w[i];
+      internal::SgdElement(c, internal::DecayAndClip(c, v, w[i]) * 1.f, w[i]);
+    }
+    bad += stretch;
+  }
+  return bad;
 }
 
 template <bool kZero>
@@ -266,6 +293,15 @@ void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> pa
   } else {
     ApplyLoops<false>(p, c, n, params.data(), g, slots);
   }
+}
+
+size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<float> params,
+                            FloatBytes grads, float* undo) {
+  DCHECK_GE(step, 1);
+  CHECK(p.kind == OptimizerKind::kSgd && p.clip_norm == 0);
+  CHECK_EQ(grads.n, static_cast<int64_t>(params.size()));
+  return SgdUndoLoop(internal::MakeOptimizerConsts(p, step), grads.n, params.data(),
+                     static_cast<const unsigned char*>(grads.data), undo);
 }
 
 void ApplyDelta(float scale, absl::Span<float> params, FloatBytes delta) {

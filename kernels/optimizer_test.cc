@@ -274,6 +274,46 @@ TEST(OptimizerTest, ZeroNonFiniteReadsFiniteValuesAsIsAndTheOthersAsZero) {
 
 // A gradient read where a network buffer holds it (any byte offset) gives the aligned
 // result bit for bit, for every rule, with decay and both clips on (clip_norm sums the span).
+// The one-pass SGD of a push (check and update): ApplyOptimizer's bits, the old values kept,
+// and every value that is not finite counted and taken as 0, at any alignment.
+TEST(OptimizerTest, SgdCountingNonFiniteIsApplyOptimizerThatKeepsTheOldValues) {
+  OptimizerParams p;
+  p.kind = OptimizerKind::kSgd;
+  p.learning_rate = 0.3f;
+  p.weight_decay = 0.02f;
+  p.clip_value = 0.9f;
+  const int64_t n = 1000;  // several vectors and a tail
+  std::vector<float> w(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = std::cos(0.1f * i);
+    g[i] = 2.f * std::sin(0.7f * i);
+  }
+  std::vector<char> bytes(n * sizeof(float) + 1);
+  std::memcpy(bytes.data() + 1, g.data(), n * sizeof(float));  // an odd address
+  std::vector<float> want = w;
+  ApplyOptimizer(p, 1, absl::MakeSpan(want), g, {});
+  std::vector<float> got = w, undo(n);
+  EXPECT_EQ(
+      SgdCountingNonFinite(p, 1, absl::MakeSpan(got), FloatBytes{bytes.data() + 1, n}, undo.data()),
+      0u);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(undo.data(), w.data(), n * sizeof(float)), 0);
+
+  std::vector<float> bad = g;
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  bad[500] = std::numeric_limits<float>::infinity();
+  bad[999] = -std::numeric_limits<float>::infinity();
+  std::vector<float> zeroed = g;
+  zeroed[3] = zeroed[500] = zeroed[999] = 0.f;
+  want = w;
+  ApplyOptimizer(p, 1, absl::MakeSpan(want), zeroed, {});
+  got = w;
+  EXPECT_EQ(SgdCountingNonFinite(p, 1, absl::MakeSpan(got), FloatBytes{bad.data(), n}, undo.data()),
+            3u);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(undo.data(), w.data(), n * sizeof(float)), 0);
+}
+
 TEST(OptimizerTest, UnalignedGradientBytesMatchTheAlignedSpanBitwise) {
   const int n = 1003;
   std::vector<float> w(n), g(n);

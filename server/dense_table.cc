@@ -120,6 +120,53 @@ void DenseTablePart::Apply(uint32_t block, absl::Span<const BlockPiece> pieces,
   CountUpdate();
 }
 
+bool DenseTablePart::SupportsOnePass() const {
+  return optimizer_.kind == kernels::OptimizerKind::kSgd && optimizer_.clip_norm == 0;
+}
+
+// The lock is taken here and released in UnlockBlock, across the calls between: beyond what
+// the thread-safety analysis can follow.
+void DenseTablePart::LockBlock(uint32_t block) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Block* b = Find(block);
+  CHECK(b != nullptr);
+  b->mu.Lock();
+}
+
+void DenseTablePart::UnlockBlock(uint32_t block) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Find(block)->mu.Unlock();
+}
+
+size_t DenseTablePart::ApplyCountingNonFinite(uint32_t block, absl::Span<const BlockPiece> pieces,
+                                              float* undo, int64_t* old_step) {
+  Block* b = Find(block);
+  CHECK(b != nullptr && SupportsOnePass());
+  b->mu.AssertHeld();
+  size_t next = 0;
+  for (const BlockPiece& p : pieces) {
+    CHECK_EQ(p.offset, next) << "pieces of block " << block << " do not follow each other";
+    next += static_cast<size_t>(p.values.n);
+  }
+  CHECK_EQ(next, b->size);
+  *old_step = b->step;
+  const int64_t step = BeginUpdate(block, b, UpdateOptions{});
+  size_t nonfinite = 0;
+  for (const BlockPiece& p : pieces) {
+    nonfinite += kernels::SgdCountingNonFinite(
+        optimizer_, step,
+        absl::MakeSpan(b->data.data() + p.offset, static_cast<size_t>(p.values.n)), p.values,
+        undo + p.offset);
+  }
+  return nonfinite;
+}
+
+void DenseTablePart::UndoUpdate(uint32_t block, const float* undo, int64_t old_step) {
+  Block* b = Find(block);
+  CHECK(b != nullptr);
+  b->mu.AssertHeld();
+  std::memcpy(b->data.data(), undo, b->size * sizeof(float));
+  b->step = old_step;
+}
+
 absl::string_view DenseTablePart::EncodeBlock(int64_t step, absl::Span<const float> data) {
   // One buffer per thread, reused for every block it saves: snapshots of large tables would
   // otherwise allocate and free a block-sized string per block, which fragments the heap.

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
@@ -421,6 +424,7 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
       return WithRejectionReason(std::move(s), "turn_timeout");
     }
   }
+  if (push.one_pass_) return ApplyOnePass(push);
   // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
   // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
   // parameters always agree in a checkpoint.
@@ -435,19 +439,105 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
   RETURN_IF_ERROR(PrepareRows(push.updates_, &pinned));
   absl::StatusOr<WorkerTracker::Admission> admission =
       workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
-  if (!admission.ok()) return Reject(HeaderRejection(admission.status()), admission.status());
-  if (*admission == WorkerTracker::Admission::kDuplicate) {
-    absl::MutexLock stats(&stats_mu_);
-    ++duplicates_;
-    return PushResult{true, updates_applied_};
+  if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission)) {
+    return *std::move(not_admitted);
   }
   ApplyUpdates(push.updates_, push.options_);
+  return Applied(push);
+}
+
+std::optional<absl::StatusOr<PushResult>> Shard::NotAdmitted(
+    const absl::StatusOr<WorkerTracker::Admission>& admission) {
+  if (!admission.ok()) return Reject(HeaderRejection(admission.status()), admission.status());
+  if (*admission == WorkerTracker::Admission::kApply) return std::nullopt;
+  absl::MutexLock stats(&stats_mu_);
+  ++duplicates_;
+  return PushResult{true, updates_applied_};
+}
+
+PushResult Shard::Applied(const CheckedPush& push) {
+  const RequestInfo& info = push.info_;
   workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock);
   absl::MutexLock stats(&stats_mu_);
   ++pushes_;
   ++updates_applied_;
   bytes_in_ += push.bytes_in_;
   return PushResult{false, updates_applied_};
+}
+
+absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
+  const RequestInfo& info = push.info_;
+  const std::vector<PendingUpdate>& updates = push.updates_;
+  {
+    absl::MutexLock stats(&stats_mu_);
+    ++one_pass_pushes_;
+  }
+  absl::ReaderMutexLock lock(&apply_mu_);  // as in ApplyPush
+  // Each block once, in one order for every such push (two cannot wait for each other);
+  // other updaters and readers hold one block lock at a time.
+  std::vector<std::pair<DenseTablePart*, uint32_t>> blocks;
+  blocks.reserve(updates.size());
+  for (const PendingUpdate& u : updates) {
+    blocks.emplace_back(static_cast<DenseTablePart*>(u.table), u.block);
+  }
+  auto before = [](const std::pair<DenseTablePart*, uint32_t>& a,
+                   const std::pair<DenseTablePart*, uint32_t>& b) {
+    return std::less<const DenseTablePart*>()(a.first, b.first) ||
+           (a.first == b.first && a.second < b.second);
+  };
+  std::sort(blocks.begin(), blocks.end(), before);
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  for (const auto& [table, block] : blocks) table->LockBlock(block);
+  auto unlock = absl::MakeCleanup([&blocks] {
+    for (const auto& [table, block] : blocks) table->UnlockBlock(block);
+  });
+  // The old parameters, for an undo: one buffer per thread, kept (kOnePassMaxValues at most).
+  thread_local std::vector<float> undo;
+  size_t values = 0;
+  for (const PendingUpdate& u : updates) values += u.num_values();
+  if (undo.size() < values) undo.resize(values);
+  std::vector<int64_t> old_steps(updates.size());
+  size_t applied = 0, at = 0, nonfinite = 0;
+  while (applied < updates.size() && nonfinite == 0) {
+    const PendingUpdate& u = updates[applied];
+    BlockPiece whole;
+    absl::Span<const BlockPiece> pieces = u.pieces;
+    if (pieces.empty()) {
+      whole.values = kernels::FloatBytes{u.values.data(), static_cast<int64_t>(u.values.size()),
+                                         /*zero_nonfinite=*/true};
+      pieces = absl::MakeConstSpan(&whole, 1);
+    }
+    nonfinite = static_cast<DenseTablePart*>(u.table)->ApplyCountingNonFinite(
+        u.block, pieces, undo.data() + at, &old_steps[applied]);
+    at += u.num_values();
+    ++applied;
+  }
+  auto undo_all = [&] {  // the latest first: a block named twice goes back to its first state
+    for (size_t i = applied; i-- > 0;) {
+      at -= updates[i].num_values();
+      static_cast<DenseTablePart*>(updates[i].table)
+          ->UndoUpdate(updates[i].block, undo.data() + at, old_steps[i]);
+    }
+  };
+  if (nonfinite > 0) {
+    undo_all();
+    std::move(unlock).Invoke();
+    // Counted and worded as the two-pass check counts and words it. A value can only have
+    // turned finite again since if the worker rewrote its shared payload meanwhile.
+    RETURN_IF_ERROR(CheckFinite(updates));
+    return Reject("nonfinite", absl::InvalidArgumentError(absl::StrCat(
+                                   "a push held ", nonfinite,
+                                   " non-finite values when applied (its payload changed since)")));
+  }
+  absl::StatusOr<WorkerTracker::Admission> admission =
+      workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
+  if (!admission.ok() || *admission == WorkerTracker::Admission::kDuplicate) undo_all();
+  std::move(unlock).Invoke();
+  if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission)) {
+    return *std::move(not_admitted);
+  }
+  for (const PendingUpdate& u : updates) static_cast<DenseTablePart*>(u.table)->CountUpdate();
+  return Applied(push);
 }
 
 void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options) {
@@ -499,6 +589,11 @@ float Shard::delta_scale() const {
   const uint32_t workers = std::max<uint32_t>(1, config_.cluster().num_workers());
   return config_.training().local_sgd().merge() == LocalSgdConfig::AVERAGE ? 1.0f / workers
                                                                             : 1.0f;
+}
+
+uint64_t Shard::one_pass_pushes() const {
+  absl::MutexLock lock(&stats_mu_);
+  return one_pass_pushes_;
 }
 
 uint64_t Shard::updates_applied() const {

@@ -258,6 +258,10 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
     checked.straddles_.reserve(pieces);
   }
   const absl::Status parts = CheckPushTables(push, &checked);
+  if (parts.ok() && OnePassFits(checked)) {
+    checked.one_pass_ = true;  // the update checks the values as it reads them
+    return checked;
+  }
   // Values are checked after the parts' structure, all at once (in parallel for a large push),
   // but reported as if each part had been checked in turn: the parts found before a
   // structural error are exactly those checked, and the first non-finite one among them wins
@@ -268,6 +272,22 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   }
   RETURN_IF_ERROR(parts);
   return checked;
+}
+
+bool Shard::OnePassFits(const CheckedPush& push) const {
+  if (!options_.reject_nonfinite || push.options_.kind != UpdateKind::kGradient ||
+      push.updates_.empty()) {
+    return false;
+  }
+  size_t values = 0;
+  for (const PendingUpdate& u : push.updates_) {
+    if (u.table->info().kind != TABLE_KIND_DENSE ||
+        !static_cast<const DenseTablePart*>(u.table)->SupportsOnePass()) {
+      return false;
+    }
+    values += u.num_values();
+  }
+  return values <= kOnePassMaxValues;
 }
 
 absl::Status Shard::CheckPushTables(const PushView& push, CheckedPush* checked) {

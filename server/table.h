@@ -142,6 +142,26 @@ class DenseTablePart final : public TablePart {
   // the whole block).
   void Apply(uint32_t block, absl::Span<const BlockPiece> pieces, const UpdateOptions& options);
 
+  // ---- A push's finite check and SGD update in one pass (Shard::ApplyPush). The caller
+  // locks every block the push updates (LockBlock, in increasing order of table and block, so
+  // that two such pushes cannot deadlock), applies each update with ApplyCountingNonFinite,
+  // then keeps them all (CountUpdate per update, UnlockBlock) or undoes them in reverse order
+  // (UndoUpdate, UnlockBlock): no reader sees an update that is then undone.
+  // True when this table's updates may take that path: SGD without clip_norm.
+  bool SupportsOnePass() const;
+  void LockBlock(uint32_t block) const;
+  void UnlockBlock(uint32_t block) const;
+  // REQUIRES: this thread holds LockBlock(block); SupportsOnePass(); the pieces cover the
+  // block in order; `undo` holds BlockSize(block) floats. Applies one gradient update (one
+  // step) reading each value once, a value that is not finite as 0, and returns how many were
+  // not finite. `undo` and *old_step receive what UndoUpdate needs.
+  size_t ApplyCountingNonFinite(uint32_t block, absl::Span<const BlockPiece> pieces, float* undo,
+                                int64_t* old_step);
+  // REQUIRES: this thread holds LockBlock(block). Puts back the parameters and step an
+  // ApplyCountingNonFinite of the block saved.
+  void UndoUpdate(uint32_t block, const float* undo, int64_t old_step);
+  using TablePart::CountUpdate;
+
   uint64_t NumRows() const override { return blocks_.size(); }
   uint64_t NumBytes() const override { return bytes_; }
   void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) override;

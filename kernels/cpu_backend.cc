@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -272,6 +273,20 @@ class CpuBackend final : public Backend {
       for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
     }
     return bad == 0 ? absl::OkStatus() : IndexError(kOp, bad, out_rows);
+  }
+
+  absl::StatusOr<int64_t> CountNonFinite(int64_t n, const float* x) override {
+    constexpr absl::string_view kOp = "CountNonFinite";
+    RETURN_IF_ERROR(CheckSize(kOp, "n", n, 0));
+    RETURN_IF_ERROR(CheckPointer(kOp, "x", x, n));
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      // By the bits: NaN and the infinities have every exponent bit set.
+      uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof(bits));
+      count += (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return count;
   }
 
   absl::Status ApplyOptimizer(const OptimizerParams& p, int64_t step, int64_t n, float* params,

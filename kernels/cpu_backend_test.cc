@@ -109,6 +109,30 @@ TEST(CpuBackendTest, RejectsNullPointerWithData) {
   EXPECT_EQ(backend->Fill(nullptr, -1, 0.f).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CpuBackendTest, CountNonFiniteCountsNanAndBothInfinities) {
+  auto backend = Cpu();
+  std::vector<float> x = Random(1000, 3, -1e30f, 1e30f);
+  x.push_back(std::numeric_limits<float>::max());
+  x.push_back(std::numeric_limits<float>::denorm_min());
+  absl::StatusOr<int64_t> count = backend->CountNonFinite(x.size(), x.data());
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 0);
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[500] = std::numeric_limits<float>::infinity();
+  x[999] = -std::numeric_limits<float>::infinity();
+  x[1001] = -std::numeric_limits<float>::quiet_NaN();
+  count = backend->CountNonFinite(x.size(), x.data());
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 4);
+  // Only the first n are read.
+  EXPECT_EQ(*backend->CountNonFinite(500, x.data()), 1);
+  EXPECT_EQ(*backend->CountNonFinite(0, nullptr), 0);
+  EXPECT_EQ(backend->CountNonFinite(-1, x.data()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->CountNonFinite(3, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // ---- GEMM -----------------------------------------------------------------------------------
 
 class CpuGemmTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};

@@ -280,6 +280,19 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<int64_t> CountNonFinite(int64_t n, const float* x) override {
+    constexpr absl::string_view kOp = "CountNonFinite";
+    RETURN_IF_ERROR(CheckSize(kOp, "n", n, 0));
+    RETURN_IF_ERROR(CheckPointer(kOp, "x", x, n));
+    if (n == 0) return 0;
+    RETURN_IF_ERROR(Activate());
+    RETURN_IF_CUDA_ERROR(internal::LaunchCountNonFinite(n, x, scratch() + kPartialsOffset,
+                                                        &mapped_device_->sums[0], stream()),
+                         kOp);
+    RETURN_IF_ERROR(Wait(kOp));
+    return static_cast<int64_t>(mapped_->sums[0] + 0.5);
+  }
+
   absl::Status ApplyOptimizer(const OptimizerParams& p, int64_t step, int64_t n, float* params,
                               const float* grads, absl::Span<float* const> slots) override {
     constexpr absl::string_view kOp = "ApplyOptimizer";

@@ -91,6 +91,24 @@ TEST_F(CudaBackendTest, CopyFillAndZero) {
   EXPECT_EQ(Download(*b, 1000), expected);
 }
 
+TEST_F(CudaBackendTest, CountNonFiniteMatchesCpu) {
+  // More elements than one reduction pass of blocks covers, non-finite values spread over it.
+  std::vector<float> host = Random(3'000'000, 5);
+  for (size_t i = 7; i < host.size(); i += 99'991) {
+    host[i] = i % 3 == 0   ? std::numeric_limits<float>::quiet_NaN()
+              : i % 3 == 1 ? std::numeric_limits<float>::infinity()
+                           : -std::numeric_limits<float>::infinity();
+  }
+  DeviceBuffer x = Upload(host);
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{100'000}, static_cast<int64_t>(host.size())}) {
+    absl::StatusOr<int64_t> expected = cpu_->CountNonFinite(n, host.data());
+    absl::StatusOr<int64_t> actual = cuda_->CountNonFinite(n, x.floats());
+    ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
+    EXPECT_EQ(*actual, *expected) << "n = " << n;
+  }
+  EXPECT_GT(*cpu_->CountNonFinite(host.size(), host.data()), 20);
+}
+
 class CudaGemmTest : public CudaBackendTest,
                      public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
 

@@ -181,6 +181,16 @@ __global__ void PartialSumKernel(int64_t n, const double* x, double* partials) {
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
+// Per block: how many of x are NaN or infinite (by the bits: every exponent bit set).
+__global__ void NonFinitePartialKernel(int64_t n, const float* x, double* partials) {
+  double count = 0;
+  for (int64_t i = GlobalThread(); i < n; i += GridStride()) {
+    count += (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u ? 1.0 : 0.0;
+  }
+  count = BlockSum(count);
+  if (threadIdx.x == 0) partials[blockIdx.x] = count;
+}
+
 // Single block.
 __global__ void FinalSumKernel(int count, const double* partials, double* out) {
   double sum = 0;
@@ -352,12 +362,25 @@ cudaError_t LaunchSigmoidXent(int64_t n, const float* logits, const float* label
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSum(int64_t n, const double* x, double* partials, double* out,
-                      cudaStream_t stream) {
+// A two-pass sum into *out: `partial` (a kernel of (n, x, partials)) writes one partial per
+// block of at most kMaxReduceBlocks, then one block adds them up.
+template <typename T>
+cudaError_t ReduceToSum(void (*partial)(int64_t, const T*, double*), int64_t n, const T* x,
+                        double* partials, double* out, cudaStream_t stream) {
   const int blocks = BlocksFor(n) < kMaxReduceBlocks ? BlocksFor(n) : kMaxReduceBlocks;
-  PartialSumKernel<<<blocks, kThreads, 0, stream>>>(n, x, partials);
+  partial<<<blocks, kThreads, 0, stream>>>(n, x, partials);
   FinalSumKernel<<<1, kThreads, 0, stream>>>(blocks, partials, out);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchSum(int64_t n, const double* x, double* partials, double* out,
+                      cudaStream_t stream) {
+  return ReduceToSum(PartialSumKernel, n, x, partials, out, stream);
+}
+
+cudaError_t LaunchCountNonFinite(int64_t n, const float* x, double* partials, double* out,
+                                 cudaStream_t stream) {
+  return ReduceToSum(NonFinitePartialKernel, n, x, partials, out, stream);
 }
 
 cudaError_t LaunchEmbeddingGather(int64_t n, int64_t dim, const float* table, int64_t table_rows,

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kernels/backend.h"
+#include "kernels/optimizer_config.h"
 #include "worker/data/load.h"
 #include "worker/local_sgd_store.h"
 #include "worker/models/model.h"
@@ -83,6 +84,47 @@ absl::Status TrainingJob::Build(const StoreFactory& make_store) {
               << config_.training().local_sgd().steps() << " steps ("
               << LocalSgdConfig::Merge_Name(config_.training().local_sgd().merge()) << ")";
   }
+  return PlaceDenseTables();
+}
+
+absl::Status TrainingJob::PlaceDenseTables() {
+  const TrainingConfig::DenseTables place = config_.training().dense_tables();
+  if (place == TrainingConfig::DENSE_TABLES_STORE) return absl::OkStatus();
+  const bool forced = place == TrainingConfig::DENSE_TABLES_DEVICE;
+  if (!options_.centralized || local_sgd_ != nullptr) {
+    if (!forced) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        options_.centralized
+            ? "training.dense_tables: DENSE_TABLES_DEVICE does not go with local_sgd (its "
+              "copy of the tables is the worker's own)"
+            : "training.dense_tables: DENSE_TABLES_DEVICE is for centralized mode; a "
+              "distributed job's tables live on its servers");
+  }
+  if (!forced && backend_->kind() == kernels::DeviceKind::kCpu) return absl::OkStatus();
+  DeviceTableOptions device;
+  for (const TableConfig& table : config_.tables()) {
+    if (table.kind() != TABLE_KIND_DENSE) continue;
+    device.optimizers[table.name()] = kernels::ToOptimizerParams(table.optimizer());
+  }
+  device.block_floats = static_cast<int64_t>(config_.cluster().dense_block_floats());
+  device.reject_nonfinite = config_.server().reject_nonfinite();
+  ASSIGN_OR_RETURN(const bool kept, model_->KeepTablesOnDevice(device, store_.get()),
+                   "training.dense_tables");
+  if (!kept) {
+    if (forced) {
+      return absl::FailedPreconditionError(
+          "training.dense_tables: DENSE_TABLES_DEVICE, but this model keeps its tables in the "
+          "store (the MLP can keep them on the device)");
+    }
+    LOG(INFO) << "the model's tables stay in the store: it cannot keep them on the device";
+    return absl::OkStatus();
+  }
+  tables_on_device_ = true;
+  LOG(INFO) << "dense tables and their optimizer state on the device (" << backend_->Description()
+            << "): a step copies no parameters or gradients"
+            << (config_.training().prefetch()
+                    ? "; training.prefetch is off (the store calls carry nothing to overlap)"
+                    : "");
   return absl::OkStatus();
 }
 
@@ -129,7 +171,7 @@ absl::StatusOr<TrainerOptions> TrainingJob::MakeTrainerOptions() {
   options.progress = stderr;
   options.progress_tty = isatty(fileno(stderr));
   options.progress_interval = absl::Seconds(config_.training().progress_interval_s());
-  options.prefetch = config_.training().prefetch();
+  options.prefetch = config_.training().prefetch() && !tables_on_device_;
   options.log_tag = absl::StrFormat("\"job\":\"%s\",\"mode\":\"%s\"", config_.name(),
                                     options_.centralized ? "centralized" : "distributed");
   // A restarted worker resumes where the store saw it last (its data position and clock); a

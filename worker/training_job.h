@@ -1,6 +1,7 @@
 // TrainingJob: one worker's training run, without flags: metrics endpoint, compute backend,
-// data, model, the parameter store (handed in by the caller), local SGD, resuming where the
-// store saw this worker last, the training loop and the store's Finish.
+// data, model, the parameter store (handed in by the caller), local SGD, where the dense
+// tables live (centralized on an accelerator: on the device), resuming where the store saw
+// this worker last, the training loop and the store's Finish.
 //
 // ps_worker's main turns flags into TrainingJobOptions and a StoreFactory (the gRPC store for
 // a distributed job; server/'s in-process store for --centralized: only a main links both
@@ -85,11 +86,17 @@ class TrainingJob {
   // none).
   bool binary() const { return config_.model().has_ctr(); }
   double ground_truth_auc() const;
+  // The model's dense tables live on the compute device (training.dense_tables), not in the
+  // store.
+  bool tables_on_device() const { return tables_on_device_; }
 
  private:
   TrainingJob(const JobConfig& config, const TrainingJobOptions& options);
   absl::Status Build(const StoreFactory& make_store);
   absl::StatusOr<TrainerOptions> MakeTrainerOptions();
+  // training.dense_tables: moves the model's dense tables to the device where the config and
+  // the mode have them there.
+  absl::Status PlaceDenseTables();
 
   const JobConfig config_;
   const TrainingJobOptions options_;
@@ -102,6 +109,7 @@ class TrainingJob {
   std::unique_ptr<Model> model_;
   std::unique_ptr<common::ParameterStore> store_;
   std::unique_ptr<LocalSgdStore> local_sgd_;  // wraps store_ when local SGD is on
+  bool tables_on_device_ = false;
   absl::Time last_position_report_ = absl::InfinitePast();
 };
 

@@ -64,6 +64,11 @@ cudaError_t LaunchSigmoidXent(int64_t n, const float* logits, const float* label
 cudaError_t LaunchSum(int64_t n, const double* x, double* partials, double* out,
                       cudaStream_t stream);
 
+// *out = how many of x[0..n) are NaN or infinite, as a double (exact below 2^53). `partials`
+// holds kMaxReduceBlocks; `out` may be device memory or host-mapped memory.
+cudaError_t LaunchCountNonFinite(int64_t n, const float* x, double* partials, double* out,
+                                 cudaStream_t stream);
+
 cudaError_t LaunchEmbeddingGather(int64_t n, int64_t dim, const float* table, int64_t table_rows,
                                   const int32_t* indices, float* out, int* error_flags,
                                   cudaStream_t stream);

@@ -54,12 +54,17 @@ for device in cuda cpu; do
 done
 
 # A large MLP (784-2048-2048-10, batch 64), 300 steps: where a GPU should pay. The CPU uses
-# 8 BLAS threads here.
+# 8 BLAS threads here. On the GPU twice: the tables on the device (the default) and through
+# the in-process store (parameters in and gradients out over PCIe every step).
 for device in cuda cpu; do
   step "mlp_large_centralized_$device" 180 "$b/ps_worker" \
     --config="$here/configs/fashion_mnist_centralized.textproto" --centralized --device="$device" \
     --threads=8 --eval=never "$fm,model.mlp.hidden=2048,2048,training.max_steps=300"
 done
+step mlp_large_centralized_cuda_store 180 "$b/ps_worker" \
+  --config="$here/configs/fashion_mnist_centralized.textproto" --centralized --device=cuda \
+  --threads=8 --eval=never \
+  "$fm,model.mlp.hidden=2048,2048,training.max_steps=300,training.dense_tables=DENSE_TABLES_STORE"
 
 # Distributed on this machine: one server, one worker on the GPU.
 rm -rf /tmp/ps-gpu-check && mkdir -p /tmp/ps-gpu-check

@@ -96,6 +96,7 @@ absl::Status DenseStack::Init() {
 }
 
 void DenseStack::AddPulls(common::PullBatch* pull) {
+  if (tables_on_device()) return;
   for (int i = 0; i < num_layers(); ++i) {
     const Layer& layer = layers_[i];
     pull->dense.push_back(
@@ -109,6 +110,7 @@ void DenseStack::AddPulls(common::PullBatch* pull) {
 }
 
 void DenseStack::AddPushes(common::PushBatch* push) const {
+  if (tables_on_device()) return;
   for (int i = 0; i < num_layers(); ++i) {
     const Layer& layer = layers_[i];
     push->dense.push_back(
@@ -130,6 +132,10 @@ absl::Status DenseStack::CheckRows(int64_t rows) const {
 
 absl::Status DenseStack::AddSecondBufferSet() {
   if (has_spare_) return absl::OkStatus();
+  if (tables_on_device()) {
+    return absl::FailedPreconditionError(
+        "DenseStack: no second buffer set with the tables on the device");
+  }
   RETURN_IF_ERROR(spare_params_.Reserve(num_params_));
   RETURN_IF_ERROR(spare_grads_.Reserve(num_params_));
   std::fill_n(spare_params_.host(), num_params_, 0.f);
@@ -202,7 +208,107 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
     }
     dz = d_input;
   }
+  if (tables_on_device()) return ApplyOnDevice();
   return grads_.CopyToHost(num_params_);
+}
+
+absl::Span<const float> DenseStack::weight(int i) const {
+  const Layer& layer = layers_.at(i);
+  return absl::MakeConstSpan(params_.host() + layer.weight_offset, int64_t{layer.in} * layer.out);
+}
+
+absl::Span<const float> DenseStack::bias(int i) const {
+  const Layer& layer = layers_.at(i);
+  return absl::MakeConstSpan(params_.host() + layer.bias_offset, static_cast<size_t>(layer.out));
+}
+
+absl::Status DenseStack::CopyParametersToHost() {
+  if (!params_on_device_) return absl::OkStatus();  // the host side is the newer one
+  return params_.CopyToHost(num_params_);
+}
+
+absl::Status DenseStack::KeepOnDevice(const DeviceTableOptions& options,
+                                      common::ParameterStore* store) {
+  if (tables_on_device()) {
+    return absl::FailedPreconditionError("DenseStack: the tables are on the device already");
+  }
+  if (has_spare_) {
+    return absl::FailedPreconditionError(
+        "DenseStack: the tables cannot move to the device with a second buffer set");
+  }
+  if (options.block_floats < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DenseStack: block_floats = ", options.block_floats, " is not >= 1"));
+  }
+  std::vector<DeviceTable> tables;
+  for (int i = 0; i < num_layers(); ++i) {
+    const Layer& layer = layers_[i];
+    tables.push_back(
+        {options_.weight_tables[i], layer.weight_offset, int64_t{layer.in} * layer.out});
+    tables.push_back({options_.bias_tables[i], layer.bias_offset, layer.out});
+  }
+  for (DeviceTable& table : tables) {
+    const auto it = options.optimizers.find(table.name);
+    if (it == options.optimizers.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DenseStack: no optimizer for table '", table.name, "'"));
+    }
+    table.optimizer = it->second;
+    RETURN_IF_ERROR_CTX(kernels::ValidateOptimizerParams(table.optimizer),
+                        absl::StrCat("DenseStack: table '", table.name, "'"));
+    const int slots = kernels::NumSlots(table.optimizer.kind);
+    ASSIGN_OR_RETURN(table.slots, backend_->AllocateFloats(table.n * slots));
+    for (int s = 0; s < slots; ++s) {
+      RETURN_IF_ERROR(backend_->Fill(table.slots.floats() + s * table.n, table.n,
+                                     kernels::SlotInitialValue(table.optimizer, s)));
+    }
+  }
+  common::PullBatch pull;
+  AddPulls(&pull);
+  RETURN_IF_ERROR(store->Pull(pull, common::PullOptions{}));
+  RETURN_IF_ERROR(params_.CopyToDevice(num_params_));
+  params_on_device_ = true;
+  block_floats_ = options.block_floats;
+  reject_nonfinite_ = options.reject_nonfinite;
+  device_tables_ = std::move(tables);
+  return absl::OkStatus();
+}
+
+absl::Status DenseStack::ApplyOnDevice() {
+  const float* grads = grads_.device();
+  if (reject_nonfinite_) {
+    ASSIGN_OR_RETURN(const int64_t bad, backend_->CountNonFinite(num_params_, grads));
+    if (bad > 0) {
+      // Which tables, for the message: only on this path, where the step fails anyway.
+      std::string where;
+      for (const DeviceTable& table : device_tables_) {
+        ASSIGN_OR_RETURN(const int64_t in_table,
+                         backend_->CountNonFinite(table.n, grads + table.offset));
+        if (in_table > 0) {
+          absl::StrAppend(&where, where.empty() ? "" : ", ", "'", table.name, "' ", in_table);
+        }
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat(bad, " non-finite gradient values (tables on the device: ", where,
+                       "); no table was updated"));
+    }
+  }
+  for (DeviceTable& table : device_tables_) {
+    ++table.step;
+    const int slots = kernels::NumSlots(table.optimizer.kind);
+    // Without clip_norm every rule is elementwise, so one call over the table is the same as
+    // one per block; clip_norm's norm is a block's, as on a server.
+    const int64_t piece = table.optimizer.clip_norm > 0 ? block_floats_ : table.n;
+    for (int64_t begin = 0; begin < table.n; begin += piece) {
+      const int64_t n = std::min(piece, table.n - begin);
+      float* slot_pointers[2] = {nullptr, nullptr};
+      for (int s = 0; s < slots; ++s) slot_pointers[s] = table.slots.floats() + s * table.n + begin;
+      RETURN_IF_ERROR(backend_->ApplyOptimizer(
+          table.optimizer, table.step, n, params_.device() + table.offset + begin,
+          grads + table.offset + begin, absl::MakeConstSpan(slot_pointers, slots)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ps::worker

@@ -10,6 +10,11 @@
 // back in one transfer. On the CPU backend both sides are the same memory: the store pulls
 // straight into the buffers the GEMMs read and pushes straight from those they write.
 // Activations stay on the device, in buffers sized for max_batch rows at creation.
+//
+// Tables on the device (KeepOnDevice, centralized training): the device side of the
+// parameters becomes the tables themselves. Each table gets its optimizer's slots in device
+// memory and a step count, and Backward ends by applying the gradients where they are
+// (Backend::ApplyOptimizer) instead of copying them to the host: no transfer per step.
 #ifndef PS_WORKER_MODELS_DENSE_STACK_H_
 #define PS_WORKER_MODELS_DENSE_STACK_H_
 
@@ -23,7 +28,9 @@
 #include "absl/types/span.h"
 #include "common/parameter_store.h"
 #include "kernels/backend.h"
+#include "kernels/optimizer.h"
 #include "worker/models/mirrored_array.h"
+#include "worker/models/model.h"
 
 namespace ps::worker {
 
@@ -58,16 +65,32 @@ class DenseStack {
   int64_t max_batch() const { return options_.max_batch; }
 
   // Adds a DensePull per table into the host parameter buffers, and marks the device copy
-  // stale so that the next Forward copies them in.
+  // stale so that the next Forward copies them in. Adds nothing once the tables are on the
+  // device.
   void AddPulls(common::PullBatch* pull);
   // Adds a DensePush per table with the gradients of the last Backward (valid until the
-  // next Backward).
+  // next Backward). Adds nothing once the tables are on the device.
   void AddPushes(common::PushBatch* push) const;
+
+  // Keeps the tables on the device from now on (Model::KeepTablesOnDevice, which says what
+  // changes): pulls them from `store` once, copies them to the device and sets up their
+  // optimizers' slots there. Errors: FAILED_PRECONDITION with a second buffer set or when
+  // already on the device; INVALID_ARGUMENT for a table missing from options.optimizers, an
+  // invalid optimizer or block_floats < 1; those of the pull and of the backend.
+  absl::Status KeepOnDevice(const DeviceTableOptions& options, common::ParameterStore* store);
+  bool tables_on_device() const { return !device_tables_.empty(); }
+  // Copies the parameters from the device to the host buffers (a no-op where they are the
+  // same memory), e.g. to read the tables on the device. Errors: the backend's.
+  absl::Status CopyParametersToHost();
+  // The host parameter buffer of layer i's weight and bias (as AddPulls hands them out).
+  absl::Span<const float> weight(int i) const;
+  absl::Span<const float> bias(int i) const;
 
   // Overlapped steps without staging copies: allocates a second set of parameter and
   // gradient buffers (zeros), so that a store may fill one set's parameters and read its
   // gradients while the stack computes on the other. Idempotent.
-  // Errors: RESOURCE_EXHAUSTED when the device is out of memory.
+  // Errors: RESOURCE_EXHAUSTED when the device is out of memory; FAILED_PRECONDITION once
+  // the tables are on the device (the store calls then carry nothing to overlap).
   absl::Status AddSecondBufferSet();
   // Makes the other set current: Forward, Backward, AddPulls and AddPushes use it from now
   // on, and the next Forward copies its parameters to the device. The spans AddPulls and
@@ -83,8 +106,10 @@ class DenseStack {
   // Backward of the last Forward (same rows and x). `d_output` (device, rows x
   // output_dim()) is the gradient of the loss w.r.t. the output; it is overwritten. Leaves
   // the parameter gradients in the host gradient buffers (see AddPushes) and, if dx is not
-  // null, the gradient w.r.t. x in dx (device, rows x input_dim()).
-  // Errors: as Forward.
+  // null, the gradient w.r.t. x in dx (device, rows x input_dim()). With the tables on the
+  // device it applies the gradients to them instead (one step of every table).
+  // Errors: as Forward; with the tables on the device and reject_nonfinite, INVALID_ARGUMENT
+  // for a gradient holding NaN or Inf (no table changes).
   absl::Status Backward(int64_t rows, const float* x, float* d_output, float* dx);
 
  private:
@@ -117,6 +142,22 @@ class DenseStack {
   kernels::DeviceBuffer hidden_grad_[2];
   // False after AddPulls until Forward has copied the parameters to the device.
   bool params_on_device_ = false;
+
+  // A table kept on the device (KeepOnDevice): its place in the flat arrays, its optimizer
+  // and slots (NumSlots arrays of n floats, one after the other) and the steps applied.
+  struct DeviceTable {
+    std::string name;
+    int64_t offset = 0;
+    int64_t n = 0;
+    kernels::OptimizerParams optimizer;
+    kernels::DeviceBuffer slots;
+    int64_t step = 0;
+  };
+  // Applies the gradients of the last Backward to the tables on the device.
+  absl::Status ApplyOnDevice();
+  std::vector<DeviceTable> device_tables_;  // empty = the tables live in the store
+  int64_t block_floats_ = 0;
+  bool reject_nonfinite_ = true;
 };
 
 }  // namespace ps::worker

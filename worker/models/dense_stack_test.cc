@@ -1,7 +1,12 @@
 #include "worker/models/dense_stack.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -11,6 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/optimizer.h"
+#include "worker/models/model.h"
 
 namespace ps::worker {
 namespace {
@@ -18,6 +25,7 @@ namespace {
 using ::ps::common::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::FloatEq;
+using ::testing::HasSubstr;
 using ::testing::Pointwise;
 
 DenseStackOptions TwoLayers() {
@@ -142,6 +150,224 @@ TEST(DenseStack, RejectsBadOptions) {
   }
   EXPECT_THAT(DenseStack::Create(TwoLayers(), nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// ---- Tables on the device -------------------------------------------------------------------
+
+// A store that holds whole dense tables and only serves pulls (what KeepOnDevice reads).
+class TableStore final : public common::ParameterStore {
+ public:
+  explicit TableStore(std::map<std::string, std::vector<float>> tables)
+      : tables_(std::move(tables)) {}
+  absl::Status Pull(const common::PullBatch& batch, const common::PullOptions&) override {
+    ++pulls_;
+    for (const common::DensePull& d : batch.dense) {
+      const std::vector<float>& values = tables_.at(d.table);
+      if (values.size() != d.out.size()) return absl::InvalidArgumentError(d.table);
+      std::copy(values.begin(), values.end(), d.out.begin());
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Push(const common::PushBatch&, const common::PushOptions&) override {
+    return absl::UnimplementedError("TableStore takes no pushes");
+  }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  int pulls() const { return pulls_; }
+
+ private:
+  std::map<std::string, std::vector<float>> tables_;
+  int pulls_ = 0;
+};
+
+const std::vector<std::string> kTables = {"w0", "b0", "w1", "b1"};  // the order of AddPulls
+
+std::map<std::string, std::vector<float>> InitialTables() {
+  return {{"w0", {1, -1, 2, 0.5}}, {"b0", {0.5, -1}}, {"w1", {2, 3}}, {"b1", {1}}};
+}
+
+// A different optimizer per table; w0's clip_norm makes its 3-float blocks count.
+DeviceTableOptions MixedOptimizers() {
+  DeviceTableOptions options;
+  kernels::OptimizerParams adam;
+  adam.kind = kernels::OptimizerKind::kAdam;
+  adam.learning_rate = 0.1f;
+  adam.clip_norm = 0.5f;
+  options.optimizers["w0"] = adam;
+  kernels::OptimizerParams momentum;
+  momentum.kind = kernels::OptimizerKind::kMomentum;
+  momentum.nesterov = true;
+  momentum.weight_decay = 0.01f;
+  options.optimizers["b0"] = momentum;
+  kernels::OptimizerParams sgd;
+  sgd.learning_rate = 0.05f;
+  sgd.clip_value = 0.3f;
+  options.optimizers["w1"] = sgd;
+  kernels::OptimizerParams adagrad;
+  adagrad.kind = kernels::OptimizerKind::kAdagrad;
+  options.optimizers["b1"] = adagrad;
+  options.block_floats = 3;
+  return options;
+}
+
+// What a server holds of one table: values, slots and a step per block of `block` floats;
+// Apply is a server's update of a push (kernels::ApplyOptimizer block by block).
+struct ServerTable {
+  ServerTable(std::vector<float> initial, const kernels::OptimizerParams& p, int64_t block)
+      : values(std::move(initial)), optimizer(p), block_floats(block) {
+    for (int s = 0; s < kernels::NumSlots(p.kind); ++s) {
+      slots.emplace_back(values.size(), kernels::SlotInitialValue(p, s));
+    }
+    steps.assign((values.size() + block - 1) / block, 0);
+  }
+  void Apply(absl::Span<const float> grads) {
+    for (size_t b = 0; b < steps.size(); ++b) {
+      const size_t begin = b * block_floats;
+      const size_t n = std::min<size_t>(block_floats, values.size() - begin);
+      std::vector<float*> s;
+      for (std::vector<float>& slot : slots) s.push_back(slot.data() + begin);
+      kernels::ApplyOptimizer(optimizer, ++steps[b], absl::MakeSpan(values.data() + begin, n),
+                              grads.subspan(begin, n), s);
+    }
+  }
+  std::vector<float> values;
+  kernels::OptimizerParams optimizer;
+  int64_t block_floats;
+  std::vector<std::vector<float>> slots;
+  std::vector<int64_t> steps;
+};
+
+// The stack's tables in the order of kTables, read back from the device.
+std::vector<std::vector<float>> TablesOf(DenseStack& stack) {
+  EXPECT_OK(stack.CopyParametersToHost());
+  std::vector<std::vector<float>> out;
+  for (int i = 0; i < stack.num_layers(); ++i) {
+    out.emplace_back(stack.weight(i).begin(), stack.weight(i).end());
+    out.emplace_back(stack.bias(i).begin(), stack.bias(i).end());
+  }
+  return out;
+}
+
+// Three steps on the device give the tables, bit for bit, that a server applying the same
+// gradients block by block holds: every rule, clip_norm per block, weight decay, clipping and
+// each block's step (Adam's bias correction).
+TEST(DenseStack, TablesOnTheDeviceTakeTheStepsAServerWouldApply) {
+  std::unique_ptr<kernels::Backend> backend = CpuBackend();
+  const DeviceTableOptions options = MixedOptimizers();
+  // Reference: a stack whose tables live in the "server" below.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> reference,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  std::vector<ServerTable> server;
+  for (const std::string& name : kTables) {
+    server.emplace_back(InitialTables().at(name), options.optimizers.at(name),
+                        options.block_floats);
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> on_device,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  TableStore store(InitialTables());
+  ASSERT_OK(on_device->KeepOnDevice(options, &store));
+  EXPECT_EQ(store.pulls(), 1);
+  EXPECT_TRUE(on_device->tables_on_device());
+
+  const std::vector<std::vector<float>> inputs = {{1, 2, -1, 0.5}, {0.3, -2, 2, 1}, {-1, 1, 4, 2}};
+  for (const std::vector<float>& x : inputs) {
+    std::vector<std::vector<float>> values;
+    for (const ServerTable& t : server) values.push_back(t.values);
+    FillParams(*reference, values);
+    ASSERT_OK_AND_ASSIGN(float* y, reference->Forward(2, x.data()));
+    y[0] = 1.f;
+    y[1] = -0.5f;
+    ASSERT_OK(reference->Backward(2, x.data(), y, nullptr));
+    common::PushBatch push;
+    reference->AddPushes(&push);
+    ASSERT_EQ(push.dense.size(), server.size());
+    for (size_t i = 0; i < server.size(); ++i) server[i].Apply(push.dense[i].values);
+
+    ASSERT_OK_AND_ASSIGN(y, on_device->Forward(2, x.data()));
+    y[0] = 1.f;
+    y[1] = -0.5f;
+    ASSERT_OK(on_device->Backward(2, x.data(), y, nullptr));
+  }
+  const std::vector<std::vector<float>> got = TablesOf(*on_device);
+  for (size_t i = 0; i < server.size(); ++i) {
+    EXPECT_NE(server[i].values, InitialTables().at(kTables[i])) << kTables[i];
+    EXPECT_EQ(got[i], server[i].values) << kTables[i];  // bitwise
+  }
+  // The store calls carry nothing now.
+  common::PullBatch pull;
+  on_device->AddPulls(&pull);
+  common::PushBatch push;
+  on_device->AddPushes(&push);
+  EXPECT_TRUE(pull.dense.empty());
+  EXPECT_TRUE(push.dense.empty());
+}
+
+// A step whose gradients hold NaN fails and changes no table; the steps after it count on
+// from where they were. Without reject_nonfinite the NaN goes in, as on a server.
+TEST(DenseStack, ANonFiniteGradientChangesNoTableOnTheDevice) {
+  std::unique_ptr<kernels::Backend> backend = CpuBackend();
+  DeviceTableOptions options = MixedOptimizers();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  TableStore store(InitialTables());
+  ASSERT_OK(stack->KeepOnDevice(options, &store));
+  const std::vector<float> x = {1, 2};
+  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+  y[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(stack->Backward(1, x.data(), y, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'w1'")));
+  std::vector<std::vector<float>> initial;
+  for (const std::string& name : kTables) initial.push_back(InitialTables().at(name));
+  EXPECT_EQ(TablesOf(*stack), initial);
+
+  // One good step now is the first step of every table (as a fresh stack's first step).
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> fresh,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  ASSERT_OK(fresh->KeepOnDevice(options, &store));
+  for (DenseStack* s : {stack.get(), fresh.get()}) {
+    ASSERT_OK_AND_ASSIGN(y, s->Forward(1, x.data()));
+    y[0] = 1.f;
+    ASSERT_OK(s->Backward(1, x.data(), y, nullptr));
+  }
+  EXPECT_EQ(TablesOf(*stack), TablesOf(*fresh));
+  EXPECT_NE(TablesOf(*stack), initial);
+
+  options.reject_nonfinite = false;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> lenient,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  ASSERT_OK(lenient->KeepOnDevice(options, &store));
+  ASSERT_OK_AND_ASSIGN(y, lenient->Forward(1, x.data()));
+  y[0] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_OK(lenient->Backward(1, x.data(), y, nullptr));
+  EXPECT_TRUE(std::isnan(TablesOf(*lenient)[2][0]));  // w1 took the NaN
+}
+
+TEST(DenseStack, KeepOnDeviceRefusesWhatItCannotKeep) {
+  std::unique_ptr<kernels::Backend> backend = CpuBackend();
+  TableStore store(InitialTables());
+  auto make = [&] { return *DenseStack::Create(TwoLayers(), backend.get()); };
+  DeviceTableOptions missing = MixedOptimizers();
+  missing.optimizers.erase("b1");
+  EXPECT_THAT(make()->KeepOnDevice(missing, &store),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'b1'")));
+  DeviceTableOptions no_blocks = MixedOptimizers();
+  no_blocks.block_floats = 0;
+  EXPECT_THAT(make()->KeepOnDevice(no_blocks, &store),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  DeviceTableOptions bad_rate = MixedOptimizers();
+  bad_rate.optimizers["w1"].learning_rate = 0;
+  EXPECT_THAT(make()->KeepOnDevice(bad_rate, &store),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'w1'")));
+  EXPECT_EQ(store.pulls(), 0);  // nothing was read for a refusal
+
+  std::unique_ptr<DenseStack> two_sets = make();
+  ASSERT_OK(two_sets->AddSecondBufferSet());
+  EXPECT_THAT(two_sets->KeepOnDevice(MixedOptimizers(), &store),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  std::unique_ptr<DenseStack> kept = make();
+  ASSERT_OK(kept->KeepOnDevice(MixedOptimizers(), &store));
+  EXPECT_THAT(kept->KeepOnDevice(MixedOptimizers(), &store),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(kept->AddSecondBufferSet(), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

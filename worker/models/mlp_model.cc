@@ -129,6 +129,12 @@ void MlpModel::SwapBufferSets() {
   std::swap(has_gradients_, spare_has_gradients_);
 }
 
+absl::StatusOr<bool> MlpModel::KeepTablesOnDevice(const DeviceTableOptions& options,
+                                                  common::ParameterStore* store) {
+  RETURN_IF_ERROR(stack_->KeepOnDevice(options, store));
+  return true;
+}
+
 absl::Status MlpModel::Evaluate(const Batch& batch, EvalAccumulator* acc) {
   ASSIGN_OR_RETURN(float* logits, Forward(batch));
   ASSIGN_OR_RETURN(

@@ -63,6 +63,11 @@ class MlpModel final : public Model {
   void SwapBufferSets() override;
   // True: every pull is every table, whatever the batch, into buffers the gradients are not in.
   bool PushSurvivesNextPull() const override { return true; }
+  // Every table of the model goes to the device (DenseStack::KeepOnDevice): returns true.
+  absl::StatusOr<bool> KeepTablesOnDevice(const DeviceTableOptions& options,
+                                          common::ParameterStore* store) override;
+  // The layers (e.g. to read the tables on the device).
+  DenseStack* stack() { return stack_.get(); }
 
  private:
   MlpModel(kernels::Backend* backend, std::unique_ptr<DenseStack> stack);

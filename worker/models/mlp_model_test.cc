@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/optimizer.h"
 #include "proto/config.pb.h"
 #include "worker/data/batch.h"
 #include "worker/models/fake_parameter_store.h"
@@ -30,6 +31,8 @@ namespace {
 using ::ps::common::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::Field;
+using ::testing::FloatNear;
+using ::testing::Pointwise;
 
 constexpr int64_t kMaxBatch = 8;
 
@@ -245,6 +248,55 @@ TEST_P(MlpModelTest, SgdLearnsSeparableClasses) {
   EXPECT_LT(after.loss_sum / after.examples, 0.2);
   EXPECT_LT(after.loss_sum, before.loss_sum / 3);
   EXPECT_EQ(after.correct, kMaxBatch);
+}
+
+// With its tables on the device the model trains as through a store that applies SGD: the
+// same tables after 50 steps (to rounding: the store's update is its own loop), the same
+// evaluation, and no gradient reaches its store.
+TEST_P(MlpModelTest, TablesOnTheDeviceTrainAsThroughTheStore) {
+  constexpr float kRate = 0.1f;
+  std::unique_ptr<FakeParameterStore> device_store = MakeStore(config_, /*seed=*/1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MlpModel> on_device,
+                       MlpModel::Create(config_, backend_.get(), kMaxBatch));
+  DeviceTableOptions options;
+  kernels::OptimizerParams sgd;
+  sgd.learning_rate = kRate;
+  for (int i = 0; i < common::MlpNumLayers(config_); ++i) {
+    options.optimizers[common::MlpWeightTable(config_, i)] = sgd;
+    options.optimizers[common::MlpBiasTable(config_, i)] = sgd;
+  }
+  options.block_floats = 7;
+  ASSERT_OK_AND_ASSIGN(const bool kept, on_device->KeepTablesOnDevice(options, device_store.get()));
+  ASSERT_TRUE(kept);
+  EXPECT_THAT(on_device->AddSecondBufferSet(), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  store_->set_learning_rate(kRate);
+  device_store->set_learning_rate(kRate);
+  for (int step = 0; step < 50; ++step) {
+    const Batch batch = RandomBatch(kMaxBatch, 5, 3, /*seed=*/100 + step);
+    ASSERT_OK(Step(*model_, *store_, batch).status());
+    ASSERT_OK(Step(*on_device, *device_store, batch).status());
+  }
+  const Batch test = RandomBatch(kMaxBatch, 5, 3, /*seed=*/7);
+  EvalAccumulator through_store, device;
+  ASSERT_OK(Eval(*model_, *store_, test, &through_store));
+  ASSERT_OK(Eval(*on_device, *device_store, test, &device));
+  EXPECT_NEAR(device.loss_sum, through_store.loss_sum, 1e-4 * through_store.loss_sum);
+  EXPECT_EQ(device.correct, through_store.correct);
+
+  ASSERT_OK(on_device->stack()->CopyParametersToHost());
+  std::unique_ptr<FakeParameterStore> initial = MakeStore(config_, /*seed=*/1);
+  for (int i = 0; i < common::MlpNumLayers(config_); ++i) {
+    const std::string w = common::MlpWeightTable(config_, i);
+    const std::vector<float>& trained = *store_->MutableDenseForTest(w);
+    EXPECT_THAT(on_device->stack()->weight(i), Pointwise(FloatNear(1e-5f), trained)) << w;
+    EXPECT_NE(trained, *initial->MutableDenseForTest(w)) << w;
+    EXPECT_EQ(*device_store->MutableDenseForTest(w), *initial->MutableDenseForTest(w)) << w;
+    const std::string b = common::MlpBiasTable(config_, i);
+    EXPECT_THAT(on_device->stack()->bias(i),
+                Pointwise(FloatNear(1e-5f), *store_->MutableDenseForTest(b)))
+        << b;
+  }
 }
 
 TEST_P(MlpModelTest, RejectsWrongFeatureDim) {

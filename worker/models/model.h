@@ -9,13 +9,30 @@
 #define PS_WORKER_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/parameter_store.h"
+#include "kernels/optimizer.h"
 #include "worker/data/batch.h"
 
 namespace ps::worker {
+
+// How a model updates the dense tables it keeps on its device (Model::KeepTablesOnDevice):
+// as a server would apply the same gradients.
+struct DeviceTableOptions {
+  // The optimizer of each table, by name (from the tables' configs). Every dense table the
+  // model keeps on the device must be here.
+  absl::flat_hash_map<std::string, kernels::OptimizerParams> optimizers;
+  // The job's dense block (cluster.dense_block_floats): a server counts steps and applies
+  // clip_norm block by block, and so does the device. REQUIRES >= 1.
+  int64_t block_floats = 0;
+  // server.reject_nonfinite: a step whose gradients hold NaN or Inf fails with
+  // INVALID_ARGUMENT and changes no table. Off: such gradients are applied as they are.
+  bool reject_nonfinite = true;
+};
 
 struct StepResult {
   // Mean loss over the batch.
@@ -60,6 +77,23 @@ class Model {
   // prepares the pull of a later batch before computing the current one.
   // REQUIRES: AddSecondBufferSet returned true.
   virtual void SwapBufferSets() {}
+
+  // Centralized training (one worker, tables in this process): keeps the model's dense
+  // tables, and their optimizer state, on its backend's device from now on, so that a step
+  // moves no parameters or gradients between host and device. Reads the tables' current
+  // values from `store` once (a Pull at clock 0). From then on PreparePull and PreparePush
+  // leave those tables out, and ForwardBackward ends by updating them where they are, as a
+  // server applies a push (Backend::ApplyOptimizer; one step per call, counted per block).
+  // The store's copies keep the values read. Returns false when the model has no such
+  // support (the default). Errors: FAILED_PRECONDITION after AddSecondBufferSet;
+  // INVALID_ARGUMENT for a table without an optimizer in `options` or bad options; those of
+  // the pull; RESOURCE_EXHAUSTED (device memory for the optimizer's slots).
+  virtual absl::StatusOr<bool> KeepTablesOnDevice(const DeviceTableOptions& options,
+                                                  common::ParameterStore* store) {
+    (void)options;
+    (void)store;
+    return false;
+  }
 
   // True when PreparePull for another batch leaves the spans the last PreparePush handed out,
   // and the gradients they point at, as they are (the model keeps no state of the batch in

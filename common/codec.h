@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/nonfinite.h"
 #include "proto/types.pb.h"
 
 namespace ps::common {
@@ -56,10 +57,7 @@ void AppendFloats(absl::Span<const float> values, ps::Encoding encoding, std::st
 [[nodiscard]] absl::Status DecodeFloats(absl::string_view bytes, ps::Encoding encoding,
                                         absl::Span<float> out);
 
-// Number of NaN and +/-inf values in `values`. Memory-bound (SSE2 on x86-64).
-size_t CountNonFinite(absl::Span<const float> values);
-// The same over `n` little-endian float32 values at `bytes`, at any alignment.
-size_t CountNonFinite(const void* bytes, size_t n);
+// CountNonFinite (NaN and +/-inf values): common/nonfinite.h, included above.
 
 // ---- Scalar conversions ------------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/nonfinite.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "kernels/internal/backend_checks.h"
@@ -279,14 +280,7 @@ class CpuBackend final : public Backend {
     constexpr absl::string_view kOp = "CountNonFinite";
     RETURN_IF_ERROR(CheckSize(kOp, "n", n, 0));
     RETURN_IF_ERROR(CheckPointer(kOp, "x", x, n));
-    int64_t count = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      // By the bits: NaN and the infinities have every exponent bit set.
-      uint32_t bits;
-      std::memcpy(&bits, x + i, sizeof(bits));
-      count += (bits & 0x7f800000u) == 0x7f800000u;
-    }
-    return count;
+    return static_cast<int64_t>(common::CountNonFinite(absl::MakeConstSpan(x, n)));
   }
 
   absl::Status ApplyOptimizer(const OptimizerParams& p, int64_t step, int64_t n, float* params,

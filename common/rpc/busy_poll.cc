@@ -41,12 +41,17 @@ int BusyPoller::Spin(absl::FunctionRef<int()> poll) {
   }
   const auto wall = now - start;
   if (wall >= kMinJudgedSpin) {
-    if (2 * (ThreadCpuTime() - cpu_start) < wall) {
+    const std::chrono::nanoseconds cpu = ThreadCpuTime() - cpu_start;
+    if (2 * cpu >= wall) {
+      backoff_ = 0;
+    } else if (result > 0 && cpu < absl::ToChronoNanoseconds(kCheapSpin)) {
+      ++stats_.contended_spins;
+      ++stats_.cheap_contended_spins;
+      backoff_ = 0;
+    } else {
       ++stats_.contended_spins;
       backoff_ = backoff_ == 0 ? kFirstBackoff : std::min(kMaxBackoff, 2 * backoff_);
       skip_waits_ = backoff_;
-    } else {
-      backoff_ = 0;
     }
   }
   return result;

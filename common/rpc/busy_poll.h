@@ -8,14 +8,22 @@
 // blocking while it expects an event is never asleep when the bytes arrive: nobody pays the
 // wake-up, and the event is handled without the scheduler's latency.
 //
-// Polling only pays on a core that would otherwise idle. Between polls the thread calls
+// Polling pays on a core that would otherwise idle, and on a wanted core while the thread the
+// poller yields it to is the one doing the work it waits for. Between polls the thread calls
 // sched_yield(), so any other thread ready to run on its core gets the core at once; and
 // each poll measures how much of its wall time this thread actually ran. When it ran less
 // than half of it, other threads wanted the core (more busy threads than cores: the yields
-// handed it over), and the poller sleeps at once for its next waits, 8 after the first such
-// poll and twice as many after each further one in a row (at most 1024), before it tries
-// polling again. So a machine with idle cores gets the wake-ups saved, and an oversubscribed
-// one gets plain sleeping waits after a short probe.
+// handed it over). Such a contended spin is judged by what it got:
+//  - it ended with its event after less CPU than kCheapSpin: the yields handed the core to
+//    the work the poller waited for (a peer on the same cores serving its call), and the
+//    spin cost less than the sleep and wake-up it saved. Polling goes on.
+//  - it ran out, or spent more: the poller sleeps at once for its next waits, 8 after the
+//    first such spin and twice as many after each further one in a row (at most 1024),
+//    before it tries polling again.
+// So a machine with idle cores gets the wake-ups saved; peers that take turns on few cores
+// (workers and servers of one host: docs/lab/2026-12-03-cheap-spins.md) hand each other the
+// core without sleeping; and a poller whose event is far off (a server waiting through a
+// worker's compute on a busy machine) gets plain sleeping waits after a short probe.
 //
 // The cost where it polls: the thread shows as busy (up to `spin` per wait) on a core that
 // had nothing else to do.
@@ -36,12 +44,19 @@ struct BusyPollStats {
   uint64_t waits_blocked = 0;    // waits that slept in the blocking Next
   uint64_t polls = 0;            // non-blocking polls of the queue
   uint64_t contended_spins = 0;  // polling stretches that ran less than half their wall time
+  uint64_t cheap_contended_spins = 0;  // of them, ended with their event within kCheapSpin
   uint64_t waits_backed_off = 0; // waits that slept at once after contended spins
 };
 
 // Not thread-safe: one per waiting thread.
 class BusyPoller {
  public:
+  // CPU below which a contended spin that got its event is worth repeating. A sleeping wait
+  // costs the machine a futex wait, a wake-up and two switches: on the development VM 24 us
+  // of latency across the vCPUs and about 7 us of CPU per switch (docs/lab/2026-12-02-floors.md),
+  // 30-60 us in all; a threshold of twice that keeps the spins that beat it with room for noise.
+  static constexpr absl::Duration kCheapSpin = absl::Microseconds(100);
+
   // `spin` <= 0: every wait is the plain blocking Next.
   explicit BusyPoller(absl::Duration spin) : spin_(spin) {}
 

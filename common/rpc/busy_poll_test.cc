@@ -2,16 +2,18 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "gtest/gtest.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/completion_queue.h"
+#include "gtest/gtest.h"
 
 namespace ps::common {
 namespace {
@@ -130,20 +132,36 @@ void PinToCpu(int cpu) {
   ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
 }
 
+// Pins the calling thread to its current CPU and keeps a thread busy on the same CPU for its
+// lifetime.
+class CoreHog {
+ public:
+  CoreHog() : cpu_(std::max(0, sched_getcpu())) {
+    PinToCpu(cpu_);
+    burner_ = std::thread([this] {
+      PinToCpu(cpu_);
+      while (!stop_.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  ~CoreHog() {
+    stop_ = true;
+    burner_.join();
+  }
+
+ private:
+  const int cpu_;
+  std::atomic<bool> stop_{false};
+  std::thread burner_;
+};
+
 // With another busy thread on its core, the poller's yields hand the core over, it runs
-// for less than half of its polling time, and it sleeps at once for its next waits.
+// for less than half of its polling time; when the spin runs out without its event, it
+// sleeps at once for its next waits.
 TEST(BusyPollerTest, ItStopsPollingWhenAnotherThreadWantsItsCore) {
-  int cpu = sched_getcpu();
-  ASSERT_GE(cpu, 0);
-  PinToCpu(cpu);
-  std::atomic<bool> stop{false};
-  std::thread burner([&] {
-    PinToCpu(cpu);
-    while (!stop.load(std::memory_order_relaxed)) {
-    }
-  });
+  CoreHog hog;
   grpc::CompletionQueue cq;
-  BusyPoller poller(absl::Seconds(60));
+  BusyPoller poller(absl::Milliseconds(50));
   int tags[3];
   void* tag = nullptr;
   bool ok = false;
@@ -153,7 +171,9 @@ TEST(BusyPollerTest, ItStopsPollingWhenAnotherThreadWantsItsCore) {
     EXPECT_EQ(tag, &tags[0]);
   }
   EXPECT_EQ(poller.stats().contended_spins, 1u);
-  EXPECT_EQ(poller.stats().events_polled, 1u);
+  EXPECT_EQ(poller.stats().cheap_contended_spins, 0u);
+  EXPECT_EQ(poller.stats().events_polled, 0u);
+  EXPECT_EQ(poller.stats().waits_blocked, 1u);
   // The next waits sleep at once: no polls.
   const uint64_t polls = poller.stats().polls;
   for (int i = 1; i < 3; ++i) {
@@ -163,10 +183,80 @@ TEST(BusyPollerTest, ItStopsPollingWhenAnotherThreadWantsItsCore) {
   }
   EXPECT_EQ(poller.stats().polls, polls);
   EXPECT_EQ(poller.stats().waits_backed_off, 2u);
-  EXPECT_EQ(poller.stats().waits_blocked, 2u);
-  stop = true;
-  burner.join();
+  EXPECT_EQ(poller.stats().waits_blocked, 3u);
   Drain(&cq);
+}
+
+// A contended spin that got its event but spent more CPU than kCheapSpin on it (here its
+// first poll burns 150 us) cost more than the sleep it saved: it backs off as well.
+TEST(BusyPollerTest, ADearContendedSpinBacksOffEvenWhenItsEventCame) {
+  CoreHog hog;
+  auto thread_cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  };
+  BusyPoller poller(absl::Seconds(60));
+  const absl::Time until = absl::Now() + absl::Milliseconds(200);
+  bool first = true;
+  EXPECT_TRUE(poller.Poll([&] {
+    if (first) {
+      first = false;
+      const absl::Duration burn_until = thread_cpu() + absl::Microseconds(150);
+      while (thread_cpu() < burn_until) {
+      }
+    }
+    return absl::Now() >= until;
+  }));
+  EXPECT_EQ(poller.stats().contended_spins, 1u);
+  EXPECT_EQ(poller.stats().cheap_contended_spins, 0u);
+  const uint64_t polls = poller.stats().polls;
+  EXPECT_FALSE(poller.Poll([] { return true; }));  // backed off: sleeps without a look
+  EXPECT_EQ(poller.stats().polls, polls);
+  EXPECT_EQ(poller.stats().waits_backed_off, 1u);
+}
+
+// A poller on a core it shares with the thread doing the work it waits for: its yields give
+// that thread the core, the event comes after little CPU of its own, and it keeps polling
+// (sleeping would only add a wake-up to the peer's work).
+TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
+  int cpu = sched_getcpu();
+  ASSERT_GE(cpu, 0);
+  PinToCpu(cpu);
+  std::atomic<int> requests{0};
+  std::atomic<int> served{0};
+  std::atomic<bool> stop{false};
+  std::thread peer([&] {  // serves each request with 2 ms of work on the same core
+    PinToCpu(cpu);
+    int done = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (requests.load(std::memory_order_acquire) == done) {
+        sched_yield();
+        continue;
+      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      served.store(++done, std::memory_order_release);
+    }
+  });
+  BusyPoller poller(absl::Seconds(60));
+  constexpr int kCalls = 5;
+  int polled = 0;  // waits that ended polling (the peer is joined before any assertion)
+  for (int i = 1; i <= kCalls; ++i) {
+    requests.store(i, std::memory_order_release);
+    if (poller.Poll([&] { return served.load(std::memory_order_acquire) >= i; })) ++polled;
+  }
+  stop = true;
+  peer.join();
+  EXPECT_EQ(polled, kCalls);
+  const BusyPollStats& s = poller.stats();
+  EXPECT_EQ(s.events_polled, static_cast<uint64_t>(kCalls));
+  EXPECT_EQ(s.waits_blocked, 0u);
+  EXPECT_EQ(s.waits_backed_off, 0u);
+  // Each wait was 2 ms of the peer's work on the shared core: contended every time, and cheap.
+  EXPECT_EQ(s.contended_spins, static_cast<uint64_t>(kCalls));
+  EXPECT_EQ(s.cheap_contended_spins, static_cast<uint64_t>(kCalls));
 }
 
 // Alone on its core, polling is judged free: no back-off, every wait polls.

@@ -267,11 +267,21 @@ class DataPathTargetsTest(unittest.TestCase):
 
     def test_two_plus_two_against_one_plus_one(self):
         two = [bench_row("grpc", "push", "1MB", mb_per_s=1600), bench_row("grpc", "pull", "1MB", mb_per_s=1300)]
-        rows = self.by_target(targets.scaling_rows(self.ONE, two))
+        rows = self.by_target(targets.scaling_rows([(self.ONE, two)]))
         self.assertAlmostEqual(rows["2+2 vs 1+1, dense 1MB push, aggregate MB/s"]["ratio"], 1.6)
         self.assertEqual(rows["2+2 vs 1+1, dense 1MB push, aggregate MB/s"]["met"], "met")
         self.assertEqual(rows["2+2 vs 1+1, dense 1MB pull, aggregate MB/s"]["met"], "not met")
         self.assertEqual(rows["2+2 vs 1+1, dense 64MB push, aggregate MB/s"]["met"], "not measured")
+
+    def test_two_plus_two_is_the_median_round_each_against_its_own_one_plus_one(self):
+        def session(push):
+            return [bench_row("grpc", "push", "1MB", mb_per_s=push)]
+        # Round ratios 2.0 (a slow 1 + 1), 1.2 and 1.4: the median round, with its own figures.
+        rounds = [(session(600), session(1200)), (session(1000), session(1200)),
+                  (session(1000), session(1400))]
+        r = self.by_target(targets.scaling_rows(rounds))["2+2 vs 1+1, dense 1MB push, aggregate MB/s"]
+        self.assertAlmostEqual(r["ratio"], 1.4)
+        self.assertEqual(r["measured"], "1400 vs 1000 MB/s (median of 2.00, 1.20, 1.40)")
 
     def test_adam_uses_the_fastest_repetition_of_each_and_ignores_aggregates(self):
         benchmarks = [dict(name="BM_AdamPush64MB/0/real_time", run_type="iteration", real_time=t)

@@ -1,6 +1,4 @@
 // DenseTablePart: blocks, their updates, their snapshot records and restore.
-#include "server/table.h"
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -9,7 +7,9 @@
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/status_macros.h"
+#include "common/stream_copy.h"
 #include "glog/logging.h"
+#include "server/table.h"
 #include "server/table_internal.h"
 
 namespace ps::server {
@@ -68,11 +68,15 @@ size_t DenseTablePart::BlockSize(uint32_t block) const {
   return b->size;
 }
 
-void DenseTablePart::Read(uint32_t block, absl::Span<float> out) const {
+void DenseTablePart::Read(uint32_t block, absl::Span<float> out, bool stream) const {
   Block* b = Find(block);
   CHECK(b != nullptr && out.size() == b->size);
   absl::ReaderMutexLock lock(&b->mu);
-  std::memcpy(out.data(), b->data.data(), b->size * sizeof(float));
+  if (stream) {
+    common::StreamCopy(out.data(), b->data.data(), b->size * sizeof(float));
+  } else {
+    std::memcpy(out.data(), b->data.data(), b->size * sizeof(float));
+  }
 }
 
 void DenseTablePart::Apply(uint32_t block, absl::Span<const float> values,

@@ -346,6 +346,15 @@ absl::StatusOr<uint64_t> Shard::CheckPull(const RequestInfo& info,
 
 absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink) {
   uint64_t bytes_out = 0;
+  // A large pull is read out with non-temporal stores (ShardOptions::stream_pull_bytes).
+  uint64_t dense_bytes = 0;
+  for (const PullTable& t : tables) {
+    auto it = by_name_.find(t.table);
+    if (it == by_name_.end() || it->second->info().kind != TABLE_KIND_DENSE) continue;
+    const auto* dense = static_cast<const DenseTablePart*>(it->second);
+    for (uint32_t b : t.blocks) dense_bytes += dense->BlockSize(b) * sizeof(float);
+  }
+  const bool stream = dense_bytes > options_.stream_pull_bytes;
   for (size_t i = 0; i < tables.size(); ++i) {
     const PullTable& t = tables[i];
     auto it = by_name_.find(t.table);
@@ -358,7 +367,7 @@ absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink) 
       for (size_t j = 0; j < t.blocks.size(); ++j) {
         const uint32_t b = t.blocks[j];
         RETURN_IF_ERROR(sink(i, j, dense->BlockSize(b), [&](absl::Span<float> out) {
-          dense->Read(b, out);
+          dense->Read(b, out, stream);
           return absl::OkStatus();
         }));
         bytes_out += dense->BlockSize(b) * bpv;

@@ -65,6 +65,12 @@ struct ShardOptions {
   // bandwidth rather than one core's speed. -1 = one fewer than the cores the process may use
   // (common/startup/cores.h); 0 = every push is applied by the thread that received it.
   int apply_threads = -1;
+  // A pull whose dense answer from this shard is more than this many bytes is read out of
+  // the tables with non-temporal stores (common/stream_copy.h). The server process sets half
+  // its last-level cache (ParameterServer::Create). UINT64_MAX = never, the default: the
+  // in-process store's caller computes with the values next, and nothing measured says
+  // streaming helps it.
+  uint64_t stream_pull_bytes = UINT64_MAX;
   // Asked between the blocks of the dense tables Create allocates and initializes (several GB
   // take seconds to minutes): once it returns true, Create stops and returns CANCELLED. Empty:
   // never cancelled. Called on Create's thread only.

@@ -208,6 +208,30 @@ TEST(Shard, TwoShardsSplitTheTableAndTheStoreReassemblesIt) {
   for (float v : PullRows(*store, keys)) EXPECT_FLOAT_EQ(v, -0.5f);
 }
 
+// A pull read out of the tables with non-temporal stores (ShardOptions::stream_pull_bytes)
+// gives the values a plain read gives, every block, the short last one too.
+TEST(Shard, APullStreamedOutOfTheTablesReadsWhatAPlainOneReads) {
+  JobConfig config = MakeConfig("kind: SGD learning_rate: 1", /*num_servers=*/1, /*numel=*/1003);
+  auto plain = MakeShard(config);
+  ShardOptions options;
+  options.stream_pull_bytes = 0;
+  auto streamed = *Shard::Create(config, options);
+  std::vector<float> g(1003);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f * static_cast<float>(i % 37) - 3.0f;
+  common::PushBatch batch;
+  batch.dense.push_back({"w", g});
+  for (Shard* shard : {plain.get(), streamed.get()}) {
+    auto store = *InProcessParameterStore::Create({shard}, {});
+    ASSERT_THAT(store->Push(batch, {1, false}), IsOk());
+  }
+  std::vector<uint32_t> blocks;
+  for (uint32_t b = 0; b < 251; ++b) blocks.push_back(b);
+  const std::vector<float> want = ReadBlocks(*plain, "w", blocks);
+  ASSERT_EQ(want.size(), 1003u);
+  EXPECT_FLOAT_EQ(want[5], 1.0f - g[5]);
+  EXPECT_EQ(ReadBlocks(*streamed, "w", blocks), want);
+}
+
 TEST(Shard, CreateStopsAllocatingOnceCancelledFromAnotherThread) {
   // 16M floats in 256 blocks. The stop is set by another thread while the table is half
   // initialized: at the 128th question Create waits until it is set.

@@ -132,8 +132,9 @@ class DenseTablePart final : public TablePart {
   // Number of values in block `block`. REQUIRES: Owns(block).
   size_t BlockSize(uint32_t block) const;
 
-  // Copies block `block`'s parameters to out. REQUIRES: Owns(block), out.size()==BlockSize.
-  void Read(uint32_t block, absl::Span<float> out) const;
+  // Copies block `block`'s parameters to out, with non-temporal stores if `stream`
+  // (common/stream_copy.h). REQUIRES: Owns(block), out.size()==BlockSize.
+  void Read(uint32_t block, absl::Span<float> out, bool stream = false) const;
   // Applies one update to block `block`. REQUIRES: Owns(block), values.size()==BlockSize.
   void Apply(uint32_t block, absl::Span<const float> values, const UpdateOptions& options);
   // The same with the values in pieces that cover the block in order (BlockPiece): one

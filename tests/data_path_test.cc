@@ -50,6 +50,7 @@ class DataPathTest : public ::testing::Test {
     for (uint32_t s = 0; s < 2; ++s) {
       server::ShardOptions options;
       options.server_index = s;
+      options.stream_pull_bytes = stream_pull_bytes_;
       auto shard = server::Shard::Create(config_, options);
       ASSERT_THAT(shard.status(), IsOk());
       shards_.push_back(*std::move(shard));
@@ -147,6 +148,7 @@ class DataPathTest : public ::testing::Test {
   bool tcp_ = false;   // real sockets on 127.0.0.1 instead of in-process channels
   bool adam_ = false;  // Adam (lr 0.01) instead of the config's SGD
   size_t shared_bytes_ = 0;  // shared memory per worker and server (0: none)
+  uint64_t stream_pull_bytes_ = UINT64_MAX;  // the shards' ShardOptions::stream_pull_bytes
   JobConfig config_;
   std::vector<std::unique_ptr<server::Shard>> shards_;
   std::vector<std::unique_ptr<server::ParameterServerService>> services_;
@@ -290,6 +292,34 @@ TEST_F(DataPathOverSharedMemoryTest, PushesCopiedInByTwoThreadsApplyLikeTheInPro
   Steps(store->get(), local->get(), 1, 4);
   EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), 0u);
 }
+
+// Payloads streamed (non-temporal stores) into the segment, out of the tables and into the
+// caller's buffers, by one thread or by two, land as the plain copies do: bitwise the
+// in-process store's parameters.
+class StreamedCopyTest : public DataPathOverSharedMemoryTest,
+                         public ::testing::WithParamInterface<size_t> {
+ protected:
+  StreamedCopyTest() { stream_pull_bytes_ = 0; }
+};
+
+TEST_P(StreamedCopyTest, PushesAndPullsLandLikeTheInProcessStore) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  worker::GrpcStoreOptions options = Options();
+  options.parallel_copy_in_bytes = GetParam();
+  options.parallel_copy_bytes = GetParam();
+  options.stream_copy_in_bytes = 0;
+  options.stream_copy_bytes = 0;
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  Steps(store->get(), local->get(), 1, 4);
+  EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), 0u);
+  EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_out), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneThreadAndTwo, StreamedCopyTest,
+                         ::testing::Values(size_t{0}, size_t{1}));
 
 // A segment too small for a call's payloads: that call goes by the socket.
 TEST_F(DataPathOverSharedMemoryTest, CallsThatDoNotFitGoBySocket) {

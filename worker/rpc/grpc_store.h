@@ -39,6 +39,7 @@
 #include "common/partitioner.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
+#include "common/stream_copy.h"
 #include "common/thread_pool.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/config.pb.h"
@@ -115,6 +116,20 @@ struct GrpcStoreOptions {
   // the whole payload, so a second core is idle meanwhile (64 MB pushes: 7.4 -> 10.8 GB/s on
   // the 2-core development VM, docs/lab/2026-12-03-shared-memory.md). 0 = never.
   size_t parallel_copy_in_bytes = size_t{8} << 20;
+  // A push whose payloads (all servers' together) are more than this many bytes is copied
+  // into shared memory with non-temporal stores (common/stream_copy.h): larger than the
+  // last-level cache, the servers read it from memory whichever way it was written, and plain
+  // stores would first read every line they write. 64 MB pushes on the 2-core development VM:
+  // client CPU per push 9.1-10.9 -> 5.6-6.8 ms; payloads that fit the cache were slower streamed
+  // (docs/lab/2026-12-03-streamed-pushes.md). Default: this host's last-level cache.
+  // SIZE_MAX = never.
+  size_t stream_copy_in_bytes = common::LastLevelCacheBytes();
+  // A dense pull whose float32 answers (all servers' together) are more than this many bytes
+  // is copied into the caller's buffers with non-temporal stores: a pull touches twice its
+  // size (the answer, then this copy), so from half the last-level cache on
+  // (server::ShardOptions::stream_pull_bytes; the server's part of the same change).
+  // SIZE_MAX = never.
+  size_t stream_copy_bytes = common::LastLevelCacheBytes() / 2;
 };
 
 // The options of a job's worker `worker_id` (incarnation `incarnation`): deadlines, retries and
@@ -250,10 +265,13 @@ class GrpcParameterStore final : public common::ParameterStore {
   };
   // Does `copies` (in payload order, offsets from where `reader` stands), split over threads
   // when they are large (GrpcStoreOptions::parallel_copy_bytes).
-  void CopyBlocks(const common::FrameReader& reader, absl::Span<const BlockCopy> copies) const;
+  // With non-temporal stores if `stream`.
+  void CopyBlocks(const common::FrameReader& reader, absl::Span<const BlockCopy> copies,
+                  bool stream) const;
   // Copies from[i] to to[i].dest (a push into shared memory), shared with a helper thread
-  // from GrpcStoreOptions::parallel_copy_in_bytes on.
-  void CopyIn(absl::Span<const absl::string_view> from, absl::Span<const BlockCopy> to);
+  // from GrpcStoreOptions::parallel_copy_in_bytes on; with non-temporal stores if `stream`.
+  void CopyIn(absl::Span<const absl::string_view> from, absl::Span<const BlockCopy> to,
+              bool stream);
   // Shared memory with server s (GrpcStoreOptions::shared_memory_bytes). Frame f's payloads
   // go into a region of the server's segment when there is one with room: the frame then
   // carries only the header (and where they lie). The first frame to a server asks for a

@@ -419,7 +419,13 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     copies.push_back(BlockCopy{0, bytes.size(), at});
     at += bytes.size();
   }
-  CopyIn(x->payloads[f], copies);
+  // Streamed when the whole push, all servers' parts, is larger than the cache: the parts are
+  // copied one after the other, each evicting the last.
+  uint64_t all = 0;
+  for (const std::vector<absl::string_view>& part : x->payloads) {
+    for (absl::string_view bytes : part) all += bytes.size();
+  }
+  CopyIn(x->payloads[f], copies, /*stream=*/all > options_.stream_copy_in_bytes);
   SharedPayload* sp = h.mutable_shared();
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(region->offset());
@@ -582,19 +588,28 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
       return BadResponse(s, absl::StrCat("unrequested table '", tv.table(), "'"));
     }
   }
-  CopyBlocks(start, copies);
+  // Streamed when the whole pull, all servers' parts, is larger than the cache.
+  uint64_t all = 0;
+  for (const auto& [name, pull] : x->dense_out) all += pull->out.size() * sizeof(float);
+  CopyBlocks(start, copies, /*stream=*/all > options_.stream_copy_bytes);
   return absl::OkStatus();
 }
 
 void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,
-                                absl::Span<const BlockCopy> to) {
+                                absl::Span<const BlockCopy> to, bool stream) {
   size_t bytes = 0;
   for (absl::string_view b : from) bytes += b.size();
+  auto copy = [stream](char* dest, const char* source, size_t n) {
+    if (stream) {
+      common::StreamCopy(dest, source, n);
+    } else {
+      std::memcpy(dest, source, n);
+    }
+  };
   static const unsigned cores = common::UsableCores();
   if (options_.parallel_copy_in_bytes == 0 || bytes < options_.parallel_copy_in_bytes ||
       cores < 2) {
-    for (size_t i = 0; i < from.size(); ++i)
-      std::memcpy(to[i].dest, from[i].data(), from[i].size());
+    for (size_t i = 0; i < from.size(); ++i) copy(to[i].dest, from[i].data(), from[i].size());
     return;
   }
   // Chunks of at most 1 MB, claimed by this thread and the helper as they go.
@@ -613,20 +628,31 @@ void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,
   }
   absl::call_once(copy_helper_once_,
                   [this] { copy_helper_ = std::make_unique<common::ThreadPool>(1); });
-  copy_helper_->ParallelFor(chunks.size(), 1, [&chunks](size_t k) {
-    std::memcpy(chunks[k].to, chunks[k].from, chunks[k].n);
+  copy_helper_->ParallelFor(chunks.size(), 1, [&chunks, &copy](size_t k) {
+    copy(chunks[k].to, chunks[k].from, chunks[k].n);
   });
 }
 
 void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,
-                                    absl::Span<const BlockCopy> copies) const {
+                                    absl::Span<const BlockCopy> copies, bool stream) const {
   // Each run of blocks walks its own copy of the reader (the slices are shared, refcounted).
-  auto copy_run = [&reader](absl::Span<const BlockCopy> run) {
+  auto copy_run = [&reader, stream](absl::Span<const BlockCopy> run) {
     common::FrameReader r = reader;
     size_t at = 0;
+    std::vector<absl::string_view> pieces;
     for (const BlockCopy& c : run) {
       r.Skip(c.offset - at);
-      r.CopyTo(c.n, c.dest);
+      if (stream) {
+        pieces.clear();
+        r.Pieces(c.n, &pieces);
+        char* dest = c.dest;
+        for (absl::string_view piece : pieces) {
+          common::StreamCopy(dest, piece.data(), piece.size());
+          dest += piece.size();
+        }
+      } else {
+        r.CopyTo(c.n, c.dest);
+      }
       at = c.offset + c.n;
     }
   };

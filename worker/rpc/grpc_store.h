@@ -121,7 +121,7 @@ struct GrpcStoreOptions {
   // last-level cache, the servers read it from memory whichever way it was written, and plain
   // stores would first read every line they write. 64 MB pushes on the 2-core development VM:
   // client CPU per push 9.1-10.9 -> 5.6-6.8 ms; payloads that fit the cache were slower streamed
-  // (docs/lab/2026-12-03-streamed-pushes.md). Default: this host's last-level cache.
+  // (docs/lab/2026-12-03-streamed-copies.md). Default: this host's last-level cache.
   // SIZE_MAX = never.
   size_t stream_copy_in_bytes = common::LastLevelCacheBytes();
   // A dense pull whose float32 answers (all servers' together) are more than this many bytes

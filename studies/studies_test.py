@@ -296,12 +296,14 @@ class DataPathTargetsTest(unittest.TestCase):
 
     def test_adam_prefers_the_paired_benchmark_and_its_median_ratio(self):
         pairs = [dict(name="BM_PairAdamPush64MB/manual_time", run_type="iteration", speedup=v,
-                      ms_1=13.0, ms_2=8.0, ceiling=1.9) for v in (1.2, 1.7, 1.65)]
+                      ms_1=13.0, ms_2=8.0, ceiling=1.9, GBps_1=37.8, GBps_2=48.7)
+                 for v in (1.2, 1.7, 1.65)]
         pairs.append(dict(name="BM_PairAdamPush64MB/manual_time_median", run_type="aggregate", speedup=9.0))
         r = targets.adam_row(pairs + [dict(name="BM_AdamPush64MB/0/real_time", run_type="iteration",
                                            real_time=100.0)])
         self.assertAlmostEqual(r["ratio"], 1.65)
         self.assertEqual(r["met"], "met")
+        self.assertEqual(r["measured"], "8.0 vs 13.0 ms (48.7 vs 37.8 GB/s; the Adam-shaped stream's 2/1 1.90x)")
 
     def test_memory_counts_the_optimizer_slots(self):
         text = ("ps_load: 1 servers, 2 clients, 21 tables x 4194304 floats (ADAM), 10 s\n"

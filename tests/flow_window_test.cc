@@ -38,12 +38,15 @@ using ::ps::common::IsOk;
 
 constexpr size_t kFloats = 262144;  // 1 MB: one block on the one server
 constexpr uint64_t kBytes = kFloats * sizeof(float);
+// Far more than a control frame, far less than HTTP/2's initial 64 KB window.
+constexpr uint64_t kHoldAfterBytes = 4096;
 
 // A TCP proxy on 127.0.0.1 port 0 to one upstream port. Each direction can be held: what
 // arrives for it is kept, not forwarded, until it is released. HoldRepliesToNext(d) holds the
-// direction against d from the moment the next bytes in direction d arrive, before they are
-// forwarded, so nothing the receiver says about them gets through. Counts the bytes forwarded
-// in each direction.
+// direction against d once kHoldAfterBytes more have arrived in direction d: the start of the
+// next message, not a control frame (a PING or WINDOW_UPDATE of 13-17 bytes) that either end
+// may send at any time. Held on such a frame, the pull test once held back the worker's
+// request itself, and the server never answered. Counts the bytes forwarded in each direction.
 class HoldingProxy {
  public:
   enum Direction { kToServer = 0, kToClient = 1 };
@@ -70,7 +73,10 @@ class HoldingProxy {
   int port() const { return port_; }
   uint64_t forwarded(Direction d) const { return forwarded_[d].load(); }
   static Direction Against(Direction d) { return d == kToServer ? kToClient : kToServer; }
-  void HoldRepliesToNext(Direction d) { armed_[d] = true; }
+  void HoldRepliesToNext(Direction d) {
+    since_armed_[d] = 0;
+    armed_[d] = true;
+  }
   void Release(Direction d) { held_[d] = false; }
 
  private:
@@ -126,7 +132,10 @@ class HoldingProxy {
         if (kept.empty()) break;
         continue;
       }
-      if (armed_[d].exchange(false)) held_[Against(d)] = true;
+      if (armed_[d] && (since_armed_[d] += n) >= kHoldAfterBytes) {
+        armed_[d] = false;
+        held_[Against(d)] = true;
+      }
       if (held_[d]) {
         kept.append(buffer.data(), n);
       } else {
@@ -154,6 +163,7 @@ class HoldingProxy {
   std::atomic<bool> stop_{false};
   std::atomic<bool> held_[2] = {false, false};
   std::atomic<bool> armed_[2] = {false, false};
+  std::atomic<uint64_t> since_armed_[2] = {0, 0};  // bytes in direction d since it was armed
   std::atomic<uint64_t> forwarded_[2] = {0, 0};
   std::thread accept_thread_;
   std::vector<std::thread> pumps_;  // written only by the accept thread, joined after it

@@ -17,10 +17,6 @@ namespace {
 // Exponent bits of a float32: all set <=> NaN or +/-inf.
 constexpr uint32_t kFloatInf = 0x7f800000u;
 
-}  // namespace
-
-namespace {
-
 // The vector loops below count 16 (SSE2) or 32 (AVX2) values per iteration into four
 // independent lane counters: one counter would chain every iteration on the previous one's
 // add (one iteration per cycle), while four let the core issue two loads per cycle. Each

@@ -349,6 +349,7 @@ absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink) 
   // A large pull is read out with non-temporal stores (ShardOptions::stream_pull_bytes).
   uint64_t dense_bytes = 0;
   for (const PullTable& t : tables) {
+    if (options_.stream_pull_bytes == UINT64_MAX) break;  // never streams: not worth summing
     auto it = by_name_.find(t.table);
     if (it == by_name_.end() || it->second->info().kind != TABLE_KIND_DENSE) continue;
     const auto* dense = static_cast<const DenseTablePart*>(it->second);

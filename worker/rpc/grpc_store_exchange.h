@@ -45,8 +45,9 @@ struct GrpcParameterStore::Exchange {
   // segment.
   std::vector<common::SharedArena::Region> shared;
   std::vector<bool> asked;
-  uint64_t sent = 0;
+  uint64_t sent = 0;  // push payload bytes of every frame (summed as they are added)
   uint64_t received = 0;
+  uint64_t dense_pull_bytes = 0;  // float32 bytes of the dense pulls, all servers' together
   uint64_t shared_bytes = 0;  // of sent and received, through shared memory
   uint64_t duplicates = 0;
 };

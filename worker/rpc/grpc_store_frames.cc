@@ -272,6 +272,7 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
                                                      t->numel));
     }
     x->dense_out[p.table] = &p;
+    x->dense_pull_bytes += p.out.size() * sizeof(float);
     for (uint32_t s = 0; s < n; ++s) {
       std::vector<uint32_t> blocks = partitioner_.BlocksOnServer(*t, s);
       if (blocks.empty()) continue;
@@ -421,11 +422,7 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   }
   // Streamed when the whole push, all servers' parts, is larger than the cache: the parts are
   // copied one after the other, each evicting the last.
-  uint64_t all = 0;
-  for (const std::vector<absl::string_view>& part : x->payloads) {
-    for (absl::string_view bytes : part) all += bytes.size();
-  }
-  CopyIn(x->payloads[f], copies, /*stream=*/all > options_.stream_copy_in_bytes);
+  CopyIn(x->payloads[f], copies, /*stream=*/x->sent > options_.stream_copy_in_bytes);
   SharedPayload* sp = h.mutable_shared();
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(region->offset());
@@ -589,9 +586,7 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
     }
   }
   // Streamed when the whole pull, all servers' parts, is larger than the cache.
-  uint64_t all = 0;
-  for (const auto& [name, pull] : x->dense_out) all += pull->out.size() * sizeof(float);
-  CopyBlocks(start, copies, /*stream=*/all > options_.stream_copy_bytes);
+  CopyBlocks(start, copies, /*stream=*/x->dense_pull_bytes > options_.stream_copy_bytes);
   return absl::OkStatus();
 }
 

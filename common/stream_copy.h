@@ -4,6 +4,16 @@
 // the cache. For copies of many megabytes (a large push into its shared-memory region) that is
 // a third of the memory traffic of the copy. glibc's memcpy switches to such stores only from
 // a threshold set by the cache size (hundreds of megabytes on some hosts), per call.
+//
+// They also pay, from far smaller sizes, for bytes written for another process to read next
+// (a push's payload in shared memory, a pull's answer there): plain stores leave the lines
+// modified in the writer's core, and the reader then takes each one from that core, while the
+// writer of the next call must first take back every line the reader holds. Where the two
+// cores do not share a cache (two dies of a server CPU; a VM's vCPUs placed on them by the
+// host), that traffic is slower than memory itself. A 1 MB buffer handed between two threads
+// on the 2-vCPU development VM took 135-200 us a round with plain stores while its vCPUs
+// shared a cache and 470-640 us while they did not; 70-90 us with non-temporal stores either
+// way (docs/lab/2026-12-03-cross-core-handoff.md).
 #ifndef PS_COMMON_STREAM_COPY_H_
 #define PS_COMMON_STREAM_COPY_H_
 
@@ -19,6 +29,11 @@ void StreamCopy(void* to, const void* from, size_t n);
 // The size of one instance of this host's last-level cache (sysfs, else the C library's
 // sysconf), 32 MiB when neither knows it. Read once per process.
 size_t LastLevelCacheBytes();
+
+// A buffer of more than this many bytes written for another process to read next may be
+// streamed (common/rpc/handoff_chooser.h, GrpcStoreOptions::adapt_handoff). Up to 16 KB,
+// plain stores were as fast or faster on the development VM either way.
+inline constexpr size_t kHandoffStreamBytes = size_t{32} << 10;
 
 }  // namespace ps::common
 

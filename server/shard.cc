@@ -344,18 +344,19 @@ absl::StatusOr<uint64_t> Shard::CheckPull(const RequestInfo& info,
   return payload_bytes;
 }
 
-absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink) {
+absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink, bool stream_asked) {
   uint64_t bytes_out = 0;
   // A large pull is read out with non-temporal stores (ShardOptions::stream_pull_bytes).
   uint64_t dense_bytes = 0;
   for (const PullTable& t : tables) {
-    if (options_.stream_pull_bytes == UINT64_MAX) break;  // never streams: not worth summing
+    // Streams either way, or never: not worth summing.
+    if (stream_asked || options_.stream_pull_bytes == UINT64_MAX) break;
     auto it = by_name_.find(t.table);
     if (it == by_name_.end() || it->second->info().kind != TABLE_KIND_DENSE) continue;
     const auto* dense = static_cast<const DenseTablePart*>(it->second);
     for (uint32_t b : t.blocks) dense_bytes += dense->BlockSize(b) * sizeof(float);
   }
-  const bool stream = dense_bytes > options_.stream_pull_bytes;
+  const bool stream = stream_asked || dense_bytes > options_.stream_pull_bytes;
   for (size_t i = 0; i < tables.size(); ++i) {
     const PullTable& t = tables[i];
     auto it = by_name_.find(t.table);

@@ -277,8 +277,10 @@ class Shard {
                                                    WorkerTracker::BoundCallback done);
   // Reads the parts of a pull CheckPull accepted into `sink` and counts the pull. Sparse rows
   // are created on first touch: RESOURCE_EXHAUSTED past the memory budget, the spill store's
-  // errors for a table that spills.
-  absl::Status ReadPull(absl::Span<const PullTable> tables, PullSink sink);
+  // errors for a table that spills. `stream`: dense answers are read out with non-temporal
+  // stores whatever their size (the caller knows their reader wants them so: a worker's
+  // shared memory, SharedPayload.stream_answer), else from ShardOptions::stream_pull_bytes.
+  absl::Status ReadPull(absl::Span<const PullTable> tables, PullSink sink, bool stream = false);
 
   // Statistics of a sparse table's rows (in memory, spilled, moved); NOT_FOUND for a table
   // that is not a sparse table of the job.

@@ -208,8 +208,9 @@ TEST(Shard, TwoShardsSplitTheTableAndTheStoreReassemblesIt) {
   for (float v : PullRows(*store, keys)) EXPECT_FLOAT_EQ(v, -0.5f);
 }
 
-// A pull read out of the tables with non-temporal stores (ShardOptions::stream_pull_bytes)
-// gives the values a plain read gives, every block, the short last one too.
+// A pull read out of the tables with non-temporal stores (ShardOptions::stream_pull_bytes, or
+// asked for by the caller) gives the values a plain read gives, every block, the short last
+// one too.
 TEST(Shard, APullStreamedOutOfTheTablesReadsWhatAPlainOneReads) {
   JobConfig config = MakeConfig("kind: SGD learning_rate: 1", /*num_servers=*/1, /*numel=*/1003);
   auto plain = MakeShard(config);
@@ -230,6 +231,7 @@ TEST(Shard, APullStreamedOutOfTheTablesReadsWhatAPlainOneReads) {
   ASSERT_EQ(want.size(), 1003u);
   EXPECT_FLOAT_EQ(want[5], 1.0f - g[5]);
   EXPECT_EQ(ReadBlocks(*streamed, "w", blocks), want);
+  EXPECT_EQ(ReadBlocks(*plain, "w", blocks, /*stream=*/true), want);
 }
 
 TEST(Shard, CreateStopsAllocatingOnceCancelledFromAnotherThread) {

@@ -62,14 +62,16 @@ inline absl::string_view Bytes(absl::Span<const float> values) {
 
 // Dense blocks of `table` read through the shard's own pull entry, one after the other.
 inline std::vector<float> ReadBlocks(Shard& shard, const std::string& table,
-                              std::vector<uint32_t> blocks) {
+                                     std::vector<uint32_t> blocks, bool stream = false) {
   const PullTable pull{table, ENCODING_FLOAT32, blocks, {}};
   std::vector<float> out;
-  CHECK_OK(shard.ReadPull({pull}, [&](size_t, size_t, size_t n,
-                                      absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
-    out.resize(out.size() + n);
-    return fill(absl::MakeSpan(out).last(n));
-  }));
+  CHECK_OK(shard.ReadPull(
+      {pull},
+      [&](size_t, size_t, size_t n, absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+        out.resize(out.size() + n);
+        return fill(absl::MakeSpan(out).last(n));
+      },
+      stream));
   return out;
 }
 

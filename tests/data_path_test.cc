@@ -279,6 +279,35 @@ TEST_F(DataPathOverSharedMemoryTest, AForgottenSegmentSendsTheCallBySocketAndApp
   EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
 }
 
+// Calls through the segments hand their bytes with streamed stores and with plain ones, each
+// link trying both first (common/rpc/handoff_chooser.h), and land alike.
+TEST_F(DataPathOverSharedMemoryTest, CallsHandTheirBytesBothWaysAndLandAlike) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  Steps(store_.get(), local->get(), 1, 6);
+  const worker::GrpcStoreStats stats = store_->stats();
+  ASSERT_GT(stats.calls_shared, 0u);
+  EXPECT_GE(stats.handoffs_streamed, 2u);  // each server's link: the first call
+  EXPECT_GE(stats.handoffs_plain, 2u);     // and the second
+  EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, stats.calls_shared);
+}
+
+// With adapt_handoff off, every call through the segments hands its bytes with plain stores.
+TEST_F(DataPathOverSharedMemoryTest, WithoutAdaptingEveryHandoffIsPlain) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  worker::GrpcStoreOptions options = Options();
+  options.adapt_handoff = false;
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  Steps(store->get(), local->get(), 1, 6);
+  const worker::GrpcStoreStats stats = (*store)->stats();
+  ASSERT_GT(stats.calls_shared, 0u);
+  EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, 0u);
+}
+
 // A push copied into the segment by two threads (chunks claimed as they go) lands as the
 // one-thread copy does: bitwise the in-process store's parameters.
 TEST_F(DataPathOverSharedMemoryTest, PushesCopiedInByTwoThreadsApplyLikeTheInProcessStore) {

@@ -275,7 +275,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
 
 absl::Status ParameterServerService::ReadPull(
     const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
-    absl::Span<const PullTable> views, PullResponse* response, char* out) {
+    absl::Span<const PullTable> views, PullResponse* response, char* out, bool stream) {
   // The answer's headers first; the shard then fills their payloads part by part.
   for (const TablePullRequest& t : tables) {
     TableValues* tv = response->add_tables();
@@ -317,7 +317,7 @@ absl::Status ParameterServerService::ReadPull(
     std::memcpy(dest, encoded.data(), encoded.size());
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(shard_->ReadPull(views, sink));
+  RETURN_IF_ERROR(shard_->ReadPull(views, sink, stream));
   response->set_server_incarnation(shard_->incarnation());
   response->set_min_clock(shard_->workers().MinLiveClock());
   return absl::OkStatus();
@@ -599,7 +599,8 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
       dest = out.data.get();
     }
     if (absl::Status s =
-            ReadPull(call->header.pull(), call->pull_views, call->answer.mutable_pull(), dest);
+            ReadPull(call->header.pull(), call->pull_views, call->answer.mutable_pull(), dest,
+                     /*stream=*/dest == shared_out && sp.stream_answer());
         !s.ok()) {
       if (out.data != nullptr) buffers_->Release(std::move(out));
       return s;

@@ -299,9 +299,10 @@ class ParameterServerService final
   void ReleaseAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);
   // Reads a pull Shard::CheckPull accepted (`views` of `tables`) into `out` (the payload
   // bytes CheckPull returned; payload lengths go into the answer's headers) or, with
-  // out == nullptr, into the answer's bytes fields.
+  // out == nullptr, into the answer's bytes fields. `stream`: Shard::ReadPull's.
   absl::Status ReadPull(const google::protobuf::RepeatedPtrField<TablePullRequest>& tables,
-                        absl::Span<const PullTable> views, PullResponse* response, char* out);
+                        absl::Span<const PullTable> views, PullResponse* response, char* out,
+                        bool stream = false);
   // The pushed tables of a frame, their payloads taken from `reader`: dense blocks as views
   // of the receive slices (kept in `pieces`), sparse rows contiguous (gathered into `scratch`,
   // acquired here from buffers_, where they span slices).

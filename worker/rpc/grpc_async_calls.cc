@@ -140,6 +140,7 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
   c->slots.resize(sends);
   x.shared.resize(frames);
   x.asked.assign(frames, false);
+  x.handoff.assign(frames, Exchange::Handoff{});
   size_t i = 0;
   for (uint32_t s = 0; s < frames; ++s) {
     if (!x.headers[s].has_push() && x.headers[s].pull_size() == 0) continue;

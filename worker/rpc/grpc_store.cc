@@ -132,6 +132,7 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
     stubs_.push_back(ParameterServer::NewStub(channels[s]));
     data_stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[s]));
     next_sequence_[s] = 1;
+    handoff_.push_back(std::make_unique<common::HandoffChooser>());
   }
   absl::MutexLock lock(&shared_mu_);
   shared_.resize(channels.size());
@@ -467,6 +468,8 @@ GrpcStoreStats GrpcParameterStore::stats() const {
   s.duplicate_pushes = duplicates_;
   s.bytes_shared = bytes_shared_;
   s.calls_shared = calls_shared_;
+  s.handoffs_plain = handoffs_[0];
+  s.handoffs_streamed = handoffs_[1];
   return s;
 }
 

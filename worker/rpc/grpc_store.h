@@ -37,6 +37,7 @@
 #include "common/metrics/metrics.h"
 #include "common/parameter_store.h"
 #include "common/partitioner.h"
+#include "common/rpc/handoff_chooser.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
 #include "common/stream_copy.h"
@@ -120,10 +121,16 @@ struct GrpcStoreOptions {
   // into shared memory with non-temporal stores (common/stream_copy.h): larger than the
   // last-level cache, the servers read it from memory whichever way it was written, and plain
   // stores would first read every line they write. 64 MB pushes on the 2-core development VM:
-  // client CPU per push 9.1-10.9 -> 5.6-6.8 ms; payloads that fit the cache were slower streamed
-  // (docs/lab/2026-12-03-streamed-copies.md). Default: this host's last-level cache.
-  // SIZE_MAX = never.
+  // client CPU per push 9.1-10.9 -> 5.6-6.8 ms (docs/lab/2026-12-03-streamed-copies.md).
+  // Default: this host's last-level cache. SIZE_MAX = never.
   size_t stream_copy_in_bytes = common::LastLevelCacheBytes();
+  // Below that, a call through shared memory that hands more than common::kHandoffStreamBytes
+  // (push payload and pull answer) streams both or neither, as its link's HandoffChooser says
+  // (common/rpc/handoff_chooser.h): whichever has cost less per byte lately. The way that pays
+  // depends on where the worker and the server run (1 MB pushes on the development VM: plain
+  // 1,748-9,208 MB/s, streamed 6,952-8,193 with one pair; plain 1.4-2.0x faster with two;
+  // docs/lab/2026-12-03-cross-core-handoff.md). false = plain.
+  bool adapt_handoff = true;
   // A dense pull whose float32 answers (all servers' together) are more than this many bytes
   // is copied into the caller's buffers with non-temporal stores: a pull touches twice its
   // size (the answer, then this copy), so from half the last-level cache on
@@ -147,6 +154,10 @@ struct GrpcStoreStats {
   uint64_t bytes_shared = 0;
   // Calls (frames to one server) answered through a shared-memory channel, not gRPC.
   uint64_t calls_shared = 0;
+  // Calls through shared memory whose bytes were handed with streamed or plain stores as
+  // their link's HandoffChooser said (GrpcStoreOptions::adapt_handoff), answered.
+  uint64_t handoffs_streamed = 0;
+  uint64_t handoffs_plain = 0;
 
   // "sent <n> bytes, received <n> bytes, <n> retries[, <n> bytes through shared memory]", the
   // form tools/ read from the log.
@@ -318,6 +329,10 @@ class GrpcParameterStore final : public common::ParameterStore {
   };
   absl::Mutex shared_mu_;
   std::vector<SharedLink> shared_ ABSL_GUARDED_BY(shared_mu_);
+  // Per server: plain or streamed stores for the calls through its shared memory
+  // (GrpcStoreOptions::adapt_handoff). Kept across segments: it measures where the two
+  // processes run, not the segment.
+  std::vector<std::unique_ptr<common::HandoffChooser>> handoff_;
   // CopyIn's helper, started by the first large copy.
   absl::once_flag copy_helper_once_;
   std::unique_ptr<common::ThreadPool> copy_helper_;
@@ -327,6 +342,7 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> bytes_shared_{0};
   std::atomic<uint64_t> calls_shared_{0};
+  std::atomic<uint64_t> handoffs_[2] = {0, 0};  // [plain, streamed]
   // Held while a Push encodes (not while it sends).
   absl::Mutex residuals_mu_;
   PushResiduals residuals_ ABSL_GUARDED_BY(residuals_mu_);

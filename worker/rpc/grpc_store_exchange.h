@@ -45,6 +45,16 @@ struct GrpcParameterStore::Exchange {
   // segment.
   std::vector<common::SharedArena::Region> shared;
   std::vector<bool> asked;
+  // Per frame (sized with `shared`): a call through shared memory whose way of handing its
+  // bytes its link's HandoffChooser chose, timed from placing its payload to copying out its
+  // answer.
+  struct Handoff {
+    bool timed = false;
+    bool stream = false;
+    uint64_t bytes = 0;  // push payload and answer room
+    int64_t start_ns = 0;
+  };
+  std::vector<Handoff> handoff;
   uint64_t sent = 0;  // push payload bytes of every frame (summed as they are added)
   uint64_t received = 0;
   uint64_t dense_pull_bytes = 0;  // float32 bytes of the dense pulls, all servers' together

@@ -405,6 +405,7 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     if (link.state != SharedLink::kActive) return;
     arena = link.arena;
   }
+  const int64_t start_ns = absl::GetCurrentTimeNanos();
   uint64_t push = 0;
   for (absl::string_view bytes : x->payloads[f]) push += bytes.size();
   push = (push + 63) / 64 * 64;  // the answer's room starts aligned
@@ -421,9 +422,17 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     at += bytes.size();
   }
   // Streamed when the whole push, all servers' parts, is larger than the cache: the parts are
-  // copied one after the other, each evicting the last.
-  CopyIn(x->payloads[f], copies, /*stream=*/x->sent > options_.stream_copy_in_bytes);
+  // copied one after the other, each evicting the last. Below, streamed or not as the link's
+  // chooser says, and the answer written the same way.
+  bool stream = x->sent > options_.stream_copy_in_bytes;
+  Exchange::Handoff& handoff = x->handoff[f];
+  if (!stream && options_.adapt_handoff && push + answer > common::kHandoffStreamBytes) {
+    stream = handoff_[s]->Stream();
+    handoff = Exchange::Handoff{true, stream, push + answer, start_ns};
+  }
+  CopyIn(x->payloads[f], copies, stream);
   SharedPayload* sp = h.mutable_shared();
+  sp->set_stream_answer(handoff.timed && stream);
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(region->offset());
   sp->set_push_bytes(static_cast<uint64_t>(at - region->data()));
@@ -465,6 +474,7 @@ void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
     // with the old segment, which no new call uses.
     x->headers[f].clear_shared();
     x->shared[f] = common::SharedArena::Region();
+    x->handoff[f].timed = false;  // retried by the socket: not a measure of either way
   }
   if (x->asked[f] && link.state == SharedLink::kAsked) link.state = SharedLink::kNone;
 }
@@ -587,6 +597,11 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   }
   // Streamed when the whole pull, all servers' parts, is larger than the cache.
   CopyBlocks(start, copies, /*stream=*/x->dense_pull_bytes > options_.stream_copy_bytes);
+  if (const Exchange::Handoff& h = x->handoff[f]; h.timed && x->shared[f].valid()) {
+    handoff_[s]->Record(h.stream, static_cast<double>(absl::GetCurrentTimeNanos() - h.start_ns) /
+                                      static_cast<double>(h.bytes));
+    ++handoffs_[h.stream ? 1 : 0];
+  }
   return absl::OkStatus();
 }
 

@@ -74,6 +74,8 @@ struct BenchOptions {
   // rpc.shared_memory_calls of the config (false: payloads through shared memory, calls by
   // the socket).
   bool shared_memory_calls = true;
+  // rpc.handoff of the config: "adaptive", "plain" or "streamed"; empty: its default.
+  std::string handoff;
   size_t tcp_stream_write = 4 << 20;
   uint64_t seed = 1;
   double zipf = 1.1;

@@ -105,6 +105,10 @@ ABSL_FLAG(int64_t, shared_memory_mb, -1,
 ABSL_FLAG(bool, shared_memory_calls, true,
           "rpc.shared_memory_calls of the generated config: with shared memory, calls go through "
           "the segment's channel (false: by the socket, their payloads through the segment).");
+ABSL_FLAG(std::string, handoff, "",
+          "rpc.handoff of the generated config: how a client writes the bytes it hands a server "
+          "through shared memory, and asks for its answers: adaptive (by measured cost), plain "
+          "or streamed (non-temporal stores). Empty: the config's default, adaptive.");
 ABSL_FLAG(int32_t, data_threads, -1,
           "server.data_threads of the generated config: threads serving each server's data "
           "path (0 = one per client up to the cores; -1 = the config's default, 1).");
@@ -302,6 +306,12 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->data_threads = absl::GetFlag(FLAGS_data_threads);
   f->shared_memory_mb = absl::GetFlag(FLAGS_shared_memory_mb);
   f->shared_memory_calls = absl::GetFlag(FLAGS_shared_memory_calls);
+  f->handoff = absl::GetFlag(FLAGS_handoff);
+  if (!f->handoff.empty() && f->handoff != "adaptive" && f->handoff != "plain" &&
+      f->handoff != "streamed") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--handoff=", f->handoff, ": expected adaptive, plain or streamed"));
+  }
   if (f->shared_memory_mb < -1 || f->shared_memory_mb > 65536) {
     return absl::InvalidArgumentError(
         absl::StrCat("--shared_memory_mb=", f->shared_memory_mb, ": expected -1..65536"));

@@ -293,20 +293,29 @@ TEST_F(DataPathOverSharedMemoryTest, CallsHandTheirBytesBothWaysAndLandAlike) {
   EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, stats.calls_shared);
 }
 
-// With adapt_handoff off, every call through the segments hands its bytes with plain stores.
-TEST_F(DataPathOverSharedMemoryTest, WithoutAdaptingEveryHandoffIsPlain) {
+// rpc.handoff PLAIN or STREAMED: every call through the segments hands its bytes that way,
+// and they land as the in-process store's.
+class HandoffTest : public DataPathOverSharedMemoryTest,
+                    public ::testing::WithParamInterface<RpcConfig::Handoff> {};
+
+TEST_P(HandoffTest, EveryCallHandsItsBytesTheWayConfigured) {
   std::vector<std::unique_ptr<server::Shard>> owned;
   auto local = LocalStore(&owned);
   ASSERT_THAT(local.status(), IsOk());
   worker::GrpcStoreOptions options = Options();
-  options.adapt_handoff = false;
+  options.handoff = GetParam();
   auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
   ASSERT_THAT(store.status(), IsOk());
   Steps(store->get(), local->get(), 1, 6);
   const worker::GrpcStoreStats stats = (*store)->stats();
   ASSERT_GT(stats.calls_shared, 0u);
-  EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, 0u);
+  const bool streamed = GetParam() == RpcConfig::HANDOFF_STREAMED;
+  EXPECT_EQ(streamed ? stats.handoffs_streamed : stats.handoffs_plain, stats.calls_shared);
+  EXPECT_EQ(streamed ? stats.handoffs_plain : stats.handoffs_streamed, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(PlainAndStreamed, HandoffTest,
+                         ::testing::Values(RpcConfig::HANDOFF_PLAIN, RpcConfig::HANDOFF_STREAMED));
 
 // A push copied into the segment by two threads (chunks claimed as they go) lands as the
 // one-thread copy does: bitwise the in-process store's parameters.

@@ -9,6 +9,7 @@ namespace {
 HandoffChooser::Options Sanitized(HandoffChooser::Options o) {
   o.explore_every = std::max<uint32_t>(o.explore_every, 2);
   if (!(o.weight > 0) || o.weight > 1) o.weight = HandoffChooser::Options{}.weight;
+  if (!(o.margin >= 0) || o.margin >= 1) o.margin = HandoffChooser::Options{}.margin;
   return o;
 }
 
@@ -21,8 +22,9 @@ bool HandoffChooser::Stream() {
   const uint64_t call = calls_++;
   if (estimate_[1] < 0) return true;
   if (estimate_[0] < 0) return false;
-  const bool cheaper = estimate_[1] <= estimate_[0];
-  return call % options_.explore_every == options_.explore_every - 1 ? !cheaper : cheaper;
+  const double in_use = estimate_[streaming_ ? 1 : 0], other = estimate_[streaming_ ? 0 : 1];
+  if (other < in_use * (1 - options_.margin)) streaming_ = !streaming_;
+  return call % options_.explore_every == options_.explore_every - 1 ? !streaming_ : streaming_;
 }
 
 void HandoffChooser::Record(bool stream, double cost) {

@@ -14,7 +14,9 @@
 //    docs/lab/2026-12-03-cross-core-handoff.md).
 // And the host moves between the two while a job runs. So a chooser per link keeps the recent
 // cost per byte of each way, uses the cheaper, and tries the other on one call in
-// `explore_every`, so a change of placement is found within a few such calls.
+// `explore_every`, so a change of placement is found within a few such calls. It changes ways
+// only when the other is cheaper by more than `margin`: two ways that cost about the same are
+// not taken in turns on noise.
 //
 // Thread-safe.
 #ifndef PS_COMMON_RPC_HANDOFF_CHOOSER_H_
@@ -34,13 +36,16 @@ class HandoffChooser {
     uint32_t explore_every = 32;
     // Weight of a new cost in its way's running estimate, (0, 1].
     double weight = 0.25;
+    // The way in use changes when the other's estimate is lower by more than this fraction
+    // of its own, [0, 1).
+    double margin = 0.1;
   };
 
   HandoffChooser() : HandoffChooser(Options{}) {}
   explicit HandoffChooser(Options options);
 
-  // Whether the next call streams (non-temporal stores). Until each way has a cost, the ways
-  // take turns, streamed first.
+  // Whether the next call streams (non-temporal stores). Until each way has a cost, the untried
+  // one, streamed first; then the way in use, which starts as streamed.
   bool Stream() ABSL_LOCKS_EXCLUDED(mu_);
   // A call that used `stream` cost `cost` (any unit, lower is better: time per byte). A cost
   // far off the way's estimate (a call that waited for something else: a pull held by the
@@ -56,6 +61,7 @@ class HandoffChooser {
   mutable absl::Mutex mu_;
   double estimate_[2] ABSL_GUARDED_BY(mu_) = {-1, -1};  // [plain, streamed]
   uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool streaming_ ABSL_GUARDED_BY(mu_) = true;  // the way in use
 };
 
 }  // namespace ps::common

@@ -63,6 +63,18 @@ TEST(HandoffChooserTest, FollowsAChangeOfPlacement) {
   EXPECT_EQ(streamed, 100);  // only the explorations
 }
 
+TEST(HandoffChooserTest, KeepsItsWayWhileTheOtherIsCheaperByLessThanTheMargin) {
+  HandoffChooser chooser(WithExploreEvery(1000));
+  chooser.Record(true, 1.0);
+  chooser.Record(false, 0.95);  // 5% cheaper: streamed stays in use
+  EXPECT_TRUE(chooser.Stream());
+  EXPECT_TRUE(chooser.Stream());
+  chooser.Record(false, 0.3);  // plain's estimate 0.95 -> 0.7875, 21% below: plain now
+  EXPECT_FALSE(chooser.Stream());
+  chooser.Record(true, 0.8);  // streamed 1.0 -> 0.95, not 10% below 0.7875: plain stays
+  EXPECT_FALSE(chooser.Stream());
+}
+
 TEST(HandoffChooserTest, OneOutlierMovesAnEstimateByAtMostItsWeightTimesThree) {
   HandoffChooser::Options o;
   o.weight = 0.5;
@@ -90,6 +102,7 @@ TEST(HandoffChooserTest, OptionsOutOfRangeAreReplaced) {
   // explore_every 0 or 1 would explore every call (or divide by zero): taken as 2.
   HandoffChooser::Options o = WithExploreEvery(0);
   o.weight = 7;
+  o.margin = -1;
   HandoffChooser chooser(o);
   chooser.Record(true, 1);
   chooser.Record(false, 2);

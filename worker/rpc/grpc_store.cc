@@ -133,6 +133,7 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
     data_stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[s]));
     next_sequence_[s] = 1;
     handoff_.push_back(std::make_unique<common::HandoffChooser>());
+    handoff_.push_back(std::make_unique<common::HandoffChooser>());
   }
   absl::MutexLock lock(&shared_mu_);
   shared_.resize(channels.size());
@@ -342,6 +343,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
   options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
   options.shared_memory_calls = config.rpc().shared_memory_calls();
+  options.handoff = config.rpc().handoff();
   auto silent = std::make_shared<NotAnsweringLog>(
       std::vector<std::string>(config.cluster().servers().begin(),
                                config.cluster().servers().end()),

@@ -125,12 +125,13 @@ struct GrpcStoreOptions {
   // Default: this host's last-level cache. SIZE_MAX = never.
   size_t stream_copy_in_bytes = common::LastLevelCacheBytes();
   // Below that, a call through shared memory that hands more than common::kHandoffStreamBytes
-  // (push payload and pull answer) streams both or neither, as its link's HandoffChooser says
-  // (common/rpc/handoff_chooser.h): whichever has cost less per byte lately. The way that pays
-  // depends on where the worker and the server run (1 MB pushes on the development VM: plain
-  // 1,748-9,208 MB/s, streamed 6,952-8,193 with one pair; plain 1.4-2.0x faster with two;
-  // docs/lab/2026-12-03-cross-core-handoff.md). false = plain.
-  bool adapt_handoff = true;
+  // (push payload and pull answer) streams both or neither (rpc.handoff): ADAPTIVE, as its
+  // link's HandoffChooser says (common/rpc/handoff_chooser.h), whichever has cost less per
+  // byte lately; PLAIN, neither; STREAMED, both. The way that pays depends on where the worker
+  // and the server run (1 MB pushes on the development VM: plain 1,748-9,208 MB/s, streamed
+  // 6,952-8,193 with one pair; plain 1.4-2.0x faster with two;
+  // docs/lab/2026-12-03-cross-core-handoff.md).
+  RpcConfig::Handoff handoff = RpcConfig::HANDOFF_ADAPTIVE;
   // A dense pull whose float32 answers (all servers' together) are more than this many bytes
   // is copied into the caller's buffers with non-temporal stores: a pull touches twice its
   // size (the answer, then this copy), so from half the last-level cache on
@@ -154,8 +155,8 @@ struct GrpcStoreStats {
   uint64_t bytes_shared = 0;
   // Calls (frames to one server) answered through a shared-memory channel, not gRPC.
   uint64_t calls_shared = 0;
-  // Calls through shared memory whose bytes were handed with streamed or plain stores as
-  // their link's HandoffChooser said (GrpcStoreOptions::adapt_handoff), answered.
+  // Calls through shared memory that handed more than common::kHandoffStreamBytes with
+  // streamed or with plain stores (GrpcStoreOptions::handoff), answered.
   uint64_t handoffs_streamed = 0;
   uint64_t handoffs_plain = 0;
 
@@ -329,9 +330,10 @@ class GrpcParameterStore final : public common::ParameterStore {
   };
   absl::Mutex shared_mu_;
   std::vector<SharedLink> shared_ ABSL_GUARDED_BY(shared_mu_);
-  // Per server: plain or streamed stores for the calls through its shared memory
-  // (GrpcStoreOptions::adapt_handoff). Kept across segments: it measures where the two
-  // processes run, not the segment.
+  // Per server, two: plain or streamed stores for the calls through its shared memory that
+  // hand mostly push payload ([2s]) and mostly answer ([2s + 1]), whose costs per byte differ
+  // (GrpcStoreOptions::handoff). Kept across segments: they measure where the two processes
+  // run, not the segment.
   std::vector<std::unique_ptr<common::HandoffChooser>> handoff_;
   // CopyIn's helper, started by the first large copy.
   absl::once_flag copy_helper_once_;

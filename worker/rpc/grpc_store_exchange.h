@@ -51,6 +51,7 @@ struct GrpcParameterStore::Exchange {
   struct Handoff {
     bool timed = false;
     bool stream = false;
+    uint32_t chooser = 0;  // its index in GrpcParameterStore::handoff_
     uint64_t bytes = 0;  // push payload and answer room
     int64_t start_ns = 0;
   };

@@ -426,13 +426,22 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   // chooser says, and the answer written the same way.
   bool stream = x->sent > options_.stream_copy_in_bytes;
   Exchange::Handoff& handoff = x->handoff[f];
-  if (!stream && options_.adapt_handoff && push + answer > common::kHandoffStreamBytes) {
-    stream = handoff_[s]->Stream();
-    handoff = Exchange::Handoff{true, stream, push + answer, start_ns};
+  if (!stream && push + answer > common::kHandoffStreamBytes) {
+    const uint32_t chooser = 2 * s + (answer > push ? 1 : 0);
+    switch (options_.handoff) {
+      case RpcConfig::HANDOFF_PLAIN:
+        break;
+      case RpcConfig::HANDOFF_STREAMED:
+        stream = true;
+        break;
+      default:
+        stream = handoff_[chooser]->Stream();
+    }
+    handoff = Exchange::Handoff{true, stream, chooser, push + answer, start_ns};
   }
   CopyIn(x->payloads[f], copies, stream);
   SharedPayload* sp = h.mutable_shared();
-  sp->set_stream_answer(handoff.timed && stream);
+  sp->set_stream_answer(handoff.timed && stream);  // (timed: a handoff of more than 32 KB)
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(region->offset());
   sp->set_push_bytes(static_cast<uint64_t>(at - region->data()));
@@ -598,8 +607,11 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   // Streamed when the whole pull, all servers' parts, is larger than the cache.
   CopyBlocks(start, copies, /*stream=*/x->dense_pull_bytes > options_.stream_copy_bytes);
   if (const Exchange::Handoff& h = x->handoff[f]; h.timed && x->shared[f].valid()) {
-    handoff_[s]->Record(h.stream, static_cast<double>(absl::GetCurrentTimeNanos() - h.start_ns) /
+    if (options_.handoff == RpcConfig::HANDOFF_ADAPTIVE) {
+      handoff_[h.chooser]->Record(h.stream,
+                                  static_cast<double>(absl::GetCurrentTimeNanos() - h.start_ns) /
                                       static_cast<double>(h.bytes));
+    }
     ++handoffs_[h.stream ? 1 : 0];
   }
   return absl::OkStatus();

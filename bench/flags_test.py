@@ -40,6 +40,7 @@ class PsBenchFlagsTest(unittest.TestCase):
             (["--connect=127.0.0.1:99999", "--config=x"], "'127.0.0.1:99999' is not host:port"),
             (["--modes=gpu"], "--modes: unknown mode 'gpu'"),
             (["--modes=echo", "--echo_apis=async"], "--echo_apis: unknown API 'async'"),
+            (["--handoff=fast"], "--handoff=fast: expected adaptive, plain or streamed"),
         ])
 
 

@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config/config.h"
+#include "common/metrics/metrics.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/in_process_store.h"
@@ -24,6 +26,7 @@ namespace ps {
 namespace {
 
 using ::ps::common::IsOk;
+using ::testing::HasSubstr;
 
 // 2 servers; "w": 2 blocks of 64k floats (256 KB each), "b": one block of 8 floats (on one
 // server), "m": 9 blocks (the last one short), 4 or 5 on each server. SGD.
@@ -304,7 +307,9 @@ TEST_P(HandoffTest, EveryCallHandsItsBytesTheWayConfigured) {
   ASSERT_THAT(local.status(), IsOk());
   worker::GrpcStoreOptions options = Options();
   options.handoff = GetParam();
-  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  common::metrics::Registry registry;
+  auto store =
+      worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_, &registry);
   ASSERT_THAT(store.status(), IsOk());
   Steps(store->get(), local->get(), 1, 6);
   const worker::GrpcStoreStats stats = (*store)->stats();
@@ -312,6 +317,13 @@ TEST_P(HandoffTest, EveryCallHandsItsBytesTheWayConfigured) {
   const bool streamed = GetParam() == RpcConfig::HANDOFF_STREAMED;
   EXPECT_EQ(streamed ? stats.handoffs_streamed : stats.handoffs_plain, stats.calls_shared);
   EXPECT_EQ(streamed ? stats.handoffs_plain : stats.handoffs_streamed, 0u);
+  // The same counts in the worker's metrics.
+  const std::string text = registry.Render();
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ps_worker_handoffs_total{way=\"",
+                                           streamed ? "streamed" : "plain", "\"} ",
+                                           stats.calls_shared, "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ps_worker_handoffs_total{way=\"",
+                                           streamed ? "plain" : "streamed", "\"} 0\n")));
 }
 
 INSTANTIATE_TEST_SUITE_P(PlainAndStreamed, HandoffTest,

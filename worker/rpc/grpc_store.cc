@@ -64,6 +64,13 @@ struct GrpcParameterStore::Metrics {
         duplicates(r->AddCounter(
             "ps_worker_push_duplicates_total",
             "Push answers saying the server had applied the push already (after a retry).")) {
+    auto* handoffs = r->AddCounterFamily(
+        "ps_worker_handoffs_total",
+        "Calls through shared memory handing more than 32 KB, by the stores that wrote their "
+        "bytes: plain or streamed (non-temporal; rpc.handoff).",
+        {"way"});
+    handoff_plain = handoffs->WithLabels({"plain"});
+    handoff_streamed = handoffs->WithLabels({"streamed"});
     auto* family = r->AddCounterFamily(
         "ps_worker_rpc_retries_total",
         "RPCs to each server retried after UNAVAILABLE, DEADLINE_EXCEEDED or a busy server's "
@@ -80,6 +87,8 @@ struct GrpcParameterStore::Metrics {
   common::metrics::Counter* const bytes_shared;
   common::metrics::Counter* const calls_shared;
   common::metrics::Counter* const duplicates;
+  common::metrics::Counter* handoff_plain;
+  common::metrics::Counter* handoff_streamed;
   std::vector<common::metrics::Counter*> retries;  // per server
 };
 
@@ -221,6 +230,11 @@ void GrpcParameterStore::CountFailure(uint32_t s, const absl::Status& status) {
 void GrpcParameterStore::CountSharedCall() {
   ++calls_shared_;
   metrics_->calls_shared->Increment();
+}
+
+void GrpcParameterStore::CountHandoff(bool streamed) {
+  ++handoffs_[streamed ? 1 : 0];
+  (streamed ? metrics_->handoff_streamed : metrics_->handoff_plain)->Increment();
 }
 
 void GrpcParameterStore::CountRetry(uint32_t s) {

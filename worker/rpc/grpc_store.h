@@ -247,6 +247,8 @@ class GrpcParameterStore final : public common::ParameterStore {
   void CountRetry(uint32_t s);
   void CountSharedCall();
   void CountExchange(const Exchange& x);
+  // A call through shared memory that handed its bytes `streamed` or plain, answered.
+  void CountHandoff(bool streamed);
   // The push and/or pull (either may be null) as one frame per server, sent and answered.
   absl::Status Run(const common::PushBatch* push, const common::PushOptions& push_options,
                    const common::PullBatch* pull, const common::PullOptions& pull_options);

@@ -612,7 +612,7 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
                                   static_cast<double>(absl::GetCurrentTimeNanos() - h.start_ns) /
                                       static_cast<double>(h.bytes));
     }
-    ++handoffs_[h.stream ? 1 : 0];
+    CountHandoff(h.stream);
   }
   return absl::OkStatus();
 }

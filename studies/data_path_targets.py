@@ -2,7 +2,7 @@
 """The data path's targets, measured in one session, as one markdown table.
 
     bazel build //bench:ps_bench //bench:ps_load //server:shard_benchmark \
-        //server:ps_server //worker:ps_worker
+        //server:ps_server //worker:ps_worker //bench:handoff_probe
     python3 studies/data_path_targets.py [--seconds 2] [--repeat 3] [--training] [--memory]
 
 Runs, back to back on this machine:
@@ -21,7 +21,10 @@ Runs, back to back on this machine:
   - with --training, studies/scaling_bench.py's MLP rows (centralized, 1x1, 2x2), --repeat
     runs, each cell's ratio the median of the runs'.
 and prints each target with its measured value, the ratio the target is stated in, and met or
-not met. Ratios come from one run of each reference (raw TCP in the same ps_bench process, the
+not met. With bench/handoff_probe built, it also prints what handing 1 MB between two cores
+cost the host before and after the run, with plain and with streamed stores: on a host whose
+cores do not all share a cache, the plain figure moves with where the host runs the two, and
+the 1 MB rows with it (docs/lab/2026-12-03-cross-core-handoff.md). Ratios come from one run of each reference (raw TCP in the same ps_bench process, the
 1 + 1 figures of the same session, the centralized run of the same scaling_bench call).
 """
 
@@ -272,6 +275,32 @@ def measure(args, tmp):
     return rows
 
 
+def parse_handoff_probe(text, size="1MB"):
+    """handoff_probe's report -> {"plain": us, "streamed": us} for `size` (the median of its
+    measurements), or None when the report has no such lines."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == size and parts[1] in ("plain", "streamed"):
+            try:
+                values = sorted(float(v) for v in parts[2:])
+            except ValueError:
+                continue
+            out[parts[1]] = values[len(values) // 2]
+    return out if len(out) == 2 else None
+
+
+def host_handoff(bin_dir):
+    """What handing 1 MB between two cores costs this host now (parse_handoff_probe), or None
+    when bench/handoff_probe is not built or fails."""
+    probe = os.path.join(bin_dir, "bench/handoff_probe")
+    if not os.access(probe, os.X_OK):
+        return None
+    p = subprocess.run([probe, "--sizes=1MB", "--rounds=3", "--seconds=0.3"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return parse_handoff_probe(p.stdout) if p.returncode == 0 else None
+
+
 def congestion_control(path="/proc/sys/net/ipv4/tcp_congestion_control"):
     """The kernel's TCP congestion control for new connections ("unknown" if unreadable). It
     moves the raw TCP reference: on loopback, BBR paces each connection with timers, and raw
@@ -314,8 +343,10 @@ def main():
     if missing:
         sys.exit("data_path_targets: not built in %s: %s\n  bazel build %s" % (
             args.bin_dir, ", ".join(missing), " ".join("//%s:%s" % tuple(b.split("/")) for b in missing)))
+    before = host_handoff(args.bin_dir)
     with tempfile.TemporaryDirectory(prefix="ps-targets-") as tmp:
         rows = measure(args, tmp)
+    after = host_handoff(args.bin_dir)
     if args.json:
         with open(args.json, "w") as f:
             for r in rows:
@@ -328,6 +359,10 @@ def main():
              "through shared memory between processes of this host, calls by the socket"
              if args.no_shared_memory_calls else
              "and calls through shared memory between processes of this host"))
+    if before and after:
+        print("Host: 1 MB handed between two cores (bench/handoff_probe), before / after the run: "
+              "plain stores %.0f / %.0f us, streamed %.0f / %.0f us"
+              % (before["plain"], after["plain"], before["streamed"], after["streamed"]))
 
 
 if __name__ == "__main__":

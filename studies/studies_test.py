@@ -224,6 +224,17 @@ class DataPathTargetsTest(unittest.TestCase):
     def by_target(self, rows):
         return {r["target"]: r for r in rows}
 
+    def test_the_host_handoff_is_read_from_handoff_probes_report(self):
+        report = ("size     way       us per round (write + read), 3 measurements of 0.3 s\n"
+                  "64KB     plain          10.0      12.0      11.0\n"
+                  "1MB      plain         520.5     140.0     530.0\n"
+                  "1MB      streamed       80.0      75.5      90.0\n")
+        self.assertEqual(targets.parse_handoff_probe(report), {"plain": 520.5, "streamed": 80.0})
+        self.assertEqual(targets.parse_handoff_probe(report, "64KB"), None)  # no streamed line
+        self.assertEqual(targets.parse_handoff_probe("bad size '3MB'\n"), None)
+        with tempfile.TemporaryDirectory() as bin_dir:
+            self.assertIsNone(targets.host_handoff(bin_dir))  # not built: no line printed
+
     def test_the_binaries_a_run_needs_are_checked_before_it_starts(self):
         with tempfile.TemporaryDirectory() as bin_dir:
             self.assertEqual(targets.missing_binaries(bin_dir, False, False),

@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -48,6 +53,28 @@ std::string JsonString(const std::string& s) {
 }
 
 }  // namespace
+
+absl::StatusOr<uint64_t> ParseSize(absl::string_view flag, absl::string_view text, uint64_t max) {
+  std::string t = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
+  uint64_t unit = 1;
+  for (const auto& [suffix, u] : std::vector<std::pair<std::string, uint64_t>>{
+           {"MB", 1 << 20}, {"M", 1 << 20}, {"KB", 1 << 10}, {"K", 1 << 10}, {"B", 1}}) {
+    if (absl::EndsWith(t, suffix)) {
+      t.resize(t.size() - suffix.size());
+      unit = u;
+      break;
+    }
+  }
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(t, &n)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad size '", text, "'"));
+  }
+  if (n == 0 || n > max / unit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", text, ": expected 1 B .. ", max >> 20, " MB"));
+  }
+  return n * unit;
+}
 
 std::string FormatBytes(uint64_t bytes) {
   auto unit = [](uint64_t b, uint64_t u, const char* name) {

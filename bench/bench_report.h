@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 namespace ps::bench {
 
 // One measurement. Plain data.
@@ -57,6 +60,10 @@ struct BenchRow {
 
 // "4KB", "1MB", "64MB", "1.5MB", "100B".
 std::string FormatBytes(uint64_t bytes);
+
+// A size flag's value: "4KB" (or 4K), "1MB" (1M), "100B" (100), case-insensitive, 1 B ..
+// `max` bytes; INVALID_ARGUMENT naming --`flag` otherwise.
+absl::StatusOr<uint64_t> ParseSize(absl::string_view flag, absl::string_view text, uint64_t max);
 
 // The rows as an aligned table with a header line.
 std::string FormatTable(const std::vector<BenchRow>& rows);

@@ -13,6 +13,7 @@ from flag_check import check_refusals  # noqa: E402
 
 PS_BENCH = os.path.join(ROOT, "bench", "ps_bench")
 PS_LOAD = os.path.join(ROOT, "bench", "ps_load")
+HANDOFF_PROBE = os.path.join(ROOT, "bench", "handoff_probe")
 
 
 class PsBenchFlagsTest(unittest.TestCase):
@@ -55,6 +56,20 @@ class PsLoadFlagsTest(unittest.TestCase):
             (["--seconds=0"], "--seconds=0: expected"),
             (["--checkpoint_interval=-7"], "--checkpoint_interval=-7: expected"),
             (["--optimizer=NEWTON"], "--optimizer=NEWTON is not one of"),
+        ])
+
+
+class HandoffProbeFlagsTest(unittest.TestCase):
+    def test_out_of_range_flags_are_refused(self):
+        check_refusals(self, HANDOFF_PROBE, [
+            (["--sizes=0KB"], "--sizes=0KB: expected 1 B .. 1024 MB"),
+            (["--sizes=2048MB"], "--sizes=2048MB: expected 1 B .. 1024 MB"),
+            (["--sizes=1MB,100B"], "--sizes: 100B is not a multiple of 64 bytes"),
+            (["--sizes=abc"], "--sizes: bad size 'abc'"),
+            (["--rounds=0"], "--rounds=0: expected 1..1000"),
+            (["--seconds=0"], "--seconds=0: expected more than 0"),
+            (["--cpus=1"], "--cpus wants two cpu numbers"),
+            (["--cpus=-1,0"], "--cpus wants two cpu numbers"),
         ])
 
 

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -28,23 +29,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/bench_report.h"
 #include "common/stream_copy.h"
 
-ABSL_FLAG(std::string, sizes, "16KB,64KB,256KB,1MB,4MB,16MB", "Buffer sizes (KB or MB).");
+ABSL_FLAG(std::string, sizes, "16KB,64KB,256KB,1MB,4MB,16MB",
+          "Buffer sizes (B, KB or MB; multiples of 64 bytes, at most 1024 MB).");
 ABSL_FLAG(std::string, cpus, "", "writer,reader cpus to pin to (empty: not pinned).");
 ABSL_FLAG(double, seconds, 1.0, "Seconds per measurement.");
 ABSL_FLAG(int, rounds, 3, "Measurements per size and way.");
 
 namespace {
-
-size_t ParseSize(const std::string& s) {
-  size_t n = 0;
-  const std::string digits = s.substr(0, s.size() - 2);
-  if (s.size() < 3 || !absl::SimpleAtoi(digits, &n)) return 0;
-  if (s.substr(s.size() - 2) == "KB") return n << 10;
-  if (s.substr(s.size() - 2) == "MB") return n << 20;
-  return 0;
-}
 
 void Pin(int cpu) {
   if (cpu < 0) return;
@@ -100,20 +94,35 @@ int main(int argc, char** argv) {
   if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
     std::vector<std::string> parts = absl::StrSplit(cpus, ',');
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &writer_cpu) ||
-        !absl::SimpleAtoi(parts[1], &reader_cpu)) {
+        !absl::SimpleAtoi(parts[1], &reader_cpu) || writer_cpu < 0 || reader_cpu < 0) {
       std::fprintf(stderr, "--cpus wants two cpu numbers, writer,reader\n");
       return 2;
     }
   }
-  std::printf("%-8s %-8s  us per round (write + read), %d measurements of %.1f s\n", "size", "way",
-              absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_seconds));
+  if (absl::GetFlag(FLAGS_rounds) < 1 || absl::GetFlag(FLAGS_rounds) > 1000) {
+    std::fprintf(stderr, "--rounds=%d: expected 1..1000\n", absl::GetFlag(FLAGS_rounds));
+    return 2;
+  }
+  if (!(absl::GetFlag(FLAGS_seconds) > 0) || absl::GetFlag(FLAGS_seconds) > 600) {
+    std::fprintf(stderr, "--seconds=%g: expected more than 0, at most 600\n",
+                 absl::GetFlag(FLAGS_seconds));
+    return 2;
+  }
+  std::vector<std::pair<std::string, uint64_t>> sizes;
   for (const std::string& s :
        std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_sizes), ','))) {
-    const size_t n = ParseSize(s);
-    if (n < 64 || n % 64 != 0) {
-      std::fprintf(stderr, "bad size '%s' (KB or MB, a multiple of 64 bytes)\n", s.c_str());
+    absl::StatusOr<uint64_t> n = ps::bench::ParseSize("sizes", s, uint64_t{1} << 30);
+    if (!n.ok() || *n % 64 != 0) {
+      const std::string error = n.ok() ? "--sizes: " + s + " is not a multiple of 64 bytes"
+                                       : std::string(n.status().message());
+      std::fprintf(stderr, "%s\n", error.c_str());
       return 2;
     }
+    sizes.emplace_back(s, *n);
+  }
+  std::printf("%-8s %-8s  us per round (write + read), %d measurements of %.1f s\n", "size", "way",
+              absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_seconds));
+  for (const auto& [s, n] : sizes) {
     std::vector<double> us[2];
     for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
       for (const bool stream : {false, true}) {

@@ -45,9 +45,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "bench/bench_report.h"
 #include "bench/ps_bench.h"
-#include "common/startup/process_memory.h"
 #include "common/startup/flag_check.h"
+#include "common/startup/process_memory.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -165,28 +166,6 @@ constexpr double kMaxSeconds = 86400;
 
 absl::Status OutOfRange(absl::string_view flag, absl::string_view value, absl::string_view range) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": expected ", range));
-}
-
-// "4KB" -> 4096; sizes are 1 B .. `max` bytes.
-absl::StatusOr<uint64_t> ParseSize(absl::string_view flag, absl::string_view text, uint64_t max) {
-  std::string t = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
-  uint64_t unit = 1;
-  for (const auto& [suffix, u] : std::vector<std::pair<std::string, uint64_t>>{
-           {"MB", 1 << 20}, {"M", 1 << 20}, {"KB", 1 << 10}, {"K", 1 << 10}, {"B", 1}}) {
-    if (absl::EndsWith(t, suffix)) {
-      t.resize(t.size() - suffix.size());
-      unit = u;
-      break;
-    }
-  }
-  uint64_t n = 0;
-  if (!absl::SimpleAtoi(t, &n)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad size '", text, "'"));
-  }
-  if (n == 0 || n > max / unit) {
-    return OutOfRange(flag, text, absl::StrCat("1 B .. ", max >> 20, " MB"));
-  }
-  return n * unit;
 }
 
 // A comma-separated list of numbers in [1, max].

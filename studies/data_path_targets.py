@@ -10,7 +10,8 @@ Runs, back to back on this machine:
     10k keys x 16 pull and push;
   - ps_bench, the same with 8 calls in flight at 4 KB;
   - ps_bench, 2 servers + 2 clients against 1 + 1, dense 1 MB and 64 MB, --repeat rounds of
-    the two back to back (each round's ratio, the median round);
+    the two back to back (each round's ratio, the median round, and the cores each session
+    kept busy: its clients' and servers' CPU per call times its calls per second);
     (all of them with payloads and calls through shared memory, as the config's defaults have
     them between processes of one host; --shared_memory_mb=0 sends them by the socket,
     --no_shared_memory_calls only the calls)
@@ -96,6 +97,16 @@ def transport_rows(one, window8):
     return out
 
 
+def cores_busy(r):
+    """How many cores a ps_bench row kept busy, clients and servers together: their CPU per call
+    times the calls per second. None if the row has no CPU figures. A 1 + 1 row that already
+    keeps every core busy leaves 2 + 2 no cores to scale onto: its figure can then only move
+    with the CPU (and memory traffic) per byte."""
+    if r.get("client_cpu_us_per_call") is None or r.get("server_cpu_us_per_call") is None:
+        return None
+    return (r["client_cpu_us_per_call"] + r["server_cpu_us_per_call"]) * r["calls_per_s"] / 1e6
+
+
 def scaling_rows(rounds):
     """2 servers + 2 clients against 1 + 1, aggregate MB/s, at 1 MB and 64 MB. `rounds`: (1 + 1,
     2 + 2) sessions run back to back, round after round; each round's ratio compares the two
@@ -104,11 +115,12 @@ def scaling_rows(rounds):
     out = []
     for payload in ("1MB", "64MB"):
         for op in ("push", "pull"):
-            measured = []  # (ratio, 2 + 2 MB/s, 1 + 1 MB/s)
+            measured = []  # (ratio, 2 + 2 MB/s, 1 + 1 MB/s, 2 + 2 cores, 1 + 1 cores)
             for one, two in rounds:
                 a, b = find(one, "grpc", op, payload), find(two, "grpc", op, payload)
                 if a and b and a["mb_per_s"]:
-                    measured.append((b["mb_per_s"] / a["mb_per_s"], b["mb_per_s"], a["mb_per_s"]))
+                    measured.append((b["mb_per_s"] / a["mb_per_s"], b["mb_per_s"], a["mb_per_s"],
+                                     cores_busy(b), cores_busy(a)))
             name = "2+2 vs 1+1, dense %s %s, aggregate MB/s" % (payload, op)
             if not measured:
                 out.append(row(name, "-", None, 1.5))
@@ -117,6 +129,8 @@ def scaling_rows(rounds):
             text = "%.0f vs %.0f MB/s" % (mid[1], mid[2])
             if len(measured) > 1:
                 text += " (median of %s)" % ", ".join("%.2f" % m[0] for m in measured)
+            if mid[3] is not None and mid[4] is not None:
+                text += "; cores busy %.2f vs %.2f of %d" % (mid[3], mid[4], os.cpu_count())
             out.append(row(name, text, mid[0], 1.5))
     return out
 
@@ -169,7 +183,8 @@ def memory_rows(text):
 
 
 def median(values):
-    ordered = sorted(values)
+    """The middle value; tuples by their first element alone (the rest may hold None)."""
+    ordered = sorted(values, key=lambda v: v[0] if isinstance(v, tuple) else v)
     return ordered[len(ordered) // 2]
 
 

@@ -294,6 +294,22 @@ class DataPathTargetsTest(unittest.TestCase):
         self.assertAlmostEqual(r["ratio"], 1.4)
         self.assertEqual(r["measured"], "1400 vs 1000 MB/s (median of 2.00, 1.20, 1.40)")
 
+    def test_two_plus_two_shows_the_cores_each_session_kept_busy(self):
+        # 1 + 1: 100 calls/s x (7,000 + 12,000 us) = 1.9 cores; 2 + 2: 110 x (6,000 + 11,000).
+        one = [bench_row("grpc", "push", "64MB", mb_per_s=6400, calls_per_s=100,
+                         client_cpu_us_per_call=7000, server_cpu_us_per_call=12000)]
+        two = [bench_row("grpc", "push", "64MB", mb_per_s=7040, calls_per_s=110,
+                         client_cpu_us_per_call=6000, server_cpu_us_per_call=11000)]
+        r = self.by_target(targets.scaling_rows([(one, two)]))["2+2 vs 1+1, dense 64MB push, aggregate MB/s"]
+        self.assertAlmostEqual(r["ratio"], 1.1)
+        self.assertEqual(r["measured"], "7040 vs 6400 MB/s; cores busy 1.87 vs 1.90 of %d" % os.cpu_count())
+        # Rows without CPU figures say nothing of cores, and rounds that tie on the ratio still
+        # give a median.
+        plain = [bench_row("grpc", "push", "64MB", mb_per_s=6400, calls_per_s=100)]
+        tied = self.by_target(targets.scaling_rows([(plain, plain), (one, one)]))
+        self.assertEqual(tied["2+2 vs 1+1, dense 64MB push, aggregate MB/s"]["ratio"], 1.0)
+        self.assertIsNone(targets.cores_busy(plain[0]))
+
     def test_adam_uses_the_fastest_repetition_of_each_and_ignores_aggregates(self):
         benchmarks = [dict(name="BM_AdamPush64MB/0/real_time", run_type="iteration", real_time=t)
                       for t in (14.0, 12.0)]

@@ -572,6 +572,39 @@ TEST(Shard, AOnePassPushWithANonFiniteValueChangesNothingAndCanBeSentAgain) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
+TEST(Shard, AOnePassPushNamingABlockTwiceUpdatesItTwiceInOrder) {
+  // Weight decay makes the second update depend on the first's result. Block 7 is named a
+  // second time with another gradient: it must end as two updates, the named order.
+  auto shard = MakeSgdShard(100);
+  const std::vector<float> g = Gradient(100, 1.f), again = Gradient(100, -3.f);
+  PushTable table = WholeTable(*shard, g);
+  auto [begin, end] = shard->partitioner().BlockRange(*shard->partitioner().FindTable("w"), 7);
+  table.blocks.push_back({7, Bytes(absl::MakeConstSpan(again).subspan(begin, end - begin))});
+  ASSERT_THAT(shard->Push(FirstWorkerPush(*shard, &table, 1)).status(), IsOk());
+  EXPECT_EQ(shard->one_pass_pushes(), 1u);
+  std::vector<float> second(100, 0.f);  // a second update of block 7 only
+  std::copy(again.begin() + begin, again.begin() + end, second.begin() + begin);
+  std::vector<float> want = SgdReference(*shard, {g, second});
+  // SgdReference updated every block twice; blocks other than 7 were updated once.
+  const std::vector<float> once = SgdReference(*shard, {g});
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (i < begin || i >= end) want[i] = once[i];
+  }
+  const std::vector<float> got = ReadBlocks(*shard, "w", AllBlocks(*shard));
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+
+  // The same with a NaN in the second naming: refused, and nothing changes.
+  std::vector<float> bad = again;
+  bad[begin] = std::numeric_limits<float>::quiet_NaN();
+  PushTable refused = WholeTable(*shard, g);
+  refused.blocks.push_back({7, Bytes(absl::MakeConstSpan(bad).subspan(begin, end - begin))});
+  EXPECT_THAT(shard->Push(FirstWorkerPush(*shard, &refused, 2)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::vector<float> after = ReadBlocks(*shard, "w", AllBlocks(*shard));
+  EXPECT_EQ(std::memcmp(after.data(), got.data(), got.size() * sizeof(float)), 0);
+  EXPECT_EQ(shard->updates_applied(), 1u);
+}
+
 TEST(Shard, AOnePassPushRefusedAtAdmissionChangesNothing) {
   auto shard = MakeSgdShard(100);
   const std::vector<float> g = Gradient(100, 1.f);  // the table's payloads point into it

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "common/codec.h"
@@ -345,6 +346,26 @@ TEST(Shard, SnapshotRoundTripIsBitwiseWithAdamSlots) {
   EXPECT_THAT(PullRows(*store3, {1, 2, 3, 4}), ElementsAreArray(PullRows(*store, {1, 2, 3, 4})));
 }
 
+// Five snapshots of `shard` while SGD pushes (lr 1, gradient 1) run, each restored into a new
+// shard: after k pushes every dense value must be 1 - k, and every row of `keys` (touched by
+// all pushes) 0.5 - k. A torn snapshot mixes values of different k.
+void ExpectSnapshotsAreCuts(const JobConfig& config, Shard& shard,
+                            const InProcessStoreOptions& options, int numel,
+                            const std::vector<uint64_t>& keys) {
+  for (int round = 0; round < 5; ++round) {
+    Records records;
+    auto meta = SnapshotTo(shard, &records);
+    ASSERT_THAT(meta.status(), IsOk());
+    auto restored = RestoreFrom(config, *meta, records);
+    auto store = *InProcessParameterStore::Create({restored.get()}, options);
+    const float k = static_cast<float>(meta->updates_applied());
+    for (float v : PullDense(*store, "w", numel)) ASSERT_EQ(v, 1.0f - k);
+    if (meta->updates_applied() > 0 && !keys.empty()) {
+      for (float v : PullRows(*store, keys)) ASSERT_EQ(v, 0.5f - k);
+    }
+  }
+}
+
 TEST(Shard, SnapshotUnderConcurrentPushesIsAConsistentCut) {
   // SGD with lr 1 and gradient 1 everywhere: after k pushes every value is 1 - k (dense) and
   // 0.5 - k (sparse rows touched by all pushes). A torn snapshot would mix values of
@@ -362,20 +383,37 @@ TEST(Shard, SnapshotUnderConcurrentPushesIsAConsistentCut) {
   std::thread pusher([&] {
     while (!stop) PushAll(*store, 1.0f, numel, keys);
   });
-  for (int round = 0; round < 5; ++round) {
-    Records records;
-    auto meta = SnapshotTo(*shard, &records);
-    ASSERT_THAT(meta.status(), IsOk());
-    auto restored = RestoreFrom(config, *meta, records);
-    auto store2 = *InProcessParameterStore::Create({restored.get()}, options);
-    const float k = static_cast<float>(meta->updates_applied());
-    for (float v : PullDense(*store2, "w", numel)) ASSERT_EQ(v, 1.0f - k);
-    if (meta->updates_applied() > 0) {
-      for (float v : PullRows(*store2, keys)) ASSERT_EQ(v, 0.5f - k);
-    }
-  }
+  ExpectSnapshotsAreCuts(config, *shard, options, numel, keys);
   stop = true;
   pusher.join();
+}
+
+TEST(Shard, SnapshotUnderConcurrentOnePassPushesIsAConsistentCut) {
+  // Dense-only SGD pushes of 4000 values take the one pass (new values computed aside, then
+  // swapped in): a snapshot must still hold each block as of one cut, 1 - k everywhere.
+  const int numel = 4000;
+  JobConfig config = MakeConfig("kind: SGD learning_rate: 1", 1, numel);
+  auto shard = MakeShard(config);
+  InProcessStoreOptions options;
+  options.worker_id = 0;
+  options.worker_incarnation = 1;
+  auto store = *InProcessParameterStore::Create({shard.get()}, options);
+  std::atomic<bool> stop{false};
+  std::thread pusher([&] {
+    const std::vector<float> ones(numel, 1.f);
+    common::PushBatch batch;
+    batch.dense.push_back({"w", ones});
+    while (!stop) CHECK_OK(store->Push(batch, {1, false}));
+  });
+  {
+    auto join = absl::MakeCleanup([&] {  // also when an assertion below ends the test
+      stop = true;
+      pusher.join();
+    });
+    ExpectSnapshotsAreCuts(config, *shard, options, numel, {});
+  }
+  EXPECT_GT(shard->one_pass_pushes(), 0u);
+  EXPECT_EQ(shard->one_pass_pushes(), shard->updates_applied());
 }
 
 TEST(Shard, RestoreRefusesCheckpointOfAnotherLayoutOrOptimizer) {

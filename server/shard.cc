@@ -508,7 +508,8 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
   // back the block's old buffer, of the same size, so in steady state no call allocates or
   // touches new pages (at most kOnePassMaxValues floats are kept).
   thread_local std::vector<std::vector<float>> pool;
-  auto take = [](size_t n) {
+  uint64_t allocated = 0;
+  auto take = [&allocated](size_t n) {
     for (size_t i = 0; i < pool.size(); ++i) {
       if (pool[i].size() != n) continue;
       std::vector<float> v = std::move(pool[i]);
@@ -516,6 +517,7 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
       pool.pop_back();
       return v;
     }
+    ++allocated;
     return std::vector<float>(n);
   };
   std::vector<std::vector<float>> next(updates.size());
@@ -551,6 +553,10 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
       it->second.first = i;
     }
     nonfinite = table->NextCountingNonFinite(u.block, pieces, from, updates_before, next[i].data());
+  }
+  if (allocated > 0) {
+    absl::MutexLock stats(&stats_mu_);
+    one_pass_buffers_allocated_ += allocated;
   }
   if (nonfinite > 0) {
     give_back();
@@ -632,6 +638,11 @@ float Shard::delta_scale() const {
 uint64_t Shard::one_pass_pushes() const {
   absl::MutexLock lock(&stats_mu_);
   return one_pass_pushes_;
+}
+
+uint64_t Shard::one_pass_buffers_allocated() const {
+  absl::MutexLock lock(&stats_mu_);
+  return one_pass_buffers_allocated_;
 }
 
 uint64_t Shard::updates_applied() const {

@@ -306,6 +306,9 @@ class Shard {
   // Pushes that took the one-pass check and update (kOnePassMaxValues), whatever became of
   // them.
   uint64_t one_pass_pushes() const;
+  // Buffers the one pass allocated for new values: each thread's pool gets back a buffer of
+  // the size it gave out when a push is kept, so a steady stream of pushes allocates none.
+  uint64_t one_pass_buffers_allocated() const;
 
  private:
   // The factor a pushed local-SGD delta is added with (training.local_sgd.merge): 1 for SUM,
@@ -411,6 +414,7 @@ class Shard {
   uint64_t updates_applied_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t duplicates_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t one_pass_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  uint64_t one_pass_buffers_allocated_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t nonfinite_values_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t bytes_in_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t bytes_out_ ABSL_GUARDED_BY(stats_mu_) = 0;

@@ -572,6 +572,33 @@ TEST(Shard, AOnePassPushWithANonFiniteValueChangesNothingAndCanBeSentAgain) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
+TEST(Shard, OnePassPushesAllocateNoBuffersInSteadyState) {
+  // 250 blocks of 4 values, pushed from a new thread (its pool starts empty): the first push
+  // allocates a buffer per block, every later one (kept, refused for a NaN, or a duplicate)
+  // takes them from the pool it gave them back to.
+  auto shard = MakeSgdShard(1000);
+  const std::vector<float> g = Gradient(1000, 1.f);
+  const PushTable table = WholeTable(*shard, g);
+  std::vector<float> bad = g;
+  bad[500] = std::numeric_limits<float>::quiet_NaN();
+  const PushTable refused = WholeTable(*shard, bad);
+  std::thread pusher([&] {
+    ASSERT_THAT(shard->Push(FirstWorkerPush(*shard, &table, 1)).status(), IsOk());
+    EXPECT_EQ(shard->one_pass_buffers_allocated(), 250u);
+    for (uint64_t seq = 2; seq <= 10; ++seq) {
+      ASSERT_THAT(shard->Push(FirstWorkerPush(*shard, &table, seq)).status(), IsOk());
+    }
+    ASSERT_THAT(shard->Push(FirstWorkerPush(*shard, &table, 10)).status(), IsOk());  // again
+    EXPECT_THAT(shard->Push(FirstWorkerPush(*shard, &refused, 11)).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    ASSERT_THAT(shard->Push(FirstWorkerPush(*shard, &table, 11)).status(), IsOk());
+  });
+  pusher.join();
+  EXPECT_EQ(shard->one_pass_pushes(), 13u);
+  EXPECT_EQ(shard->updates_applied(), 11u);
+  EXPECT_EQ(shard->one_pass_buffers_allocated(), 250u) << "a push allocated new buffers";
+}
+
 TEST(Shard, AOnePassPushNamingABlockTwiceUpdatesItTwiceInOrder) {
   // Weight decay makes the second update depend on the first's result. Block 7 is named a
   // second time with another gradient: it must end as two updates, the named order.

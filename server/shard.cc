@@ -504,17 +504,21 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
     for (const auto& [table, block] : blocks) table->UnlockBlock(block);
   });
   // Each update's new parameters, computed aside and installed only if the whole push is
-  // kept. Their buffers come from, and go back to, a pool per thread: a committed update hands
-  // back the block's old buffer, of the same size, so in steady state no call allocates or
-  // touches new pages (at most kOnePassMaxValues floats are kept).
-  thread_local std::vector<std::vector<float>> pool;
+  // kept. Their buffers come from, and go back to, a pool per thread, by size: a committed
+  // update hands back the block's old buffer, of the same size, so in steady state no call
+  // allocates or touches new pages (at most kOnePassMaxValues floats are kept).
+  struct Pool {
+    absl::flat_hash_map<size_t, std::vector<std::vector<float>>> by_size;
+    size_t values = 0;  // floats held
+  };
+  thread_local Pool pool;
   uint64_t allocated = 0;
   auto take = [&allocated](size_t n) {
-    for (size_t i = 0; i < pool.size(); ++i) {
-      if (pool[i].size() != n) continue;
-      std::vector<float> v = std::move(pool[i]);
-      pool[i] = std::move(pool.back());
-      pool.pop_back();
+    auto it = pool.by_size.find(n);
+    if (it != pool.by_size.end() && !it->second.empty()) {
+      std::vector<float> v = std::move(it->second.back());
+      it->second.pop_back();
+      pool.values -= n;
       return v;
     }
     ++allocated;
@@ -522,12 +526,10 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
   };
   std::vector<std::vector<float>> next(updates.size());
   auto give_back = [&next] {
-    size_t kept = 0;
-    for (const std::vector<float>& v : pool) kept += v.size();
     for (std::vector<float>& v : next) {
-      if (v.empty() || kept + v.size() > kOnePassMaxValues) continue;
-      kept += v.size();
-      pool.push_back(std::move(v));
+      if (v.empty() || pool.values + v.size() > kOnePassMaxValues) continue;
+      pool.values += v.size();
+      pool.by_size[v.size()].push_back(std::move(v));
     }
   };
   // A block the push names more than once: each later update starts from the one before.

@@ -59,13 +59,12 @@ PS_KERNELS_MULTIVERSION void SgdLoop(const OptimizerConsts& c, float scale, int6
   }
 }
 
-// SgdLoop<true> with scale 1 that writes the new parameters to `next` (leaving `w` as it was)
-// and counts the values read as 0 (their exponent bits all ones, as G<true> tests them). The
-// count is kept in 32 bits per stretch of 2^20 values so that GCC vectorizes the sum.
-PS_KERNELS_MULTIVERSION size_t SgdNextLoop(const OptimizerConsts& c, int64_t n,
-                                           const float* __restrict w,
+// SgdLoop<true> with scale 1 that also keeps the old parameters and counts the values read
+// as 0 (their exponent bits all ones, as G<true> tests them). The count is kept in 32 bits per
+// stretch of 2^20 values so that GCC vectorizes the sum.
+PS_KERNELS_MULTIVERSION size_t SgdUndoLoop(const OptimizerConsts& c, int64_t n, float* __restrict w,
                                            const unsigned char* __restrict g,
-                                           float* __restrict next) {
+                                           float* __restrict undo) {
   size_t bad = 0;
   for (int64_t start = 0; start < n; start += int64_t{1} << 20) {
     const int64_t end = std::min(n, start + (int64_t{1} << 20));
@@ -78,9 +77,8 @@ PS_KERNELS_MULTIVERSION size_t SgdNextLoop(const OptimizerConsts& c, int64_t n,
       bits &= nonfinite != 0 ? 0u : ~0u;
       float v;
       std::memcpy(&v, &bits, sizeof(v));
-      float x = w[i];
-      internal::SgdElement(c, internal::DecayAndClip(c, v, x) * 1.f, x);
-      next[i] = x;
+      undo[i] = w[i];
+      internal::SgdElement(c, internal::DecayAndClip(c, v, w[i]) * 1.f, w[i]);
     }
     bad += stretch;
   }
@@ -297,13 +295,13 @@ void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> pa
   }
 }
 
-size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<const float> params,
-                            FloatBytes grads, float* next) {
+size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<float> params,
+                            FloatBytes grads, float* undo) {
   DCHECK_GE(step, 1);
   CHECK(p.kind == OptimizerKind::kSgd && p.clip_norm == 0);
   CHECK_EQ(grads.n, static_cast<int64_t>(params.size()));
-  return SgdNextLoop(internal::MakeOptimizerConsts(p, step), grads.n, params.data(),
-                     static_cast<const unsigned char*>(grads.data), next);
+  return SgdUndoLoop(internal::MakeOptimizerConsts(p, step), grads.n, params.data(),
+                     static_cast<const unsigned char*>(grads.data), undo);
 }
 
 void ApplyDelta(float scale, absl::Span<float> params, FloatBytes delta) {

@@ -109,16 +109,16 @@ void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> pa
 void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
                     FloatBytes grads, absl::Span<float* const> slots);
 
-// SGD as ApplyOptimizer runs it (OptimizerKind::kSgd, no clip_norm), with the new parameters
-// written to `next` instead of over `params`, counting the values of `grads` that are not
-// finite. Each gradient value is read once; one that is not finite counts and is taken as 0
-// (as with grads.zero_nonfinite). So the finite check and the update of a push cost one read
-// of its bytes, and a caller that finds the count not 0 drops `next`: `params` never changed.
-// With a count of 0, `next` is bit for bit what ApplyOptimizer leaves in `params`. REQUIRES:
-// p.kind == kSgd, p.clip_norm == 0, step >= 1, `next` holds params.size() floats not
-// overlapping params or grads, grads.n == params.size().
-size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<const float> params,
-                            FloatBytes grads, float* next);
+// SGD as ApplyOptimizer runs it (OptimizerKind::kSgd, no clip_norm), in one pass that also
+// copies each parameter's value before the update to `undo` and counts the values of `grads`
+// that are not finite. Each gradient value is read once; one that is not finite counts and is
+// taken as 0 (as with grads.zero_nonfinite). So the finite check and the update of a push cost
+// one read of its bytes, and a caller that finds the count not 0 puts `undo` back: the
+// parameters are then bit for bit what they were. With a count of 0 the result is bit for bit
+// ApplyOptimizer's. REQUIRES: p.kind == kSgd, p.clip_norm == 0, step >= 1, `undo` holds
+// params.size() floats not overlapping params or grads, grads.n == params.size().
+size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<float> params,
+                            FloatBytes grads, float* undo);
 
 // params += scale * delta (merging a local-SGD delta). REQUIRES delta.size() == params.size().
 void ApplyDelta(float scale, absl::Span<float> params, absl::Span<const float> delta);

@@ -274,10 +274,9 @@ TEST(OptimizerTest, ZeroNonFiniteReadsFiniteValuesAsIsAndTheOthersAsZero) {
 
 // A gradient read where a network buffer holds it (any byte offset) gives the aligned
 // result bit for bit, for every rule, with decay and both clips on (clip_norm sums the span).
-// The one-pass SGD of a push (check and update): ApplyOptimizer's bits in `next`, the
-// parameters untouched, and every value that is not finite counted and taken as 0, at any
-// alignment.
-TEST(OptimizerTest, SgdCountingNonFiniteWritesApplyOptimizersResultAside) {
+// The one-pass SGD of a push (check and update): ApplyOptimizer's bits, the old values kept,
+// and every value that is not finite counted and taken as 0, at any alignment.
+TEST(OptimizerTest, SgdCountingNonFiniteIsApplyOptimizerThatKeepsTheOldValues) {
   OptimizerParams p;
   p.kind = OptimizerKind::kSgd;
   p.learning_rate = 0.3f;
@@ -293,11 +292,12 @@ TEST(OptimizerTest, SgdCountingNonFiniteWritesApplyOptimizersResultAside) {
   std::memcpy(bytes.data() + 1, g.data(), n * sizeof(float));  // an odd address
   std::vector<float> want = w;
   ApplyOptimizer(p, 1, absl::MakeSpan(want), g, {});
-  const std::vector<float> before = w;
-  std::vector<float> next(n, -7.f);
-  EXPECT_EQ(SgdCountingNonFinite(p, 1, w, FloatBytes{bytes.data() + 1, n}, next.data()), 0u);
-  EXPECT_EQ(std::memcmp(next.data(), want.data(), n * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(w.data(), before.data(), n * sizeof(float)), 0);
+  std::vector<float> got = w, undo(n);
+  EXPECT_EQ(
+      SgdCountingNonFinite(p, 1, absl::MakeSpan(got), FloatBytes{bytes.data() + 1, n}, undo.data()),
+      0u);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(undo.data(), w.data(), n * sizeof(float)), 0);
 
   std::vector<float> bad = g;
   bad[3] = std::numeric_limits<float>::quiet_NaN();
@@ -307,9 +307,11 @@ TEST(OptimizerTest, SgdCountingNonFiniteWritesApplyOptimizersResultAside) {
   zeroed[3] = zeroed[500] = zeroed[999] = 0.f;
   want = w;
   ApplyOptimizer(p, 1, absl::MakeSpan(want), zeroed, {});
-  EXPECT_EQ(SgdCountingNonFinite(p, 1, w, FloatBytes{bad.data(), n}, next.data()), 3u);
-  EXPECT_EQ(std::memcmp(next.data(), want.data(), n * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(w.data(), before.data(), n * sizeof(float)), 0);
+  got = w;
+  EXPECT_EQ(SgdCountingNonFinite(p, 1, absl::MakeSpan(got), FloatBytes{bad.data(), n}, undo.data()),
+            3u);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(undo.data(), w.data(), n * sizeof(float)), 0);
 }
 
 TEST(OptimizerTest, UnalignedGradientBytesMatchTheAlignedSpanBitwise) {

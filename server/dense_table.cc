@@ -140,38 +140,35 @@ void DenseTablePart::UnlockBlock(uint32_t block) const ABSL_NO_THREAD_SAFETY_ANA
   Find(block)->mu.Unlock();
 }
 
-size_t DenseTablePart::NextCountingNonFinite(uint32_t block, absl::Span<const BlockPiece> pieces,
-                                             const float* from, int64_t updates_before,
-                                             float* next) const {
+size_t DenseTablePart::ApplyCountingNonFinite(uint32_t block, absl::Span<const BlockPiece> pieces,
+                                              float* undo, int64_t* old_step) {
   Block* b = Find(block);
   CHECK(b != nullptr && SupportsOnePass());
   b->mu.AssertHeld();
-  size_t end = 0;
+  size_t next = 0;
   for (const BlockPiece& p : pieces) {
-    CHECK_EQ(p.offset, end) << "pieces of block " << block << " do not follow each other";
-    end += static_cast<size_t>(p.values.n);
+    CHECK_EQ(p.offset, next) << "pieces of block " << block << " do not follow each other";
+    next += static_cast<size_t>(p.values.n);
   }
-  CHECK_EQ(end, b->size);
-  CHECK_GE(updates_before, 0);
-  if (from == nullptr) from = b->data.data();
-  // The step CommitNext's BeginUpdate will give this update.
-  const int64_t step = b->step + 1 + updates_before;
+  CHECK_EQ(next, b->size);
+  *old_step = b->step;
+  const int64_t step = BeginUpdate(block, b, UpdateOptions{});
   size_t nonfinite = 0;
   for (const BlockPiece& p : pieces) {
     nonfinite += kernels::SgdCountingNonFinite(
-        optimizer_, step, absl::MakeConstSpan(from + p.offset, static_cast<size_t>(p.values.n)),
-        p.values, next + p.offset);
+        optimizer_, step,
+        absl::MakeSpan(b->data.data() + p.offset, static_cast<size_t>(p.values.n)), p.values,
+        undo + p.offset);
   }
   return nonfinite;
 }
 
-void DenseTablePart::CommitNext(uint32_t block, std::vector<float>* next) {
+void DenseTablePart::UndoUpdate(uint32_t block, const float* undo, int64_t old_step) {
   Block* b = Find(block);
-  CHECK(b != nullptr && SupportsOnePass());
+  CHECK(b != nullptr);
   b->mu.AssertHeld();
-  CHECK_EQ(next->size(), b->size);  // SGD keeps no slots: the parameters are the whole block
-  BeginUpdate(block, b, UpdateOptions{});
-  b->data.swap(*next);
+  std::memcpy(b->data.data(), undo, b->size * sizeof(float));
+  b->step = old_step;
 }
 
 absl::string_view DenseTablePart::EncodeBlock(int64_t step, absl::Span<const float> data) {

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
@@ -503,41 +502,19 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
   auto unlock = absl::MakeCleanup([&blocks] {
     for (const auto& [table, block] : blocks) table->UnlockBlock(block);
   });
-  // Each update's new parameters, computed aside and installed only if the whole push is
-  // kept. Their buffers come from, and go back to, a pool per thread, by size: a committed
-  // update hands back the block's old buffer, of the same size, so in steady state no call
-  // allocates or touches new pages (at most kOnePassMaxValues floats are kept).
-  struct Pool {
-    absl::flat_hash_map<size_t, std::vector<std::vector<float>>> by_size;
-    size_t values = 0;  // floats held
-  };
-  thread_local Pool pool;
-  uint64_t allocated = 0;
-  auto take = [&allocated](size_t n) {
-    auto it = pool.by_size.find(n);
-    if (it != pool.by_size.end() && !it->second.empty()) {
-      std::vector<float> v = std::move(it->second.back());
-      it->second.pop_back();
-      pool.values -= n;
-      return v;
-    }
-    ++allocated;
-    return std::vector<float>(n);
-  };
-  std::vector<std::vector<float>> next(updates.size());
-  auto give_back = [&next] {
-    for (std::vector<float>& v : next) {
-      if (v.empty() || pool.values + v.size() > kOnePassMaxValues) continue;
-      pool.values += v.size();
-      pool.by_size[v.size()].push_back(std::move(v));
-    }
-  };
-  // A block the push names more than once: each later update starts from the one before.
-  absl::flat_hash_map<std::pair<DenseTablePart*, uint32_t>, std::pair<size_t, int64_t>> latest;
-  size_t nonfinite = 0;
-  for (size_t i = 0; i < updates.size() && nonfinite == 0; ++i) {
-    const PendingUpdate& u = updates[i];
-    auto* table = static_cast<DenseTablePart*>(u.table);
+  // The old parameters, for an undo: one buffer per thread, kept (kOnePassMaxValues at most).
+  thread_local std::vector<float> undo;
+  size_t values = 0;
+  for (const PendingUpdate& u : updates) values += u.num_values();
+  if (undo.size() < values) {
+    undo.resize(values);
+    absl::MutexLock stats(&stats_mu_);
+    ++one_pass_buffers_allocated_;
+  }
+  std::vector<int64_t> old_steps(updates.size());
+  size_t applied = 0, at = 0, nonfinite = 0;
+  while (applied < updates.size() && nonfinite == 0) {
+    const PendingUpdate& u = updates[applied];
     BlockPiece whole;
     absl::Span<const BlockPiece> pieces = u.pieces;
     if (pieces.empty()) {
@@ -545,23 +522,20 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
                                          /*zero_nonfinite=*/true};
       pieces = absl::MakeConstSpan(&whole, 1);
     }
-    next[i] = take(u.num_values());
-    const float* from = nullptr;
-    int64_t updates_before = 0;
-    auto [it, first] = latest.try_emplace({table, u.block}, i, 0);
-    if (!first) {
-      from = next[it->second.first].data();
-      updates_before = ++it->second.second;
-      it->second.first = i;
+    nonfinite = static_cast<DenseTablePart*>(u.table)->ApplyCountingNonFinite(
+        u.block, pieces, undo.data() + at, &old_steps[applied]);
+    at += u.num_values();
+    ++applied;
+  }
+  auto undo_all = [&] {  // the latest first: a block named twice goes back to its first state
+    for (size_t i = applied; i-- > 0;) {
+      at -= updates[i].num_values();
+      static_cast<DenseTablePart*>(updates[i].table)
+          ->UndoUpdate(updates[i].block, undo.data() + at, old_steps[i]);
     }
-    nonfinite = table->NextCountingNonFinite(u.block, pieces, from, updates_before, next[i].data());
-  }
-  if (allocated > 0) {
-    absl::MutexLock stats(&stats_mu_);
-    one_pass_buffers_allocated_ += allocated;
-  }
+  };
   if (nonfinite > 0) {
-    give_back();
+    undo_all();
     std::move(unlock).Invoke();
     // Counted and worded as the two-pass check counts and words it. A value can only have
     // turned finite again since if the worker rewrote its shared payload meanwhile.
@@ -572,12 +546,7 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
   }
   absl::StatusOr<WorkerTracker::Admission> admission =
       workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
-  if (admission.ok() && *admission != WorkerTracker::Admission::kDuplicate) {
-    for (size_t i = 0; i < updates.size(); ++i) {  // in order: a block named twice ends last
-      static_cast<DenseTablePart*>(updates[i].table)->CommitNext(updates[i].block, &next[i]);
-    }
-  }
-  give_back();
+  if (!admission.ok() || *admission == WorkerTracker::Admission::kDuplicate) undo_all();
   std::move(unlock).Invoke();
   if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission)) {
     return *std::move(not_admitted);

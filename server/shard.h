@@ -192,9 +192,9 @@ struct SparseTableStats {
 // Pushes with at least this many dense values are applied in parallel (ShardOptions).
 inline constexpr size_t kParallelApplyValues = size_t{1} << 20;
 // A push of at most this many dense values, all SGD gradients without clip_norm, is checked
-// for non-finite values by its update itself: one read of its bytes instead of two. The new
-// values are computed aside (into buffers of a per-thread pool of at most this size) and
-// swapped in only if every value was finite (Shard::ApplyOnePass).
+// for non-finite values by its update itself: one read of its bytes instead of two, with the
+// old values kept aside (a per-thread buffer of at most this size) to undo it if one is not
+// finite (Shard::ApplyOnePass).
 inline constexpr size_t kOnePassMaxValues = size_t{1} << 18;
 // A dense float32 payload is checked and applied where it lies when it comes in at most
 // kFreePieces + bytes / kMinPieceBytes pieces (gRPC receive slices); more, smaller pieces (a
@@ -306,8 +306,8 @@ class Shard {
   // Pushes that took the one-pass check and update (kOnePassMaxValues), whatever became of
   // them.
   uint64_t one_pass_pushes() const;
-  // Buffers the one pass allocated for new values: each thread's pool gets back a buffer of
-  // the size it gave out when a push is kept, so a steady stream of pushes allocates none.
+  // Times a thread's undo buffer for the one pass grew: it is kept for the thread's next
+  // push, so a steady stream of pushes allocates none.
   uint64_t one_pass_buffers_allocated() const;
 
  private:
@@ -375,10 +375,9 @@ class Shard {
   // True when `push` may take ApplyOnePass (kOnePassMaxValues).
   bool OnePassFits(const CheckedPush& push) const;
   // ApplyPush's admission and update of a push marked one_pass_: every block it updates
-  // locked at once, each one's new values computed aside while its values are counted, and
-  // swapped in only when every value was finite and the push is admitted (not a duplicate);
-  // otherwise nothing changes and no pull saw anything. The refusal of a non-finite value is
-  // CheckFinite's.
+  // locked at once, each updated while its values are counted; a value that is not finite, a
+  // refused admission or a duplicate undoes the updates before the locks are released, so
+  // nothing changes and no pull saw them. The refusal of a non-finite value is CheckFinite's.
   absl::StatusOr<PushResult> ApplyOnePass(const CheckedPush& push);
   // An admission other than kApply as ApplyPush answers it (the refusal, or a duplicate,
   // counted); nullopt for kApply.

@@ -145,27 +145,22 @@ class DenseTablePart final : public TablePart {
 
   // ---- A push's finite check and SGD update in one pass (Shard::ApplyPush). The caller
   // locks every block the push updates (LockBlock, in increasing order of table and block, so
-  // that two such pushes cannot deadlock), computes each update's new parameters aside with
-  // NextCountingNonFinite, then either installs them all in order (CommitNext, CountUpdate
-  // per update, UnlockBlock) or drops them (UnlockBlock): the blocks change only when the
-  // whole push is kept, so no reader sees an update that is then taken back.
+  // that two such pushes cannot deadlock), applies each update with ApplyCountingNonFinite,
+  // then keeps them all (CountUpdate per update, UnlockBlock) or undoes them in reverse order
+  // (UndoUpdate, UnlockBlock): no reader sees an update that is then undone.
   // True when this table's updates may take that path: SGD without clip_norm.
   bool SupportsOnePass() const;
   void LockBlock(uint32_t block) const;
   void UnlockBlock(uint32_t block) const;
   // REQUIRES: this thread holds LockBlock(block); SupportsOnePass(); the pieces cover the
-  // block in order; `next` holds BlockSize(block) floats. Writes to `next` the block's
-  // parameters after one gradient update from `from` (the block's own values when null; an
-  // earlier update of the same push's `next` when that push names the block again, with
-  // `updates_before` such updates), reading each value once, a value that is not finite as
-  // 0, and returns how many were not finite. The block is not changed.
-  size_t NextCountingNonFinite(uint32_t block, absl::Span<const BlockPiece> pieces,
-                               const float* from, int64_t updates_before, float* next) const;
-  // REQUIRES: this thread holds LockBlock(block); `next` holds a NextCountingNonFinite result
-  // of the block, the updates before it committed. Makes `next` the block's parameters, as
-  // one update (a step, and the old values saved for a snapshot under way); `next` receives
-  // the old buffer, of the block's size.
-  void CommitNext(uint32_t block, std::vector<float>* next);
+  // block in order; `undo` holds BlockSize(block) floats. Applies one gradient update (one
+  // step) reading each value once, a value that is not finite as 0, and returns how many were
+  // not finite. `undo` and *old_step receive what UndoUpdate needs.
+  size_t ApplyCountingNonFinite(uint32_t block, absl::Span<const BlockPiece> pieces, float* undo,
+                                int64_t* old_step);
+  // REQUIRES: this thread holds LockBlock(block). Puts back the parameters and step an
+  // ApplyCountingNonFinite of the block saved.
+  void UndoUpdate(uint32_t block, const float* undo, int64_t old_step);
   using TablePart::CountUpdate;
 
   uint64_t NumRows() const override { return blocks_.size(); }

@@ -13,6 +13,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/codec.h"
 #include "common/config/config.h"
 #include "common/status_matchers.h"
@@ -411,7 +413,9 @@ TEST(Shard, SnapshotUnderConcurrentOnePassPushesIsAConsistentCut) {
       pusher.join();
     });
     // Snapshots until at least 20 pushes ran among them (a bounded number of rounds).
-    while (shard->updates_applied() == 0) std::this_thread::yield();
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);  // a pusher that never pushes
+    while (shard->updates_applied() == 0 && absl::Now() < give_up) std::this_thread::yield();
+    ASSERT_GT(shard->updates_applied(), 0u) << "no push ran";
     const uint64_t first = shard->updates_applied();
     for (int rounds = 0; rounds < 200 && shard->updates_applied() < first + 20; ++rounds) {
       ExpectSnapshotsAreCuts(config, *shard, options, numel, {});

@@ -391,8 +391,9 @@ TEST(Shard, SnapshotUnderConcurrentPushesIsAConsistentCut) {
 }
 
 TEST(Shard, SnapshotUnderConcurrentOnePassPushesIsAConsistentCut) {
-  // Dense-only SGD pushes of 4000 values take the one pass (new values computed aside, then
-  // swapped in): a snapshot must still hold each block as of one cut, 1 - k everywhere.
+  // Dense-only SGD pushes of 4000 values take the one pass (every block updated under its
+  // lock, the old values kept until the push is admitted): a snapshot must still hold each
+  // block as of one cut, 1 - k everywhere.
   const int numel = 4000;
   JobConfig config = MakeConfig("kind: SGD learning_rate: 1", 1, numel);
   auto shard = MakeShard(config);

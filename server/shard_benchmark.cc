@@ -12,13 +12,15 @@
 // GBps_2); the push's row also runs the Adam-shaped stream below with 1 and 2 threads in each
 // iteration ("ceiling": its speedup under the same load; "speedup_2c": the push's median
 // speedup over the n_2c iterations where that stream ran >= 1.5x faster with 2 threads, i.e.
-// where the machine did lend this process two cores). The same is done for what bounds
+// where the machine lent this process two cores and the memory bandwidth to feed them). The
+// same is done for what bounds
 // that ratio: the machine's memory bandwidth with 1
 // and 2 threads (STREAM's triad; a stream with Adam's traffic: read g, read and write w, m, v,
-// trivial arithmetic), the Adam kernel alone and the finite check alone, over 64 MB arrays in
-// the pushes' 1 MB blocks, the 2-thread side split as the shard splits a push
-// (common::ThreadPool::ParallelFor). GB/s count the bytes each element reads and writes (triad
-// 12, Adam 28, check 4), as STREAM does: write-allocate reads are not counted.
+// trivial arithmetic), the Adam kernel alone and the finite check alone, over 64 MB of values
+// laid out as the shard lays out the push's table (StreamArrays), the 2-thread side split as
+// the shard splits a push (common::ThreadPool::ParallelFor). GB/s count the bytes each element
+// reads and writes (triad 12, Adam 28, check 4), as STREAM does: write-allocate reads are not
+// counted.
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -63,46 +65,66 @@ double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - si
 
 // ---- Memory bandwidth, the kernels alone.
 
-// Four 64 MB arrays, touched once.
+// 64 MB of gradient, parameters and two slots, laid out as the shard lays out the push's
+// table: per 1 MB block one allocation holding [parameters][slot 0][slot 1] (the shard's
+// DenseTablePart::Block), and the gradient in one buffer of its own (the push's payload).
+//
+// Not four separate 64 MB vectors, as these rows once used: glibc maps each with mmap, so they
+// lie 64 MB + 4 KB apart, and at that spacing this development VM's memory ran the four
+// streams 2-5x slower on one thread than at 66 MB (Adam-shaped stream: 16 against 36-38 GB/s;
+// 64 MB + 8 KB and 128 MB apart slower still: docs/lab/2026-12-03-stream-layout.md). That made
+// one thread of the push look twice as fast as the stream that was to bound it, and the
+// stream's 1.8-2x from two threads a ceiling that no layout the shard uses has.
 struct StreamArrays {
-  StreamArrays() : g(kFloats, 1e-3f), w(kFloats, 0.5f), m(kFloats, 0.f), v(kFloats, 0.f) {}
-  std::vector<float> g, w, m, v;
+  StreamArrays() : g(kFloats, 1e-3f) {
+    for (size_t b = 0; b < kBlocks; ++b) {
+      std::vector<float>& block = blocks.emplace_back(3 * kBlockFloats, 0.f);
+      std::fill(block.begin(), block.begin() + kBlockFloats, 0.5f);
+    }
+  }
+  const float* grad(size_t block) const { return g.data() + block * kBlockFloats; }
+  float* w(size_t block) { return blocks[block].data(); }
+  float* m(size_t block) { return blocks[block].data() + kBlockFloats; }
+  float* v(size_t block) { return blocks[block].data() + 2 * kBlockFloats; }
+
+  static constexpr size_t kBlocks = kFloats / kBlockFloats;
+  std::vector<float> g;
+  std::vector<std::vector<float>> blocks;
   int64_t step = 0;
 };
 
-// One pass over elements [begin, end) of the arrays.
-using Pass = void (*)(StreamArrays& s, size_t begin, size_t end);
+// One pass over block `b` of the arrays.
+using Pass = void (*)(StreamArrays& s, size_t b);
 
-void TriadPass(StreamArrays& s, size_t begin, size_t end) {
-  float* __restrict a = s.w.data();
-  const float* __restrict b = s.m.data();
-  const float* __restrict c = s.g.data();
-  for (size_t i = begin; i < end; ++i) a[i] = b[i] + 0.5f * c[i];
+void TriadPass(StreamArrays& s, size_t blk) {
+  float* __restrict a = s.w(blk);
+  const float* __restrict b = s.m(blk);
+  const float* __restrict c = s.grad(blk);
+  for (size_t i = 0; i < kBlockFloats; ++i) a[i] = b[i] + 0.5f * c[i];
 }
 
-void AdamTrafficPass(StreamArrays& s, size_t begin, size_t end) {
-  const float* __restrict g = s.g.data();
-  float* __restrict w = s.w.data();
-  float* __restrict m = s.m.data();
-  float* __restrict v = s.v.data();
-  for (size_t i = begin; i < end; ++i) {
+void AdamTrafficPass(StreamArrays& s, size_t blk) {
+  const float* __restrict g = s.grad(blk);
+  float* __restrict w = s.w(blk);
+  float* __restrict m = s.m(blk);
+  float* __restrict v = s.v(blk);
+  for (size_t i = 0; i < kBlockFloats; ++i) {
     m[i] = 0.5f * m[i] + g[i];
     v[i] = 0.5f * v[i] + g[i];
     w[i] = 0.5f * w[i] + g[i];
   }
 }
 
-void AdamKernelPass(StreamArrays& s, size_t begin, size_t end) {
+void AdamKernelPass(StreamArrays& s, size_t blk) {
   kernels::OptimizerParams p;
   p.kind = kernels::OptimizerKind::kAdam;
-  float* slots[2] = {s.m.data() + begin, s.v.data() + begin};
-  kernels::ApplyOptimizer(p, s.step, absl::MakeSpan(s.w.data() + begin, end - begin),
-                          absl::MakeConstSpan(s.g.data() + begin, end - begin), slots);
+  float* slots[2] = {s.m(blk), s.v(blk)};
+  kernels::ApplyOptimizer(p, s.step, absl::MakeSpan(s.w(blk), kBlockFloats),
+                          absl::MakeConstSpan(s.grad(blk), kBlockFloats), slots);
 }
 
-void CheckPass(StreamArrays& s, size_t begin, size_t end) {
-  benchmark::DoNotOptimize(
-      common::CountNonFinite(absl::MakeConstSpan(s.g.data() + begin, end - begin)));
+void CheckPass(StreamArrays& s, size_t blk) {
+  benchmark::DoNotOptimize(common::CountNonFinite(absl::MakeConstSpan(s.grad(blk), kBlockFloats)));
 }
 
 void BM_Pair(benchmark::State& state, Pass pass, double bytes_per_element) {
@@ -113,14 +135,12 @@ void BM_Pair(benchmark::State& state, Pass pass, double bytes_per_element) {
   for (auto _ : state) {
     ++s.step;
     absl::Time t = absl::Now();
-    for (size_t b = 0; b < kFloats; b += kBlockFloats) pass(s, b, b + kBlockFloats);
+    for (size_t b = 0; b < StreamArrays::kBlocks; ++b) pass(s, b);
     pairs.one.push_back(Seconds(t));
     benchmark::ClobberMemory();
     ++s.step;
     t = absl::Now();
-    pool.ParallelFor(kFloats / kBlockFloats, 1, [&](size_t b) {
-      pass(s, b * kBlockFloats, (b + 1) * kBlockFloats);
-    });
+    pool.ParallelFor(StreamArrays::kBlocks, 1, [&](size_t b) { pass(s, b); });
     pairs.two.push_back(Seconds(t));
     benchmark::ClobberMemory();
     state.SetIterationTime(pairs.one.back() + pairs.two.back());
@@ -207,12 +227,10 @@ void BM_PairAdamPush64MB(benchmark::State& state) {
       times->push_back(Seconds(t));
     }
     absl::Time t = absl::Now();
-    AdamTrafficPass(*arrays, 0, kFloats);
+    for (size_t b = 0; b < StreamArrays::kBlocks; ++b) AdamTrafficPass(*arrays, b);
     stream.one.push_back(Seconds(t));
     t = absl::Now();
-    pool.ParallelFor(kFloats / kBlockFloats, 1, [&](size_t b) {
-      AdamTrafficPass(*arrays, b * kBlockFloats, (b + 1) * kBlockFloats);
-    });
+    pool.ParallelFor(StreamArrays::kBlocks, 1, [&](size_t b) { AdamTrafficPass(*arrays, b); });
     stream.two.push_back(Seconds(t));
     state.SetIterationTime(pairs.one.back() + pairs.two.back());
   }
@@ -220,8 +238,9 @@ void BM_PairAdamPush64MB(benchmark::State& state) {
   std::vector<double> ceiling(stream.one.size()), when_two_cores;
   for (size_t i = 0; i < ceiling.size(); ++i) {
     ceiling[i] = stream.one[i] / stream.two[i];
-    // Iterations where the machine did give this process two cores (the stream ran >= 1.5x
-    // faster with 2 threads): the push's speedup there, and how many there were.
+    // Iterations where the machine gave this process two cores and the bandwidth to feed them
+    // (the stream ran >= 1.5x faster with 2 threads): the push's speedup there, and how many
+    // there were.
     if (ceiling[i] >= 1.5) when_two_cores.push_back(pairs.one[i] / pairs.two[i]);
   }
   state.counters["ceiling"] = Median(ceiling);

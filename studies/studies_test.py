@@ -332,6 +332,21 @@ class DataPathTargetsTest(unittest.TestCase):
         self.assertEqual(r["met"], "met")
         self.assertEqual(r["measured"], "8.0 vs 13.0 ms (48.7 vs 37.8 GB/s; the Adam-shaped stream's 2/1 1.90x)")
 
+    def test_adam_text_is_the_median_repetitions_with_the_iterations_where_the_stream_scaled(self):
+        pairs = [dict(name="BM_PairAdamPush64MB/manual_time", run_type="iteration", speedup=v,
+                      ms_1=ms_1, ms_2=13.0, ceiling=1.4, GBps_1=40.0, GBps_2=50.0, n_2c=n,
+                      speedup_2c=s2c, iterations=30)
+                 for v, ms_1, n, s2c in ((1.5, 19.5, 9, 1.7), (1.1, 14.3, 0, 0.0),
+                                         (1.3, 16.9, 4, 1.62))]
+        r = targets.adam_row(pairs)
+        self.assertAlmostEqual(r["ratio"], 1.3)
+        self.assertEqual(r["met"], "not met")
+        self.assertEqual(r["measured"], "13.0 vs 16.9 ms (50.0 vs 40.0 GB/s; the Adam-shaped "
+                         "stream's 2/1 1.40x; 1.62x in the 4 of 30 iterations where the stream "
+                         "ran >= 1.5x)")
+        # No iteration where the stream scaled: nothing said of them.
+        self.assertNotIn("iterations where", targets.adam_row(pairs[1:2])["measured"])
+
     def test_memory_counts_the_optimizer_slots(self):
         text = ("ps_load: 1 servers, 2 clients, 21 tables x 4194304 floats (ADAM), 10 s\n"
                 "  server 0: RSS 300 MiB before, 1100 MiB after, peak 1200 MiB "

@@ -7,7 +7,12 @@
 //    8192. Row time = both calls.
 //  - Adam and Adagrad ApplyOptimizer on 16M floats next to memcpy of 16M floats, reported as
 //    GB/s of memory traffic: Adam reads w, g, m, v and writes w, m, v (28 B/element), Adagrad
-//    reads w, g, a and writes w, a (20 B/element), memcpy reads and writes 8 B/element.
+//    reads w, g, a and writes w, a (20 B/element), memcpy reads and writes 8 B/element. The
+//    optimizer runs as a server runs it: over 1 MB blocks, each holding its parameters and
+//    slots in one allocation (server/table.h's DenseTablePart::Block), with the gradient in
+//    a buffer of its own. Not over a separate 64 MB vector per array: glibc maps those 64 MB +
+//    4 KB apart, a spacing at which the development VM's memory ran Adam's streams 2-5x
+//    slower (docs/lab/2026-12-03-stream-layout.md).
 //
 //   bazel run //kernels:kernels_benchmark -- --benchmark_min_time=0.2
 //   --device=cuda (in a --config=cuda build) runs the API GEMMs on the GPU.
@@ -150,18 +155,28 @@ void SetBandwidth(benchmark::State& state, double bytes_per_element) {
 }
 
 void BM_ApplyOptimizer(benchmark::State& state, OptimizerKind kind, double bytes_per_element) {
+  constexpr int64_t kBlockFloats = int64_t{1} << 18;  // 1 MB blocks
   OptimizerParams p;
   p.kind = kind;
-  std::vector<float> w(kOptimizerElements, 0.5f), g(kOptimizerElements, 0.01f);
-  std::vector<std::vector<float>> slots;
-  std::vector<float*> slot_ptrs;
-  for (int i = 0; i < NumSlots(kind); ++i) {
-    slots.emplace_back(kOptimizerElements, SlotInitialValue(p, i));
-    slot_ptrs.push_back(slots.back().data());
+  const int num_slots = NumSlots(kind);
+  std::vector<float> g(kOptimizerElements, 0.01f);
+  std::vector<std::vector<float>> blocks;  // [w][slot 0][slot 1] per block
+  for (int64_t b = 0; b < kOptimizerElements / kBlockFloats; ++b) {
+    std::vector<float>& block = blocks.emplace_back((1 + num_slots) * kBlockFloats, 0.5f);
+    for (int i = 0; i < num_slots; ++i) {
+      std::fill_n(block.data() + (1 + i) * kBlockFloats, kBlockFloats, SlotInitialValue(p, i));
+    }
   }
   int64_t step = 0;
   for (auto _ : state) {
-    ApplyOptimizer(p, ++step, absl::MakeSpan(w), g, slot_ptrs);
+    ++step;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      float* w = blocks[b].data();
+      float* slots[2] = {w + kBlockFloats, w + 2 * kBlockFloats};
+      ApplyOptimizer(p, step, absl::MakeSpan(w, kBlockFloats),
+                     absl::MakeConstSpan(g.data() + b * kBlockFloats, kBlockFloats),
+                     absl::MakeConstSpan(slots, num_slots));
+    }
     benchmark::ClobberMemory();
   }
   SetBandwidth(state, bytes_per_element);

@@ -10,17 +10,15 @@
 // the Pair rows alternate the two within each iteration and report the median of the per-pair
 // ratios ("speedup"), with each side's median time (ms_1, ms_2) and memory traffic (GBps_1,
 // GBps_2); the push's row also runs the Adam-shaped stream below with 1 and 2 threads in each
-// iteration ("ceiling": its speedup under the same load; "speedup_2c": the push's median
-// speedup over the n_2c iterations where that stream ran >= 1.5x faster with 2 threads, i.e.
-// where the machine lent this process two cores and the memory bandwidth to feed them). The
-// same is done for what bounds
-// that ratio: the machine's memory bandwidth with 1
-// and 2 threads (STREAM's triad; a stream with Adam's traffic: read g, read and write w, m, v,
-// trivial arithmetic), the Adam kernel alone and the finite check alone, over 64 MB of values
-// laid out as the shard lays out the push's table (StreamArrays), the 2-thread side split as
-// the shard splits a push (common::ThreadPool::ParallelFor). GB/s count the bytes each element
-// reads and writes (triad 12, Adam 28, check 4), as STREAM does: write-allocate reads are not
-// counted.
+// iteration ("ceiling": its speedup under the same load; "speedup_2c": the push's median speedup
+// over the n_2c iterations where that stream ran >= 1.5x faster with 2 threads, i.e. where the
+// machine lent this process two cores and the memory bandwidth to feed them). The same is done
+// for what bounds that ratio: the machine's memory bandwidth with 1 and 2 threads (STREAM's
+// triad; a stream with Adam's traffic: read g, read and write w, m, v, trivial arithmetic), the
+// Adam kernel alone and the finite check alone, over 64 MB of values laid out as the shard lays
+// out the push's table (StreamArrays), the 2-thread side split as the shard splits a push
+// (common::ThreadPool::ParallelFor). GB/s count the bytes each element reads and writes (triad
+// 12, Adam 28, check 4), as STREAM does: write-allocate reads are not counted.
 #include <algorithm>
 #include <memory>
 #include <random>

@@ -158,12 +158,14 @@ BENCHMARK_CAPTURE(BM_Pair, FiniteCheck, CheckPass, 4.0)
 
 // ---- The shard's push: check, admission, apply.
 
-// A shard with one 64 MB Adam table, and a push of all of it.
+// A shard with one Adam table of `floats` values in blocks of `block_floats` (a 64 MB table in
+// 1 MB blocks unless said), and a push of all of it.
 struct AdamPush {
-  absl::Status Init(int apply_threads) {
+  absl::Status Init(int apply_threads, size_t floats = kFloats,
+                    size_t block_floats = kBlockFloats) {
     auto config = common::ParseJobConfigText(
-        absl::StrCat("cluster { num_servers: 1 num_workers: 1 dense_block_floats: ", kBlockFloats,
-                     " }\n", "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: ", kFloats,
+        absl::StrCat("cluster { num_servers: 1 num_workers: 1 dense_block_floats: ", block_floats,
+                     " }\n", "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: ", floats,
                      " initializer { kind: ZEROS } optimizer { kind: ADAM } }\n"),
         "bench");
     if (!config.ok()) return config.status();
@@ -172,7 +174,7 @@ struct AdamPush {
     auto created = Shard::Create(*config, options);
     if (!created.ok()) return created.status();
     shard = *std::move(created);
-    grad.assign(kFloats, 1e-3f);
+    grad.assign(floats, 1e-3f);
     const common::TableInfo& info = *shard->partitioner().FindTable("w");
     table.table = "w";
     for (uint32_t b = 0; b < info.num_blocks; ++b) {
@@ -206,6 +208,30 @@ void BM_AdamPush64MB(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kFloats * sizeof(float)));
 }
 BENCHMARK(BM_AdamPush64MB)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One thread's Adam push over a table of one block of 2^N floats, arg N (22: 16 MB, 25: 128 MB
+// per array): a block keeps its parameters and two slots in one allocation, so a large block
+// puts those arrays far apart (docs/lab/2026-12-03-stream-layout.md).
+void BM_AdamPushOneBlock(benchmark::State& state) {
+  const size_t floats = size_t{1} << state.range(0);
+  AdamPush p;
+  if (absl::Status s = p.Init(/*apply_threads=*/0, floats, floats); !s.ok()) {
+    return state.SkipWithError(s.ToString().c_str());
+  }
+  for (auto _ : state) {
+    if (absl::Status s = p.Push(); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * floats * sizeof(float)));
+  // The check's 4 bytes and Adam's 28 per element.
+  state.counters["GBps"] =
+      benchmark::Counter(32.0 * floats * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AdamPushOneBlock)
+    ->Arg(22)
+    ->Arg(24)
+    ->Arg(25)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Each iteration: the push by 1 thread, by the parallel apply, then the Adam-shaped stream
 // (the same bytes per element as Adam) by 1 and 2 threads: "ceiling" is the stream's speedup

@@ -39,17 +39,18 @@ DenseTablePart::DenseTablePart(const common::TableInfo& info,
     auto [begin, end] = partitioner.BlockRange(info, id);
     const size_t n = end - begin;
     auto block = std::make_unique<Block>(n);
+    const size_t floats = n + block->stride * num_slots_;
     {
       absl::MutexLock lock(&block->mu);
-      block->data.resize(n * (1 + num_slots_));
+      block->data.resize(floats);
       common::InitializeValues(info.config->initializer(), info.name, fans.in, fans.out, begin,
                                absl::Span<float>(block->data.data(), n));
       for (int s = 0; s < num_slots_; ++s) {
-        std::fill_n(block->data.data() + n * (s + 1), n,
+        std::fill_n(block->data.data() + block->stride * (s + 1), n,
                     kernels::SlotInitialValue(optimizer_, s));
       }
     }
-    bytes_ += n * (1 + num_slots_) * sizeof(float);
+    bytes_ += floats * sizeof(float);
     position_[id] = blocks_.size();
     blocks_.push_back(std::move(block));
   }
@@ -66,6 +67,12 @@ size_t DenseTablePart::BlockSize(uint32_t block) const {
   Block* b = Find(block);
   CHECK(b != nullptr) << "block " << block << " of " << name() << " not owned";
   return b->size;
+}
+
+size_t DenseTablePart::BlockSlotStride(uint32_t block) const {
+  Block* b = Find(block);
+  CHECK(b != nullptr) << "block " << block << " of " << name() << " not owned";
+  return b->stride;
 }
 
 void DenseTablePart::Read(uint32_t block, absl::Span<float> out, bool stream) const {
@@ -86,7 +93,7 @@ void DenseTablePart::Apply(uint32_t block, absl::Span<const float> values,
   {
     absl::MutexLock lock(&b->mu);
     const int64_t step = BeginUpdate(block, b, options);
-    ApplyTo(optimizer_, num_slots_, step, b->data.data(), b->size, values, options);
+    ApplyTo(optimizer_, num_slots_, step, b->data.data(), b->size, values, options, b->stride);
   }
   CountUpdate();
 }
@@ -97,7 +104,7 @@ int64_t DenseTablePart::BeginUpdate(uint32_t id, Block* b, const UpdateOptions& 
     // First change since the snapshot began, and the writer has not saved this block yet:
     // save its old contents now (write-through; no copy of the table is kept).
     b->saved_epoch = epoch;
-    absl::Status s = (*sink_)(BlockKey(id), EncodeBlock(b->step, b->data));
+    absl::Status s = (*sink_)(BlockKey(id), EncodeBlock(*b));
     if (!s.ok()) RecordSinkError(s);
   }
   return options.kind == UpdateKind::kGradient ? ++b->step : b->step;
@@ -118,7 +125,7 @@ void DenseTablePart::Apply(uint32_t block, absl::Span<const BlockPiece> pieces,
     absl::MutexLock lock(&b->mu);
     const int64_t step = BeginUpdate(block, b, options);
     for (const BlockPiece& p : pieces) {
-      internal::ApplyPieceTo(optimizer_, num_slots_, step, b->data.data(), b->size, p, options);
+      internal::ApplyPieceTo(optimizer_, num_slots_, step, b->data.data(), b->stride, p, options);
     }
   }
   CountUpdate();
@@ -171,14 +178,16 @@ void DenseTablePart::UndoUpdate(uint32_t block, const float* undo, int64_t old_s
   b->step = old_step;
 }
 
-absl::string_view DenseTablePart::EncodeBlock(int64_t step, absl::Span<const float> data) {
+absl::string_view DenseTablePart::EncodeBlock(const Block& b) const {
   // One buffer per thread, reused for every block it saves: snapshots of large tables would
   // otherwise allocate and free a block-sized string per block, which fragments the heap.
   // The view is valid until this thread encodes the next block.
   thread_local std::string out;
   out.clear();
-  AppendRaw(&out, &step, sizeof(step));
-  AppendRaw(&out, data.data(), data.size() * sizeof(float));
+  AppendRaw(&out, &b.step, sizeof(b.step));
+  for (int s = 0; s <= num_slots_; ++s) {  // the parameters, then each slot
+    AppendRaw(&out, b.data.data() + b.stride * s, b.size * sizeof(float));
+  }
   return out;
 }
 
@@ -212,7 +221,7 @@ absl::Status DenseTablePart::WriteSnapshot(size_t /*record_bytes*/) {
     {
       absl::MutexLock lock(&b->mu);
       if (b->saved_epoch >= epoch) continue;  // saved by an update already
-      value = EncodeBlock(b->step, b->data);
+      value = EncodeBlock(*b);
       b->saved_epoch = epoch;
     }
     // One record per block: blocks are a few hundred KB, the size records should have.
@@ -253,7 +262,11 @@ absl::Status DenseTablePart::RestoreRecord(absl::string_view key, absl::string_v
   }
   absl::MutexLock lock(&b->mu);
   b->step = step;
-  std::memcpy(b->data.data(), value.data() + sizeof(int64_t), value.size() - sizeof(int64_t));
+  const char* from = value.data() + sizeof(int64_t);
+  for (int s = 0; s <= num_slots_; ++s) {  // the parameters, then each slot
+    std::memcpy(b->data.data() + b->stride * s, from + b->size * sizeof(float) * s,
+                b->size * sizeof(float));
+  }
   return absl::OkStatus();
 }
 

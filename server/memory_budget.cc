@@ -30,16 +30,20 @@ uint64_t DefaultMaxMemoryBytes() { return PhysicalMemoryBytes() / 10 * 8; }
 
 uint64_t DenseBytesOnServer(const common::Partitioner& partitioner, const common::TableInfo& table,
                             uint32_t server, int num_slots) {
-  uint64_t values = 0;
+  // Floats: each block's parameters, and each slot with the padding before it. A block holds
+  // at most 2^32 values and a table 2^32 blocks, so only the totals can overflow.
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  uint64_t floats = 0;
   for (uint32_t b : partitioner.BlocksOnServer(table, server)) {
     auto [begin, end] = partitioner.BlockRange(table, b);
-    values += end - begin;
+    const uint64_t size = end - begin, stride = DenseSlotStride(size);
+    const uint64_t slots = static_cast<uint64_t>(num_slots);
+    if (slots != 0 && stride > (kMax - size) / slots) return kMax;
+    const uint64_t block = size + slots * stride;
+    if (block > kMax - floats) return kMax;
+    floats += block;
   }
-  const uint64_t per_value = sizeof(float) * (1 + static_cast<uint64_t>(num_slots));
-  if (values > std::numeric_limits<uint64_t>::max() / per_value) {
-    return std::numeric_limits<uint64_t>::max();
-  }
-  return values * per_value;
+  return floats > kMax / sizeof(float) ? kMax : floats * sizeof(float);
 }
 
 }  // namespace ps::server

@@ -131,6 +131,16 @@ class DenseTablePart final : public TablePart {
   bool Owns(uint32_t block) const;
   // Number of values in block `block`. REQUIRES: Owns(block).
   size_t BlockSize(uint32_t block) const;
+  // Floats from the start of block `block`'s parameters to the start of its first optimizer
+  // slot, and from each slot to the next: BlockSize, or more for a block of at least
+  // kPadSlotsFromFloats values (SlotStride). For tests. REQUIRES: Owns(block).
+  size_t BlockSlotStride(uint32_t block) const;
+
+  // A block's layout (DenseSlotStride, server/memory_budget.h): for a block of
+  // kPadSlotsFromFloats values or more, kSlotPadFloats unused floats before each slot.
+  static constexpr size_t kPadSlotsFromFloats = kDensePadSlotsFromFloats;
+  static constexpr size_t kSlotPadFloats = kDenseSlotPadFloats;
+  static size_t SlotStride(size_t block_size) { return DenseSlotStride(block_size); }
 
   // Copies block `block`'s parameters to out, with non-temporal stores if `stream`
   // (common/stream_copy.h). REQUIRES: Owns(block), out.size()==BlockSize.
@@ -172,10 +182,12 @@ class DenseTablePart final : public TablePart {
 
  private:
   struct Block {
-    explicit Block(size_t n) : size(n) {}
-    const size_t size;  // values per parameter or slot array
+    explicit Block(size_t n) : size(n), stride(SlotStride(n)) {}
+    const size_t size;    // values per parameter or slot array
+    const size_t stride;  // floats from one array's start to the next's (SlotStride)
     mutable absl::Mutex mu;
-    std::vector<float> data ABSL_GUARDED_BY(mu);  // [params][slot0]...
+    // [params][padding][slot0][padding][slot1]: slot s at stride * (s + 1).
+    std::vector<float> data ABSL_GUARDED_BY(mu);
     int64_t step ABSL_GUARDED_BY(mu) = 0;         // updates applied to this block
     uint64_t saved_epoch ABSL_GUARDED_BY(mu) = 0;  // last snapshot that has this block
   };
@@ -184,7 +196,8 @@ class DenseTablePart final : public TablePart {
   // snapshot is under way and has not saved it yet; returns the step the update uses.
   int64_t BeginUpdate(uint32_t id, Block* b, const UpdateOptions& options)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu);
-  static absl::string_view EncodeBlock(int64_t step, absl::Span<const float> data);
+  // A block's snapshot record: [int64 step][params][slot0]..., without the padding.
+  absl::string_view EncodeBlock(const Block& b) const ABSL_SHARED_LOCKS_REQUIRED(b.mu);
   static std::string BlockKey(uint32_t id);
   void RecordSinkError(const absl::Status& status);
 

@@ -33,24 +33,27 @@ T LoadRaw(const char* p) {
 // century at 10^9 a second, so anything larger is corrupt and stays far from overflowing ++step.
 inline bool ValidStep(int64_t step) { return step >= 0 && step <= (int64_t{1} << 62); }
 
-// One update of `n` parameters at `data` (slots follow at data + n * (i + 1)).
+// One update of `n` parameters at `data`, their slot i at data + stride * (i + 1) (stride 0:
+// n, the slots right after the parameters and each other).
 inline void ApplyTo(const kernels::OptimizerParams& opt, int num_slots, int64_t step, float* data,
-             size_t n, absl::Span<const float> values, const UpdateOptions& options) {
+                    size_t n, absl::Span<const float> values, const UpdateOptions& options,
+                    size_t stride = 0) {
+  if (stride == 0) stride = n;
   absl::Span<float> params(data, n);
   if (options.kind == UpdateKind::kDelta) {
     kernels::ApplyDelta(options.delta_scale, params, values);
     return;
   }
   float* slots[4];
-  for (int i = 0; i < num_slots; ++i) slots[i] = data + n * (i + 1);
+  for (int i = 0; i < num_slots; ++i) slots[i] = data + stride * (i + 1);
   kernels::ApplyOptimizer(opt, step, params, values,
                           absl::Span<float* const>(slots, num_slots));
 }
 
-// ApplyTo for the values of `piece` only: data holds a block of `size` values followed by
-// its slots (each `size` long).
+// ApplyTo for the values of `piece` only: data holds a block's parameters, its slot s at
+// data + stride * (s + 1).
 inline void ApplyPieceTo(const kernels::OptimizerParams& opt, int num_slots, int64_t step,
-                         float* data, size_t size, const BlockPiece& piece,
+                         float* data, size_t stride, const BlockPiece& piece,
                          const UpdateOptions& options) {
   absl::Span<float> params(data + piece.offset, static_cast<size_t>(piece.values.n));
   if (options.kind == UpdateKind::kDelta) {
@@ -58,7 +61,7 @@ inline void ApplyPieceTo(const kernels::OptimizerParams& opt, int num_slots, int
     return;
   }
   float* slots[4];
-  for (int i = 0; i < num_slots; ++i) slots[i] = data + size * (i + 1) + piece.offset;
+  for (int i = 0; i < num_slots; ++i) slots[i] = data + stride * (i + 1) + piece.offset;
   kernels::ApplyOptimizer(opt, step, params, piece.values,
                           absl::Span<float* const>(slots, num_slots));
 }

@@ -30,8 +30,7 @@ uint64_t DefaultMaxMemoryBytes() { return PhysicalMemoryBytes() / 10 * 8; }
 
 uint64_t DenseBytesOnServer(const common::Partitioner& partitioner, const common::TableInfo& table,
                             uint32_t server, int num_slots) {
-  // Floats: each block's parameters, and each slot with the padding before it. A block holds
-  // at most 2^32 values and a table 2^32 blocks, so only the totals can overflow.
+  // Floats: each block's parameters, and each slot with the padding before it.
   constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
   uint64_t floats = 0;
   for (uint32_t b : partitioner.BlocksOnServer(table, server)) {

@@ -1,6 +1,6 @@
-// DenseTablePart's block layout: a block of kPadSlotsFromFloats values or more keeps
-// kSlotPadFloats unused floats between its parameters and each optimizer slot. Its updates must
-// be those of the kernels over contiguous arrays, bit for bit, and its snapshot records those
+// DenseTablePart's block layout: a block of kDensePadSlotsFromFloats values or more keeps
+// kDenseSlotPadFloats unused floats between its parameters and each optimizer slot. Its updates
+// must be those of the kernels over contiguous arrays, bit for bit, and its snapshot records those
 // of an unpadded block ([step][params][slot0][slot1]), restored bit for bit.
 #include <cstring>
 #include <map>
@@ -23,7 +23,7 @@ namespace {
 
 using ::ps::common::IsOk;
 
-constexpr size_t kPadded = DenseTablePart::kPadSlotsFromFloats;
+constexpr size_t kPadded = kDensePadSlotsFromFloats;
 
 // A partitioner holding one dense Adam table "w" of one block of `n` values, initialized
 // NORMAL (it owns the TableConfig the table part points into).
@@ -91,10 +91,9 @@ std::vector<float> Gradient(size_t n, int step) {
 
 TEST(DenseTablePart, LargeBlocksPadTheirSlotsAndSmallerOnesDoNot) {
   OneBlock large(kPadded);
-  EXPECT_EQ(large.part.BlockSlotStride(0), kPadded + DenseTablePart::kSlotPadFloats);
+  EXPECT_EQ(large.part.BlockSlotStride(0), kPadded + kDenseSlotPadFloats);
   // Parameters, two slots and the padding before each slot: what the part says it holds.
-  EXPECT_EQ(large.part.NumBytes(),
-            (kPadded + 2 * (kPadded + DenseTablePart::kSlotPadFloats)) * sizeof(float));
+  EXPECT_EQ(large.part.NumBytes(), (kPadded + 2 * (kPadded + kDenseSlotPadFloats)) * sizeof(float));
   OneBlock small(kPadded - 1);
   EXPECT_EQ(small.part.BlockSlotStride(0), kPadded - 1);
   EXPECT_EQ(small.part.NumBytes(), 3 * (kPadded - 1) * sizeof(float));

@@ -132,15 +132,9 @@ class DenseTablePart final : public TablePart {
   // Number of values in block `block`. REQUIRES: Owns(block).
   size_t BlockSize(uint32_t block) const;
   // Floats from the start of block `block`'s parameters to the start of its first optimizer
-  // slot, and from each slot to the next: BlockSize, or more for a block of at least
-  // kPadSlotsFromFloats values (SlotStride). For tests. REQUIRES: Owns(block).
+  // slot, and from each slot to the next: DenseSlotStride(BlockSize) (server/memory_budget.h).
+  // For tests. REQUIRES: Owns(block).
   size_t BlockSlotStride(uint32_t block) const;
-
-  // A block's layout (DenseSlotStride, server/memory_budget.h): for a block of
-  // kPadSlotsFromFloats values or more, kSlotPadFloats unused floats before each slot.
-  static constexpr size_t kPadSlotsFromFloats = kDensePadSlotsFromFloats;
-  static constexpr size_t kSlotPadFloats = kDenseSlotPadFloats;
-  static size_t SlotStride(size_t block_size) { return DenseSlotStride(block_size); }
 
   // Copies block `block`'s parameters to out, with non-temporal stores if `stream`
   // (common/stream_copy.h). REQUIRES: Owns(block), out.size()==BlockSize.
@@ -182,9 +176,9 @@ class DenseTablePart final : public TablePart {
 
  private:
   struct Block {
-    explicit Block(size_t n) : size(n), stride(SlotStride(n)) {}
+    explicit Block(size_t n) : size(n), stride(DenseSlotStride(n)) {}
     const size_t size;    // values per parameter or slot array
-    const size_t stride;  // floats from one array's start to the next's (SlotStride)
+    const size_t stride;  // floats from one array's start to the next's
     mutable absl::Mutex mu;
     // [params][padding][slot0][padding][slot1]: slot s at stride * (s + 1).
     std::vector<float> data ABSL_GUARDED_BY(mu);

@@ -57,30 +57,14 @@ struct Template {
   std::vector<uintmax_t> damage_limit;
 };
 
-void Fail(const char* what, const absl::Status& status) {
-  std::fprintf(stderr, "INVARIANT VIOLATED: %s (status: %s)\n", what, status.ToString().c_str());
-  std::abort();
-}
-
 // Pushes and pulls from both workers so that the snapshot holds dense blocks, sparse rows in
 // several records and exactly-once state.
 void Train(Server& s, uint64_t first_sequence) {
   const Layout& layout = GetLayout();
   for (int32_t worker = 0; worker < 2; ++worker) {
     for (uint64_t seq = first_sequence; seq < first_sequence + 2; ++seq) {
-      PushRequest push;
-      *push.mutable_header() = Header(worker, seq, static_cast<int64_t>(seq));
-      auto* w = push.add_tables();
-      w->set_table("w");
-      for (uint32_t b : layout.my_blocks) {
-        DenseBlock* block = w->add_blocks();
-        block->set_block_id(b);
-        *block->mutable_values() = Floats(layout.block_sizes[b], 0.25f * (worker + 1));
-      }
-      auto* e = push.add_tables();
-      e->set_table("emb");
-      for (uint64_t k : layout.my_keys) e->add_keys(k);
-      *e->mutable_rows() = Floats(layout.my_keys.size() * layout.dim, -0.5f);
+      const PushRequest push = ValidPush(worker, seq, static_cast<int64_t>(seq),
+                                         0.25f * (worker + 1), layout.my_keys.size(), -0.5f);
       PushResponse response;
       CHECK(s.service->HandlePush(push, &response).ok());
     }
@@ -184,19 +168,7 @@ void Exercise(Server& s, FuzzedDataProvider& in) {
   const int32_t worker = in.ConsumeIntegralInRange(0, 1);
   const uint64_t sequence = in.ConsumeIntegralInRange<uint64_t>(1, 6);
   const int64_t clock = in.ConsumeIntegralInRange<int64_t>(0, 8);
-  PushRequest push;
-  *push.mutable_header() = Header(worker, sequence, clock);
-  auto* w = push.add_tables();
-  w->set_table("w");
-  for (uint32_t b : layout.my_blocks) {
-    DenseBlock* block = w->add_blocks();
-    block->set_block_id(b);
-    *block->mutable_values() = Floats(layout.block_sizes[b], 0.5f);
-  }
-  auto* e = push.add_tables();
-  e->set_table("emb");
-  for (uint64_t k : layout.my_keys) e->add_keys(k);
-  *e->mutable_rows() = Floats(layout.my_keys.size() * layout.dim, 0.5f);
+  const PushRequest push = ValidPush(worker, sequence, clock, 0.5f, layout.my_keys.size(), 0.5f);
   PushResponse push_response;
   s.service->HandlePush(push, &push_response).IgnoreError();  // any status; no crash
 

@@ -1,5 +1,6 @@
 #include "fuzz/fuzz_env.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -74,19 +75,20 @@ const Layout& GetLayout() {
   return *layout;
 }
 
-Server NewServer() {
+Server NewServer(size_t max_shared_bytes_per_worker) {
   Server s;
   auto shard = server::Shard::Create(Config(), server::ShardOptions{});
   CHECK(shard.ok()) << shard.status();
   s.shard = *std::move(shard);
   server::ServiceOptions options;
   options.num_threads = 1;
+  options.max_shared_bytes_per_worker = max_shared_bytes_per_worker;
   s.service = std::make_unique<server::ParameterServerService>(s.shard.get(), options,
                                                                server::ServiceHooks{});
   return s;
 }
 
-std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
+std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys, bool with_workers) {
   const Layout& layout = GetLayout();
   std::string out;
   std::vector<uint64_t> keys = layout.my_keys;
@@ -95,10 +97,11 @@ std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
     if (shard.partitioner().ServerForKey(k) == 0) keys.push_back(k);
   }
   const server::PullTable tables[] = {{"w", ENCODING_FLOAT32, layout.my_blocks, {}},
-                              {"emb", ENCODING_FLOAT32, {}, keys}};
+                                      {"emb", ENCODING_FLOAT32, {}, keys}};
   std::vector<float> buffer;
   const absl::Status read = shard.ReadPull(  // in memory: no I/O
-      tables, [&](size_t, size_t, size_t n, absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+      tables,
+      [&](size_t, size_t, size_t n, absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
         buffer.resize(n);
         if (absl::Status s = fill(absl::MakeSpan(buffer)); !s.ok()) return s;
         AppendBytes(&out, buffer.data(), buffer.size() * sizeof(float));
@@ -107,6 +110,7 @@ std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys) {
   CHECK(read.ok()) << read;
   const uint64_t updates = shard.updates_applied();
   AppendBytes(&out, &updates, sizeof(updates));
+  if (!with_workers) return out;
   for (const WorkerCheckpoint& w : shard.workers().Save()) out += w.SerializeAsString();
   return out;
 }
@@ -125,6 +129,44 @@ std::string Floats(size_t n, float value) {
   std::string out;
   for (size_t i = 0; i < n; ++i) AppendBytes(&out, &value, sizeof(value));
   return out;
+}
+
+PushRequest ValidPush(int32_t worker, uint64_t sequence, int64_t clock, float dense, size_t keys,
+                      float row) {
+  const Layout& layout = GetLayout();
+  PushRequest push;
+  *push.mutable_header() = Header(worker, sequence, clock);
+  TableValues* w = push.add_tables();
+  w->set_table("w");
+  for (uint32_t b : layout.my_blocks) {
+    DenseBlock* block = w->add_blocks();
+    block->set_block_id(b);
+    *block->mutable_values() = Floats(layout.block_sizes[b], dense);
+  }
+  TableValues* e = push.add_tables();
+  e->set_table("emb");
+  for (size_t i = 0; i < keys; ++i) e->add_keys(layout.my_keys[i]);
+  *e->mutable_rows() = Floats(keys * layout.dim, row);
+  return push;
+}
+
+PullRequest ValidPull(int64_t clock) {
+  const Layout& layout = GetLayout();
+  PullRequest pull;
+  *pull.mutable_header() = Header(0, 0, clock);
+  TablePullRequest* w = pull.add_tables();
+  w->set_table("w");
+  for (uint32_t b : layout.my_blocks) w->add_block_ids(b);
+  TablePullRequest* e = pull.add_tables();
+  e->set_table("emb");
+  e->set_encoding(ENCODING_FP16);
+  for (int i = 0; i < 3; ++i) e->add_keys(layout.my_keys[i]);
+  return pull;
+}
+
+void Fail(const char* what, const absl::Status& status) {
+  std::fprintf(stderr, "INVARIANT VIOLATED: %s (status: %s)\n", what, status.ToString().c_str());
+  std::abort();
 }
 
 void QuietLogging() {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/config.pb.h"
@@ -41,24 +42,37 @@ struct Layout {
 const JobConfig& Config();
 const Layout& GetLayout();
 
-// A fresh shard and a service over it. The service's pool has one idle thread.
+// A fresh shard and a service over it. The service's pool has one idle thread; it offers
+// workers shared-memory segments of up to `max_shared_bytes_per_worker` (0: none).
 struct Server {
   std::unique_ptr<server::Shard> shard;
   std::unique_ptr<server::ParameterServerService> service;
 };
-Server NewServer();
+Server NewServer(size_t max_shared_bytes_per_worker = 0);
 
 // Every value of "w" on this server, the rows of "emb" for Layout::my_keys and for the
-// owned keys among `extra_keys` (at most 64 of them), the update count and the workers'
-// exactly-once state, as bytes. Reading a missing row creates it with its deterministic
-// initial value, which changes no value a pull can see.
-std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys);
+// owned keys among `extra_keys` (at most 64 of them), the update count and, `with_workers`,
+// the workers' incarnations, clocks and exactly-once state, as bytes. Reading a missing row
+// creates it with its deterministic initial value, which changes no value a pull can see.
+std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys,
+                  bool with_workers = true);
 
 // A valid header for worker `worker` (incarnation 1).
 RequestHeader Header(int32_t worker, uint64_t sequence, int64_t clock);
 
 // Float32 bytes of `n` copies of `value`.
 std::string Floats(size_t n, float value);
+
+// A push every check passes: `worker`'s `sequence` at `clock`, `dense` for every value of "w"
+// on server 0 and `row` for every value of the first `keys` of Layout::my_keys in "emb".
+PushRequest ValidPush(int32_t worker, uint64_t sequence, int64_t clock, float dense, size_t keys,
+                      float row);
+// A pull every check passes: worker 0 at `clock`, the blocks of "w" on server 0 and the first
+// three of Layout::my_keys in "emb", as fp16.
+PullRequest ValidPull(int64_t clock);
+
+// Reports a broken invariant and aborts (libFuzzer reports the input as a crash).
+[[noreturn]] void Fail(const char* what, const absl::Status& status);
 
 // glog to stderr at ERROR and above only (the handlers log nothing on bad input, but
 // RocksDB-related code may).

@@ -5,7 +5,8 @@
 #   bash tools/fuzz.sh [SECONDS] [--merge] [--regen-corpus] [FUZZER...]
 #
 #   SECONDS         run time per fuzzer (default 30).
-#   FUZZER          pull_push_fuzzer, checkpoint_fuzzer (default: both).
+#   FUZZER          pull_push_fuzzer, checkpoint_fuzzer, frame_fuzzer, answer_fuzzer (default:
+#                   all).
 #   --merge         afterwards, merge the inputs that added coverage into fuzz/corpus/<name>/
 #                   (libFuzzer -merge=1). Without it the repository's corpus is not modified:
 #                   each run fuzzes a copy in a temporary directory.
@@ -39,7 +40,14 @@ for arg in "$@"; do
     *) fuzzers+=("$arg") ;;
   esac
 done
-((${#fuzzers[@]})) || fuzzers=(pull_push_fuzzer checkpoint_fuzzer)
+# Each fuzzer's package.
+declare -A package=(
+  [pull_push_fuzzer]=fuzz [checkpoint_fuzzer]=fuzz [frame_fuzzer]=fuzz/rpc [answer_fuzzer]=fuzz/rpc
+)
+((${#fuzzers[@]})) || fuzzers=(pull_push_fuzzer checkpoint_fuzzer frame_fuzzer answer_fuzzer)
+for f in "${fuzzers[@]}"; do
+  [ -n "${package[$f]:-}" ] || { echo "fuzz: unknown fuzzer $f" >&2; exit 2; }
+done
 
 # Like the CUDA variant in .ci/run: a machine without the tool skips the step, loudly.
 if ! command -v clang >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
@@ -62,7 +70,7 @@ bazel_flags=(
   --linkopt=-fsanitize=address,undefined --linkopt=-fsanitize-link-c++-runtime
 )
 targets=()
-for f in "${fuzzers[@]}"; do targets+=("//fuzz:$f"); done
+for f in "${fuzzers[@]}"; do targets+=("//${package[$f]}:$f"); done
 
 echo "fuzz: building ${fuzzers[*]} with clang (output base $output_base)"
 start=$(date +%s)
@@ -87,7 +95,7 @@ export TMPDIR="$tmp"  # checkpoint_fuzzer's RocksDB directories
 failed=0
 summary=()
 for f in "${fuzzers[@]}"; do
-  bin="$bin_dir/fuzz/$f"
+  bin="$bin_dir/${package[$f]}/$f"
   seeds="fuzz/corpus/$f"
   mkdir -p "$seeds"
   if ((regen)); then

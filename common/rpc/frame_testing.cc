@@ -1,7 +1,9 @@
 #include "common/rpc/frame_testing.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/rpc/frame.h"
 #include "common/status_macros.h"
@@ -91,6 +93,30 @@ absl::StatusOr<PushPullResponse> AnswerOfFrame(const grpc::ByteBuffer& frame) {
   RETURN_IF_ERROR(FrameReader::Open(frame, size_t{1} << 30, &answer, &reader));
   for (TableValues& t : *answer.mutable_pull()->mutable_tables()) TakePayloads(&t, &reader);
   return answer;
+}
+
+FrameParts PartsOf(const grpc::ByteBuffer& frame) {
+  std::vector<grpc::Slice> slices;
+  if (!frame.Dump(&slices).ok()) return {};
+  std::string whole;
+  for (const auto& sl : slices) whole.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  if (whole.size() < 4) return {};
+  const uint64_t h = static_cast<uint8_t>(whole[0]) | static_cast<uint8_t>(whole[1]) << 8 |
+                     static_cast<uint8_t>(whole[2]) << 16 |
+                     static_cast<uint64_t>(static_cast<uint8_t>(whole[3])) << 24;
+  if (h > whole.size() - 4) return {};
+  return FrameParts{whole.substr(4, h), whole.substr(4 + h)};
+}
+
+std::string RawFrameBytes(const std::string& header, const std::string& payload) {
+  std::string bytes(4, '\0');
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return bytes + header + payload;
+}
+
+grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload) {
+  grpc::Slice slice(RawFrameBytes(header, payload));
+  return grpc::ByteBuffer(&slice, 1);
 }
 
 }  // namespace ps::common

@@ -177,6 +177,17 @@ void SharedChannel::Post(uint32_t i, const grpc::ByteBuffer& frame, absl::Durati
   RingServer();
 }
 
+void SharedChannel::PostBytes(uint32_t i, absl::string_view bytes, uint32_t claimed_bytes,
+                              uint64_t timeout_us) {
+  CHECK_LE(bytes.size(), kRequestBytes);
+  Slot* s = slot(i);
+  std::memcpy(reinterpret_cast<char*>(s) + kSlotHeaderBytes, bytes.data(), bytes.size());
+  s->request_bytes.store(claimed_bytes, std::memory_order_relaxed);
+  s->timeout_us.store(timeout_us, std::memory_order_relaxed);
+  s->state.store(kPosted, std::memory_order_release);
+  RingServer();
+}
+
 bool SharedChannel::Unserved(uint32_t i) const {
   return bells()->closed.load(std::memory_order_acquire) != 0 &&
          slot(i)->state.load(std::memory_order_acquire) == kPosted;

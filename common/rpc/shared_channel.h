@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/rpc/shared_memory.h"
@@ -83,6 +84,11 @@ class SharedChannel {
   // Posts `frame` (REQUIRES: at most kRequestBytes) in `slot` (acquired) and rings the
   // server; `timeout`: how long the server may take (its deadline, as a gRPC call's).
   void Post(uint32_t slot, const grpc::ByteBuffer& frame, absl::Duration timeout);
+  // Post as a worker that may lie: `bytes` written into the slot (REQUIRES: at most
+  // kRequestBytes), the slot's size field set to `claimed_bytes` and its timeout to
+  // `timeout_us`, whatever they are. For tests and fuzzers of the server's side.
+  void PostBytes(uint32_t slot, absl::string_view bytes, uint32_t claimed_bytes,
+                 uint64_t timeout_us);
   // The worker's bell: read it before looking for answers, then WaitForAnswers with it.
   uint32_t worker_bell() const;
   struct Answer {

@@ -278,16 +278,25 @@ TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing)
   // Bytes that are no frame.
   grpc::Slice junk(std::string("\xff\xff\xff\x7fjunk"));
   EXPECT_THAT(post(grpc::ByteBuffer(&junk, 1)), StatusIs(absl::StatusCode::kInvalidArgument));
-  // A request size beyond the slot's room, written by hand (slot header: state, then size).
+  // A request size beyond the slot's room.
   std::optional<uint32_t> slot = channel_->AcquireSlot();
   ASSERT_TRUE(slot.has_value());
-  char* header = segment_->data() + channel_->offset() + common::SharedChannel::kBellBytes +
-                 *slot * common::SharedChannel::kSlotBytes;
-  reinterpret_cast<std::atomic<uint32_t>*>(header + 4)->store(~0u);
-  reinterpret_cast<std::atomic<uint32_t>*>(header)->store(1);  // posted
-  channel_->RingServer();
+  channel_->PostBytes(*slot, "", ~0u, 5'000'000);
   EXPECT_THAT(ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("channel slot")));
+  // A valid push's frame with a size short of it, or past it (the slot's older bytes follow).
+  const FrameParts parts =
+      PartsOf(RequestFrame(&*std::make_unique<PushRequest>(ValidPush(1)), nullptr));
+  const std::string whole = RawFrameBytes(parts.header, parts.payload);
+  for (const uint32_t claimed :
+       {static_cast<uint32_t>(whole.size() - 1), static_cast<uint32_t>(whole.size() + 8)}) {
+    slot = channel_->AcquireSlot();
+    ASSERT_TRUE(slot.has_value());
+    channel_->PostBytes(*slot, whole, claimed, 5'000'000);
+    EXPECT_THAT(ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unparseable")))
+        << claimed << " of " << whole.size() << " bytes";
+  }
   EXPECT_EQ(State(), before);
 }
 

@@ -33,33 +33,10 @@ namespace ps::server {
 // code and change nothing either.
 enum WireForm { kMessages, kFrames, kFramesInPieces, kSharedMemory, kSharedCalls };
 
-// A frame's header length, header and payload, taken apart.
-struct FrameParts {
-  std::string header;
-  std::string payload;
-};
-
-inline FrameParts PartsOf(const grpc::ByteBuffer& frame) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(frame.Dump(&slices).ok());
-  std::string whole;
-  for (const auto& sl : slices) whole.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  const uint32_t h = static_cast<uint8_t>(whole[0]) | static_cast<uint8_t>(whole[1]) << 8 |
-                     static_cast<uint8_t>(whole[2]) << 16 | static_cast<uint8_t>(whole[3]) << 24;
-  return FrameParts{whole.substr(4, h), whole.substr(4 + h)};
-}
-
-// The bytes of a frame of `header` followed by `payload`, built by hand.
-inline std::string RawFrameBytes(const std::string& header, const std::string& payload) {
-  std::string bytes(4, '\0');
-  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return bytes + header + payload;
-}
-
-inline grpc::ByteBuffer RawFrame(const std::string& header, const std::string& payload) {
-  grpc::Slice slice(RawFrameBytes(header, payload));
-  return grpc::ByteBuffer(&slice, 1);
-}
+using ::ps::common::FrameParts;
+using ::ps::common::PartsOf;
+using ::ps::common::RawFrame;
+using ::ps::common::RawFrameBytes;
 
 class ServiceTest : public ::testing::TestWithParam<int> {
  protected:

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,7 +29,8 @@ namespace {
 // Records every push it receives (the PushPull frames the store sends, as the PushRequest
 // each stands for) and answers the first `fail_pushes` with `code` (marked as a busy
 // server's refusal when `busy`). With Hold(n) it keeps its answers back until n calls have
-// arrived (then answers them all); with AnswerGarbage() it answers bytes that are no frame.
+// arrived (then answers them all); with AnswerGarbage() it answers bytes that are no frame,
+// with Answer(frame) that frame.
 class RecordingServer final
     : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
  public:
@@ -52,6 +54,8 @@ class RecordingServer final
     if (garbage_) {
       grpc::Slice bytes(std::string("no frame"));
       *response = grpc::ByteBuffer(&bytes, 1);
+    } else if (answer_.has_value()) {
+      *response = *answer_;
     } else {
       *response = common::FrameBuilder(PushPullResponse()).Build();
     }
@@ -73,6 +77,10 @@ class RecordingServer final
     absl::MutexLock lock(&mu_);
     garbage_ = true;
   }
+  void Answer(grpc::ByteBuffer frame) {
+    absl::MutexLock lock(&mu_);
+    answer_ = std::move(frame);
+  }
 
   std::vector<PushRequest> pushes() {
     absl::MutexLock lock(&mu_);
@@ -87,6 +95,7 @@ class RecordingServer final
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
   size_t hold_ ABSL_GUARDED_BY(mu_) = 0;
   bool garbage_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::ByteBuffer> answer_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
 
   void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -416,6 +425,33 @@ TEST_F(GrpcStoreTest, AsyncCallRefusesABadAnswer) {
   EXPECT_EQ(calls->Wait(*first).code(), absl::StatusCode::kNotFound);  // reaped already
   EXPECT_EQ(store_->Push(common::PushBatch(), common::PushOptions{3, false}).code(),
             absl::StatusCode::kInternal);
+}
+
+// A lying server's payload lengths that add up to the payload's size only modulo 2^64 (here
+// 16 bytes for the block asked for, 2^64 - 16 for rows never asked for, and no payload):
+// refused before anything is read (the sum wrapped around and the block was read from an
+// empty payload: answer_fuzzer found it).
+TEST_F(GrpcStoreTest, PayloadLengthsThatWrapAroundAreRefused) {
+  Start(/*fail_pushes=*/0);
+  PushPullResponse answer;
+  TableValues* w = answer.mutable_pull()->add_tables();
+  w->set_table("w");
+  w->set_encoding(ENCODING_BF16);
+  DenseBlock* block = w->add_blocks();
+  block->set_block_id(0);
+  block->set_payload_bytes(16);  // 8 values of 2 bytes: the honest length
+  TableValues* emb = answer.mutable_pull()->add_tables();
+  emb->set_table("emb");
+  emb->set_encoding(ENCODING_BF16);
+  emb->set_rows_bytes(~uint64_t{0} - 15);
+  service_->Answer(common::FrameBuilder(answer).Build());
+  std::vector<float> out(8, 7.f);
+  common::PullBatch batch;
+  batch.dense.push_back({"w", absl::MakeSpan(out)});
+  const absl::Status status = store_->Pull(batch, common::PullOptions{});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_NE(status.message().find("do not add up"), absl::string_view::npos) << status;
+  EXPECT_EQ(out, std::vector<float>(8, 7.f));
 }
 
 TEST_F(GrpcStoreTest, AsyncCallRefusesABadBatchWithoutTakingASequence) {

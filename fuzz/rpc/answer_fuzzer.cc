@@ -1,0 +1,314 @@
+// libFuzzer target: the worker's side of the data path. GrpcParameterStore's pulls, pushes and
+// fused calls against a server that may lie: an in-process gRPC server (no sockets) answers
+// each PushPull frame with what the input says.
+//
+// Input: byte 0 picks the call and the kind of answer, the rest is their data
+// (FuzzedDataProvider).
+//   - The call (byte 0 % 3): a pull, a push, or both in one call, of two dense tables (float32
+//     and fp16 on the wire) and two sparse ones (float32 and bf16), with keys drawn from the
+//     input (duplicates too), into buffers of exactly the asked-for sizes (AddressSanitizer
+//     reports a write past one).
+//   - The answer (byte 0 / 3 % 3): raw bytes (cut into slices of a drawn size); or an answer
+//     built from the request frame, each field mostly what an honest server sends and
+//     sometimes not (other tables or encodings, blocks the worker did not ask for, payload
+//     lengths and bytes that do not add up, an answer said to lie in shared memory the worker
+//     never asked for, a missing push answer); or a gRPC status.
+// Invariants (a violation aborts, which libFuzzer reports as a crash):
+//   - the call returns a status (no crash, CHECK failure, sanitizer report or hang), within
+//     its deadline and retries;
+//   - an answer the worker refuses leaves its calls usable: the next honest answer is taken.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/codec.h"
+#include "common/config/config.h"
+#include "common/parameter_store.h"
+#include "common/partitioner.h"
+#include "common/rpc/frame.h"
+#include "common/rpc/frame_testing.h"
+#include "fuzz/fuzz_env.h"
+#include "fuzz/requests.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ps.grpc.pb.h"
+#include "worker/rpc/grpc_store.h"
+
+namespace ps::fuzz {
+namespace {
+
+constexpr char kConfig[] = R"pb(
+  cluster { num_servers: 1 servers: "in-process" num_workers: 1 dense_block_floats: 4 }
+  security { plaintext: true }
+  tables { name: "w" kind: TABLE_KIND_DENSE shape: 21 }
+  tables { name: "h" kind: TABLE_KIND_DENSE shape: 10 wire_encoding: ENCODING_FP16 }
+  tables { name: "emb" kind: TABLE_KIND_SPARSE dim: 3 }
+  tables { name: "e16" kind: TABLE_KIND_SPARSE dim: 2 wire_encoding: ENCODING_BF16 }
+)pb";
+
+enum AnswerKind { kRaw = 0, kBuilt = 1, kStatus = 2 };
+
+// What the server answers the next frames with: set by the fuzzer thread before a call, read
+// by the server's handler while the call runs (the call blocks the fuzzer thread).
+struct Script {
+  AnswerKind kind = kBuilt;
+  FuzzedDataProvider* in = nullptr;  // null: answer honestly
+};
+
+// Answers a pull honestly or as the script says.
+class LyingServer final
+    : public ParameterServer::WithRawCallbackMethod_PushPull<ParameterServer::CallbackService> {
+ public:
+  explicit LyingServer(const common::Partitioner* partitioner) : partitioner_(partitioner) {}
+
+  void SetScript(Script script) {
+    absl::MutexLock lock(&mu_);
+    script_ = script;
+  }
+
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    FuzzedDataProvider* in = script_.in;
+    if (in != nullptr && script_.kind == kStatus) {
+      const int code = in->ConsumeIntegralInRange(1, 16);
+      reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(code), "scripted"));
+      return reactor;
+    }
+    if (in != nullptr && script_.kind == kRaw) {
+      const size_t cut = in->ConsumeIntegralInRange<size_t>(1, 256);
+      const std::string bytes = in->ConsumeRandomLengthString(4096);
+      std::vector<grpc::Slice> slices;
+      for (size_t at = 0; at < bytes.size(); at += cut) slices.emplace_back(bytes.substr(at, cut));
+      *response = grpc::ByteBuffer(slices.data(), slices.size());
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    PushPullRequest asked;
+    if (!asked.ParseFromString(common::PartsOf(*request).header)) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "the worker sent no frame"));
+      return reactor;
+    }
+    *response = Build(asked, in);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  // A drawn lie now and then (1 in 8), when there is an input.
+  static bool Lie(FuzzedDataProvider* in) {
+    return in != nullptr && in->ConsumeIntegralInRange(0, 7) == 7;
+  }
+
+  uint64_t Bytes(FuzzedDataProvider* in, uint64_t honest) const {
+    if (!Lie(in)) return honest;
+    switch (in->ConsumeIntegralInRange(0, 3)) {
+      case 0:
+        return honest + 1;
+      case 1:
+        return honest > 0 ? honest - 1 : 0;
+      case 2:
+        return 0;
+      default:
+        return in->ConsumeIntegral<uint64_t>();
+    }
+  }
+
+  // The answer an honest server gives `asked`, with lies drawn from `in`.
+  grpc::ByteBuffer Build(const PushPullRequest& asked, FuzzedDataProvider* in) const {
+    PushPullResponse answer;
+    if (asked.has_push() && !Lie(in)) {
+      answer.mutable_push()->set_duplicate(in != nullptr && in->ConsumeIntegralInRange(0, 15) == 0);
+      answer.mutable_push()->set_server_incarnation(1);
+    }
+    std::string payload;
+    const bool pulls = asked.pull_size() > 0 || !asked.has_push();
+    if (pulls) {
+      PullResponse* pull = answer.mutable_pull();
+      pull->set_server_incarnation(Lie(in) ? in->ConsumeIntegral<uint64_t>() : 1);
+      for (const TablePullRequest& t : asked.pull()) {
+        if (Lie(in)) continue;  // a table left out
+        TableValues* v = pull->add_tables();
+        v->set_table(Lie(in) ? Pick(*in, std::vector<std::string>{"w", "h", "emb", "e16", "x"})
+                             : t.table());
+        v->set_encoding(Lie(in) ? PickEncoding(*in) : t.encoding());
+        const common::TableInfo* info = partitioner_->FindTable(t.table());
+        const size_t bpv =
+            common::IsKnownEncoding(t.encoding()) ? common::BytesPerValue(t.encoding()) : 4;
+        for (uint32_t id : t.block_ids()) {
+          DenseBlock* b = v->add_blocks();
+          b->set_block_id(Lie(in) ? in->ConsumeIntegral<uint32_t>() : id);
+          uint64_t honest = 0;
+          if (info != nullptr && id < info->num_blocks) {
+            auto [begin, end] = partitioner_->BlockRange(*info, id);
+            honest = (end - begin) * bpv;
+          }
+          b->set_payload_bytes(Bytes(in, honest));
+        }
+        if (Lie(in)) v->add_blocks()->set_block_id(0);  // a block not asked for
+        const uint64_t rows = info != nullptr ? t.keys_size() * uint64_t{info->dim} * bpv : 0;
+        v->set_rows_bytes(Bytes(in, rows));
+        if (Lie(in)) v->add_keys(in->ConsumeIntegral<uint64_t>());
+      }
+      if (Lie(in)) pull->add_tables()->set_table("w");  // a table not asked for
+      if (Lie(in)) answer.set_shared_answer_bytes(in->ConsumeIntegral<uint64_t>());
+    }
+    // The payload: as long as the header says (capped), values from the input or 0.25s.
+    uint64_t total = 0;
+    for (const TableValues& v : answer.pull().tables()) {
+      for (const DenseBlock& b : v.blocks()) total += b.payload_bytes();
+      total += v.rows_bytes();
+    }
+    total = std::min<uint64_t>(Bytes(in, total), 1 << 16);
+    if (in != nullptr && in->ConsumeBool()) {
+      payload = in->ConsumeBytesAsString(total);
+      payload.resize(total, '\0');
+    } else {
+      const float quarter = 0.25f;
+      for (uint64_t i = 0; i + sizeof(quarter) <= total; i += sizeof(quarter)) {
+        payload.append(reinterpret_cast<const char*>(&quarter), sizeof(quarter));
+      }
+      payload.resize(total, '\0');
+    }
+    common::FrameBuilder frame(answer);
+    frame.AddSlice(grpc::Slice(payload));
+    return frame.Build();
+  }
+
+  const common::Partitioner* const partitioner_;
+  absl::Mutex mu_;
+  Script script_ ABSL_GUARDED_BY(mu_);
+};
+
+struct World {
+  JobConfig config;
+  std::unique_ptr<common::Partitioner> partitioner;
+  std::unique_ptr<LyingServer> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<worker::GrpcParameterStore> store;
+};
+
+World& GetWorld() {
+  static World* world = [] {
+    auto* w = new World;
+    auto parsed = common::ParseJobConfigText(kConfig, "answer_fuzzer");
+    CHECK(parsed.ok()) << parsed.status();
+    w->config = *std::move(parsed);
+    CHECK(common::ExpandModelTables(&w->config).ok());
+    auto partitioner = common::Partitioner::Create(w->config);
+    CHECK(partitioner.ok()) << partitioner.status();
+    w->partitioner = std::make_unique<common::Partitioner>(*std::move(partitioner));
+    w->service = std::make_unique<LyingServer>(w->partitioner.get());
+    grpc::ServerBuilder builder;
+    builder.RegisterService(w->service.get());
+    w->server = builder.BuildAndStart();
+    CHECK(w->server != nullptr);
+    worker::GrpcStoreOptions options;
+    options.deadline = absl::Seconds(5);
+    options.max_retries = 2;
+    options.initial_backoff = absl::Microseconds(10);
+    options.max_backoff = absl::Microseconds(10);
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    channels.push_back(w->server->InProcessChannel(grpc::ChannelArguments()));
+    auto store =
+        worker::GrpcParameterStore::CreateWithChannels(w->config, options, std::move(channels));
+    CHECK(store.ok()) << store.status();
+    w->store = *std::move(store);
+    return w;
+  }();
+  return *world;
+}
+
+std::vector<uint64_t> Keys(FuzzedDataProvider& in) {
+  std::vector<uint64_t> keys(in.ConsumeIntegralInRange(0, 6));
+  for (uint64_t& k : keys) k = in.ConsumeIntegralInRange<uint64_t>(0, 9);  // repeats likely
+  return keys;
+}
+
+// The buffers of one call, sized as the store requires.
+struct Buffers {
+  std::vector<float> w = std::vector<float>(21);
+  std::vector<float> h = std::vector<float>(10);
+  std::vector<uint64_t> emb_keys;
+  std::vector<uint64_t> e16_keys;
+  std::vector<float> emb;
+  std::vector<float> e16;
+
+  explicit Buffers(FuzzedDataProvider& in) : emb_keys(Keys(in)), e16_keys(Keys(in)) {
+    emb.assign(emb_keys.size() * 3, 0.5f);
+    e16.assign(e16_keys.size() * 2, 0.5f);
+  }
+  common::PullBatch Pull() {
+    common::PullBatch b;
+    b.dense = {{"w", absl::MakeSpan(w)}, {"h", absl::MakeSpan(h)}};
+    b.sparse = {{"emb", emb_keys, absl::MakeSpan(emb)}, {"e16", e16_keys, absl::MakeSpan(e16)}};
+    return b;
+  }
+  common::PushBatch Push() const {
+    common::PushBatch b;
+    b.dense = {{"w", w}, {"h", h}};
+    b.sparse = {{"emb", emb_keys, emb}, {"e16", e16_keys, e16}};
+    return b;
+  }
+};
+
+absl::Status Call(int call, Buffers& buffers, int64_t clock) {
+  worker::GrpcParameterStore& store = *GetWorld().store;
+  switch (call) {
+    case 0:
+      return store.Pull(buffers.Pull(), common::PullOptions{clock});
+    case 1:
+      return store.Push(buffers.Push(), common::PushOptions{clock, false});
+    default:
+      return store.PushPull(buffers.Push(), common::PushOptions{clock, false}, buffers.Pull(),
+                            common::PullOptions{clock});
+  }
+}
+
+}  // namespace
+}  // namespace ps::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  ps::fuzz::QuietLogging();
+  // Seeds: each call with each kind of answer, the rest of the input a fixed pattern.
+  std::vector<std::pair<std::string, std::string>> seeds;
+  for (int first = 0; first < 9; ++first) {
+    std::string body(1, static_cast<char>(first));
+    for (int j = 0; j < 96; ++j) body.push_back(static_cast<char>((j * 53 + first * 29) & 0xff));
+    seeds.emplace_back("call" + std::to_string(first % 3) + "_answer" + std::to_string(first / 3),
+                       body);
+  }
+  if (ps::fuzz::MaybeWriteSeeds(seeds)) std::exit(0);
+  ps::fuzz::GetWorld();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace ps::fuzz;
+  if (size < 1) return 0;
+  static int64_t clock = 0;
+  const int call = data[0] % 3;
+  const auto kind = static_cast<AnswerKind>(data[0] / 3 % 3);
+  FuzzedDataProvider in(data + 1, size - 1);
+  World& world = GetWorld();
+  {
+    Buffers buffers(in);
+    world.service->SetScript(Script{kind, &in});
+    Call(call, buffers, ++clock).IgnoreError();
+  }
+  // The same store takes an honest answer next: a refused answer left nothing behind.
+  Buffers honest(in);
+  world.service->SetScript(Script{kBuilt, nullptr});
+  const absl::Status status = Call(call, honest, ++clock);
+  if (!status.ok()) Fail("an honest answer after a lie was refused", status);
+  return 0;
+}

@@ -11,8 +11,11 @@
 //   - The answer (byte 0 / 3 % 3): raw bytes (cut into slices of a drawn size); or an answer
 //     built from the request frame, each field mostly what an honest server sends and
 //     sometimes not (other tables or encodings, blocks the worker did not ask for, payload
-//     lengths and bytes that do not add up, an answer said to lie in shared memory the worker
-//     never asked for, a missing push answer); or a gRPC status.
+//     lengths and bytes that do not add up, an answer said to lie in shared memory in a size
+//     of its own, a missing push answer); or a gRPC status.
+//   - The store (byte 0 / 9 % 2): one that asks for no shared memory, or a new one that asks
+//     for a segment: the server offers one it made (or an offer with another id, size, path,
+//     host or channel, or none) and writes answers that fit the call's room there.
 // Invariants (a violation aborts, which libFuzzer reports as a crash):
 //   - the call returns a status (no crash, CHECK failure, sanitizer report or hang), within
 //     its deadline and retries;
@@ -22,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -34,6 +38,7 @@
 #include "common/partitioner.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/frame_testing.h"
+#include "common/rpc/shared_memory.h"
 #include "fuzz/fuzz_env.h"
 #include "fuzz/requests.h"
 #include "glog/logging.h"
@@ -124,7 +129,8 @@ class LyingServer final
   }
 
   // The answer an honest server gives `asked`, with lies drawn from `in`.
-  grpc::ByteBuffer Build(const PushPullRequest& asked, FuzzedDataProvider* in) const {
+  grpc::ByteBuffer Build(const PushPullRequest& asked, FuzzedDataProvider* in)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     PushPullResponse answer;
     if (asked.has_push() && !Lie(in)) {
       answer.mutable_push()->set_duplicate(in != nullptr && in->ConsumeIntegralInRange(0, 15) == 0);
@@ -179,18 +185,89 @@ class LyingServer final
       }
       payload.resize(total, '\0');
     }
+    Share(asked, in, &answer, &payload);
     common::FrameBuilder frame(answer);
     frame.AddSlice(grpc::Slice(payload));
     return frame.Build();
   }
 
+  // Shared memory, as a server on the worker's host: a worker that asks is offered a segment
+  // (made here), and an answer that fits the room its call gave is written there. Lies: an
+  // offer of another id, size, path, host or channel; no offer; an answer said to lie there
+  // in a size of its own.
+  void Share(const PushPullRequest& asked, FuzzedDataProvider* in, PushPullResponse* answer,
+             std::string* payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (asked.want_shared_bytes() > 0 && !Lie(in)) {
+      auto made = common::SharedMemory::Create(
+          std::min<uint64_t>(asked.want_shared_bytes(), kMaxSegmentBytes));
+      if (!made.ok()) Fail("no shared memory for the fuzzer", made.status());
+      segment_ = *std::move(made);
+      SharedSegment* offer = answer->mutable_shared_offer();
+      offer->set_id(segment_->id());
+      offer->set_path(segment_->path());
+      offer->set_bytes(segment_->size());
+      offer->set_boot_id(common::SharedMemory::BootId());
+      if (Lie(in)) {
+        switch (in->ConsumeIntegralInRange(0, 4)) {
+          case 0:
+            offer->set_id(offer->id() + 1);
+            break;
+          case 1:
+            offer->set_bytes(in->ConsumeIntegral<uint64_t>());
+            break;
+          case 2:
+            offer->set_path(Pick(*in, std::vector<std::string>{"/proc/self/fd/0", "/dev/zero",
+                                                               "/etc/hostname", ""}));
+            break;
+          case 3:
+            offer->set_boot_id("another host");
+            break;
+          default:
+            offer->set_channel_offset(in->ConsumeIntegral<uint64_t>());
+            break;
+        }
+      }
+    }
+    const SharedPayload& room = asked.shared();
+    if (segment_ != nullptr && room.segment() == segment_->id() &&
+        answer->shared_answer_bytes() == 0 && !payload->empty() &&
+        payload->size() <= room.answer_capacity() &&
+        segment_->Holds(room.answer_offset(), payload->size()) && !Lie(in)) {
+      std::memcpy(segment_->data() + room.answer_offset(), payload->data(), payload->size());
+      answer->set_shared_answer_bytes(payload->size());
+      payload->clear();
+    }
+  }
+
+  // Segments offered here are at most this large (no channel: SharedChannel::kMinSegmentBytes).
+  static constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 20;
+
   const common::Partitioner* const partitioner_;
   absl::Mutex mu_;
   Script script_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<common::SharedMemory> segment_ ABSL_GUARDED_BY(mu_);
 };
 
 struct World {
+  // A store that asks for no shared memory (the one of every input), and one that asks for a
+  // segment of 1 MB (made again for each input that uses it: once refused, a store never asks
+  // again).
+  worker::GrpcParameterStore* Store(bool shared) {
+    return shared ? shared_store.get() : store.get();
+  }
+  std::unique_ptr<worker::GrpcParameterStore> NewSharedStore() {
+    worker::GrpcStoreOptions o = options;
+    o.shared_memory_bytes = size_t{1} << 20;
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    channels.push_back(server->InProcessChannel(grpc::ChannelArguments()));
+    auto made = worker::GrpcParameterStore::CreateWithChannels(config, o, std::move(channels));
+    CHECK(made.ok()) << made.status();
+    return *std::move(made);
+  }
+
   JobConfig config;
+  worker::GrpcStoreOptions options;
+  std::unique_ptr<worker::GrpcParameterStore> shared_store;
   std::unique_ptr<common::Partitioner> partitioner;
   std::unique_ptr<LyingServer> service;
   std::unique_ptr<grpc::Server> server;
@@ -212,7 +289,7 @@ World& GetWorld() {
     builder.RegisterService(w->service.get());
     w->server = builder.BuildAndStart();
     CHECK(w->server != nullptr);
-    worker::GrpcStoreOptions options;
+    worker::GrpcStoreOptions& options = w->options;
     options.deadline = absl::Seconds(5);
     options.max_retries = 2;
     options.initial_backoff = absl::Microseconds(10);
@@ -261,8 +338,7 @@ struct Buffers {
   }
 };
 
-absl::Status Call(int call, Buffers& buffers, int64_t clock) {
-  worker::GrpcParameterStore& store = *GetWorld().store;
+absl::Status Call(worker::GrpcParameterStore& store, int call, Buffers& buffers, int64_t clock) {
   switch (call) {
     case 0:
       return store.Pull(buffers.Pull(), common::PullOptions{clock});
@@ -279,12 +355,14 @@ absl::Status Call(int call, Buffers& buffers, int64_t clock) {
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   ps::fuzz::QuietLogging();
-  // Seeds: each call with each kind of answer, the rest of the input a fixed pattern.
+  // Seeds: each call with each kind of answer, by each store, the rest of the input a fixed
+  // pattern.
   std::vector<std::pair<std::string, std::string>> seeds;
-  for (int first = 0; first < 9; ++first) {
+  for (int first = 0; first < 18; ++first) {
     std::string body(1, static_cast<char>(first));
     for (int j = 0; j < 96; ++j) body.push_back(static_cast<char>((j * 53 + first * 29) & 0xff));
-    seeds.emplace_back("call" + std::to_string(first % 3) + "_answer" + std::to_string(first / 3),
+    seeds.emplace_back("call" + std::to_string(first % 3) + "_answer" +
+                           std::to_string(first / 3 % 3) + (first >= 9 ? "_shared" : ""),
                        body);
   }
   if (ps::fuzz::MaybeWriteSeeds(seeds)) std::exit(0);
@@ -298,17 +376,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static int64_t clock = 0;
   const int call = data[0] % 3;
   const auto kind = static_cast<AnswerKind>(data[0] / 3 % 3);
+  const bool shared = data[0] / 9 % 2 == 1;
   FuzzedDataProvider in(data + 1, size - 1);
   World& world = GetWorld();
   {
     Buffers buffers(in);
+    if (shared) world.shared_store = world.NewSharedStore();
     world.service->SetScript(Script{kind, &in});
-    Call(call, buffers, ++clock).IgnoreError();
+    Call(*world.Store(shared), call, buffers, ++clock).IgnoreError();
   }
   // The same store takes an honest answer next: a refused answer left nothing behind.
   Buffers honest(in);
   world.service->SetScript(Script{kBuilt, nullptr});
-  const absl::Status status = Call(call, honest, ++clock);
+  const absl::Status status = Call(*world.Store(shared), call, honest, ++clock);
   if (!status.ok()) Fail("an honest answer after a lie was refused", status);
   return 0;
 }

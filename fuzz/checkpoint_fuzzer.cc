@@ -172,14 +172,7 @@ void Exercise(Server& s, FuzzedDataProvider& in) {
   PushResponse push_response;
   s.service->HandlePush(push, &push_response).IgnoreError();  // any status; no crash
 
-  PullRequest pull;
-  *pull.mutable_header() = Header(worker, 0, clock);
-  auto* pw = pull.add_tables();
-  pw->set_table("w");
-  for (uint32_t b : layout.my_blocks) pw->add_block_ids(b);
-  auto* pe = pull.add_tables();
-  pe->set_table("emb");
-  for (uint64_t k : layout.my_keys) pe->add_keys(k);
+  const PullRequest pull = ValidPull(worker, clock, layout.my_keys.size(), ENCODING_FLOAT32);
   PullResponse pull_response;
   s.service->HandlePull(pull, absl::Now(), &pull_response).IgnoreError();
   StatsResponse stats;

@@ -150,17 +150,17 @@ PushRequest ValidPush(int32_t worker, uint64_t sequence, int64_t clock, float de
   return push;
 }
 
-PullRequest ValidPull(int64_t clock) {
+PullRequest ValidPull(int32_t worker, int64_t clock, size_t keys, Encoding encoding) {
   const Layout& layout = GetLayout();
   PullRequest pull;
-  *pull.mutable_header() = Header(0, 0, clock);
+  *pull.mutable_header() = Header(worker, 0, clock);
   TablePullRequest* w = pull.add_tables();
   w->set_table("w");
   for (uint32_t b : layout.my_blocks) w->add_block_ids(b);
   TablePullRequest* e = pull.add_tables();
   e->set_table("emb");
-  e->set_encoding(ENCODING_FP16);
-  for (int i = 0; i < 3; ++i) e->add_keys(layout.my_keys[i]);
+  e->set_encoding(encoding);
+  for (size_t i = 0; i < keys; ++i) e->add_keys(layout.my_keys[i]);
   return pull;
 }
 
@@ -183,6 +183,11 @@ bool MaybeWriteSeeds(const std::vector<std::pair<std::string, std::string>>& see
     CHECK(f.good()) << "cannot write seed " << name << " to " << dir;
   }
   return true;
+}
+
+void InitializeFuzzer(const std::vector<std::pair<std::string, std::string>>& seeds) {
+  QuietLogging();
+  if (MaybeWriteSeeds(seeds)) std::exit(0);
 }
 
 }  // namespace ps::fuzz

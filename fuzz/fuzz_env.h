@@ -67,9 +67,9 @@ std::string Floats(size_t n, float value);
 // on server 0 and `row` for every value of the first `keys` of Layout::my_keys in "emb".
 PushRequest ValidPush(int32_t worker, uint64_t sequence, int64_t clock, float dense, size_t keys,
                       float row);
-// A pull every check passes: worker 0 at `clock`, the blocks of "w" on server 0 and the first
-// three of Layout::my_keys in "emb", as fp16.
-PullRequest ValidPull(int64_t clock);
+// A pull every check passes: `worker` at `clock`, the blocks of "w" on server 0 and the
+// first `keys` of Layout::my_keys in "emb", in `encoding`.
+PullRequest ValidPull(int32_t worker, int64_t clock, size_t keys, Encoding encoding);
 
 // Reports a broken invariant and aborts (libFuzzer reports the input as a crash).
 [[noreturn]] void Fail(const char* what, const absl::Status& status);
@@ -80,6 +80,10 @@ void QuietLogging();
 
 // If PS_FUZZ_WRITE_SEEDS is set, writes each seed as <dir>/<name> and returns true.
 bool MaybeWriteSeeds(const std::vector<std::pair<std::string, std::string>>& seeds);
+
+// A fuzzer's LLVMFuzzerInitialize: QuietLogging, then, if PS_FUZZ_WRITE_SEEDS is set, writes
+// `seeds` there and exits.
+void InitializeFuzzer(const std::vector<std::pair<std::string, std::string>>& seeds);
 
 }  // namespace ps::fuzz
 

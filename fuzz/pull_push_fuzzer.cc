@@ -64,7 +64,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
   auto add = [&](const std::string& name, char mode, const std::string& body) {
     seeds.emplace_back(name, std::string(1, mode) + body);
   };
-  PullRequest pull = ValidPull(0);
+  PullRequest pull = ValidPull(0, 0, 3, ENCODING_FP16);
   add("pull_valid", 0, pull.SerializeAsString());
   pull.mutable_header()->set_worker_id(-1);
   add("pull_tool", 4, pull.SerializeAsString());
@@ -97,8 +97,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
 }  // namespace ps::fuzz
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  ps::fuzz::QuietLogging();
-  if (ps::fuzz::MaybeWriteSeeds(ps::fuzz::Seeds())) std::exit(0);
+  ps::fuzz::InitializeFuzzer(ps::fuzz::Seeds());
   return 0;
 }
 

@@ -105,6 +105,21 @@ class FrameBuilder {
   std::vector<grpc::Slice> slices_;
 };
 
+// The payload lengths a peer's header gives, summed against the payload bytes there are: a
+// sum past them stays past them, so lengths that add up to the payload only modulo 2^64 are
+// not taken for exact. Check Exact() before taking any payload by those lengths.
+class PayloadLengths {
+ public:
+  explicit PayloadLengths(uint64_t payload_bytes) : have_(payload_bytes) {}
+  void Add(uint64_t n) { total_ = n > have_ || total_ > have_ - n ? have_ + 1 : total_ + n; }
+  // Whether the lengths added so far cut the payload exactly.
+  bool Exact() const { return total_ == have_; }
+
+ private:
+  const uint64_t have_;
+  uint64_t total_ = 0;  // at most have_ + 1
+};
+
 // Reads a frame in place. Thread-compatible; the ByteBuffer must outlive the reader and the
 // views it returns.
 class FrameReader {

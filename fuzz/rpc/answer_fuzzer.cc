@@ -354,7 +354,6 @@ absl::Status Call(worker::GrpcParameterStore& store, int call, Buffers& buffers,
 }  // namespace ps::fuzz
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  ps::fuzz::QuietLogging();
   // Seeds: each call with each kind of answer, by each store, the rest of the input a fixed
   // pattern.
   std::vector<std::pair<std::string, std::string>> seeds;
@@ -365,7 +364,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
                            std::to_string(first / 3 % 3) + (first >= 9 ? "_shared" : ""),
                        body);
   }
-  if (ps::fuzz::MaybeWriteSeeds(seeds)) std::exit(0);
+  ps::fuzz::InitializeFuzzer(seeds);
   ps::fuzz::GetWorld();
   return 0;
 }

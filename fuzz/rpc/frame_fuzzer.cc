@@ -379,7 +379,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
                        std::string{4, cut} + common::RawFrameBytes(parts.header, parts.payload));
   };
   PushRequest push = ValidPush(0, 1, 1, 0.5f, 2, -0.25f);
-  const PullRequest pull = ValidPull(1);
+  const PullRequest pull = ValidPull(0, 1, 3, ENCODING_FP16);
   add_frame("frame_push_pull", &push, &pull, 0);
   add_frame("frame_push_pull_cut", &push, &pull, 7);
   add_frame("frame_push", &push, nullptr, 3);
@@ -398,8 +398,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
 }  // namespace ps::fuzz
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  ps::fuzz::QuietLogging();
-  if (ps::fuzz::MaybeWriteSeeds(ps::fuzz::Seeds())) std::exit(0);
+  ps::fuzz::InitializeFuzzer(ps::fuzz::Seeds());
   return 0;
 }
 

@@ -453,22 +453,18 @@ absl::Status ParameterServerService::FramePushParts(const PushPullRequest& heade
                                                     std::vector<absl::string_view>* pieces,
                                                     std::vector<PushTable>* tables) {
   // The lengths must cut the payload exactly: sum them before taking anything.
-  uint64_t total = 0;
-  auto add = [&](uint64_t n) {
-    total = n > reader->remaining() || total > reader->remaining() - n ? reader->remaining() + 1
-                                                                       : total + n;
-  };
+  common::PayloadLengths lengths(reader->remaining());
   for (const TableValues& t : header.push()) {
     if (!t.rows().empty()) return absl::InvalidArgumentError("a frame's rows field is not empty");
     for (const DenseBlock& block : t.blocks()) {
       if (!block.values().empty()) {
         return absl::InvalidArgumentError("a frame's block values field is not empty");
       }
-      add(block.payload_bytes());
+      lengths.Add(block.payload_bytes());
     }
-    add(t.rows_bytes());
+    lengths.Add(t.rows_bytes());
   }
-  if (total != reader->remaining()) {
+  if (!lengths.Exact()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the header's payload lengths do not add up to the ", reader->remaining(),
                      " payload bytes of the frame"));

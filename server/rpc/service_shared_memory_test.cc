@@ -285,8 +285,8 @@ TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing)
   EXPECT_THAT(ChannelAnswer(*slot, absl::Now() + absl::Seconds(5), &answer),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("channel slot")));
   // A valid push's frame with a size short of it, or past it (the slot's older bytes follow).
-  const FrameParts parts =
-      PartsOf(RequestFrame(&*std::make_unique<PushRequest>(ValidPush(1)), nullptr));
+  const PushRequest push = ValidPush(1);
+  const FrameParts parts = PartsOf(RequestFrame(&push, nullptr));
   const std::string whole = RawFrameBytes(parts.header, parts.payload);
   for (const uint32_t claimed :
        {static_cast<uint32_t>(whole.size() - 1), static_cast<uint32_t>(whole.size() + 8)}) {

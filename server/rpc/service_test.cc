@@ -316,6 +316,13 @@ TEST_P(FrameTest, UnparseableFramesAreRefusedCountedAndChangeNothing) {
   PushPullRequest with_values;
   ASSERT_TRUE(with_values.ParseFromString(header));
   with_values.mutable_push(0)->mutable_blocks(0)->set_values("x");
+  // Lengths that add up to the payload only modulo 2^64: one more byte for a block, 2^64 - 1
+  // of rows.
+  PushPullRequest wrapping;
+  ASSERT_TRUE(wrapping.ParseFromString(header));
+  DenseBlock* first = wrapping.mutable_push(0)->mutable_blocks(0);
+  first->set_payload_bytes(first->payload_bytes() + 1);
+  wrapping.mutable_push(0)->set_rows_bytes(~uint64_t{0});
   const std::vector<std::pair<grpc::ByteBuffer, std::string>> cases = {
       {grpc::ByteBuffer(), "no message"},
       {[] {
@@ -328,10 +335,12 @@ TEST_P(FrameTest, UnparseableFramesAreRefusedCountedAndChangeNothing) {
          b[3] = 0x7f;  // a header length beyond the frame
          grpc::Slice s(b);
          return grpc::ByteBuffer(&s, 1);
-       }(), "header of"},
+       }(),
+       "header of"},
       {RawFrame("\xff\xff\xff", payload), "does not parse"},
       {RawFrame(header, payload + "tail"), "do not add up"},
       {RawFrame(header, payload.substr(1)), "do not add up"},
+      {RawFrame(wrapping.SerializeAsString(), payload), "do not add up"},
       {RawFrame(with_values.SerializeAsString(), payload), "values field is not empty"},
   };
   uint64_t refused = 0;

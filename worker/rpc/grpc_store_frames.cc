@@ -545,18 +545,17 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   }
   if (x->shared[f].valid()) x->shared_bytes += x->headers[f].shared().push_bytes();
   if (x->headers[f].has_push() && header.push().duplicate()) ++x->duplicates;
-  // The lengths must cut the payload exactly: summed without overflow (a lying server's could
-  // wrap around to the payload's size), before anything is read.
-  const uint64_t have = reader.remaining();
-  uint64_t total = 0;
-  auto add = [&](uint64_t n) { total = n > have || total > have - n ? have + 1 : total + n; };
+  // The lengths must cut the payload exactly (a lying server's could wrap around to its size),
+  // before anything is read.
+  const uint64_t total = reader.remaining();
+  common::PayloadLengths lengths(total);
   for (const TableValues& tv : header.pull().tables()) {
-    for (const DenseBlock& block : tv.blocks()) add(block.payload_bytes());
-    add(tv.rows_bytes());
+    for (const DenseBlock& block : tv.blocks()) lengths.Add(block.payload_bytes());
+    lengths.Add(tv.rows_bytes());
   }
-  if (total != have) {
-    return BadResponse(s, absl::StrCat("payload lengths that do not add up to the ", have,
-                                       " payload bytes"));
+  if (!lengths.Exact()) {
+    return BadResponse(
+        s, absl::StrCat("payload lengths that do not add up to the ", total, " payload bytes"));
   }
   std::string scratch;
   // Float32 blocks are copied after every part is checked, possibly in parallel.

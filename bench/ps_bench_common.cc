@@ -363,6 +363,7 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     options.deadline = absl::Seconds(config.rpc().deadline_s());
     options.max_retries = config.rpc().max_retries();
     options.pull_piece_bytes = env->flags->pull_piece_bytes;
+    options.parallel_copy_bytes = env->flags->parallel_copy_bytes;
     options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
     options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
     options.shared_memory_calls = config.rpc().shared_memory_calls();

@@ -95,6 +95,10 @@ ABSL_FLAG(bool, sparse_prefill, true,
 ABSL_FLAG(uint64_t, pull_piece_bytes, ps::worker::GrpcStoreOptions().pull_piece_bytes,
           "GrpcStoreOptions::pull_piece_bytes of the bench clients: dense pulls of at least twice "
           "this many bytes per server go in pieces (0 = one frame per server).");
+ABSL_FLAG(uint64_t, parallel_copy_bytes, ps::worker::GrpcStoreOptions().parallel_copy_bytes,
+          "GrpcStoreOptions::parallel_copy_bytes of the bench clients: dense pull answers of at "
+          "least this many bytes per server are copied into the caller's buffers by more than "
+          "one thread (0 = one thread).");
 ABSL_FLAG(int64_t, busy_poll_us, -1,
           "server.busy_poll_us and rpc.busy_poll_us of the generated config: how long the "
           "servers' data threads and the clients poll for events before they sleep (0 = "
@@ -277,6 +281,7 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->key_space = absl::GetFlag(FLAGS_key_space);
   f->dense_block_floats = absl::GetFlag(FLAGS_dense_block_floats);
   f->pull_piece_bytes = absl::GetFlag(FLAGS_pull_piece_bytes);
+  f->parallel_copy_bytes = absl::GetFlag(FLAGS_parallel_copy_bytes);
   f->busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   if (f->busy_poll_us < -1 || f->busy_poll_us > 1000000) {
     return absl::InvalidArgumentError(

@@ -68,11 +68,16 @@ std::string ReadLine(const std::string& path) {
 
 }  // namespace
 
+size_t ChooseLastLevelCacheBytes(size_t sysfs_bytes, size_t sysconf_bytes) {
+  if (sysfs_bytes > 0) return sysfs_bytes;
+  if (sysconf_bytes > 0) return std::min(sysconf_bytes, kMaxSysconfCacheBytes);
+  return kMaxSysconfCacheBytes;
+}
+
 size_t LastLevelCacheBytes() {
   static const size_t bytes = [] {
     // The kernel's view first: one instance of the highest level, as the cores of this CPU
-    // share it. The C library's sysconf can count all of a package's instances together
-    // (320 MB for the 32 MB L3 of the development VM's EPYC).
+    // share it.
     size_t best_level = 0, size = 0;
     for (int i = 0; i < 16; ++i) {
       const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
@@ -86,12 +91,15 @@ size_t LastLevelCacheBytes() {
         size = s;
       }
     }
-    if (size > 0) return size;
+    size_t sysconf_bytes = 0;
     for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
       const long n = sysconf(name);
-      if (n > 0) return static_cast<size_t>(n);
+      if (n > 0) {
+        sysconf_bytes = static_cast<size_t>(n);
+        break;
+      }
     }
-    return size_t{32} << 20;
+    return ChooseLastLevelCacheBytes(size, sysconf_bytes);
   }();
   return bytes;
 }

@@ -26,9 +26,21 @@ namespace ps::common {
 // cache: the destination is left out of the cache.
 void StreamCopy(void* to, const void* from, size_t n);
 
-// The size of one instance of this host's last-level cache (sysfs, else the C library's
-// sysconf), 32 MiB when neither knows it. Read once per process.
+// The size of one instance of this host's last-level cache, read once per process: sysfs's,
+// else the C library's (sysconf) up to kMaxSysconfCacheBytes, else kMaxSysconfCacheBytes.
 size_t LastLevelCacheBytes();
+
+// The most LastLevelCacheBytes takes from sysconf. The C library reads CPUID, which gives one
+// instance's size only with the cache topology (AMD's leaf 0x8000001D, Intel's leaf 4); where
+// a hypervisor hides it, as where sysfs has no cache directory, the size CPUID reports is the
+// package's: 320 MB on one development VM (EPYC, 32 MB per core complex in sysfs), 508 MB on
+// another (EPYC family 26, no sysfs cache directory). Taken at face value it meant that no copy
+// ever streamed there. 32 MB is one core complex's L3 on AMD's server parts since Zen 3; a
+// host whose one cache is larger and that hides it streams some copies that would have fit.
+inline constexpr size_t kMaxSysconfCacheBytes = size_t{32} << 20;
+
+// LastLevelCacheBytes's choice from what sysfs and sysconf said (0: nothing).
+size_t ChooseLastLevelCacheBytes(size_t sysfs_bytes, size_t sysconf_bytes);
 
 // A buffer of more than this many bytes written for another process to read next may be
 // streamed (common/rpc/handoff_chooser.h, GrpcStoreOptions::adapt_handoff). Up to 16 KB,

@@ -48,5 +48,16 @@ TEST(StreamCopy, KnowsTheCacheSize) {
   EXPECT_EQ(LastLevelCacheBytes(), LastLevelCacheBytes());
 }
 
+TEST(StreamCopy, TakesSysfsAndCapsWhatTheCLibrarySays) {
+  // sysfs names one instance: taken as it is, however large.
+  EXPECT_EQ(ChooseLastLevelCacheBytes(size_t{96} << 20, size_t{508} << 20), size_t{96} << 20);
+  EXPECT_EQ(ChooseLastLevelCacheBytes(size_t{1} << 20, 0), size_t{1} << 20);
+  // Without it, sysconf's figure may be a whole package's (508 MB on a VM that hides the
+  // topology): capped.
+  EXPECT_EQ(ChooseLastLevelCacheBytes(0, size_t{508} << 20), kMaxSysconfCacheBytes);
+  EXPECT_EQ(ChooseLastLevelCacheBytes(0, size_t{8} << 20), size_t{8} << 20);
+  EXPECT_EQ(ChooseLastLevelCacheBytes(0, 0), kMaxSysconfCacheBytes);
+}
+
 }  // namespace
 }  // namespace ps::common

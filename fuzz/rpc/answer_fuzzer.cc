@@ -252,8 +252,9 @@ struct World {
   // A store that asks for no shared memory (the one of every input), and one that asks for a
   // segment of 1 MB (made again for each input that uses it: once refused, a store never asks
   // again). Every store of the second kind talks over one in-process channel: gRPC's server
-  // keeps the transport of each in-process channel made until it shuts down (about 2 KB each),
-  // which made the fuzzer's memory grow by that much per input.
+  // keeps the transport of each in-process channel made until it shuts down (2 KB and more
+  // each), and a channel per store made the fuzzer's memory grow about 4 KB per input
+  // (docs/reliability.md).
   worker::GrpcParameterStore* Store(bool shared) {
     return shared ? shared_store.get() : store.get();
   }

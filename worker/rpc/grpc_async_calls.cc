@@ -141,17 +141,35 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
   x.shared.resize(frames);
   x.asked.assign(frames, false);
   x.handoff.assign(frames, Exchange::Handoff{});
-  size_t i = 0;
+  // The frames in turn from this worker's own: workers that start a call together each hand
+  // their first frame to another server (SendAll sends each frame as soon as it is placed).
+  std::vector<uint32_t> order;
+  order.reserve(sends);
   for (uint32_t s = 0; s < frames; ++s) {
-    if (!x.headers[s].has_push() && x.headers[s].pull_size() == 0) continue;
-    store_->PlaceShared(s, &x);
-    Slot& slot = c->slots[i++];
+    if (x.headers[s].has_push() || x.headers[s].pull_size() > 0) order.push_back(s);
+  }
+  if (!order.empty()) {
+    const auto first = static_cast<size_t>(store_->options_.worker_id) % order.size();
+    std::rotate(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(first), order.end());
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    Slot& slot = c->slots[i];
     slot.call = c;
-    slot.frame = s;
-    slot.server = x.ServerOf(s);
-    slot.request = store_->BuildFrame(s, x);
+    slot.frame = order[i];
+    slot.server = x.ServerOf(order[i]);
   }
   return absl::OkStatus();
+}
+
+void GrpcParameterStore::AsyncCalls::SendAll(Call* c) {
+  // Each frame goes as soon as its payload is in place, so that its server works on it while
+  // this thread copies the next frame's payload. PlaceShared and BuildFrame touch only their
+  // own frame's entries of the Exchange, which were all sized by Build.
+  for (Slot& slot : c->slots) {
+    store_->PlaceShared(slot.frame, &c->x);
+    slot.request = store_->BuildFrame(slot.frame, c->x);
+    Send(&slot);
+  }
 }
 
 absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> GrpcParameterStore::AsyncCalls::Start(
@@ -176,7 +194,7 @@ absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> GrpcParameterStore::Async
     End(call);  // nothing to send (an empty pull): done at once, as the blocking call is
     return id;
   }
-  for (Slot& slot : call->slots) Send(&slot);
+  SendAll(call);
   return id;
 }
 

@@ -100,12 +100,16 @@ class GrpcParameterStore::AsyncCalls {
                                const common::PushOptions& push_options,
                                const common::PullBatch* pull,
                                const common::PullOptions& pull_options, bool borrow_pull);
-  // Fills c's frames; errors before anything is sent.
+  // Fills c's frame headers and its slots, in the order SendAll sends them; errors before
+  // anything is placed or sent.
   absl::Status Build(const common::PushBatch* push, const common::PushOptions& push_options,
                      const common::PullBatch* pull, const common::PullOptions& pull_options,
                      Call* c);
   // Reaps answers while an unfinished push lags by max_sequence_lead or more.
   void WaitForLaggards();
+  // Places each of c's frames (its payload into shared memory where it can) and sends its
+  // first attempt, one frame after the other.
+  void SendAll(Call* c);
   // Sends one attempt of a slot's frame.
   void Send(Slot* slot);
   // Takes one event off the queue, or answers (or expiries) of calls in shared-memory

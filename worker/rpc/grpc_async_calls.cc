@@ -141,22 +141,17 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
   x.shared.resize(frames);
   x.asked.assign(frames, false);
   x.handoff.assign(frames, Exchange::Handoff{});
-  // The frames in turn from this worker's own: workers that start a call together each hand
-  // their first frame to another server (SendAll sends each frame as soon as it is placed).
-  std::vector<uint32_t> order;
-  order.reserve(sends);
+  // The frames in turn from this worker's own (its id modulo the frames sent): workers that
+  // start a call together each hand their first frame to another server (SendAll sends each
+  // frame as soon as it is placed). Active frame k goes to slot (k - first) mod sends.
+  const size_t first = sends == 0 ? 0 : static_cast<size_t>(store_->options_.worker_id) % sends;
+  size_t k = 0;
   for (uint32_t s = 0; s < frames; ++s) {
-    if (x.headers[s].has_push() || x.headers[s].pull_size() > 0) order.push_back(s);
-  }
-  if (!order.empty()) {
-    const auto first = static_cast<size_t>(store_->options_.worker_id) % order.size();
-    std::rotate(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(first), order.end());
-  }
-  for (size_t i = 0; i < order.size(); ++i) {
-    Slot& slot = c->slots[i];
+    if (!x.headers[s].has_push() && x.headers[s].pull_size() == 0) continue;
+    Slot& slot = c->slots[(k++ + sends - first) % sends];
     slot.call = c;
-    slot.frame = order[i];
-    slot.server = x.ServerOf(order[i]);
+    slot.frame = s;
+    slot.server = x.ServerOf(s);
   }
   return absl::OkStatus();
 }

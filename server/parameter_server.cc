@@ -267,6 +267,7 @@ absl::Status ParameterServer::Start() {
   service_options.max_unsent_answer_bytes_per_peer =
       config_.server().max_unsent_answer_bytes_per_peer();
   service_options.channel_busy_poll = absl::Microseconds(config_.server().busy_poll_us());
+  service_options.channel_threads = std::max(1u, common::UsableCores() / 2);
   service_options.max_shared_bytes_per_worker = size_t{config_.server().max_shared_memory_mb()}
                                                 << 20;
   service_options.auth.check_identities = !config_.security().plaintext();

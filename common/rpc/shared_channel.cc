@@ -264,6 +264,48 @@ void SharedChannel::WaitForRequests(uint32_t seen, absl::Time deadline) const {
   bells()->server_sleeping.store(0);
 }
 
+void SharedChannel::WaitForRequests(const std::vector<const SharedChannel*>& channels,
+                                    const std::vector<uint32_t>& seen,
+                                    const std::atomic<uint32_t>* control, uint32_t control_seen,
+                                    absl::Time deadline) {
+  CHECK_EQ(channels.size(), seen.size());
+  CHECK_LT(channels.size(), kMaxChannelWaits);
+  for (const SharedChannel* c : channels) c->bells()->server_sleeping.store(1);
+  absl::Cleanup awake = [&] {
+    for (const SharedChannel* c : channels) c->bells()->server_sleeping.store(0);
+  };
+  if (control->load() != control_seen) return;
+  for (size_t i = 0; i < channels.size(); ++i) {
+    if (channels[i]->bells()->server.load() != seen[i]) return;
+  }
+  if (channels.empty()) return Wait(control, control_seen, deadline);
+  futex_waitv waiters[kMaxChannelWaits] = {};
+  for (size_t i = 0; i < channels.size(); ++i) {
+    waiters[i].val = seen[i];
+    waiters[i].uaddr = reinterpret_cast<uintptr_t>(&channels[i]->bells()->server);
+    waiters[i].flags = FUTEX_32;
+  }
+  waiters[channels.size()].val = control_seen;
+  waiters[channels.size()].uaddr = reinterpret_cast<uintptr_t>(control);
+  waiters[channels.size()].flags = FUTEX_32;
+  // futex_waitv takes an absolute CLOCK_MONOTONIC time.
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const absl::Duration left =
+      std::min(std::max(deadline - absl::Now(), absl::ZeroDuration()), absl::Seconds(3600));
+  const timespec until = absl::ToTimespec(absl::DurationFromTimespec(now) + left);
+  if (syscall(SYS_futex_waitv, waiters, channels.size() + 1, 0, &until, CLOCK_MONOTONIC) < 0 &&
+      errno == ENOSYS) {
+    // A kernel before 5.16: look again soon.
+    absl::SleepFor(std::min(left, absl::Microseconds(50)));
+  }
+}
+
+void SharedChannel::RingControl(std::atomic<uint32_t>* control) {
+  control->fetch_add(1);
+  Wake(control);
+}
+
 void SharedChannel::RingServer() {
   bells()->server.fetch_add(1);
   if (bells()->server_sleeping.load() != 0) Wake(&bells()->server);

@@ -112,6 +112,16 @@ class SharedChannel {
   uint32_t server_bell() const;
   // Blocks until the server's bell moves from `seen` or `deadline` passes.
   void WaitForRequests(uint32_t seen, absl::Time deadline) const;
+  // For a thread that serves several channels: blocks until one of their server bells moves
+  // from `seen` (server_bell() read before the caller last looked for requests), `*control`
+  // (a word of the caller's, rung with RingControl) moves from `control_seen`, or `deadline`.
+  // REQUIRES: the same size, at most kMaxChannelWaits - 1 channels (none is fine).
+  static void WaitForRequests(const std::vector<const SharedChannel*>& channels,
+                              const std::vector<uint32_t>& seen,
+                              const std::atomic<uint32_t>* control, uint32_t control_seen,
+                              absl::Time deadline);
+  // Moves `*control` and wakes the thread waiting on it in WaitForRequests.
+  static void RingControl(std::atomic<uint32_t>* control);
   // Rings the server's bell (to stop the thread waiting on it).
   void RingServer();
   // No request will be taken any more (the thread serving the channel has stopped): marks

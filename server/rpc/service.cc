@@ -122,6 +122,7 @@ ParameterServerService::ParameterServerService(Shard* shard, const ServiceOption
       own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())),
       buffers_(common::BufferPool::Create(options.max_cached_payload_bytes, &counters_)),
+      channel_threads_(NewChannelThreads(options)),
       pool_(options.num_threads) {}
 
 ParameterServerService::~ParameterServerService() {

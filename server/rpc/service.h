@@ -96,6 +96,10 @@ struct ServiceOptions {
   // How long the thread serving a worker's shared-memory channel polls it for the next call
   // before it sleeps (server.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
   absl::Duration channel_busy_poll = absl::ZeroDuration();
+  // Most threads that serve the workers' shared-memory channels, each serving its channels
+  // one pass after another; 0 = a thread per channel. ps_server: half the cores it may use,
+  // at least 1 (co-located workers need the other half).
+  size_t channel_threads = 0;
 };
 
 // Hooks into the process that owns the service (checkpointing, shutdown).
@@ -193,12 +197,14 @@ class ParameterServerService final
   void StopQueue(grpc::ServerCompletionQueue* cq);
 
   // Stops serving the shared-memory channels, as the gRPC server's shutdown stops the socket's
-  // calls: each channel's thread finishes the call it is serving and stops, the channel is
+  // calls: each channel is taken off its thread once the call being served ends, the channel is
   // closed (its worker's calls not taken yet end ABORTED and go by the socket), and calls a
   // channel handed to the pool are waited for, up to `timeout`. Segments made after it get
   // no channel. A server's drain calls it before the final checkpoint, so that no push is
   // acknowledged after it; the destructor too. Idempotent.
   void StopChannels(absl::Duration timeout = absl::Seconds(5)) ABSL_LOCKS_EXCLUDED(shared_mu_);
+  // Threads started so far to serve the shared-memory channels (ServiceOptions::channel_threads).
+  size_t channel_threads_started();
 
   // Payload copies and buffer allocations of the frame path (tests assert zero-copy on them).
   const common::DataPathCounters& data_path_counters() const { return counters_; }
@@ -329,8 +335,16 @@ class ParameterServerService final
   std::unique_ptr<Metrics> metrics_;
   common::DataPathCounters counters_;
   const std::shared_ptr<common::BufferPool> buffers_;
-  // Serves the calls a worker posts in its segment's channel, on a thread of its own.
+  // Serves the calls a worker posts in its segment's channel, on one of ChannelThreads'.
   class ChannelServer;
+  class ChannelThreads;
+  struct ChannelThreadsDeleter {
+    void operator()(ChannelThreads* t) const;
+  };
+  static std::unique_ptr<ChannelThreads, ChannelThreadsDeleter> NewChannelThreads(
+      const ServiceOptions& options);
+  // Before shared_: goes after the channels it serves.
+  const std::unique_ptr<ChannelThreads, ChannelThreadsDeleter> channel_threads_;
   // Each worker's shared-memory segment (the latest its newest incarnation asked for).
   struct WorkerSegment {
     uint64_t incarnation = 0;

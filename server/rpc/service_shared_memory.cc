@@ -22,27 +22,61 @@ namespace ps::server {
 
 using common::SharedChannel;
 
-// One thread per channel waits on its bell, takes each posted frame and serves it as a gRPC
-// call is served (on this thread; a pull that must wait is parked, and its answer is written
-// by whichever thread completes it). The slots it is serving are recorded here, not in the
-// segment, so a worker that posts a slot again while it is served is not served twice at once.
+namespace {
+// Set on the threads that serve channels (ChannelThreads): an answer written there needs no
+// ring of the server's bell, since the thread looks at every slot again after each pass.
+thread_local bool in_channel_thread = false;
+}  // namespace
+
+// The threads that serve the workers' channels: at most max_threads (0: one per channel),
+// each channel served by one of them, given to the one with the fewest channels when it is
+// made (a new thread while the cap allows and every thread serves some channel).
+class ParameterServerService::ChannelThreads {
+ public:
+  ChannelThreads(size_t max_threads, absl::Duration busy_poll);
+  ~ChannelThreads();  // REQUIRES: every channel removed
+  // std::system_error when a thread was needed and could not be started.
+  void Add(ChannelServer* c) ABSL_LOCKS_EXCLUDED(mu_);
+  // Once it returns, c is not served and never will be.
+  void Remove(ChannelServer* c) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t threads() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  class Thread;
+  // One futex_waitv takes the channels' bells and the thread's control word.
+  static constexpr size_t kMaxChannelsPerThread = common::kMaxChannelWaits - 1;
+
+  const size_t max_threads_;
+  const absl::Duration busy_poll_;
+  absl::Mutex mu_;  // taken before a Thread's
+  std::vector<std::unique_ptr<Thread>> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker's channel: the server takes each posted frame and serves it as a gRPC call is
+// served (on the thread of ChannelThreads that serves the channel; a pull that must wait is
+// parked, and its answer is written by whichever thread completes it). The slots it is
+// serving are recorded here, not in the segment, so a worker that posts a slot again while it
+// is served is not served twice at once.
 class ParameterServerService::ChannelServer {
  public:
+  // Served from now on by one of the service's channel threads. std::system_error when no
+  // thread could be started for it.
   ChannelServer(ParameterServerService* service, std::shared_ptr<common::SharedMemory> memory,
                 uint64_t offset, int32_t worker_id, const PeerIdentity* peer)
       : service_(service),
         state_(std::make_shared<State>(std::move(memory), offset)),
-        peer_(Identity(worker_id, peer)),
-        poller_(service->options_.channel_busy_poll),
-        thread_([this] { Run(); }) {}
+        peer_(Identity(worker_id, peer)) {
+    service_->channel_threads_->Add(this);
+  }
+  // Takes no request once it returns (its thread may be serving another channel).
   ~ChannelServer() {
-    stop_.store(true, std::memory_order_release);
-    state_->channel.RingServer();
-    thread_.join();
+    service_->channel_threads_->Remove(this);
     state_->channel.Close();
   }
 
  private:
+  friend class ChannelThreads;
+
   struct State {
     State(std::shared_ptr<common::SharedMemory> memory, uint64_t offset)
         : channel(std::move(memory), offset) {}
@@ -62,29 +96,18 @@ class ParameterServerService::ChannelServer {
     return id;
   }
 
-  void Run() {
-    in_channel_thread = true;
-    while (!stop_.load(std::memory_order_acquire)) {
-      const uint32_t bell = state_->channel.server_bell();
-      bool served = false;
-      for (uint32_t i = 0; i < SharedChannel::kSlots; ++i) {
-        if (state_->serving[i].load(std::memory_order_acquire)) continue;
-        std::optional<SharedChannel::Request> request = state_->channel.TakeRequest(i);
-        if (!request.has_value()) continue;
-        served = true;
-        state_->serving[i].store(true, std::memory_order_release);
-        Serve(i, *std::move(request));
-      }
-      if (served) continue;
-      // Polls first (a call answered by a thread that was awake costs no wake-up), then
-      // sleeps; a second's timeout only bounds how long a lost wake-up could delay a call.
-      if (poller_.Poll([&] {
-            return stop_.load(std::memory_order_relaxed) || state_->channel.server_bell() != bell;
-          })) {
-        continue;
-      }
-      state_->channel.WaitForRequests(bell, absl::Now() + absl::Seconds(1));
+  // Takes and serves every posted request of a slot not being served; whether there was one.
+  bool ServeReady() {
+    bool served = false;
+    for (uint32_t i = 0; i < SharedChannel::kSlots; ++i) {
+      if (state_->serving[i].load(std::memory_order_acquire)) continue;
+      std::optional<SharedChannel::Request> request = state_->channel.TakeRequest(i);
+      if (!request.has_value()) continue;
+      served = true;
+      state_->serving[i].store(true, std::memory_order_release);
+      Serve(i, *std::move(request));
     }
+    return served;
   }
 
   void Serve(uint32_t slot, SharedChannel::Request request) {
@@ -137,17 +160,165 @@ class ParameterServerService::ChannelServer {
     if (!in_channel_thread) state.channel.RingServer();
   }
 
-  static thread_local bool in_channel_thread;
-
   ParameterServerService* const service_;
   const std::shared_ptr<State> state_;  // shared with the answers of parked pulls
   const PeerIdentity peer_;
-  std::atomic<bool> stop_{false};
-  common::BusyPoller poller_;  // the thread's own
-  std::thread thread_;  // last: it starts in the constructor
 };
 
-thread_local bool ParameterServerService::ChannelServer::in_channel_thread = false;
+// One thread serving some of the channels, one pass over all of them after another: it reads
+// their bells, serves every posted request, and when a pass found none polls the bells, then
+// sleeps on all of them (and on its own control word, rung when its channels change).
+class ParameterServerService::ChannelThreads::Thread {
+ public:
+  explicit Thread(absl::Duration busy_poll) : poller_(busy_poll), thread_([this] { Run(); }) {}
+  ~Thread() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    SharedChannel::RingControl(&control_);
+    thread_.join();
+  }
+
+  size_t size() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return channels_.size();
+  }
+  void Add(ChannelServer* c) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      channels_.push_back(c);
+    }
+    SharedChannel::RingControl(&control_);
+  }
+  // Whether `c` was this thread's. Once it returns, c is not served and never will be, and
+  // the thread holds nothing of it (its segment goes as soon as nothing else holds it).
+  // REQUIRES: not called on this thread.
+  bool Remove(ChannelServer* c) ABSL_LOCKS_EXCLUDED(mu_) {
+    uint64_t removal;
+    {
+      absl::MutexLock lock(&mu_);  // held by a pass that serves
+      auto it = std::find(channels_.begin(), channels_.end(), c);
+      if (it == channels_.end()) return false;
+      channels_.erase(it);
+      removal = ++removals_;
+    }
+    // Its next pass starts by letting go of what the last one held.
+    SharedChannel::RingControl(&control_);
+    absl::MutexLock lock(&mu_);
+    auto passed = [this, removal]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return removals_seen_ >= removal || stopped_;
+    };
+    mu_.Await(absl::Condition(&passed));
+    return true;
+  }
+
+ private:
+  void Run() {
+    in_channel_thread = true;
+    // What the wait needs of the channels of the last pass; the States keep their segments
+    // mapped even if a channel is removed meanwhile. (Reused: this runs after every call.)
+    std::vector<std::shared_ptr<ChannelServer::State>> held;
+    std::vector<const SharedChannel*> channels;
+    std::vector<uint32_t> bells;
+    while (true) {
+      const uint32_t control = control_.load(std::memory_order_acquire);
+      held.clear();
+      channels.clear();
+      bells.clear();
+      bool served = false;
+      {
+        absl::MutexLock lock(&mu_);
+        removals_seen_ = removals_;
+        if (stop_) {
+          stopped_ = true;
+          return;
+        }
+        // The bells first: a request posted after they were read rings them again.
+        for (ChannelServer* c : channels_) {
+          held.push_back(c->state_);
+          channels.push_back(&c->state_->channel);
+          bells.push_back(c->state_->channel.server_bell());
+        }
+        for (ChannelServer* c : channels_) served |= c->ServeReady();
+      }
+      if (served) continue;
+      // Polls first (a call answered by a thread that was awake costs no wake-up), then
+      // sleeps; a second's timeout only bounds how long a lost wake-up could delay a call.
+      if (poller_.Poll([&] {
+            if (control_.load(std::memory_order_relaxed) != control) return true;
+            for (size_t i = 0; i < channels.size(); ++i) {
+              if (channels[i]->server_bell() != bells[i]) return true;
+            }
+            return false;
+          })) {
+        continue;
+      }
+      SharedChannel::WaitForRequests(channels, bells, &control_, control,
+                                     absl::Now() + absl::Seconds(1));
+    }
+  }
+
+  absl::Mutex mu_;  // held while a pass serves, so that Remove waits for it
+  std::vector<ChannelServer*> channels_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;        // Run has returned
+  uint64_t removals_ ABSL_GUARDED_BY(mu_) = 0;       // channels removed so far
+  uint64_t removals_seen_ ABSL_GUARDED_BY(mu_) = 0;  // by the start of the latest pass
+  std::atomic<uint32_t> control_{0};
+  common::BusyPoller poller_;  // the thread's own
+  std::thread thread_;         // last: it starts in the constructor
+};
+
+ParameterServerService::ChannelThreads::ChannelThreads(size_t max_threads, absl::Duration busy_poll)
+    : max_threads_(max_threads), busy_poll_(busy_poll) {}
+
+ParameterServerService::ChannelThreads::~ChannelThreads() = default;
+
+void ParameterServerService::ChannelThreads::Add(ChannelServer* c) {
+  absl::MutexLock lock(&mu_);
+  Thread* least = nullptr;
+  size_t least_size = 0;
+  for (const std::unique_ptr<Thread>& t : threads_) {
+    const size_t n = t->size();
+    if (n < kMaxChannelsPerThread && (least == nullptr || n < least_size)) {
+      least = t.get();
+      least_size = n;
+    }
+  }
+  // A new thread while below the cap and every thread serves some channel (or all are full).
+  if (least == nullptr ||
+      (least_size > 0 && (max_threads_ == 0 || threads_.size() < max_threads_))) {
+    threads_.push_back(std::make_unique<Thread>(busy_poll_));  // may throw std::system_error
+    least = threads_.back().get();
+  }
+  least->Add(c);
+}
+
+void ParameterServerService::ChannelThreads::Remove(ChannelServer* c) {
+  absl::MutexLock lock(&mu_);
+  for (const std::unique_ptr<Thread>& t : threads_) {
+    if (t->Remove(c)) return;
+  }
+}
+
+size_t ParameterServerService::ChannelThreads::threads() {
+  absl::MutexLock lock(&mu_);
+  return threads_.size();
+}
+
+void ParameterServerService::ChannelThreadsDeleter::operator()(ChannelThreads* t) const {
+  delete t;
+}
+
+std::unique_ptr<ParameterServerService::ChannelThreads,
+                ParameterServerService::ChannelThreadsDeleter>
+ParameterServerService::NewChannelThreads(const ServiceOptions& options) {
+  return std::unique_ptr<ChannelThreads, ChannelThreadsDeleter>(
+      new ChannelThreads(options.channel_threads, options.channel_busy_poll));
+}
+
+size_t ParameterServerService::channel_threads_started() { return channel_threads_->threads(); }
 
 void ParameterServerService::StopChannels(absl::Duration timeout) {
   std::vector<std::shared_ptr<ChannelServer>> channels;

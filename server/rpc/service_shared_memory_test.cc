@@ -340,6 +340,88 @@ TEST_P(SharedCallsTest, StoppedChannelsServeNothingAndNewSegmentsGetNone) {
   EXPECT_EQ(header.shared_offer().channel_offset(), 0u);
 }
 
+// A server's channels share at most ServiceOptions::channel_threads threads (0: one each).
+// Three workers' channels are all served, whatever the cap; one worker finishing takes its
+// channel off its thread (a call posted there then ends unserved) and the others' calls go on.
+TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
+  JobConfig config = config_;
+  config.mutable_cluster()->set_num_workers(3);
+  for (const size_t cap : {size_t{1}, size_t{2}, size_t{0}}) {
+    SCOPED_TRACE(cap);
+    ShardOptions shard_options;
+    shard_options.server_index = 0;
+    auto shard = Shard::Create(config, shard_options);
+    ASSERT_THAT(shard.status(), IsOk());
+    ServiceOptions options;
+    options.max_shared_bytes_per_worker = kSegmentBytes;
+    options.channel_threads = cap;
+    ParameterServerService service(shard->get(), options, ServiceHooks{});
+    auto header = [&](int32_t worker, uint64_t sequence) {
+      RequestHeader h;
+      h.set_worker_id(worker);
+      h.set_worker_incarnation(1);
+      h.set_sequence(sequence);
+      h.set_clock(1);
+      h.set_layout_fingerprint((*shard)->partitioner().layout_fingerprint());
+      return h;
+    };
+    std::vector<std::shared_ptr<common::SharedMemory>> segments;
+    std::vector<std::unique_ptr<common::SharedChannel>> channels;
+    for (int32_t w = 0; w < 3; ++w) {
+      PushPullRequest ask;
+      *ask.mutable_header() = header(w, 0);
+      ask.set_want_shared_bytes(kSegmentBytes);
+      grpc::ByteBuffer answer;
+      ASSERT_THAT(service.HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                         absl::Now() + absl::Seconds(5), &answer),
+                  IsOk());
+      PushPullResponse offered;
+      ASSERT_TRUE(offered.ParseFromString(PartsOf(answer).header));
+      const SharedSegment& offer = offered.shared_offer();
+      ASSERT_NE(offer.channel_offset(), 0u);
+      auto opened =
+          common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+      ASSERT_THAT(opened.status(), IsOk());
+      segments.push_back(*opened);
+      channels.push_back(
+          std::make_unique<common::SharedChannel>(segments.back(), offer.channel_offset()));
+    }
+    EXPECT_EQ(service.channel_threads_started(), cap == 0 ? 3u : cap);
+    // Worker w's push of `sequence` through its channel: its status, once answered.
+    auto push = [&](int32_t w, uint64_t sequence) -> absl::Status {
+      PushRequest request = ValidPush(sequence);
+      *request.mutable_header() = header(w, sequence);
+      common::SharedChannel& channel = *channels[w];
+      std::optional<uint32_t> slot = channel.AcquireSlot();
+      if (!slot.has_value()) return absl::InternalError("no free channel slot");
+      channel.Post(*slot, common::FrameOf(&request, nullptr), absl::Seconds(5));
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (absl::Now() < deadline) {
+        const uint32_t bell = channel.worker_bell();
+        if (std::optional<common::SharedChannel::Answer> a = channel.TakeAnswer(*slot)) {
+          return a->status;
+        }
+        if (channel.Unserved(*slot)) return absl::AbortedError("unserved");
+        common::SharedChannel::WaitForAnswers({&channel}, {bell}, deadline);
+      }
+      return absl::DeadlineExceededError("no answer in the channel");
+    };
+    const uint64_t before = (*shard)->updates_applied();
+    for (int32_t w = 0; w < 3; ++w) EXPECT_THAT(push(w, 1), IsOk()) << "worker " << w;
+    EXPECT_EQ((*shard)->updates_applied(), before + 3);
+
+    HeartbeatRequest finish;
+    *finish.mutable_header() = header(1, 0);
+    finish.set_finished(true);
+    HeartbeatResponse response;
+    ASSERT_THAT(service.HandleHeartbeat(Peer(PeerRole::kWorker, 1), finish, &response), IsOk());
+    EXPECT_THAT(push(1, 2), StatusIs(absl::StatusCode::kAborted, HasSubstr("unserved")));
+    EXPECT_THAT(push(0, 2), IsOk());
+    EXPECT_THAT(push(2, 2), IsOk());
+    EXPECT_EQ((*shard)->updates_applied(), before + 5);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shared, SharedCallsTest, ::testing::Values(kSharedCalls), WireFormName);
 INSTANTIATE_TEST_SUITE_P(Shared, SharedMemoryTest, ::testing::Values(kSharedMemory, kSharedCalls),
                          WireFormName);

@@ -124,7 +124,7 @@ class SharedChannel {
   static void RingControl(std::atomic<uint32_t>* control);
   // Rings the server's bell (to stop the thread waiting on it).
   void RingServer();
-  // No request will be taken any more (the thread serving the channel has stopped): marks
+  // No request will be taken any more (no thread serves the channel now): marks
   // the channel closed and rings the worker, whose posted calls then end at once (Unserved).
   void Close();
   // A posted request of `slot`: the frame copied out, and the time the worker allows. Marks

@@ -93,7 +93,7 @@ struct ServiceOptions {
   // Largest shared-memory segment made for a worker that asks for one (one per worker; a
   // worker's new one replaces its old one), bytes. 0 = none is made.
   size_t max_shared_bytes_per_worker = 0;
-  // How long the thread serving a worker's shared-memory channel polls it for the next call
+  // How long a thread serving workers' shared-memory channels polls them for the next call
   // before it sleeps (server.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
   absl::Duration channel_busy_poll = absl::ZeroDuration();
   // Most threads that serve the workers' shared-memory channels, each serving its channels

@@ -357,34 +357,13 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
     options.channel_threads = cap;
     ParameterServerService service(shard->get(), options, ServiceHooks{});
     auto header = [&](int32_t worker, uint64_t sequence) {
-      RequestHeader h;
-      h.set_worker_id(worker);
-      h.set_worker_incarnation(1);
-      h.set_sequence(sequence);
-      h.set_clock(1);
-      h.set_layout_fingerprint((*shard)->partitioner().layout_fingerprint());
-      return h;
+      return HeaderOf(**shard, worker, sequence);
     };
-    std::vector<std::shared_ptr<common::SharedMemory>> segments;
-    std::vector<std::unique_ptr<common::SharedChannel>> channels;
+    std::vector<std::shared_ptr<common::SharedMemory>> segments(3);
+    std::vector<std::unique_ptr<common::SharedChannel>> channels(3);
     for (int32_t w = 0; w < 3; ++w) {
-      PushPullRequest ask;
-      *ask.mutable_header() = header(w, 0);
-      ask.set_want_shared_bytes(kSegmentBytes);
-      grpc::ByteBuffer answer;
-      ASSERT_THAT(service.HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
-                                         absl::Now() + absl::Seconds(5), &answer),
-                  IsOk());
-      PushPullResponse offered;
-      ASSERT_TRUE(offered.ParseFromString(PartsOf(answer).header));
-      const SharedSegment& offer = offered.shared_offer();
-      ASSERT_NE(offer.channel_offset(), 0u);
-      auto opened =
-          common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
-      ASSERT_THAT(opened.status(), IsOk());
-      segments.push_back(*opened);
-      channels.push_back(
-          std::make_unique<common::SharedChannel>(segments.back(), offer.channel_offset()));
+      AskForSegment(service, header(w, 0), &segments[w], &channels[w]);
+      ASSERT_NE(channels[w], nullptr) << "worker " << w;
     }
     EXPECT_EQ(service.channel_threads_started(), cap == 0 ? 3u : cap);
     // Worker w's push of `sequence` through its channel: its status, once answered.
@@ -395,16 +374,8 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
       std::optional<uint32_t> slot = channel.AcquireSlot();
       if (!slot.has_value()) return absl::InternalError("no free channel slot");
       channel.Post(*slot, common::FrameOf(&request, nullptr), absl::Seconds(5));
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while (absl::Now() < deadline) {
-        const uint32_t bell = channel.worker_bell();
-        if (std::optional<common::SharedChannel::Answer> a = channel.TakeAnswer(*slot)) {
-          return a->status;
-        }
-        if (channel.Unserved(*slot)) return absl::AbortedError("unserved");
-        common::SharedChannel::WaitForAnswers({&channel}, {bell}, deadline);
-      }
-      return absl::DeadlineExceededError("no answer in the channel");
+      grpc::ByteBuffer answer;
+      return ChannelAnswer(channel, *slot, absl::Now() + absl::Seconds(5), &answer);
     };
     const uint64_t before = (*shard)->updates_applied();
     for (int32_t w = 0; w < 3; ++w) EXPECT_THAT(push(w, 1), IsOk()) << "worker " << w;
@@ -415,7 +386,7 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
     finish.set_finished(true);
     HeartbeatResponse response;
     ASSERT_THAT(service.HandleHeartbeat(Peer(PeerRole::kWorker, 1), finish, &response), IsOk());
-    EXPECT_THAT(push(1, 2), StatusIs(absl::StatusCode::kAborted, HasSubstr("unserved")));
+    EXPECT_THAT(push(1, 2), StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
     EXPECT_THAT(push(0, 2), IsOk());
     EXPECT_THAT(push(2, 2), IsOk());
     EXPECT_EQ((*shard)->updates_applied(), before + 5);

@@ -105,26 +105,40 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     return absl::OkStatus();
   }
 
-  // Worker 0 (incarnation 1) asks for a segment with a pull of nothing, and maps it.
-  void OpenSegment() {
+  // The worker of `header` asks `service` for a segment with a pull of nothing, and maps it;
+  // *channel gets the segment's channel (null when it has none).
+  static void AskForSegment(ParameterServerService& service, const RequestHeader& header,
+                            std::shared_ptr<common::SharedMemory>* segment,
+                            std::unique_ptr<common::SharedChannel>* channel) {
     PushPullRequest ask;
-    *ask.mutable_header() = Header(0);
+    *ask.mutable_header() = header;
     ask.set_want_shared_bytes(kSegmentBytes);
     grpc::ByteBuffer answer;
-    ASSERT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
-                                         absl::Now() + absl::Seconds(5), &answer),
+    ASSERT_THAT(service.HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(5), &answer),
                 ::ps::common::IsOk());
-    PushPullResponse header;
-    ASSERT_TRUE(header.ParseFromString(PartsOf(answer).header));
-    ASSERT_TRUE(header.has_shared_offer());
-    const SharedSegment& offer = header.shared_offer();
+    PushPullResponse response;
+    ASSERT_TRUE(response.ParseFromString(PartsOf(answer).header));
+    ASSERT_TRUE(response.has_shared_offer());
+    const SharedSegment& offer = response.shared_offer();
     auto opened =
         common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
     ASSERT_THAT(opened.status(), ::ps::common::IsOk());
-    segment_ = *std::move(opened);
+    *segment = *std::move(opened);
+    channel->reset();
+    if (offer.channel_offset() != 0) {
+      ASSERT_TRUE(common::SharedChannel::Fits(offer.channel_offset(), (*segment)->size()));
+      *channel = std::make_unique<common::SharedChannel>(*segment, offer.channel_offset());
+    }
+  }
+
+  // Worker 0 (incarnation 1) asks for a segment with a pull of nothing, and maps it.
+  void OpenSegment() {
+    std::unique_ptr<common::SharedChannel> channel;
+    AskForSegment(*service_, Header(0), &segment_, &channel);
     if (GetParam() == kSharedCalls) {
-      ASSERT_TRUE(common::SharedChannel::Fits(offer.channel_offset(), segment_->size()));
-      channel_ = std::make_unique<common::SharedChannel>(segment_, offer.channel_offset());
+      ASSERT_NE(channel, nullptr);
+      channel_ = std::move(channel);
     }
   }
 
@@ -145,15 +159,20 @@ class ServiceTest : public ::testing::TestWithParam<int> {
 
   // The answer posted `slot` gets.
   absl::Status ChannelAnswer(uint32_t slot, absl::Time deadline, grpc::ByteBuffer* answer) {
+    return ChannelAnswer(*channel_, slot, deadline, answer);
+  }
+  // The answer posted `slot` of `channel` gets.
+  static absl::Status ChannelAnswer(common::SharedChannel& channel, uint32_t slot,
+                                    absl::Time deadline, grpc::ByteBuffer* answer) {
     while (true) {
-      const uint32_t bell = channel_->worker_bell();
-      std::optional<common::SharedChannel::Answer> a = channel_->TakeAnswer(slot);
+      const uint32_t bell = channel.worker_bell();
+      std::optional<common::SharedChannel::Answer> a = channel.TakeAnswer(slot);
       if (a.has_value()) {
         if (a->status.ok()) *answer = std::move(a->frame);
         return a->status;
       }
-      if (channel_->Unserved(slot)) return absl::AbortedError("closed: not this worker's");
-      common::SharedChannel::WaitForAnswers({channel_.get()}, {bell}, deadline + absl::Seconds(5));
+      if (channel.Unserved(slot)) return absl::AbortedError("closed: not this worker's");
+      common::SharedChannel::WaitForAnswers({&channel}, {bell}, deadline + absl::Seconds(5));
       if (absl::Now() > deadline + absl::Seconds(5)) {
         return absl::DeadlineExceededError("no answer in the channel");
       }
@@ -209,13 +228,15 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     if (shared()) OpenSegment();
   }
 
-  RequestHeader Header(uint64_t sequence) {
+  RequestHeader Header(uint64_t sequence) { return HeaderOf(*shard_, 0, sequence); }
+  // Worker `worker`'s (incarnation 1, clock 1) for the layout of `shard`.
+  static RequestHeader HeaderOf(const Shard& shard, int32_t worker, uint64_t sequence) {
     RequestHeader h;
-    h.set_worker_id(0);
+    h.set_worker_id(worker);
     h.set_worker_incarnation(1);
     h.set_sequence(sequence);
     h.set_clock(1);
-    h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
+    h.set_layout_fingerprint(shard.partitioner().layout_fingerprint());
     return h;
   }
 

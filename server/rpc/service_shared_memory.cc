@@ -384,6 +384,12 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
     auto it = shared_.find(worker_id);
     if (it != shared_.end() && it->second.incarnation > info.worker_incarnation) return false;
   }
+  // Nor to an incarnation the server has heard a newer one of (a process fenced off): its
+  // call is refused after this, and the segment it replaced would close the live one's.
+  if (std::optional<WorkerCheckpoint> known = shard_->workers().Get(worker_id);
+      known.has_value() && known->incarnation() > info.worker_incarnation) {
+    return false;
+  }
   // A segment counts against server.max_memory_bytes with its whole size (the worker may
   // touch every page of it) for as long as anything holds it; one that does not fit is not
   // made, and the worker's calls keep the socket.

@@ -191,6 +191,27 @@ TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnatio
               StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
 }
 
+// A segment goes only to a worker's current incarnation: once the server has heard a newer
+// one, an ask of the older (a process fenced off, whose call is then refused) gets no segment
+// and replaces none, so the current one's calls through its segment go on.
+TEST_P(SharedMemoryTest, AFencedOffIncarnationTakesNoSegment) {
+  PushRequest newer = ValidPush(1);
+  newer.mutable_header()->set_worker_incarnation(2);
+  PushResponse pushed;
+  ASSERT_THAT(service_->HandlePush(newer, &pushed), IsOk());  // by message: incarnation 2 heard
+  PushPullRequest ask;
+  *ask.mutable_header() = Header(0);  // incarnation 1
+  ask.set_want_shared_bytes(kSegmentBytes);
+  grpc::ByteBuffer answer;
+  EXPECT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(5), &answer),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  newer = ValidPush(2);
+  newer.mutable_header()->set_worker_incarnation(2);
+  EXPECT_THAT(DoPush(newer, &pushed), IsOk());
+  EXPECT_GT(service_->data_path_counters().bytes_shared_in.load(), 0u);
+}
+
 // A worker that finishes gives its segment back: its calls through it are refused after.
 TEST_P(SharedMemoryTest, AFinishedWorkersSegmentIsDropped) {
   PushResponse pushed;

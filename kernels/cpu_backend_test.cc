@@ -1,5 +1,6 @@
 // Tests of the CPU backend (through the Backend API): every forward op against a plain loop
 // written here, every backward op against central finite differences of its forward op.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -98,6 +99,29 @@ TEST(CpuBackendTest, DeviceBufferMovesOwnership) {
   moved.Reset();
   EXPECT_EQ(moved.data(), nullptr);
   absl::StatusOr<DeviceBuffer> empty = backend->Allocate(0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->data(), nullptr);
+}
+
+TEST(CpuBackendTest, HostBuffersAreZeroedAlignedAndMoveAsHostBuffers) {
+  // Under ASan a host buffer freed as a device one (or the reverse) is a mismatched free.
+  auto backend = Cpu();
+  absl::StatusOr<DeviceBuffer> host = backend->AllocateHost(1000 * sizeof(float));
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->size_bytes(), 4000u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(host->data()) % 256, 0u);
+  EXPECT_EQ(std::vector<float>(host->floats(), host->floats() + 1000), std::vector<float>(1000));
+  const std::vector<float> values = Random(1000, 3);
+  std::copy(values.begin(), values.end(), host->floats());
+  absl::StatusOr<DeviceBuffer> device = backend->AllocateFloats(1000);
+  ASSERT_TRUE(device.ok());
+  ASSERT_TRUE(backend->CopyToDevice(device->data(), host->data(), 4000).ok());
+  DeviceBuffer moved = std::move(*host);
+  *host = std::move(*device);  // a device buffer where the host one was
+  std::fill_n(moved.floats(), 1000, 0.f);
+  ASSERT_TRUE(backend->CopyToHost(moved.data(), host->data(), 4000).ok());
+  EXPECT_EQ(std::vector<float>(moved.floats(), moved.floats() + 1000), values);
+  absl::StatusOr<DeviceBuffer> empty = backend->AllocateHost(0);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->data(), nullptr);
 }

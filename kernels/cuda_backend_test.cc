@@ -1,6 +1,7 @@
 // Every op of the CUDA backend against the CPU backend on the same inputs. Tagged "gpu" and
 // built only with --config=cuda; skips itself when no CUDA device is present.
 //   bazel test --config=cuda --config=gpu_tests //kernels:cuda_backend_test
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -89,6 +90,22 @@ TEST_F(CudaBackendTest, CopyFillAndZero) {
   expected[999] = host[999];
   for (int i = 10; i < 15; ++i) expected[i] = 0.f;
   EXPECT_EQ(Download(*b, 1000), expected);
+}
+
+TEST_F(CudaBackendTest, HostBuffersRoundTripThroughTheDevice) {
+  const std::vector<float> values = Random(300'000, 4);
+  absl::StatusOr<DeviceBuffer> host = cuda_->AllocateHost(values.size() * sizeof(float));
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(std::vector<float>(host->floats(), host->floats() + values.size()),
+            std::vector<float>(values.size()));
+  std::copy(values.begin(), values.end(), host->floats());
+  absl::StatusOr<DeviceBuffer> device = cuda_->AllocateFloats(values.size());
+  ASSERT_TRUE(device.ok());
+  ASSERT_TRUE(cuda_->CopyToDevice(device->data(), host->data(), host->size_bytes()).ok());
+  std::fill_n(host->floats(), values.size(), 0.f);
+  ASSERT_TRUE(cuda_->CopyToHost(host->data(), device->data(), host->size_bytes()).ok());
+  EXPECT_EQ(std::vector<float>(host->floats(), host->floats() + values.size()), values);
+  EXPECT_EQ(Download(*device, values.size()), values);
 }
 
 TEST_F(CudaBackendTest, CountNonFiniteMatchesCpu) {

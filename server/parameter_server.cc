@@ -150,6 +150,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   // development VM: 4,340-4,596 -> 6,577-7,865 MB/s, with the worker's copy streamed too
   // (GrpcStoreOptions::stream_copy_bytes; docs/lab/2026-12-03-streamed-copies.md).
   shard_options.stream_pull_bytes = common::LastLevelCacheBytes() / 2;
+  shard_options.parallel_apply_values = ParallelApplyValues(config, common::UsableCores());
+  LOG(INFO) << "pushes of " << shard_options.parallel_apply_values
+            << " dense values or more are applied on up to " << common::UsableCores() << " threads";
   if (options.stop != nullptr) {
     shard_options.cancelled = [stop = options.stop] { return stop->requested(); };
   }

@@ -40,6 +40,13 @@ WorkerTrackerOptions TrackerOptions(const JobConfig& config) {
 
 }  // namespace
 
+size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores) {
+  if (config.server().parallel_apply_min_values() > 0) {
+    return static_cast<size_t>(config.server().parallel_apply_min_values());
+  }
+  return usable_cores >= 8 ? kManyCoresParallelApplyValues : kParallelApplyValues;
+}
+
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
                                                      const ShardOptions& options) {
   ASSIGN_OR_RETURN(common::Partitioner partitioner, common::Partitioner::Create(config));
@@ -573,7 +580,7 @@ void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOp
       table->Apply(u.block, u.pieces, options);
     }
   };
-  if (apply_pool_ == nullptr || dense_values < kParallelApplyValues) {
+  if (apply_pool_ == nullptr || dense_values < options_.parallel_apply_values) {
     for (size_t i = 0; i < updates.size(); ++i) {
       if (updates[i].table->info().kind == TABLE_KIND_DENSE) apply(i);
     }
@@ -598,12 +605,19 @@ void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOp
   apply_pool_->ParallelFor(heads.size(), apply_pool_->num_threads(), [&](size_t unit) {
     for (size_t i = heads[unit]; i != SIZE_MAX; i = next[i]) apply(i);
   });
+  absl::MutexLock lock(&stats_mu_);
+  ++parallel_pushes_;
 }
 
 float Shard::delta_scale() const {
   const uint32_t workers = std::max<uint32_t>(1, config_.cluster().num_workers());
   return config_.training().local_sgd().merge() == LocalSgdConfig::AVERAGE ? 1.0f / workers
                                                                             : 1.0f;
+}
+
+uint64_t Shard::parallel_pushes() const {
+  absl::MutexLock lock(&stats_mu_);
+  return parallel_pushes_;
 }
 
 uint64_t Shard::one_pass_pushes() const {

@@ -42,6 +42,12 @@
 
 namespace ps::server {
 
+// By default, pushes with at least this many dense values are applied in parallel
+// (ShardOptions::parallel_apply_values).
+inline constexpr size_t kParallelApplyValues = size_t{1} << 20;
+// The same with 8 or more usable cores (ParallelApplyValues).
+inline constexpr size_t kManyCoresParallelApplyValues = size_t{1} << 16;
+
 struct ShardOptions {
   // This server's index, 0..num_servers-1. REQUIRES: < the config's server count.
   uint32_t server_index = 0;
@@ -60,11 +66,14 @@ struct ShardOptions {
   // (RESOURCE_EXHAUSTED, nothing allocated); sparse rows beyond it are refused to the call
   // that would create them (tables that spill evict instead).
   uint64_t max_memory_bytes = 0;
-  // Threads that help apply the dense blocks of a large push (at least kParallelApplyValues
+  // Threads that help apply the dense blocks of a large push (parallel_apply_values or more
   // values) in parallel with the pushing thread, so that a big optimizer step runs at memory
   // bandwidth rather than one core's speed. -1 = one fewer than the cores the process may use
   // (common/startup/cores.h); 0 = every push is applied by the thread that received it.
   int apply_threads = -1;
+  // Pushes with at least this many dense values are checked and applied in parallel (when
+  // there are apply threads); ServerConfig.parallel_apply_min_values.
+  size_t parallel_apply_values = kParallelApplyValues;
   // A pull whose dense answer from this shard is more than this many bytes is read out of
   // the tables with non-temporal stores (common/stream_copy.h). The server process sets half
   // its last-level cache (ParameterServer::Create). UINT64_MAX = never, the default: the
@@ -76,6 +85,11 @@ struct ShardOptions {
   // never cancelled. Called on Create's thread only.
   std::function<bool()> cancelled;
 };
+
+// ShardOptions::parallel_apply_values for `config` on a process that may use `usable_cores`
+// cores: server.parallel_apply_min_values when set, else kManyCoresParallelApplyValues with 8
+// cores or more and kParallelApplyValues with fewer.
+size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores);
 
 // Who sent a request (from the wire header, or the in-process store).
 struct RequestInfo {
@@ -189,8 +203,6 @@ struct SparseTableStats {
   SpillStats spill;
 };
 
-// Pushes with at least this many dense values are applied in parallel (ShardOptions).
-inline constexpr size_t kParallelApplyValues = size_t{1} << 20;
 // A push of at most this many dense values, all SGD gradients without clip_norm, is checked
 // for non-finite values by its update itself: one read of its bytes instead of two, with the
 // old values kept aside (a per-thread buffer of at most this size) to undo it if one is not
@@ -306,6 +318,8 @@ class Shard {
   // Pushes that took the one-pass check and update (kOnePassMaxValues), whatever became of
   // them.
   uint64_t one_pass_pushes() const;
+  // Pushes whose dense blocks were applied by several threads (parallel_apply_values).
+  uint64_t parallel_pushes() const;
   // Times a thread's undo buffer for the one pass grew: it is kept for the thread's next
   // push, so a steady stream of pushes allocates none.
   uint64_t one_pass_buffers_allocated() const;
@@ -413,6 +427,7 @@ class Shard {
   uint64_t updates_applied_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t duplicates_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t one_pass_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  uint64_t parallel_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t one_pass_buffers_allocated_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t nonfinite_values_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t bytes_in_ ABSL_GUARDED_BY(stats_mu_) = 0;

@@ -30,7 +30,7 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
     }
     return n;
   };
-  if (apply_pool_ != nullptr && values >= kParallelApplyValues) {
+  if (apply_pool_ != nullptr && values >= options_.parallel_apply_values) {
     apply_pool_->ParallelFor(updates.size(), apply_pool_->num_threads(),
                              [&](size_t i) { bad[i] = count(updates[i]); });
   } else {

@@ -34,6 +34,19 @@ using shard_testing::MakeConfig;
 using shard_testing::MakeShard;
 using shard_testing::ReadBlocks;
 
+// A push of `grad` to every block of table `info`, in block order (their ids in *blocks).
+PushTable WholeTablePush(const Shard& shard, const common::TableInfo& info,
+                         absl::Span<const float> grad, std::vector<uint32_t>* blocks) {
+  PushTable table;
+  table.table = info.name;
+  for (uint32_t blk = 0; blk < info.num_blocks; ++blk) {
+    auto [begin, end] = shard.partitioner().BlockRange(info, blk);
+    table.blocks.push_back({blk, Bytes(grad.subspan(begin, end - begin))});
+    blocks->push_back(blk);
+  }
+  return table;
+}
+
 TEST(Shard, ParallelApplyOfALargePushEqualsTheSerialOneBitwise) {
   // 2M floats in 64k-float blocks: over kParallelApplyValues, so helpers take part. Adam (not
   // commutative) and a block pushed twice in one push: its order must hold.
@@ -52,14 +65,8 @@ TEST(Shard, ParallelApplyOfALargePushEqualsTheSerialOneBitwise) {
     const common::TableInfo& info = *(*shard)->partitioner().FindTable("w");
     std::vector<float> grad(2097152);
     for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(0.001f * static_cast<float>(i));
-    PushTable table;
-    table.table = "w";
     std::vector<uint32_t> blocks;
-    for (uint32_t blk = 0; blk < info.num_blocks; ++blk) {
-      auto [begin, end] = (*shard)->partitioner().BlockRange(info, blk);
-      table.blocks.push_back({blk, Bytes(absl::MakeConstSpan(grad).subspan(begin, end - begin))});
-      blocks.push_back(blk);
-    }
+    PushTable table = WholeTablePush(**shard, info, grad, &blocks);
     table.blocks.push_back(table.blocks[5]);  // block 5 twice
     PushView push;
     push.info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
@@ -75,6 +82,71 @@ TEST(Shard, ParallelApplyOfALargePushEqualsTheSerialOneBitwise) {
   }
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(Shard, ParallelApplyStartsAtParallelApplyValues) {
+  // 4 blocks of 64k floats (256k values, under kParallelApplyValues): applied in parallel
+  // only once parallel_apply_values is lowered to them, and then bit for bit as serially.
+  auto config = common::ParseJobConfigText(
+      R"pb(
+        cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
+        tables {
+          name: "w"
+          kind: TABLE_KIND_DENSE
+          shape: 262144
+          initializer { kind: UNIFORM low: -1 high: 1 }
+          optimizer { kind: ADAM }
+        }
+      )pb",
+      "test");
+  ASSERT_THAT(config.status(), IsOk());
+  std::vector<std::vector<float>> results;
+  for (size_t values : {kParallelApplyValues, size_t{262145}, size_t{262144}}) {
+    SCOPED_TRACE(absl::StrCat("parallel_apply_values ", values));
+    ShardOptions options;
+    options.apply_threads = 2;
+    options.parallel_apply_values = values;
+    auto shard = Shard::Create(*config, options);
+    ASSERT_THAT(shard.status(), IsOk());
+    const common::TableInfo& info = *(*shard)->partitioner().FindTable("w");
+    ASSERT_EQ(info.num_blocks, 4u);
+    std::vector<float> grad(262144);
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::cos(0.002f * static_cast<float>(i));
+    std::vector<uint32_t> blocks;
+    PushTable table = WholeTablePush(**shard, info, grad, &blocks);
+    PushView push;
+    push.info.layout_fingerprint = (*shard)->partitioner().layout_fingerprint();
+    push.info.worker_id = 0;
+    push.info.worker_incarnation = 1;
+    push.tables = absl::MakeConstSpan(&table, 1);
+    for (int step = 0; step < 3; ++step) {
+      push.info.sequence = static_cast<uint64_t>(step) + 1;
+      ASSERT_THAT((*shard)->Push(push).status(), IsOk());
+    }
+    EXPECT_EQ((*shard)->parallel_pushes(), values <= 262144 ? 3u : 0u);
+    results.push_back(ReadBlocks(**shard, "w", blocks));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    ASSERT_EQ(results[i].size(), results[0].size());
+    EXPECT_EQ(std::memcmp(results[i].data(), results[0].data(), results[0].size() * sizeof(float)),
+              0);
+  }
+}
+
+TEST(Shard, ParallelApplyValuesFollowTheConfigElseTheCores) {
+  auto config = common::ParseJobConfigText(R"pb(
+                                             cluster { num_servers: 1 num_workers: 1 }
+                                             tables { name: "w" kind: TABLE_KIND_DENSE shape: 16 }
+                                           )pb",
+                                           "test");
+  ASSERT_THAT(config.status(), IsOk());
+  EXPECT_EQ(ParallelApplyValues(*config, 2), kParallelApplyValues);
+  EXPECT_EQ(ParallelApplyValues(*config, 7), kParallelApplyValues);
+  EXPECT_EQ(ParallelApplyValues(*config, 8), kManyCoresParallelApplyValues);
+  EXPECT_EQ(ParallelApplyValues(*config, 64), kManyCoresParallelApplyValues);
+  config->mutable_server()->set_parallel_apply_min_values(1000);
+  EXPECT_EQ(ParallelApplyValues(*config, 2), 1000u);
+  EXPECT_EQ(ParallelApplyValues(*config, 64), 1000u);
 }
 
 // A shard with one Adam table "w" of 2M floats in 64k-float blocks: over kParallelApplyValues,

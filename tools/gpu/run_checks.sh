@@ -4,7 +4,9 @@
 #   - the CUDA unit tests: every CUDA op against the CPU backend, and the models' CUDA cases;
 #   - GEMM through the Backend API next to a direct cuBLAS call (kernels_benchmark);
 #   - Fashion-MNIST MLP trained centralized on the GPU and on the CPU, and distributed with
-#     one server and one GPU worker, each with its step breakdown (pull, compute, push);
+#     one server and one GPU worker (ROUNDS times, default 3, interleaved with the centralized
+#     GPU run: as built, with the server applying each push on one thread, with prefetch),
+#     each with its step breakdown (pull, compute, push);
 #   - the synthetic CTR model centralized on the GPU.
 #
 #   BUNDLE/run_checks.sh OUT_DIR
@@ -47,11 +49,8 @@ TAIL=4 step ctr_model_test 120 "$b/ctr_model_test"
 TAIL=30 step gemm_benchmark 180 "$b/kernels_benchmark" --device=cuda --benchmark_filter=Gemm \
   --benchmark_min_time=0.2 --benchmark_out="$out/gemm_benchmark.json" --benchmark_out_format=json
 
-for device in cuda cpu; do
-  step "mlp_centralized_$device" 180 "$b/ps_worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
-    --centralized --device="$device" "$fm" \
-    --log_path="$out/mlp_centralized_$device.jsonl"
-done
+step mlp_centralized_cpu 180 "$b/ps_worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
+  --centralized --device=cpu "$fm" --log_path="$out/mlp_centralized_cpu.jsonl"
 
 # A large MLP (784-2048-2048-10, batch 64), 300 steps: where a GPU should pay. The CPU uses
 # 8 BLAS threads here. On the GPU twice: the tables on the device (the default) and through
@@ -66,17 +65,41 @@ step mlp_large_centralized_cuda_store 180 "$b/ps_worker" \
   --threads=8 --eval=never \
   "$fm,model.mlp.hidden=2048,2048,training.max_steps=300,training.dense_tables=DENSE_TABLES_STORE"
 
-# Distributed on this machine: one server, one worker on the GPU.
-rm -rf /tmp/ps-gpu-check && mkdir -p /tmp/ps-gpu-check
-"$b/ps_server" --config="$here/configs/fashion_mnist_centralized.textproto" --server_index=0 \
-  --host=127.0.0.1 --port=0 --port_file=/tmp/ps-gpu-check/port --data_dir=/tmp/ps-gpu-check/data \
-  >"$out/mlp_1x1_server.log" 2>&1 &
-server=$!
-for _ in $(seq 100); do [[ -s /tmp/ps-gpu-check/port ]] && break; sleep 0.1; done
-step mlp_1x1_cuda 180 "$b/ps_worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
-  --worker_index=0 --servers="127.0.0.1:$(cat /tmp/ps-gpu-check/port)" --device=cuda "$fm" \
-  --log_path="$out/mlp_1x1_cuda.jsonl"
-kill -TERM "$server"; wait "$server"
+# one_server NAME WORKER_BINARY WORKER_SETTINGS [SERVER_SETTINGS]: one server and one worker
+# on the GPU on this machine, a fresh server and data folder each time. WORKER_SETTINGS are
+# added to the worker's --set (",key=value..."); SERVER_SETTINGS are the server's ("key=value,...").
+one_server() {
+  local name="$1" worker="$2" settings="$3" server_settings="${4:-}"
+  local server_args=(--config="$here/configs/fashion_mnist_centralized.textproto" --server_index=0
+    --host=127.0.0.1 --port=0 --port_file=/tmp/ps-gpu-check/port --data_dir=/tmp/ps-gpu-check/data)
+  [[ -n "$server_settings" ]] && server_args+=(--set="$server_settings")
+  rm -rf /tmp/ps-gpu-check && mkdir -p /tmp/ps-gpu-check
+  "$b/ps_server" "${server_args[@]}" >"$out/${name}_server.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 100); do [[ -s /tmp/ps-gpu-check/port ]] && break; sleep 0.1; done
+  step "$name" 180 "$worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
+    --worker_index=0 --servers="127.0.0.1:$(cat /tmp/ps-gpu-check/port)" --device=cuda \
+    "$fm$settings" --log_path="$out/$name.jsonl"
+  kill -TERM "$server" 2>/dev/null  # it stops by itself once its worker has finished
+  wait "$server"
+}
+
+# The distributed target's runs, ROUNDS times interleaved: centralized on the GPU, then one
+# server and one GPU worker: as built; with the server applying every push on one thread (as
+# before parallel_apply_min_values); with prefetch; and, where the bundle holds one
+# (bin/ps_worker_before), another worker binary to compare with.
+for round in $(seq "${ROUNDS:-3}"); do
+  step "mlp_centralized_cuda_$round" 180 "$b/ps_worker" \
+    --config="$here/configs/fashion_mnist_centralized.textproto" --centralized --device=cuda "$fm" \
+    --log_path="$out/mlp_centralized_cuda_$round.jsonl"
+  one_server "mlp_1x1_cuda_$round" "$b/ps_worker" ""
+  one_server "mlp_1x1_cuda_serial_apply_$round" "$b/ps_worker" "" \
+    "server.parallel_apply_min_values=1048576"
+  if [[ -x "$b/ps_worker_before" ]]; then
+    one_server "mlp_1x1_cuda_worker_before_$round" "$b/ps_worker_before" ""
+  fi
+  one_server "mlp_1x1_cuda_prefetch_$round" "$b/ps_worker" ",training.prefetch=true"
+done
 
 step ctr_centralized_cuda 180 "$b/ps_worker" --config="$here/configs/ctr_synthetic_2x2.textproto" \
   --centralized --device=cuda \

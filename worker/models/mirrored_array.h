@@ -4,7 +4,8 @@
 // writes host memory) and compute on the backend's device. On a backend whose device memory
 // is host memory (the CPU backend) the two sides are the *same* allocation, so the copies
 // below are no-ops and a store pulls straight into the memory the kernels read. On the CUDA
-// backend the host side is ordinary host memory and the copies cross PCIe.
+// backend the host side is page-locked host memory (Backend::AllocateHost) and the copies
+// cross PCIe.
 #ifndef PS_WORKER_MODELS_MIRRORED_ARRAY_H_
 #define PS_WORKER_MODELS_MIRRORED_ARRAY_H_
 
@@ -12,7 +13,6 @@
 #include <cstdint>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,16 +49,21 @@ class MirroredArray {
     absl::StatusOr<kernels::DeviceBuffer> buffer =
         backend_->Allocate(static_cast<size_t>(n) * sizeof(T));
     if (!buffer.ok()) return buffer.status();
+    if (!shared_) {
+      absl::StatusOr<kernels::DeviceBuffer> host =
+          backend_->AllocateHost(static_cast<size_t>(n) * sizeof(T));
+      if (!host.ok()) return host.status();
+      host_ = *std::move(host);  // zeroed
+    }
     device_ = *std::move(buffer);
-    if (!shared_) host_.assign(static_cast<size_t>(n), T());
     capacity_ = n;
     return absl::OkStatus();
   }
 
   int64_t capacity() const { return capacity_; }
   // The host side (capacity() elements); the same memory as device() where shared.
-  T* host() { return shared_ ? device_.as<T>() : host_.data(); }
-  const T* host() const { return shared_ ? device_.as<T>() : host_.data(); }
+  T* host() { return shared_ ? device_.as<T>() : host_.as<T>(); }
+  const T* host() const { return shared_ ? device_.as<T>() : host_.as<T>(); }
   absl::Span<T> host_span(int64_t n) { return absl::MakeSpan(host(), static_cast<size_t>(n)); }
   // The device side (capacity() elements).
   T* device() const { return device_.as<T>(); }
@@ -93,7 +98,7 @@ class MirroredArray {
   bool shared_;
   int64_t capacity_ = 0;
   kernels::DeviceBuffer device_;
-  std::vector<T> host_;  // Unused where shared_.
+  kernels::DeviceBuffer host_;  // Backend::AllocateHost; unused where shared_.
 };
 
 }  // namespace ps::worker

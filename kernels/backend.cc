@@ -1,7 +1,6 @@
 #include "kernels/backend.h"
 
 #include <memory>
-#include <new>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -34,16 +33,6 @@ absl::string_view DeviceKindName(DeviceKind kind) {
   }
   return "unknown";
 }
-
-absl::StatusOr<void*> Backend::AllocateHostRaw(size_t bytes) {
-  void* p = ::operator new (bytes, std::align_val_t{256}, std::nothrow);
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("AllocateHost ", bytes, " bytes"));
-  }
-  return p;
-}
-
-void Backend::FreeHostRaw(void* data) { ::operator delete (data, std::align_val_t{256}); }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device,
                                                        const BackendOptions& options) {

@@ -30,11 +30,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/optimizer.h"
@@ -127,9 +129,11 @@ class Backend {
   // Allocate(n * sizeof(float)), n >= 0.
   [[nodiscard]] absl::StatusOr<DeviceBuffer> AllocateFloats(int64_t n);
   // A buffer of `bytes` bytes of host memory (zeroed; 256-byte aligned) that CopyToDevice and
-  // CopyToHost move at the bus's full speed: page-locked on the CUDA backend, where a copy
-  // from ordinary (pageable) memory goes through a staging buffer at a fraction of it.
-  // RESOURCE_EXHAUSTED when it cannot be had; a zero-byte request gives an empty buffer.
+  // CopyToHost move at the bus's full speed: page-locked on the CUDA backend (up to 1 GiB of
+  // such buffers per backend, beyond which or where the driver cannot lock more it is
+  // ordinary memory), where a copy from ordinary (pageable) memory goes through a staging
+  // buffer at a fraction of it. RESOURCE_EXHAUSTED when it cannot be had; a zero-byte request
+  // gives an empty buffer.
   [[nodiscard]] absl::StatusOr<DeviceBuffer> AllocateHost(size_t bytes);
 
   // Host -> device, device -> host, device -> device copies of `bytes` bytes. The host side
@@ -292,6 +296,16 @@ inline absl::StatusOr<DeviceBuffer> Backend::Allocate(size_t bytes) {
   if (!data.ok()) return data.status();
   return DeviceBuffer(this, *data, bytes, /*host=*/false);
 }
+
+inline absl::StatusOr<void*> Backend::AllocateHostRaw(size_t bytes) {
+  void* p = ::operator new (bytes, std::align_val_t{256}, std::nothrow);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("AllocateHost ", bytes, " bytes"));
+  }
+  return p;
+}
+
+inline void Backend::FreeHostRaw(void* data) { ::operator delete (data, std::align_val_t{256}); }
 
 inline absl::StatusOr<DeviceBuffer> Backend::AllocateHost(size_t bytes) {
   if (bytes == 0) return DeviceBuffer();

@@ -18,6 +18,8 @@ cat >"$pack/unpack.py" <<'PY'
 """Rebuilds the bundle packed beside this file into the folder named by argv[1]."""
 import gzip, lzma, os, shutil, sys, tarfile
 
+if len(sys.argv) != 2:
+    sys.exit("usage: python3 unpack.py OUT_DIR")
 here = os.path.dirname(os.path.abspath(__file__))
 out = sys.argv[1]
 os.makedirs(os.path.join(out, "data"), exist_ok=True)

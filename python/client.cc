@@ -99,10 +99,8 @@ absl::Status Client::InitCentralized(uint64_t incarnation) {
   ASSIGN_OR_RETURN(uint32_t num_servers, common::NumServers(config_.cluster()));
   std::vector<server::Shard*> raw;
   for (uint32_t s = 0; s < num_servers; ++s) {
-    server::ShardOptions shard_options;
-    shard_options.server_index = s;
-    shard_options.reject_nonfinite = config_.server().reject_nonfinite();
-    ASSIGN_OR_RETURN(auto shard, server::Shard::Create(config_, shard_options));
+    ASSIGN_OR_RETURN(auto shard,
+                     server::Shard::Create(config_, server::CentralizedShardOptions(config_, s)));
     raw.push_back(shard.get());
     shards_.push_back(std::move(shard));
   }

@@ -7,9 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/partitioner.h"
+#include "common/startup/cores.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
+
+ShardOptions CentralizedShardOptions(const JobConfig& config, uint32_t server_index) {
+  ShardOptions options;
+  options.server_index = server_index;
+  options.reject_nonfinite = config.server().reject_nonfinite();
+  options.parallel_apply_values = ParallelApplyValues(config, common::UsableCores());
+  return options;
+}
 
 absl::StatusOr<std::unique_ptr<InProcessParameterStore>> InProcessParameterStore::Create(
     std::vector<Shard*> shards, const InProcessStoreOptions& options) {
@@ -37,10 +46,8 @@ absl::StatusOr<std::unique_ptr<InProcessParameterStore>> InProcessParameterStore
   std::vector<std::unique_ptr<Shard>> owned;
   std::vector<Shard*> raw;
   for (uint32_t s = 0; s < num_servers; ++s) {
-    ShardOptions shard_options;
-    shard_options.server_index = s;
-    shard_options.reject_nonfinite = config.server().reject_nonfinite();
-    ASSIGN_OR_RETURN(std::unique_ptr<Shard> shard, Shard::Create(config, shard_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<Shard> shard,
+                     Shard::Create(config, CentralizedShardOptions(config, s)));
     raw.push_back(shard.get());
     owned.push_back(std::move(shard));
   }

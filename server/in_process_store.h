@@ -31,6 +31,12 @@ struct InProcessStoreOptions {
   absl::Duration pull_timeout = absl::Minutes(10);
 };
 
+// The options of server `server_index`'s shard in centralized mode (CreateCentralized, the
+// Python client's): the config's reject_nonfinite, and its parallel apply threshold as a
+// server process on this host would choose it (ParallelApplyValues with the cores this
+// process may use), so a large push is applied by several threads here as it would be there.
+ShardOptions CentralizedShardOptions(const JobConfig& config, uint32_t server_index);
+
 // Thread-safe.
 class InProcessParameterStore final : public common::ParameterStore {
  public:

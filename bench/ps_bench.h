@@ -68,6 +68,9 @@ struct BenchOptions {
   uint64_t dense_block_floats = 131072;
   uint64_t pull_piece_bytes = worker::GrpcStoreOptions().pull_piece_bytes;
   uint64_t parallel_copy_bytes = worker::GrpcStoreOptions().parallel_copy_bytes;
+  // Dense pushes from a buffer each client's store lends (ParameterStore::LendPushBuffer),
+  // where it lends one.
+  bool lend_push_buffers = false;
   int64_t busy_poll_us = -1;  // server and rpc busy_poll_us of the config; -1: their defaults
   int32_t data_threads = -1;  // server.data_threads of the config; -1: its default
   // rpc.shared_memory_mb and server.max_shared_memory_mb of the config; -1: their defaults

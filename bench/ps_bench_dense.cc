@@ -1,5 +1,8 @@
 // ps_bench --modes=dense: GrpcParameterStore push and pull of one dense table per payload.
 
+#include <algorithm>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +18,34 @@ namespace {
 
 using AsyncCalls = worker::GrpcParameterStore::AsyncCalls;
 
+// What each client pushes: small finite values (SGD moves the parameters a little on every
+// push), in the client's own memory or, with --lend_push_buffers, in what its store lends
+// once a first push from its own memory has reached the server.
+class PushSources {
+ public:
+  PushSources(const BenchEnv& env, int clients, const std::string& table, size_t numel)
+      : own_(numel, 1e-4f), lent_(clients) {
+    if (!env.flags->lend_push_buffers) return;
+    for (int c = 0; c < clients; ++c) {
+      common::PushBatch first;
+      first.dense.push_back({table, absl::MakeConstSpan(own_)});
+      if (!env.stores[c]->Push(first, common::PushOptions{}).ok()) continue;
+      lent_[c] = env.stores[c]->LendPushBuffer({table});
+      if (lent_[c] != nullptr)
+        std::fill(lent_[c]->values().begin(), lent_[c]->values().end(), 1e-4f);
+    }
+  }
+
+  absl::Span<const float> For(int client) const {
+    return lent_[client] != nullptr ? absl::Span<const float>(lent_[client]->values())
+                                    : absl::MakeConstSpan(own_);
+  }
+
+ private:
+  const std::vector<float> own_;
+  std::vector<std::unique_ptr<common::LentBuffer>> lent_;  // per client, where lent
+};
+
 // One thread per client keeps the window's calls in flight with the store's asynchronous
 // calls; each slot pulls into a buffer of its own.
 class AsyncWindow {
@@ -23,7 +54,7 @@ class AsyncWindow {
               bool push)
       : table_(std::move(table)),
         push_(push),
-        gradient_(push ? numel : 0, 1e-4f),
+        gradient_(env, push ? clients : 0, table_, push ? numel : 0),
         out_(push ? 0 : clients * window, std::vector<float>(numel)),
         slots_(clients),
         window_(window) {
@@ -40,7 +71,7 @@ class AsyncWindow {
     absl::StatusOr<AsyncCalls::CallId> id;
     if (push_) {
       common::PushBatch batch;
-      batch.dense.push_back({table_, absl::MakeConstSpan(gradient_)});
+      batch.dense.push_back({table_, gradient_.For(t)});
       id = calls_[t]->StartPush(batch, common::PushOptions{});
     } else {
       common::PullBatch batch;
@@ -68,7 +99,7 @@ class AsyncWindow {
 
   const std::string table_;
   const bool push_;
-  const std::vector<float> gradient_;  // small finite values: SGD moves the parameters a little
+  const PushSources gradient_;
   std::vector<std::vector<float>> out_;                               // per (client, slot)
   std::vector<std::vector<std::pair<AsyncCalls::CallId, int>>> slots_;  // per client: in flight
   const int window_;
@@ -83,14 +114,13 @@ absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push
   const int threads = async ? clients : clients * window;
   const std::string table = DenseTableName(bytes);
   const size_t numel = bytes / sizeof(float);
-  // Small finite gradients: SGD moves the parameters a little on every push.
-  const std::vector<float> gradient(push && !async ? numel : 0, 1e-4f);
+  const PushSources gradient(env, push && !async ? clients : 0, table, push && !async ? numel : 0);
   std::vector<std::vector<float>> out(push || async ? 0 : threads, std::vector<float>(numel));
   auto call = [&](int t) -> absl::Status {
     worker::GrpcParameterStore* store = env.stores[t / window];
     if (push) {
       common::PushBatch batch;
-      batch.dense.push_back({table, absl::MakeConstSpan(gradient)});
+      batch.dense.push_back({table, gradient.For(t / window)});
       return store->Push(batch, common::PushOptions{});
     }
     common::PullBatch batch;

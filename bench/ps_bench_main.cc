@@ -99,6 +99,11 @@ ABSL_FLAG(uint64_t, parallel_copy_bytes, ps::worker::GrpcStoreOptions().parallel
           "GrpcStoreOptions::parallel_copy_bytes of the bench clients: dense pull answers of at "
           "least this many bytes per server are copied into the caller's buffers by more than "
           "one thread (0 = one thread).");
+ABSL_FLAG(bool, lend_push_buffers, false,
+          "Dense pushes from memory each client's store lends in the server's shared-memory "
+          "segment (ParameterStore::LendPushBuffer: one server holding the whole table), which "
+          "the server reads where it lies: no copy in the client. Elsewhere, from the client's "
+          "own memory as without it.");
 ABSL_FLAG(int64_t, busy_poll_us, -1,
           "server.busy_poll_us and rpc.busy_poll_us of the generated config: how long the "
           "servers' data threads and the clients poll for events before they sleep (0 = "
@@ -282,6 +287,7 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->dense_block_floats = absl::GetFlag(FLAGS_dense_block_floats);
   f->pull_piece_bytes = absl::GetFlag(FLAGS_pull_piece_bytes);
   f->parallel_copy_bytes = absl::GetFlag(FLAGS_parallel_copy_bytes);
+  f->lend_push_buffers = absl::GetFlag(FLAGS_lend_push_buffers);
   f->busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   if (f->busy_poll_us < -1 || f->busy_poll_us > 1000000) {
     return absl::InvalidArgumentError(

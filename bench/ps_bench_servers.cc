@@ -51,13 +51,15 @@ absl::Status RunGrpc(BenchEnv* env, const JobConfig& config, Reporter* reporter)
     total.duplicate_pushes += st.duplicate_pushes;
     total.handoffs_streamed += st.handoffs_streamed;
     total.handoffs_plain += st.handoffs_plain;
+    total.bytes_lent += st.bytes_lent;
     // Leave the consistency bound; matters only when connected to long-running servers.
     s->Finish().IgnoreError();
   }
   std::cerr << "client totals: " << total.retries << " retries, " << total.duplicate_pushes
             << " pushes answered as duplicates; calls through shared memory handed with "
             << total.handoffs_streamed << " streamed and " << total.handoffs_plain
-            << " plain copies (the links' HandoffChooser)" << std::endl;
+            << " plain copies (the links' HandoffChooser); " << total.bytes_lent
+            << " push bytes read where they lay in lent buffers" << std::endl;
   env->stores.clear();
   return absl::OkStatus();
 }

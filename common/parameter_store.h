@@ -12,7 +12,9 @@
 #define PS_COMMON_PARAMETER_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -82,6 +84,37 @@ struct WorkerPosition {
   int64_t clock = 0;    // steps pushed
 };
 
+// Memory a store lends for the values of a push (ParameterStore::LendPushBuffer): the dense
+// tables named in the lend, each whole, one after the other in that order. A push that names
+// those tables in that order, with these spans as their values, reaches the server without a
+// copy in this process. The memory starts zeroed and stays valid while this object lives, also
+// after the store is gone. The server reads it while a push of it is in flight: the caller
+// writes it only between such pushes (a push's values are the caller's until the call returns
+// in any case).
+class LentBuffer {
+ public:
+  virtual ~LentBuffer() = default;
+  LentBuffer(const LentBuffer&) = delete;
+  LentBuffer& operator=(const LentBuffer&) = delete;
+
+  // Every table's values, in the order of the lend.
+  absl::Span<float> values() const { return values_; }
+  // Table i of the lend (its element count).
+  absl::Span<float> table(size_t i) const {
+    return values_.subspan(starts_[i], starts_[i + 1] - starts_[i]);
+  }
+  size_t num_tables() const { return starts_.size() - 1; }
+
+ protected:
+  // `starts`: where each table begins in `values`, then values.size().
+  LentBuffer(absl::Span<float> values, std::vector<size_t> starts)
+      : values_(values), starts_(std::move(starts)) {}
+
+ private:
+  const absl::Span<float> values_;
+  const std::vector<size_t> starts_;
+};
+
 // Thread-safe: implementations accept concurrent calls.
 class ParameterStore {
  public:
@@ -122,6 +155,16 @@ class ParameterStore {
     (void)epoch;
     (void)offset;
     return WorkerPosition{};
+  }
+
+  // Memory for the values of the dense `tables` (LentBuffer) that this store can hand to
+  // their server without copying it, or nullptr where it has none: the tables are not all
+  // dense and held by one server, that server is not on this host (or not yet reached), or
+  // the room it lends is taken. A caller then pushes from its own memory as always. The
+  // default lends nothing.
+  virtual std::unique_ptr<LentBuffer> LendPushBuffer(absl::Span<const std::string> tables) {
+    (void)tables;
+    return nullptr;
   }
 };
 

@@ -42,15 +42,16 @@ constexpr char kConfig[] = R"pb(
 class DataPathTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto config = common::ParseJobConfigText(kConfig, "test");
+    auto config = common::ParseJobConfigText(config_text_, "test");
     ASSERT_THAT(config.status(), IsOk());
     config_ = *config;
     if (adam_) {
       config_.mutable_default_optimizer()->set_kind(OptimizerConfig::ADAM);
       config_.mutable_default_optimizer()->set_learning_rate(0.01f);
     }
-    for (int s = 0; s < 2; ++s) config_.mutable_cluster()->add_servers("in-process");
-    for (uint32_t s = 0; s < 2; ++s) {
+    const uint32_t servers = config_.cluster().num_servers();
+    for (uint32_t s = 0; s < servers; ++s) config_.mutable_cluster()->add_servers("in-process");
+    for (uint32_t s = 0; s < servers; ++s) {
       server::ShardOptions options;
       options.server_index = s;
       options.stream_pull_bytes = stream_pull_bytes_;
@@ -106,7 +107,7 @@ class DataPathTest : public ::testing::Test {
   absl::StatusOr<std::unique_ptr<server::InProcessParameterStore>> LocalStore(
       std::vector<std::unique_ptr<server::Shard>>* owned) {
     std::vector<server::Shard*> shards;
-    for (uint32_t s = 0; s < 2; ++s) {
+    for (uint32_t s = 0; s < config_.cluster().num_servers(); ++s) {
       server::ShardOptions options;
       options.server_index = s;
       ASSIGN_OR_RETURN(std::unique_ptr<server::Shard> shard,
@@ -148,6 +149,7 @@ class DataPathTest : public ::testing::Test {
     }
   }
 
+  const char* config_text_ = kConfig;
   bool tcp_ = false;   // real sockets on 127.0.0.1 instead of in-process channels
   bool adam_ = false;  // Adam (lr 0.01) instead of the config's SGD
   size_t shared_bytes_ = 0;  // shared memory per worker and server (0: none)
@@ -494,6 +496,150 @@ TEST_F(DataPathTest, PullsInPiecesReadWhatOneFramePerServerReads) {
   pull.dense.push_back({"m", absl::MakeSpan(split.m)});
   ASSERT_THAT((*store)->PushPull(push, {1, false}, pull, {0}), IsOk());
   EXPECT_EQ(Pulls(0) + Pulls(1) - before, 2u);
+}
+
+// Lent push buffers (ParameterStore::LendPushBuffer) need a server holding all of the tables:
+// one server, "a" in 5 blocks and "c" in one, Adam, shared memory.
+constexpr char kOneServerConfig[] = R"pb(
+  cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
+  default_optimizer { kind: SGD learning_rate: 0.5 }
+  tables {
+    name: "a"
+    kind: TABLE_KIND_DENSE
+    shape: 300000
+    initializer { kind: UNIFORM low: -1 high: 1 }
+  }
+  tables {
+    name: "c"
+    kind: TABLE_KIND_DENSE
+    shape: 10
+    initializer { kind: ZEROS }
+  }
+  security { plaintext: true }
+)pb";
+
+class LentBufferTest : public DataPathTest {
+ protected:
+  LentBufferTest() {
+    config_text_ = kOneServerConfig;
+    tcp_ = true;
+    adam_ = true;
+    shared_bytes_ = 16 << 20;
+  }
+
+  void SetUp() override {
+    DataPathTest::SetUp();
+    auto local = LocalStore(&owned_);
+    ASSERT_THAT(local.status(), IsOk());
+    local_ = *std::move(local);
+  }
+
+  // A step of "a" and "c" pushed from `a` and `c` (their values set for `step` first), in
+  // that order or the other, then pulled: bitwise the in-process store's.
+  void Step(int step, absl::Span<float> a, absl::Span<float> c, bool a_first = true) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] = 1e-3f * static_cast<float>((i * 7 + step) % 101);
+    for (size_t i = 0; i < c.size(); ++i) c[i] = 0.01f * static_cast<float>(step + i);
+    common::PushBatch push;
+    push.dense.push_back({"a", a});
+    push.dense.push_back({"c", c});
+    if (!a_first) std::swap(push.dense[0], push.dense[1]);
+    std::vector<float> got_a(a.size()), got_c(c.size()), want_a(a.size()), want_c(c.size());
+    common::PullBatch got, want;
+    got.dense = {{"a", absl::MakeSpan(got_a)}, {"c", absl::MakeSpan(got_c)}};
+    want.dense = {{"a", absl::MakeSpan(want_a)}, {"c", absl::MakeSpan(want_c)}};
+    ASSERT_THAT(store_->PushPull(push, {step, false}, got, {step}), IsOk());
+    ASSERT_THAT(local_->Push(push, {step, false}), IsOk());
+    ASSERT_THAT(local_->Pull(want, {step}), IsOk());
+    ASSERT_EQ(got_a, want_a) << "step " << step;
+    ASSERT_EQ(got_c, want_c) << "step " << step;
+  }
+
+  std::vector<std::unique_ptr<server::Shard>> owned_;
+  std::unique_ptr<server::InProcessParameterStore> local_;
+  const std::vector<std::string> tables_ = {"a", "c"};
+};
+
+// A push whose payload lies in a lent buffer is read by the server where it lies: the store
+// copies none of it (bytes_lent), and it lands as the in-process store's. A push naming the
+// tables in another order than the lend, or from other memory, is copied into the segment.
+TEST_F(LentBufferTest, PushesFromALentBufferAreNotCopiedAndLandLikeTheInProcessStore) {
+  EXPECT_EQ(store_->LendPushBuffer(tables_), nullptr) << "lent before the segment was there";
+  std::vector<float> a(300000), c(10);
+  Step(1, absl::MakeSpan(a), absl::MakeSpan(c));  // asks for the segment
+  std::unique_ptr<common::LentBuffer> lent = store_->LendPushBuffer(tables_);
+  ASSERT_NE(lent, nullptr);
+  ASSERT_EQ(lent->num_tables(), 2u);
+  ASSERT_EQ(lent->table(0).size(), 300000u);
+  ASSERT_EQ(lent->table(1).size(), 10u);
+  EXPECT_EQ(lent->table(1).data(), lent->table(0).data() + 300000);
+  EXPECT_EQ(std::count(lent->values().begin(), lent->values().end(), 0.0f), 300010);
+  const uint64_t shared_in = Sum(&common::DataPathCounters::bytes_shared_in);
+  constexpr int kSteps = 3;
+  for (int step = 2; step < 2 + kSteps; ++step) Step(step, lent->table(0), lent->table(1));
+  const uint64_t payload = kSteps * 300010 * sizeof(float);
+  EXPECT_EQ(store_->stats().bytes_lent, payload);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in) - shared_in, payload);
+  Step(5, lent->table(0), lent->table(1), /*a_first=*/false);
+  Step(6, absl::MakeSpan(a), absl::MakeSpan(c));
+  EXPECT_EQ(store_->stats().bytes_lent, payload);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in) - shared_in,
+            (kSteps + 2) * 300010 * sizeof(float));
+}
+
+// Only what one server holds, in float32, and at most half the segment; nothing without
+// shared memory.
+TEST_F(LentBufferTest, LendsWhatOneServerHoldsUpToHalfTheSegment) {
+  std::vector<float> a(300000), c(10);
+  Step(1, absl::MakeSpan(a), absl::MakeSpan(c));
+  EXPECT_EQ(store_->LendPushBuffer({}), nullptr);
+  EXPECT_EQ(store_->LendPushBuffer({"nope"}), nullptr);
+  EXPECT_NE(store_->LendPushBuffer({"c"}), nullptr);
+  auto small = [&](size_t bytes) {
+    worker::GrpcStoreOptions options = Options();
+    options.shared_memory_bytes = bytes;
+    options.worker_incarnation = 2;
+    auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+    EXPECT_THAT(store.status(), IsOk());
+    std::vector<float> out(10);
+    common::PullBatch pull;
+    pull.dense.push_back({"c", absl::MakeSpan(out)});
+    EXPECT_THAT((*store)->Pull(pull, {0}), IsOk());  // asks for a segment
+    return *std::move(store);
+  };
+  auto two_mb = small(2 << 20);  // "a" is 1.2 MB, more than half of it
+  EXPECT_EQ(two_mb->LendPushBuffer({"a"}), nullptr);
+  auto lent_c = two_mb->LendPushBuffer({"c"});
+  EXPECT_NE(lent_c, nullptr);
+  EXPECT_EQ(small(0)->LendPushBuffer({"c"}), nullptr);
+}
+
+// The buffer stays the caller's memory when its segment goes (another store of the worker
+// asked for a new one, as after a server's restart): a push from it goes by the socket,
+// applied once, and later ones are copied into the new segment. It outlives the store.
+TEST_F(LentBufferTest, ALentBufferOutlivesItsSegmentAndItsStore) {
+  std::vector<float> a(300000), c(10);
+  Step(1, absl::MakeSpan(a), absl::MakeSpan(c));
+  std::unique_ptr<common::LentBuffer> lent = store_->LendPushBuffer(tables_);
+  ASSERT_NE(lent, nullptr);
+  Step(2, lent->table(0), lent->table(1));
+  const uint64_t lent_bytes = store_->stats().bytes_lent;
+  ASSERT_GT(lent_bytes, 0u);
+  auto other = worker::GrpcParameterStore::CreateWithChannels(config_, Options(), channels_);
+  ASSERT_THAT(other.status(), IsOk());
+  std::vector<float> out(10);
+  common::PullBatch pull;
+  pull.dense.push_back({"c", absl::MakeSpan(out)});
+  ASSERT_THAT((*other)->Pull(pull, {0}), IsOk());  // replaces store_'s segment
+  const uint64_t pushes = Pushes(0);
+  Step(3, lent->table(0), lent->table(1));  // by the socket
+  EXPECT_EQ(Pushes(0) - pushes, 1u) << "a push applied twice or not at all";
+  Step(4, lent->table(0), lent->table(1));  // asks again
+  Step(5, lent->table(0), lent->table(1));  // copied into the new segment
+  EXPECT_EQ(store_->stats().bytes_lent, lent_bytes);
+  store_.reset();
+  other->reset();
+  std::fill(lent->values().begin(), lent->values().end(), 2.0f);
+  EXPECT_EQ(std::count(lent->values().begin(), lent->values().end(), 2.0f), 300010);
 }
 
 }  // namespace

@@ -108,7 +108,11 @@ SharedArena::SharedArena(std::shared_ptr<SharedMemory> memory, uint64_t limit)
     : memory_(std::move(memory)) {
   const uint64_t begin = RoundUp(SharedMemory::kReservedBytes);
   const uint64_t end = limit == 0 ? memory_->size() : std::min<uint64_t>(limit, memory_->size());
-  if (end > begin) free_.emplace(begin, end - begin);
+  if (end > begin) {
+    free_.emplace(begin, end - begin);
+    begin_ = begin;
+    end_ = end;
+  }
 }
 
 std::optional<SharedArena::Region> SharedArena::Allocate(const std::shared_ptr<SharedArena>& arena,

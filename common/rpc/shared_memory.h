@@ -103,11 +103,20 @@ class SharedArena {
 
   const std::shared_ptr<SharedMemory>& memory() const { return memory_; }
   size_t free_bytes() const;
+  // Bytes the arena hands out regions from, free or not.
+  uint64_t capacity() const { return end_ - begin_; }
+  // Whether [offset, offset + n) lies in the part of the segment regions come from
+  // (overflow-safe).
+  bool Holds(uint64_t offset, uint64_t n) const {
+    return offset >= begin_ && offset <= end_ && n <= end_ - offset;
+  }
 
  private:
   void Free(uint64_t offset, uint64_t size);
 
   const std::shared_ptr<SharedMemory> memory_;
+  uint64_t begin_ = 0;
+  uint64_t end_ = 0;  // begin_ <= end_
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes, coalesced
 };

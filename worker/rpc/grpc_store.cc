@@ -249,6 +249,7 @@ void GrpcParameterStore::CountExchange(const Exchange& x) {
   metrics_->bytes_sent->Increment(x.sent);
   bytes_received_ += x.received;
   bytes_shared_ += x.shared_bytes;
+  bytes_lent_ += x.lent_bytes;
   metrics_->bytes_shared->Increment(x.shared_bytes);
   metrics_->bytes_received->Increment(x.received);
 }
@@ -483,6 +484,7 @@ GrpcStoreStats GrpcParameterStore::stats() const {
   s.retries = retries_;
   s.duplicate_pushes = duplicates_;
   s.bytes_shared = bytes_shared_;
+  s.bytes_lent = bytes_lent_;
   s.calls_shared = calls_shared_;
   s.handoffs_plain = handoffs_[0];
   s.handoffs_streamed = handoffs_[1];

@@ -155,6 +155,9 @@ struct GrpcStoreStats {
   uint64_t bytes_shared = 0;
   // Calls (frames to one server) answered through a shared-memory channel, not gRPC.
   uint64_t calls_shared = 0;
+  // Of bytes_shared, push payloads the servers read where they lay in a LentBuffer (not
+  // copied by this process).
+  uint64_t bytes_lent = 0;
   // Calls through shared memory that handed more than common::kHandoffStreamBytes with
   // streamed or with plain stores (GrpcStoreOptions::handoff), answered.
   uint64_t handoffs_streamed = 0;
@@ -202,6 +205,12 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Heartbeat(epoch, offset, /*finished=*/false).
   absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,
                                                         uint64_t offset) override;
+  // A region of the shared-memory segment of the one server holding every block of `tables`
+  // (float32 pushes only), once the store has reached that server through one (after a first
+  // call to it). At most half the segment is lent at once. A push from it is read by the
+  // server where it lies (GrpcStoreStats::bytes_lent); one that cannot be (the segment was
+  // given up since: the server restarted) goes by the socket.
+  std::unique_ptr<common::LentBuffer> LendPushBuffer(absl::Span<const std::string> tables) override;
 
   // Waits until every server answers ServerInfo with this job's layout (FAILED_PRECONDITION
   // if one differs) or `timeout` passes (UNAVAILABLE naming the silent servers).
@@ -291,6 +300,10 @@ class GrpcParameterStore final : public common::ParameterStore {
   // carries only the header (and where they lie). The first frame to a server asks for a
   // segment instead (want_shared_bytes); ReadAnswer maps the offer.
   void PlaceShared(uint32_t f, Exchange* x);
+  // Where `payloads` lie in `arena`'s segment when they are one run of bytes inside the part
+  // regions come from (a LentBuffer's), else nullopt.
+  static std::optional<uint64_t> LentOffset(absl::Span<const absl::string_view> payloads,
+                                            const common::SharedArena& arena);
   // The frame to send for f: its header and, unless they lie in shared memory, its payloads.
   grpc::ByteBuffer BuildFrame(uint32_t f, const Exchange& x) const;
   // Frame f's attempt ended with `status`, not OK, after it asked for or used shared memory:
@@ -345,6 +358,7 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> bytes_shared_{0};
+  std::atomic<uint64_t> bytes_lent_{0};
   std::atomic<uint64_t> calls_shared_{0};
   std::atomic<uint64_t> handoffs_[2] = {0, 0};  // [plain, streamed]
   // Held while a Push encodes (not while it sends).

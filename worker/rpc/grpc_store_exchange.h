@@ -54,12 +54,16 @@ struct GrpcParameterStore::Exchange {
     uint32_t chooser = 0;  // its index in GrpcParameterStore::handoff_
     uint64_t bytes = 0;  // push payload and answer room
     int64_t start_ns = 0;
+    // Its push payload lies in a LentBuffer of the segment, where the server reads it: not
+    // copied, not timed.
+    bool lent = false;
   };
   std::vector<Handoff> handoff;
   uint64_t sent = 0;  // push payload bytes of every frame (summed as they are added)
   uint64_t received = 0;
   uint64_t dense_pull_bytes = 0;  // float32 bytes of the dense pulls, all servers' together
   uint64_t shared_bytes = 0;  // of sent and received, through shared memory
+  uint64_t lent_bytes = 0;    // of shared_bytes, push payloads read where they lay (lent)
   uint64_t duplicates = 0;
 };
 

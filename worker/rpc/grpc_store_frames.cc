@@ -388,6 +388,79 @@ uint64_t GrpcParameterStore::AnswerBytes(const PushPullRequest& h) const {
   return bytes;
 }
 
+namespace {
+
+// A LentBuffer in a region of a server's segment (kept, and the segment mapped, while it lives).
+class SegmentBuffer final : public common::LentBuffer {
+ public:
+  SegmentBuffer(common::SharedArena::Region region, size_t floats, std::vector<size_t> starts)
+      : LentBuffer(absl::MakeSpan(reinterpret_cast<float*>(region.data()), floats),
+                   std::move(starts)),
+        region_(std::move(region)) {}
+
+ private:
+  common::SharedArena::Region region_;
+};
+
+}  // namespace
+
+std::unique_ptr<common::LentBuffer> GrpcParameterStore::LendPushBuffer(
+    absl::Span<const std::string> tables) {
+  if (tables.empty() || options_.shared_memory_bytes == 0) return nullptr;
+  std::vector<size_t> starts = {0};
+  std::optional<uint32_t> server;
+  for (const std::string& name : tables) {
+    const common::TableInfo* t = partitioner_.FindTable(name);
+    if (t == nullptr || t->kind != TABLE_KIND_DENSE || EncodingOf(*t) != ENCODING_FLOAT32) {
+      return nullptr;
+    }
+    for (uint32_t b = 0; b < t->num_blocks; ++b) {
+      const uint32_t s = partitioner_.ServerForBlock(*t, b);
+      if (server.has_value() && *server != s) return nullptr;
+      server = s;
+    }
+    starts.push_back(starts.back() + t->numel);
+  }
+  if (!server.has_value()) return nullptr;
+  std::shared_ptr<common::SharedArena> arena;
+  {
+    absl::MutexLock lock(&shared_mu_);
+    const SharedLink& link = shared_[*server];
+    if (link.state != SharedLink::kActive) return nullptr;
+    arena = link.arena;
+  }
+  const uint64_t bytes = starts.back() * sizeof(float);
+  // At most half the segment lent: calls need room for their answers (and copied payloads).
+  const uint64_t free = arena->free_bytes();
+  if (bytes == 0 || free < arena->capacity() / 2 || bytes > free - arena->capacity() / 2) {
+    return nullptr;
+  }
+  std::optional<common::SharedArena::Region> region =
+      common::SharedArena::Allocate(arena, static_cast<size_t>(bytes));
+  if (!region.has_value()) return nullptr;
+  std::memset(region->data(), 0, static_cast<size_t>(bytes));
+  const size_t floats = starts.back();
+  return std::make_unique<SegmentBuffer>(*std::move(region), floats, std::move(starts));
+}
+
+std::optional<uint64_t> GrpcParameterStore::LentOffset(absl::Span<const absl::string_view> payloads,
+                                                       const common::SharedArena& arena) {
+  if (payloads.empty()) return std::nullopt;
+  const char* const begin = payloads.front().data();
+  const char* end = begin;
+  for (absl::string_view bytes : payloads) {
+    if (bytes.data() != end) return std::nullopt;  // not one after the other
+    end += bytes.size();
+  }
+  // Compared as addresses: a payload of another allocation is not in the segment.
+  const auto first = reinterpret_cast<uintptr_t>(arena.memory()->data());
+  const auto at = reinterpret_cast<uintptr_t>(begin);
+  if (end == begin || at < first || at >= first + arena.memory()->size()) return std::nullopt;
+  const uint64_t offset = at - first;
+  if (!arena.Holds(offset, static_cast<uint64_t>(end - begin))) return std::nullopt;
+  return offset;
+}
+
 void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   if (options_.shared_memory_bytes == 0) return;
   const uint32_t s = x->ServerOf(f);
@@ -408,8 +481,25 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   const int64_t start_ns = absl::GetCurrentTimeNanos();
   uint64_t push = 0;
   for (absl::string_view bytes : x->payloads[f]) push += bytes.size();
-  push = (push + 63) / 64 * 64;  // the answer's room starts aligned
   const uint64_t answer = AnswerBytes(h);
+  if (std::optional<uint64_t> lent = LentOffset(x->payloads[f], *arena); lent.has_value()) {
+    // Already in the segment (a LentBuffer): the server reads it there. The region is the
+    // answer's room only (at least a line: a valid region is what marks a frame as shared).
+    std::optional<common::SharedArena::Region> room =
+        common::SharedArena::Allocate(arena, std::max<uint64_t>(answer, 64));
+    if (!room.has_value()) return;  // no room now: this frame goes by the socket
+    SharedPayload* sp = h.mutable_shared();
+    sp->set_stream_answer(false);
+    sp->set_segment(arena->memory()->id());
+    sp->set_push_offset(*lent);
+    sp->set_push_bytes(push);
+    sp->set_answer_offset(room->offset());
+    sp->set_answer_capacity(answer);
+    x->handoff[f].lent = true;
+    x->shared[f] = *std::move(room);
+    return;
+  }
+  push = (push + 63) / 64 * 64;  // the answer's room starts aligned
   if (push + answer == 0) return;
   std::optional<common::SharedArena::Region> region =
       common::SharedArena::Allocate(arena, push + answer);
@@ -484,6 +574,7 @@ void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
     x->headers[f].clear_shared();
     x->shared[f] = common::SharedArena::Region();
     x->handoff[f].timed = false;  // retried by the socket: not a measure of either way
+    x->handoff[f].lent = false;   // (a lent payload then goes in the frame)
   }
   if (x->asked[f] && link.state == SharedLink::kAsked) link.state = SharedLink::kNone;
 }
@@ -543,7 +634,10 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
                           header.shared_answer_bytes()));
     x->shared_bytes += header.shared_answer_bytes();
   }
-  if (x->shared[f].valid()) x->shared_bytes += x->headers[f].shared().push_bytes();
+  if (x->shared[f].valid()) {
+    x->shared_bytes += x->headers[f].shared().push_bytes();
+    if (x->handoff[f].lent) x->lent_bytes += x->headers[f].shared().push_bytes();
+  }
   if (x->headers[f].has_push() && header.push().duplicate()) ++x->duplicates;
   // The lengths must cut the payload exactly (a lying server's could wrap around to its size),
   // before anything is read.

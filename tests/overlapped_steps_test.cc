@@ -126,7 +126,9 @@ JobConfig Job(int workers, std::optional<int> staleness, const char* text = kJob
   if (staleness.has_value()) config->mutable_training()->set_staleness(*staleness);
   CHECK(common::ExpandModelTables(&*config).ok());
   CHECK(common::ValidateJobConfig(*config).ok());
-  for (int s = 0; s < 2; ++s) config->mutable_cluster()->add_servers("in-process");
+  for (uint32_t s = 0; s < config->cluster().num_servers(); ++s) {
+    config->mutable_cluster()->add_servers("in-process");
+  }
   return *std::move(config);
 }
 
@@ -135,7 +137,7 @@ class Cluster {
  public:
   // With `shared` the services grant shared memory (and the job's stores ask for it).
   Cluster(const JobConfig& config, bool lose_replies, bool shared = false) {
-    for (uint32_t s = 0; s < 2; ++s) {
+    for (uint32_t s = 0; s < config.cluster().num_servers(); ++s) {
       server::ShardOptions options;
       options.server_index = s;
       absl::StatusOr<std::unique_ptr<server::Shard>> shard = server::Shard::Create(config, options);
@@ -159,6 +161,7 @@ class Cluster {
     }
   }
   ~Cluster() {
+    kept_.clear();
     for (auto& s : servers_) s->Shutdown();
   }
 
@@ -175,12 +178,36 @@ class Cluster {
       return std::unique_ptr<common::ParameterStore>(std::move(store));
     };
   }
+  // StoreFor's store, kept here after the job is done with it (its stats stay readable).
+  worker::StoreFactory KeptStoreFor(int worker) {
+    return [this, worker](const JobConfig& config, common::metrics::Registry* metrics)
+               -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<common::ParameterStore> store,
+                       StoreFor(worker)(config, metrics));
+      kept_.push_back(std::move(store));
+      return std::unique_ptr<common::ParameterStore>(
+          std::make_unique<Forwarding>(kept_.back().get()));
+    };
+  }
+  // Push bytes the kept stores' servers read where they lay in lent buffers.
+  uint64_t bytes_lent() const {
+    uint64_t n = 0;
+    for (const auto& store : kept_) {
+      n += static_cast<const worker::GrpcParameterStore*>(store.get())->stats().bytes_lent;
+    }
+    return n;
+  }
   int calls(int s) const { return counters_[s]->calls.load(); }
-  int lost() const { return counters_[0]->lost.load() + counters_[1]->lost.load(); }
+  int lost() const {
+    int n = 0;
+    for (const CountCallsFactory* c : counters_) n += c->lost.load();
+    return n;
+  }
   // Push payload bytes that came through shared memory.
   uint64_t shared_in() const {
-    return services_[0]->data_path_counters().bytes_shared_in.load() +
-           services_[1]->data_path_counters().bytes_shared_in.load();
+    uint64_t n = 0;
+    for (const auto& service : services_) n += service->data_path_counters().bytes_shared_in.load();
+    return n;
   }
   StatsResponse Stats(int s) const {
     StatsResponse stats;
@@ -188,10 +215,42 @@ class Cluster {
     return stats;
   }
   std::vector<server::Shard*> shards() const {
-    return {shards_[0].get(), shards_[1].get()};
+    std::vector<server::Shard*> out;
+    for (const auto& shard : shards_) out.push_back(shard.get());
+    return out;
   }
 
  private:
+  // A store that passes every call on to one it does not own.
+  class Forwarding final : public common::ParameterStore {
+   public:
+    explicit Forwarding(common::ParameterStore* to) : to_(to) {}
+    absl::Status Pull(const common::PullBatch& b, const common::PullOptions& o) override {
+      return to_->Pull(b, o);
+    }
+    absl::Status Push(const common::PushBatch& b, const common::PushOptions& o) override {
+      return to_->Push(b, o);
+    }
+    absl::Status PushPull(const common::PushBatch& push, const common::PushOptions& push_options,
+                          const common::PullBatch& pull,
+                          const common::PullOptions& pull_options) override {
+      return to_->PushPull(push, push_options, pull, pull_options);
+    }
+    absl::Status Finish() override { return to_->Finish(); }
+    absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,
+                                                          uint64_t offset) override {
+      return to_->ReportPosition(epoch, offset);
+    }
+    std::unique_ptr<common::LentBuffer> LendPushBuffer(
+        absl::Span<const std::string> tables) override {
+      return to_->LendPushBuffer(tables);
+    }
+
+   private:
+    common::ParameterStore* const to_;
+  };
+
+  std::vector<std::unique_ptr<common::ParameterStore>> kept_;  // GrpcParameterStores
   std::vector<std::unique_ptr<server::Shard>> shards_;
   std::vector<std::unique_ptr<server::ParameterServerService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
@@ -255,6 +314,43 @@ TEST(OverlappedSteps, EachStepIsOnePushPullPerServerWithinTheSspBound) {
   }
 }
 
+// One worker trained again through an in-process store over shards of its own: the same
+// steps as `remote` took through `cluster`, so bitwise the same parameters and test metrics.
+// `local_pushes`: the pushes the in-process shards applied.
+void ExpectLikeTheInProcessStore(const JobConfig& config, const worker::TrainResult& remote,
+                                 const Cluster& cluster, bool binary,
+                                 uint64_t* local_pushes = nullptr) {
+  std::vector<std::unique_ptr<server::Shard>> local;
+  std::vector<server::Shard*> local_shards;
+  for (uint32_t s = 0; s < config.cluster().num_servers(); ++s) {
+    server::ShardOptions options;
+    options.server_index = s;
+    local.push_back(*server::Shard::Create(config, options));
+    local_shards.push_back(local.back().get());
+  }
+  auto in_process =
+      [&](const JobConfig&,
+          common::metrics::Registry*) -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
+    ASSIGN_OR_RETURN(auto store, server::InProcessParameterStore::Create(local_shards, {}));
+    return std::unique_ptr<common::ParameterStore>(std::move(store));
+  };
+  absl::StatusOr<worker::TrainResult> centralized = Train(config, 0, "always", in_process);
+  ASSERT_THAT(centralized.status(), IsOk());
+  ASSERT_TRUE(remote.final_eval.has_value() && centralized->final_eval.has_value());
+  EXPECT_EQ(remote.final_eval->loss, centralized->final_eval->loss);
+  if (binary) {
+    EXPECT_EQ(remote.final_eval->auc, centralized->final_eval->auc);
+  } else {
+    EXPECT_EQ(remote.final_eval->accuracy, centralized->final_eval->accuracy);
+  }
+  EXPECT_EQ(DenseTables(config, cluster.shards()), DenseTables(config, local_shards));
+  for (const auto& shard : local) {
+    StatsResponse stats;
+    shard->FillStats(&stats);
+    if (local_pushes != nullptr) *local_pushes += stats.pushes();
+  }
+}
+
 // One worker through the gRPC store, every third reply lost, and through the in-process
 // store: the same steps, so bitwise the same parameters and test metrics.
 void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t steps, bool binary,
@@ -265,7 +361,7 @@ void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t
   EXPECT_EQ(remote->steps, steps);
   EXPECT_GT(cluster.lost(), 0);
   uint64_t pushes = 0, duplicates = 0;
-  for (int s = 0; s < 2; ++s) {
+  for (uint32_t s = 0; s < config.cluster().num_servers(); ++s) {
     pushes += cluster.Stats(s).pushes();
     duplicates += cluster.Stats(s).duplicate_pushes();
   }
@@ -276,34 +372,8 @@ void ExpectGrpcWithLostRepliesMatchesInProcess(const JobConfig& config, uint64_t
     EXPECT_EQ(cluster.shared_in(), 0u);
   }
 
-  std::vector<std::unique_ptr<server::Shard>> local;
-  for (uint32_t s = 0; s < 2; ++s) {
-    server::ShardOptions options;
-    options.server_index = s;
-    local.push_back(*server::Shard::Create(config, options));
-  }
-  std::vector<server::Shard*> local_shards = {local[0].get(), local[1].get()};
-  auto in_process = [&](const JobConfig&, common::metrics::Registry*)
-      -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
-    ASSIGN_OR_RETURN(auto store, server::InProcessParameterStore::Create(local_shards, {}));
-    return std::unique_ptr<common::ParameterStore>(std::move(store));
-  };
-  absl::StatusOr<worker::TrainResult> centralized = Train(config, 0, "always", in_process);
-  ASSERT_THAT(centralized.status(), IsOk());
-  ASSERT_TRUE(remote->final_eval.has_value() && centralized->final_eval.has_value());
-  EXPECT_EQ(remote->final_eval->loss, centralized->final_eval->loss);
-  if (binary) {
-    EXPECT_EQ(remote->final_eval->auc, centralized->final_eval->auc);
-  } else {
-    EXPECT_EQ(remote->final_eval->accuracy, centralized->final_eval->accuracy);
-  }
-  EXPECT_EQ(DenseTables(config, cluster.shards()), DenseTables(config, local_shards));
   uint64_t local_pushes = 0;
-  for (auto& shard : local) {
-    StatsResponse stats;
-    shard->FillStats(&stats);
-    local_pushes += stats.pushes();
-  }
+  ExpectLikeTheInProcessStore(config, *remote, cluster, binary, &local_pushes);
   EXPECT_EQ(pushes, local_pushes) << "a retried push was applied twice";
 }
 
@@ -325,6 +395,34 @@ TEST(OverlappedSteps, MlpBufferSetsOverGrpcMatchTheInProcessStoreBitwise) {
   }
   ExpectGrpcWithLostRepliesMatchesInProcess(Job(/*workers=*/1, std::nullopt, kMlpJob), 100,
                                             false);
+}
+
+// The MLP on one server with shared memory: its gradients are written into memory the store
+// lends in the server's segment, which the server reads where it lies (no copy in the
+// worker), with prefetch's two buffer sets and without; bitwise the in-process store's.
+TEST(OverlappedSteps, MlpLentGradientsOverSharedMemoryMatchTheInProcessStoreBitwise) {
+  struct stat st;
+  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  for (bool prefetch : {true, false}) {
+    JobConfig config = Job(/*workers=*/1, std::nullopt, kMlpJob);
+    config.mutable_cluster()->set_num_servers(1);
+    config.mutable_cluster()->clear_servers();
+    config.mutable_cluster()->add_servers("in-process");
+    config.mutable_training()->set_prefetch(prefetch);
+    Cluster cluster(config, /*lose_replies=*/false, /*shared=*/true);
+    absl::StatusOr<worker::TrainResult> remote =
+        Train(config, 0, "always", cluster.KeptStoreFor(0));
+    ASSERT_THAT(remote.status(), IsOk());
+    EXPECT_EQ(remote->steps, 100u);
+    // The MLP's 784 x 64 + 64 + 64 x 10 + 10 floats a push, in all but the pushes before the
+    // first answer mapped the segment (at most the first two).
+    const uint64_t push_bytes = (784 * 64 + 64 + 64 * 10 + 10) * sizeof(float);
+    EXPECT_GE(cluster.bytes_lent(), 98 * push_bytes) << "prefetch " << prefetch;
+    EXPECT_EQ(cluster.bytes_lent() % push_bytes, 0u);
+    ExpectLikeTheInProcessStore(config, *remote, cluster, /*binary=*/false);
+  }
 }
 
 }  // namespace

@@ -307,6 +307,7 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
   RETURN_IF_ERROR_CTX(store_->Pull(pull, common::PullOptions{state->clock}),
                       absl::StrCat("step ", state->clock + 1, " pull"));
   absl::Duration data = t1 - t0, pulled = absl::Now() - t1;
+  LendGradientsOnce();
   for (int cur = 0;; cur = 1 - cur) {
     const absl::Time c0 = absl::Now();
     ASSIGN_OR_RETURN(StepResult step, model_->ForwardBackward(batches[cur]));
@@ -469,6 +470,7 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
     const Batch& batch = batches[i % 3];
     t0 = absl::Now();
     RETURN_IF_ERROR(pipe.WaitForPull(slot));
+    if (i == 0) LendGradientsOnce();  // (the pull of step 2 may be running: params only)
     const absl::Time t1 = absl::Now();
     RETURN_IF_ERROR(UsePrefetched(batch, pipe.staged_pull(slot)));
     const absl::Time t2 = absl::Now();
@@ -559,20 +561,27 @@ absl::Status Trainer::EvaluateEpoch(uint32_t epoch, RunState* state) {
   return absl::OkStatus();
 }
 
+void Trainer::LendGradientsOnce() {
+  if (lend_asked_) return;
+  lend_asked_ = true;
+  lent_gradients_ = model_->LendGradients(store_);  // in the "done" record
+}
+
 void Trainer::LogDone(const TrainResult& result) {
   Log(absl::StrCat(
       "\"type\":\"done\",\"worker\":", options_.worker_index, ",\"steps\":", result.steps,
-      ",\"samples\":", result.samples, ",\"wall_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.wall)), ",\"samples_per_s\":",
-      JsonNumber(result.samples_per_s), ",\"pull_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.pull)), ",\"compute_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)), ",\"push_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.push)), ",\"data_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.data)), ",\"wait_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)), ",\"comm_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.calls)), ",\"exposed_comm_s\":",
-      JsonNumber(absl::ToDoubleSeconds(result.breakdown.exposed())), ",\"prefetch\":",
-      options_.prefetch ? "true" : "false"));
+      ",\"samples\":", result.samples,
+      ",\"wall_s\":", JsonNumber(absl::ToDoubleSeconds(result.wall)),
+      ",\"samples_per_s\":", JsonNumber(result.samples_per_s),
+      ",\"pull_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.pull)),
+      ",\"compute_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)),
+      ",\"push_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.push)),
+      ",\"data_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.data)),
+      ",\"wait_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.wait)),
+      ",\"comm_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.calls)),
+      ",\"exposed_comm_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.exposed())),
+      ",\"prefetch\":", options_.prefetch ? "true" : "false",
+      ",\"lent_gradients\":", lent_gradients_ ? "true" : "false"));
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {

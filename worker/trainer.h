@@ -187,6 +187,10 @@ class Trainer {
 
   Model* const model_;
   common::ParameterStore* const store_;
+  // Asks the model once to have its gradients written where the store lends (after a first
+  // call has set up shared memory with the servers).
+  void LendGradientsOnce();
+
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
@@ -200,6 +204,10 @@ class Trainer {
   double loss_ema_ = 0;
   // Prefetch with the model's two buffer sets (Model::AddSecondBufferSet), not staging copies.
   bool buffer_sets_ = false;
+  // Whether Model::LendGradients was asked (once the first pull has reached the servers) and
+  // what it answered.
+  bool lend_asked_ = false;
+  bool lent_gradients_ = false;
 };
 
 }  // namespace ps::worker

@@ -81,6 +81,8 @@ absl::Status DenseStack::Init() {
     num_params_ += RoundUp(int64_t{layer.in} * layer.out);
     layer.bias_offset = num_params_;
     num_params_ += RoundUp(layer.out);
+    layer.grad_weight_offset = layer.weight_offset;
+    layer.grad_bias_offset = layer.bias_offset;
     ASSIGN_OR_RETURN(layer.output, backend_->AllocateFloats(options_.max_batch * layer.out));
     if (i + 1 < num_layers) widest_hidden = std::max<int64_t>(widest_hidden, layer.out);
   }
@@ -113,12 +115,14 @@ void DenseStack::AddPushes(common::PushBatch* push) const {
   if (tables_on_device()) return;
   for (int i = 0; i < num_layers(); ++i) {
     const Layer& layer = layers_[i];
+    // The host side: lent memory, or grads_ (the same as its device side where shared).
+    const float* host = lent_ != nullptr ? lent_->values().data() : grads_.host();
     push->dense.push_back(
         {options_.weight_tables[i],
-         absl::MakeConstSpan(grads_.host() + layer.weight_offset, int64_t{layer.in} * layer.out)});
+         absl::MakeConstSpan(host + layer.grad_weight_offset, int64_t{layer.in} * layer.out)});
     push->dense.push_back(
         {options_.bias_tables[i],
-         absl::MakeConstSpan(grads_.host() + layer.bias_offset, static_cast<size_t>(layer.out))});
+         absl::MakeConstSpan(host + layer.grad_bias_offset, static_cast<size_t>(layer.out))});
   }
 }
 
@@ -136,6 +140,10 @@ absl::Status DenseStack::AddSecondBufferSet() {
     return absl::FailedPreconditionError(
         "DenseStack: no second buffer set with the tables on the device");
   }
+  if (lent_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "DenseStack: no second buffer set after the gradients were lent");
+  }
   RETURN_IF_ERROR(spare_params_.Reserve(num_params_));
   RETURN_IF_ERROR(spare_grads_.Reserve(num_params_));
   std::fill_n(spare_params_.host(), num_params_, 0.f);
@@ -149,7 +157,38 @@ void DenseStack::SwapBufferSets() {
   // Moving a MirroredArray keeps its memory where it is, so spans into either set stay valid.
   std::swap(params_, spare_params_);
   std::swap(grads_, spare_grads_);
+  std::swap(lent_, spare_lent_);
   params_on_device_ = false;
+}
+
+bool DenseStack::LendGradients(common::ParameterStore* store) {
+  if (lent_ != nullptr) return true;
+  if (store == nullptr || tables_on_device() || !SharesHostMemory(*backend_)) return false;
+  std::vector<std::string> tables;
+  for (int i = 0; i < num_layers(); ++i) {
+    tables.push_back(options_.weight_tables[i]);
+    tables.push_back(options_.bias_tables[i]);
+  }
+  std::unique_ptr<common::LentBuffer> lent = store->LendPushBuffer(tables);
+  if (lent == nullptr || lent->num_tables() != tables.size()) return false;
+  std::unique_ptr<common::LentBuffer> spare;
+  if (has_spare_) {
+    spare = store->LendPushBuffer(tables);
+    if (spare == nullptr || spare->num_tables() != tables.size()) return false;
+  }
+  for (int i = 0; i < num_layers(); ++i) {
+    Layer& layer = layers_[i];
+    const float* base = lent->values().data();
+    if (lent->table(2 * i).size() != static_cast<size_t>(int64_t{layer.in} * layer.out) ||
+        lent->table(2 * i + 1).size() != static_cast<size_t>(layer.out)) {
+      return false;  // (not the tables' sizes: a store that lent something else)
+    }
+    layer.grad_weight_offset = lent->table(2 * i).data() - base;
+    layer.grad_bias_offset = lent->table(2 * i + 1).data() - base;
+  }
+  lent_ = std::move(lent);
+  spare_lent_ = std::move(spare);
+  return true;
 }
 
 absl::StatusOr<float*> DenseStack::Forward(int64_t rows, const float* x) {
@@ -190,11 +229,11 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
   for (int i = num_layers() - 1; i >= 0; --i) {
     const Layer& layer = layers_[i];
     const float* input = i == 0 ? x : layers_[i - 1].output.floats();
-    float* dw = grads_.device() + layer.weight_offset;
+    float* dw = grads() + layer.grad_weight_offset;
     // dW = input^T * dz  ([in, rows] x [rows, out]).
     RETURN_IF_ERROR(backend_->Gemm(true, false, layer.in, layer.out, m, 1.f, input, layer.in, dz,
                                    layer.out, 0.f, dw, layer.out));
-    RETURN_IF_ERROR(backend_->BiasGrad(rows, layer.out, dz, grads_.device() + layer.bias_offset));
+    RETURN_IF_ERROR(backend_->BiasGrad(rows, layer.out, dz, grads() + layer.grad_bias_offset));
     float* d_input = InputGradBuffer(i, dx);
     if (d_input == nullptr) break;  // Layer 0 and no dx wanted.
     // d_input = dz * W^T  ([rows, out] x [out, in]).
@@ -209,6 +248,7 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
     dz = d_input;
   }
   if (tables_on_device()) return ApplyOnDevice();
+  if (lent_ != nullptr) return absl::OkStatus();  // written where the host reads them
   return grads_.CopyToHost(num_params_);
 }
 
@@ -235,6 +275,10 @@ absl::Status DenseStack::KeepOnDevice(const DeviceTableOptions& options,
   if (has_spare_) {
     return absl::FailedPreconditionError(
         "DenseStack: the tables cannot move to the device with a second buffer set");
+  }
+  if (lent_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "DenseStack: the tables cannot move to the device once the gradients are lent");
   }
   if (options.block_floats < 1) {
     return absl::InvalidArgumentError(

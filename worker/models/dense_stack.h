@@ -77,6 +77,7 @@ class DenseStack {
   // optimizers' slots there. Errors: FAILED_PRECONDITION with a second buffer set or when
   // already on the device; INVALID_ARGUMENT for a table missing from options.optimizers, an
   // invalid optimizer or block_floats < 1; those of the pull and of the backend.
+  // FAILED_PRECONDITION too once the gradients are lent (LendGradients).
   absl::Status KeepOnDevice(const DeviceTableOptions& options, common::ParameterStore* store);
   bool tables_on_device() const { return !device_tables_.empty(); }
   // Copies the parameters from the device to the host buffers (a no-op where they are the
@@ -90,12 +91,22 @@ class DenseStack {
   // gradient buffers (zeros), so that a store may fill one set's parameters and read its
   // gradients while the stack computes on the other. Idempotent.
   // Errors: RESOURCE_EXHAUSTED when the device is out of memory; FAILED_PRECONDITION once
-  // the tables are on the device (the store calls then carry nothing to overlap).
+  // the tables are on the device (the store calls then carry nothing to overlap), or once the
+  // gradients are lent (LendGradients: lend after adding the set).
   absl::Status AddSecondBufferSet();
   // Makes the other set current: Forward, Backward, AddPulls and AddPushes use it from now
   // on, and the next Forward copies its parameters to the device. The spans AddPulls and
   // AddPushes handed out keep pointing into their own set. REQUIRES: AddSecondBufferSet.
   void SwapBufferSets();
+
+  // Model::LendGradients: where the device reads host memory (the CPU backend) and the
+  // tables live in the store, Backward writes the gradients of every set from now on into
+  // memory `store` lends for the stack's tables (common::LentBuffer; weight 0, bias 0,
+  // weight 1, ... in AddPushes' order), so that a push reaches the server with no copy.
+  // False, and nothing changed, where the store lends none (or on the CUDA backend, whose
+  // gradients land on the host by a device copy). Spans AddPushes handed out before keep
+  // pointing at the buffers they did, which stay allocated. True once lent.
+  bool LendGradients(common::ParameterStore* store);
 
   // Forward over `rows` rows of x (device memory, rows x input_dim()). Returns the output
   // (device, rows x output_dim()), valid until the next Forward; the caller may overwrite it,
@@ -118,6 +129,9 @@ class DenseStack {
     int out = 0;
     int64_t weight_offset = 0;  // into the flat parameter and gradient arrays
     int64_t bias_offset = 0;
+    // Into the gradients Backward writes: the same as above, or into the lent buffers.
+    int64_t grad_weight_offset = 0;
+    int64_t grad_bias_offset = 0;
     kernels::DeviceBuffer output;  // max_batch x out: the activation (or logits if last)
   };
 
@@ -126,6 +140,8 @@ class DenseStack {
   absl::Status CheckRows(int64_t rows) const;
   // The device gradient buffer a backward step writes for layer i's input.
   float* InputGradBuffer(int layer, float* dx);
+  // The current set's gradients as Backward writes them (lent_ or grads_).
+  float* grads() const { return lent_ != nullptr ? lent_->values().data() : grads_.device(); }
 
   const DenseStackOptions options_;
   kernels::Backend* const backend_;  // Not owned.
@@ -137,6 +153,9 @@ class DenseStack {
   MirroredArray<float> spare_params_;
   MirroredArray<float> spare_grads_;
   bool has_spare_ = false;
+  // The gradients of each set in memory a store lent (LendGradients), or null.
+  std::unique_ptr<common::LentBuffer> lent_;
+  std::unique_ptr<common::LentBuffer> spare_lent_;
   // Ping-pong device buffers (max_batch x widest hidden layer) for the gradients w.r.t.
   // hidden activations during Backward.
   kernels::DeviceBuffer hidden_grad_[2];

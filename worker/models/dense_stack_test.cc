@@ -127,6 +127,107 @@ TEST(DenseStack, BufferSetsAreIndependentAndSpansSurviveSwaps) {
   EXPECT_EQ(again.dense[0].out.data(), a.dense[0].out.data());
 }
 
+// A store that lends buffers of its own memory (ParameterStore::LendPushBuffer) to the tables
+// asked for, when `lends` is set, and serves nothing else.
+class LendingStore final : public common::ParameterStore {
+ public:
+  class Buffer final : public common::LentBuffer {
+   public:
+    Buffer(std::unique_ptr<float[]> data, size_t n, std::vector<size_t> starts)
+        : LentBuffer(absl::MakeSpan(data.get(), n), std::move(starts)), data_(std::move(data)) {}
+
+   private:
+    std::unique_ptr<float[]> data_;
+  };
+
+  explicit LendingStore(std::map<std::string, size_t> sizes) : sizes_(std::move(sizes)) {}
+
+  absl::Status Pull(const common::PullBatch&, const common::PullOptions&) override {
+    return absl::UnimplementedError("pull");
+  }
+  absl::Status Push(const common::PushBatch&, const common::PushOptions&) override {
+    return absl::UnimplementedError("push");
+  }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  std::unique_ptr<common::LentBuffer> LendPushBuffer(
+      absl::Span<const std::string> tables) override {
+    if (!lends) return nullptr;
+    std::vector<size_t> starts = {0};
+    for (const std::string& t : tables) starts.push_back(starts.back() + sizes_.at(t));
+    const size_t n = starts.back();
+    auto data = std::make_unique<float[]>(n);
+    std::fill_n(data.get(), n, -9.f);  // not the stack's zeros: Backward must write every value
+    auto buffer = std::make_unique<Buffer>(std::move(data), n, std::move(starts));
+    lent.push_back(buffer->values());
+    asked.emplace_back(tables.begin(), tables.end());
+    return buffer;
+  }
+
+  bool lends = true;
+  std::vector<absl::Span<float>> lent;
+  std::vector<std::vector<std::string>> asked;
+
+ private:
+  const std::map<std::string, size_t> sizes_;
+};
+
+bool Within(absl::Span<const float> part, absl::Span<const float> whole) {
+  return part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size();
+}
+
+// Lent gradients: Backward writes them into the lent memory (every set's), AddPushes hands
+// out spans there, and the values are those of the stack's own buffers.
+TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
+  std::unique_ptr<kernels::Backend> backend = CpuBackend();
+  LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  ASSERT_OK(stack->AddSecondBufferSet());
+  common::PushBatch own;
+  stack->AddPushes(&own);
+  store.lends = false;
+  EXPECT_FALSE(stack->LendGradients(&store));
+  common::PushBatch unchanged;
+  stack->AddPushes(&unchanged);
+  EXPECT_EQ(unchanged.dense[0].values.data(), own.dense[0].values.data());
+  store.lends = true;
+  ASSERT_TRUE(stack->LendGradients(&store));
+  ASSERT_EQ(store.lent.size(), 2u);  // one per buffer set
+  EXPECT_THAT(store.asked[0], ElementsAre("w0", "b0", "w1", "b1"));
+  const std::vector<float> x = {1, 2};
+  for (int set = 0; set < 2; ++set) {
+    FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+    ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+    y[0] = 1.f;
+    ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
+    common::PushBatch push;
+    stack->AddPushes(&push);
+    ASSERT_EQ(push.dense.size(), 4u);
+    for (const common::DensePush& p : push.dense) {
+      EXPECT_TRUE(Within(p.values, store.lent[set])) << p.table << " of set " << set;
+    }
+    EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {2.f, 0.f, 4.f, 0.f}));
+    EXPECT_THAT(push.dense[1].values, Pointwise(FloatEq(), {2.f, 0.f}));
+    EXPECT_THAT(push.dense[2].values, Pointwise(FloatEq(), {5.5f, 0.f}));
+    EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
+    stack->SwapBufferSets();
+  }
+  // Spans handed out before still name the stack's own buffers.
+  EXPECT_EQ(own.dense[0].values.data(), unchanged.dense[0].values.data());
+  EXPECT_TRUE(stack->LendGradients(&store));  // once lent, lent
+  EXPECT_EQ(store.lent.size(), 2u);
+  // One set lent: no second set, and no tables on the device, from then on.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> one_set,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  ASSERT_TRUE(one_set->LendGradients(&store));
+  EXPECT_EQ(store.lent.size(), 3u);
+  EXPECT_THAT(one_set->AddSecondBufferSet(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  DeviceTableOptions device;
+  device.block_floats = 1024;
+  EXPECT_THAT(one_set->KeepOnDevice(device, &store),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lent")));
+}
+
 TEST(DenseStack, RejectsRowsOutsideOneToMaxBatch) {
   std::unique_ptr<kernels::Backend> backend = CpuBackend();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,

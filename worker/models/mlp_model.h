@@ -66,6 +66,10 @@ class MlpModel final : public Model {
   // Every table of the model goes to the device (DenseStack::KeepOnDevice): returns true.
   absl::StatusOr<bool> KeepTablesOnDevice(const DeviceTableOptions& options,
                                           common::ParameterStore* store) override;
+  // DenseStack::LendGradients.
+  bool LendGradients(common::ParameterStore* store) override {
+    return stack_->LendGradients(store);
+  }
   // The layers (e.g. to read the tables on the device).
   DenseStack* stack() { return stack_.get(); }
 

@@ -95,6 +95,16 @@ class Model {
     return false;
   }
 
+  // Optional: the gradients PreparePush hands out (of every buffer set) are written from now
+  // on into memory `store` lends (ParameterStore::LendPushBuffer), so that a push reaches the
+  // server with no copy in this process. Returns false, changing nothing, where the model has
+  // no such support (the default) or the store lends nothing. Called between steps, after
+  // AddSecondBufferSet; spans PreparePush handed out before keep their memory.
+  virtual bool LendGradients(common::ParameterStore* store) {
+    (void)store;
+    return false;
+  }
+
   // True when PreparePull for another batch leaves the spans the last PreparePush handed out,
   // and the gradients they point at, as they are (the model keeps no state of the batch in
   // its pull). Steps without prefetch then send those gradients in the PushPull that pulls

@@ -139,7 +139,7 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
   }
   c->slots.resize(sends);
   x.shared.resize(frames);
-  x.asked.assign(frames, false);
+  x.asked.assign(frames, 0);
   x.handoff.assign(frames, Exchange::Handoff{});
   // The frames in turn from this worker's own (its id modulo the frames sent): workers that
   // start a call together each hand their first frame to another server (SendAll sends each
@@ -360,7 +360,8 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
     // no longer has the segment, and nothing changed: sent again at once).
     const bool used_shared = c->x.shared[slot->frame].valid();
     store_->OnSharedFailure(slot->frame, &c->x);
-    if (used_shared) slot->request = store_->BuildFrame(slot->frame, c->x);
+    // (An ask is not repeated either: the server would replace the segment of a later one.)
+    slot->request = store_->BuildFrame(slot->frame, c->x);
     if (used_shared && absl::IsAborted(st) && c->status.ok() && !closing_) {
       Send(slot);
       return;

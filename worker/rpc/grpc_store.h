@@ -309,7 +309,8 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Frame f's attempt ended with `status`, not OK, after it asked for or used shared memory:
   // a frame using a segment goes back to the socket, and the segment is given up (the server
   // may still write an abandoned attempt's answer into its region), so the next call asks
-  // for a new one.
+  // for a new one. A frame that asked asks no more in its next attempts (each ask makes the
+  // server replace the worker's segment, the one a later ask got too).
   void OnSharedFailure(uint32_t f, Exchange* x);
   // The channel frame f may be sent through: the one of the segment its payloads lie in,
   // while that is the server's current segment; nullptr: by the socket.
@@ -340,11 +341,16 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Shared memory per server.
   struct SharedLink {
     enum State { kNone, kAsked, kActive, kOff } state = kNone;
+    // When kAsked: the token of the ask in flight (from ask_tokens_). Only its frame's answer
+    // or failure moves the link on: an older asking frame failing late, or answered after a
+    // later ask made the server replace its segment, must not.
+    uint64_t ask = 0;
     std::shared_ptr<common::SharedArena> arena;  // when kActive
     std::shared_ptr<common::SharedChannel> channel;  // when kActive and the segment has one
   };
   absl::Mutex shared_mu_;
   std::vector<SharedLink> shared_ ABSL_GUARDED_BY(shared_mu_);
+  uint64_t ask_tokens_ ABSL_GUARDED_BY(shared_mu_) = 0;
   // Per server, two: plain or streamed stores for the calls through its shared memory that
   // hand mostly push payload ([2s]) and mostly answer ([2s + 1]), whose costs per byte differ
   // (GrpcStoreOptions::handoff). Kept across segments: they measure where the two processes

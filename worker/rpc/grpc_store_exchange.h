@@ -44,7 +44,8 @@ struct GrpcParameterStore::Exchange {
   // payload and room for its answer (invalid: by the socket), and whether it asked for a
   // segment.
   std::vector<common::SharedArena::Region> shared;
-  std::vector<bool> asked;
+  // (asked: the token of its ask, SharedLink::ask; 0: it did not ask.)
+  std::vector<uint64_t> asked;
   // Per frame (sized with `shared`): a call through shared memory whose way of handing its
   // bytes its link's HandoffChooser chose, timed from placing its payload to copying out its
   // answer.

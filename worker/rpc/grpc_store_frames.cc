@@ -471,8 +471,9 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     SharedLink& link = shared_[s];
     if (link.state == SharedLink::kNone) {
       link.state = SharedLink::kAsked;
+      link.ask = ++ask_tokens_;
       h.set_want_shared_bytes(options_.shared_memory_bytes);
-      x->asked[f] = true;
+      x->asked[f] = link.ask;
       return;
     }
     if (link.state != SharedLink::kActive) return;
@@ -576,7 +577,14 @@ void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
     x->handoff[f].timed = false;  // retried by the socket: not a measure of either way
     x->handoff[f].lent = false;   // (a lent payload then goes in the frame)
   }
-  if (x->asked[f] && link.state == SharedLink::kAsked) link.state = SharedLink::kNone;
+  if (x->asked[f] != 0) {
+    if (link.state == SharedLink::kAsked && link.ask == x->asked[f]) {
+      link.state = SharedLink::kNone;
+    }
+    // Its next attempt does not ask again (the next call does).
+    x->headers[f].clear_want_shared_bytes();
+    x->asked[f] = 0;
+  }
 }
 
 absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& answer,
@@ -615,7 +623,7 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
     }
     absl::MutexLock lock(&shared_mu_);
     SharedLink& link = shared_[s];
-    if (link.state == SharedLink::kAsked) {
+    if (link.state == SharedLink::kAsked && link.ask == x->asked[f]) {
       link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
       link.arena = std::move(arena);
       link.channel = std::move(channel);

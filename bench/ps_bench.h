@@ -71,6 +71,9 @@ struct BenchOptions {
   // Dense pushes from a buffer each client's store lends (ParameterStore::LendPushBuffer),
   // where it lends one.
   bool lend_push_buffers = false;
+  // Each dense push first writes its payload (as a backward pass writes a gradient), counted
+  // in the call's time. REQUIRES window == 1 (calls in flight share a client's payload).
+  bool rewrite_push_payload = false;
   int64_t busy_poll_us = -1;  // server and rpc busy_poll_us of the config; -1: their defaults
   int32_t data_threads = -1;  // server.data_threads of the config; -1: its default
   // rpc.shared_memory_mb and server.max_shared_memory_mb of the config; -1: their defaults

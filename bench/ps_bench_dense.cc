@@ -24,11 +24,11 @@ using AsyncCalls = worker::GrpcParameterStore::AsyncCalls;
 class PushSources {
  public:
   PushSources(const BenchEnv& env, int clients, const std::string& table, size_t numel)
-      : own_(numel, 1e-4f), lent_(clients) {
+      : own_(clients, std::vector<float>(numel, 1e-4f)), calls_(clients, 0), lent_(clients) {
     if (!env.flags->lend_push_buffers) return;
     for (int c = 0; c < clients; ++c) {
       common::PushBatch first;
-      first.dense.push_back({table, absl::MakeConstSpan(own_)});
+      first.dense.push_back({table, absl::MakeConstSpan(own_[c])});
       if (!env.stores[c]->Push(first, common::PushOptions{}).ok()) continue;
       lent_[c] = env.stores[c]->LendPushBuffer({table});
       if (lent_[c] != nullptr)
@@ -38,11 +38,19 @@ class PushSources {
 
   absl::Span<const float> For(int client) const {
     return lent_[client] != nullptr ? absl::Span<const float>(lent_[client]->values())
-                                    : absl::MakeConstSpan(own_);
+                                    : absl::MakeConstSpan(own_[client]);
+  }
+  // Writes client's payload afresh (small finite values that differ from call to call).
+  void Rewrite(int client) {
+    absl::Span<float> to =
+        lent_[client] != nullptr ? lent_[client]->values() : absl::MakeSpan(own_[client]);
+    const float v = 1e-4f * static_cast<float>(1 + (++calls_[client] & 7));
+    std::fill(to.begin(), to.end(), v);
   }
 
  private:
-  const std::vector<float> own_;
+  std::vector<std::vector<float>> own_;                    // per client
+  std::vector<uint64_t> calls_;                            // per client: rewrites so far
   std::vector<std::unique_ptr<common::LentBuffer>> lent_;  // per client, where lent
 };
 
@@ -114,12 +122,14 @@ absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push
   const int threads = async ? clients : clients * window;
   const std::string table = DenseTableName(bytes);
   const size_t numel = bytes / sizeof(float);
-  const PushSources gradient(env, push && !async ? clients : 0, table, push && !async ? numel : 0);
+  PushSources gradient(env, push && !async ? clients : 0, table, push && !async ? numel : 0);
+  const bool rewrite = env.flags->rewrite_push_payload;
   std::vector<std::vector<float>> out(push || async ? 0 : threads, std::vector<float>(numel));
   auto call = [&](int t) -> absl::Status {
     worker::GrpcParameterStore* store = env.stores[t / window];
     if (push) {
       common::PushBatch batch;
+      if (rewrite) gradient.Rewrite(t / window);  // (window 1: one thread per client)
       batch.dense.push_back({table, gradient.For(t / window)});
       return store->Push(batch, common::PushOptions{});
     }

@@ -104,6 +104,10 @@ ABSL_FLAG(bool, lend_push_buffers, false,
           "segment (ParameterStore::LendPushBuffer: one server holding the whole table), which "
           "the server reads where it lies: no copy in the client. Elsewhere, from the client's "
           "own memory as without it.");
+ABSL_FLAG(bool, rewrite_push_payload, false,
+          "Each dense push first writes its whole payload, as a backward pass writes a gradient "
+          "just before it is pushed (counted in the call's time): the server then reads bytes "
+          "another core has just written, not bytes it read the call before. Needs --window=1.");
 ABSL_FLAG(int64_t, busy_poll_us, -1,
           "server.busy_poll_us and rpc.busy_poll_us of the generated config: how long the "
           "servers' data threads and the clients poll for events before they sleep (0 = "
@@ -288,6 +292,7 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->pull_piece_bytes = absl::GetFlag(FLAGS_pull_piece_bytes);
   f->parallel_copy_bytes = absl::GetFlag(FLAGS_parallel_copy_bytes);
   f->lend_push_buffers = absl::GetFlag(FLAGS_lend_push_buffers);
+  f->rewrite_push_payload = absl::GetFlag(FLAGS_rewrite_push_payload);
   f->busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   if (f->busy_poll_us < -1 || f->busy_poll_us > 1000000) {
     return absl::InvalidArgumentError(
@@ -352,6 +357,11 @@ absl::StatusOr<BenchOptions> ParseFlags() {
   f.echo_data_path_args = absl::GetFlag(FLAGS_echo_data_path_args);
   f.sparse_prefill = absl::GetFlag(FLAGS_sparse_prefill);
   f.seed = absl::GetFlag(FLAGS_seed);
+  if (f.rewrite_push_payload && f.window != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rewrite_push_payload needs --window=1 (calls in flight share a client's payload), got ",
+        f.window));
+  }
   for (uint64_t k : f.sparse_keys) {
     if ((f.sparse || f.spill) && k > f.key_space) {
       return absl::InvalidArgumentError(absl::StrCat("--sparse_keys: ", k, " keys per call from a --key_space of ",

@@ -411,6 +411,7 @@ TEST(OverlappedSteps, MlpLentGradientsOverSharedMemoryMatchTheInProcessStoreBitw
     config.mutable_cluster()->clear_servers();
     config.mutable_cluster()->add_servers("in-process");
     config.mutable_training()->set_prefetch(prefetch);
+    config.mutable_rpc()->set_lend_push_buffers(true);
     Cluster cluster(config, /*lose_replies=*/false, /*shared=*/true);
     absl::StatusOr<worker::TrainResult> remote =
         Train(config, 0, "always", cluster.KeptStoreFor(0));

@@ -359,6 +359,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
   options.shared_memory_calls = config.rpc().shared_memory_calls();
   options.handoff = config.rpc().handoff();
+  options.lend_push_buffers = config.rpc().lend_push_buffers();
   auto silent = std::make_shared<NotAnsweringLog>(
       std::vector<std::string>(config.cluster().servers().begin(),
                                config.cluster().servers().end()),

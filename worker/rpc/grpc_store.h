@@ -132,6 +132,8 @@ struct GrpcStoreOptions {
   // 6,952-8,193 with one pair; plain 1.4-2.0x faster with two;
   // docs/lab/2026-12-03-cross-core-handoff.md).
   RpcConfig::Handoff handoff = RpcConfig::HANDOFF_ADAPTIVE;
+  // LendPushBuffer lends (rpc.lend_push_buffers); false: it lends nothing.
+  bool lend_push_buffers = true;
   // A dense pull whose float32 answers (all servers' together) are more than this many bytes
   // is copied into the caller's buffers with non-temporal stores: a pull touches twice its
   // size (the answer, then this copy), so from half the last-level cache on

@@ -406,7 +406,9 @@ class SegmentBuffer final : public common::LentBuffer {
 
 std::unique_ptr<common::LentBuffer> GrpcParameterStore::LendPushBuffer(
     absl::Span<const std::string> tables) {
-  if (tables.empty() || options_.shared_memory_bytes == 0) return nullptr;
+  if (tables.empty() || options_.shared_memory_bytes == 0 || !options_.lend_push_buffers) {
+    return nullptr;
+  }
   std::vector<size_t> starts = {0};
   std::optional<uint32_t> server;
   for (const std::string& name : tables) {

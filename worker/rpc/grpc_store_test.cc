@@ -43,8 +43,12 @@ class RecordingServer final
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     absl::StatusOr<PushRequest> push = common::PushOfFrame(*request);
     EXPECT_TRUE(push.ok()) << push.status();
+    PushPullRequest header;
+    common::FrameReader reader;
+    EXPECT_TRUE(common::FrameReader::Open(*request, size_t{1} << 20, &header, &reader).ok());
     absl::MutexLock lock(&mu_);
     pushes_.push_back(push.ok() ? *push : PushRequest());
+    asks_.push_back(header.want_shared_bytes());
     if (fail_pushes_ > 0) {
       --fail_pushes_;
       if (busy_) context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
@@ -86,6 +90,11 @@ class RecordingServer final
     absl::MutexLock lock(&mu_);
     return pushes_;
   }
+  // Per call received: the shared memory it asked for (PushPullRequest.want_shared_bytes).
+  std::vector<uint64_t> asks() {
+    absl::MutexLock lock(&mu_);
+    return asks_;
+  }
 
  private:
   const grpc::StatusCode code_;
@@ -93,6 +102,7 @@ class RecordingServer final
   absl::Mutex mu_;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> asks_ ABSL_GUARDED_BY(mu_);
   size_t hold_ ABSL_GUARDED_BY(mu_) = 0;
   bool garbage_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::ByteBuffer> answer_ ABSL_GUARDED_BY(mu_);
@@ -176,6 +186,19 @@ class GrpcStoreTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<GrpcParameterStore> store_;
 };
+
+// A call that asked for shared memory and failed is retried without the ask: each ask makes
+// a server replace the worker's segment, so a repeated one could replace the segment a later
+// call's ask got. The next call asks (this server answered no offer: the link stays unasked,
+// not off, after the retry).
+TEST_F(GrpcStoreTest, AFailedAskIsNotRepeatedByItsRetries) {
+  GrpcStoreOptions options = FastRetries();
+  options.shared_memory_bytes = 1 << 20;
+  Start(/*fail_pushes=*/1, options);
+  ASSERT_TRUE(PushOnce(1).ok());
+  ASSERT_TRUE(PushOnce(2).ok());
+  EXPECT_EQ(service_->asks(), (std::vector<uint64_t>{1 << 20, 0, 1 << 20}));
+}
 
 // A busy server's refusal changed nothing at the server: the store sends the same push (same
 // sequence) again, within its retries.

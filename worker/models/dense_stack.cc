@@ -176,15 +176,24 @@ bool DenseStack::LendGradients(common::ParameterStore* store) {
     spare = store->LendPushBuffer(tables);
     if (spare == nullptr || spare->num_tables() != tables.size()) return false;
   }
-  for (int i = 0; i < num_layers(); ++i) {
-    Layer& layer = layers_[i];
-    const float* base = lent->values().data();
-    if (lent->table(2 * i).size() != static_cast<size_t>(int64_t{layer.in} * layer.out) ||
-        lent->table(2 * i + 1).size() != static_cast<size_t>(layer.out)) {
-      return false;  // (not the tables' sizes: a store that lent something else)
+  // Every table's size checked before any layer's offsets change (a store that lent something
+  // else changes nothing).
+  for (const common::LentBuffer* buffer : {lent.get(), spare.get()}) {
+    if (buffer == nullptr) continue;
+    for (int i = 0; i < num_layers(); ++i) {
+      const Layer& layer = layers_[i];
+      if (buffer->table(2 * i).size() != static_cast<size_t>(int64_t{layer.in} * layer.out) ||
+          buffer->table(2 * i + 1).size() != static_cast<size_t>(layer.out) ||
+          buffer->table(2 * i).data() - buffer->values().data() !=
+              lent->table(2 * i).data() - lent->values().data()) {
+        return false;
+      }
     }
-    layer.grad_weight_offset = lent->table(2 * i).data() - base;
-    layer.grad_bias_offset = lent->table(2 * i + 1).data() - base;
+  }
+  const float* base = lent->values().data();
+  for (int i = 0; i < num_layers(); ++i) {
+    layers_[i].grad_weight_offset = lent->table(2 * i).data() - base;
+    layers_[i].grad_bias_offset = lent->table(2 * i + 1).data() - base;
   }
   lent_ = std::move(lent);
   spare_lent_ = std::move(spare);

@@ -153,7 +153,10 @@ class LendingStore final : public common::ParameterStore {
       absl::Span<const std::string> tables) override {
     if (!lends) return nullptr;
     std::vector<size_t> starts = {0};
-    for (const std::string& t : tables) starts.push_back(starts.back() + sizes_.at(t));
+    for (const std::string& t : tables) {
+      const bool lie = static_cast<int>(lent.size()) == lie_on_lend && t == "b1";
+      starts.push_back(starts.back() + sizes_.at(t) + (lie ? 1 : 0));
+    }
     const size_t n = starts.back();
     auto data = std::make_unique<float[]>(n);
     std::fill_n(data.get(), n, -9.f);  // not the stack's zeros: Backward must write every value
@@ -164,6 +167,7 @@ class LendingStore final : public common::ParameterStore {
   }
 
   bool lends = true;
+  int lie_on_lend = -1;  // that lend (from 0) makes "b1" a value longer
   std::vector<absl::Span<float>> lent;
   std::vector<std::vector<std::string>> asked;
 
@@ -226,6 +230,33 @@ TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
   device.block_floats = 1024;
   EXPECT_THAT(one_set->KeepOnDevice(device, &store),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lent")));
+}
+
+// A store that lends buffers not sized as the tables (here the second set's): nothing is
+// lent, and Backward writes the stack's own buffers as before.
+TEST(DenseStack, BuffersNotSizedAsTheTablesAreNotUsed) {
+  std::unique_ptr<kernels::Backend> backend = CpuBackend();
+  LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+  store.lie_on_lend = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), backend.get()));
+  ASSERT_OK(stack->AddSecondBufferSet());
+  common::PushBatch own;
+  stack->AddPushes(&own);
+  EXPECT_FALSE(stack->LendGradients(&store));
+  EXPECT_EQ(store.lent.size(), 2u);
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  const std::vector<float> x = {1, 2};
+  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+  y[0] = 1.f;
+  ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
+  common::PushBatch push;
+  stack->AddPushes(&push);
+  for (size_t i = 0; i < push.dense.size(); ++i) {
+    EXPECT_EQ(push.dense[i].values.data(), own.dense[i].values.data()) << push.dense[i].table;
+  }
+  EXPECT_THAT(push.dense[1].values, Pointwise(FloatEq(), {2.f, 0.f}));
+  EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
 }
 
 TEST(DenseStack, RejectsRowsOutsideOneToMaxBatch) {

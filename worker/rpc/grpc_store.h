@@ -314,6 +314,11 @@ class GrpcParameterStore final : public common::ParameterStore {
   // for a new one. A frame that asked asks no more in its next attempts (each ask makes the
   // server replace the worker's segment, the one a later ask got too).
   void OnSharedFailure(uint32_t f, Exchange* x);
+  // The answer to frame f, which asked for a segment: maps the segment it offers (with its
+  // channel) and makes the link active, or off when there is none it can use; only while f's
+  // ask is the one in flight.
+  void TakeOffer(uint32_t f, const PushPullResponse& header, Exchange* x)
+      ABSL_LOCKS_EXCLUDED(shared_mu_);
   // The channel frame f may be sent through: the one of the segment its payloads lie in,
   // while that is the server's current segment; nullptr: by the socket.
   std::shared_ptr<common::SharedChannel> ChannelFor(uint32_t f, const Exchange& x)

@@ -1,5 +1,6 @@
 // GrpcParameterStore's Exchange: one call's PushPull frames per server, shared by the files
-// that build and read them (grpc_store_frames.cc) and run them (grpc_store.cc). Internal.
+// that build and read them (grpc_store_frames.cc), place them in shared memory
+// (grpc_store_shared.cc) and run them (grpc_store.cc). Internal.
 #ifndef PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
 #define PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
 

@@ -1,0 +1,291 @@
+// GrpcParameterStore's shared memory with the servers of its host: the segment asked for
+// and taken up, a frame's payload placed in it (or found there, lent), what a failure gives
+// up, and the memory lent for pushes (docs/design.md, "Shared memory between processes of
+// one host").
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/rpc/shared_channel.h"
+#include "common/rpc/shared_memory.h"
+#include "common/startup/cores.h"
+#include "common/stream_copy.h"
+#include "glog/logging.h"
+#include "worker/rpc/grpc_store.h"
+#include "worker/rpc/grpc_store_exchange.h"
+
+namespace ps::worker {
+
+namespace {
+
+// A LentBuffer in a region of a server's segment (kept, and the segment mapped, while it lives).
+class SegmentBuffer final : public common::LentBuffer {
+ public:
+  SegmentBuffer(common::SharedArena::Region region, size_t floats, std::vector<size_t> starts)
+      : LentBuffer(absl::MakeSpan(reinterpret_cast<float*>(region.data()), floats),
+                   std::move(starts)),
+        region_(std::move(region)) {}
+
+ private:
+  common::SharedArena::Region region_;
+};
+
+}  // namespace
+
+std::unique_ptr<common::LentBuffer> GrpcParameterStore::LendPushBuffer(
+    absl::Span<const std::string> tables) {
+  if (tables.empty() || options_.shared_memory_bytes == 0 || !options_.lend_push_buffers) {
+    return nullptr;
+  }
+  std::vector<size_t> starts = {0};
+  std::optional<uint32_t> server;
+  for (const std::string& name : tables) {
+    const common::TableInfo* t = partitioner_.FindTable(name);
+    if (t == nullptr || t->kind != TABLE_KIND_DENSE ||
+        t->config->wire_encoding() != ENCODING_FLOAT32) {
+      return nullptr;
+    }
+    for (uint32_t b = 0; b < t->num_blocks; ++b) {
+      const uint32_t s = partitioner_.ServerForBlock(*t, b);
+      if (server.has_value() && *server != s) return nullptr;
+      server = s;
+    }
+    starts.push_back(starts.back() + t->numel);
+  }
+  if (!server.has_value()) return nullptr;
+  std::shared_ptr<common::SharedArena> arena;
+  {
+    absl::MutexLock lock(&shared_mu_);
+    const SharedLink& link = shared_[*server];
+    if (link.state != SharedLink::kActive) return nullptr;
+    arena = link.arena;
+  }
+  const uint64_t bytes = starts.back() * sizeof(float);
+  // At most half the segment lent: calls need room for their answers (and copied payloads).
+  const uint64_t free = arena->free_bytes();
+  if (bytes == 0 || free < arena->capacity() / 2 || bytes > free - arena->capacity() / 2) {
+    return nullptr;
+  }
+  std::optional<common::SharedArena::Region> region =
+      common::SharedArena::Allocate(arena, static_cast<size_t>(bytes));
+  if (!region.has_value()) return nullptr;
+  std::memset(region->data(), 0, static_cast<size_t>(bytes));
+  const size_t floats = starts.back();
+  return std::make_unique<SegmentBuffer>(*std::move(region), floats, std::move(starts));
+}
+
+std::optional<uint64_t> GrpcParameterStore::LentOffset(absl::Span<const absl::string_view> payloads,
+                                                       const common::SharedArena& arena) {
+  if (payloads.empty()) return std::nullopt;
+  const char* const begin = payloads.front().data();
+  const char* end = begin;
+  for (absl::string_view bytes : payloads) {
+    if (bytes.data() != end) return std::nullopt;  // not one after the other
+    end += bytes.size();
+  }
+  // Compared as addresses: a payload of another allocation is not in the segment.
+  const auto first = reinterpret_cast<uintptr_t>(arena.memory()->data());
+  const auto at = reinterpret_cast<uintptr_t>(begin);
+  if (end == begin || at < first || at >= first + arena.memory()->size()) return std::nullopt;
+  const uint64_t offset = at - first;
+  if (!arena.Holds(offset, static_cast<uint64_t>(end - begin))) return std::nullopt;
+  return offset;
+}
+
+void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
+  if (options_.shared_memory_bytes == 0) return;
+  const uint32_t s = x->ServerOf(f);
+  PushPullRequest& h = x->headers[f];
+  std::shared_ptr<common::SharedArena> arena;
+  {
+    absl::MutexLock lock(&shared_mu_);
+    SharedLink& link = shared_[s];
+    if (link.state == SharedLink::kNone) {
+      link.state = SharedLink::kAsked;
+      link.ask = ++ask_tokens_;
+      h.set_want_shared_bytes(options_.shared_memory_bytes);
+      x->asked[f] = link.ask;
+      return;
+    }
+    if (link.state != SharedLink::kActive) return;
+    arena = link.arena;
+  }
+  const int64_t start_ns = absl::GetCurrentTimeNanos();
+  uint64_t push = 0;
+  for (absl::string_view bytes : x->payloads[f]) push += bytes.size();
+  const uint64_t answer = AnswerBytes(h);
+  if (std::optional<uint64_t> lent = LentOffset(x->payloads[f], *arena); lent.has_value()) {
+    // Already in the segment (a LentBuffer): the server reads it there. The region is the
+    // answer's room only (at least a line: a valid region is what marks a frame as shared).
+    std::optional<common::SharedArena::Region> room =
+        common::SharedArena::Allocate(arena, std::max<uint64_t>(answer, 64));
+    if (!room.has_value()) return;  // no room now: this frame goes by the socket
+    SharedPayload* sp = h.mutable_shared();
+    sp->set_stream_answer(false);
+    sp->set_segment(arena->memory()->id());
+    sp->set_push_offset(*lent);
+    sp->set_push_bytes(push);
+    sp->set_answer_offset(room->offset());
+    sp->set_answer_capacity(answer);
+    x->handoff[f].lent = true;
+    x->shared[f] = *std::move(room);
+    return;
+  }
+  push = (push + 63) / 64 * 64;  // the answer's room starts aligned
+  if (push + answer == 0) return;
+  std::optional<common::SharedArena::Region> region =
+      common::SharedArena::Allocate(arena, push + answer);
+  if (!region.has_value()) return;  // no room now: this frame goes by the socket
+  // The one copy of a push: from the caller's gradient (or its encoding) into the segment.
+  char* at = region->data();
+  std::vector<BlockCopy> copies;
+  for (absl::string_view bytes : x->payloads[f]) {
+    copies.push_back(BlockCopy{0, bytes.size(), at});
+    at += bytes.size();
+  }
+  // Streamed when the whole push, all servers' parts, is larger than the cache: the parts are
+  // copied one after the other, each evicting the last. Below, streamed or not as the link's
+  // chooser says, and the answer written the same way.
+  bool stream = x->sent > options_.stream_copy_in_bytes;
+  Exchange::Handoff& handoff = x->handoff[f];
+  if (!stream && push + answer > common::kHandoffStreamBytes) {
+    const uint32_t chooser = 2 * s + (answer > push ? 1 : 0);
+    switch (options_.handoff) {
+      case RpcConfig::HANDOFF_PLAIN:
+        break;
+      case RpcConfig::HANDOFF_STREAMED:
+        stream = true;
+        break;
+      default:
+        stream = handoff_[chooser]->Stream();
+    }
+    handoff = Exchange::Handoff{true, stream, chooser, push + answer, start_ns};
+  }
+  CopyIn(x->payloads[f], copies, stream);
+  SharedPayload* sp = h.mutable_shared();
+  sp->set_stream_answer(handoff.timed && stream);  // (timed: a handoff of more than 32 KB)
+  sp->set_segment(arena->memory()->id());
+  sp->set_push_offset(region->offset());
+  sp->set_push_bytes(static_cast<uint64_t>(at - region->data()));
+  sp->set_answer_offset(region->offset() + push);
+  sp->set_answer_capacity(answer);
+  x->shared[f] = *std::move(region);
+}
+
+std::shared_ptr<common::SharedChannel> GrpcParameterStore::ChannelFor(uint32_t f,
+                                                                      const Exchange& x) {
+  if (!x.shared[f].valid()) return nullptr;
+  absl::MutexLock lock(&shared_mu_);
+  const SharedLink& link = shared_[x.ServerOf(f)];
+  if (link.state != SharedLink::kActive || link.channel == nullptr ||
+      link.arena->memory() != x.shared[f].memory()) {
+    return nullptr;
+  }
+  return link.channel;
+}
+
+void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
+  const uint32_t s = x->ServerOf(f);
+  absl::MutexLock lock(&shared_mu_);
+  SharedLink& link = shared_[s];
+  if (x->shared[f].valid()) {
+    if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
+      // The channel goes too: a call given up may still hold one of its slots.
+      link = SharedLink();
+    }
+    // The region is not reused: an abandoned attempt's answer may still land in it. It goes
+    // with the old segment, which no new call uses.
+    x->headers[f].clear_shared();
+    x->shared[f] = common::SharedArena::Region();
+    x->handoff[f].timed = false;  // retried by the socket: not a measure of either way
+    x->handoff[f].lent = false;   // (a lent payload then goes in the frame)
+  }
+  if (x->asked[f] != 0) {
+    if (link.state == SharedLink::kAsked && link.ask == x->asked[f]) {
+      link.state = SharedLink::kNone;
+    }
+    // Its next attempt does not ask again (the next call does).
+    x->headers[f].clear_want_shared_bytes();
+    x->asked[f] = 0;
+  }
+}
+
+void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, Exchange* x) {
+  const uint32_t s = x->ServerOf(f);
+  std::shared_ptr<common::SharedArena> arena;
+  std::shared_ptr<common::SharedChannel> channel;
+  if (header.has_shared_offer()) {
+    const SharedSegment& offer = header.shared_offer();
+    absl::StatusOr<std::shared_ptr<common::SharedMemory>> opened =
+        common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+    if (opened.ok()) {
+      const uint64_t at = offer.channel_offset();
+      if (at != 0 && common::SharedChannel::Fits(at, (*opened)->size())) {
+        if (options_.shared_memory_calls) {
+          channel = std::make_shared<common::SharedChannel>(*opened, at);
+          if (std::optional<int> pid = common::SharedChannel::PidOfPath(offer.path())) {
+            channel->WatchServer(*pid);
+          }
+        }
+        arena = std::make_shared<common::SharedArena>(*std::move(opened), at);
+      } else {
+        arena = std::make_shared<common::SharedArena>(*std::move(opened));
+      }
+    } else {
+      LOG(INFO) << "server " << s << ": its shared memory is not usable here (" << opened.status()
+                << "); payloads go by the socket";
+    }
+  }
+  absl::MutexLock lock(&shared_mu_);
+  SharedLink& link = shared_[s];
+  if (link.state == SharedLink::kAsked && link.ask == x->asked[f]) {
+    link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
+    link.arena = std::move(arena);
+    link.channel = std::move(channel);
+  }
+}
+
+void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,
+                                absl::Span<const BlockCopy> to, bool stream) {
+  size_t bytes = 0;
+  for (absl::string_view b : from) bytes += b.size();
+  auto copy = [stream](char* dest, const char* source, size_t n) {
+    if (stream) {
+      common::StreamCopy(dest, source, n);
+    } else {
+      std::memcpy(dest, source, n);
+    }
+  };
+  static const unsigned cores = common::UsableCores();
+  if (options_.parallel_copy_in_bytes == 0 || bytes < options_.parallel_copy_in_bytes ||
+      cores < 2) {
+    for (size_t i = 0; i < from.size(); ++i) copy(to[i].dest, from[i].data(), from[i].size());
+    return;
+  }
+  // Chunks of at most 1 MB, claimed by this thread and the helper as they go.
+  constexpr size_t kChunk = size_t{1} << 20;
+  struct Chunk {
+    const char* from;
+    char* to;
+    size_t n;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < from.size(); ++i) {
+    for (size_t at = 0; at < from[i].size(); at += kChunk) {
+      chunks.push_back(
+          Chunk{from[i].data() + at, to[i].dest + at, std::min(kChunk, from[i].size() - at)});
+    }
+  }
+  absl::call_once(copy_helper_once_,
+                  [this] { copy_helper_ = std::make_unique<common::ThreadPool>(1); });
+  copy_helper_->ParallelFor(chunks.size(), 1, [&chunks, &copy](size_t k) {
+    copy(chunks[k].to, chunks[k].from, chunks[k].n);
+  });
+}
+
+}  // namespace ps::worker

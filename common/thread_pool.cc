@@ -1,14 +1,17 @@
 #include "common/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <utility>
 
 #include "glog/logging.h"
 
 namespace ps::common {
-namespace {
+namespace internal {
 
 // What the threads of one ParallelFor share. Owned jointly: a helper that starts after the
 // caller has returned still reads `next` (and finds nothing left), but never calls `fn`.
@@ -18,8 +21,28 @@ struct ParallelForState {
   const absl::FunctionRef<void(size_t)> fn;
   std::atomic<size_t> next{0};
   absl::Mutex mu;
-  size_t done ABSL_GUARDED_BY(mu) = 0;
+  // Units run; written under mu (so that a waiter in mu's Await sees it), read without it by
+  // a caller that watches before it sleeps.
+  std::atomic<size_t> done{0};
 };
+
+}  // namespace internal
+
+namespace {
+
+using internal::ParallelForState;
+
+// Calls `ready` until it returns true (then true) or `spin` has passed (false), yielding the
+// core between calls: any other thread ready to run on it gets it at once.
+bool SpinUntil(absl::Duration spin, absl::FunctionRef<bool()> ready) {
+  if (spin <= absl::ZeroDuration()) return false;
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
+  while (true) {
+    if (ready()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    sched_yield();
+  }
+}
 
 // Claims and runs units until none is left, then counts the ones it ran.
 void RunUnits(ParallelForState& state) {
@@ -31,21 +54,27 @@ void RunUnits(ParallelForState& state) {
   }
   if (ran == 0) return;
   absl::MutexLock lock(&state.mu);
-  state.done += ran;
+  state.done.fetch_add(ran, std::memory_order_release);
 }
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, Spin()) {}
+
+ThreadPool::ThreadPool(int num_threads, Spin spin) : spin_(spin) {
   CHECK_GT(num_threads, 0);
   threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < num_threads; ++i) {
+    const bool spins = i < spin_.threads && spin_.spin > absl::ZeroDuration();
+    threads_.emplace_back([this, spins] { Loop(spins); });
+  }
 }
 
 ThreadPool::~ThreadPool() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stopping_flag_.store(true, std::memory_order_relaxed);
   }
   for (auto& t : threads_) t.join();
 }
@@ -53,26 +82,89 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::Schedule(std::function<void()> task) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));
+  pending_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool ThreadPool::AwaitWithoutSleeping() {
+  watching_.fetch_add(1);
+  auto queued = [this] {
+    return pending_.load(std::memory_order_relaxed) > 0 ||
+           stopping_flag_.load(std::memory_order_relaxed);
+  };
+  uint64_t joined = slot_seq_.load();
+  bool seen = false;
+  // After each ParallelFor joined, the watch starts again: threads that keep getting work
+  // never sleep.
+  for (bool ran = true; ran && !seen;) {
+    ran = false;
+    seen = SpinUntil(spin_.spin, [&] {
+      const uint64_t seq = slot_seq_.load();
+      if ((seq & 1) != 0 && seq != joined) {
+        joined = seq;
+        Join(seq);
+        ran = true;
+        return true;
+      }
+      return queued();
+    });
+    if (ran) seen = queued();
+  }
+  watching_.fetch_sub(1);
+  return seen;
+}
+
+void ThreadPool::Join(uint64_t seq) {
+  // Inside before the check that the slot is still open at seq: the caller closes it, then
+  // waits for those inside (both sides sequentially consistent, so one sees the other).
+  slot_users_.fetch_add(1);
+  if (slot_seq_.load() == seq) {
+    RunUnits(*slot_state_.load());
+    joined_.fetch_add(1, std::memory_order_relaxed);
+  }
+  slot_users_.fetch_sub(1);
 }
 
 void ThreadPool::ParallelFor(size_t units, int helpers, absl::FunctionRef<void(size_t)> fn) {
   CHECK_LE(helpers, num_threads());
   if (units == 0) return;
   auto state = std::make_shared<ParallelForState>(units, fn);
-  const size_t wanted = std::min(static_cast<size_t>(std::max(helpers, 0)), units - 1);
+  size_t wanted = std::min(static_cast<size_t>(std::max(helpers, 0)), units - 1);
+  // Watching threads join through the slot (unless another ParallelFor holds it); tasks are
+  // queued for the others.
+  const bool slot = wanted > 0 && spin_.threads > 0 && !slot_taken_.exchange(true);
+  if (slot) {
+    slot_state_.store(state.get());
+    slot_seq_.fetch_add(1);  // open
+    wanted -= std::min(wanted, static_cast<size_t>(std::max(watching_.load(), 0)));
+  }
   for (size_t h = 0; h < wanted; ++h) Schedule([state] { RunUnits(*state); });
   RunUnits(*state);
+  if (slot) {
+    slot_seq_.fetch_add(1);  // closed: no one joins any more
+    while (slot_users_.load() != 0) sched_yield();
+    slot_taken_.store(false);
+  }
+  // The helpers' last units are under way: watched for a while (with spinning threads), then
+  // slept on.
+  if (spin_.threads > 0 &&
+      SpinUntil(spin_.spin, [&] { return state->done.load(std::memory_order_acquire) == units; })) {
+    return;
+  }
   absl::MutexLock lock(&state->mu);
   state->mu.Await(absl::Condition(
-      +[](ParallelForState* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->done == s->units; },
+      +[](ParallelForState* s) { return s->done.load(std::memory_order_acquire) == s->units; },
       state.get()));
 }
 
-void ThreadPool::Loop() {
+void ThreadPool::Loop(bool spins) {
   while (true) {
     std::function<void()> task;
     {
+      // A spinning thread that saw a task queued takes it without sleeping, unless another
+      // thread took it first: then it watches again.
+      const bool seen = spins && AwaitWithoutSleeping();
       absl::MutexLock lock(&mu_);
+      if (seen && queue_.empty() && !stopping_) continue;
       mu_.Await(absl::Condition(
           +[](ThreadPool* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
             return p->stopping_ || !p->queue_.empty();
@@ -81,6 +173,8 @@ void ThreadPool::Loop() {
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+      if (seen) taken_spinning_.fetch_add(1, std::memory_order_relaxed);
     }
     task();
   }

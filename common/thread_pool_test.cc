@@ -71,5 +71,51 @@ TEST(ThreadPool, ParallelForDoesNotWaitForAHelperThatNeverStarted) {
   release.Notify();
 }
 
+TEST(ThreadPool, SpinningThreadsTakeTasksWithoutSleeping) {
+  // Threads that watch for 10 s never sleep in between: every task is taken while watching.
+  // Threads that do not watch take none that way.
+  for (absl::Duration spin : {absl::Seconds(10), absl::ZeroDuration()}) {
+    ThreadPool pool(2, ThreadPool::Spin{2, spin});
+    for (int i = 0; i < 10; ++i) {
+      absl::Notification ran;
+      pool.Schedule([&ran] { ran.Notify(); });
+      ran.WaitForNotification();
+    }
+    EXPECT_EQ(pool.tasks_taken_spinning(), spin > absl::ZeroDuration() ? 10u : 0u);
+  }
+}
+
+TEST(ThreadPool, WatchingThreadsJoinParallelForsWithoutQueuedTasks) {
+  // Unit 0 waits for unit 1: every round needs a helper. Once the helper watches (10 s, so
+  // it never sleeps), it joins through the slot and no task is queued for it.
+  ThreadPool pool(1, ThreadPool::Spin{1, absl::Seconds(10)});
+  auto round = [&pool] {
+    absl::Notification second;
+    pool.ParallelFor(2, 1, [&](size_t i) {
+      if (i == 0) {
+        second.WaitForNotification();
+      } else {
+        second.Notify();
+      }
+    });
+  };
+  round();  // the helper has started (by a queued task or the slot) ...
+  absl::SleepFor(absl::Milliseconds(50));  // ... and watches again
+  const uint64_t joined = pool.parallel_fors_joined(), taken = pool.tasks_taken_spinning();
+  for (int i = 0; i < 20; ++i) round();
+  EXPECT_EQ(pool.parallel_fors_joined(), joined + 20);
+  EXPECT_EQ(pool.tasks_taken_spinning(), taken);
+}
+
+TEST(ThreadPool, ParallelForWithSpinningThreadsRunsEveryUnitOnce) {
+  // Some threads watch, one sleeps; the caller watches for the helpers' last units.
+  ThreadPool pool(3, ThreadPool::Spin{2, absl::Milliseconds(50)});
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::atomic<int>> runs(64);
+    pool.ParallelFor(runs.size(), 3, [&runs](size_t i) { runs[i].fetch_add(1); });
+    for (size_t i = 0; i < runs.size(); ++i) ASSERT_EQ(runs[i].load(), 1) << i;
+  }
+}
+
 }  // namespace
 }  // namespace ps::common

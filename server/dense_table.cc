@@ -170,6 +170,32 @@ size_t DenseTablePart::ApplyCountingNonFinite(uint32_t block, absl::Span<const B
   return nonfinite;
 }
 
+bool DenseTablePart::AppliesInRanges(const UpdateOptions& options) const {
+  return optimizer_.clip_norm == 0 || options.kind == UpdateKind::kDelta;
+}
+
+int64_t DenseTablePart::BeginLockedUpdate(uint32_t block, const UpdateOptions& options) {
+  Block* b = Find(block);
+  CHECK(b != nullptr);
+  b->mu.AssertHeld();
+  return BeginUpdate(block, b, options);
+}
+
+// Called by helpers while the thread that holds the block's lock waits for them (see the
+// header): beyond what the thread-safety analysis can follow.
+void DenseTablePart::ApplyPiecesLocked(
+    uint32_t block, int64_t step, absl::Span<const BlockPiece> pieces,
+    const UpdateOptions& options) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Block* b = Find(block);
+  CHECK(b != nullptr);
+  DCHECK(AppliesInRanges(options));
+  for (const BlockPiece& p : pieces) {
+    CHECK_LE(p.offset + static_cast<size_t>(p.values.n), b->size)
+        << "piece of block " << block << " beyond its end";
+    internal::ApplyPieceTo(optimizer_, num_slots_, step, b->data.data(), b->stride, p, options);
+  }
+}
+
 void DenseTablePart::UndoUpdate(uint32_t block, const float* undo, int64_t old_step) {
   Block* b = Find(block);
   CHECK(b != nullptr);

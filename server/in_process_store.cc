@@ -17,6 +17,7 @@ ShardOptions CentralizedShardOptions(const JobConfig& config, uint32_t server_in
   options.server_index = server_index;
   options.reject_nonfinite = config.server().reject_nonfinite();
   options.parallel_apply_values = ParallelApplyValues(config, common::UsableCores());
+  options.parallel_apply_range_values = ParallelApplyRangeValues(config);
   return options;
 }
 

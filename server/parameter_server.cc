@@ -151,8 +151,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   // (GrpcStoreOptions::stream_copy_bytes; docs/lab/2026-12-03-streamed-copies.md).
   shard_options.stream_pull_bytes = common::LastLevelCacheBytes() / 2;
   shard_options.parallel_apply_values = ParallelApplyValues(config, common::UsableCores());
+  shard_options.parallel_apply_range_values = ParallelApplyRangeValues(config);
+  shard_options.apply_spin = ApplySpin(config, common::UsableCores());
   LOG(INFO) << "pushes of " << shard_options.parallel_apply_values
-            << " dense values or more are applied on up to " << common::UsableCores() << " threads";
+            << " dense values or more are applied on up to " << common::UsableCores()
+            << " threads, in ranges of at least " << shard_options.parallel_apply_range_values
+            << " values; apply threads watch for work "
+            << absl::ToInt64Microseconds(shard_options.apply_spin) << " us before they sleep";
   if (options.stop != nullptr) {
     shard_options.cancelled = [stop = options.stop] { return stop->requested(); };
   }
@@ -390,6 +395,15 @@ absl::Status ParameterServer::Wait() {
   absl::Status status = Drain();
   LogSparseTables(shard_.get());
   LOG(INFO) << "stopped after " << shard_->updates_applied() << " updates";
+  StatsResponse stats;
+  shard_->FillStats(&stats);
+  auto per_call_us = [](double seconds, uint64_t calls) {
+    return calls == 0 ? 0.0 : 1e6 * seconds / static_cast<double>(calls);
+  };
+  LOG(INFO) << "time in the tables: " << stats.pushes() << " pushes, check "
+            << per_call_us(stats.push_check_s(), stats.pushes()) << " us + apply "
+            << per_call_us(stats.push_apply_s(), stats.pushes()) << " us each; " << stats.pulls()
+            << " pulls, read " << per_call_us(stats.pull_read_s(), stats.pulls()) << " us each";
   return status;
 }
 

@@ -31,6 +31,7 @@ void AddOne(std::vector<CollectedFamily>* out, const char* name, const char* hel
 }
 
 void AppendTables(const StatsResponse& stats, std::vector<CollectedFamily>* out) {
+  out->reserve(out->size() + 4);  // the pointers below stay valid while the others are added
   CollectedFamily* rows =
       Add(out, "ps_server_table_rows",
           "Rows this server holds per table (dense: blocks; sparse: rows, in memory and on disk).",
@@ -55,6 +56,7 @@ void AppendTables(const StatsResponse& stats, std::vector<CollectedFamily>* out)
 }
 
 void AppendWorkers(const StatsResponse& stats, std::vector<CollectedFamily>* out) {
+  out->reserve(out->size() + 4);  // the pointers below stay valid while the others are added
   CollectedFamily* clock = Add(out, "ps_server_worker_clock",
                                "Each worker's clock (steps pushed) as this server saw it.",
                                MetricType::kGauge, {"worker"});
@@ -133,6 +135,14 @@ void AppendStatsFamilies(const StatsResponse& stats, bool checkpoints,
          "Updates (pushes) applied to this server's tables since the job started; restored "
          "from checkpoints.",
          MetricType::kCounter, static_cast<double>(stats.updates_applied()));
+  CollectedFamily* phases =
+      Add(out, "ps_server_data_path_seconds_total",
+          "Seconds spent checking pushes, applying them and reading pulls' values out of the "
+          "tables, summed over calls (the rest of a call's latency is transport and waiting).",
+          MetricType::kCounter, {"phase"});
+  phases->samples.push_back(Sample{{"push_check"}, stats.push_check_s()});
+  phases->samples.push_back(Sample{{"push_apply"}, stats.push_apply_s()});
+  phases->samples.push_back(Sample{{"pull_read"}, stats.pull_read_s()});
   AddOne(out, "ps_server_push_duplicates_total",
          "Pushes answered as duplicates (a retried push already applied) and not applied again.",
          MetricType::kCounter, static_cast<double>(stats.duplicate_pushes()));

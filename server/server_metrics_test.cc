@@ -57,6 +57,9 @@ TEST(ServerMetrics, ExportsAStatsSnapshot) {
   stats.set_checkpoints_written(3);
   stats.set_checkpoints_failed(1);
   stats.set_storage_bytes(1 << 20);
+  stats.set_push_check_s(0.25);
+  stats.set_push_apply_s(1.5);
+  stats.set_pull_read_s(0.75);
   common::metrics::Registry registry;
   auto handle = RegisterServerStats(
       &registry, [&](StatsResponse* out) { *out = stats; }, /*checkpoints=*/true);
@@ -79,6 +82,10 @@ TEST(ServerMetrics, ExportsAStatsSnapshot) {
   EXPECT_EQ(m.Get("ps_server_checkpoints_failed_total"), 1);
   EXPECT_EQ(m.Get("ps_server_rocksdb_size_bytes"), 1 << 20);
   EXPECT_EQ(m.types.at("ps_server_updates_applied_total"), "counter");
+  EXPECT_EQ(m.Get("ps_server_data_path_seconds_total", {{"phase", "push_check"}}), 0.25);
+  EXPECT_EQ(m.Get("ps_server_data_path_seconds_total", {{"phase", "push_apply"}}), 1.5);
+  EXPECT_EQ(m.Get("ps_server_data_path_seconds_total", {{"phase", "pull_read"}}), 0.75);
+  EXPECT_EQ(m.types.at("ps_server_data_path_seconds_total"), "counter");
 }
 
 TEST(ServerMetrics, NoCheckpointFamiliesWithoutADataDir) {

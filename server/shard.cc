@@ -38,6 +38,27 @@ WorkerTrackerOptions TrackerOptions(const JobConfig& config) {
   return o;
 }
 
+// The dense blocks `updates` name, each once, in the one order every caller that locks
+// several of them takes them in (two such callers cannot wait for each other; other updaters
+// and readers hold one block lock at a time).
+std::vector<std::pair<DenseTablePart*, uint32_t>> LockOrder(
+    absl::Span<const PendingUpdate> updates) {
+  std::vector<std::pair<DenseTablePart*, uint32_t>> blocks;
+  blocks.reserve(updates.size());
+  for (const PendingUpdate& u : updates) {
+    if (u.table->info().kind != TABLE_KIND_DENSE) continue;
+    blocks.emplace_back(static_cast<DenseTablePart*>(u.table), u.block);
+  }
+  auto before = [](const std::pair<DenseTablePart*, uint32_t>& a,
+                   const std::pair<DenseTablePart*, uint32_t>& b) {
+    return std::less<const DenseTablePart*>()(a.first, b.first) ||
+           (a.first == b.first && a.second < b.second);
+  };
+  std::sort(blocks.begin(), blocks.end(), before);
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  return blocks;
+}
+
 }  // namespace
 
 size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores) {
@@ -45,6 +66,17 @@ size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores) {
     return static_cast<size_t>(config.server().parallel_apply_min_values());
   }
   return usable_cores >= 8 ? kManyCoresParallelApplyValues : kParallelApplyValues;
+}
+
+absl::Duration ApplySpin(const JobConfig& config, unsigned usable_cores) {
+  const int32_t us = config.server().apply_spin_us();
+  if (us != 0) return us > 0 ? absl::Microseconds(us) : absl::ZeroDuration();
+  return usable_cores >= 8 ? kManyCoresApplySpin : absl::ZeroDuration();
+}
+
+size_t ParallelApplyRangeValues(const JobConfig& config) {
+  const uint64_t values = config.server().parallel_apply_range_values();
+  return values > 0 ? static_cast<size_t>(values) : kParallelApplyRangeValues;
 }
 
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
@@ -124,7 +156,10 @@ Shard::Shard(const JobConfig& config, const ShardOptions& options, common::Parti
   const int helpers = options.apply_threads >= 0
                           ? options.apply_threads
                           : static_cast<int>(common::UsableCores()) - 1;
-  if (helpers > 0) apply_pool_ = std::make_unique<common::ThreadPool>(helpers);
+  if (helpers > 0) {
+    apply_pool_ = std::make_unique<common::ThreadPool>(
+        helpers, common::ThreadPool::Spin{helpers, options.apply_spin});
+  }
   size_t next_spill_table = 0;  // Create() opened one spill table per budgeted sparse table
   for (const auto& info : partitioner_.tables()) {
     const kernels::OptimizerParams opt = ToOptimizerParams(info.config->optimizer());
@@ -352,6 +387,7 @@ absl::StatusOr<uint64_t> Shard::CheckPull(const RequestInfo& info,
 }
 
 absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink, bool stream_asked) {
+  Timed timed(&pull_read_ns_);
   uint64_t bytes_out = 0;
   // A large pull is read out with non-temporal stores (ShardOptions::stream_pull_bytes).
   uint64_t dense_bytes = 0;
@@ -442,6 +478,7 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
       return WithRejectionReason(std::move(s), "turn_timeout");
     }
   }
+  Timed timed(&push_apply_ns_);
   if (push.one_pass_) return ApplyOnePass(push);
   // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
   // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
@@ -491,20 +528,7 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
     ++one_pass_pushes_;
   }
   absl::ReaderMutexLock lock(&apply_mu_);  // as in ApplyPush
-  // Each block once, in one order for every such push (two cannot wait for each other);
-  // other updaters and readers hold one block lock at a time.
-  std::vector<std::pair<DenseTablePart*, uint32_t>> blocks;
-  blocks.reserve(updates.size());
-  for (const PendingUpdate& u : updates) {
-    blocks.emplace_back(static_cast<DenseTablePart*>(u.table), u.block);
-  }
-  auto before = [](const std::pair<DenseTablePart*, uint32_t>& a,
-                   const std::pair<DenseTablePart*, uint32_t>& b) {
-    return std::less<const DenseTablePart*>()(a.first, b.first) ||
-           (a.first == b.first && a.second < b.second);
-  };
-  std::sort(blocks.begin(), blocks.end(), before);
-  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  const std::vector<std::pair<DenseTablePart*, uint32_t>> blocks = LockOrder(updates);
   for (const auto& [table, block] : blocks) table->LockBlock(block);
   auto unlock = absl::MakeCleanup([&blocks] {
     for (const auto& [table, block] : blocks) table->UnlockBlock(block);
@@ -602,11 +626,74 @@ void Shard::ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOp
       it->second = i;
     }
   }
-  apply_pool_->ParallelFor(heads.size(), apply_pool_->num_threads(), [&](size_t unit) {
-    for (size_t i = heads[unit]; i != SIZE_MAX; i = next[i]) apply(i);
-  });
+  // A block larger than the push's share per thread may be split (ApplyInRanges).
+  const bool ranged = ApplyInRanges(updates, options, heads, next, RangeValues(dense_values));
+  if (!ranged) {
+    apply_pool_->ParallelFor(heads.size(), apply_pool_->num_threads(), [&](size_t unit) {
+      for (size_t i = heads[unit]; i != SIZE_MAX; i = next[i]) apply(i);
+    });
+  }
   absl::MutexLock lock(&stats_mu_);
   ++parallel_pushes_;
+  if (ranged) ++ranged_pushes_;
+}
+
+size_t Shard::RangeValues(size_t values) const {
+  const size_t threads = static_cast<size_t>(apply_pool_->num_threads()) + 1;
+  const size_t share = (values + threads - 1) / threads;
+  return std::max(options_.parallel_apply_range_values, (share + 1023) / 1024 * 1024);
+}
+
+bool Shard::ApplyInRanges(absl::Span<const PendingUpdate> updates, const UpdateOptions& options,
+                          absl::Span<const size_t> heads, absl::Span<const size_t> next,
+                          size_t range) {
+  // A unit: a range [begin, end) of a block updated once, or (end 0) a block's updates.
+  struct Unit {
+    size_t head;
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Unit> units;
+  bool split = false;
+  for (size_t head : heads) {
+    const PendingUpdate& u = updates[head];
+    if (!static_cast<DenseTablePart*>(u.table)->AppliesInRanges(options)) return false;
+    const size_t n = u.num_values();
+    if (next[head] != SIZE_MAX || n <= range) {
+      units.push_back(Unit{head});
+      continue;
+    }
+    split = true;
+    for (size_t begin = 0; begin < n; begin += range) {
+      units.push_back(Unit{head, begin, std::min(n, begin + range)});
+    }
+  }
+  if (!split) return false;
+  // The blocks stay locked, by this thread, until every unit is done: the helpers write them
+  // without their locks. Each update's step is taken here, in push order.
+  const std::vector<std::pair<DenseTablePart*, uint32_t>> blocks = LockOrder(updates);
+  for (const auto& [table, block] : blocks) table->LockBlock(block);
+  std::vector<int64_t> steps(updates.size(), 0);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    if (updates[i].table->info().kind != TABLE_KIND_DENSE) continue;
+    steps[i] = static_cast<DenseTablePart*>(updates[i].table)
+                   ->BeginLockedUpdate(updates[i].block, options);
+  }
+  apply_pool_->ParallelFor(units.size(), apply_pool_->num_threads(), [&](size_t k) {
+    const Unit& unit = units[k];
+    for (size_t i = unit.head; i != SIZE_MAX; i = next[i]) {
+      const PendingUpdate& u = updates[i];
+      const size_t end = unit.end == 0 ? u.num_values() : unit.end;
+      static_cast<DenseTablePart*>(u.table)->ApplyPiecesLocked(u.block, steps[i],
+                                                               u.Pieces(unit.begin, end), options);
+      if (unit.end != 0) break;  // a split block is updated once
+    }
+  });
+  for (const PendingUpdate& u : updates) {
+    if (u.table->info().kind == TABLE_KIND_DENSE)
+      static_cast<DenseTablePart*>(u.table)->CountUpdate();
+  }
+  for (const auto& [table, block] : blocks) table->UnlockBlock(block);
+  return true;
 }
 
 float Shard::delta_scale() const {
@@ -618,6 +705,11 @@ float Shard::delta_scale() const {
 uint64_t Shard::parallel_pushes() const {
   absl::MutexLock lock(&stats_mu_);
   return parallel_pushes_;
+}
+
+uint64_t Shard::ranged_pushes() const {
+  absl::MutexLock lock(&stats_mu_);
+  return ranged_pushes_;
 }
 
 uint64_t Shard::one_pass_pushes() const {
@@ -662,6 +754,9 @@ void Shard::FillStats(StatsResponse* out) {
   for (auto& c : clocks) *out->add_worker_clocks() = std::move(c);
   out->set_max_staleness_seen(workers_.max_staleness_seen());
   out->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  out->set_push_check_s(1e-9 * static_cast<double>(push_check_ns_.load(std::memory_order_relaxed)));
+  out->set_push_apply_s(1e-9 * static_cast<double>(push_apply_ns_.load(std::memory_order_relaxed)));
+  out->set_pull_read_s(1e-9 * static_cast<double>(pull_read_ns_.load(std::memory_order_relaxed)));
   absl::MutexLock lock(&stats_mu_);
   out->set_pulls(pulls_);
   out->set_pushes(pushes_);

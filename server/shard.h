@@ -13,6 +13,8 @@
 #ifndef PS_SERVER_SHARD_H_
 #define PS_SERVER_SHARD_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,6 +50,9 @@ namespace ps::server {
 inline constexpr size_t kParallelApplyValues = size_t{1} << 20;
 // The same with 8 or more usable cores (ParallelApplyValues).
 inline constexpr size_t kManyCoresParallelApplyValues = size_t{1} << 16;
+// By default, a parallel apply splits no block into ranges of fewer values than this
+// (ShardOptions::parallel_apply_range_values).
+inline constexpr size_t kParallelApplyRangeValues = size_t{1} << 14;
 
 struct ShardOptions {
   // This server's index, 0..num_servers-1. REQUIRES: < the config's server count.
@@ -74,6 +80,18 @@ struct ShardOptions {
   // Pushes with at least this many dense values are checked and applied in parallel (when
   // there are apply threads); ServerConfig.parallel_apply_min_values.
   size_t parallel_apply_values = kParallelApplyValues;
+  // In a parallel apply, a block larger than the push's share per thread (its dense values
+  // over the threads, at least this many), updated once in the push by an element-wise rule,
+  // is split into ranges of that size that threads apply side by side: a push of a few large
+  // blocks then keeps every thread busy. Ranges are whole multiples of 1024 values but the
+  // last. ServerConfig.parallel_apply_range_values.
+  size_t parallel_apply_range_values = kParallelApplyRangeValues;
+  // How long each apply thread watches for the next push's work before it sleeps, and the
+  // thread that hands work out for the helpers' last units (common::ThreadPool::Spin): work
+  // then starts without wake-ups, at the cost of the helpers' cores while they watch (they
+  // yield them to any other thread that wants them). Zero = they sleep at once.
+  // ServerConfig.apply_spin_us.
+  absl::Duration apply_spin = absl::ZeroDuration();
   // A pull whose dense answer from this shard is more than this many bytes is read out of
   // the tables with non-temporal stores (common/stream_copy.h). The server process sets half
   // its last-level cache (ParameterServer::Create). UINT64_MAX = never, the default: the
@@ -90,6 +108,15 @@ struct ShardOptions {
 // cores: server.parallel_apply_min_values when set, else kManyCoresParallelApplyValues with 8
 // cores or more and kParallelApplyValues with fewer.
 size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores);
+// ShardOptions::apply_spin for `config` on a process that may use `usable_cores` cores:
+// server.apply_spin_us when positive, none when negative, else kManyCoresApplySpin with 8
+// cores or more and none with fewer.
+absl::Duration ApplySpin(const JobConfig& config, unsigned usable_cores);
+inline constexpr absl::Duration kManyCoresApplySpin = absl::Microseconds(1000);
+
+// ShardOptions::parallel_apply_range_values for `config`: server.parallel_apply_range_values
+// when set, else kParallelApplyRangeValues.
+size_t ParallelApplyRangeValues(const JobConfig& config);
 
 // Who sent a request (from the wire header, or the in-process store).
 struct RequestInfo {
@@ -164,6 +191,9 @@ struct PendingUpdate {
   absl::Span<const BlockPiece> pieces;
 
   size_t num_values() const;
+  // The values [begin, end) as pieces that cover them in order (offsets from the update's
+  // start; zero_nonfinite as its pieces'). REQUIRES: begin <= end <= num_values().
+  absl::InlinedVector<BlockPiece, 4> Pieces(size_t begin, size_t end) const;
   // Value i of the update (for error messages). REQUIRES: i < num_values().
   float value(size_t i) const;
   // Index of the first NaN or Inf value; num_values() if none.
@@ -320,6 +350,8 @@ class Shard {
   uint64_t one_pass_pushes() const;
   // Pushes whose dense blocks were applied by several threads (parallel_apply_values).
   uint64_t parallel_pushes() const;
+  // Of those, the pushes with blocks split into ranges (parallel_apply_range_values).
+  uint64_t ranged_pushes() const;
   // Times a thread's undo buffer for the one pass grew: it is kept for the thread's next
   // push, so a steady stream of pushes allocates none.
   uint64_t one_pass_buffers_allocated() const;
@@ -386,6 +418,16 @@ class Shard {
   // Applies checked updates: sparse ones here, then dense blocks, those of a large push on
   // this thread and apply_pool_'s, each block's updates in push order on one thread.
   void ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options);
+  // ApplyUpdates' parallel apply with blocks split into ranges: every block of the push
+  // locked at once (in LockOrder), then units of `range` values or whole blocks on the pool.
+  // `heads` and `next` chain each block's updates; returns false, having done nothing, when
+  // no block is split (or a rule is not element-wise).
+  // The values of a range in a parallel check or apply of a push of `values` values: the
+  // push's share per thread (rounded up to 1024), at least parallel_apply_range_values.
+  // REQUIRES: apply_pool_.
+  size_t RangeValues(size_t values) const;
+  bool ApplyInRanges(absl::Span<const PendingUpdate> updates, const UpdateOptions& options,
+                     absl::Span<const size_t> heads, absl::Span<const size_t> next, size_t range);
   // True when `push` may take ApplyOnePass (kOnePassMaxValues).
   bool OnePassFits(const CheckedPush& push) const;
   // ApplyPush's admission and update of a push marked one_pass_: every block it updates
@@ -421,6 +463,26 @@ class Shard {
   uint64_t snapshot_epoch_ ABSL_GUARDED_BY(apply_mu_) = 0;
   absl::Mutex snapshot_mu_;  // one snapshot at a time
 
+  // Adds the wall time of its scope to a counter of nanoseconds (push_check_ns_ and the others).
+  class Timed {
+   public:
+    explicit Timed(std::atomic<uint64_t>* ns) : ns_(ns), start_(Now()) {}
+    ~Timed() { ns_->fetch_add(Now() - start_, std::memory_order_relaxed); }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    static uint64_t Now() {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now().time_since_epoch())
+                                       .count());
+    }
+    std::atomic<uint64_t>* const ns_;
+    const uint64_t start_;
+  };
+  // StatsResponse's push_check_s, push_apply_s and pull_read_s, in nanoseconds.
+  std::atomic<uint64_t> push_check_ns_{0}, push_apply_ns_{0}, pull_read_ns_{0};
+
   mutable absl::Mutex stats_mu_;
   uint64_t pulls_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
@@ -428,6 +490,7 @@ class Shard {
   uint64_t duplicates_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t one_pass_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t parallel_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  uint64_t ranged_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t one_pass_buffers_allocated_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t nonfinite_values_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t bytes_in_ ABSL_GUARDED_BY(stats_mu_) = 0;

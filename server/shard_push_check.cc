@@ -31,8 +31,26 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
     return n;
   };
   if (apply_pool_ != nullptr && values >= options_.parallel_apply_values) {
-    apply_pool_->ParallelFor(updates.size(), apply_pool_->num_threads(),
-                             [&](size_t i) { bad[i] = count(updates[i]); });
+    // In ranges of the apply's size (RangeValues), so that a push of few large blocks keeps
+    // every thread busy here too.
+    struct Unit {
+      size_t update, begin, end;
+    };
+    std::vector<Unit> units;
+    const size_t range = RangeValues(values);
+    for (size_t i = 0; i < updates.size(); ++i) {
+      const size_t n = updates[i].num_values();
+      for (size_t begin = 0; begin < n; begin += range) {
+        units.push_back(Unit{i, begin, std::min(n, begin + range)});
+      }
+    }
+    std::vector<size_t> counts(units.size(), 0);
+    apply_pool_->ParallelFor(units.size(), apply_pool_->num_threads(), [&](size_t k) {
+      for (const BlockPiece& p : updates[units[k].update].Pieces(units[k].begin, units[k].end)) {
+        counts[k] += common::CountNonFinite(p.values.data, static_cast<size_t>(p.values.n));
+      }
+    });
+    for (size_t k = 0; k < units.size(); ++k) bad[units[k].update] += counts[k];
   } else {
     for (size_t i = 0; i < updates.size(); ++i) {
       bad[i] = count(updates[i]);
@@ -128,6 +146,30 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
     push->bytes_in_ += bytes;
   }
   return absl::OkStatus();
+}
+
+absl::InlinedVector<BlockPiece, 4> PendingUpdate::Pieces(size_t begin, size_t end) const {
+  absl::InlinedVector<BlockPiece, 4> out;
+  if (pieces.empty()) {
+    out.push_back(BlockPiece{
+        begin, kernels::FloatBytes{values.data() + begin, static_cast<int64_t>(end - begin)}});
+    return out;
+  }
+  // The pieces cover the block in order: from the first that ends after `begin`.
+  auto first = std::partition_point(pieces.begin(), pieces.end(), [begin](const BlockPiece& p) {
+    return p.offset + static_cast<size_t>(p.values.n) <= begin;
+  });
+  for (auto it = first; it != pieces.end() && it->offset < end; ++it) {
+    const BlockPiece& p = *it;
+    const size_t from = std::max(begin, p.offset);
+    const size_t to = std::min(end, p.offset + static_cast<size_t>(p.values.n));
+    if (from >= to) continue;  // an empty piece
+    const auto* bytes = static_cast<const unsigned char*>(p.values.data);
+    out.push_back(BlockPiece{
+        from, kernels::FloatBytes{bytes + (from - p.offset) * sizeof(float),
+                                  static_cast<int64_t>(to - from), p.values.zero_nonfinite}});
+  }
+  return out;
 }
 
 size_t PendingUpdate::num_values() const {
@@ -230,6 +272,7 @@ absl::Status Shard::CheckSparsePush(SparseTablePart* table, const PushTable& t,
 }
 
 absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
+  Timed timed(&push_check_ns_);
   RETURN_IF_ERROR(CheckLayout(push.info));
   RETURN_IF_ERROR(CheckPusher(push.info));
   RETURN_IF_ERROR(CheckWorkerAndClock(push.info));

@@ -27,12 +27,17 @@ namespace {
 
 using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
-using ::testing::ElementsAreArray;
-using ::testing::HasSubstr;
+using shard_testing::AllBlocks;
 using shard_testing::Bytes;
+using shard_testing::Cut;
+using shard_testing::FirstWorkerPush;
+using shard_testing::InPieces;
 using shard_testing::MakeConfig;
 using shard_testing::MakeShard;
 using shard_testing::ReadBlocks;
+using shard_testing::WholeTable;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
 
 // A push of `grad` to every block of table `info`, in block order (their ids in *blocks).
 PushTable WholeTablePush(const Shard& shard, const common::TableInfo& info,
@@ -166,35 +171,6 @@ std::unique_ptr<Shard> MakeLargeAdamShard(int apply_threads, bool reject_nonfini
   return *std::move(shard);
 }
 
-// Every block of "w", in order, as a push table over `grad`.
-PushTable WholeTable(const Shard& shard, const std::vector<float>& grad) {
-  const common::TableInfo& info = *shard.partitioner().FindTable("w");
-  PushTable table;
-  table.table = "w";
-  for (uint32_t blk = 0; blk < info.num_blocks; ++blk) {
-    auto [begin, end] = shard.partitioner().BlockRange(info, blk);
-    table.blocks.push_back({blk, Bytes(absl::MakeConstSpan(grad).subspan(begin, end - begin))});
-  }
-  return table;
-}
-
-// Worker 0's push (incarnation 1) of `table` with sequence `seq`, for `shard`'s layout.
-PushView FirstWorkerPush(const Shard& shard, const PushTable* table, uint64_t seq = 1) {
-  PushView push;
-  push.info.layout_fingerprint = shard.partitioner().layout_fingerprint();
-  push.info.worker_id = 0;
-  push.info.worker_incarnation = 1;
-  push.info.sequence = seq;
-  push.tables = absl::MakeConstSpan(table, 1);
-  return push;
-}
-
-std::vector<uint32_t> AllBlocks(const Shard& shard) {
-  std::vector<uint32_t> blocks(shard.partitioner().FindTable("w")->num_blocks);
-  for (uint32_t b = 0; b < blocks.size(); ++b) blocks[b] = b;
-  return blocks;
-}
-
 uint64_t NonFiniteValues(Shard& shard) {
   StatsResponse stats;
   shard.FillStats(&stats);
@@ -262,9 +238,6 @@ std::unique_ptr<Shard> MakeLargeShard(const std::string& optimizer, int apply_th
   return *std::move(shard);
 }
 
-// `table`'s blocks again, each copied to `storage` at an odd address and cut into pieces of
-// varying size (1 to 70,000 bytes: cuts inside values, pieces shorter than a value), as
-// gRPC's receive slices cut a payload.
 // WholeTable in `encoding` (16-bit values are encoded into `encoded`).
 PushTable WholeTableIn(const Shard& shard, const std::vector<float>& grad, Encoding encoding,
                        std::string* encoded) {
@@ -277,39 +250,6 @@ PushTable WholeTableIn(const Shard& shard, const std::vector<float>& grad, Encod
     table.blocks[b].bytes = absl::string_view(*encoded).substr(b * bytes, bytes);
   }
   return table;
-}
-
-enum class Cut { kSlices, kTiny, kWholeAtAnOddAddress };
-
-PushTable InPieces(const PushTable& table, std::string* storage,
-                   std::vector<std::vector<absl::string_view>>* pieces, Cut cut = Cut::kSlices) {
-  size_t total = 0;
-  for (const auto& b : table.blocks) total += b.bytes.size();
-  storage->assign(total + 1, '\0');
-  pieces->assign(table.blocks.size(), {});
-  PushTable out = table;
-  size_t at = 1;  // odd: no value is float-aligned
-  uint64_t draw = 12345;
-  for (size_t i = 0; i < table.blocks.size(); ++i) {
-    const absl::string_view bytes = table.blocks[i].bytes;
-    std::memcpy(storage->data() + at, bytes.data(), bytes.size());
-    for (size_t done = 0; done < bytes.size();) {
-      draw = draw * 6364136223846793005ull + 1442695040888963407ull;
-      const size_t sizes[] = {1, 2, 3, 5, 4093, 65536, 70000};
-      const size_t want = cut == Cut::kTiny ? 3 : sizes[(draw >> 33) % 7];
-      const size_t n = std::min(want, bytes.size() - done);
-      (*pieces)[i].emplace_back(storage->data() + at + done, n);
-      done += n;
-    }
-    out.blocks[i].bytes = absl::string_view();
-    out.blocks[i].pieces = (*pieces)[i];
-    if (cut == Cut::kWholeAtAnOddAddress) {
-      out.blocks[i].bytes = absl::string_view(storage->data() + at, bytes.size());
-      out.blocks[i].pieces = {};
-    }
-    at += bytes.size();
-  }
-  return out;
 }
 
 TEST(Shard, PushInPiecesAtAnyAlignmentEqualsTheWholePushBitwise) {

@@ -305,6 +305,30 @@ TEST(Shard, DuplicatePushIsAppliedOnce) {
   EXPECT_EQ(stats.duplicate_pushes(), 1u);
 }
 
+TEST(Shard, StatsSayHowLongPushesAndPullsSpentInTheTables) {
+  auto shard = MakeShard(MakeConfig("kind: ADAM", 1, 4000));
+  StatsResponse stats;
+  shard->FillStats(&stats);
+  EXPECT_EQ(stats.push_check_s(), 0);
+  EXPECT_EQ(stats.push_apply_s(), 0);
+  EXPECT_EQ(stats.pull_read_s(), 0);
+  std::vector<float> g(4, 1.0f);
+  PushTable table;
+  table.table = "w";
+  table.blocks = {{0, Bytes(g)}};
+  ASSERT_THAT(shard->Push(shard_testing::FirstWorkerPush(*shard, &table)).status(), IsOk());
+  shard->FillStats(&stats);
+  EXPECT_GT(stats.push_check_s(), 0);
+  EXPECT_GT(stats.push_apply_s(), 0);
+  EXPECT_EQ(stats.pull_read_s(), 0);
+  const double check = stats.push_check_s(), apply = stats.push_apply_s();
+  ReadBlocks(*shard, "w", {0, 1, 2});
+  shard->FillStats(&stats);
+  EXPECT_GT(stats.pull_read_s(), 0);
+  EXPECT_EQ(stats.push_check_s(), check);
+  EXPECT_EQ(stats.push_apply_s(), apply);
+}
+
 // ---- Snapshots ---------------------------------------------------------------------------
 
 using Records = std::map<std::string, std::string>;

@@ -1,7 +1,10 @@
-// Helpers shared by the shard's tests (shard_test.cc, shard_push_check_test.cc).
+// Helpers shared by the shard's tests (shard_test.cc, shard_push_check_test.cc,
+// shard_ranged_apply_test.cc).
 #ifndef PS_SERVER_SHARD_TESTING_H_
 #define PS_SERVER_SHARD_TESTING_H_
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,6 +75,73 @@ inline std::vector<float> ReadBlocks(Shard& shard, const std::string& table,
         return fill(absl::MakeSpan(out).last(n));
       },
       stream));
+  return out;
+}
+
+// Every block of "w", in order, as a push table over `grad`.
+inline PushTable WholeTable(const Shard& shard, const std::vector<float>& grad) {
+  const common::TableInfo& info = *shard.partitioner().FindTable("w");
+  PushTable table;
+  table.table = "w";
+  for (uint32_t blk = 0; blk < info.num_blocks; ++blk) {
+    auto [begin, end] = shard.partitioner().BlockRange(info, blk);
+    table.blocks.push_back({blk, Bytes(absl::MakeConstSpan(grad).subspan(begin, end - begin))});
+  }
+  return table;
+}
+
+// Worker 0's push (incarnation 1) of `table` with sequence `seq`, for `shard`'s layout.
+inline PushView FirstWorkerPush(const Shard& shard, const PushTable* table, uint64_t seq = 1) {
+  PushView push;
+  push.info.layout_fingerprint = shard.partitioner().layout_fingerprint();
+  push.info.worker_id = 0;
+  push.info.worker_incarnation = 1;
+  push.info.sequence = seq;
+  push.tables = absl::MakeConstSpan(table, 1);
+  return push;
+}
+
+inline std::vector<uint32_t> AllBlocks(const Shard& shard) {
+  std::vector<uint32_t> blocks(shard.partitioner().FindTable("w")->num_blocks);
+  for (uint32_t b = 0; b < blocks.size(); ++b) blocks[b] = b;
+  return blocks;
+}
+
+// How InPieces cuts: as receive slices do, in 3-byte pieces, or not (one piece at an odd address).
+enum class Cut { kSlices, kTiny, kWholeAtAnOddAddress };
+
+// `table`'s blocks again, each copied to `storage` at an odd address and cut into pieces of
+// varying size (1 to 70,000 bytes: cuts inside values, pieces shorter than a value), as
+// gRPC's receive slices cut a payload.
+inline PushTable InPieces(const PushTable& table, std::string* storage,
+                          std::vector<std::vector<absl::string_view>>* pieces,
+                          Cut cut = Cut::kSlices) {
+  size_t total = 0;
+  for (const auto& b : table.blocks) total += b.bytes.size();
+  storage->assign(total + 1, '\0');
+  pieces->assign(table.blocks.size(), {});
+  PushTable out = table;
+  size_t at = 1;  // odd: no value is float-aligned
+  uint64_t draw = 12345;
+  for (size_t i = 0; i < table.blocks.size(); ++i) {
+    const absl::string_view bytes = table.blocks[i].bytes;
+    std::memcpy(storage->data() + at, bytes.data(), bytes.size());
+    for (size_t done = 0; done < bytes.size();) {
+      draw = draw * 6364136223846793005ull + 1442695040888963407ull;
+      const size_t sizes[] = {1, 2, 3, 5, 4093, 65536, 70000};
+      const size_t want = cut == Cut::kTiny ? 3 : sizes[(draw >> 33) % 7];
+      const size_t n = std::min(want, bytes.size() - done);
+      (*pieces)[i].emplace_back(storage->data() + at + done, n);
+      done += n;
+    }
+    out.blocks[i].bytes = absl::string_view();
+    out.blocks[i].pieces = (*pieces)[i];
+    if (cut == Cut::kWholeAtAnOddAddress) {
+      out.blocks[i].bytes = absl::string_view(storage->data() + at, bytes.size());
+      out.blocks[i].pieces = {};
+    }
+    at += bytes.size();
+  }
   return out;
 }
 

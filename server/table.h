@@ -167,6 +167,22 @@ class DenseTablePart final : public TablePart {
   void UndoUpdate(uint32_t block, const float* undo, int64_t old_step);
   using TablePart::CountUpdate;
 
+  // ---- A large push applied in ranges by several threads (Shard::ApplyUpdates). The caller
+  // locks every block the push updates (LockBlock, in increasing order of table and block,
+  // as for one pass) and keeps them locked until the helpers are done; per update it calls
+  // BeginLockedUpdate once, has ApplyPiecesLocked applied over pieces that cover the block
+  // once (from any threads, each piece once), then CountUpdate. Each range comes out bit for
+  // bit as in a whole-block Apply: REQUIRES AppliesInRanges(options).
+  // True when this table's updates of that kind are element-wise (no clip_norm, which sums
+  // the whole block; deltas always are).
+  bool AppliesInRanges(const UpdateOptions& options) const;
+  // REQUIRES: this thread holds LockBlock(block). The step the update uses (one update).
+  int64_t BeginLockedUpdate(uint32_t block, const UpdateOptions& options);
+  // REQUIRES: the caller's thread holds LockBlock(block) and waits for this call; `pieces`
+  // lie inside the block; `step` is BeginLockedUpdate's. Applies the values of `pieces`.
+  void ApplyPiecesLocked(uint32_t block, int64_t step, absl::Span<const BlockPiece> pieces,
+                         const UpdateOptions& options);
+
   uint64_t NumRows() const override { return blocks_.size(); }
   uint64_t NumBytes() const override { return bytes_; }
   void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) override;

@@ -5,11 +5,13 @@
 #   - GEMM through the Backend API next to a direct cuBLAS call (kernels_benchmark);
 #   - Fashion-MNIST MLP trained centralized on the GPU and on the CPU, and distributed with
 #     one server and one GPU worker (ROUNDS times, default 3, interleaved with the centralized
-#     GPU run: as built, with the server applying each push on one thread, with prefetch),
-#     each with its step breakdown (pull, compute, push);
+#     GPU run: as built, with the server applying each push on one thread, with whole blocks
+#     per thread (no ranges), with apply threads that sleep at once (server.apply_spin_us=-1;
+#     by default they watch for work on a host of 8 or more cores), with prefetch, with both),
+#     each with its step breakdown (pull, compute, push) and the server's time in its tables;
 #   - the synthetic CTR model centralized on the GPU.
 #
-#   BUNDLE/run_checks.sh OUT_DIR
+#   [SKIP="NAME..."] BUNDLE/run_checks.sh OUT_DIR     (SKIP: steps not to run, by name)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-$here/results}"
@@ -26,6 +28,10 @@ failed=0
 step() {
   local name="$1" limit="$2"
   shift 2
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    echo "=== $name: skipped"
+    return
+  fi
   echo "=== $name: $*"
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -82,12 +88,14 @@ one_server() {
     "$fm$settings" --log_path="$out/$name.jsonl"
   kill -TERM "$server" 2>/dev/null  # it stops by itself once its worker has finished
   wait "$server"
+  grep -h "time in the tables" "$out/${name}_server.log" | sed 's/^.*] /    server: /'
 }
 
 # The distributed target's runs, ROUNDS times interleaved: centralized on the GPU, then one
 # server and one GPU worker: as built; with the server applying every push on one thread (as
-# before parallel_apply_min_values); with prefetch; and, where the bundle holds one
-# (bin/ps_worker_before), another worker binary to compare with.
+# before parallel_apply_min_values); with whole blocks per apply thread; with apply threads
+# that sleep at once; with prefetch, with and without sleeping apply threads; and, where the
+# bundle holds one (bin/ps_worker_before), another worker binary to compare with.
 for round in $(seq "${ROUNDS:-3}"); do
   step "mlp_centralized_cuda_$round" 180 "$b/ps_worker" \
     --config="$here/configs/fashion_mnist_centralized.textproto" --centralized --device=cuda "$fm" \
@@ -95,10 +103,15 @@ for round in $(seq "${ROUNDS:-3}"); do
   one_server "mlp_1x1_cuda_$round" "$b/ps_worker" ""
   one_server "mlp_1x1_cuda_serial_apply_$round" "$b/ps_worker" "" \
     "server.parallel_apply_min_values=1048576"
+  one_server "mlp_1x1_cuda_whole_blocks_$round" "$b/ps_worker" "" \
+    "server.parallel_apply_range_values=1048576"
   if [[ -x "$b/ps_worker_before" ]]; then
     one_server "mlp_1x1_cuda_worker_before_$round" "$b/ps_worker_before" ""
   fi
+  one_server "mlp_1x1_cuda_apply_sleep_$round" "$b/ps_worker" "" "server.apply_spin_us=-1"
   one_server "mlp_1x1_cuda_prefetch_$round" "$b/ps_worker" ",training.prefetch=true"
+  one_server "mlp_1x1_cuda_prefetch_apply_sleep_$round" "$b/ps_worker" ",training.prefetch=true" \
+    "server.apply_spin_us=-1"
 done
 
 step ctr_centralized_cuda 180 "$b/ps_worker" --config="$here/configs/ctr_synthetic_2x2.textproto" \

@@ -85,7 +85,7 @@ void ThreadPool::Schedule(std::function<void()> task) {
   pending_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool ThreadPool::AwaitWithoutSleeping() {
+bool ThreadPool::AwaitWithoutSleeping(BusyWaiter& waiter) {
   watching_.fetch_add(1);
   auto queued = [this] {
     return pending_.load(std::memory_order_relaxed) > 0 ||
@@ -97,7 +97,7 @@ bool ThreadPool::AwaitWithoutSleeping() {
   // never sleep.
   for (bool ran = true; ran && !seen;) {
     ran = false;
-    seen = SpinUntil(spin_.spin, [&] {
+    auto ready = [&] {
       const uint64_t seq = slot_seq_.load();
       if ((seq & 1) != 0 && seq != joined) {
         joined = seq;
@@ -106,7 +106,8 @@ bool ThreadPool::AwaitWithoutSleeping() {
         return true;
       }
       return queued();
-    });
+    };
+    seen = spin_.back_off ? waiter.Poll(ready) : SpinUntil(spin_.spin, ready);
     if (ran) seen = queued();
   }
   watching_.fetch_sub(1);
@@ -157,12 +158,13 @@ void ThreadPool::ParallelFor(size_t units, int helpers, absl::FunctionRef<void(s
 }
 
 void ThreadPool::Loop(bool spins) {
+  BusyWaiter waiter(spins ? spin_.spin : absl::ZeroDuration());
   while (true) {
     std::function<void()> task;
     {
       // A spinning thread that saw a task queued takes it without sleeping, unless another
       // thread took it first: then it watches again.
-      const bool seen = spins && AwaitWithoutSleeping();
+      const bool seen = spins && AwaitWithoutSleeping(waiter);
       absl::MutexLock lock(&mu_);
       if (seen && queue_.empty() && !stopping_) continue;
       mu_.Await(absl::Condition(

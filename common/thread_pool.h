@@ -15,6 +15,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/busy_wait.h"
 
 namespace ps::common {
 namespace internal {
@@ -29,10 +30,14 @@ class ThreadPool {
   // the other). A watching thread joins a ParallelFor through a slot the caller opens (no
   // lock, no queued task: the caller queues tasks only for the threads not watching), and
   // the caller watches for its helpers' last units the same way before it sleeps. Costs a
-  // core per such thread while it watches (yielded to any other thread that wants it).
+  // core per such thread while it watches, yielded to any other thread that wants it; a
+  // thread whose watches find the cores contended sleeps at once for a while instead
+  // (common/busy_wait.h).
   struct Spin {
     int threads = 0;
     absl::Duration spin = absl::ZeroDuration();
+    // False: watch for the whole `spin` whatever the cores' contention (for tests).
+    bool back_off = true;
   };
 
   // REQUIRES: num_threads > 0.
@@ -63,9 +68,9 @@ class ThreadPool {
 
  private:
   void Loop(bool spins);
-  // Watches pending_ for up to spin_.spin, joining the ParallelFors opened meanwhile; true
-  // once a task may be queued (or the pool stops).
-  bool AwaitWithoutSleeping();
+  // Watches pending_ for up to spin_.spin (through the thread's `waiter`), joining the
+  // ParallelFors opened meanwhile; true once a task may be queued (or the pool stops).
+  bool AwaitWithoutSleeping(BusyWaiter& waiter);
   // Runs units of the ParallelFor the slot holds if it is still open at `seq`.
   void Join(uint64_t seq);
 

@@ -72,10 +72,10 @@ TEST(ThreadPool, ParallelForDoesNotWaitForAHelperThatNeverStarted) {
 }
 
 TEST(ThreadPool, SpinningThreadsTakeTasksWithoutSleeping) {
-  // Threads that watch for 10 s never sleep in between: every task is taken while watching.
-  // Threads that do not watch take none that way.
+  // Threads that watch for 10 s (whatever else wants the cores) never sleep in between:
+  // every task is taken while watching. Threads that do not watch take none that way.
   for (absl::Duration spin : {absl::Seconds(10), absl::ZeroDuration()}) {
-    ThreadPool pool(2, ThreadPool::Spin{2, spin});
+    ThreadPool pool(2, ThreadPool::Spin{2, spin, /*back_off=*/false});
     for (int i = 0; i < 10; ++i) {
       absl::Notification ran;
       pool.Schedule([&ran] { ran.Notify(); });
@@ -88,7 +88,7 @@ TEST(ThreadPool, SpinningThreadsTakeTasksWithoutSleeping) {
 TEST(ThreadPool, WatchingThreadsJoinParallelForsWithoutQueuedTasks) {
   // Unit 0 waits for unit 1: every round needs a helper. Once the helper watches (10 s, so
   // it never sleeps), it joins through the slot and no task is queued for it.
-  ThreadPool pool(1, ThreadPool::Spin{1, absl::Seconds(10)});
+  ThreadPool pool(1, ThreadPool::Spin{1, absl::Seconds(10), /*back_off=*/false});
   auto round = [&pool] {
     absl::Notification second;
     pool.ParallelFor(2, 1, [&](size_t i) {

@@ -1,87 +1,25 @@
-// Waiting for a gRPC completion queue by polling it before going to sleep.
-//
-// A thread that sleeps in the queue (epoll_wait) until its answer or request arrives has to be
-// woken by the kernel, and on a virtual machine that wake-up is dear: the peer that sends
-// pays an inter-processor interrupt through the hypervisor in the socket's wake-up path
-// (pvm_irq_enable was 18% of a server's and 12% of a worker's CPU in a training step on the
-// development VM: docs/lab/2026-12-02-busy-poll.md). A thread that polls the queue without
-// blocking while it expects an event is never asleep when the bytes arrive: nobody pays the
-// wake-up, and the event is handled without the scheduler's latency.
-//
-// Polling pays on a core that would otherwise idle, and on a wanted core while the thread the
-// poller yields it to is the one doing the work it waits for. Between polls the thread calls
-// sched_yield(), so any other thread ready to run on its core gets the core at once; and
-// each poll measures how much of its wall time this thread actually ran. When it ran less
-// than half of it, other threads wanted the core (more busy threads than cores: the yields
-// handed it over). Such a contended spin is judged by what it got:
-//  - it ended with its event after less CPU than kCheapSpin: the yields handed the core to
-//    the work the poller waited for (a peer on the same cores serving its call), and the
-//    spin cost less than the sleep and wake-up it saved. Polling goes on.
-//  - it ran out, or spent more: the poller sleeps at once for its next waits, 8 after the
-//    first such spin and twice as many after each further one in a row (at most 1024),
-//    before it tries polling again.
-// So a machine with idle cores gets the wake-ups saved; peers that take turns on few cores
-// (workers and servers of one host: docs/lab/2026-12-03-cheap-spins.md) hand each other the
-// core without sleeping; and a poller whose event is far off (a server waiting through a
-// worker's compute on a busy machine) gets plain sleeping waits after a short probe.
-//
-// The cost where it polls: the thread shows as busy (up to `spin` per wait) on a core that
-// had nothing else to do.
+// Waiting for a gRPC completion queue by polling it before going to sleep: a BusyWaiter
+// (common/busy_wait.h, which says when polling pays and how it backs off) whose event is the
+// queue's next one.
 #ifndef PS_COMMON_RPC_BUSY_POLL_H_
 #define PS_COMMON_RPC_BUSY_POLL_H_
 
-#include <cstdint>
-
-#include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
+#include "common/busy_wait.h"
 #include "grpcpp/completion_queue.h"
 
 namespace ps::common {
 
-// What a BusyPoller did, summed over its waits (for tests and tuning).
-struct BusyPollStats {
-  uint64_t events_polled = 0;    // events that came while polling
-  uint64_t waits_blocked = 0;    // waits that slept in the blocking Next
-  uint64_t polls = 0;            // non-blocking polls of the queue
-  uint64_t contended_spins = 0;  // polling stretches that ran less than half their wall time
-  uint64_t cheap_contended_spins = 0;  // of them, ended with their event within kCheapSpin
-  uint64_t waits_backed_off = 0; // waits that slept at once after contended spins
-};
-
 // Not thread-safe: one per waiting thread.
-class BusyPoller {
+class BusyPoller : public BusyWaiter {
  public:
-  // CPU below which a contended spin that got its event is worth repeating. A sleeping wait
-  // costs the machine a futex wait, a wake-up and two switches: on the development VM 24 us
-  // of latency across the vCPUs and about 7 us of CPU per switch (docs/lab/2026-12-02-floors.md),
-  // 30-60 us in all; a threshold of twice that keeps the spins that beat it with room for noise.
-  static constexpr absl::Duration kCheapSpin = absl::Microseconds(100);
-
   // `spin` <= 0: every wait is the plain blocking Next.
-  explicit BusyPoller(absl::Duration spin) : spin_(spin) {}
+  explicit BusyPoller(absl::Duration spin) : BusyWaiter(spin) {}
 
   // As cq->Next(tag, ok): the next event of `cq` (true), or false once the queue is shut
   // down and drained. Polls `cq` without blocking (yielding the core between polls) for up
-  // to `spin` first, unless backed off (see the file comment); then blocks in Next.
+  // to `spin` first, unless backed off; then blocks in Next.
   bool Next(grpc::CompletionQueue* cq, void** tag, bool* ok);
-  // The same for any event: calls `ready` (yielding the core between calls) for up to `spin`
-  // unless backed off, and returns true as soon as it does; false: the caller sleeps (counted
-  // as a blocked wait).
-  bool Poll(absl::FunctionRef<bool()> ready);
-
-  const BusyPollStats& stats() const { return stats_; }
-
- private:
-  // Calls `poll` for up to spin_ until it returns non-zero (1 = an event, -1 = shut down);
-  // 0 = none came.
-  int Spin(absl::FunctionRef<int()> poll);
-  // Spin unless spinning is off or backed off (then 0).
-  int MaybeSpin(absl::FunctionRef<int()> poll);
-
-  const absl::Duration spin_;
-  uint32_t backoff_ = 0;     // waits to sleep at once after the latest contended spin
-  uint32_t skip_waits_ = 0;  // of them, still to go
-  BusyPollStats stats_;
 };
 
 }  // namespace ps::common

@@ -20,6 +20,7 @@
 // (common::ThreadPool::ParallelFor). GB/s count the bytes each element reads and writes (triad
 // 12, Adam 28, check 4), as STREAM does: write-allocate reads are not counted.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "benchmark/benchmark.h"
 #include "common/codec.h"
 #include "common/config/config.h"
+#include "common/startup/cores.h"
 #include "common/thread_pool.h"
 #include "kernels/optimizer.h"
 #include "server/shard.h"
@@ -161,8 +163,9 @@ BENCHMARK_CAPTURE(BM_Pair, FiniteCheck, CheckPass, 4.0)
 // A shard with one Adam table of `floats` values in blocks of `block_floats` (a 64 MB table in
 // 1 MB blocks unless said), and a push of all of it.
 struct AdamPush {
-  absl::Status Init(int apply_threads, size_t floats = kFloats,
-                    size_t block_floats = kBlockFloats) {
+  // `tune`, if given, sets the rest of the shard's options.
+  absl::Status Init(int apply_threads, size_t floats = kFloats, size_t block_floats = kBlockFloats,
+                    const std::function<void(ShardOptions*)>& tune = nullptr) {
     auto config = common::ParseJobConfigText(
         absl::StrCat("cluster { num_servers: 1 num_workers: 1 dense_block_floats: ", block_floats,
                      " }\n", "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: ", floats,
@@ -171,6 +174,7 @@ struct AdamPush {
     if (!config.ok()) return config.status();
     ShardOptions options;
     options.apply_threads = apply_threads;
+    if (tune) tune(&options);
     auto created = Shard::Create(*config, options);
     if (!created.ok()) return created.status();
     shard = *std::move(created);
@@ -232,6 +236,33 @@ BENCHMARK(BM_AdamPushOneBlock)
     ->Arg(25)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// The hand-off of a small parallel push: the Fashion-MNIST MLP's 235k Adam values (a table of
+// 235,520 floats in 64k-value blocks: 3 full blocks and one of 38,912), applied by every usable
+// core (arg 0: whole blocks, helpers asleep between pushes; 1: in ranges, asleep; 2: in ranges,
+// helpers watching for work for 1 ms: ShardOptions::apply_spin). Pushes follow each other at
+// once, so a watching helper never sleeps. The microseconds per push are the check and apply's
+// latency, hand-offs included.
+void BM_MlpPushHandOff(benchmark::State& state) {
+  const int variant = static_cast<int>(state.range(0));
+  AdamPush p;
+  const int helpers = static_cast<int>(common::UsableCores()) - 1;
+  if (absl::Status s = p.Init(helpers, 235520, 65536,
+                              [variant](ShardOptions* o) {
+                                o->parallel_apply_values = 65536;
+                                if (variant == 0) o->parallel_apply_range_values = 65536;
+                                if (variant == 2) o->apply_spin = absl::Milliseconds(1);
+                              });
+      !s.ok()) {
+    return state.SkipWithError(s.ToString().c_str());
+  }
+  for (auto _ : state) {
+    if (absl::Status s = p.Push(); !s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  state.counters["threads"] = helpers + 1;
+  state.counters["ranged"] = static_cast<double>(p.shard->ranged_pushes());
+}
+BENCHMARK(BM_MlpPushHandOff)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Each iteration: the push by 1 thread, by the parallel apply, then the Adam-shaped stream
 // (the same bytes per element as Adam) by 1 and 2 threads: "ceiling" is the stream's speedup

@@ -324,6 +324,10 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
       errors->Add(field, absl::StrCat("must be <= ", kMaxBusyPollUs, " (1 s), got ", us));
     }
   }
+  if (server.apply_spin_us() > static_cast<int64_t>(kMaxBusyPollUs)) {
+    errors->Add("server.apply_spin_us", absl::StrCat("must be <= ", kMaxBusyPollUs, " (1 s), got ",
+                                                     server.apply_spin_us()));
+  }
 
   if (server.data_threads() > kMaxDataThreads) {
     errors->Add("server.data_threads", absl::StrCat("must be <= ", kMaxDataThreads, ", got ",

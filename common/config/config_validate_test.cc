@@ -57,6 +57,9 @@ TEST(ValidateJobConfig, AcceptsOtherValidVariants) {
   EXPECT_OK(ValidateJobConfig(
       ValidConfigWith({"cluster.num_servers=0", "cluster.servers=h1:1,h2:2,h3:3"})));
   EXPECT_OK(ValidateJobConfig(ValidConfigWith({"tables[0].optimizer.kind=ADAGRAD"})));
+  // Watching apply threads: a second at most; negative turns them off.
+  EXPECT_OK(ValidateJobConfig(ValidConfigWith({"server.apply_spin_us=1000000"})));
+  EXPECT_OK(ValidateJobConfig(ValidConfigWith({"server.apply_spin_us=-1"})));
 }
 
 TEST(ValidateJobConfig, ReportsEveryProblem) {
@@ -210,6 +213,7 @@ const ErrorCase kErrorCases[] = {
     {"ServerBusyPoll", {"server.busy_poll_us=1000001"}, "server.busy_poll_us: must be <= 1000000"},
     {"RpcMessageLimit", {"rpc.max_message_bytes=4294967296"}, "rpc.max_message_bytes"},
     {"RpcBusyPoll", {"rpc.busy_poll_us=4000000"}, "rpc.busy_poll_us: must be <= 1000000"},
+    {"ApplySpin", {"server.apply_spin_us=1000001"}, "server.apply_spin_us: must be <= 1000000"},
     {"DataThreads", {"server.data_threads=1025"}, "server.data_threads: must be <= 1024"},
     {"RpcBackoffOrder",
      {"rpc.max_backoff_s=0.01"},

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <utility>
 
@@ -33,15 +32,10 @@ namespace {
 using internal::ParallelForState;
 
 // Calls `ready` until it returns true (then true) or `spin` has passed (false), yielding the
-// core between calls: any other thread ready to run on it gets it at once.
+// core between calls: a fresh BusyWaiter, which has no contended spins behind it to back off
+// from.
 bool SpinUntil(absl::Duration spin, absl::FunctionRef<bool()> ready) {
-  if (spin <= absl::ZeroDuration()) return false;
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
-  while (true) {
-    if (ready()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    sched_yield();
-  }
+  return BusyWaiter(spin).Poll(ready);
 }
 
 // Claims and runs units until none is left, then counts the ones it ran.

@@ -65,6 +65,8 @@ class ThreadPool {
   // joined through the slot (for tests).
   uint64_t tasks_taken_spinning() const { return taken_spinning_.load(std::memory_order_relaxed); }
   uint64_t parallel_fors_joined() const { return joined_.load(std::memory_order_relaxed); }
+  // Threads watching for work now (for tests).
+  int threads_watching() const { return watching_.load(); }
 
  private:
   void Loop(bool spins);

@@ -1,6 +1,7 @@
 #include "common/thread_pool.h"
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
@@ -100,7 +101,7 @@ TEST(ThreadPool, WatchingThreadsJoinParallelForsWithoutQueuedTasks) {
     });
   };
   round();  // the helper has started (by a queued task or the slot) ...
-  absl::SleepFor(absl::Milliseconds(50));  // ... and watches again
+  while (pool.threads_watching() != 1) std::this_thread::yield();  // ... and watches again
   const uint64_t joined = pool.parallel_fors_joined(), taken = pool.tasks_taken_spinning();
   for (int i = 0; i < 20; ++i) round();
   EXPECT_EQ(pool.parallel_fors_joined(), joined + 20);

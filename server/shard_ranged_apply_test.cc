@@ -33,6 +33,22 @@ using shard_testing::ReadBlocks;
 using shard_testing::WholeTable;
 using ::testing::HasSubstr;
 
+// A job of one dense table "w" of 2 blocks of 64k values with `w_optimizer` and a small one
+// "b" (a block of its own) with `b_optimizer`, both initialized by `initializer`.
+JobConfig TwoTableConfig(const std::string& w_optimizer, const std::string& b_optimizer,
+                         const std::string& initializer, int num_workers) {
+  auto config = common::ParseJobConfigText(
+      absl::StrCat("cluster { num_servers: 1 num_workers: ", num_workers,
+                   " dense_block_floats: 65536 }\n",
+                   "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: 131072 initializer { ",
+                   initializer, " } optimizer { ", w_optimizer, " } }\n",
+                   "tables { name: \"b\" kind: TABLE_KIND_DENSE shape: 100 initializer { ",
+                   initializer, " } optimizer { ", b_optimizer, " } }\n"),
+      "test");
+  CHECK_OK(config.status());
+  return *config;
+}
+
 // A shard of one dense table "w" of 2 blocks of 64k values and a small one "b" (a block of
 // its own), both with `optimizer`; every push is applied in parallel when apply_threads > 0.
 // SGD pushes checked for non-finite values take the one pass instead (serial), so SGD shards
@@ -40,29 +56,15 @@ using ::testing::HasSubstr;
 std::unique_ptr<Shard> MakeTwoBlockShard(const std::string& optimizer, int apply_threads,
                                          size_t range_values = kParallelApplyRangeValues,
                                          absl::Duration apply_spin = absl::ZeroDuration()) {
-  auto config = common::ParseJobConfigText(
-      absl::StrCat(R"pb(
-                     cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
-                     tables { name: "w" kind: TABLE_KIND_DENSE shape: 131072
-                              initializer { kind: UNIFORM low: -1 high: 1 }
-                              optimizer {)pb",
-                   optimizer, R"pb(}
-                                   }
-                     tables { name: "b" kind: TABLE_KIND_DENSE shape: 100
-                              initializer { kind: UNIFORM low: -1 high: 1 }
-                              optimizer { )pb",
-                   optimizer, R"pb(}
-                                   }
-                   )pb"),
-      "test");
-  CHECK_OK(config.status());
+  const JobConfig config =
+      TwoTableConfig(optimizer, optimizer, "kind: UNIFORM low: -1 high: 1", /*num_workers=*/1);
   ShardOptions options;
   options.apply_threads = apply_threads;
   options.parallel_apply_values = 1;
   options.parallel_apply_range_values = range_values;
   options.reject_nonfinite = !absl::StartsWith(optimizer, "kind: SGD");
   options.apply_spin = apply_spin;
-  auto shard = Shard::Create(*config, options);
+  auto shard = Shard::Create(config, options);
   CHECK_OK(shard.status());
   return *std::move(shard);
 }
@@ -209,30 +211,12 @@ TEST(ShardRangedApply, RunsBesideOnePassPushesAndPullsOfTheSameBlocks) {
   // order), a push of "w" and "b" is applied in ranges (all its blocks locked in that order);
   // pulls read a block at a time. Two workers push each way at once while a reader pulls:
   // none waits for the other for good, and every update of "w" lands (SGD sums).
-  auto config = common::ParseJobConfigText(
-      R"pb(
-        cluster { num_servers: 1 num_workers: 2 dense_block_floats: 65536 }
-        tables {
-          name: "w"
-          kind: TABLE_KIND_DENSE
-          shape: 131072
-          initializer { kind: CONSTANT value: 0 }
-          optimizer { kind: SGD learning_rate: 1 }
-        }
-        tables {
-          name: "b"
-          kind: TABLE_KIND_DENSE
-          shape: 100
-          initializer { kind: CONSTANT value: 0 }
-          optimizer { kind: ADAM }
-        }
-      )pb",
-      "test");
-  ASSERT_THAT(config.status(), IsOk());
+  const JobConfig config = TwoTableConfig("kind: SGD learning_rate: 1", "kind: ADAM",
+                                          "kind: CONSTANT value: 0", /*num_workers=*/2);
   ShardOptions options;
   options.apply_threads = 3;
   options.parallel_apply_values = 1;
-  auto created = Shard::Create(*config, options);
+  auto created = Shard::Create(config, options);
   ASSERT_THAT(created.status(), IsOk());
   Shard& shard = **created;
   constexpr int kPushes = 40;
@@ -276,24 +260,14 @@ TEST(ShardRangedApply, SnapshotsUnderRangedPushesAreCuts) {
   // in ranges (not the one pass: non-finite values are counted, not refused) run while
   // snapshots are taken; each snapshot, restored, holds one k in every value of both blocks,
   // and k is the updates the snapshot says were applied.
-  auto config = common::ParseJobConfigText(
-      R"pb(
-        cluster { num_servers: 1 num_workers: 1 dense_block_floats: 65536 }
-        tables {
-          name: "w"
-          kind: TABLE_KIND_DENSE
-          shape: 131072
-          initializer { kind: CONSTANT value: 0 }
-          optimizer { kind: SGD learning_rate: 1 }
-        }
-      )pb",
-      "test");
-  ASSERT_THAT(config.status(), IsOk());
+  const JobConfig config =
+      TwoTableConfig("kind: SGD learning_rate: 1", "kind: SGD learning_rate: 1",
+                     "kind: CONSTANT value: 0", /*num_workers=*/1);
   ShardOptions options;
   options.apply_threads = 3;
   options.parallel_apply_values = 1;
   options.reject_nonfinite = false;
-  auto created = Shard::Create(*config, options);
+  auto created = Shard::Create(config, options);
   ASSERT_THAT(created.status(), IsOk());
   Shard& shard = **created;
   std::atomic<bool> stop{false};
@@ -313,7 +287,7 @@ TEST(ShardRangedApply, SnapshotsUnderRangedPushesAreCuts) {
         },
         1 << 16);
     ASSERT_THAT(meta.status(), IsOk());
-    auto restored = Shard::Create(*config, ShardOptions{});
+    auto restored = Shard::Create(config, ShardOptions{});
     ASSERT_THAT(restored.status(), IsOk());
     ASSERT_THAT((*restored)->BeginRestore(*meta), IsOk());
     for (const auto& [k, v] : records) ASSERT_THAT((*restored)->RestoreRecord(k, v), IsOk());

@@ -652,22 +652,26 @@ bool Shard::ApplyInRanges(absl::Span<const PendingUpdate> updates, const UpdateO
     size_t head;
     size_t begin = 0, end = 0;
   };
-  std::vector<Unit> units;
+  auto splits = [&](size_t head) {
+    return next[head] == SIZE_MAX && updates[head].num_values() > range;
+  };
   bool split = false;
   for (size_t head : heads) {
-    const PendingUpdate& u = updates[head];
-    if (!static_cast<DenseTablePart*>(u.table)->AppliesInRanges(options)) return false;
-    const size_t n = u.num_values();
-    if (next[head] != SIZE_MAX || n <= range) {
+    if (!static_cast<DenseTablePart*>(updates[head].table)->AppliesInRanges(options)) return false;
+    split = split || splits(head);
+  }
+  if (!split) return false;
+  std::vector<Unit> units;
+  for (size_t head : heads) {
+    if (!splits(head)) {
       units.push_back(Unit{head});
       continue;
     }
-    split = true;
+    const size_t n = updates[head].num_values();
     for (size_t begin = 0; begin < n; begin += range) {
       units.push_back(Unit{head, begin, std::min(n, begin + range)});
     }
   }
-  if (!split) return false;
   // The blocks stay locked, by this thread, until every unit is done: the helpers write them
   // without their locks. Each update's step is taken here, in push order.
   const std::vector<std::pair<DenseTablePart*, uint32_t>> blocks = LockOrder(updates);

@@ -135,6 +135,16 @@ class Backend {
   // buffer at a fraction of it. RESOURCE_EXHAUSTED when it cannot be had; a zero-byte request
   // gives an empty buffer.
   [[nodiscard]] absl::StatusOr<DeviceBuffer> AllocateHost(size_t bytes);
+  // Makes `bytes` bytes of host memory the caller owns (e.g. part of a shared-memory segment)
+  // move at the bus's full speed in CopyToDevice and CopyToHost, as AllocateHost's buffers do:
+  // the CUDA backend page-locks the pages that hold them (counted against AllocateHost's
+  // limit). The memory must stay mapped until UnregisterHost(data). OK, and nothing done,
+  // where the device reads host memory (the CPU backend). Errors: INVALID_ARGUMENT for a null
+  // `data` or zero bytes; RESOURCE_EXHAUSTED past the limit; the driver's otherwise (e.g. some
+  // of those pages are registered already): the memory is then ordinary, copied more slowly.
+  [[nodiscard]] virtual absl::Status RegisterHost(void* data, size_t bytes);
+  // Undoes RegisterHost(data, ...); nothing for memory not registered.
+  virtual void UnregisterHost(void* data);
 
   // Host -> device, device -> host, device -> device copies of `bytes` bytes. The host side
   // may be any host memory; host copies return once the host buffer may be reused/read.
@@ -306,6 +316,15 @@ inline absl::StatusOr<void*> Backend::AllocateHostRaw(size_t bytes) {
 }
 
 inline void Backend::FreeHostRaw(void* data) { ::operator delete (data, std::align_val_t{256}); }
+
+inline absl::Status Backend::RegisterHost(void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError("RegisterHost: null or empty range");
+  }
+  return absl::OkStatus();
+}
+
+inline void Backend::UnregisterHost(void* data) { (void)data; }
 
 inline absl::StatusOr<DeviceBuffer> Backend::AllocateHost(size_t bytes) {
   if (bytes == 0) return DeviceBuffer();

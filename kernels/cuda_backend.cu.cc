@@ -12,6 +12,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -108,6 +109,8 @@ class CudaBackend final : public Backend {
       LogIfCudaError(cudaSetDevice(device_), "cudaSetDevice");
       LogIfCudaError(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
     }
+    // Ranges the caller did not unregister: the memory may be unmapped after us.
+    while (!registered_.empty()) UnregisterHost(registered_.begin()->first);
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -123,6 +126,38 @@ class CudaBackend final : public Backend {
     // The caller may reuse host_src as soon as we return.
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream()), "CopyToDevice");
     return absl::OkStatus();
+  }
+
+  // Page-locks the pages under [data, data + bytes) (cudaHostRegister), within the same
+  // kMaxPinnedBytes as AllocateHost's buffers.
+  absl::Status RegisterHost(void* data, size_t bytes) override {
+    RETURN_IF_ERROR(Backend::RegisterHost(data, bytes));
+    if (registered_.count(data) > 0) {
+      return absl::AlreadyExistsError("RegisterHost: that memory is registered already");
+    }
+    if (bytes > kMaxPinnedBytes - std::min(pinned_bytes_, kMaxPinnedBytes)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("RegisterHost: ", bytes, " bytes past the ", kMaxPinnedBytes,
+                       "-byte limit of page-locked memory (", pinned_bytes_, " in use)"));
+    }
+    RETURN_IF_ERROR(Activate());
+    const cudaError_t error = cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // not sticky; clear it for the next call's check
+      return CudaErrorToStatus(error, "cudaHostRegister");
+    }
+    pinned_bytes_ += bytes;
+    registered_.emplace(data, bytes);
+    return absl::OkStatus();
+  }
+
+  void UnregisterHost(void* data) override {
+    auto it = registered_.find(data);
+    if (it == registered_.end()) return;
+    pinned_bytes_ -= it->second;
+    registered_.erase(it);
+    LogIfCudaError(cudaSetDevice(device_), "cudaSetDevice");
+    LogIfCudaError(cudaHostUnregister(data), "cudaHostUnregister");
   }
 
   absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) override {
@@ -491,6 +526,8 @@ class CudaBackend final : public Backend {
   MappedStatus* mapped_device_ = nullptr;  // Device view of mapped_memory_.
   // AllocateHost's page-locked buffers and their sizes (the others are ordinary memory).
   std::unordered_map<void*, size_t> pinned_;
+  // RegisterHost's ranges (their bytes count in pinned_bytes_ too).
+  std::unordered_map<void*, size_t> registered_;
   size_t pinned_bytes_ = 0;
 
   // Grown on demand; only touched by the owning (thread-compatible) caller.

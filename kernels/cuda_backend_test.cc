@@ -1,6 +1,9 @@
 // Every op of the CUDA backend against the CPU backend on the same inputs. Tagged "gpu" and
 // built only with --config=cuda; skips itself when no CUDA device is present.
 //   bazel test --config=cuda --config=gpu_tests //kernels:cuda_backend_test
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -301,6 +304,37 @@ TEST_F(CudaBackendTest, EmbeddingGatherAndScatterAddMatchCpu) {
                                          dacc.floats())
                   .ok());
   ExpectClose(Download(dacc, acc.size()), acc, 1e-5f);
+}
+
+// Memory registered with RegisterHost, here a shared mapping of a memfd as a worker's
+// shared-memory segment is, at an offset inside a page: copies both ways land where they
+// should, registering it again is refused, and after UnregisterHost it can be registered anew.
+TEST_F(CudaBackendTest, RegisteredSharedMemoryCopiesBothWays) {
+  const size_t bytes = size_t{4} << 20;
+  const int fd = memfd_create("cuda_backend_test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const size_t n = 300000;  // floats, from byte 1024 on
+  float* host = reinterpret_cast<float*>(static_cast<char*>(map) + 1024);
+  ASSERT_TRUE(cuda_->RegisterHost(host, n * sizeof(float)).ok());
+  EXPECT_EQ(cuda_->RegisterHost(host, n * sizeof(float)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(cuda_->RegisterHost(nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<float> values = Random(n, 21);
+  DeviceBuffer device = Upload(values);
+  ASSERT_TRUE(cuda_->CopyToHost(host, device.data(), n * sizeof(float)).ok());
+  EXPECT_TRUE(std::equal(values.begin(), values.end(), host));
+  for (size_t i = 0; i < n; ++i) host[i] = -values[i];
+  ASSERT_TRUE(cuda_->CopyToDevice(device.data(), host, n * sizeof(float)).ok());
+  const std::vector<float> back = Download(device, n);
+  for (size_t i = 0; i < n; i += 9973) ASSERT_EQ(back[i], -values[i]) << i;
+  cuda_->UnregisterHost(host);
+  cuda_->UnregisterHost(host);  // nothing: not registered any more
+  EXPECT_TRUE(cuda_->RegisterHost(host, n * sizeof(float)).ok());
+  cuda_->UnregisterHost(host);
+  munmap(map, bytes);
 }
 
 TEST_F(CudaBackendTest, EmbeddingBadIndexIsReportedBySynchronize) {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/config/config.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"
@@ -23,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "gtest/gtest.h"
+#include "kernels/separate_memory_backend.h"
 #include "server/in_process_store.h"
 #include "server/rpc/service.h"
 #include "server/shard.h"
@@ -260,10 +262,12 @@ class Cluster {
 
 absl::StatusOr<worker::TrainResult> Train(const JobConfig& config, int worker,
                                           const std::string& eval,
-                                          const worker::StoreFactory& store) {
+                                          const worker::StoreFactory& store,
+                                          kernels::Backend* backend = nullptr) {
   worker::TrainingJobOptions options;
   options.worker_index = worker;
   options.eval = eval;
+  options.backend = backend;
   ASSIGN_OR_RETURN(std::unique_ptr<worker::TrainingJob> job,
                    worker::TrainingJob::Create(config, options, store));
   return job->Run();
@@ -397,15 +401,13 @@ TEST(OverlappedSteps, MlpBufferSetsOverGrpcMatchTheInProcessStoreBitwise) {
                                             false);
 }
 
-// The MLP on one server with shared memory: its gradients are written into memory the store
-// lends in the server's segment, which the server reads where it lies (no copy in the
-// worker), with prefetch's two buffer sets and without; bitwise the in-process store's.
-TEST(OverlappedSteps, MlpLentGradientsOverSharedMemoryMatchTheInProcessStoreBitwise) {
-  struct stat st;
-  if (stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) != 0) {
-    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  }
+// The MLP on one server with shared memory and lent push buffers, with prefetch's two buffer
+// sets and without, on `device` (null: the CPU backend): 100 steps, the gradients of all but
+// the steps before the first answer mapped the segment (at most two) pushed from lent memory,
+// which the server reads where it lies; bitwise the in-process store's.
+void ExpectLentMlpLikeTheInProcessStore(kernels::SeparateMemoryBackend* device) {
   for (bool prefetch : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("prefetch ", prefetch));
     JobConfig config = Job(/*workers=*/1, std::nullopt, kMlpJob);
     config.mutable_cluster()->set_num_servers(1);
     config.mutable_cluster()->clear_servers();
@@ -413,17 +415,42 @@ TEST(OverlappedSteps, MlpLentGradientsOverSharedMemoryMatchTheInProcessStoreBitw
     config.mutable_training()->set_prefetch(prefetch);
     config.mutable_rpc()->set_lend_push_buffers(true);
     Cluster cluster(config, /*lose_replies=*/false, /*shared=*/true);
+    const int copies = device != nullptr ? device->copies_to_registered : 0;
     absl::StatusOr<worker::TrainResult> remote =
-        Train(config, 0, "always", cluster.KeptStoreFor(0));
+        Train(config, 0, "always", cluster.KeptStoreFor(0), device);
     ASSERT_THAT(remote.status(), IsOk());
     EXPECT_EQ(remote->steps, 100u);
-    // The MLP's 784 x 64 + 64 + 64 x 10 + 10 floats a push, in all but the pushes before the
-    // first answer mapped the segment (at most the first two).
+    // The MLP's 784 x 64 + 64 + 64 x 10 + 10 floats a push.
     const uint64_t push_bytes = (784 * 64 + 64 + 64 * 10 + 10) * sizeof(float);
-    EXPECT_GE(cluster.bytes_lent(), 98 * push_bytes) << "prefetch " << prefetch;
+    EXPECT_GE(cluster.bytes_lent(), 98 * push_bytes);
     EXPECT_EQ(cluster.bytes_lent() % push_bytes, 0u);
+    if (device != nullptr) {
+      // Those steps' gradients reached the lent memory by the device's copy, one a step; the
+      // job has unregistered the memory since.
+      EXPECT_GE(device->copies_to_registered - copies, 98);
+      EXPECT_TRUE(device->registered().empty());
+    }
     ExpectLikeTheInProcessStore(config, *remote, cluster, /*binary=*/false);
   }
+}
+
+bool HasFashionMnist() {
+  struct stat st;
+  return stat("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", &st) == 0;
+}
+
+// The CPU backend's GEMMs write the gradients straight into the lent memory.
+TEST(OverlappedSteps, MlpLentGradientsOverSharedMemoryMatchTheInProcessStoreBitwise) {
+  if (!HasFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ExpectLentMlpLikeTheInProcessStore(nullptr);
+}
+
+// On a device with its own memory (as a GPU: a test backend whose copies are memcpy), the
+// device copies the gradients straight into the lent memory, registered with the backend.
+TEST(OverlappedSteps, MlpLentGradientsFromASeparateDeviceMatchTheInProcessStoreBitwise) {
+  if (!HasFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  kernels::SeparateMemoryBackend device;
+  ExpectLentMlpLikeTheInProcessStore(&device);
 }
 
 }  // namespace

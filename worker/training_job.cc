@@ -63,16 +63,20 @@ absl::Status TrainingJob::Build(const StoreFactory& make_store) {
     ASSIGN_OR_RETURN(metrics_server_, common::metrics::MetricsHttpServer::Start(http, &metrics_));
   }
 
-  kernels::BackendOptions backend_options;
-  backend_options.num_threads = options_.blas_threads;
-  ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(config_.training().device(), backend_options));
+  backend_ = options_.backend;
+  if (backend_ == nullptr) {
+    kernels::BackendOptions backend_options;
+    backend_options.num_threads = options_.blas_threads;
+    ASSIGN_OR_RETURN(owned_backend_,
+                     kernels::CreateBackend(config_.training().device(), backend_options));
+    backend_ = owned_backend_.get();
+  }
   LOG(INFO) << "worker " << index << ": device " << backend_->Description();
   ASSIGN_OR_RETURN(LoadedData data, LoadData(config_.data(), config_.training()));
   data_ = std::make_unique<LoadedData>(std::move(data));
   LOG(INFO) << "data: " << data_->train->size() << " training examples, "
             << (data_->test ? data_->test->size() : 0) << " test examples";
-  ASSIGN_OR_RETURN(model_,
-                   CreateModel(config_, backend_.get(), config_.training().batch_size()));
+  ASSIGN_OR_RETURN(model_, CreateModel(config_, backend_, config_.training().batch_size()));
   ASSIGN_OR_RETURN(store_, make_store(config_, &metrics_));
 
   // Local SGD: the trainer works on a local copy; every k steps its change goes to the store.

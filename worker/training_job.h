@@ -53,6 +53,9 @@ struct TrainingJobOptions {
   std::string metrics_host = "0.0.0.0";
   // How often the worker tells the store where it is in its data.
   absl::Duration position_interval = absl::Seconds(1);
+  // For tests: the backend to compute on instead of the one training.device names (not
+  // owned; outlives the job).
+  kernels::Backend* backend = nullptr;
 };
 
 // Makes the parameter store once the metrics endpoint serves (a gRPC store waits for its
@@ -104,7 +107,8 @@ class TrainingJob {
   common::metrics::Registry metrics_;
   common::metrics::CollectorHandle process_metrics_;
   std::unique_ptr<common::metrics::MetricsHttpServer> metrics_server_;
-  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<kernels::Backend> owned_backend_;  // unless TrainingJobOptions::backend
+  kernels::Backend* backend_ = nullptr;
   std::unique_ptr<LoadedData> data_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<common::ParameterStore> store_;

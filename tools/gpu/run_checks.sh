@@ -7,8 +7,10 @@
 #     one server and one GPU worker (ROUNDS times, default 3, interleaved with the centralized
 #     GPU run: as built, with the server applying each push on one thread, with whole blocks
 #     per thread (no ranges), with apply threads that sleep at once (server.apply_spin_us=-1;
-#     by default they watch for work on a host of 8 or more cores), with prefetch, with both),
-#     each with its step breakdown (pull, compute, push) and the server's time in its tables;
+#     by default they watch for work on a host of 8 or more cores), with prefetch, with both,
+#     and with the worker's gradients copied by the GPU straight into the server's segment
+#     (rpc.lend_push_buffers), without and with prefetch), each with its step breakdown (pull,
+#     compute, push) and the server's time in its tables;
 #   - the synthetic CTR model centralized on the GPU.
 #
 #   [SKIP="NAME..."] BUNDLE/run_checks.sh OUT_DIR     (SKIP: steps not to run, by name)
@@ -94,7 +96,8 @@ one_server() {
 # The distributed target's runs, ROUNDS times interleaved: centralized on the GPU, then one
 # server and one GPU worker: as built; with the server applying every push on one thread (as
 # before parallel_apply_min_values); with whole blocks per apply thread; with apply threads
-# that sleep at once; with prefetch, with and without sleeping apply threads; and, where the
+# that sleep at once; with prefetch, with and without sleeping apply threads; with lent push
+# buffers, without and with prefetch; and, where the
 # bundle holds one (bin/ps_worker_before), another worker binary to compare with.
 for round in $(seq "${ROUNDS:-3}"); do
   step "mlp_centralized_cuda_$round" 180 "$b/ps_worker" \
@@ -112,6 +115,9 @@ for round in $(seq "${ROUNDS:-3}"); do
   one_server "mlp_1x1_cuda_prefetch_$round" "$b/ps_worker" ",training.prefetch=true"
   one_server "mlp_1x1_cuda_prefetch_apply_sleep_$round" "$b/ps_worker" ",training.prefetch=true" \
     "server.apply_spin_us=-1"
+  one_server "mlp_1x1_cuda_lend_$round" "$b/ps_worker" ",rpc.lend_push_buffers=true"
+  one_server "mlp_1x1_cuda_prefetch_lend_$round" "$b/ps_worker" \
+    ",training.prefetch=true,rpc.lend_push_buffers=true"
 done
 
 step ctr_centralized_cuda 180 "$b/ps_worker" --config="$here/configs/ctr_synthetic_2x2.textproto" \

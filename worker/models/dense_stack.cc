@@ -161,9 +161,13 @@ void DenseStack::SwapBufferSets() {
   params_on_device_ = false;
 }
 
+DenseStack::~DenseStack() {
+  if (registered_ != nullptr) backend_->UnregisterHost(registered_);
+}
+
 bool DenseStack::LendGradients(common::ParameterStore* store) {
   if (lent_ != nullptr) return true;
-  if (store == nullptr || tables_on_device() || !SharesHostMemory(*backend_)) return false;
+  if (store == nullptr || tables_on_device()) return false;
   std::vector<std::string> tables;
   for (int i = 0; i < num_layers(); ++i) {
     tables.push_back(options_.weight_tables[i]);
@@ -189,6 +193,25 @@ bool DenseStack::LendGradients(common::ParameterStore* store) {
         return false;
       }
     }
+  }
+  if (!SharesHostMemory(*backend_)) {
+    // The device copies the gradients into the lent memory: registered, so that the copy runs
+    // at the bus's speed (unregistered memory goes through the driver's staging buffer, the
+    // copy the lend is there to save). One range over both sets: registered ranges may not
+    // share a page.
+    char* begin = reinterpret_cast<char*>(lent->values().data());
+    char* end = begin + lent->values().size() * sizeof(float);
+    if (spare != nullptr) {
+      char* spare_begin = reinterpret_cast<char*>(spare->values().data());
+      begin = std::min(begin, spare_begin);
+      end = std::max(end, spare_begin + spare->values().size() * sizeof(float));
+    }
+    if (absl::Status s = backend_->RegisterHost(begin, static_cast<size_t>(end - begin)); !s.ok()) {
+      LOG(WARNING) << "gradients not lent: the lent memory could not be registered with the "
+                   << "device: " << s;
+      return false;
+    }
+    registered_ = begin;
   }
   const float* base = lent->values().data();
   for (int i = 0; i < num_layers(); ++i) {
@@ -257,8 +280,11 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
     dz = d_input;
   }
   if (tables_on_device()) return ApplyOnDevice();
-  if (lent_ != nullptr) return absl::OkStatus();  // written where the host reads them
-  return grads_.CopyToHost(num_params_);
+  if (lent_ == nullptr) return grads_.CopyToHost(num_params_);
+  if (SharesHostMemory(*backend_)) return absl::OkStatus();  // written where the host reads them
+  // Laid out as the lent memory (grad_*_offset), so one copy puts every table in its place.
+  return backend_->CopyToHost(lent_->values().data(), grads_.device(),
+                              lent_->values().size() * sizeof(float));
 }
 
 absl::Span<const float> DenseStack::weight(int i) const {

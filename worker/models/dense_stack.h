@@ -58,6 +58,7 @@ class DenseStack {
 
   DenseStack(const DenseStack&) = delete;
   DenseStack& operator=(const DenseStack&) = delete;
+  ~DenseStack();
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   int64_t input_dim() const { return options_.widths.front(); }
@@ -99,13 +100,15 @@ class DenseStack {
   // AddPushes handed out keep pointing into their own set. REQUIRES: AddSecondBufferSet.
   void SwapBufferSets();
 
-  // Model::LendGradients: where the device reads host memory (the CPU backend) and the
-  // tables live in the store, Backward writes the gradients of every set from now on into
-  // memory `store` lends for the stack's tables (common::LentBuffer; weight 0, bias 0,
-  // weight 1, ... in AddPushes' order), so that a push reaches the server with no copy.
-  // False, and nothing changed, where the store lends none (or on the CUDA backend, whose
-  // gradients land on the host by a device copy). Spans AddPushes handed out before keep
-  // pointing at the buffers they did, which stay allocated. True once lent.
+  // Model::LendGradients: where the tables live in the store, the gradients of every set land
+  // from now on in memory `store` lends for the stack's tables (common::LentBuffer; weight 0,
+  // bias 0, weight 1, ... in AddPushes' order), so that a push reaches the server with no
+  // copy. Where the device reads host memory (the CPU backend) Backward writes them there;
+  // on a device with its own memory (CUDA) it copies them there from the device in one copy,
+  // instead of into the stack's page-locked buffer, after registering the lent memory with
+  // the backend (Backend::RegisterHost). False, and nothing changed, where the store lends
+  // none or the backend cannot register it. Spans AddPushes handed out before keep pointing
+  // at the buffers they did, which stay allocated. True once lent.
   bool LendGradients(common::ParameterStore* store);
 
   // Forward over `rows` rows of x (device memory, rows x input_dim()). Returns the output
@@ -140,8 +143,12 @@ class DenseStack {
   absl::Status CheckRows(int64_t rows) const;
   // The device gradient buffer a backward step writes for layer i's input.
   float* InputGradBuffer(int layer, float* dx);
-  // The current set's gradients as Backward writes them (lent_ or grads_).
-  float* grads() const { return lent_ != nullptr ? lent_->values().data() : grads_.device(); }
+  // The current set's gradients as Backward writes them: the lent memory where the device
+  // writes host memory, else grads_' device side.
+  float* grads() const {
+    return lent_ != nullptr && SharesHostMemory(*backend_) ? lent_->values().data()
+                                                           : grads_.device();
+  }
 
   const DenseStackOptions options_;
   kernels::Backend* const backend_;  // Not owned.
@@ -156,6 +163,9 @@ class DenseStack {
   // The gradients of each set in memory a store lent (LendGradients), or null.
   std::unique_ptr<common::LentBuffer> lent_;
   std::unique_ptr<common::LentBuffer> spare_lent_;
+  // Where the lent memory was registered with the backend (a device with its own memory), or
+  // null. Unregistered before the lent buffers go.
+  void* registered_ = nullptr;
   // Ping-pong device buffers (max_batch x widest hidden layer) for the gradients w.r.t.
   // hidden activations during Backward.
   kernels::DeviceBuffer hidden_grad_[2];

@@ -11,12 +11,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/parameter_store.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
+#include "kernels/separate_memory_backend.h"
 #include "worker/models/model.h"
 
 namespace ps::worker {
@@ -179,6 +181,28 @@ bool Within(absl::Span<const float> part, absl::Span<const float> whole) {
   return part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size();
 }
 
+// One step of the hand-computed case: its parameters, x = [1, 2], dy = 1.
+void HandComputedStep(DenseStack& stack) {
+  FillParams(stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  const std::vector<float> x = {1, 2};
+  absl::StatusOr<float*> y = stack.Forward(1, x.data());
+  ASSERT_OK(y.status());
+  (*y)[0] = 1.f;
+  ASSERT_OK(stack.Backward(1, x.data(), *y, nullptr));
+}
+
+// The hand-computed case's gradients as AddPushes hands them out, every one within `lent`.
+void ExpectHandComputedGradientsIn(const DenseStack& stack, absl::Span<const float> lent) {
+  common::PushBatch push;
+  stack.AddPushes(&push);
+  ASSERT_EQ(push.dense.size(), 4u);
+  for (const common::DensePush& p : push.dense) EXPECT_TRUE(Within(p.values, lent)) << p.table;
+  EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {2.f, 0.f, 4.f, 0.f}));
+  EXPECT_THAT(push.dense[1].values, Pointwise(FloatEq(), {2.f, 0.f}));
+  EXPECT_THAT(push.dense[2].values, Pointwise(FloatEq(), {5.5f, 0.f}));
+  EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
+}
+
 // Lent gradients: Backward writes them into the lent memory (every set's), AddPushes hands
 // out spans there, and the values are those of the stack's own buffers.
 TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
@@ -198,22 +222,10 @@ TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
   ASSERT_TRUE(stack->LendGradients(&store));
   ASSERT_EQ(store.lent.size(), 2u);  // one per buffer set
   EXPECT_THAT(store.asked[0], ElementsAre("w0", "b0", "w1", "b1"));
-  const std::vector<float> x = {1, 2};
   for (int set = 0; set < 2; ++set) {
-    FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-    ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
-    y[0] = 1.f;
-    ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
-    common::PushBatch push;
-    stack->AddPushes(&push);
-    ASSERT_EQ(push.dense.size(), 4u);
-    for (const common::DensePush& p : push.dense) {
-      EXPECT_TRUE(Within(p.values, store.lent[set])) << p.table << " of set " << set;
-    }
-    EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {2.f, 0.f, 4.f, 0.f}));
-    EXPECT_THAT(push.dense[1].values, Pointwise(FloatEq(), {2.f, 0.f}));
-    EXPECT_THAT(push.dense[2].values, Pointwise(FloatEq(), {5.5f, 0.f}));
-    EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
+    SCOPED_TRACE(absl::StrCat("set ", set));
+    HandComputedStep(*stack);
+    ExpectHandComputedGradientsIn(*stack, store.lent[set]);
     stack->SwapBufferSets();
   }
   // Spans handed out before still name the stack's own buffers.
@@ -230,6 +242,69 @@ TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
   device.block_floats = 1024;
   EXPECT_THAT(one_set->KeepOnDevice(device, &store),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lent")));
+}
+
+// On a device with its own memory (as CUDA's), lent gradients are copied from the device
+// straight into the lent memory, one copy a step, after the stack registered one range over
+// both sets with the backend; the stack unregisters it when it goes. Laid out as the lent
+// memory (no padding between tables), the values are those of the hand-computed case.
+TEST(DenseStack, OnASeparateDeviceLentGradientsAreCopiedIntoRegisteredMemory) {
+  kernels::SeparateMemoryBackend backend;
+  LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), &backend));
+  ASSERT_OK(stack->AddSecondBufferSet());
+  ASSERT_TRUE(stack->LendGradients(&store));
+  ASSERT_EQ(store.lent.size(), 2u);
+  ASSERT_EQ(backend.registered().size(), 1u);
+  const char* begin = static_cast<const char*>(backend.registered().begin()->first);
+  const size_t bytes = backend.registered().begin()->second;
+  for (const absl::Span<float> lent : store.lent) {
+    const char* at = reinterpret_cast<const char*>(lent.data());
+    EXPECT_TRUE(at >= begin && at + lent.size() * sizeof(float) <= begin + bytes);
+  }
+  for (int set = 0; set < 2; ++set) {
+    SCOPED_TRACE(absl::StrCat("set ", set));
+    const int copies = backend.copies_to_host;
+    HandComputedStep(*stack);
+    EXPECT_EQ(backend.copies_to_host, copies + 1);
+    EXPECT_EQ(backend.copies_to_registered, set + 1);
+    ExpectHandComputedGradientsIn(*stack, store.lent[set]);
+    stack->SwapBufferSets();
+  }
+  stack.reset();
+  EXPECT_TRUE(backend.registered().empty());
+}
+
+// A backend that cannot register the lent memory: nothing is lent, and the gradients reach
+// the stack's own buffers as before.
+TEST(DenseStack, LentMemoryTheDeviceCannotRegisterIsNotUsed) {
+  kernels::SeparateMemoryBackend backend;
+  backend.refuse_registration = true;
+  LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), &backend));
+  common::PushBatch own;
+  stack->AddPushes(&own);
+  EXPECT_FALSE(stack->LendGradients(&store));
+  EXPECT_TRUE(backend.registered().empty());
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  const std::vector<float> x = {1, 2};
+  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+  y[0] = 1.f;
+  ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
+  EXPECT_EQ(backend.copies_to_registered, 0);
+  common::PushBatch push;
+  stack->AddPushes(&push);
+  for (size_t i = 0; i < push.dense.size(); ++i) {
+    EXPECT_EQ(push.dense[i].values.data(), own.dense[i].values.data()) << push.dense[i].table;
+  }
+  EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {2.f, 0.f, 4.f, 0.f}));
+  EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
+  // Registration works again: the next ask lends.
+  backend.refuse_registration = false;
+  EXPECT_TRUE(stack->LendGradients(&store));
+  EXPECT_EQ(backend.registered().size(), 1u);
 }
 
 // A store that lends buffers not sized as the tables (here the second set's): nothing is

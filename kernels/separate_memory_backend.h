@@ -1,0 +1,138 @@
+// SeparateMemoryBackend: for tests without a GPU, a Backend whose device memory is apart from
+// the host's, as a GPU's is, running the CPU backend's kernels. It calls itself kCuda, so that
+// code which copies between host and device on such a backend (MirroredArray, DenseStack)
+// takes those paths; its copies are memcpy. It counts the copies and records RegisterHost's
+// ranges, and can be told to refuse registrations. Never for production: nothing else about
+// it is a GPU's.
+#ifndef PS_KERNELS_SEPARATE_MEMORY_BACKEND_H_
+#define PS_KERNELS_SEPARATE_MEMORY_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+
+namespace ps::kernels {
+
+class SeparateMemoryBackend final : public Backend {
+ public:
+  SeparateMemoryBackend() : cpu_(*CreateBackend("cpu", BackendOptions())) {}
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string Description() const override { return "separate memory (cpu kernels)"; }
+
+  // Registered ranges (start -> bytes), as RegisterHost took them.
+  const std::map<void*, size_t>& registered() const { return registered_; }
+  // RegisterHost refuses (UNAVAILABLE) while set.
+  bool refuse_registration = false;
+  // Copies device -> host so far, and into registered memory among them.
+  int copies_to_host = 0;
+  int copies_to_registered = 0;
+
+  absl::Status RegisterHost(void* data, size_t bytes) override {
+    if (absl::Status s = Backend::RegisterHost(data, bytes); !s.ok()) return s;
+    if (refuse_registration) return absl::UnavailableError("registration refused (test)");
+    if (!registered_.emplace(data, bytes).second) {
+      return absl::AlreadyExistsError("RegisterHost: registered already");
+    }
+    return absl::OkStatus();
+  }
+  void UnregisterHost(void* data) override { registered_.erase(data); }
+
+  absl::Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) override {
+    ++copies_to_host;
+    if (InRegistered(host_dst, bytes)) ++copies_to_registered;
+    if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyDeviceToDevice(void* device_dst, const void* device_src, size_t bytes) override {
+    if (bytes > 0) std::memmove(device_dst, device_src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Fill(float* x, int64_t n, float value) override { return cpu_->Fill(x, n, value); }
+  absl::Status Zero(void* x, size_t bytes) override { return cpu_->Zero(x, bytes); }
+  absl::Status Synchronize() override { return cpu_->Synchronize(); }
+  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+    return cpu_->Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  absl::Status BiasAdd(int64_t rows, int64_t cols, const float* bias, float* x) override {
+    return cpu_->BiasAdd(rows, cols, bias, x);
+  }
+  absl::Status BiasGrad(int64_t rows, int64_t cols, const float* dy, float* db) override {
+    return cpu_->BiasGrad(rows, cols, dy, db);
+  }
+  absl::Status ActivationForward(Activation act, int64_t n, const float* x, float* y) override {
+    return cpu_->ActivationForward(act, n, x, y);
+  }
+  absl::Status ActivationBackward(Activation act, int64_t n, const float* y, const float* dy,
+                                  float* dx) override {
+    return cpu_->ActivationBackward(act, n, y, dy, dx);
+  }
+  absl::StatusOr<float> SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits,
+                                            const int32_t* labels, float* grad_out) override {
+    return cpu_->SoftmaxCrossEntropy(rows, classes, logits, labels, grad_out);
+  }
+  absl::StatusOr<SoftmaxEvalResult> SoftmaxEval(int64_t rows, int64_t classes, const float* logits,
+                                                const int32_t* labels,
+                                                float* probabilities) override {
+    return cpu_->SoftmaxEval(rows, classes, logits, labels, probabilities);
+  }
+  absl::StatusOr<float> SigmoidCrossEntropy(int64_t n, const float* logits, const float* labels,
+                                            float* grad_out, float* probabilities) override {
+    return cpu_->SigmoidCrossEntropy(n, logits, labels, grad_out, probabilities);
+  }
+  absl::Status EmbeddingGather(int64_t n, int64_t dim, const float* table, int64_t table_rows,
+                               const int32_t* indices, float* out) override {
+    return cpu_->EmbeddingGather(n, dim, table, table_rows, indices, out);
+  }
+  absl::Status EmbeddingScatterAdd(int64_t n, int64_t dim, const float* grads,
+                                   const int32_t* indices, int64_t out_rows, float* out) override {
+    return cpu_->EmbeddingScatterAdd(n, dim, grads, indices, out_rows, out);
+  }
+  absl::StatusOr<int64_t> CountNonFinite(int64_t n, const float* x) override {
+    return cpu_->CountNonFinite(n, x);
+  }
+  absl::Status ApplyOptimizer(const OptimizerParams& p, int64_t step, int64_t n, float* params,
+                              const float* grads, absl::Span<float* const> slots) override {
+    return cpu_->ApplyOptimizer(p, step, n, params, grads, slots);
+  }
+
+ protected:
+  absl::StatusOr<void*> AllocateRaw(size_t bytes) override {
+    void* p = ::operator new (bytes, std::align_val_t{256}, std::nothrow);
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("Allocate ", bytes));
+    return p;
+  }
+  void FreeRaw(void* data) override { ::operator delete (data, std::align_val_t{256}); }
+
+ private:
+  bool InRegistered(const void* p, size_t bytes) const {
+    const char* at = static_cast<const char*>(p);
+    for (const auto& [start, size] : registered_) {
+      const char* begin = static_cast<const char*>(start);
+      if (at >= begin && at + bytes <= begin + size) return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<Backend> cpu_;
+  std::map<void*, size_t> registered_;
+};
+
+}  // namespace ps::kernels
+
+#endif  // PS_KERNELS_SEPARATE_MEMORY_BACKEND_H_

@@ -86,6 +86,30 @@ void DenseTablePart::Read(uint32_t block, absl::Span<float> out, bool stream) co
   }
 }
 
+// The lock is taken here and released in ReaderUnlockBlock, across the calls between: beyond
+// what the thread-safety analysis can follow.
+void DenseTablePart::ReaderLockBlock(uint32_t block) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Block* b = Find(block);
+  CHECK(b != nullptr);
+  b->mu.ReaderLock();
+}
+
+void DenseTablePart::ReaderUnlockBlock(uint32_t block) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Find(block)->mu.ReaderUnlock();
+}
+
+// Under the lock another thread holds for this call (ReaderLockBlock).
+void DenseTablePart::ReadLocked(uint32_t block, size_t begin, absl::Span<float> out,
+                                bool stream) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Block* b = Find(block);
+  CHECK(b != nullptr && begin <= b->size && out.size() <= b->size - begin);
+  if (stream) {
+    common::StreamCopy(out.data(), b->data.data() + begin, out.size() * sizeof(float));
+  } else {
+    std::memcpy(out.data(), b->data.data() + begin, out.size() * sizeof(float));
+  }
+}
+
 void DenseTablePart::Apply(uint32_t block, absl::Span<const float> values,
                            const UpdateOptions& options) {
   Block* b = Find(block);

@@ -177,7 +177,8 @@ absl::Status InProcessParameterStore::Pull(const common::PullBatch& batch,
       }
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(shards_[s]->ReadPull(views[s], sink));
+    // Dense blocks are filled in the caller's buffers, where they stay.
+    RETURN_IF_ERROR(shards_[s]->ReadPull(views[s], sink, /*stream=*/false, /*in_place=*/true));
   }
   return absl::OkStatus();
 }

@@ -38,9 +38,8 @@ WorkerTrackerOptions TrackerOptions(const JobConfig& config) {
   return o;
 }
 
-// The dense blocks `updates` name, each once, in the one order every caller that locks
-// several of them takes them in (two such callers cannot wait for each other; other updaters
-// and readers hold one block lock at a time).
+// The dense blocks `updates` name, each once, in SortForLocking's order (other updaters and
+// readers hold one block lock at a time).
 std::vector<std::pair<DenseTablePart*, uint32_t>> LockOrder(
     absl::Span<const PendingUpdate> updates) {
   std::vector<std::pair<DenseTablePart*, uint32_t>> blocks;
@@ -49,17 +48,21 @@ std::vector<std::pair<DenseTablePart*, uint32_t>> LockOrder(
     if (u.table->info().kind != TABLE_KIND_DENSE) continue;
     blocks.emplace_back(static_cast<DenseTablePart*>(u.table), u.block);
   }
+  SortForLocking(&blocks);
+  return blocks;
+}
+
+}  // namespace
+
+void SortForLocking(std::vector<std::pair<DenseTablePart*, uint32_t>>* blocks) {
   auto before = [](const std::pair<DenseTablePart*, uint32_t>& a,
                    const std::pair<DenseTablePart*, uint32_t>& b) {
     return std::less<const DenseTablePart*>()(a.first, b.first) ||
            (a.first == b.first && a.second < b.second);
   };
-  std::sort(blocks.begin(), blocks.end(), before);
-  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
-  return blocks;
+  std::sort(blocks->begin(), blocks->end(), before);
+  blocks->erase(std::unique(blocks->begin(), blocks->end()), blocks->end());
 }
-
-}  // namespace
 
 size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores) {
   if (config.server().parallel_apply_min_values() > 0) {
@@ -386,52 +389,6 @@ absl::StatusOr<uint64_t> Shard::CheckPull(const RequestInfo& info,
   return payload_bytes;
 }
 
-absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink, bool stream_asked) {
-  Timed timed(&pull_read_ns_);
-  uint64_t bytes_out = 0;
-  // A large pull is read out with non-temporal stores (ShardOptions::stream_pull_bytes).
-  uint64_t dense_bytes = 0;
-  for (const PullTable& t : tables) {
-    // Streams either way, or never: not worth summing.
-    if (stream_asked || options_.stream_pull_bytes == UINT64_MAX) break;
-    auto it = by_name_.find(t.table);
-    if (it == by_name_.end() || it->second->info().kind != TABLE_KIND_DENSE) continue;
-    const auto* dense = static_cast<const DenseTablePart*>(it->second);
-    for (uint32_t b : t.blocks) dense_bytes += dense->BlockSize(b) * sizeof(float);
-  }
-  const bool stream = stream_asked || dense_bytes > options_.stream_pull_bytes;
-  for (size_t i = 0; i < tables.size(); ++i) {
-    const PullTable& t = tables[i];
-    auto it = by_name_.find(t.table);
-    if (it == by_name_.end()) {
-      return absl::InternalError(absl::StrCat("pull of unchecked table '", t.table, "'"));
-    }
-    const uint64_t bpv = common::BytesPerValue(t.encoding);
-    if (it->second->info().kind == TABLE_KIND_DENSE) {
-      auto* dense = static_cast<DenseTablePart*>(it->second);
-      for (size_t j = 0; j < t.blocks.size(); ++j) {
-        const uint32_t b = t.blocks[j];
-        RETURN_IF_ERROR(sink(i, j, dense->BlockSize(b), [&](absl::Span<float> out) {
-          dense->Read(b, out, stream);
-          return absl::OkStatus();
-        }));
-        bytes_out += dense->BlockSize(b) * bpv;
-      }
-    } else {
-      auto* sparse = static_cast<SparseTablePart*>(it->second);
-      const size_t n = t.keys.size() * sparse->info().dim;
-      RETURN_IF_ERROR(sink(i, kRowsPart, n, [&](absl::Span<float> out) {
-        return sparse->Read(t.keys, out);
-      }));
-      bytes_out += n * bpv;
-    }
-  }
-  absl::MutexLock lock(&stats_mu_);
-  ++pulls_;
-  bytes_out_ += bytes_out;
-  return absl::OkStatus();
-}
-
 absl::StatusOr<SparseTableStats> Shard::SparseStats(absl::string_view table) const {
   auto it = by_name_.find(table);
   if (it == by_name_.end() || it->second->info().kind != TABLE_KIND_SPARSE) {
@@ -714,6 +671,11 @@ uint64_t Shard::parallel_pushes() const {
 uint64_t Shard::ranged_pushes() const {
   absl::MutexLock lock(&stats_mu_);
   return ranged_pushes_;
+}
+
+uint64_t Shard::parallel_pulls() const {
+  absl::MutexLock lock(&stats_mu_);
+  return parallel_pulls_;
 }
 
 uint64_t Shard::one_pass_pushes() const {

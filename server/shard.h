@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -103,6 +104,11 @@ struct ShardOptions {
   // never cancelled. Called on Create's thread only.
   std::function<bool()> cancelled;
 };
+
+// Sorts dense blocks into the one order in which every thread that holds several of their
+// locks at once takes them (table, then block), without repeats: two such threads cannot
+// wait for each other. (Shard's pushes that lock all their blocks, and its parallel pulls.)
+void SortForLocking(std::vector<std::pair<DenseTablePart*, uint32_t>>* blocks);
 
 // ShardOptions::parallel_apply_values for `config` on a process that may use `usable_cores`
 // cores: server.parallel_apply_min_values when set, else kManyCoresParallelApplyValues with 8
@@ -322,7 +328,14 @@ class Shard {
   // errors for a table that spills. `stream`: dense answers are read out with non-temporal
   // stores whatever their size (the caller knows their reader wants them so: a worker's
   // shared memory, SharedPayload.stream_answer), else from ShardOptions::stream_pull_bytes.
-  absl::Status ReadPull(absl::Span<const PullTable> tables, PullSink sink, bool stream = false);
+  // `in_place`: the caller promises that every span its sink hands to `fill` for a dense
+  // block is the block's final place, stays valid until ReadPull returns, and is not read by
+  // the sink. A large pull (parallel_apply_values dense values or more, with apply threads)
+  // then has its dense blocks read after the sink's calls, in ranges on the apply threads
+  // (RangeValues), every block reader-locked until all of it is read (each block one version,
+  // as when read whole); a sink's error leaves the answer's dense values unread.
+  absl::Status ReadPull(absl::Span<const PullTable> tables, PullSink sink, bool stream = false,
+                        bool in_place = false);
 
   // Statistics of a sparse table's rows (in memory, spilled, moved); NOT_FOUND for a table
   // that is not a sparse table of the job.
@@ -352,6 +365,8 @@ class Shard {
   uint64_t parallel_pushes() const;
   // Of those, the pushes with blocks split into ranges (parallel_apply_range_values).
   uint64_t ranged_pushes() const;
+  // Pulls whose dense blocks were read by several threads (ReadPull's `in_place`).
+  uint64_t parallel_pulls() const;
   // Times a thread's undo buffer for the one pass grew: it is kept for the thread's next
   // push, so a steady stream of pushes allocates none.
   uint64_t one_pass_buffers_allocated() const;
@@ -380,6 +395,16 @@ class Shard {
   // `updates` whose values hold NaN or Inf, when such gradients are rejected; counted either
   // way. A large push is counted by apply_pool_ as well as this thread.
   absl::Status CheckFinite(absl::Span<const PendingUpdate> updates);
+  // A dense block's place in a pull's answer, read after the sink's calls (ReadPull's
+  // `in_place`).
+  struct PullPlace {
+    DenseTablePart* table = nullptr;
+    uint32_t block = 0;
+    absl::Span<float> out;
+  };
+  // Reads `places` (`values` values in all) in ranges on this thread and apply_pool_'s, every
+  // block reader-locked (in the order pushes lock theirs) until all of it is read.
+  void ReadInRanges(absl::Span<const PullPlace> places, size_t values, bool stream);
   // The tables of a push, each checked and added to `checked` in turn, up to the first error.
   absl::Status CheckPushTables(const PushView& push, CheckedPush* checked);
   // The parts of one table of a push, checked and added to `push`.
@@ -418,14 +443,14 @@ class Shard {
   // Applies checked updates: sparse ones here, then dense blocks, those of a large push on
   // this thread and apply_pool_'s, each block's updates in push order on one thread.
   void ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options);
+  // The values of a range in a parallel check, apply or read of `values` values: their share
+  // per thread (rounded up to 1024), at least parallel_apply_range_values.
+  // REQUIRES: apply_pool_.
+  size_t RangeValues(size_t values) const;
   // ApplyUpdates' parallel apply with blocks split into ranges: every block of the push
   // locked at once (in LockOrder), then units of `range` values or whole blocks on the pool.
   // `heads` and `next` chain each block's updates; returns false, having done nothing, when
   // no block is split (or a rule is not element-wise).
-  // The values of a range in a parallel check or apply of a push of `values` values: the
-  // push's share per thread (rounded up to 1024), at least parallel_apply_range_values.
-  // REQUIRES: apply_pool_.
-  size_t RangeValues(size_t values) const;
   bool ApplyInRanges(absl::Span<const PendingUpdate> updates, const UpdateOptions& options,
                      absl::Span<const size_t> heads, absl::Span<const size_t> next, size_t range);
   // True when `push` may take ApplyOnePass (kOnePassMaxValues).
@@ -491,6 +516,7 @@ class Shard {
   uint64_t one_pass_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t parallel_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t ranged_pushes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  uint64_t parallel_pulls_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t one_pass_buffers_allocated_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t nonfinite_values_ ABSL_GUARDED_BY(stats_mu_) = 0;
   uint64_t bytes_in_ ABSL_GUARDED_BY(stats_mu_) = 0;

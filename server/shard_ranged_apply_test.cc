@@ -30,24 +30,9 @@ using shard_testing::Cut;
 using shard_testing::FirstWorkerPush;
 using shard_testing::InPieces;
 using shard_testing::ReadBlocks;
+using shard_testing::TwoTableConfig;
 using shard_testing::WholeTable;
 using ::testing::HasSubstr;
-
-// A job of one dense table "w" of 2 blocks of 64k values with `w_optimizer` and a small one
-// "b" (a block of its own) with `b_optimizer`, both initialized by `initializer`.
-JobConfig TwoTableConfig(const std::string& w_optimizer, const std::string& b_optimizer,
-                         const std::string& initializer, int num_workers) {
-  auto config = common::ParseJobConfigText(
-      absl::StrCat("cluster { num_servers: 1 num_workers: ", num_workers,
-                   " dense_block_floats: 65536 }\n",
-                   "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: 131072 initializer { ",
-                   initializer, " } optimizer { ", w_optimizer, " } }\n",
-                   "tables { name: \"b\" kind: TABLE_KIND_DENSE shape: 100 initializer { ",
-                   initializer, " } optimizer { ", b_optimizer, " } }\n"),
-      "test");
-  CHECK_OK(config.status());
-  return *config;
-}
 
 // A shard of one dense table "w" of 2 blocks of 64k values and a small one "b" (a block of
 // its own), both with `optimizer`; every push is applied in parallel when apply_threads > 0.

@@ -1,10 +1,11 @@
 // Helpers shared by the shard's tests (shard_test.cc, shard_push_check_test.cc,
-// shard_ranged_apply_test.cc).
+// shard_ranged_apply_test.cc, shard_pull_read_test.cc).
 #ifndef PS_SERVER_SHARD_TESTING_H_
 #define PS_SERVER_SHARD_TESTING_H_
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +51,22 @@ inline JobConfig MakeConfig(const std::string& optimizer, int num_servers = 1, i
   return *config;
 }
 
+// A job of one dense table "w" of 2 blocks of 64k values with `w_optimizer` and a small one
+// "b" (a block of its own) with `b_optimizer`, both initialized by `initializer`.
+inline JobConfig TwoTableConfig(const std::string& w_optimizer, const std::string& b_optimizer,
+                                const std::string& initializer, int num_workers) {
+  auto config = common::ParseJobConfigText(
+      absl::StrCat("cluster { num_servers: 1 num_workers: ", num_workers,
+                   " dense_block_floats: 65536 }\n",
+                   "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: 131072 initializer { ",
+                   initializer, " } optimizer { ", w_optimizer, " } }\n",
+                   "tables { name: \"b\" kind: TABLE_KIND_DENSE shape: 100 initializer { ",
+                   initializer, " } optimizer { ", b_optimizer, " } }\n"),
+      "test");
+  CHECK_OK(config.status());
+  return *config;
+}
+
 inline std::unique_ptr<Shard> MakeShard(const JobConfig& config, uint32_t index = 0) {
   ShardOptions options;
   options.server_index = index;
@@ -75,6 +92,28 @@ inline std::vector<float> ReadBlocks(Shard& shard, const std::string& table,
         return fill(absl::MakeSpan(out).last(n));
       },
       stream));
+  return out;
+}
+
+// The same read in place (Shard::ReadPull's `in_place`): the output sized first, each block
+// filled where it stays, so that a large read may go in ranges on the apply threads.
+inline std::vector<float> ReadBlocksInPlace(Shard& shard, const std::string& table,
+                                            std::vector<uint32_t> blocks, bool stream = false) {
+  const common::TableInfo& info = *shard.partitioner().FindTable(table);
+  std::vector<size_t> starts = {0};
+  for (uint32_t b : blocks) {
+    auto [begin, end] = shard.partitioner().BlockRange(info, b);
+    starts.push_back(starts.back() + (end - begin));
+  }
+  std::vector<float> out(starts.back(), std::numeric_limits<float>::quiet_NaN());
+  const PullTable pull{table, ENCODING_FLOAT32, blocks, {}};
+  CHECK_OK(shard.ReadPull(
+      {pull},
+      [&](size_t, size_t part, size_t n, absl::FunctionRef<absl::Status(absl::Span<float>)> fill) {
+        CHECK_EQ(n, starts[part + 1] - starts[part]);
+        return fill(absl::MakeSpan(out).subspan(starts[part], n));
+      },
+      stream, /*in_place=*/true));
   return out;
 }
 

@@ -139,6 +139,14 @@ class DenseTablePart final : public TablePart {
   // Copies block `block`'s parameters to out, with non-temporal stores if `stream`
   // (common/stream_copy.h). REQUIRES: Owns(block), out.size()==BlockSize.
   void Read(uint32_t block, absl::Span<float> out, bool stream = false) const;
+  // ---- A large pull read in ranges by several threads (Shard::ReadPull). The caller holds
+  // ReaderLockBlock on every block it reads (taken in increasing order of table and block, as
+  // pushes take theirs) until every range is read, so that each block is read as one version.
+  void ReaderLockBlock(uint32_t block) const;
+  void ReaderUnlockBlock(uint32_t block) const;
+  // REQUIRES: a thread waiting for this call holds ReaderLockBlock(block); begin + out.size()
+  // <= BlockSize(block). Copies the parameters [begin, begin + out.size()) to out, as Read.
+  void ReadLocked(uint32_t block, size_t begin, absl::Span<float> out, bool stream) const;
   // Applies one update to block `block`. REQUIRES: Owns(block), values.size()==BlockSize.
   void Apply(uint32_t block, absl::Span<const float> values, const UpdateOptions& options);
   // The same with the values in pieces that cover the block in order (BlockPiece): one

@@ -318,7 +318,12 @@ absl::Status ParameterServerService::ReadPull(
     std::memcpy(dest, encoded.data(), encoded.size());
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(shard_->ReadPull(views, sink, stream));
+  // Float32 parts are filled where they stay (a 16-bit one goes through `scratch`): the shard
+  // may then read a large pull's blocks on its apply threads after the sink's calls.
+  const bool in_place = std::all_of(tables.begin(), tables.end(), [](const TablePullRequest& t) {
+    return t.encoding() == ENCODING_FLOAT32;
+  });
+  RETURN_IF_ERROR(shard_->ReadPull(views, sink, stream, in_place));
   response->set_server_incarnation(shard_->incarnation());
   response->set_min_clock(shard_->workers().MinLiveClock());
   return absl::OkStatus();

@@ -299,6 +299,9 @@ TEST_P(ServiceTest, PullsInFp16AndBf16DecodeToTheSameValuesApproximately) {
     EXPECT_NEAR(got[1][i], got[0][i], 1e-3);
     EXPECT_NEAR(got[2][i], got[0][i], 1e-2);
   }
+  // The float32 pull was read in place on the apply threads; the 16-bit ones, encoded from a
+  // scratch buffer, were not.
+  EXPECT_EQ(shard_->parallel_pulls(), 1u);
 }
 
 // ---- Frames only ----------------------------------------------------------------------------

@@ -180,7 +180,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   }
 
   // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);
-  // sparse "emb": dim 3.
+  // sparse "emb": dim 3. Dense blocks pushed and pulled (float32) on the apply threads.
   void SetUp() override {
     auto config = common::ParseJobConfigText(
         R"pb(
@@ -205,6 +205,9 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     config_ = *config;
     ShardOptions options;
     options.server_index = 0;
+    // Every push and float32 pull through the apply threads (a block a unit here).
+    options.apply_threads = 2;
+    options.parallel_apply_values = 1;
     auto shard = Shard::Create(config_, options);
     ASSERT_THAT(shard.status(), ::ps::common::IsOk());
     shard_ = *std::move(shard);

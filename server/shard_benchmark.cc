@@ -264,6 +264,52 @@ void BM_MlpPushHandOff(benchmark::State& state) {
 }
 BENCHMARK(BM_MlpPushHandOff)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// A dense pull read out of the tables into the answer's buffer (Shard::ReadPull, as a server
+// reads one into a worker's shared memory): arg 0, the values (235,520: the Fashion-MNIST MLP;
+// 16,777,216: 64 MB); arg 1, how: 0 on the calling thread (not in place), 1 in ranges on every
+// usable core with the helpers asleep between pulls, 2 the same with helpers watching for work
+// for 1 ms. Pulls follow each other at once. Blocks of 64k values.
+void BM_PullRead(benchmark::State& state) {
+  const size_t values = static_cast<size_t>(state.range(0));
+  const int variant = static_cast<int>(state.range(1));
+  AdamPush p;
+  const int helpers = static_cast<int>(common::UsableCores()) - 1;
+  if (absl::Status s = p.Init(helpers, values, 65536,
+                              [variant](ShardOptions* o) {
+                                o->parallel_apply_values = 65536;
+                                if (variant == 2) o->apply_spin = absl::Milliseconds(1);
+                              });
+      !s.ok()) {
+    return state.SkipWithError(s.ToString().c_str());
+  }
+  const common::TableInfo& info = *p.shard->partitioner().FindTable("w");
+  std::vector<uint32_t> blocks(info.num_blocks);
+  for (uint32_t b = 0; b < info.num_blocks; ++b) blocks[b] = b;
+  std::vector<float> answer(values);
+  const PullTable t{"w", ENCODING_FLOAT32, blocks, {}};
+  for (auto _ : state) {
+    absl::Status s = p.shard->ReadPull(
+        absl::MakeConstSpan(&t, 1),
+        [&](size_t, size_t part, size_t n, auto fill) {
+          const size_t begin = p.shard->partitioner().BlockRange(info, blocks[part]).first;
+          return fill(absl::MakeSpan(answer).subspan(begin, n));
+        },
+        /*stream=*/false, /*in_place=*/variant != 0);
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * values * sizeof(float)));
+  state.counters["threads"] = variant == 0 ? 1 : helpers + 1;
+  state.counters["parallel"] = static_cast<double>(p.shard->parallel_pulls());
+}
+BENCHMARK(BM_PullRead)
+    ->Args({235520, 0})
+    ->Args({235520, 1})
+    ->Args({235520, 2})
+    ->Args({16777216, 0})
+    ->Args({16777216, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // Each iteration: the push by 1 thread, by the parallel apply, then the Adam-shaped stream
 // (the same bytes per element as Adam) by 1 and 2 threads: "ceiling" is the stream's speedup
 // next to the push's, under the same load.

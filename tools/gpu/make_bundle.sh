@@ -5,7 +5,7 @@
 # Fashion-MNIST files, the configs, and tools/gpu/run_checks.sh.
 #
 #   tools/gpu/make_bundle.sh OUT_DIR       # then, on the GPU machine: OUT_DIR/run_checks.sh
-#   (133 MB: tools/gpu/pack_bundle.sh packs it into under 64 MB for a machine that takes less)
+#   (138 MB: tools/gpu/pack_bundle.sh packs it into under 64 MB for a machine that takes less)
 #
 # The CUDA build uses its own output base so it does not evict the default build's analysis
 # cache; compiled objects still come from the shared disk cache.
@@ -16,7 +16,7 @@ output_base="${PS_CUDA_OUTPUT_BASE:-$HOME/.cache/ps-bazel-cuda}"
 targets=(
   //kernels:cuda_backend_test //kernels:backend_test //kernels:kernels_benchmark
   //worker/models:mlp_model_test //worker/models:ctr_model_test
-  //worker:ps_worker //server:ps_server
+  //worker:ps_worker //server:ps_server //server:shard_benchmark
 )
 # --dynamic_mode=off: the tests link our own libraries statically too (no _solib_ folders).
 bazel --output_base="$output_base" build --config=cuda --dynamic_mode=off --symlink_prefix=/ "${targets[@]}"

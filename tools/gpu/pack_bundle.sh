@@ -1,5 +1,5 @@
 #!/bin/bash
-# Packs a bundle made by make_bundle.sh (133 MB) into a folder under 64 MB, for a GPU machine
+# Packs a bundle made by make_bundle.sh (138 MB) into a folder under 64 MB, for a GPU machine
 # that takes a working tree of at most that much: the binaries, libraries, configs and
 # run_checks.sh as one tar.xz, the training images recompressed with xz, the other data files
 # as they are, and unpack.py, which rebuilds the bundle with Python's standard library alone.

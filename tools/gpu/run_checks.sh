@@ -3,6 +3,8 @@
 # it) and writes every log under OUT_DIR:
 #   - the CUDA unit tests: every CUDA op against the CPU backend, and the models' CUDA cases;
 #   - GEMM through the Backend API next to a direct cuBLAS call (kernels_benchmark);
+#   - the server's tables on this host's cores: a push's check and apply, a pull's read
+#     (shard_benchmark);
 #   - Fashion-MNIST MLP trained centralized on the GPU and on the CPU, and distributed with
 #     one server and one GPU worker (ROUNDS times, default 3, interleaved with the centralized
 #     GPU run: as built, with the server applying each push on one thread, with whole blocks
@@ -56,6 +58,12 @@ TAIL=4 step mlp_model_test 120 "$b/mlp_model_test"
 TAIL=4 step ctr_model_test 120 "$b/ctr_model_test"
 TAIL=30 step gemm_benchmark 180 "$b/kernels_benchmark" --device=cuda --benchmark_filter=Gemm \
   --benchmark_min_time=0.2 --benchmark_out="$out/gemm_benchmark.json" --benchmark_out_format=json
+
+# The server's tables on this host's cores, without a network or a worker: the MLP's push
+# checked and applied (whole blocks, ranges, watching helpers) and a pull's read (one thread,
+# ranges with helpers asleep or watching; the MLP's and 64 MB).
+TAIL=12 step tables_benchmark 120 "$b/shard_benchmark" \
+  --benchmark_filter='MlpPushHandOff|PullRead' --benchmark_min_time=0.3
 
 step mlp_centralized_cpu 180 "$b/ps_worker" --config="$here/configs/fashion_mnist_centralized.textproto" \
   --centralized --device=cpu "$fm" --log_path="$out/mlp_centralized_cpu.jsonl"

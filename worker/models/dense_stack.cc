@@ -1,5 +1,7 @@
 #include "worker/models/dense_stack.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -162,7 +164,7 @@ void DenseStack::SwapBufferSets() {
 }
 
 DenseStack::~DenseStack() {
-  if (registered_ != nullptr) backend_->UnregisterHost(registered_);
+  for (void* range : registered_) backend_->UnregisterHost(range);
 }
 
 bool DenseStack::LendGradients(common::ParameterStore* store) {
@@ -197,21 +199,32 @@ bool DenseStack::LendGradients(common::ParameterStore* store) {
   if (!SharesHostMemory(*backend_)) {
     // The device copies the gradients into the lent memory: registered, so that the copy runs
     // at the bus's speed (unregistered memory goes through the driver's staging buffer, the
-    // copy the lend is there to save). One range over both sets: registered ranges may not
-    // share a page.
-    char* begin = reinterpret_cast<char*>(lent->values().data());
-    char* end = begin + lent->values().size() * sizeof(float);
-    if (spare != nullptr) {
-      char* spare_begin = reinterpret_cast<char*>(spare->values().data());
-      begin = std::min(begin, spare_begin);
-      end = std::max(end, spare_begin + spare->values().size() * sizeof(float));
+    // copy the lend is there to save). Registered ranges may not share a page: the two sets'
+    // buffers are one range where their pages meet, two otherwise (a range over the segment
+    // between them would make its untouched pages resident).
+    std::vector<std::pair<char*, char*>> ranges;
+    for (const common::LentBuffer* buffer : {lent.get(), spare.get()}) {
+      if (buffer == nullptr) continue;
+      char* begin = reinterpret_cast<char*>(buffer->values().data());
+      ranges.emplace_back(begin, begin + buffer->values().size() * sizeof(float));
     }
-    if (absl::Status s = backend_->RegisterHost(begin, static_cast<size_t>(end - begin)); !s.ok()) {
-      LOG(WARNING) << "gradients not lent: the lent memory could not be registered with the "
-                   << "device: " << s;
-      return false;
+    std::sort(ranges.begin(), ranges.end());
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    auto page_of = [page](const char* p) { return reinterpret_cast<uintptr_t>(p) / page; };
+    if (ranges.size() == 2 && page_of(ranges[1].first) <= page_of(ranges[0].second - 1)) {
+      ranges = {{ranges[0].first, std::max(ranges[0].second, ranges[1].second)}};
     }
-    registered_ = begin;
+    for (const auto& [begin, end] : ranges) {
+      if (absl::Status s = backend_->RegisterHost(begin, static_cast<size_t>(end - begin));
+          !s.ok()) {
+        LOG(WARNING) << "gradients not lent: the lent memory could not be registered with the "
+                     << "device: " << s;
+        for (void* done : registered_) backend_->UnregisterHost(done);
+        registered_.clear();
+        return false;
+      }
+      registered_.push_back(begin);
+    }
   }
   const float* base = lent->values().data();
   for (int i = 0; i < num_layers(); ++i) {

@@ -163,9 +163,9 @@ class DenseStack {
   // The gradients of each set in memory a store lent (LendGradients), or null.
   std::unique_ptr<common::LentBuffer> lent_;
   std::unique_ptr<common::LentBuffer> spare_lent_;
-  // Where the lent memory was registered with the backend (a device with its own memory), or
-  // null. Unregistered before the lent buffers go.
-  void* registered_ = nullptr;
+  // Where the lent memory was registered with the backend (a device with its own memory): one
+  // range or two. Unregistered before the lent buffers go.
+  std::vector<void*> registered_;
   // Ping-pong device buffers (max_batch x widest hidden layer) for the gradients w.r.t.
   // hidden activations during Backward.
   kernels::DeviceBuffer hidden_grad_[2];

@@ -1,5 +1,7 @@
 #include "worker/models/dense_stack.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -137,6 +139,9 @@ class LendingStore final : public common::ParameterStore {
    public:
     Buffer(std::unique_ptr<float[]> data, size_t n, std::vector<size_t> starts)
         : LentBuffer(absl::MakeSpan(data.get(), n), std::move(starts)), data_(std::move(data)) {}
+    // Memory the store keeps (LendingStore::carve_from).
+    Buffer(absl::Span<float> values, std::vector<size_t> starts)
+        : LentBuffer(values, std::move(starts)) {}
 
    private:
     std::unique_ptr<float[]> data_;
@@ -160,9 +165,17 @@ class LendingStore final : public common::ParameterStore {
       starts.push_back(starts.back() + sizes_.at(t) + (lie ? 1 : 0));
     }
     const size_t n = starts.back();
-    auto data = std::make_unique<float[]>(n);
-    std::fill_n(data.get(), n, -9.f);  // not the stack's zeros: Backward must write every value
-    auto buffer = std::make_unique<Buffer>(std::move(data), n, std::move(starts));
+    std::unique_ptr<Buffer> buffer;
+    if (!carve_from.empty()) {  // one after the other, as an arena hands them out
+      absl::Span<float> values = carve_from.subspan(0, n);
+      carve_from.remove_prefix(std::min(carve_from.size(), n + carve_gap));
+      std::fill(values.begin(), values.end(), -9.f);
+      buffer = std::make_unique<Buffer>(values, std::move(starts));
+    } else {
+      auto data = std::make_unique<float[]>(n);
+      std::fill_n(data.get(), n, -9.f);  // not the stack's zeros: Backward must write them all
+      buffer = std::make_unique<Buffer>(std::move(data), n, std::move(starts));
+    }
     lent.push_back(buffer->values());
     asked.emplace_back(tables.begin(), tables.end());
     return buffer;
@@ -170,6 +183,10 @@ class LendingStore final : public common::ParameterStore {
 
   bool lends = true;
   int lie_on_lend = -1;  // that lend (from 0) makes "b1" a value longer
+  // Where set, lends are carved from here one after the other (else each is its own
+  // allocation).
+  absl::Span<float> carve_from;
+  size_t carve_gap = 0;  // floats left between two carved lends
   std::vector<absl::Span<float>> lent;
   std::vector<std::vector<std::string>> asked;
 
@@ -244,6 +261,29 @@ TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lent")));
 }
 
+// Every lent buffer lies in one of `backend`'s registered ranges, and no two ranges share a
+// page (the driver refuses those).
+void ExpectRegisteredOnce(const kernels::SeparateMemoryBackend& backend,
+                          absl::Span<const absl::Span<float>> lent) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t last_page = 0;
+  for (const auto& [start, bytes] : backend.registered()) {  // in address order
+    const auto begin = reinterpret_cast<uintptr_t>(start);
+    EXPECT_TRUE(last_page == 0 || begin / page > last_page) << "ranges share a page";
+    last_page = (begin + bytes - 1) / page;
+  }
+  for (const absl::Span<float> buffer : lent) {
+    const auto at = reinterpret_cast<uintptr_t>(buffer.data());
+    const uintptr_t end = at + buffer.size() * sizeof(float);
+    bool inside = false;
+    for (const auto& [start, bytes] : backend.registered()) {
+      const auto begin = reinterpret_cast<uintptr_t>(start);
+      inside = inside || (at >= begin && end <= begin + bytes);
+    }
+    EXPECT_TRUE(inside) << "a lent buffer outside the registered ranges";
+  }
+}
+
 // On a device with its own memory (as CUDA's), lent gradients are copied from the device
 // straight into the lent memory, one copy a step, after the stack registered one range over
 // both sets with the backend; the stack unregisters it when it goes. Laid out as the lent
@@ -256,13 +296,7 @@ TEST(DenseStack, OnASeparateDeviceLentGradientsAreCopiedIntoRegisteredMemory) {
   ASSERT_OK(stack->AddSecondBufferSet());
   ASSERT_TRUE(stack->LendGradients(&store));
   ASSERT_EQ(store.lent.size(), 2u);
-  ASSERT_EQ(backend.registered().size(), 1u);
-  const char* begin = static_cast<const char*>(backend.registered().begin()->first);
-  const size_t bytes = backend.registered().begin()->second;
-  for (const absl::Span<float> lent : store.lent) {
-    const char* at = reinterpret_cast<const char*>(lent.data());
-    EXPECT_TRUE(at >= begin && at + lent.size() * sizeof(float) <= begin + bytes);
-  }
+  ExpectRegisteredOnce(backend, store.lent);
   for (int set = 0; set < 2; ++set) {
     SCOPED_TRACE(absl::StrCat("set ", set));
     const int copies = backend.copies_to_host;
@@ -274,6 +308,30 @@ TEST(DenseStack, OnASeparateDeviceLentGradientsAreCopiedIntoRegisteredMemory) {
   }
   stack.reset();
   EXPECT_TRUE(backend.registered().empty());
+}
+
+// Two sets' buffers lent one after the other (as the segment's arena hands them out) share a
+// page: registered as one range. 1 MB apart: two ranges, not the memory between.
+TEST(DenseStack, LentBuffersAreRegisteredByTheirPagesOnly) {
+  for (bool adjacent : {true, false}) {
+    SCOPED_TRACE(adjacent ? "adjacent" : "far apart");
+    kernels::SeparateMemoryBackend backend;
+    LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+    std::vector<float> arena(1 << 20);
+    store.carve_from = absl::MakeSpan(arena);
+    if (!adjacent) store.carve_gap = 1 << 18;  // 1 MB apart
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                         DenseStack::Create(TwoLayers(), &backend));
+    ASSERT_OK(stack->AddSecondBufferSet());
+    ASSERT_TRUE(stack->LendGradients(&store));
+    ExpectRegisteredOnce(backend, store.lent);
+    size_t registered = 0;
+    for (const auto& range : backend.registered()) registered += range.second;
+    EXPECT_EQ(backend.registered().size(), adjacent ? 1u : 2u);
+    EXPECT_EQ(registered, 2 * 9 * sizeof(float));
+    stack.reset();
+    EXPECT_TRUE(backend.registered().empty());
+  }
 }
 
 // A backend that cannot register the lent memory: nothing is lent, and the gradients reach

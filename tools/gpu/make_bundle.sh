@@ -2,7 +2,7 @@
 # Packs the CUDA build of the GPU checks into one self-contained folder for a GPU machine
 # that has the NVIDIA driver, CUDA 13's runtime and cuBLAS but none of Debian's libraries:
 # the binaries, every shared library they need except glibc, the driver and cuBLAS, the
-# Fashion-MNIST files, the configs, and tools/gpu/run_checks.sh.
+# Fashion-MNIST files, the configs, tools/gpu/run_checks.sh and tools/gpu/summarize.py.
 #
 #   tools/gpu/make_bundle.sh OUT_DIR       # then, on the GPU machine: OUT_DIR/run_checks.sh
 #   (138 MB: tools/gpu/pack_bundle.sh packs it into under 64 MB for a machine that takes less)
@@ -34,5 +34,5 @@ for b in "$out"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
 cp configs/*.textproto "$out/configs/"
-cp tools/gpu/run_checks.sh "$out/"
+cp tools/gpu/run_checks.sh tools/gpu/summarize.py "$out/"
 du -sh "$out"

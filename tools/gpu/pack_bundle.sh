@@ -11,7 +11,7 @@ set -euo pipefail
 bundle="${1:?usage: pack_bundle.sh BUNDLE_DIR PACK_DIR}"
 pack="${2:?usage: pack_bundle.sh BUNDLE_DIR PACK_DIR}"
 mkdir -p "$pack"
-tar -cf - -C "$bundle" bin lib configs run_checks.sh | xz -T0 -6 >"$pack/bundle.tar.xz"
+tar -cf - -C "$bundle" bin lib configs run_checks.sh summarize.py | xz -T0 -6 >"$pack/bundle.tar.xz"
 gzip -dc "$bundle/data/train-images-idx3-ubyte.gz" | xz -T0 -6 >"$pack/train-images-idx3-ubyte.xz"
 cp "$bundle"/data/t10k-*.gz "$bundle"/data/train-labels-idx1-ubyte.gz "$pack/"
 cat >"$pack/unpack.py" <<'PY'

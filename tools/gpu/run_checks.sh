@@ -13,7 +13,9 @@
 #     and with the worker's gradients copied by the GPU straight into the server's segment
 #     (rpc.lend_push_buffers), without and with prefetch), each with its step breakdown (pull,
 #     compute, push) and the server's time in its tables;
-#   - the synthetic CTR model centralized on the GPU.
+#   - the synthetic CTR model centralized on the GPU;
+#   - last, the 1 + 1 target's table from those runs (summarize.py: each variant's ratio to
+#     its round's centralized run, per-step times, the medians).
 #
 #   [SKIP="NAME..."] BUNDLE/run_checks.sh OUT_DIR     (SKIP: steps not to run, by name)
 set -uo pipefail
@@ -132,6 +134,12 @@ step ctr_centralized_cuda 180 "$b/ps_worker" --config="$here/configs/ctr_synthet
   --centralized --device=cuda \
   --set=cluster.num_workers=1,data.synthetic.num_train=200000,training.epochs=1 \
   --log_path="$out/ctr_centralized_cuda.jsonl"
+
+# The 1 + 1 target's table (tools/gpu/summarize.py), also kept in OUT/target_summary.txt.
+if [[ -f "$here/summarize.py" ]] && command -v python3 >/dev/null; then
+  echo "=== the 1 server + 1 GPU worker target"
+  python3 "$here/summarize.py" "$out" | tee "$out/target_summary.txt"
+fi
 
 echo "=== $failed step(s) failed"
 exit "$failed"

@@ -360,6 +360,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.shared_memory_calls = config.rpc().shared_memory_calls();
   options.handoff = config.rpc().handoff();
   options.lend_push_buffers = config.rpc().lend_push_buffers();
+  options.parallel_copy_bytes = static_cast<size_t>(config.rpc().parallel_copy_bytes());
   auto silent = std::make_shared<NotAnsweringLog>(
       std::vector<std::string>(config.cluster().servers().begin(),
                                config.cluster().servers().end()),

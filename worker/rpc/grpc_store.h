@@ -74,11 +74,13 @@ struct GrpcStoreOptions {
   size_t max_residual_rows = PushResiduals::kDefaultMaxSparseRows;
   // Float32 dense bytes of one server's pull answer from which their copy into the caller's
   // buffers is split over up to 4 threads, at most the cores the process may use (this one
-  // and helpers started for the copy; common/startup/cores.h): the copy is the last step of
-  // a large pull and the server has nothing to send meanwhile.
-  // 0 = never split, the default: on the shared 2-core development VM the helpers waited for
-  // a core and 64 MB pulls got slower (p50 77-102 ms against 61.5 ms with one thread,
-  // docs/lab/2026-12-02-large-payloads.md). Try it where workers have idle cores.
+  // and up to 3 helpers kept for the copies, which watch for the next one as long as
+  // `busy_poll`; common/startup/cores.h), in runs of whole blocks: the copy is the last step
+  // of a pull and the server has nothing to send meanwhile (rpc.parallel_copy_bytes).
+  // 0 = never split, the default: on the shared 2-core development VM the helpers wait for
+  // a core (1 MB pulls a tenth slower, 64 MB within the host's drift: the lab note
+  // 2026-12-04-lent-gpu-pull-ranges.md; threads started per copy made 64 MB pulls slower:
+  // docs/lab/2026-12-02-large-payloads.md). For workers with idle cores.
   size_t parallel_copy_bytes = 0;
   // A pull (a call without a push) of at least twice this many dense bytes from one server
   // asks for them in pieces of about this size, whole blocks each, at most max_pull_pieces
@@ -366,6 +368,10 @@ class GrpcParameterStore final : public common::ParameterStore {
   // CopyIn's helper, started by the first large copy.
   absl::once_flag copy_helper_once_;
   std::unique_ptr<common::ThreadPool> copy_helper_;
+  // CopyBlocks' helpers (GrpcStoreOptions::parallel_copy_bytes), started by the first copy
+  // they take.
+  mutable absl::once_flag copy_out_once_;
+  mutable std::unique_ptr<common::ThreadPool> copy_out_;
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> retries_{0};

@@ -5,9 +5,10 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/hash.h"
@@ -15,6 +16,7 @@
 #include "common/rpc/shared_memory.h"
 #include "common/startup/cores.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "glog/logging.h"
 #include "worker/rpc/grpc_store.h"
 #include "worker/rpc/grpc_store_exchange.h"
@@ -524,7 +526,8 @@ void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,
   };
   size_t bytes = 0;
   for (const BlockCopy& c : copies) bytes += c.n;
-  if (options_.parallel_copy_bytes == 0 || bytes < options_.parallel_copy_bytes) {
+  if (options_.parallel_copy_bytes == 0 || bytes < options_.parallel_copy_bytes ||
+      copies.size() < 2) {
     copy_run(copies);
     return;
   }
@@ -532,26 +535,35 @@ void GrpcParameterStore::CopyBlocks(const common::FrameReader& reader,
   // allowed 2 cores on a 64-core node copies with 2 threads, not 4), read once per process:
   // the cgroup files are too dear to read for every answer.
   static const unsigned cores = common::UsableCores();
-  const size_t threads = std::min<size_t>(4, cores);
+  const size_t threads = std::min<size_t>({4, cores, copies.size()});
   if (threads < 2) {
     copy_run(copies);
     return;
   }
-  // Contiguous runs of about equal bytes; helpers take the first ones, this thread the last.
-  std::vector<std::thread> helpers;
+  // The helpers are kept, and watch for the next answer's copy as long as the calling thread
+  // polls for answers (GrpcStoreOptions::busy_poll): no thread is started or woken per copy
+  // while answers keep coming.
+  absl::call_once(copy_out_once_, [this] {
+    const int helpers = static_cast<int>(std::min<unsigned>(3, cores - 1));
+    copy_out_ = std::make_unique<common::ThreadPool>(
+        helpers, common::ThreadPool::Spin{helpers, options_.busy_poll});
+  });
+  // Contiguous runs of about equal bytes, whole blocks each: each run walks its own reader.
+  std::vector<absl::Span<const BlockCopy>> runs;
   size_t begin = 0;
   size_t left = bytes;
-  for (size_t t = threads; t > 1 && begin < copies.size(); --t) {
+  for (size_t t = threads; t > 0 && begin < copies.size(); --t) {
     const size_t share = left / t;
     size_t end = begin;
     size_t run = 0;
     while (end < copies.size() && (run < share || end == begin)) run += copies[end++].n;
-    helpers.emplace_back(copy_run, copies.subspan(begin, end - begin));
+    if (t == 1) end = copies.size();
+    runs.push_back(copies.subspan(begin, end - begin));
     left -= run;
     begin = end;
   }
-  copy_run(copies.subspan(begin));
-  for (std::thread& h : helpers) h.join();
+  copy_out_->ParallelFor(runs.size(), static_cast<int>(threads) - 1,
+                         [&](size_t k) { copy_run(runs[k]); });
 }
 
 }  // namespace ps::worker

@@ -350,6 +350,18 @@ TEST_F(GrpcStoreTest, AsyncCallsKeepEightPushesInFlightFromOneThread) {
   }
 }
 
+// rpc.parallel_copy_bytes and rpc.lend_push_buffers reach the store's options (off unless
+// set).
+TEST(JobStoreOptionsTest, CopyAndLendSettingsReachTheStore) {
+  JobConfig job;
+  EXPECT_EQ(JobStoreOptions(job, 0, 1).parallel_copy_bytes, 0u);
+  EXPECT_FALSE(JobStoreOptions(job, 0, 1).lend_push_buffers);
+  job.mutable_rpc()->set_parallel_copy_bytes(262144);
+  job.mutable_rpc()->set_lend_push_buffers(true);
+  EXPECT_EQ(JobStoreOptions(job, 0, 1).parallel_copy_bytes, 262144u);
+  EXPECT_TRUE(JobStoreOptions(job, 0, 1).lend_push_buffers);
+}
+
 // rpc.busy_poll_us reaches the store, and its calls wait for answers by polling: with a
 // spin longer than any answer takes, each of 8 pushes ends while polling, and with none
 // every wait sleeps.

@@ -139,6 +139,21 @@ TEST(CpuBackendTest, RejectsNullPointerWithData) {
   EXPECT_EQ(backend->Fill(nullptr, -1, 0.f).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Host memory needs no registration where the device reads it: RegisterHost accepts any
+// non-empty range and changes nothing (UnregisterHost of it, or of anything, is a no-op); a
+// null or empty range is INVALID_ARGUMENT.
+TEST(CpuBackendTest, RegisterHostAcceptsRangesAndRefusesNullOrEmpty) {
+  auto backend = Cpu();
+  std::vector<float> memory(1000, 2.f);
+  EXPECT_EQ(backend->RegisterHost(memory.data(), memory.size() * sizeof(float)).code(),
+            absl::StatusCode::kOk);
+  EXPECT_EQ(backend->RegisterHost(nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->RegisterHost(memory.data(), 0).code(), absl::StatusCode::kInvalidArgument);
+  backend->UnregisterHost(memory.data());
+  backend->UnregisterHost(nullptr);
+  EXPECT_EQ(memory[999], 2.f);
+}
+
 TEST(CpuBackendTest, CountNonFiniteCountsNanAndBothInfinities) {
   auto backend = Cpu();
   std::vector<float> x = Random(1000, 3, -1e30f, 1e30f);

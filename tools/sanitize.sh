@@ -4,9 +4,10 @@
 #   bash tools/sanitize.sh asan|tsan [TARGET...]
 #
 # Default targets: the unit tests of common/, server/ (storage and rpc included) and worker/,
-# plus tests/server_e2e_test, tests/consistency_test and tests/data_path_test (tsan: without
-# the tests named below; data_path_test reaches its services over sockets under TSan, not by
-# gRPC's in-process channel).
+# plus tests/server_e2e_test, tests/consistency_test, tests/data_path_test and
+# tests/overlapped_steps_test (tsan: without the tests named below; data_path_test and
+# overlapped_steps_test reach their services over sockets under TSan, not by gRPC's in-process
+# channel).
 # The build uses .bazelrc's
 # --config=asan / --config=tsan (gcc, dbg) in a separate Bazel output base (one per workspace,
 # under ~/.cache/ps-sanitize-bazel/), so the main build's cache is never thrown away; asan and
@@ -27,7 +28,8 @@ esac
 targets=("$@")
 if ((${#targets[@]} == 0)); then
   targets=(//common/... //server/... //worker/... //tests:server_e2e_test //tests:consistency_test
-           //tests:data_threads_test //tests:data_path_test //kernels:cpu_backend_test
+           //tests:data_threads_test //tests:data_path_test //tests:overlapped_steps_test
+           //kernels:cpu_backend_test
            //kernels:backend_test //kernels:optimizer_test)
   # Not under TSan: checkpoint_store_test checks RocksDB's own concurrency (readers during
   # retention and writes), which synchronizes inside the uninstrumented librocksdb; TSan then

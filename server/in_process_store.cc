@@ -18,6 +18,7 @@ ShardOptions CentralizedShardOptions(const JobConfig& config, uint32_t server_in
   options.reject_nonfinite = config.server().reject_nonfinite();
   options.parallel_apply_values = ParallelApplyValues(config, common::UsableCores());
   options.parallel_apply_range_values = ParallelApplyRangeValues(config);
+  options.apply_threads = ApplyHelpers(config, common::UsableCores());
   return options;
 }
 

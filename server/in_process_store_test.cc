@@ -73,10 +73,13 @@ TEST(CentralizedShardOptions, FollowTheConfigAndTheCoresAsAServerWould) {
   EXPECT_EQ(options.server_index, 1u);
   EXPECT_TRUE(options.reject_nonfinite);
   EXPECT_EQ(options.parallel_apply_values, ParallelApplyValues(config, common::UsableCores()));
+  EXPECT_EQ(options.apply_threads, static_cast<int>(std::max(1u, common::UsableCores())) - 1);
   config.mutable_server()->set_parallel_apply_min_values(64);
+  config.mutable_server()->set_apply_threads(3);
   config.mutable_server()->set_reject_nonfinite(false);
   options = CentralizedShardOptions(config, 0);
   EXPECT_EQ(options.parallel_apply_values, 64u);
+  EXPECT_EQ(options.apply_threads, 2);  // helpers: the calling thread is the third
   EXPECT_FALSE(options.reject_nonfinite);
 }
 

@@ -153,8 +153,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   shard_options.parallel_apply_values = ParallelApplyValues(config, common::UsableCores());
   shard_options.parallel_apply_range_values = ParallelApplyRangeValues(config);
   shard_options.apply_spin = ApplySpin(config, common::UsableCores());
+  shard_options.apply_threads = ApplyHelpers(config, common::UsableCores());
   LOG(INFO) << "pushes of " << shard_options.parallel_apply_values
-            << " dense values or more are applied on up to " << common::UsableCores()
+            << " dense values or more are applied on up to " << shard_options.apply_threads + 1
             << " threads, in ranges of at least " << shard_options.parallel_apply_range_values
             << " values; apply threads watch for work "
             << absl::ToInt64Microseconds(shard_options.apply_spin) << " us before they sleep";

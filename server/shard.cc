@@ -77,6 +77,11 @@ absl::Duration ApplySpin(const JobConfig& config, unsigned usable_cores) {
   return usable_cores >= 8 ? kManyCoresApplySpin : absl::ZeroDuration();
 }
 
+int ApplyHelpers(const JobConfig& config, unsigned usable_cores) {
+  const uint32_t threads = config.server().apply_threads();
+  return static_cast<int>(threads > 0 ? threads : std::max(1u, usable_cores)) - 1;
+}
+
 size_t ParallelApplyRangeValues(const JobConfig& config) {
   const uint64_t values = config.server().parallel_apply_range_values();
   return values > 0 ? static_cast<size_t>(values) : kParallelApplyRangeValues;

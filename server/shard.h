@@ -77,6 +77,7 @@ struct ShardOptions {
   // values) in parallel with the pushing thread, so that a big optimizer step runs at memory
   // bandwidth rather than one core's speed. -1 = one fewer than the cores the process may use
   // (common/startup/cores.h); 0 = every push is applied by the thread that received it.
+  // ServerConfig.apply_threads (ApplyHelpers).
   int apply_threads = -1;
   // Pushes with at least this many dense values are checked and applied in parallel (when
   // there are apply threads); ServerConfig.parallel_apply_min_values.
@@ -119,6 +120,10 @@ size_t ParallelApplyValues(const JobConfig& config, unsigned usable_cores);
 // cores or more and none with fewer.
 absl::Duration ApplySpin(const JobConfig& config, unsigned usable_cores);
 inline constexpr absl::Duration kManyCoresApplySpin = absl::Microseconds(1000);
+
+// ShardOptions::apply_threads for `config` on a process that may use `usable_cores` cores:
+// server.apply_threads minus the receiving thread when set, else usable_cores - 1.
+int ApplyHelpers(const JobConfig& config, unsigned usable_cores);
 
 // ShardOptions::parallel_apply_range_values for `config`: server.parallel_apply_range_values
 // when set, else kParallelApplyRangeValues.
@@ -367,6 +372,8 @@ class Shard {
   uint64_t ranged_pushes() const;
   // Pulls whose dense blocks were read by several threads (ReadPull's `in_place`).
   uint64_t parallel_pulls() const;
+  // Threads a parallel apply or read runs on, the calling one included (1: none helps).
+  int apply_threads() const { return apply_pool_ == nullptr ? 1 : apply_pool_->num_threads() + 1; }
   // Times a thread's undo buffer for the one pass grew: it is kept for the thread's next
   // push, so a steady stream of pushes allocates none.
   uint64_t one_pass_buffers_allocated() const;

@@ -138,12 +138,17 @@ TEST(Shard, ParallelApplyStartsAtParallelApplyValues) {
   }
 }
 
+// One dense table of 16 floats, one server.
+absl::StatusOr<JobConfig> OneSmallTableConfig() {
+  return common::ParseJobConfigText(R"pb(
+                                      cluster { num_servers: 1 num_workers: 1 }
+                                      tables { name: "w" kind: TABLE_KIND_DENSE shape: 16 }
+                                    )pb",
+                                    "test");
+}
+
 TEST(Shard, ParallelApplyValuesFollowTheConfigElseTheCores) {
-  auto config = common::ParseJobConfigText(R"pb(
-                                             cluster { num_servers: 1 num_workers: 1 }
-                                             tables { name: "w" kind: TABLE_KIND_DENSE shape: 16 }
-                                           )pb",
-                                           "test");
+  auto config = OneSmallTableConfig();
   ASSERT_THAT(config.status(), IsOk());
   EXPECT_EQ(ParallelApplyValues(*config, 2), kParallelApplyValues);
   EXPECT_EQ(ParallelApplyValues(*config, 7), kParallelApplyValues);
@@ -152,6 +157,25 @@ TEST(Shard, ParallelApplyValuesFollowTheConfigElseTheCores) {
   config->mutable_server()->set_parallel_apply_min_values(1000);
   EXPECT_EQ(ParallelApplyValues(*config, 2), 1000u);
   EXPECT_EQ(ParallelApplyValues(*config, 64), 1000u);
+}
+
+TEST(Shard, ApplyHelpersFollowTheConfigElseTheCores) {
+  auto config = OneSmallTableConfig();
+  ASSERT_THAT(config.status(), IsOk());
+  EXPECT_EQ(ApplyHelpers(*config, 16), 15);
+  EXPECT_EQ(ApplyHelpers(*config, 2), 1);
+  EXPECT_EQ(ApplyHelpers(*config, 1), 0);
+  EXPECT_EQ(ApplyHelpers(*config, 0), 0);  // cores unknown: the receiving thread alone
+  config->mutable_server()->set_apply_threads(8);
+  EXPECT_EQ(ApplyHelpers(*config, 16), 7);
+  EXPECT_EQ(ApplyHelpers(*config, 2), 7);  // as told, whatever the cores
+  config->mutable_server()->set_apply_threads(1);
+  EXPECT_EQ(ApplyHelpers(*config, 16), 0);
+  ShardOptions options;
+  options.apply_threads = ApplyHelpers(*config, 16);
+  auto shard = Shard::Create(*config, options);
+  ASSERT_THAT(shard.status(), IsOk());
+  EXPECT_EQ((*shard)->apply_threads(), 1);
 }
 
 // A shard with one Adam table "w" of 2M floats in 64k-float blocks: over kParallelApplyValues,

@@ -4,16 +4,19 @@
 // Create and Wait.
 #include "server/parameter_server.h"
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/config/config.h"
+#include "common/startup/cores.h"
 #include "common/status_matchers.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/shard.h"
 #include "tests/subprocess.h"
 #include "worker/rpc/grpc_store.h"
 
@@ -154,6 +157,20 @@ TEST(ParameterServer, ServesTheDataPathOnOneThreadUnlessToldOtherwise) {
   EXPECT_EQ(DataThreads(config, 0), 1);  // cores unknown
   config.mutable_cluster()->set_num_workers(1);
   EXPECT_EQ(DataThreads(config, 8), 1);
+}
+
+TEST(ParameterServer, AppliesOnEveryUsableCoreUnlessToldFewer) {
+  auto server = ParameterServer::Create(Config(), Options(""));
+  ASSERT_THAT(server.status(), IsOk());
+  EXPECT_EQ((*server)->shard()->apply_threads(),
+            static_cast<int>(std::max(1u, common::UsableCores())));
+  for (uint32_t threads : {1u, 3u}) {
+    JobConfig config = Config();
+    config.mutable_server()->set_apply_threads(threads);
+    server = ParameterServer::Create(config, Options(""));
+    ASSERT_THAT(server.status(), IsOk());
+    EXPECT_EQ((*server)->shard()->apply_threads(), static_cast<int>(threads));
+  }
 }
 
 TEST(ParameterServer, RefusesPortsOutOfRange) {

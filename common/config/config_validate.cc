@@ -113,6 +113,7 @@ constexpr uint32_t kMaxSparseDim = uint32_t{1} << 20;
 constexpr uint32_t kMaxBusyPollUs = 1000000;
 // Beyond this, threads of one queue only take turns at it.
 constexpr uint32_t kMaxDataThreads = 1024;
+constexpr uint32_t kMaxApplyThreads = 1024;
 
 void ValidateTable(int index, const ps::TableConfig& table, uint64_t block_floats, Errors* errors) {
   const std::string path = absl::StrCat("tables[", index, "]");
@@ -329,6 +330,10 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
                                                      server.apply_spin_us()));
   }
 
+  if (server.apply_threads() > kMaxApplyThreads) {
+    errors->Add("server.apply_threads",
+                absl::StrCat("must be <= ", kMaxApplyThreads, ", got ", server.apply_threads()));
+  }
   if (server.data_threads() > kMaxDataThreads) {
     errors->Add("server.data_threads", absl::StrCat("must be <= ", kMaxDataThreads, ", got ",
                                                     server.data_threads()));

@@ -60,6 +60,7 @@ TEST(ValidateJobConfig, AcceptsOtherValidVariants) {
   // Watching apply threads: a second at most; negative turns them off.
   EXPECT_OK(ValidateJobConfig(ValidConfigWith({"server.apply_spin_us=1000000"})));
   EXPECT_OK(ValidateJobConfig(ValidConfigWith({"server.apply_spin_us=-1"})));
+  EXPECT_OK(ValidateJobConfig(ValidConfigWith({"server.apply_threads=1024"})));
 }
 
 TEST(ValidateJobConfig, ReportsEveryProblem) {
@@ -215,6 +216,7 @@ const ErrorCase kErrorCases[] = {
     {"RpcBusyPoll", {"rpc.busy_poll_us=4000000"}, "rpc.busy_poll_us: must be <= 1000000"},
     {"ApplySpin", {"server.apply_spin_us=1000001"}, "server.apply_spin_us: must be <= 1000000"},
     {"DataThreads", {"server.data_threads=1025"}, "server.data_threads: must be <= 1024"},
+    {"ApplyThreads", {"server.apply_threads=1025"}, "server.apply_threads: must be <= 1024"},
     {"RpcBackoffOrder",
      {"rpc.max_backoff_s=0.01"},
      "rpc.max_backoff_s: must be >= initial_backoff_s"},

@@ -11,8 +11,9 @@
 #     per thread (no ranges), with apply threads that sleep at once (server.apply_spin_us=-1;
 #     by default they watch for work on a host of 8 or more cores), with prefetch, with both,
 #     and with the worker's gradients copied by the GPU straight into the server's segment
-#     (rpc.lend_push_buffers), without and with prefetch, and the last with the answer's copy
-#     split over helper threads (rpc.parallel_copy_bytes)), each with its step breakdown (pull,
+#     (rpc.lend_push_buffers), without and with prefetch, then with the answer's copy split over
+#     helper threads (rpc.parallel_copy_bytes), and with the server's apply on 8 threads
+#     (server.apply_threads)), each with its step breakdown (pull,
 #     compute, push) and the server's time in its tables;
 #   - the synthetic CTR model centralized on the GPU;
 #   - last, the 1 + 1 target's table from those runs (summarize.py: each variant's ratio to
@@ -108,9 +109,11 @@ one_server() {
 # server and one GPU worker: as built; with the server applying every push on one thread (as
 # before parallel_apply_min_values); with whole blocks per apply thread; with apply threads
 # that sleep at once; with prefetch, with and without sleeping apply threads; with lent push
-# buffers, without and with prefetch, and with prefetch and the answer's copy on helpers; and,
-# where the
-# bundle holds one (bin/ps_worker_before), another worker binary to compare with.
+# buffers, without and with prefetch, with prefetch and the answer's copy on helpers, and with
+# prefetch and the server's parallel apply on 8 threads instead of every core (the worker's
+# compute was 0.06-0.15 ms a step slower than the centralized run's in the 18:44 rounds, more
+# so with the server's helpers watching); and, where the bundle holds one
+# (bin/ps_worker_before), another worker binary to compare with.
 for round in $(seq "${ROUNDS:-3}"); do
   step "mlp_centralized_cuda_$round" 180 "$b/ps_worker" \
     --config="$here/configs/fashion_mnist_centralized.textproto" --centralized --device=cuda "$fm" \
@@ -132,6 +135,8 @@ for round in $(seq "${ROUNDS:-3}"); do
     ",training.prefetch=true,rpc.lend_push_buffers=true"
   one_server "mlp_1x1_cuda_prefetch_lend_copy_$round" "$b/ps_worker" \
     ",training.prefetch=true,rpc.lend_push_buffers=true,rpc.parallel_copy_bytes=262144"
+  one_server "mlp_1x1_cuda_prefetch_lend_apply8_$round" "$b/ps_worker" \
+    ",training.prefetch=true,rpc.lend_push_buffers=true" "server.apply_threads=8"
 done
 
 step ctr_centralized_cuda 180 "$b/ps_worker" --config="$here/configs/ctr_synthetic_2x2.textproto" \

@@ -19,7 +19,8 @@
 #   - last, the 1 + 1 target's table from those runs (summarize.py: each variant's ratio to
 #     its round's centralized run, per-step times, the medians).
 #
-#   [SKIP="NAME..."] BUNDLE/run_checks.sh OUT_DIR     (SKIP: steps not to run, by name)
+#   [SKIP="NAME..."] BUNDLE/run_checks.sh OUT_DIR     (SKIP: steps not to run, by name or shell
+#                                                      pattern, e.g. "gemm_benchmark *_serial_apply_*")
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-$here/results}"
@@ -32,11 +33,23 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 head -n 15 "$out/nvidia-smi.txt"
 
 failed=0
+# skipped NAME: whether SKIP names the step, by name or by a shell pattern
+# (e.g. "mlp_1x1_cuda_serial_apply_*" for every round).
+skipped() {
+  local pattern patterns
+  read -r -a patterns <<<"${SKIP:-}"  # split on blanks, no file-name expansion
+  for pattern in "${patterns[@]}"; do
+    # shellcheck disable=SC2053  # the right side is a pattern on purpose
+    [[ "$1" == $pattern ]] && return 0
+  done
+  return 1
+}
+
 # step NAME LIMIT_S COMMAND...: runs COMMAND into OUT/NAME.log, shows its tail.
 step() {
   local name="$1" limit="$2"
   shift 2
-  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+  if skipped "$name"; then
     echo "=== $name: skipped"
     return
   fi
@@ -90,6 +103,10 @@ step mlp_large_centralized_cuda_store 180 "$b/ps_worker" \
 # added to the worker's --set (",key=value..."); SERVER_SETTINGS are the server's ("key=value,...").
 one_server() {
   local name="$1" worker="$2" settings="$3" server_settings="${4:-}"
+  if skipped "$name"; then
+    echo "=== $name: skipped"
+    return
+  fi
   local server_args=(--config="$here/configs/fashion_mnist_centralized.textproto" --server_index=0
     --host=127.0.0.1 --port=0 --port_file=/tmp/ps-gpu-check/port --data_dir=/tmp/ps-gpu-check/data)
   [[ -n "$server_settings" ]] && server_args+=(--set="$server_settings")

@@ -27,7 +27,7 @@ int BusyWaiter::Spin(absl::FunctionRef<int()> poll) {
   // steady_clock is read through the vDSO: no system call per poll.
   const auto start = std::chrono::steady_clock::now();
   const auto until = start + absl::ToChronoNanoseconds(spin_);
-  const std::chrono::nanoseconds cpu_start = ThreadCpuTime();
+  const std::chrono::nanoseconds cpu_start = judge_ ? ThreadCpuTime() : std::chrono::nanoseconds(0);
   int result = 0;
   auto now = start;
   while (true) {
@@ -38,7 +38,7 @@ int BusyWaiter::Spin(absl::FunctionRef<int()> poll) {
     sched_yield();
   }
   const auto wall = now - start;
-  if (wall >= kMinJudgedSpin) {
+  if (judge_ && wall >= kMinJudgedSpin) {
     const std::chrono::nanoseconds cpu = ThreadCpuTime() - cpu_start;
     if (2 * cpu >= wall) {
       backoff_ = 0;

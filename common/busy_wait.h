@@ -58,8 +58,10 @@ class BusyWaiter {
   // 30-60 us in all; a threshold of twice that keeps the spins that beat it with room for noise.
   static constexpr absl::Duration kCheapSpin = absl::Microseconds(100);
 
-  // `spin` <= 0: every wait sleeps at once.
-  explicit BusyWaiter(absl::Duration spin) : spin_(spin) {}
+  // `spin` <= 0: every wait sleeps at once. Without `judge`, spins are never judged (nor
+  // their CPU time read, a system call at each end): every wait polls for the whole `spin`
+  // whoever else wants the core (a one-off watch, or tests).
+  explicit BusyWaiter(absl::Duration spin, bool judge = true) : spin_(spin), judge_(judge) {}
 
   // Calls `ready` (yielding the core between calls) for up to `spin` unless backed off (see
   // the file comment), and returns true as soon as it does; false: the caller sleeps (counted
@@ -78,6 +80,7 @@ class BusyWaiter {
   int Spin(absl::FunctionRef<int()> poll);
 
   const absl::Duration spin_;
+  const bool judge_;
   uint32_t backoff_ = 0;     // waits to sleep at once after the latest contended spin
   uint32_t skip_waits_ = 0;  // of them, still to go
   BusyPollStats stats_;

@@ -32,10 +32,10 @@ namespace {
 using internal::ParallelForState;
 
 // Calls `ready` until it returns true (then true) or `spin` has passed (false), yielding the
-// core between calls: a fresh BusyWaiter, which has no contended spins behind it to back off
-// from.
+// core between calls: a one-off BusyWaiter that judges nothing (a fresh one would have no
+// contended spins behind it to back off from, and its judgement would only cost system calls).
 bool SpinUntil(absl::Duration spin, absl::FunctionRef<bool()> ready) {
-  return BusyWaiter(spin).Poll(ready);
+  return BusyWaiter(spin, /*judge=*/false).Poll(ready);
 }
 
 // Claims and runs units until none is left, then counts the ones it ran.

@@ -191,6 +191,20 @@ TEST(BusyPollerTest, ItStopsPollingWhenAnotherThreadWantsItsCore) {
   Drain(&cq);
 }
 
+// A waiter that does not judge its spins polls for the whole spin on a contended core, and
+// again at the next wait: it never backs off.
+TEST(BusyPollerTest, AWaiterThatDoesNotJudgeNeverBacksOff) {
+  CoreHog hog;
+  BusyWaiter waiter(absl::Milliseconds(50), /*judge=*/false);
+  EXPECT_FALSE(waiter.Poll([] { return false; }));  // runs out, its core mostly the hog's
+  const uint64_t polls = waiter.stats().polls;
+  EXPECT_GT(polls, 0u);
+  EXPECT_TRUE(waiter.Poll([] { return true; }));
+  EXPECT_EQ(waiter.stats().polls, polls + 1);
+  EXPECT_EQ(waiter.stats().contended_spins, 0u);
+  EXPECT_EQ(waiter.stats().waits_backed_off, 0u);
+}
+
 // A contended spin that got its event but spent more CPU than kCheapSpin on it (here its
 // first poll burns 150 us) cost more than the sleep it saved: it backs off as well.
 TEST(BusyPollerTest, ADearContendedSpinBacksOffEvenWhenItsEventCame) {

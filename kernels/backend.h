@@ -17,7 +17,8 @@
 // asynchronously on the backend's stream: a call that returns OK has been *issued*, and an
 // error that only the device can detect (a kernel fault, an out-of-range embedding index)
 // is returned by a later call that waits for the device: Synchronize(), CopyToHost(), or a
-// loss function. CopyToDevice/CopyToHost are synchronous with respect to the host buffer.
+// loss function. CopyToDevice/CopyToHost are synchronous with respect to the host buffer;
+// CopyToDeviceAsync is not (its host buffer is read until the next wait).
 // Arguments that the host can check (negative sizes, too-small leading dimensions, null
 // pointers, bad optimizer params) give INVALID_ARGUMENT before anything is issued.
 //
@@ -154,6 +155,17 @@ class Backend {
                                                 size_t bytes) = 0;
   [[nodiscard]] virtual absl::Status CopyDeviceToDevice(void* device_dst, const void* device_src,
                                                         size_t bytes) = 0;
+  // Host -> device without waiting for it: the copy is issued in order with the backend's other
+  // work (later kernels see the copied bytes) and the call returns at once, so the host goes
+  // on issuing work while the bus moves the bytes. host_src must then stay unchanged until the
+  // next call that waits for the device returns (Synchronize, CopyToHost, a loss,
+  // CountNonFinite). Fully asynchronous from AllocateHost or RegisterHost memory; from other
+  // host memory the CUDA driver first copies into a staging buffer. By default (the CPU
+  // backend) CopyToDevice.
+  [[nodiscard]] virtual absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src,
+                                                       size_t bytes) {
+    return CopyToDevice(device_dst, host_src, bytes);
+  }
   // x[0..n) = value.
   [[nodiscard]] virtual absl::Status Fill(float* x, int64_t n, float value) = 0;
   // Sets `bytes` bytes at x to zero (0.f for floats, 0 for ints).

@@ -128,6 +128,17 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Issued on the stream, not waited for: host_src is read until the next wait (Backend).
+  absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, size_t bytes) override {
+    RETURN_IF_ERROR(CheckCopy("CopyToDeviceAsync", device_dst, host_src, bytes));
+    if (bytes == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(Activate());
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream()),
+        "CopyToDeviceAsync");
+    return absl::OkStatus();
+  }
+
   // Page-locks the pages under [data, data + bytes) (cudaHostRegister), within the same
   // kMaxPinnedBytes as AllocateHost's buffers.
   absl::Status RegisterHost(void* data, size_t bytes) override {

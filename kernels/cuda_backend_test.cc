@@ -111,6 +111,35 @@ TEST_F(CudaBackendTest, HostBuffersRoundTripThroughTheDevice) {
   EXPECT_EQ(Download(*device, values.size()), values);
 }
 
+// An asynchronous copy from page-locked memory is ordered before the work issued after it:
+// a kernel that scales the copied values and the copy back see them, from page-locked and
+// from ordinary (pageable) memory, and the host may write the source once the device waited.
+TEST_F(CudaBackendTest, AsyncCopiesToTheDeviceComeBeforeLaterWork) {
+  const std::vector<float> values = Random(300'000, 5);
+  absl::StatusOr<DeviceBuffer> host = cuda_->AllocateHost(values.size() * sizeof(float));
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::copy(values.begin(), values.end(), host->floats());
+  std::vector<float> pageable = Random(1000, 6);
+  absl::StatusOr<DeviceBuffer> device = cuda_->AllocateFloats(values.size());
+  absl::StatusOr<DeviceBuffer> small = cuda_->AllocateFloats(pageable.size());
+  ASSERT_TRUE(device.ok() && small.ok());
+  ASSERT_TRUE(cuda_->Fill(device->floats(), values.size(), -1.f).ok());
+  ASSERT_TRUE(cuda_->CopyToDeviceAsync(device->data(), host->data(), host->size_bytes()).ok());
+  ASSERT_TRUE(cuda_->CopyToDeviceAsync(small->data(), pageable.data(), pageable.size() * 4).ok());
+  // y = relu(x) in place, then back: each value as copied, or 0 where negative.
+  ASSERT_TRUE(
+      cuda_->ActivationForward(Activation::kRelu, values.size(), device->floats(), device->floats())
+          .ok());
+  ASSERT_TRUE(cuda_->Synchronize().ok());
+  std::fill_n(host->floats(), values.size(), 0.f);
+  std::vector<float> expected = values;
+  for (float& v : expected) v = std::max(v, 0.f);
+  EXPECT_EQ(Download(*device, values.size()), expected);
+  EXPECT_EQ(Download(*small, pageable.size()), pageable);
+  EXPECT_TRUE(cuda_->CopyToDeviceAsync(nullptr, host->data(), 4).code() ==
+              absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaBackendTest, CountNonFiniteMatchesCpu) {
   // More elements than one reduction pass of blocks covers, non-finite values spread over it.
   std::vector<float> host = Random(3'000'000, 5);

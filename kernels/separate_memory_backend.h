@@ -2,8 +2,10 @@
 // the host's, as a GPU's is, running the CPU backend's kernels. It calls itself kCuda, so that
 // code which copies between host and device on such a backend (MirroredArray, DenseStack)
 // takes those paths; its copies are memcpy. It counts the copies and records RegisterHost's
-// ranges, and can be told to refuse registrations. Never for production: nothing else about
-// it is a GPU's.
+// ranges, and can be told to refuse registrations. CopyToDeviceAsync copies at once but keeps
+// the source's bytes until the next call that waits for the device, and counts the sources
+// that changed before it (a GPU could have read the new bytes). Never for production: nothing
+// else about it is a GPU's.
 #ifndef PS_KERNELS_SEPARATE_MEMORY_BACKEND_H_
 #define PS_KERNELS_SEPARATE_MEMORY_BACKEND_H_
 
@@ -14,6 +16,8 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,6 +41,16 @@ class SeparateMemoryBackend final : public Backend {
   // Copies device -> host so far, and into registered memory among them.
   int copies_to_host = 0;
   int copies_to_registered = 0;
+  // CopyToDeviceAsync calls so far, and of them those whose source changed before the next
+  // wait (Synchronize, CopyToHost, a loss, CountNonFinite); a test waits before reading it.
+  int async_copies_to_device = 0;
+  int async_sources_changed = 0;
+  // Asynchronous copies not yet ended by a wait.
+  size_t pending_async_copies() const { return pending_.size(); }
+  // Synchronize calls so far; the next one returns synchronize_error where set (once), as a
+  // device reports an error of earlier work.
+  int synchronizes = 0;
+  absl::Status synchronize_error;
 
   absl::Status RegisterHost(void* data, size_t bytes) override {
     if (absl::Status s = Backend::RegisterHost(data, bytes); !s.ok()) return s;
@@ -52,7 +66,16 @@ class SeparateMemoryBackend final : public Backend {
     if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
     return absl::OkStatus();
   }
+  absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, size_t bytes) override {
+    ++async_copies_to_device;
+    if (bytes == 0) return absl::OkStatus();
+    std::memcpy(device_dst, host_src, bytes);
+    const char* src = static_cast<const char*>(host_src);
+    pending_.push_back({src, std::vector<char>(src, src + bytes)});
+    return absl::OkStatus();
+  }
   absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) override {
+    CheckAsyncSources();
     ++copies_to_host;
     if (InRegistered(host_dst, bytes)) ++copies_to_registered;
     if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
@@ -64,7 +87,12 @@ class SeparateMemoryBackend final : public Backend {
   }
   absl::Status Fill(float* x, int64_t n, float value) override { return cpu_->Fill(x, n, value); }
   absl::Status Zero(void* x, size_t bytes) override { return cpu_->Zero(x, bytes); }
-  absl::Status Synchronize() override { return cpu_->Synchronize(); }
+  absl::Status Synchronize() override {
+    CheckAsyncSources();
+    ++synchronizes;
+    if (!synchronize_error.ok()) return std::exchange(synchronize_error, absl::OkStatus());
+    return cpu_->Synchronize();
+  }
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
     return cpu_->Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -84,15 +112,18 @@ class SeparateMemoryBackend final : public Backend {
   }
   absl::StatusOr<float> SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits,
                                             const int32_t* labels, float* grad_out) override {
+    CheckAsyncSources();
     return cpu_->SoftmaxCrossEntropy(rows, classes, logits, labels, grad_out);
   }
   absl::StatusOr<SoftmaxEvalResult> SoftmaxEval(int64_t rows, int64_t classes, const float* logits,
                                                 const int32_t* labels,
                                                 float* probabilities) override {
+    CheckAsyncSources();
     return cpu_->SoftmaxEval(rows, classes, logits, labels, probabilities);
   }
   absl::StatusOr<float> SigmoidCrossEntropy(int64_t n, const float* logits, const float* labels,
                                             float* grad_out, float* probabilities) override {
+    CheckAsyncSources();
     return cpu_->SigmoidCrossEntropy(n, logits, labels, grad_out, probabilities);
   }
   absl::Status EmbeddingGather(int64_t n, int64_t dim, const float* table, int64_t table_rows,
@@ -104,6 +135,7 @@ class SeparateMemoryBackend final : public Backend {
     return cpu_->EmbeddingScatterAdd(n, dim, grads, indices, out_rows, out);
   }
   absl::StatusOr<int64_t> CountNonFinite(int64_t n, const float* x) override {
+    CheckAsyncSources();
     return cpu_->CountNonFinite(n, x);
   }
   absl::Status ApplyOptimizer(const OptimizerParams& p, int64_t step, int64_t n, float* params,
@@ -120,6 +152,21 @@ class SeparateMemoryBackend final : public Backend {
   void FreeRaw(void* data) override { ::operator delete (data, std::align_val_t{256}); }
 
  private:
+  struct PendingCopy {
+    const char* src;
+    std::vector<char> bytes;  // what src held when the copy was issued
+  };
+
+  // The wait that ends the pending asynchronous copies: counts the sources that changed.
+  void CheckAsyncSources() {
+    for (const PendingCopy& copy : pending_) {
+      if (std::memcmp(copy.src, copy.bytes.data(), copy.bytes.size()) != 0) {
+        ++async_sources_changed;
+      }
+    }
+    pending_.clear();
+  }
+
   bool InRegistered(const void* p, size_t bytes) const {
     const char* at = static_cast<const char*>(p);
     for (const auto& [start, size] : registered_) {
@@ -131,6 +178,7 @@ class SeparateMemoryBackend final : public Backend {
 
   std::unique_ptr<Backend> cpu_;
   std::map<void*, size_t> registered_;
+  std::vector<PendingCopy> pending_;
 };
 
 }  // namespace ps::kernels

@@ -434,6 +434,7 @@ void ExpectLentMlpLikeTheInProcessStore(kernels::SeparateMemoryBackend* device) 
     config.mutable_rpc()->set_lend_push_buffers(true);
     Cluster cluster(config, /*lose_replies=*/false, /*shared=*/true);
     const int copies = device != nullptr ? device->copies_to_registered : 0;
+    const int async_copies = device != nullptr ? device->async_copies_to_device : 0;
     absl::StatusOr<worker::TrainResult> remote =
         Train(config, 0, "always", cluster.KeptStoreFor(0), device);
     ASSERT_THAT(remote.status(), IsOk());
@@ -447,6 +448,12 @@ void ExpectLentMlpLikeTheInProcessStore(kernels::SeparateMemoryBackend* device) 
       // job has unregistered the memory since.
       EXPECT_GE(device->copies_to_registered - copies, 98);
       EXPECT_TRUE(device->registered().empty());
+      // Each step's parameters, features and labels went to the device without a wait, and
+      // no source changed before the device had waited: not the set a prefetched pull fills
+      // while the other computes, nor a batch read ahead. None was in flight at the end.
+      EXPECT_GE(device->async_copies_to_device - async_copies, 3 * 100);
+      EXPECT_EQ(device->async_sources_changed, 0);
+      EXPECT_EQ(device->pending_async_copies(), 0u);
     }
     ExpectLikeTheInProcessStore(config, *remote, cluster, /*binary=*/false);
   }

@@ -99,8 +99,22 @@ absl::Status DenseStack::Init() {
   return absl::OkStatus();
 }
 
+absl::Status DenseStack::EndParameterCopy() {
+  if (!params_copy_pending_) return absl::OkStatus();
+  params_copy_pending_ = false;
+  return backend_->Synchronize();
+}
+
+void DenseStack::EndParameterCopyOrDefer() {
+  if (absl::Status s = EndParameterCopy(); !s.ok() && deferred_error_.ok()) {
+    deferred_error_ = std::move(s);
+  }
+}
+
 void DenseStack::AddPulls(common::PullBatch* pull) {
   if (tables_on_device()) return;
+  // The pull writes the host side a copy may still be reading (a Forward without a Backward).
+  EndParameterCopyOrDefer();
   for (int i = 0; i < num_layers(); ++i) {
     const Layer& layer = layers_[i];
     pull->dense.push_back(
@@ -156,6 +170,8 @@ absl::Status DenseStack::AddSecondBufferSet() {
 
 void DenseStack::SwapBufferSets() {
   CHECK(has_spare_) << "DenseStack::SwapBufferSets without AddSecondBufferSet";
+  // The set put aside may be written by a store from now on.
+  EndParameterCopyOrDefer();
   // Moving a MirroredArray keeps its memory where it is, so spans into either set stay valid.
   std::swap(params_, spare_params_);
   std::swap(grads_, spare_grads_);
@@ -164,6 +180,7 @@ void DenseStack::SwapBufferSets() {
 }
 
 DenseStack::~DenseStack() {
+  EndParameterCopy().IgnoreError();  // the copy reads memory freed with the stack
   for (void* range : registered_) backend_->UnregisterHost(range);
 }
 
@@ -238,10 +255,18 @@ bool DenseStack::LendGradients(common::ParameterStore* store) {
 
 absl::StatusOr<float*> DenseStack::Forward(int64_t rows, const float* x) {
   RETURN_IF_ERROR(CheckRows(rows));
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());
   if (!params_on_device_) {
-    RETURN_IF_ERROR(params_.CopyToDevice(num_params_));
+    RETURN_IF_ERROR(params_.CopyToDeviceAsync(num_params_));
     params_on_device_ = true;
+    params_copy_pending_ = !SharesHostMemory(*backend_);
   }
+  absl::StatusOr<float*> out = ForwardLayers(rows, x);
+  if (!out.ok()) EndParameterCopy().IgnoreError();  // the error returned is the layers'
+  return out;
+}
+
+absl::StatusOr<float*> DenseStack::ForwardLayers(int64_t rows, const float* x) {
   const int m = static_cast<int>(rows);
   const float* input = x;
   for (int i = 0; i < num_layers(); ++i) {
@@ -293,8 +318,13 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
     dz = d_input;
   }
   if (tables_on_device()) return ApplyOnDevice();
+  if (SharesHostMemory(*backend_)) {
+    return lent_ == nullptr ? grads_.CopyToHost(num_params_)  // a no-op: the same memory
+                            : absl::OkStatus();               // written where the host reads them
+  }
+  // The copy waits for the device: the parameters' copy of Forward is done too.
+  params_copy_pending_ = false;
   if (lent_ == nullptr) return grads_.CopyToHost(num_params_);
-  if (SharesHostMemory(*backend_)) return absl::OkStatus();  // written where the host reads them
   // Laid out as the lent memory (grad_*_offset), so one copy puts every table in its place.
   return backend_->CopyToHost(lent_->values().data(), grads_.device(),
                               lent_->values().size() * sizeof(float));

@@ -113,7 +113,10 @@ class DenseStack {
 
   // Forward over `rows` rows of x (device memory, rows x input_dim()). Returns the output
   // (device, rows x output_dim()), valid until the next Forward; the caller may overwrite it,
-  // e.g. with the loss gradient it then hands to Backward.
+  // e.g. with the loss gradient it then hands to Backward. The parameters' copy to the device
+  // (after AddPulls or SwapBufferSets) is issued without waiting for it, so the host goes on
+  // issuing the layers while it runs; the stack waits for it before their host side can be
+  // written again (Backward's copy of the gradients, or AddPulls and SwapBufferSets).
   // Errors: INVALID_ARGUMENT unless 1 <= rows <= max_batch(); backend errors.
   absl::StatusOr<float*> Forward(int64_t rows, const float* x);
 
@@ -141,6 +144,12 @@ class DenseStack {
   DenseStack(DenseStackOptions options, kernels::Backend* backend);
   absl::Status Init();
   absl::Status CheckRows(int64_t rows) const;
+  // Forward's layers, once the parameters' copy is issued.
+  absl::StatusOr<float*> ForwardLayers(int64_t rows, const float* x);
+  // Waits for the device if a parameter copy may still be reading the host side.
+  absl::Status EndParameterCopy();
+  // EndParameterCopy where no status can be returned: a failure goes to deferred_error_.
+  void EndParameterCopyOrDefer();
   // The device gradient buffer a backward step writes for layer i's input.
   float* InputGradBuffer(int layer, float* dx);
   // The current set's gradients as Backward writes them: the lent memory where the device
@@ -171,6 +180,12 @@ class DenseStack {
   kernels::DeviceBuffer hidden_grad_[2];
   // False after AddPulls until Forward has copied the parameters to the device.
   bool params_on_device_ = false;
+  // Forward issued the parameters' copy to the device without waiting for it, and the backend
+  // has not waited since: their host side must not change until it has (EndParameterCopy).
+  bool params_copy_pending_ = false;
+  // What a wait outside Forward and Backward (AddPulls, SwapBufferSets) returned, if it
+  // failed: the next Forward returns it.
+  absl::Status deferred_error_;
 
   // A table kept on the device (KeepOnDevice): its place in the flat arrays, its optimizer
   // and slots (NumSlots arrays of n floats, one after the other) and the steps applied.

@@ -310,6 +310,69 @@ TEST(DenseStack, OnASeparateDeviceLentGradientsAreCopiedIntoRegisteredMemory) {
   EXPECT_TRUE(backend.registered().empty());
 }
 
+// On a device with its own memory the parameters' copy to the device is issued without a
+// wait, and their host side is not written until the device has waited: by Backward's copy
+// of the gradients, else by AddPulls or SwapBufferSets before a store may write it. The
+// backend counts the copies whose source changed before a wait.
+TEST(DenseStack, TheParametersCopyIsNotWaitedForButTheirHostSideIs) {
+  kernels::SeparateMemoryBackend backend;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), &backend));
+  // The count itself: a source written before the wait is counted.
+  std::vector<float> host = {1, 2}, device(2);
+  ASSERT_OK(backend.CopyToDeviceAsync(device.data(), host.data(), 2 * sizeof(float)));
+  host[0] = 3;
+  ASSERT_OK(backend.Synchronize());
+  EXPECT_EQ(backend.async_sources_changed, 1);
+  backend.async_sources_changed = 0;
+
+  const std::vector<float> x = {1, 2};
+  // A Forward alone (as an evaluation's), then the next pull's values written.
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  int synchronizes = backend.synchronizes;
+  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+  EXPECT_FLOAT_EQ(y[0], 12.f);
+  EXPECT_EQ(backend.async_copies_to_device, 2);   // the test's, then the parameters'
+  EXPECT_EQ(backend.synchronizes, synchronizes);  // not waited for
+  FillParams(*stack, {{2, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  EXPECT_EQ(backend.synchronizes, synchronizes + 1);  // AddPulls waited
+  ASSERT_OK_AND_ASSIGN(y, stack->Forward(1, x.data()));
+  EXPECT_FLOAT_EQ(y[0], 14.f);  // z0 = [6.5, -1]: the new values reached the device
+  // A whole step: Backward's copy of the gradients ends the wait, so the next pull need not.
+  y[0] = 1.f;
+  ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
+  synchronizes = backend.synchronizes;
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  EXPECT_EQ(backend.synchronizes, synchronizes);
+  // Two sets: the set put aside by a swap may be written at once.
+  ASSERT_OK(stack->AddSecondBufferSet());
+  common::PullBatch first;
+  stack->AddPulls(&first);
+  ASSERT_OK(stack->Forward(1, x.data()).status());
+  stack->SwapBufferSets();
+  std::fill(first.dense[0].out.begin(), first.dense[0].out.end(), 7.f);
+  ASSERT_OK(backend.Synchronize());
+  EXPECT_EQ(backend.async_copies_to_device, 4);
+  EXPECT_EQ(backend.async_sources_changed, 0);
+}
+
+// A device error that the wait before a pull reports (AddPulls returns nothing) is returned
+// by the next Forward, once.
+TEST(DenseStack, AnErrorOfTheWaitBeforeAPullIsReturnedByTheNextForward) {
+  kernels::SeparateMemoryBackend backend;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                       DenseStack::Create(TwoLayers(), &backend));
+  const std::vector<float> x = {1, 2};
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  ASSERT_OK(stack->Forward(1, x.data()).status());
+  backend.synchronize_error = absl::InternalError("device fault");
+  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+  EXPECT_THAT(stack->Forward(1, x.data()).status(),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("device fault")));
+  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+  EXPECT_FLOAT_EQ(y[0], 12.f);
+}
+
 // Two sets' buffers lent one after the other (as the segment's arena hands them out) share a
 // page: registered as one range. 1 MB apart: two ranges, not the memory between.
 TEST(DenseStack, LentBuffersAreRegisteredByTheirPagesOnly) {

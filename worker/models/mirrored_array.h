@@ -74,6 +74,12 @@ class MirroredArray {
     if (shared_ || n == 0) return absl::OkStatus();
     return backend_->CopyToDevice(device(), host(), static_cast<size_t>(n) * sizeof(T));
   }
+  // CopyToDevice without waiting for the copy (Backend::CopyToDeviceAsync): the host side must
+  // stay unchanged until the backend next waits for the device.
+  [[nodiscard]] absl::Status CopyToDeviceAsync(int64_t n) {
+    if (shared_ || n == 0) return absl::OkStatus();
+    return backend_->CopyToDeviceAsync(device(), host(), static_cast<size_t>(n) * sizeof(T));
+  }
   [[nodiscard]] absl::Status CopyToHost(int64_t n) {
     if (shared_ || n == 0) return absl::OkStatus();
     return backend_->CopyToHost(host(), device(), static_cast<size_t>(n) * sizeof(T));
@@ -81,13 +87,15 @@ class MirroredArray {
 
   // A device pointer holding `n` elements equal to `src` (host memory): `src` itself where
   // the device reads host memory (no copy; valid while `src` is), else this array's device
-  // side after a copy (growing it as needed). Errors: those of Reserve and CopyToDevice.
+  // side, to which the copy is issued without waiting for it (growing it as needed): `src`
+  // must stay unchanged until the backend next waits for the device (a loss, CopyToHost,
+  // Synchronize). Errors: those of Reserve and CopyToDeviceAsync.
   [[nodiscard]] absl::StatusOr<const T*> Stage(const T* src, int64_t n) {
     if (shared_) return src;
     absl::Status status = Reserve(n);
     if (!status.ok()) return status;
     if (n > 0) {
-      status = backend_->CopyToDevice(device(), src, static_cast<size_t>(n) * sizeof(T));
+      status = backend_->CopyToDeviceAsync(device(), src, static_cast<size_t>(n) * sizeof(T));
       if (!status.ok()) return status;
     }
     return static_cast<const T*>(device());

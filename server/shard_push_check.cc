@@ -69,10 +69,15 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
     const std::string part = u.table->info().kind == TABLE_KIND_DENSE
                                  ? absl::StrCat("block ", u.block)
                                  : std::string("rows");
+    // The search reads the payload again: a worker that rewrites its shared payload meanwhile
+    // can leave none to find.
+    const std::string where =
+        first < u.num_values()
+            ? absl::StrCat("first at index ", first, ", value ", u.value(first))
+            : std::string("none left when looked for: the payload changed while checked");
     return Reject("nonfinite", absl::InvalidArgumentError(
                                    absl::StrCat("table '", u.table->name(), "' ", part, ": ",
-                                                bad[i], " non-finite values (first at index ",
-                                                first, ", value ", u.value(first), ")")));
+                                                bad[i], " non-finite values (", where, ")")));
   }
   return absl::OkStatus();
 }

@@ -272,6 +272,7 @@ absl::Status ParameterServer::Start() {
   service_options.max_pull_wait = absl::Seconds(config_.server().max_pull_wait_s());
   service_options.max_pool_requests = config_.server().max_pool_requests();
   service_options.max_pool_request_bytes = config_.server().max_pool_request_bytes();
+  service_options.max_answer_bytes = config_.server().max_message_bytes();
   service_options.max_unsent_answer_bytes = config_.server().max_unsent_answer_bytes();
   service_options.max_unsent_answer_bytes_per_peer =
       config_.server().max_unsent_answer_bytes_per_peer();

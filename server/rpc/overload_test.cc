@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "common/codec.h"
 #include "common/config/config.h"
+#include "common/rpc/frame_testing.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -477,6 +478,53 @@ void OverloadTest::PullWithoutReading(RawConnection* c) {
   while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
+}
+
+// A pull whose answer would be over max_answer_bytes (here block 0, 4.8 MB, named twice
+// against 8 MB) is refused before anything is allocated or read, by both wire forms, and the
+// push of a PushPull that carries it is not applied; the same block once is served. The
+// default limit (512 MiB) refuses a pull of 960 MB in one request of a few hundred bytes.
+TEST_F(OverloadTest, APullAnswerOverTheLimitIsRefusedAndChangesNothing) {
+  ServiceOptions options;
+  options.max_answer_bytes = 8 << 20;
+  Start(options, GrpcServerOptions{}, kLargeJob);
+  auto pull_of = [&](int times) {
+    PullRequest pull;
+    *pull.mutable_header() = Header(0, 0, 0);
+    auto* t = pull.add_tables();
+    t->set_table("w");
+    for (int i = 0; i < times; ++i) t->add_block_ids(0);
+    return pull;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  PullResponse response;
+  absl::Status refused = service_->HandlePull(pull_of(2), deadline, &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("9600000 bytes, over the server's limit of 8388608"));
+  EXPECT_EQ(Rejected("answer_too_large"), 1u);
+  EXPECT_THAT(service_->HandlePull(pull_of(1), deadline, &response), IsOk());
+
+  PushRequest push;
+  *push.mutable_header() = Header(0, 0, 1);
+  auto* t = push.add_tables();
+  t->set_table("w");
+  auto* block = t->add_blocks();
+  block->set_block_id(0);
+  common::EncodeFloats(std::vector<float>(kFloats, 0.5f), ENCODING_FLOAT32,
+                       block->mutable_values());
+  const PullRequest two = pull_of(2);
+  grpc::ByteBuffer answer;
+  refused = service_->HandlePushPull(common::FrameOf(&push, &two), deadline, &answer);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(Rejected("answer_too_large"), 2u);
+  EXPECT_EQ(Values(), std::vector<float>(kFloats, 1.0f));  // the push was not applied
+  const PullRequest one = pull_of(1);
+  EXPECT_THAT(service_->HandlePushPull(common::FrameOf(&push, &one), deadline, &answer), IsOk());
+  EXPECT_EQ(Values(), std::vector<float>(kFloats, 0.5f));  // 1 - 1 * 0.5
+
+  ParameterServerService defaults(shard_.get(), ServiceOptions{}, ServiceHooks{});
+  refused = defaults.HandlePull(pull_of(200), deadline, &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
 }
 
 // A peer that takes no byte of its answers (stream windows of 0): the server holds them

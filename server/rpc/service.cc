@@ -262,7 +262,10 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
   const RequestInfo info = InfoOf(request.header());
   // Views into `request`, which lives until `done`.
   auto views = std::make_shared<const std::vector<PullTable>>(PullViews(request.tables()));
-  if (absl::Status status = shard_->CheckPull(info, *views).status(); !status.ok()) {
+  absl::StatusOr<uint64_t> bytes = shard_->CheckPull(info, *views);
+  absl::Status status = bytes.status();
+  if (status.ok()) status = CheckAnswerSize(*bytes, /*shared_room=*/0);
+  if (!status.ok()) {
     finish(std::move(status));
     return 0;
   }
@@ -272,6 +275,15 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
         return ReadPull(request.tables(), *views, response, nullptr);
       },
       std::move(finish));
+}
+
+absl::Status ParameterServerService::CheckAnswerSize(uint64_t bytes, uint64_t shared_room) {
+  if (bytes <= options_.max_answer_bytes || bytes <= shared_room) return absl::OkStatus();
+  return shard_->Reject(
+      "answer_too_large",
+      absl::ResourceExhaustedError(
+          absl::StrCat("the pull's answer would be ", bytes, " bytes, over the server's limit of ",
+                       options_.max_answer_bytes, " (server.max_message_bytes)")));
 }
 
 absl::Status ParameterServerService::ReadPull(
@@ -561,6 +573,8 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       call->bytes_in += n;
     }
   }
+  RETURN_IF_ERROR(CheckAnswerSize(call->pull_bytes,
+                                  call->shared != nullptr ? header.shared().answer_capacity() : 0));
   if (header.has_push()) {
     common::BufferPool::Buffer scratch;
     std::vector<absl::string_view> pieces;

@@ -72,6 +72,12 @@ struct ServiceOptions {
   AuthOptions auth;
   // Idle payload buffers kept for reuse (receive gathers and pull answers), bytes.
   size_t max_cached_payload_bytes = size_t{512} << 20;
+  // The largest pull answer served, bytes (server.max_message_bytes: gRPC would not send a
+  // larger one). A pull asking for more (e.g. one block named many times) is refused with
+  // RESOURCE_EXHAUSTED, reason answer_too_large, before anything is allocated or read. An
+  // answer written into the worker's shared segment, within the room the call gave it, is
+  // bounded by that room instead.
+  uint64_t max_answer_bytes = uint64_t{512} << 20;
   // Requests handed to the pool (those of 4 MB or more, and pushes of a deterministic-BSP
   // job) hold their bytes from arrival until served. At most this many such requests, and
   // this many of their bytes, wait for or run on the pool at once; one more is refused with
@@ -300,6 +306,9 @@ class ParameterServerService final
   // answers wait for their peers, or more than max_unsent_answer_bytes_per_peer for the
   // connection `peer` (ServerContext::peer()); OK otherwise.
   absl::Status CheckUnsentAnswers(const std::string& peer) ABSL_LOCKS_EXCLUDED(unsent_mu_);
+  // RESOURCE_EXHAUSTED (answer_too_large) for a pull answer of `bytes` over max_answer_bytes,
+  // unless it goes into a shared segment's room of `shared_room` bytes (0: none).
+  absl::Status CheckAnswerSize(uint64_t bytes, uint64_t shared_room);
   // Answers of `bytes` for `peer` handed to gRPC, and taken (or dropped with their call).
   void HoldAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);
   void ReleaseAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);

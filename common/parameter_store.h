@@ -11,6 +11,7 @@
 #ifndef PS_COMMON_PARAMETER_STORE_H_
 #define PS_COMMON_PARAMETER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -90,7 +91,9 @@ struct WorkerPosition {
 // copy in this process. The memory starts zeroed and stays valid while this object lives, also
 // after the store is gone. The server reads it while a push of it is in flight: the caller
 // writes it only between such pushes (a push's values are the caller's until the call returns
-// in any case).
+// in any case). Once revoked() the caller must not write it again: the store gave up an
+// attempt of a push whose server may still be reading it after the push returned (sent again
+// by the socket, a copy of it applied). The caller keeps it, and its own buffers take over.
 class LentBuffer {
  public:
   virtual ~LentBuffer() = default;
@@ -104,15 +107,20 @@ class LentBuffer {
     return values_.subspan(starts_[i], starts_[i + 1] - starts_[i]);
   }
   size_t num_tables() const { return starts_.size() - 1; }
+  // True once the caller may no longer write this memory (see the class comment). Thread-safe.
+  bool revoked() const { return revoked_ != nullptr && revoked_->load(std::memory_order_acquire); }
 
  protected:
-  // `starts`: where each table begins in `values`, then values.size().
-  LentBuffer(absl::Span<float> values, std::vector<size_t> starts)
-      : values_(values), starts_(std::move(starts)) {}
+  // `starts`: where each table begins in `values`, then values.size(). `revoked`: the flag the
+  // store sets to revoke the buffer (null: never revoked).
+  LentBuffer(absl::Span<float> values, std::vector<size_t> starts,
+             std::shared_ptr<const std::atomic<bool>> revoked = nullptr)
+      : values_(values), starts_(std::move(starts)), revoked_(std::move(revoked)) {}
 
  private:
   const absl::Span<float> values_;
   const std::vector<size_t> starts_;
+  const std::shared_ptr<const std::atomic<bool>> revoked_;
 };
 
 // Thread-safe: implementations accept concurrent calls.

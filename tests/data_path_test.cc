@@ -622,7 +622,8 @@ TEST_F(LentBufferTest, LendsWhatOneServerHoldsUpToHalfTheSegment) {
 
 // The buffer stays the caller's memory when its segment goes (another store of the worker
 // asked for a new one, as after a server's restart): a push from it goes by the socket,
-// applied once, and later ones are copied into the new segment. It outlives the store.
+// applied once, and later ones are copied into the new segment. The failed call revokes it
+// (LentBuffer::revoked), and not a buffer lent in the next segment. It outlives the store.
 TEST_F(LentBufferTest, ALentBufferOutlivesItsSegmentAndItsStore) {
   std::vector<float> a(300000), c(10);
   Step(1, absl::MakeSpan(a), absl::MakeSpan(c));
@@ -638,11 +639,20 @@ TEST_F(LentBufferTest, ALentBufferOutlivesItsSegmentAndItsStore) {
   pull.dense.push_back({"c", absl::MakeSpan(out)});
   ASSERT_THAT((*other)->Pull(pull, {0}), IsOk());  // replaces store_'s segment
   const uint64_t pushes = Pushes(0);
+  EXPECT_FALSE(lent->revoked());
   Step(3, lent->table(0), lent->table(1));  // by the socket
   EXPECT_EQ(Pushes(0) - pushes, 1u) << "a push applied twice or not at all";
+  // The call given up through the segment could still be read by its server: the buffer is
+  // revoked (its owner writes its own memory from now on), also a buffer lent later there.
+  EXPECT_TRUE(lent->revoked());
   Step(4, lent->table(0), lent->table(1));  // asks again
   Step(5, lent->table(0), lent->table(1));  // copied into the new segment
   EXPECT_EQ(store_->stats().bytes_lent, lent_bytes);
+  std::unique_ptr<common::LentBuffer> next = store_->LendPushBuffer(tables_);
+  ASSERT_NE(next, nullptr);
+  EXPECT_FALSE(next->revoked());
+  Step(6, next->table(0), next->table(1));
+  EXPECT_GT(store_->stats().bytes_lent, lent_bytes);
   store_.reset();
   other->reset();
   std::fill(lent->values().begin(), lent->values().end(), 2.0f);

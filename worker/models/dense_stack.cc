@@ -289,8 +289,22 @@ float* DenseStack::InputGradBuffer(int layer, float* dx) {
   return layer == 0 ? dx : hidden_grad_[layer % 2].floats();
 }
 
+void DenseStack::StopLending() {
+  for (Layer& layer : layers_) {
+    layer.grad_weight_offset = layer.weight_offset;
+    layer.grad_bias_offset = layer.bias_offset;
+  }
+  // (Their registered ranges are undone with the stack's, as before.)
+  revoked_.push_back(std::move(lent_));
+  if (spare_lent_ != nullptr) revoked_.push_back(std::move(spare_lent_));
+}
+
 absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output, float* dx) {
   RETURN_IF_ERROR(CheckRows(rows));
+  if (lent_ != nullptr &&
+      (lent_->revoked() || (spare_lent_ != nullptr && spare_lent_->revoked()))) {
+    StopLending();
+  }
   const int m = static_cast<int>(rows);
   // dz is the gradient w.r.t. layer i's pre-activation output. Layer i writes the gradient
   // w.r.t. its input into hidden_grad_[i % 2], which is never the buffer dz points at

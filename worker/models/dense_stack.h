@@ -108,7 +108,10 @@ class DenseStack {
   // instead of into the stack's page-locked buffer, after registering the lent memory with
   // the backend (Backend::RegisterHost). False, and nothing changed, where the store lends
   // none or the backend cannot register it. Spans AddPushes handed out before keep pointing
-  // at the buffers they did, which stay allocated. True once lent.
+  // at the buffers they did, which stay allocated. True once lent. Once the store revokes the
+  // lent memory (LentBuffer::revoked: it gave up a call whose server may still read it), the
+  // next Backward writes the stack's own buffers instead, in every set, and the lent memory is
+  // kept, unwritten, until the stack goes; lending can then be asked again.
   bool LendGradients(common::ParameterStore* store);
 
   // Forward over `rows` rows of x (device memory, rows x input_dim()). Returns the output
@@ -146,6 +149,8 @@ class DenseStack {
   absl::Status CheckRows(int64_t rows) const;
   // Forward's layers, once the parameters' copy is issued.
   absl::StatusOr<float*> ForwardLayers(int64_t rows, const float* x);
+  // Back to the stack's own gradient buffers in both sets, the lent ones kept in revoked_.
+  void StopLending();
   // Waits for the device if a parameter copy may still be reading the host side.
   absl::Status EndParameterCopy();
   // EndParameterCopy where no status can be returned: a failure goes to deferred_error_.
@@ -175,6 +180,8 @@ class DenseStack {
   // Where the lent memory was registered with the backend (a device with its own memory): one
   // range or two. Unregistered before the lent buffers go.
   std::vector<void*> registered_;
+  // Lent buffers the store revoked: kept, never written again, until the stack goes.
+  std::vector<std::unique_ptr<common::LentBuffer>> revoked_;
   // Ping-pong device buffers (max_batch x widest hidden layer) for the gradients w.r.t.
   // hidden activations during Backward.
   kernels::DeviceBuffer hidden_grad_[2];

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -137,11 +138,14 @@ class LendingStore final : public common::ParameterStore {
  public:
   class Buffer final : public common::LentBuffer {
    public:
-    Buffer(std::unique_ptr<float[]> data, size_t n, std::vector<size_t> starts)
-        : LentBuffer(absl::MakeSpan(data.get(), n), std::move(starts)), data_(std::move(data)) {}
+    Buffer(std::unique_ptr<float[]> data, size_t n, std::vector<size_t> starts,
+           std::shared_ptr<const std::atomic<bool>> revoked)
+        : LentBuffer(absl::MakeSpan(data.get(), n), std::move(starts), std::move(revoked)),
+          data_(std::move(data)) {}
     // Memory the store keeps (LendingStore::carve_from).
-    Buffer(absl::Span<float> values, std::vector<size_t> starts)
-        : LentBuffer(values, std::move(starts)) {}
+    Buffer(absl::Span<float> values, std::vector<size_t> starts,
+           std::shared_ptr<const std::atomic<bool>> revoked)
+        : LentBuffer(values, std::move(starts), std::move(revoked)) {}
 
    private:
     std::unique_ptr<float[]> data_;
@@ -170,11 +174,11 @@ class LendingStore final : public common::ParameterStore {
       absl::Span<float> values = carve_from.subspan(0, n);
       carve_from.remove_prefix(std::min(carve_from.size(), n + carve_gap));
       std::fill(values.begin(), values.end(), -9.f);
-      buffer = std::make_unique<Buffer>(values, std::move(starts));
+      buffer = std::make_unique<Buffer>(values, std::move(starts), revoked);
     } else {
       auto data = std::make_unique<float[]>(n);
       std::fill_n(data.get(), n, -9.f);  // not the stack's zeros: Backward must write them all
-      buffer = std::make_unique<Buffer>(std::move(data), n, std::move(starts));
+      buffer = std::make_unique<Buffer>(std::move(data), n, std::move(starts), revoked);
     }
     lent.push_back(buffer->values());
     asked.emplace_back(tables.begin(), tables.end());
@@ -182,6 +186,8 @@ class LendingStore final : public common::ParameterStore {
   }
 
   bool lends = true;
+  // Every buffer lent so far is revoked once this is set (as a store that gave up a call).
+  std::shared_ptr<std::atomic<bool>> revoked = std::make_shared<std::atomic<bool>>(false);
   int lie_on_lend = -1;  // that lend (from 0) makes "b1" a value longer
   // Where set, lends are carved from here one after the other (else each is its own
   // allocation).
@@ -259,6 +265,61 @@ TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
   device.block_floats = 1024;
   EXPECT_THAT(one_set->KeepOnDevice(device, &store),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lent")));
+}
+
+// Lent memory the store revokes (it gave up a call whose server may still read it) is not
+// written again: from the next Backward on, both sets' gradients go to the stack's own
+// buffers, which AddPushes hands out, with the hand-computed values; the lent memory keeps
+// what it last held, on the CPU backend (GEMMs write it) and on a device with its own memory
+// (its copy lands there). Lending can be asked again.
+TEST(DenseStack, RevokedLentMemoryIsNotWrittenAgain) {
+  for (bool separate : {false, true}) {
+    SCOPED_TRACE(separate ? "separate device memory" : "cpu");
+    std::unique_ptr<kernels::Backend> cpu = CpuBackend();
+    kernels::SeparateMemoryBackend device;
+    kernels::Backend* backend = separate ? static_cast<kernels::Backend*>(&device) : cpu.get();
+    LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
+                         DenseStack::Create(TwoLayers(), backend));
+    ASSERT_OK(stack->AddSecondBufferSet());
+    common::PushBatch own[2];
+    for (int set = 0; set < 2; ++set) {
+      stack->AddPushes(&own[set]);
+      stack->SwapBufferSets();
+    }
+    ASSERT_TRUE(stack->LendGradients(&store));
+    for (int set = 0; set < 2; ++set) {
+      HandComputedStep(*stack);
+      ExpectHandComputedGradientsIn(*stack, store.lent[set]);
+      stack->SwapBufferSets();
+    }
+    store.revoked->store(true);
+    const std::vector<std::vector<float>> before = {{store.lent[0].begin(), store.lent[0].end()},
+                                                    {store.lent[1].begin(), store.lent[1].end()}};
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
+      const std::vector<float> x = {1, 2};
+      ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
+      y[0] = 2.f;  // twice the hand-computed case's gradients: not what the lent memory holds
+      ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
+      common::PushBatch push;
+      stack->AddPushes(&push);
+      ASSERT_EQ(push.dense.size(), 4u);
+      for (size_t i = 0; i < push.dense.size(); ++i) {
+        EXPECT_EQ(push.dense[i].values.data(), own[step % 2].dense[i].values.data());
+      }
+      EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {4.f, 0.f, 8.f, 0.f}));
+      EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {2.f}));
+      stack->SwapBufferSets();
+    }
+    for (int set = 0; set < 2; ++set) {
+      EXPECT_EQ(std::vector<float>(store.lent[set].begin(), store.lent[set].end()), before[set]);
+    }
+    store.revoked = std::make_shared<std::atomic<bool>>(false);
+    EXPECT_TRUE(stack->LendGradients(&store));
+    EXPECT_EQ(store.lent.size(), 4u);
+  }
 }
 
 // Every lent buffer lies in one of `backend`'s registered ranges, and no two ranges share a

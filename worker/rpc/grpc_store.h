@@ -356,6 +356,10 @@ class GrpcParameterStore final : public common::ParameterStore {
     uint64_t ask = 0;
     std::shared_ptr<common::SharedArena> arena;  // when kActive
     std::shared_ptr<common::SharedChannel> channel;  // when kActive and the segment has one
+    // The revocation flag of the buffers lent in this segment (LendPushBuffer; made by the
+    // first lend): set when the link is given up after a failed call, whose attempts a server
+    // may still be serving, reading lent memory (LentBuffer::revoked).
+    std::shared_ptr<std::atomic<bool>> lent_revoked;
   };
   absl::Mutex shared_mu_;
   std::vector<SharedLink> shared_ ABSL_GUARDED_BY(shared_mu_);

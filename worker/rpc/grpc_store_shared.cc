@@ -3,6 +3,7 @@
 // up, and the memory lent for pushes (docs/design.md, "Shared memory between processes of
 // one host").
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -26,9 +27,10 @@ namespace {
 // A LentBuffer in a region of a server's segment (kept, and the segment mapped, while it lives).
 class SegmentBuffer final : public common::LentBuffer {
  public:
-  SegmentBuffer(common::SharedArena::Region region, size_t floats, std::vector<size_t> starts)
+  SegmentBuffer(common::SharedArena::Region region, size_t floats, std::vector<size_t> starts,
+                std::shared_ptr<const std::atomic<bool>> revoked)
       : LentBuffer(absl::MakeSpan(reinterpret_cast<float*>(region.data()), floats),
-                   std::move(starts)),
+                   std::move(starts), std::move(revoked)),
         region_(std::move(region)) {}
 
  private:
@@ -59,11 +61,15 @@ std::unique_ptr<common::LentBuffer> GrpcParameterStore::LendPushBuffer(
   }
   if (!server.has_value()) return nullptr;
   std::shared_ptr<common::SharedArena> arena;
+  std::shared_ptr<std::atomic<bool>> revoked;
   {
     absl::MutexLock lock(&shared_mu_);
-    const SharedLink& link = shared_[*server];
+    SharedLink& link = shared_[*server];
     if (link.state != SharedLink::kActive) return nullptr;
     arena = link.arena;
+    if (link.lent_revoked == nullptr)
+      link.lent_revoked = std::make_shared<std::atomic<bool>>(false);
+    revoked = link.lent_revoked;
   }
   const uint64_t bytes = starts.back() * sizeof(float);
   // At most half the segment lent: calls need room for their answers (and copied payloads).
@@ -76,7 +82,8 @@ std::unique_ptr<common::LentBuffer> GrpcParameterStore::LendPushBuffer(
   if (!region.has_value()) return nullptr;
   std::memset(region->data(), 0, static_cast<size_t>(bytes));
   const size_t floats = starts.back();
-  return std::make_unique<SegmentBuffer>(*std::move(region), floats, std::move(starts));
+  return std::make_unique<SegmentBuffer>(*std::move(region), floats, std::move(starts),
+                                         std::move(revoked));
 }
 
 std::optional<uint64_t> GrpcParameterStore::LentOffset(absl::Span<const absl::string_view> payloads,
@@ -195,7 +202,10 @@ void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
   SharedLink& link = shared_[s];
   if (x->shared[f].valid()) {
     if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
-      // The channel goes too: a call given up may still hold one of its slots.
+      // The channel goes too: a call given up may still hold one of its slots. So do the
+      // buffers lent in the segment: a server may still be serving an attempt given up here,
+      // reading one of them, after its push returns (sent again by the socket).
+      if (link.lent_revoked != nullptr) link.lent_revoked->store(true, std::memory_order_release);
       link = SharedLink();
     }
     // The region is not reused: an abandoned attempt's answer may still land in it. It goes

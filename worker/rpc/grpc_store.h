@@ -316,6 +316,11 @@ class GrpcParameterStore final : public common::ParameterStore {
   // for a new one. A frame that asked asks no more in its next attempts (each ask makes the
   // server replace the worker's segment, the one a later ask got too).
   void OnSharedFailure(uint32_t f, Exchange* x);
+  // A region of `bytes` in `arena` while it is still server's link's: nullopt once the link
+  // was given up (or replaced), or when none is free. ABSL_LOCKS_EXCLUDED(shared_mu_).
+  std::optional<common::SharedArena::Region> AllocateInLink(
+      uint32_t server, const std::shared_ptr<common::SharedArena>& arena, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(shared_mu_);
   // The answer to frame f, which asked for a segment: maps the segment it offers (with its
   // channel) and makes the link active, or off when there is none it can use; only while f's
   // ask is the one in flight.

@@ -77,13 +77,22 @@ std::unique_ptr<common::LentBuffer> GrpcParameterStore::LendPushBuffer(
   if (bytes == 0 || free < arena->capacity() / 2 || bytes > free - arena->capacity() / 2) {
     return nullptr;
   }
-  std::optional<common::SharedArena::Region> region =
-      common::SharedArena::Allocate(arena, static_cast<size_t>(bytes));
+  std::optional<common::SharedArena::Region> region = AllocateInLink(*server, arena, bytes);
   if (!region.has_value()) return nullptr;
   std::memset(region->data(), 0, static_cast<size_t>(bytes));
   const size_t floats = starts.back();
   return std::make_unique<SegmentBuffer>(*std::move(region), floats, std::move(starts),
                                          std::move(revoked));
+}
+
+std::optional<common::SharedArena::Region> GrpcParameterStore::AllocateInLink(
+    uint32_t server, const std::shared_ptr<common::SharedArena>& arena, uint64_t bytes) {
+  // Under the lock that gives a link up: a region freed by a given-up call (OnSharedFailure),
+  // whose late answer may still land in it, goes back to an arena no link holds any more.
+  absl::MutexLock lock(&shared_mu_);
+  const SharedLink& link = shared_[server];
+  if (link.state != SharedLink::kActive || link.arena != arena) return std::nullopt;
+  return common::SharedArena::Allocate(arena, static_cast<size_t>(bytes));
 }
 
 std::optional<uint64_t> GrpcParameterStore::LentOffset(absl::Span<const absl::string_view> payloads,
@@ -130,7 +139,7 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     // Already in the segment (a LentBuffer): the server reads it there. The region is the
     // answer's room only (at least a line: a valid region is what marks a frame as shared).
     std::optional<common::SharedArena::Region> room =
-        common::SharedArena::Allocate(arena, std::max<uint64_t>(answer, 64));
+        AllocateInLink(s, arena, std::max<uint64_t>(answer, 64));
     if (!room.has_value()) return;  // no room now: this frame goes by the socket
     SharedPayload* sp = h.mutable_shared();
     sp->set_stream_answer(false);
@@ -145,8 +154,7 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   }
   push = (push + 63) / 64 * 64;  // the answer's room starts aligned
   if (push + answer == 0) return;
-  std::optional<common::SharedArena::Region> region =
-      common::SharedArena::Allocate(arena, push + answer);
+  std::optional<common::SharedArena::Region> region = AllocateInLink(s, arena, push + answer);
   if (!region.has_value()) return;  // no room now: this frame goes by the socket
   // The one copy of a push: from the caller's gradient (or its encoding) into the segment.
   char* at = region->data();

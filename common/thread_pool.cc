@@ -134,21 +134,23 @@ void ThreadPool::ParallelFor(size_t units, int helpers, absl::FunctionRef<void(s
   }
   for (size_t h = 0; h < wanted; ++h) Schedule([state] { RunUnits(*state); });
   RunUnits(*state);
+  if (slot) slot_seq_.fetch_add(1);  // closed: no one joins any more
+  // The helpers' last units are under way: watched for a while (with spinning threads), then
+  // slept on, however long a unit waits (e.g. for a lock).
+  if (spin_.threads == 0 || !SpinUntil(spin_.spin, [&] {
+        return state->done.load(std::memory_order_acquire) == units;
+      })) {
+    absl::MutexLock lock(&state->mu);
+    state->mu.Await(absl::Condition(
+        +[](ParallelForState* s) { return s->done.load(std::memory_order_acquire) == s->units; },
+        state.get()));
+  }
   if (slot) {
-    slot_seq_.fetch_add(1);  // closed: no one joins any more
+    // Every unit is done: a thread still inside the slot is on its way out (or found none
+    // left), and `state` must outlive it.
     while (slot_users_.load() != 0) sched_yield();
     slot_taken_.store(false);
   }
-  // The helpers' last units are under way: watched for a while (with spinning threads), then
-  // slept on.
-  if (spin_.threads > 0 &&
-      SpinUntil(spin_.spin, [&] { return state->done.load(std::memory_order_acquire) == units; })) {
-    return;
-  }
-  absl::MutexLock lock(&state->mu);
-  state->mu.Await(absl::Condition(
-      +[](ParallelForState* s) { return s->done.load(std::memory_order_acquire) == s->units; },
-      state.get()));
 }
 
 void ThreadPool::Loop(bool spins) {

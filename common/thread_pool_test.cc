@@ -1,11 +1,15 @@
 #include "common/thread_pool.h"
 
+#include <time.h>
+
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace ps::common {
@@ -106,6 +110,44 @@ TEST(ThreadPool, WatchingThreadsJoinParallelForsWithoutQueuedTasks) {
   for (int i = 0; i < 20; ++i) round();
   EXPECT_EQ(pool.parallel_fors_joined(), joined + 20);
   EXPECT_EQ(pool.tasks_taken_spinning(), taken);
+}
+
+// CPU time this thread has run.
+absl::Duration ThreadCpu() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+
+// A helper that joined through the slot and then waits long inside its unit (as behind a
+// block's lock a pull holds): the caller, done with its own units, watches for it only as
+// long as the pool's spin, then sleeps. Before, it yielded in a loop until the helper was out
+// (all 500 ms of it on a core).
+TEST(ThreadPool, ACallerWaitingForAJoinedHelpersLongUnitSleepsAfterItsSpin) {
+  ThreadPool pool(1, ThreadPool::Spin{1, absl::Milliseconds(50), /*back_off=*/false});
+  pool.ParallelFor(2, 1, [](size_t) {});  // the helper has started ...
+  const uint64_t joined = pool.parallel_fors_joined();
+  for (int attempt = 0; attempt < 20 && pool.parallel_fors_joined() == joined; ++attempt) {
+    while (pool.threads_watching() != 1) std::this_thread::yield();  // ... and watches
+    const std::thread::id caller = std::this_thread::get_id();
+    absl::Notification helper_in;
+    absl::Duration waited_from;
+    const absl::Time start = absl::Now();
+    pool.ParallelFor(2, 1, [&](size_t) {
+      if (std::this_thread::get_id() != caller) {
+        helper_in.Notify();
+        absl::SleepFor(absl::Milliseconds(500));
+        return;
+      }
+      // The caller's unit ends once the helper has the other one.
+      helper_in.WaitForNotificationWithTimeout(absl::Seconds(5));
+      waited_from = ThreadCpu();
+    });
+    if (pool.parallel_fors_joined() == joined) continue;  // the helper slept: try again
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
+    EXPECT_LT(ThreadCpu() - waited_from, absl::Milliseconds(250));
+  }
+  EXPECT_EQ(pool.parallel_fors_joined(), joined + 1);
 }
 
 TEST(ThreadPool, ParallelForWithSpinningThreadsRunsEveryUnitOnce) {

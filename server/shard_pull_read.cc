@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "server/shard.h"
 
 namespace ps::server {
@@ -47,6 +48,8 @@ absl::Status Shard::ReadPull(absl::Span<const PullTable> tables, PullSink sink, 
         const uint32_t b = t.blocks[j];
         RETURN_IF_ERROR(sink(i, j, dense->BlockSize(b), [&](absl::Span<float> out) {
           if (split) {
+            // As Read checks it: the ranges are cut from this span.
+            CHECK_EQ(out.size(), dense->BlockSize(b)) << "block " << b << " of '" << t.table << "'";
             places.push_back(PullPlace{dense, b, out});
           } else {
             dense->Read(b, out, stream);

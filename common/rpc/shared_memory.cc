@@ -13,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace ps::common {
 namespace {
@@ -22,6 +23,19 @@ absl::Status Errno(absl::string_view what) {
 }
 
 constexpr uint64_t kAlign = 64;
+
+// "/proc/PID/fd/FD", as Create names a segment.
+bool IsDescriptorPath(absl::string_view path) {
+  auto number = [](absl::string_view* rest) {
+    size_t n = 0;
+    while (n < rest->size() && n < 10 && absl::ascii_isdigit((*rest)[n])) ++n;
+    if (n == 0) return false;
+    rest->remove_prefix(n);
+    return true;
+  };
+  return absl::ConsumePrefix(&path, "/proc/") && number(&path) &&
+         absl::ConsumePrefix(&path, "/fd/") && number(&path) && path.empty();
+}
 
 uint64_t RoundUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -73,7 +87,18 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Open(uint64_t id,
   if (bytes <= kReservedBytes) {
     return absl::FailedPreconditionError(absl::StrCat("a segment of ", bytes, " bytes"));
   }
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Only what Create names (another process's descriptor of its memory file), and only a
+  // regular file: a lying peer must not make this process open a device or a FIFO, whose
+  // opening alone may act or block (and opening does not wait, whatever it is).
+  if (!IsDescriptorPath(path)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a segment's path"));
+  }
+  struct stat before;
+  if (stat(path.c_str(), &before) != 0) return Errno(absl::StrCat("stat ", path));
+  if (!S_ISREG(before.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return Errno(absl::StrCat("opening ", path));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes ||

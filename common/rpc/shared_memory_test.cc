@@ -5,8 +5,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -51,6 +53,41 @@ TEST(SharedMemory, RefusesAnotherHostAnotherIdOrAnotherSize) {
             absl::StatusCode::kFailedPrecondition);
   close(fd);
   unlink(name);
+}
+
+// Only a process's descriptor of a regular file is opened: not the segment by another name
+// (a link to it), not a FIFO or a device behind a descriptor (opening one may block or act).
+TEST(SharedMemory, OpensOnlyADescriptorOfARegularFile) {
+  auto made = SharedMemory::Create(1 << 16);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const SharedMemory& m = **made;
+  const std::string link = absl::StrCat(testing::TempDir(), "/segment_link");
+  unlink(link.c_str());
+  ASSERT_EQ(symlink(m.path().c_str(), link.c_str()), 0);
+  absl::Status linked = SharedMemory::Open(m.id(), link, 1 << 16, SharedMemory::BootId()).status();
+  EXPECT_EQ(linked.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(linked.message()), testing::HasSubstr("not a segment's path"));
+  unlink(link.c_str());
+  for (const char* bad : {"/proc/self/fd/3", "/proc/1/fd/", "/proc/12/fd/3/x", "/dev/null"}) {
+    EXPECT_EQ(SharedMemory::Open(m.id(), bad, 1 << 16, SharedMemory::BootId()).status().code(),
+              absl::StatusCode::kFailedPrecondition)
+        << bad;
+  }
+  int fifo[2];
+  ASSERT_EQ(pipe(fifo), 0);
+  const int device = open("/dev/null", O_RDONLY);
+  ASSERT_GE(device, 0);
+  for (int fd : {fifo[0], device}) {
+    const std::string path = absl::StrCat("/proc/", getpid(), "/fd/", fd);
+    absl::Status s = SharedMemory::Open(m.id(), path, 1 << 16, SharedMemory::BootId()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << path;
+    EXPECT_THAT(std::string(s.message()), testing::HasSubstr("not a regular file")) << path;
+  }
+  close(fifo[0]);
+  close(fifo[1]);
+  close(device);
+  // The segment by its own name still opens.
+  EXPECT_TRUE(SharedMemory::Open(m.id(), m.path(), 1 << 16, SharedMemory::BootId()).ok());
 }
 
 TEST(SharedMemory, APeerCannotShrinkOrGrowTheSegment) {

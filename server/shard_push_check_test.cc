@@ -16,6 +16,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/codec.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -499,7 +501,10 @@ TEST(Shard, APayloadRewrittenDuringTheCheckIsRefusedOrTakenNeverACrash) {
       }
     });
     int refused = 0, changed_while_checked = 0;
-    for (uint64_t seq = 1; seq <= 3000; ++seq) {
+    // 3,000 pushes, and on until one is refused (the writer may wait for a core a while).
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    uint64_t seq = 1;
+    for (; seq <= 3000 || (refused == 0 && absl::Now() < give_up); ++seq) {
       absl::StatusOr<CheckedPush> checked = shard->CheckPush(FirstWorkerPush(*shard, &table, seq));
       absl::Status status = checked.status();
       if (checked.ok()) status = shard->ApplyPush(*std::move(checked)).status();
@@ -512,8 +517,8 @@ TEST(Shard, APayloadRewrittenDuringTheCheckIsRefusedOrTakenNeverACrash) {
     writer.join();
     EXPECT_GT(refused, 0);
     // How often the search found none: for the log (it depends on the threads' timing).
-    std::printf("%s: %d of 3000 refused, %d with none left when looked for\n", optimizer, refused,
-                changed_while_checked);
+    std::printf("%s: %d of %d refused, %d with none left when looked for\n", optimizer, refused,
+                static_cast<int>(seq - 1), changed_while_checked);
   }
 }
 

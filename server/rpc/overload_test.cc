@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -274,6 +275,61 @@ TEST_F(OverloadTest, DeterministicPushesBeyondThePoolCapAreRefused) {
   first->done.WaitForNotification();
   ASSERT_TRUE(first->status.ok()) << first->status.error_message();
   EXPECT_THAT(Values(4), ::testing::Each(1.0f - 0.125f));
+}
+
+// Deterministic BSP: a push waits for its turn (here worker 0's push of the clock, which does
+// not come) until its call's deadline, not the server's max_pull_wait: the worker's next
+// attempt then waits in its place. Before, each attempt given up by the worker still waited on
+// the server, and the third was refused for good (too_many_waiting, 2 per worker).
+TEST_F(OverloadTest, ADeterministicPushWaitsForItsTurnUntilItsCallsDeadline) {
+  ServiceOptions options;
+  options.max_pull_wait = absl::Seconds(60);
+  Start(options, GrpcServerOptions{}, R"pb(
+    cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
+    training { staleness: 0 deterministic: true }
+    security { plaintext: true }
+    tables {
+      name: "w"
+      kind: TABLE_KIND_DENSE
+      shape: 4
+      initializer { kind: CONSTANT value: 1 }
+      optimizer { kind: SGD learning_rate: 1 }
+    }
+  )pb");
+  auto push_of = [&](int32_t worker) {
+    PushRequest push;
+    *push.mutable_header() = Header(worker, 1, 1);
+    auto* t = push.add_tables();
+    t->set_table("w");
+    auto* block = t->add_blocks();
+    block->set_block_id(0);
+    common::EncodeFloats(std::vector<float>(4, 0.25f), ENCODING_FLOAT32, block->mutable_values());
+    return push;
+  };
+  const PushRequest second = push_of(1);
+  grpc::ByteBuffer answer;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    SCOPED_TRACE(absl::StrCat("attempt ", attempt));
+    const absl::Time start = absl::Now();
+    absl::Status s = service_->HandlePushPull(common::FrameOf(&second, nullptr),
+                                              start + absl::Milliseconds(200), &answer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "waited for max_pull_wait";
+  }
+  EXPECT_EQ(Rejected("too_many_waiting"), 0u);
+  // Worker 0's push comes: worker 1's, sent again, is applied after it.
+  const PushRequest first = push_of(0);
+  std::thread late([&] {
+    grpc::ByteBuffer a;
+    EXPECT_THAT(service_->HandlePushPull(common::FrameOf(&first, nullptr),
+                                         absl::Now() + absl::Seconds(60), &a),
+                IsOk());
+  });
+  EXPECT_THAT(service_->HandlePushPull(common::FrameOf(&second, nullptr),
+                                       absl::Now() + absl::Seconds(60), &answer),
+              IsOk());
+  late.join();
+  EXPECT_THAT(Values(4), ::testing::Each(1.0f - 0.25f - 0.25f));
 }
 
 // Other refusals are not marked retryable: a pull beyond the parked-pull cap.

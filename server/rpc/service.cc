@@ -366,7 +366,7 @@ absl::Status ParameterServerService::HandlePush(const PushRequest& request,
 }
 
 absl::Status ParameterServerService::ServePush(const PushRequest& request, PushResponse* response,
-                                               absl::Time arrived) {
+                                               absl::Time arrived, absl::Time deadline) {
   std::vector<PushTable> tables(request.tables_size());
   absl::Status status;
   for (int i = 0; i < request.tables_size() && status.ok(); ++i) {
@@ -385,7 +385,9 @@ absl::Status ParameterServerService::ServePush(const PushRequest& request, PushR
           "unparseable push: rows_bytes is for frames (PushPull), not Push"));
     }
   }
-  if (status.ok()) status = PushImpl(request.header(), request.is_delta(), tables, response);
+  if (status.ok()) {
+    status = PushImpl(request.header(), request.is_delta(), tables, response, deadline);
+  }
   Record(kPush, arrived, status, request.ByteSizeLong(),
          status.ok() ? response->ByteSizeLong() : 0);
   return status;
@@ -393,10 +395,12 @@ absl::Status ParameterServerService::ServePush(const PushRequest& request, PushR
 
 absl::Status ParameterServerService::PushImpl(const RequestHeader& header, bool is_delta,
                                               absl::Span<const PushTable> tables,
-                                              PushResponse* response) {
+                                              PushResponse* response, absl::Time deadline) {
   PushView push;
   push.info = InfoOf(header);
-  push.info.deadline = absl::Now() + options_.max_pull_wait;  // a deterministic push's turn
+  // A deterministic push's turn: waited for until the call's deadline at most (after it the
+  // worker sends the push again, which then waits in its place).
+  push.info.deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
   push.is_delta = is_delta;
   push.tables = tables;
   ASSIGN_OR_RETURN(PushResult result, shard_->Push(push));
@@ -417,13 +421,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
     return reactor;
   }
   if (!PushesWait()) {
-    Finish(reactor, ServePush(*request, response, arrived));
+    Finish(reactor, ServePush(*request, response, arrived, absl::FromChrono(context->deadline())));
     return reactor;
   }
   const size_t bytes = request->ByteSizeLong();
-  if (absl::Status s = ServeOnPool(bytes, [this, reactor, request, response, arrived] {
-        Finish(reactor, ServePush(*request, response, arrived));
-      });
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  if (absl::Status s = ServeOnPool(
+          bytes, [this, reactor, request, response, arrived,
+                  deadline] { Finish(reactor, ServePush(*request, response, arrived, deadline)); });
       !s.ok()) {
     context->AddTrailingMetadata(common::kServerBusyMetadata, "1");
     Record(kPush, arrived, s, bytes, 0);
@@ -533,7 +538,7 @@ struct ParameterServerService::PushPullCall {
 
 absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& request,
                                                    const PeerIdentity* peer, bool from_channel,
-                                                   PushPullCall* call) {
+                                                   PushPullCall* call, absl::Time deadline) {
   PushPullRequest& header = call->header;
   common::FrameReader reader;
   Method* method = &call->method;
@@ -585,7 +590,8 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
           absl::StrCat("unparseable frame: ", status.message())));
     } else {
       for (PushTable& t : tables) t.payload_may_change = call->shared != nullptr;
-      status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push());
+      status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push(),
+                        deadline);
     }
     buffers_->Release(std::move(scratch));
     RETURN_IF_ERROR(status);
@@ -644,7 +650,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     done(std::move(status));
   };
   auto answer = [this, call, response] { return PushPullAnswer(call.get(), response); };
-  if (absl::Status s = PushPullBegin(request, peer, from_channel, call.get()); !s.ok()) {
+  if (absl::Status s = PushPullBegin(request, peer, from_channel, call.get(), deadline); !s.ok()) {
     finish(std::move(s));
     return 0;
   }

@@ -261,7 +261,9 @@ class ParameterServerService final
   // not parked). `request` and `response` must live until `done` is called.
   WaiterId StartPull(const PullRequest& request, absl::Time deadline, PullResponse* response,
                      absl::Time arrived, Done done);
-  absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived);
+  // `deadline`: the call's (a deterministic push waits for its turn until then at most).
+  absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived,
+                         absl::Time deadline = absl::InfiniteFuture());
   // As StartPull for a frame. `peer`: the caller, checked against the frame's worker id
   // before this returns; nullptr = not checked (tests).
   // `from_channel`: the frame came through a shared-memory channel (it may not ask for a
@@ -271,10 +273,11 @@ class ParameterServerService final
                          Done done, bool from_channel = false);
   // Decoding done: the shard checks and applies the push (Shard::Push).
   absl::Status PushImpl(const RequestHeader& header, bool is_delta,
-                        absl::Span<const PushTable> tables, PushResponse* response);
+                        absl::Span<const PushTable> tables, PushResponse* response,
+                        absl::Time deadline);
   // A frame up to its pull: parsed, checked (pull included), push applied.
   absl::Status PushPullBegin(const grpc::ByteBuffer& request, const PeerIdentity* peer,
-                             bool from_channel, PushPullCall* call);
+                             bool from_channel, PushPullCall* call, absl::Time deadline);
   // The answer frame of `call`, with its pull read now.
   absl::Status PushPullAnswer(PushPullCall* call, grpc::ByteBuffer* response);
   // The segment of a PushPull that names one (header.shared), its ranges checked: ABORTED

@@ -367,7 +367,7 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
         return;
       }
       auto serve = [s, c, arrived] {
-        c->Finish(s->ServePush(c->request, &c->response, arrived));
+        c->Finish(s->ServePush(c->request, &c->response, arrived, c->deadline()));
         c->Started(0);
       };
       const size_t bytes = c->request.ByteSizeLong();

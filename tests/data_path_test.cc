@@ -505,6 +505,60 @@ TEST_F(DataPathTest, PullsInPiecesReadWhatOneFramePerServerReads) {
   EXPECT_EQ(Pulls(0) + Pulls(1) - before, 2u);
 }
 
+// One table of 10,000 blocks of 4 values: a pull of all of it names them in about 30 KB, which
+// fits a channel slot's request, but its answer's header (about 8 bytes a block) does not fit
+// the slot's 64 KB of answer.
+constexpr char kManyBlocksConfig[] = R"pb(
+  cluster { num_servers: 1 num_workers: 1 dense_block_floats: 4 }
+  default_optimizer { kind: SGD learning_rate: 0.5 }
+  tables {
+    name: "m"
+    kind: TABLE_KIND_DENSE
+    shape: 40000
+    initializer { kind: UNIFORM low: -1 high: 1 }
+  }
+  security { plaintext: true }
+)pb";
+
+class ManyBlocksTest : public DataPathTest {
+ protected:
+  ManyBlocksTest() {
+    config_text_ = kManyBlocksConfig;
+    tcp_ = true;
+    shared_bytes_ = 16 << 20;
+  }
+};
+
+// Such calls go by the socket with their payloads through the segment, never through the
+// channel, whose answer could not hold them: before, each was applied, answered ABORTED by the
+// channel and sent again by the socket (a duplicate), and the worker gave up its segment every
+// time. Every step lands as the in-process store's.
+TEST_F(ManyBlocksTest, CallsWhoseAnswerHeaderIsOverAChannelSlotGoBySocket) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  std::vector<float> grad(40000), got(40000), want(40000);
+  for (int step = 1; step <= 5; ++step) {
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>((i + step) % 7);
+    common::PushBatch push;
+    push.dense.push_back({"m", grad});
+    common::PullBatch pull_got, pull_want;
+    pull_got.dense.push_back({"m", absl::MakeSpan(got)});
+    pull_want.dense.push_back({"m", absl::MakeSpan(want)});
+    ASSERT_THAT(store_->PushPull(push, {step, false}, pull_got, {step}), IsOk());
+    ASSERT_THAT((*local)->Push(push, {step, false}), IsOk());
+    ASSERT_THAT((*local)->Pull(pull_want, {step}), IsOk());
+    ASSERT_EQ(got, want) << "step " << step;
+  }
+  const worker::GrpcStoreStats stats = store_->stats();
+  EXPECT_EQ(stats.retries, 0u);
+  EXPECT_EQ(stats.duplicate_pushes, 0u);
+  EXPECT_EQ(stats.calls_shared, 0u);
+  EXPECT_EQ(Pushes(0), 5u);
+  // Steps 2-5 had their payloads (pushed and pulled) through the segment.
+  EXPECT_EQ(stats.bytes_shared, 4 * 2 * 40000 * sizeof(float));
+}
+
 // Lent push buffers (ParameterStore::LendPushBuffer) need a server holding all of the tables:
 // one server, "a" in 5 blocks and "c" in one, Adam, shared memory.
 constexpr char kOneServerConfig[] = R"pb(

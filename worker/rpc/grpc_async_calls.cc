@@ -44,6 +44,19 @@ bool ServerBusy(const absl::Status& s, const grpc::ClientContext& context) {
 // still there (a read of /proc/PID/stat).
 constexpr absl::Duration kServerCheckInterval = absl::Milliseconds(50);
 
+// Whether the answer to `h` surely fits a channel slot's answer (its payload goes to the
+// segment, so its header is all of it): a bound of the header's encoding, a block's entry at
+// most 20 bytes (id and payload length), a table's 32 besides its name. A call whose answer
+// did not fit would be served, its push applied, and answered ABORTED ("send it by the
+// socket"): a duplicate then, and the segment given up.
+bool AnswerFitsAChannelSlot(const PushPullRequest& h) {
+  size_t bound = 512;
+  for (const TablePullRequest& t : h.pull()) {
+    bound += 32 + t.table().size() + 20 * static_cast<size_t>(t.block_ids_size());
+  }
+  return bound <= common::SharedChannel::kAnswerBytes;
+}
+
 }  // namespace
 
 // One server's frame of a call.
@@ -219,6 +232,7 @@ void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
   if (std::shared_ptr<common::SharedChannel> channel =
           store_->ChannelFor(slot->frame, slot->call->x);
       channel != nullptr && slot->request.Length() <= common::SharedChannel::kRequestBytes &&
+      AnswerFitsAChannelSlot(slot->call->x.headers[slot->frame]) &&
       in_channels_.size() < common::kMaxChannelWaits) {
     if (std::optional<uint32_t> i = channel->AcquireSlot(); i.has_value()) {
       const absl::Duration deadline = store_->options_.deadline;

@@ -456,7 +456,7 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
   RETURN_IF_ERROR(PrepareRows(push.updates_, &pinned));
   absl::StatusOr<WorkerTracker::Admission> admission =
       workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
-  if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission)) {
+  if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission, info)) {
     return *std::move(not_admitted);
   }
   ApplyUpdates(push.updates_, push.options_);
@@ -464,9 +464,14 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
 }
 
 std::optional<absl::StatusOr<PushResult>> Shard::NotAdmitted(
-    const absl::StatusOr<WorkerTracker::Admission>& admission) {
+    const absl::StatusOr<WorkerTracker::Admission>& admission, const RequestInfo& info) {
   if (!admission.ok()) return Reject(HeaderRejection(admission.status()), admission.status());
   if (*admission == WorkerTracker::Admission::kApply) return std::nullopt;
+  // A duplicate is answered once the attempt it repeats has been applied: its answer lets the
+  // worker read (its call's pull, or its next) and rewrite (lent memory) what that push held.
+  // Past the deadline it is answered anyway: the worker has given it up.
+  workers_.WaitUntilApplied(info.worker_id, info.worker_incarnation, info.sequence, info.deadline)
+      .IgnoreError();
   absl::MutexLock stats(&stats_mu_);
   ++duplicates_;
   return PushResult{true, updates_applied_};
@@ -474,7 +479,7 @@ std::optional<absl::StatusOr<PushResult>> Shard::NotAdmitted(
 
 PushResult Shard::Applied(const CheckedPush& push) {
   const RequestInfo& info = push.info_;
-  workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock);
+  workers_.AdvanceClock(info.worker_id, info.worker_incarnation, info.clock, info.sequence);
   absl::MutexLock stats(&stats_mu_);
   ++pushes_;
   ++updates_applied_;
@@ -538,10 +543,10 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
                                    " non-finite values when applied (its payload changed since)")));
   }
   absl::StatusOr<WorkerTracker::Admission> admission =
-      workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
+      workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence, /*applied=*/true);
   if (!admission.ok() || *admission == WorkerTracker::Admission::kDuplicate) undo_all();
-  std::move(unlock).Invoke();
-  if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission)) {
+  std::move(unlock).Invoke();  // (before a duplicate waits: the attempt it repeats may need them)
+  if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission, info)) {
     return *std::move(not_admitted);
   }
   for (const PendingUpdate& u : updates) static_cast<DenseTablePart*>(u.table)->CountUpdate();

@@ -468,9 +468,10 @@ class Shard {
   // nothing changes and no pull saw them. The refusal of a non-finite value is CheckFinite's.
   absl::StatusOr<PushResult> ApplyOnePass(const CheckedPush& push);
   // An admission other than kApply as ApplyPush answers it (the refusal, or a duplicate,
-  // counted); nullopt for kApply.
+  // counted, once the attempt it repeats is applied or info.deadline passes); nullopt for
+  // kApply.
   std::optional<absl::StatusOr<PushResult>> NotAdmitted(
-      const absl::StatusOr<WorkerTracker::Admission>& admission);
+      const absl::StatusOr<WorkerTracker::Admission>& admission, const RequestInfo& info);
   // After an admitted push's updates: its worker's clock and the counts.
   PushResult Applied(const CheckedPush& push);
 

@@ -82,7 +82,7 @@ absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarna
 }
 
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
-                                                              uint64_t sequence) {
+                                                              uint64_t sequence, bool applied) {
   if (sequence == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
@@ -107,17 +107,43 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
     w.above.erase(w.above.begin());
     ++w.floor;
   }
+  if (!applied) w.applying.insert(sequence);
   return Admission::kApply;
 }
 
-void WorkerTracker::AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock) {
+void WorkerTracker::AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock,
+                                 uint64_t sequence) {
   Released released;
   absl::MutexLock lock(&mu_);
   Worker& w = workers_[worker];
   if (w.incarnation != incarnation) return;  // replaced meanwhile
+  if (sequence != 0) w.applying.erase(sequence);
   w.clock = std::max(w.clock, clock);
   w.last_seen = now_();
   ReleaseReady(&released);
+}
+
+absl::Status WorkerTracker::WaitUntilApplied(int32_t worker, uint64_t incarnation,
+                                             uint64_t sequence, absl::Time deadline) {
+  struct Wait {
+    WorkerTracker* tracker;
+    int32_t worker;
+    uint64_t incarnation, sequence;
+  } wait{this, worker, incarnation, sequence};
+  absl::MutexLock lock(&mu_);
+  const bool done = mu_.AwaitWithDeadline(absl::Condition(
+                                              +[](Wait* x) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                                if (!x->tracker->closed_.ok()) return true;
+                                                auto it = x->tracker->workers_.find(x->worker);
+                                                return it == x->tracker->workers_.end() ||
+                                                       it->second.incarnation != x->incarnation ||
+                                                       !it->second.applying.contains(x->sequence);
+                                              },
+                                              &wait),
+                                          deadline);
+  if (done) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat("worker ", worker, ": push ", sequence,
+                                                  " is still being applied by an earlier attempt"));
 }
 
 absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation) {

@@ -48,6 +48,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -106,10 +107,20 @@ class WorkerTracker {
   // so a snapshot never sees one without the other). FAILED_PRECONDITION for an incarnation
   // older than the newest seen; INVALID_ARGUMENT for sequence 0, for a sequence beyond
   // kSequenceWindow ahead, and for an incarnation too far ahead of the clock.
-  absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence);
-  // Advances the worker's clock to at least `clock`, after its push was applied (so that a
-  // pull released by the new clock sees the push).
-  void AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock);
+  // `applied`: the caller applied the push before admitting it (the one pass); otherwise the
+  // push counts as being applied until AdvanceClock(..., sequence) (WaitUntilApplied).
+  absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence,
+                                  bool applied = false);
+  // Advances the worker's clock to at least `clock`, after its push `sequence` was applied
+  // (so that a pull released by the new clock sees the push); the push is no longer being
+  // applied (0: none named).
+  void AdvanceClock(int32_t worker, uint64_t incarnation, int64_t clock, uint64_t sequence = 0);
+  // For a push found a duplicate: waits until the admitted copy of it is applied (a retry
+  // answered while the attempt it repeats is still being applied would let the worker read,
+  // and rewrite, what that attempt has not applied yet), the worker replaced, or the tracker
+  // closed. DEADLINE_EXCEEDED at `deadline`.
+  absl::Status WaitUntilApplied(int32_t worker, uint64_t incarnation, uint64_t sequence,
+                                absl::Time deadline);
 
   // A sign of life without a push (pulls, heartbeats). Returns FAILED_PRECONDITION for an
   // older incarnation than the newest seen, INVALID_ARGUMENT for one too far ahead.
@@ -202,6 +213,8 @@ class WorkerTracker {
     // of its pushes wait for their turn now.
     int64_t arrived = 0;
     int turn_waits = 0;
+    // Pushes admitted and not applied yet (at most the worker's calls in flight).
+    absl::flat_hash_set<uint64_t> applying;
   };
   struct Waiter {
     int32_t worker;

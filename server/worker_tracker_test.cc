@@ -47,6 +47,36 @@ TEST(WorkerTracker, AdmitsEachSequenceOnce) {
   EXPECT_EQ(*t.Admit(1, 7, 1), Admission::kApply);
 }
 
+// A duplicate found while the attempt it repeats is still being applied waits for that
+// attempt's AdvanceClock; one admitted after it was applied (the one pass) makes nobody wait;
+// a new incarnation, or the deadline, ends the wait.
+TEST(WorkerTracker, ADuplicateWaitsUntilTheAttemptItRepeatsIsApplied) {
+  WorkerTracker t(Options(2, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 7, 1), Admission::kApply);  // now being applied
+  ASSERT_EQ(*t.Admit(0, 7, 1), Admission::kDuplicate);
+  EXPECT_THAT(t.WaitUntilApplied(0, 7, 1, absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  absl::Notification waited;
+  std::thread duplicate([&] {
+    EXPECT_THAT(t.WaitUntilApplied(0, 7, 1, absl::Now() + absl::Seconds(60)), IsOk());
+    waited.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(waited.HasBeenNotified());
+  t.AdvanceClock(0, 7, /*clock=*/1, /*sequence=*/1);
+  duplicate.join();
+  EXPECT_THAT(t.WaitUntilApplied(0, 7, 1, absl::InfinitePast()), IsOk());
+  ASSERT_EQ(*t.Admit(0, 7, 2, /*applied=*/true), Admission::kApply);
+  EXPECT_THAT(t.WaitUntilApplied(0, 7, 2, absl::InfinitePast()), IsOk());
+  // Worker 1's push 1 is being applied when its next incarnation comes.
+  ASSERT_EQ(*t.Admit(1, 7, 1), Admission::kApply);
+  std::thread old(
+      [&] { EXPECT_THAT(t.WaitUntilApplied(1, 7, 1, absl::Now() + absl::Seconds(60)), IsOk()); });
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_EQ(*t.Admit(1, 8, 1), Admission::kApply);
+  old.join();
+}
+
 TEST(WorkerTracker, LostSequencesDoNotGrowTheStateForever) {
   // A server restored from an older checkpoint never sees sequences 2..10 again.
   WorkerTracker t(Options(1, std::nullopt));

@@ -56,6 +56,7 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
     w.incarnation = incarnation;
     w.floor = 0;
     w.above.clear();
+    w.applying.clear();  // the old process's: their attempts no longer end it
     w.seen = true;
   }
   w.finished = false;

@@ -114,6 +114,10 @@ race_top:grpc::internal::CallbackWithSuccessTag::
 # 2026-12-05).
 race:grpc::internal::CallbackWithStatusTag::Set
 race:grpc::internal::CallbackWithSuccessTag::Set
+# And the callback handler's own code (grpcpp header) reading the reactor that the handler
+# thread made, e.g. its vtable to call OnDone, on the callback thread (the same hand-off;
+# tests/overlapped_steps_test, 2026-12-05). race_top: our reactors' methods stay checked.
+race_top:grpc::internal::CallbackUnaryHandler<
 # Likewise the grpcpp readers and writers of gRPC's byte buffers, whose slices gRPC allocated
 # (gpr_malloc) and handed over on another of its threads.
 race_top:grpc::ProtoBufferReader::

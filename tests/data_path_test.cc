@@ -129,10 +129,11 @@ class DataPathTest : public ::testing::Test {
     return stats.pulls();
   }
 
-  // PushPull steps of "m" from `store`, checked bitwise against `local` after each step.
+  // PushPull steps of "m" (`n` values) from `store`, checked bitwise against `local` after each
+  // step.
   void Steps(worker::GrpcParameterStore* store, server::InProcessParameterStore* local, int first,
-             int last) {
-    std::vector<float> grad(525000), got(525000), want(525000);
+             int last, size_t n = 525000) {
+    std::vector<float> grad(n), got(n), want(n);
     for (int step = first; step <= last; ++step) {
       for (size_t i = 0; i < grad.size(); ++i) {
         grad[i] = 1e-3f * static_cast<float>((i * 7 + step) % 101) - 0.05f;
@@ -520,13 +521,9 @@ constexpr char kManyBlocksConfig[] = R"pb(
   security { plaintext: true }
 )pb";
 
-class ManyBlocksTest : public DataPathTest {
+class ManyBlocksTest : public DataPathOverSharedMemoryTest {
  protected:
-  ManyBlocksTest() {
-    config_text_ = kManyBlocksConfig;
-    tcp_ = true;
-    shared_bytes_ = 16 << 20;
-  }
+  ManyBlocksTest() { config_text_ = kManyBlocksConfig; }
 };
 
 // Such calls go by the socket with their payloads through the segment, never through the
@@ -537,19 +534,7 @@ TEST_F(ManyBlocksTest, CallsWhoseAnswerHeaderIsOverAChannelSlotGoBySocket) {
   std::vector<std::unique_ptr<server::Shard>> owned;
   auto local = LocalStore(&owned);
   ASSERT_THAT(local.status(), IsOk());
-  std::vector<float> grad(40000), got(40000), want(40000);
-  for (int step = 1; step <= 5; ++step) {
-    for (size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>((i + step) % 7);
-    common::PushBatch push;
-    push.dense.push_back({"m", grad});
-    common::PullBatch pull_got, pull_want;
-    pull_got.dense.push_back({"m", absl::MakeSpan(got)});
-    pull_want.dense.push_back({"m", absl::MakeSpan(want)});
-    ASSERT_THAT(store_->PushPull(push, {step, false}, pull_got, {step}), IsOk());
-    ASSERT_THAT((*local)->Push(push, {step, false}), IsOk());
-    ASSERT_THAT((*local)->Pull(pull_want, {step}), IsOk());
-    ASSERT_EQ(got, want) << "step " << step;
-  }
+  Steps(store_.get(), local->get(), 1, 5, 40000);
   const worker::GrpcStoreStats stats = store_->stats();
   EXPECT_EQ(stats.retries, 0u);
   EXPECT_EQ(stats.duplicate_pushes, 0u);

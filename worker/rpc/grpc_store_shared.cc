@@ -117,7 +117,13 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   if (options_.shared_memory_bytes == 0) return;
   const uint32_t s = x->ServerOf(f);
   PushPullRequest& h = x->headers[f];
+  const int64_t start_ns = absl::GetCurrentTimeNanos();
+  uint64_t push = 0;
+  for (absl::string_view bytes : x->payloads[f]) push += bytes.size();
+  const uint64_t answer = AnswerBytes(h);
   std::shared_ptr<common::SharedArena> arena;
+  std::optional<uint64_t> lent;
+  std::optional<common::SharedArena::Region> region;
   {
     absl::MutexLock lock(&shared_mu_);
     SharedLink& link = shared_[s];
@@ -130,32 +136,29 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     }
     if (link.state != SharedLink::kActive) return;
     arena = link.arena;
+    // Allocated under the lock that gives a link up (as AllocateInLink): a region freed by a
+    // given-up call goes back to an arena no link holds any more. A lent payload (already in
+    // the segment: the server reads it there) needs the answer's room only, at least a line
+    // (a valid region is what marks a frame as shared); the answer's room after a copied push
+    // starts aligned.
+    lent = LentOffset(x->payloads[f], *arena);
+    if (!lent.has_value()) push = (push + 63) / 64 * 64;
+    const uint64_t bytes = lent.has_value() ? std::max<uint64_t>(answer, 64) : push + answer;
+    if (bytes > 0) region = common::SharedArena::Allocate(arena, static_cast<size_t>(bytes));
   }
-  const int64_t start_ns = absl::GetCurrentTimeNanos();
-  uint64_t push = 0;
-  for (absl::string_view bytes : x->payloads[f]) push += bytes.size();
-  const uint64_t answer = AnswerBytes(h);
-  if (std::optional<uint64_t> lent = LentOffset(x->payloads[f], *arena); lent.has_value()) {
-    // Already in the segment (a LentBuffer): the server reads it there. The region is the
-    // answer's room only (at least a line: a valid region is what marks a frame as shared).
-    std::optional<common::SharedArena::Region> room =
-        AllocateInLink(s, arena, std::max<uint64_t>(answer, 64));
-    if (!room.has_value()) return;  // no room now: this frame goes by the socket
+  if (!region.has_value()) return;  // no room now (or nothing to place): by the socket
+  if (lent.has_value()) {
     SharedPayload* sp = h.mutable_shared();
     sp->set_stream_answer(false);
     sp->set_segment(arena->memory()->id());
     sp->set_push_offset(*lent);
     sp->set_push_bytes(push);
-    sp->set_answer_offset(room->offset());
+    sp->set_answer_offset(region->offset());
     sp->set_answer_capacity(answer);
     x->handoff[f].lent = true;
-    x->shared[f] = *std::move(room);
+    x->shared[f] = *std::move(region);
     return;
   }
-  push = (push + 63) / 64 * 64;  // the answer's room starts aligned
-  if (push + answer == 0) return;
-  std::optional<common::SharedArena::Region> region = AllocateInLink(s, arena, push + answer);
-  if (!region.has_value()) return;  // no room now: this frame goes by the socket
   // The one copy of a push: from the caller's gradient (or its encoding) into the segment.
   char* at = region->data();
   std::vector<BlockCopy> copies;

@@ -310,10 +310,11 @@ absl::Status Shard::CheckWorkerAndClock(const RequestInfo& info) {
                       "worker ", info.worker_id, " is not in this job (cluster.num_workers is ",
                       num_workers, ")")));
   }
-  if (info.worker_id < 0 || info.clock >= 0) return absl::OkStatus();
+  if (info.worker_id < 0 || (info.clock >= 0 && info.done_clock >= 0)) return absl::OkStatus();
   return Reject("bad_clock",
-                absl::InvalidArgumentError(absl::StrCat("worker ", info.worker_id, ": clock ",
-                                                        info.clock, " is negative")));
+                absl::InvalidArgumentError(absl::StrCat(
+                    "worker ", info.worker_id, ": ", info.clock < 0 ? "clock " : "done_clock ",
+                    info.clock < 0 ? info.clock : info.done_clock, " is negative")));
 }
 
 absl::Status Shard::CheckPusher(const RequestInfo& info) {
@@ -327,10 +328,12 @@ absl::Status Shard::CheckPusher(const RequestInfo& info) {
 
 absl::Status Shard::CheckPullStart(const RequestInfo& info) {
   RETURN_IF_ERROR(CheckWorkerAndClock(info));
-  if (absl::Status s = workers_.CheckPullClock(info.worker_id, info.clock); !s.ok()) {
+  if (absl::Status s = workers_.CheckPullClock(info.worker_id, info.clock, info.done_clock);
+      !s.ok()) {
     return Reject("clock_ahead", std::move(s));
   }
-  if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation); !s.ok()) {
+  if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation, info.done_clock);
+      !s.ok()) {
     return Reject(HeaderRejection(s), std::move(s));
   }
   return absl::OkStatus();

@@ -135,6 +135,8 @@ struct RequestInfo {
   uint64_t worker_incarnation = 0;
   uint64_t sequence = 0;
   int64_t clock = 0;
+  // The worker's own completed clock (RequestHeader.done_clock; 0 = not told).
+  int64_t done_clock = 0;
   uint64_t layout_fingerprint = 0;
   // Until when a push may wait for its turn (training.deterministic).
   absl::Time deadline = absl::InfiniteFuture();
@@ -435,10 +437,10 @@ class Shard {
   Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
         const WorkerTrackerOptions& tracker_options,
         std::unique_ptr<storage::SpillStore> spill_store);
-  // INVALID_ARGUMENT (counted as "bad_clock") for a worker's negative clock.
+  // INVALID_ARGUMENT (counted as "bad_clock") for a worker's negative clock or done_clock.
   absl::Status CheckWorkerAndClock(const RequestInfo& info);
   // A worker's pull before any wait: its clock (bad_clock, clock_ahead) and its header
-  // (recorded as alive).
+  // (recorded as alive; its clock raised to its done_clock).
   absl::Status CheckPullStart(const RequestInfo& info);
   // INVALID_ARGUMENT for a push without a worker slot (negative id): every push goes through
   // exactly-once admission.

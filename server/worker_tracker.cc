@@ -147,9 +147,15 @@ absl::Status WorkerTracker::WaitUntilApplied(int32_t worker, uint64_t incarnatio
                                                   " is still being applied by an earlier attempt"));
 }
 
-absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation) {
+absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation, int64_t done_clock) {
+  Released released;
   absl::MutexLock lock(&mu_);
-  return Lookup(worker, incarnation).status();
+  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
+  if (done_clock > w->clock) {
+    w->clock = done_clock;
+    ReleaseReady(&released);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
@@ -169,10 +175,11 @@ absl::Status WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
   return absl::OkStatus();
 }
 
-absl::Status WorkerTracker::CheckPullClock(int32_t worker, int64_t clock) const {
+absl::Status WorkerTracker::CheckPullClock(int32_t worker, int64_t clock,
+                                           int64_t done_clock) const {
   if (!options_.staleness.has_value()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  int64_t newest = 0;
+  int64_t newest = std::max<int64_t>(0, done_clock);
   for (const auto& [id, w] : workers_) newest = std::max(newest, w.clock);
   // clock >= 0 (checked by the shard), staleness >= 0 and newest >= 0, while a pushed clock may
   // be near INT64_MAX: compare differences, which cannot overflow here.

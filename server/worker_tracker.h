@@ -124,7 +124,11 @@ class WorkerTracker {
 
   // A sign of life without a push (pulls, heartbeats). Returns FAILED_PRECONDITION for an
   // older incarnation than the newest seen, INVALID_ARGUMENT for one too far ahead.
-  absl::Status Touch(int32_t worker, uint64_t incarnation);
+  // `done_clock`: the steps the worker says it has completed (RequestHeader.done_clock); the
+  // worker's clock rises to it once the incarnation is accepted. In a healthy job it is never
+  // ahead (every server applied those pushes); after this server was restored from an older
+  // checkpoint it is, and without it the worker's pulls would wait for its own lost clock.
+  absl::Status Touch(int32_t worker, uint64_t incarnation, int64_t done_clock = 0);
   // The worker is done: it leaves the bound for good (until heard from again). Only the
   // worker's current incarnation may finish it (or the first one heard of, for a worker this
   // server has no record of): FAILED_PRECONDITION for any other, so a finish cannot come
@@ -134,8 +138,9 @@ class WorkerTracker {
 
   // OK when a pull at `clock` can be served by pushes that may come: INVALID_ARGUMENT when
   // clock - staleness is more than kPullClockLead beyond the newest clock any worker has
-  // pushed here. Always OK when asynchronous (pulls never wait).
-  absl::Status CheckPullClock(int32_t worker, int64_t clock) const;
+  // pushed here, or than the worker's own `done_clock` (which Touch takes). Always OK when
+  // asynchronous (pulls never wait).
+  absl::Status CheckPullClock(int32_t worker, int64_t clock, int64_t done_clock = 0) const;
   // Blocks until the bound lets a worker at `clock` read (min live clock >= clock -
   // staleness), or until `deadline` (DEADLINE_EXCEEDED naming the slowest worker).
   // Returns at once when asynchronous. Records the staleness seen.

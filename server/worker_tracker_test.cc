@@ -156,6 +156,36 @@ TEST(WorkerTracker, WaiterIsReleasedWhenSlowWorkerAdvances) {
   EXPECT_THAT(status, IsOk());
 }
 
+// A worker's done_clock (what it says it has completed) raises its clock, as a push would,
+// and releases pulls parked for it; an older incarnation's raises nothing.
+TEST(WorkerTracker, ATouchRaisesTheClockToTheWorkersDoneClock) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  t.AdvanceClock(0, 1, 5);
+  // A pull at 5 waits for worker 1 (at 0), whose own clock no push here is going to move.
+  EXPECT_THAT(t.CheckPullClock(1, 5), IsOk());
+  EXPECT_THAT(t.CheckPullClock(1, 9), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.CheckPullClock(1, 9, /*done_clock=*/9), IsOk());
+  absl::Notification released;
+  absl::Status status;
+  auto parked = t.WhenBound(0, 5, absl::Now() + absl::Seconds(30), {}, [&](absl::Status s) {
+    status = std::move(s);
+    released.Notify();
+  });
+  ASSERT_THAT(parked.status(), IsOk());
+  ASSERT_NE(*parked, 0u);
+  ASSERT_THAT(t.Touch(1, 1, /*done_clock=*/4), IsOk());
+  EXPECT_FALSE(released.HasBeenNotified());
+  EXPECT_THAT(t.Touch(1, 0, /*done_clock=*/9), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(t.Get(1)->clock(), 4);
+  ASSERT_THAT(t.Touch(1, 1, /*done_clock=*/5), IsOk());
+  EXPECT_TRUE(released.HasBeenNotified());
+  EXPECT_THAT(status, IsOk());
+  ASSERT_THAT(t.Touch(1, 1, /*done_clock=*/2), IsOk());  // never lowers it
+  EXPECT_EQ(t.Get(1)->clock(), 5);
+}
+
 TEST(WorkerTracker, UnseenWorkerHoldsBspBack) {
   WorkerTracker t(Options(2, 0));
   ASSERT_THAT(t.Touch(0, 1), IsOk());

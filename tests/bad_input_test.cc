@@ -197,6 +197,10 @@ std::vector<Case> Cases() {
   pull_w.dense.push_back({"w", std::vector<float>(10)});
   add("pull_layout_mismatch", pull_w, C::kFailedPrecondition, "layout_mismatch")->wire =
       [](RequestHeader* h, Tables*) { h->set_layout_fingerprint(12345); };
+  add("push_negative_done_clock", GoodPush(), C::kInvalidArgument, "bad_clock")->wire =
+      [](RequestHeader* h, Tables*) { h->set_done_clock(-1); };
+  add("pull_negative_done_clock", pull_w, C::kInvalidArgument, "bad_clock")->wire =
+      [](RequestHeader* h, Tables*) { h->set_done_clock(std::numeric_limits<int64_t>::min()); };
   add("push_sequence_zero", GoodPush(), C::kInvalidArgument, "bad_sequence")->wire =
       [](RequestHeader* h, Tables*) { h->set_sequence(0); };
   add("push_incarnation_far_ahead", GoodPush(), C::kInvalidArgument, "bad_sequence")->wire =

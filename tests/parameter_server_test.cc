@@ -127,6 +127,106 @@ TEST(ParameterServer, ServesOnAFreePortAndRestoresItsFinalCheckpoint) {
   EXPECT_THAT((*restored)->Wait(), IsOk());
 }
 
+// A worker's own clock on a server restored from an older checkpoint lags what the worker has
+// done; the worker's next pull at its real clock (an evaluation's, or the first of an epoch)
+// must not wait for, or be refused for, a clock of its own that the server will never see
+// pushed again. Two servers: server 1 is restored at clock 2 while server 0 stays up. Under
+// SSP(1) four steps ahead the pull was refused (clock_ahead: no push can let it through);
+// under BSP two steps ahead it waited for the worker itself until its deadline. Then the same
+// for a restarted worker, which resumes at the clock server 0 remembers.
+class RestoredClockTest : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(RestoredClockTest, AWorkerAheadOfARestoredServerIsNotHeldBackByItsOwnLostClock) {
+  const auto [staleness, lag] = GetParam();
+  JobConfig config = Config();
+  config.mutable_cluster()->set_num_servers(2);
+  config.mutable_cluster()->set_dense_block_floats(10);  // blocks of "w" on both servers
+  config.mutable_training()->set_staleness(staleness);
+  const std::string dir = testing::MakeTempDir("ps");
+  auto start = [&](int index, int port) {
+    ParameterServerOptions options = Options(absl::StrCat(dir, "/", index));
+    options.server_index = index;
+    options.port = port;
+    auto server = ParameterServer::Create(config, options);
+    CHECK(server.ok()) << server.status();
+    CHECK((*server)->Start().ok());
+    return std::move(*server);
+  };
+  std::unique_ptr<ParameterServer> servers[2] = {start(0, 0), start(1, 0)};
+  const int port1 = servers[1]->port();
+  JobConfig client_config = config;
+  for (const auto& server : servers) {
+    client_config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", server->port()));
+  }
+  auto connect = [&](uint64_t incarnation) {
+    worker::GrpcStoreOptions options;
+    options.worker_id = 0;
+    options.worker_incarnation = incarnation;
+    options.deadline = absl::Seconds(5);
+    options.max_retries = 2;
+    auto store = worker::GrpcParameterStore::Create(client_config, options);
+    CHECK(store.ok()) << store.status();
+    CHECK((*store)->WaitForServers(absl::Seconds(30)).ok());
+    return std::move(*store);
+  };
+  std::unique_ptr<worker::GrpcParameterStore> client = connect(1);
+  const common::Partitioner& layout = client->partitioner();
+  for (uint32_t s = 0; s < 2; ++s) {
+    ASSERT_FALSE(layout.BlocksOnServer(*layout.FindTable("w"), s).empty()) << "server " << s;
+  }
+  std::vector<float> w(300), grad(300, 1.0f);
+  common::PullBatch pull;
+  pull.dense.push_back({"w", absl::MakeSpan(w)});
+  common::PushBatch push;
+  push.dense.push_back({"w", grad});
+  int64_t clock = 0;
+  auto step = [&] {
+    ASSERT_THAT(client->Pull(pull, {clock}), IsOk());
+    ASSERT_THAT(client->Push(push, {clock + 1, false}), IsOk());
+    ++clock;
+  };
+  // Server 1 dies after `lag` steps it never checkpointed, and comes back at clock 2.
+  auto lose_steps = [&] {
+    for (int i = 0; i < lag; ++i) step();
+    servers[1]->RequestStop(/*final_checkpoint=*/false);
+    ASSERT_THAT(servers[1]->Wait(), IsOk());
+    servers[1].reset();  // lets go of its data dir
+    servers[1] = start(1, port1);
+    ASSERT_THAT(client->WaitForServers(absl::Seconds(30)), IsOk());
+    ASSERT_EQ(servers[1]->shard()->workers().Get(0)->clock(), 2);
+  };
+  // Two steps, then a clean stop of server 1: its final checkpoint holds worker 0 at clock 2.
+  for (int i = 0; i < 2; ++i) step();
+  servers[1]->RequestStop();
+  ASSERT_THAT(servers[1]->Wait(), IsOk());
+  servers[1].reset();
+  servers[1] = start(1, port1);
+  ASSERT_THAT(client->WaitForServers(absl::Seconds(30)), IsOk());
+  lose_steps();
+  EXPECT_THAT(client->Pull(pull, {clock}), IsOk());
+  EXPECT_EQ(servers[1]->shard()->workers().Get(0)->clock(), clock);
+  step();
+  // A restarted worker: it resumes at the clock server 0 remembers and pulls there first.
+  lose_steps();
+  client = connect(2);
+  absl::StatusOr<common::WorkerPosition> resumed = client->ReportPosition(0, 0);
+  ASSERT_THAT(resumed.status(), IsOk());
+  EXPECT_EQ(resumed->clock, clock);
+  EXPECT_THAT(client->Pull(pull, {clock}), IsOk());
+  EXPECT_EQ(servers[1]->shard()->workers().Get(0)->clock(), clock);
+  step();
+  for (auto& server : servers) {
+    server->RequestStop(/*final_checkpoint=*/false);
+    EXPECT_THAT(server->Wait(), IsOk());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bounds, RestoredClockTest,
+                         ::testing::Values(std::make_pair(1, 4), std::make_pair(0, 2)),
+                         [](const auto& info) {
+                           return info.param.first == 0 ? std::string("Bsp") : std::string("Ssp");
+                         });
+
 TEST(ParameterServer, WaitBeforeStartIsAFailedPrecondition) {
   auto server = ParameterServer::Create(Config(), Options(""));
   ASSERT_THAT(server.status(), IsOk());

@@ -100,7 +100,12 @@ absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
       shared_.erase(it);
     }
   } else {
-    RETURN_IF_ERROR(workers.Touch(h.worker_id(), h.worker_incarnation()));
+    if (h.done_clock() < 0) {
+      return shard_->Reject("bad_clock", absl::InvalidArgumentError(
+                                             absl::StrCat("worker ", h.worker_id(), ": done_clock ",
+                                                          h.done_clock(), " is negative")));
+    }
+    RETURN_IF_ERROR(workers.Touch(h.worker_id(), h.worker_incarnation(), h.done_clock()));
   }
   if (request.data_offset() > 0 || request.epoch() > 0) {
     workers.SetDataPosition(h.worker_id(), request.data_offset(), request.epoch());

@@ -18,6 +18,7 @@ inline RequestInfo InfoOf(const RequestHeader& h) {
   info.worker_incarnation = h.worker_incarnation();
   info.sequence = h.sequence();
   info.clock = h.clock();
+  info.done_clock = h.done_clock();
   info.layout_fingerprint = h.layout_fingerprint();
   return info;
 }

@@ -251,6 +251,30 @@ TEST_P(ServiceTest, HeartbeatsCannotFinishAnotherWorker) {
   EXPECT_TRUE(shard_->workers().AllFinished());
 }
 
+TEST_P(ServiceTest, AHeartbeatRaisesTheWorkersClockToItsDoneClockAndNeverLowersIt) {
+  HeartbeatRequest beat;
+  *beat.mutable_header() = Header(0);
+  beat.mutable_header()->set_done_clock(7);
+  HeartbeatResponse response;
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), beat, &response), IsOk());
+  EXPECT_EQ(response.clock(), 7);
+  beat.mutable_header()->set_done_clock(3);
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), beat, &response), IsOk());
+  EXPECT_EQ(response.clock(), 7);
+  // Refused, and nothing changes: a negative clock, or an incarnation already replaced.
+  beat.mutable_header()->set_done_clock(-1);
+  EXPECT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), beat, &response),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("done_clock -1")));
+  HeartbeatRequest newer = beat;
+  newer.mutable_header()->set_worker_incarnation(beat.header().worker_incarnation() + 1);
+  newer.mutable_header()->set_done_clock(8);
+  ASSERT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), newer, &response), IsOk());
+  beat.mutable_header()->set_done_clock(50);
+  EXPECT_THAT(service_->HandleHeartbeat(Peer(PeerRole::kWorker, 0), beat, &response),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(shard_->workers().Get(0)->clock(), 8);
+}
+
 TEST(ServiceBoundTest, PullAtAClockNoPushCanReachIsRefusedAtOnce) {
   auto config = common::ParseJobConfigText(R"pb(
     cluster { num_servers: 1 num_workers: 2 }

@@ -87,6 +87,7 @@ struct GrpcParameterStore::AsyncCalls::Call {
   Exchange x;
   common::PullBatch pull;           // a copy, unless the caller keeps its own alive
   std::vector<uint64_t> sequence;   // push sequence per server, 0 = no push there
+  int64_t push_clock = -1;          // the push's clock, -1 = no push
   std::vector<Slot> slots;          // never resized once sent: tags point into it
   size_t unfinished = 0;            // slots with an attempt or an alarm pending
   absl::Status status;              // the first error that ends the call
@@ -136,7 +137,10 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
                                                    Call* c) {
   Exchange& x = c->x;
   if (pull != nullptr) RETURN_IF_ERROR(store_->AddPull(*pull, pull_options, &x));
-  if (push != nullptr) RETURN_IF_ERROR(store_->AddPush(*push, push_options, &x));
+  if (push != nullptr) {
+    RETURN_IF_ERROR(store_->AddPush(*push, push_options, &x));
+    c->push_clock = push_options.clock;
+  }
   if (push == nullptr) store_->SplitPullPieces(&x);
   const size_t frames = x.headers.size();  // one per server, then a large pull's extra pieces
   size_t sends = 0;
@@ -435,6 +439,8 @@ void GrpcParameterStore::AsyncCalls::End(Call* c) {
       }
     }
     store_->CountExchange(x);
+    // Every server the push went to has applied it.
+    if (c->push_clock >= 0) store_->NoteDoneClock(c->push_clock);
   }
   for (std::string& b : x.encoded) store_->GiveBuffer(std::move(b));
   ended_.push_back(Done{c->id, c->status});

@@ -207,8 +207,15 @@ RequestHeader GrpcParameterStore::Header(int64_t clock, uint64_t sequence) const
   h.set_worker_incarnation(options_.worker_incarnation);
   h.set_sequence(sequence);
   h.set_clock(clock);
+  h.set_done_clock(done_clock_.load(std::memory_order_relaxed));
   h.set_layout_fingerprint(partitioner_.layout_fingerprint());
   return h;
+}
+
+void GrpcParameterStore::NoteDoneClock(int64_t clock) {
+  int64_t done = done_clock_.load(std::memory_order_relaxed);
+  while (clock > done && !done_clock_.compare_exchange_weak(done, clock)) {
+  }
 }
 
 absl::Duration GrpcParameterStore::Backoff(uint32_t attempt) const {
@@ -405,6 +412,9 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     }
     saved.clock = std::max(saved.clock, r.clock());
   }
+  // Before this process's first push, the clock the servers remember is the one it resumes
+  // from; later, a server may have applied a push of this process that another has not yet.
+  if (!pushed_.load(std::memory_order_relaxed)) NoteDoneClock(saved.clock);
   return saved;
 }
 

@@ -345,6 +345,12 @@ class GrpcParameterStore final : public common::ParameterStore {
   const bool push_to_all_;
   // Next push sequence per server.
   std::unique_ptr<std::atomic<uint64_t>[]> next_sequence_;
+  // The steps this worker knows it has completed (RequestHeader.done_clock, in every header):
+  // the clock of its newest push that every server it went to applied, or the clock the
+  // servers remembered for it before its first push (where a restarted worker resumes).
+  std::atomic<int64_t> done_clock_{0};
+  std::atomic<bool> pushed_{false};  // a push was built: Heartbeat no longer moves done_clock_
+  void NoteDoneClock(int64_t clock);
   absl::Mutex queues_mu_;
   // Idle completion queues (one per thread that has called concurrently, at most).
   std::vector<std::unique_ptr<grpc::CompletionQueue>> spare_queues_ ABSL_GUARDED_BY(queues_mu_);

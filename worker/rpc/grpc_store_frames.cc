@@ -243,6 +243,7 @@ absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
                                          const common::PushOptions& options, Exchange* x) {
   // Resolve and check everything before taking sequences or moving residuals.
   RETURN_IF_ERROR(CheckPush(batch));
+  pushed_.store(true, std::memory_order_relaxed);
   {
     // Encoding happens here, once per call; FanOut's retries resend the same frames.
     absl::MutexLock residuals_lock(&residuals_mu_);

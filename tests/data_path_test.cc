@@ -55,6 +55,13 @@ class DataPathTest : public ::testing::Test {
       server::ShardOptions options;
       options.server_index = s;
       options.stream_pull_bytes = stream_pull_bytes_;
+      if (segments_room_ >= 0) {
+        // A budget of the tables and that many segments.
+        auto probe = server::Shard::Create(config_, options);
+        ASSERT_THAT(probe.status(), IsOk());
+        options.max_memory_bytes =
+            (*probe)->memory().used() + static_cast<uint64_t>(segments_room_) * shared_bytes_;
+      }
       auto shard = server::Shard::Create(config_, options);
       ASSERT_THAT(shard.status(), IsOk());
       shards_.push_back(*std::move(shard));
@@ -162,6 +169,7 @@ class DataPathTest : public ::testing::Test {
   bool adam_ = false;  // Adam (lr 0.01) instead of the config's SGD
   size_t shared_bytes_ = 0;  // shared memory per worker and server (0: none)
   uint64_t stream_pull_bytes_ = UINT64_MAX;  // the shards' ShardOptions::stream_pull_bytes
+  int segments_room_ = -1;  // >= 0: each server's budget holds its tables and this many segments
   JobConfig config_;
   std::vector<std::unique_ptr<server::Shard>> shards_;
   std::vector<std::unique_ptr<server::ParameterServerService>> services_;
@@ -290,6 +298,54 @@ TEST_F(DataPathOverSharedMemoryTest, AForgottenSegmentSendsTheCallBySocketAndApp
   EXPECT_EQ(Sum(&common::DataPathCounters::calls_shared), channel_calls);
   Steps(store_.get(), local->get(), 5, 6);  // asks again, then through the new segment
   EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), shared_in);
+}
+
+// A server whose budget has no room for a worker's segment answers its ask without one; the
+// worker asks again later (GrpcStoreOptions::shared_memory_reask), and once another worker's
+// segment is let go its calls go through a segment of their own.
+class DeclinedSegmentTest : public DataPathOverSharedMemoryTest {
+ protected:
+  DeclinedSegmentTest() {
+    config_text_ = kTwoWorkersConfig;
+    segments_room_ = 1;
+  }
+  static constexpr char kTwoWorkersConfig[] = R"pb(
+    cluster { num_servers: 2 num_workers: 2 dense_block_floats: 65536 }
+    default_optimizer { kind: SGD learning_rate: 0.5 }
+    tables {
+      name: "m"
+      kind: TABLE_KIND_DENSE
+      shape: 525000
+      initializer { kind: ZEROS }
+    }
+    security { plaintext: true }
+  )pb";
+};
+
+TEST_F(DeclinedSegmentTest, AWorkerDeclinedASegmentAsksAgainLater) {
+  std::vector<float> out(525000);
+  common::PullBatch pull;
+  pull.dense.push_back({"m", absl::MakeSpan(out)});  // on both servers
+  ASSERT_THAT(store_->Pull(pull, {0}), IsOk());      // worker 0 asks: the servers' one segment
+  ASSERT_THAT(store_->Pull(pull, {0}), IsOk());
+  ASSERT_GT(store_->stats().calls_shared, 0u);
+  worker::GrpcStoreOptions options = Options();
+  options.worker_id = 1;
+  options.shared_memory_reask = absl::Milliseconds(20);
+  auto other = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  ASSERT_THAT(other.status(), IsOk());
+  for (int i = 0; i < 3; ++i) ASSERT_THAT((*other)->Pull(pull, {0}), IsOk());  // declined
+  EXPECT_EQ((*other)->stats().calls_shared, 0u);
+  EXPECT_EQ((*other)->stats().bytes_shared, 0u);
+  ASSERT_THAT(store_->Finish(), IsOk());  // worker 0's segments go
+  // Asked again (at least 20 ms after the last decline, then 40 ms, ...) until granted.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while ((*other)->stats().calls_shared == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_THAT((*other)->Pull(pull, {0}), IsOk());
+  }
+  EXPECT_GT((*other)->stats().calls_shared, 0u);
+  EXPECT_GT((*other)->stats().bytes_shared, 0u);
 }
 
 // Calls through the segments hand their bytes with streamed stores and with plain ones, each

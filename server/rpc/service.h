@@ -205,9 +205,10 @@ class ParameterServerService final
   // Stops serving the shared-memory channels, as the gRPC server's shutdown stops the socket's
   // calls: each channel is taken off its thread once the call being served ends, the channel is
   // closed (its worker's calls not taken yet end ABORTED and go by the socket), and calls a
-  // channel handed to the pool are waited for, up to `timeout`. Segments made after it get
-  // no channel. A server's drain calls it before the final checkpoint, so that no push is
-  // acknowledged after it; the destructor too. Idempotent.
+  // channel handed to the pool are waited for, up to `timeout`; those still running then are
+  // answered UNAVAILABLE when they end, never OK. Segments made after it get no channel. A
+  // server's drain calls it before the final checkpoint, so that no push is acknowledged
+  // after it; the destructor too. Idempotent.
   void StopChannels(absl::Duration timeout = absl::Seconds(5)) ABSL_LOCKS_EXCLUDED(shared_mu_);
   // Threads started so far to serve the shared-memory channels (ServiceOptions::channel_threads).
   size_t channel_threads_started();
@@ -370,6 +371,9 @@ class ParameterServerService final
   bool channels_stopped_ ABSL_GUARDED_BY(shared_mu_) = false;
   // Channel calls handed to the pool (deterministic BSP) and not yet served.
   std::atomic<int> channel_pool_calls_{0};
+  // Set once StopChannels stopped waiting for them: a channel call answered later is
+  // answered UNAVAILABLE, never OK (the final checkpoint may not hold what it applied).
+  std::atomic<bool> channel_answers_closed_{false};
   absl::Mutex log_mu_;
   absl::Time last_unparseable_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   uint64_t unlogged_unparseable_ ABSL_GUARDED_BY(log_mu_) = 0;

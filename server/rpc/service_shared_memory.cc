@@ -131,7 +131,14 @@ class ParameterServerService::ChannelServer {
     auto serve = [service = service_, peer = peer_, state, slot, call, deadline, arrived] {
       service->StartPushPull(
           call->request, deadline, &call->response, arrived, &peer,
-          [state, slot, call](absl::Status status) {
+          [service, state, slot, call](absl::Status status) {
+            if (status.ok() && service->channel_answers_closed_.load(std::memory_order_acquire)) {
+              // The final checkpoint may have been cut before this push was applied: it is
+              // not acknowledged. Sent again (to this server restarted, which restores that
+              // checkpoint with its exactly-once record), it is applied at most once.
+              status = absl::UnavailableError(
+                  "the server stopped before this call was answered: send it again");
+            }
             Answer(*state, slot, status, &call->response, false);
           },
           /*from_channel=*/true);
@@ -335,6 +342,9 @@ void ParameterServerService::StopChannels(absl::Duration timeout) {
   while (channel_pool_calls_.load() > 0 && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(1));
   }
+  // Calls still running (a deterministic push waiting for its turn) end without an OK: the
+  // drain's final checkpoint comes next, and may miss what they apply.
+  channel_answers_closed_.store(true, std::memory_order_release);
 }
 
 absl::StatusOr<std::shared_ptr<common::SharedMemory>> ParameterServerService::SharedSegmentOf(
@@ -389,6 +399,22 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   if (std::optional<WorkerCheckpoint> known = shard_->workers().Get(worker_id);
       known.has_value() && known->incarnation() > info.worker_incarnation) {
     return false;
+  }
+  {
+    // The worker's segment so far goes before the new one is charged: the worker asks again
+    // only once it has given that one up (a failed call, a new process), and a budget with
+    // room for one segment would otherwise refuse every ask after the first. Calls still
+    // naming it are refused (unknown_segment) and sent again by the socket; it is freed, and
+    // uncharged, once the last call or parked pull holding it lets go.
+    std::shared_ptr<common::SharedMemory> memory;
+    std::shared_ptr<ChannelServer> channel;  // joined after the lock
+    absl::MutexLock lock(&shared_mu_);
+    if (auto it = shared_.find(worker_id);
+        it != shared_.end() && it->second.incarnation <= info.worker_incarnation) {
+      memory = std::move(it->second.memory);
+      channel = std::move(it->second.channel);
+      shared_.erase(it);
+    }
   }
   // A segment counts against server.max_memory_bytes with its whole size (the worker may
   // touch every page of it) for as long as anything holds it; one that does not fit is not

@@ -274,6 +274,46 @@ TEST_P(SharedMemoryTest, SegmentsCountAgainstTheMemoryBudget) {
   }
 }
 
+// With room for one segment, a worker that asks again (its calls gave the first one up, or it
+// restarted) gets a new one: its old segment is let go first. The server keeps one per worker.
+TEST_P(SharedMemoryTest, AWorkerAskingAgainGetsASegmentWhereTheBudgetHoldsOne) {
+  ShardOptions unlimited;
+  auto bare = Shard::Create(config_, unlimited);
+  ASSERT_THAT(bare.status(), IsOk());
+  const int64_t tables = (*bare)->memory().used();
+  ShardOptions options;
+  options.max_memory_bytes = tables + kSegmentBytes;
+  auto shard = Shard::Create(config_, options);
+  ASSERT_THAT(shard.status(), IsOk());
+  ServiceOptions service_options;
+  service_options.max_shared_bytes_per_worker = kSegmentBytes;
+  ParameterServerService service(shard->get(), service_options, ServiceHooks{});
+  auto offer = [&](uint64_t incarnation) {
+    PushPullRequest h;
+    *h.mutable_header() = Header(0);
+    h.mutable_header()->set_worker_incarnation(incarnation);
+    h.set_want_shared_bytes(kSegmentBytes);
+    grpc::ByteBuffer answer;
+    if (!service
+             .HandlePushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(5),
+                             &answer)
+             .ok()) {
+      return uint64_t{0};
+    }
+    PushPullResponse r;
+    EXPECT_TRUE(r.ParseFromString(PartsOf(answer).header));
+    return r.has_shared_offer() ? r.shared_offer().id() : 0;
+  };
+  const uint64_t first = offer(1);
+  ASSERT_NE(first, 0u);
+  const uint64_t again = offer(1);  // the same process, after a failed call
+  EXPECT_NE(again, 0u);
+  EXPECT_NE(again, first);
+  EXPECT_NE(offer(2), 0u);  // a new process
+  EXPECT_EQ(offer(1), 0u);  // never to a replaced one (its call is refused)
+  EXPECT_EQ((*shard)->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
+}
+
 using SharedCallsTest = ServiceTest;
 
 TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing) {
@@ -359,6 +399,49 @@ TEST_P(SharedCallsTest, StoppedChannelsServeNothingAndNewSegmentsGetNone) {
   ASSERT_TRUE(header.ParseFromString(PartsOf(answer).header));
   ASSERT_TRUE(header.has_shared_offer());
   EXPECT_EQ(header.shared_offer().channel_offset(), 0u);
+}
+
+// Deterministic BSP serves channel pushes on the pool. One still waiting for its turn when
+// StopChannels stops waiting for it (the final checkpoint comes next, and may be cut before it
+// is applied) is not acknowledged: it ends UNAVAILABLE, and sent again to the restarted server
+// it is applied at most once. Before, it was answered OK after the checkpoint.
+TEST_P(SharedCallsTest, APoolCallEndingAfterTheChannelsStoppedIsNotAcknowledged) {
+  JobConfig config = config_;
+  config.mutable_cluster()->set_num_workers(2);
+  config.mutable_training()->set_staleness(0);
+  config.mutable_training()->set_deterministic(true);
+  ShardOptions shard_options;
+  shard_options.server_index = 0;
+  auto shard = Shard::Create(config, shard_options);
+  ASSERT_THAT(shard.status(), IsOk());
+  ServiceOptions options;
+  options.max_shared_bytes_per_worker = kSegmentBytes;
+  ParameterServerService service(shard->get(), options, ServiceHooks{});
+  std::shared_ptr<common::SharedMemory> segment;
+  std::unique_ptr<common::SharedChannel> channel;
+  AskForSegment(service, HeaderOf(**shard, 0, 0), &segment, &channel);
+  ASSERT_NE(channel, nullptr);
+  auto push_of = [&](int32_t worker) {
+    PushRequest push = ValidPush(1);
+    *push.mutable_header() = HeaderOf(**shard, worker, 1);
+    return push;
+  };
+  // Worker 0's push of clock 1 waits on the pool for worker 1's to arrive.
+  const PushRequest first = push_of(0);
+  std::optional<uint32_t> slot = channel->AcquireSlot();
+  ASSERT_TRUE(slot.has_value());
+  channel->Post(*slot, common::FrameOf(&first, nullptr), absl::Seconds(30));
+  service.WaitForPoolRequestsForTest(1);
+  service.StopChannels(absl::Milliseconds(50));
+  const uint64_t before = (*shard)->updates_applied();
+  const PushRequest second = push_of(1);
+  grpc::ByteBuffer answer;
+  ASSERT_THAT(service.HandlePushPull(common::FrameOf(&second, nullptr),
+                                     absl::Now() + absl::Seconds(30), &answer),
+              IsOk());
+  EXPECT_THAT(ChannelAnswer(*channel, *slot, absl::Now() + absl::Seconds(30), &answer),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("send it again")));
+  EXPECT_EQ((*shard)->updates_applied(), before + 2);  // applied, in worker order
 }
 
 // A server's channels share at most ServiceOptions::channel_threads threads (0: one each).

@@ -111,6 +111,11 @@ struct GrpcStoreOptions {
   // bytes: a server on this host that grants it gets payloads through it instead of the
   // socket. 0 = never asked.
   size_t shared_memory_bytes = 0;
+  // A server that answered an ask without a segment (its memory budget had no room, or it
+  // could not make one) is asked again after this long, then after twice as long each time it
+  // declines, up to 64 times this; a segment this host cannot open (another host's) is never
+  // asked for again.
+  absl::Duration shared_memory_reask = absl::Seconds(1);
   // With shared memory, calls go through the segment's channel when the server made one
   // (rpc.shared_memory_calls; common/rpc/shared_channel.h), else by the socket.
   bool shared_memory_calls = true;
@@ -361,6 +366,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   // Shared memory per server.
   struct SharedLink {
     enum State { kNone, kAsked, kActive, kOff } state = kNone;
+    // When kOff: when to ask again (InfiniteFuture: never), and the wait that led there.
+    absl::Time reask_at = absl::InfiniteFuture();
+    absl::Duration reask_after = absl::ZeroDuration();
     // When kAsked: the token of the ask in flight (from ask_tokens_). Only its frame's answer
     // or failure moves the link on: an older asking frame failing late, or answered after a
     // later ask made the server replace its segment, must not.

@@ -127,7 +127,8 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   {
     absl::MutexLock lock(&shared_mu_);
     SharedLink& link = shared_[s];
-    if (link.state == SharedLink::kNone) {
+    if (link.state == SharedLink::kNone ||
+        (link.state == SharedLink::kOff && absl::Now() >= link.reask_at)) {
       link.state = SharedLink::kAsked;
       link.ask = ++ask_tokens_;
       h.set_want_shared_bytes(options_.shared_memory_bytes);
@@ -240,6 +241,7 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
   const uint32_t s = x->ServerOf(f);
   std::shared_ptr<common::SharedArena> arena;
   std::shared_ptr<common::SharedChannel> channel;
+  bool unusable = false;  // offered, but not to be opened here: never asked again
   if (header.has_shared_offer()) {
     const SharedSegment& offer = header.shared_offer();
     absl::StatusOr<std::shared_ptr<common::SharedMemory>> opened =
@@ -258,6 +260,7 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
         arena = std::make_shared<common::SharedArena>(*std::move(opened));
       }
     } else {
+      unusable = true;
       LOG(INFO) << "server " << s << ": its shared memory is not usable here (" << opened.status()
                 << "); payloads go by the socket";
     }
@@ -268,6 +271,18 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
     link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
     link.arena = std::move(arena);
     link.channel = std::move(channel);
+    if (link.state == SharedLink::kActive) {
+      link.reask_after = absl::ZeroDuration();
+    } else if (unusable) {
+      link.reask_at = absl::InfiniteFuture();
+    } else {
+      // Declined: the server's budget may have room later (a segment it held is let go).
+      const absl::Duration first = options_.shared_memory_reask;
+      link.reask_after = link.reask_after == absl::ZeroDuration()
+                             ? first
+                             : std::min(2 * link.reask_after, 64 * first);
+      link.reask_at = absl::Now() + link.reask_after;
+    }
   }
 }
 

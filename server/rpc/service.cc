@@ -123,6 +123,7 @@ ParameterServerService::ParameterServerService(Shard* shard, const ServiceOption
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())),
       buffers_(common::BufferPool::Create(options.max_cached_payload_bytes, &counters_)),
       channel_threads_(NewChannelThreads(options)),
+      segments_alive_(new std::atomic<int>[shard->config().cluster().num_workers()]()),
       pool_(options.num_threads) {}
 
 ParameterServerService::~ParameterServerService() {

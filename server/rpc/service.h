@@ -97,7 +97,9 @@ struct ServiceOptions {
   // max_unsent_answer_bytes and have every other peer's pulls refused.
   size_t max_unsent_answer_bytes_per_peer = size_t{512} << 20;
   // Largest shared-memory segment made for a worker that asks for one (one per worker; a
-  // worker's new one replaces its old one), bytes. 0 = none is made.
+  // worker's new one replaces its old one), bytes. 0 = none is made. A replaced segment lives
+  // on while calls or parked pulls hold it: a worker with kMaxSegmentsHeldPerWorker segments
+  // alive gets no new one until one goes.
   size_t max_shared_bytes_per_worker = 0;
   // How long a thread serving workers' shared-memory channels polls them for the next call
   // before it sleeps (server.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
@@ -138,6 +140,10 @@ class ParameterServerService final
                          common::metrics::Registry* metrics = nullptr);
   // Parked pulls get UNAVAILABLE; queued work runs, then the pool's threads are joined.
   ~ParameterServerService() override;
+
+  // Segments of one worker that may be alive at once (ServiceOptions::max_shared_bytes_per_worker):
+  // its current one and one replaced while a call or a parked pull still held it.
+  static constexpr int kMaxSegmentsHeldPerWorker = 2;
 
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
                                  const PullRequest* request, PullResponse* response) override;
@@ -358,6 +364,9 @@ class ParameterServerService final
       const ServiceOptions& options);
   // Before shared_: goes after the channels it serves.
   const std::unique_ptr<ChannelThreads, ChannelThreadsDeleter> channel_threads_;
+  // Segments of each worker alive (its current one and replaced ones still held), by worker
+  // id; shared with the segments' deleters, which may run after the service is gone.
+  std::shared_ptr<std::atomic<int>[]> segments_alive_;
   // Each worker's shared-memory segment (the latest its newest incarnation asked for).
   struct WorkerSegment {
     uint64_t incarnation = 0;

@@ -421,12 +421,24 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   // made, and the worker's calls keep the socket.
   // The charge is released by the last holder (the shard's budget outlives them all: parked
   // pulls that hold a segment are the shard's, and the service goes before the shard).
+  // Nor while the worker has kMaxSegmentsHeldPerWorker alive: parked pulls (up to
+  // max_parked_pulls_per_worker of them) would otherwise keep a segment each charged, of a
+  // worker asking again and again, and take the budget other workers' rows and segments need.
+  std::atomic<int>& alive = segments_alive_[worker_id];
+  if (alive.fetch_add(1, std::memory_order_acq_rel) >= kMaxSegmentsHeldPerWorker) {
+    alive.fetch_sub(1, std::memory_order_acq_rel);
+    LOG_EVERY_T(WARNING, 10) << "no new shared memory for worker " << worker_id << ": "
+                             << kMaxSegmentsHeldPerWorker
+                             << " of its segments are still held by its calls";
+    return false;
+  }
   MemoryBudget& budget = shard_->memory();
   absl::Status room =
       budget.CheckRoom(bytes, absl::StrCat("worker ", worker_id, "'s shared-memory segment"));
   absl::StatusOr<std::shared_ptr<common::SharedMemory>> made =
       room.ok() ? common::SharedMemory::Create(bytes) : room;
   if (!made.ok()) {
+    alive.fetch_sub(1, std::memory_order_acq_rel);
     LOG_EVERY_T(WARNING, 10) << "no shared memory for worker " << worker_id << ": "
                              << made.status();
     return false;
@@ -434,7 +446,11 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   const int64_t charge = static_cast<int64_t>((*made)->size());
   budget.Add(charge);
   *made = std::shared_ptr<common::SharedMemory>(
-      made->get(), [held = *made, &budget, charge](common::SharedMemory*) { budget.Add(-charge); });
+      made->get(),
+      [held = *made, &budget, charge, counts = segments_alive_, worker_id](common::SharedMemory*) {
+        budget.Add(-charge);
+        counts[worker_id].fetch_sub(1, std::memory_order_acq_rel);
+      });
   offer->set_id((*made)->id());
   offer->set_path((*made)->path());
   offer->set_bytes((*made)->size());

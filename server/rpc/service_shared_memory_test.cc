@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/rpc/frame_testing.h"
@@ -225,21 +226,32 @@ TEST_P(SharedMemoryTest, AFinishedWorkersSegmentIsDropped) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
 }
 
+// The id of the segment `service` offers the worker of `header` asking for one of `bytes` with a
+// pull of nothing; 0 when it offers none, or refuses the call.
+uint64_t OfferedSegment(ParameterServerService& service, const RequestHeader& header,
+                        uint64_t bytes) {
+  PushPullRequest h;
+  *h.mutable_header() = header;
+  h.set_want_shared_bytes(bytes);
+  grpc::ByteBuffer answer;
+  if (!service
+           .HandlePushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(5),
+                           &answer)
+           .ok()) {
+    return 0;
+  }
+  PushPullResponse r;
+  EXPECT_TRUE(r.ParseFromString(PartsOf(answer).header));
+  return r.has_shared_offer() ? r.shared_offer().id() : 0;
+}
+
 // A segment counts against server.max_memory_bytes with its whole size while the server
 // holds it; a worker whose segment would not fit gets none (its calls keep the socket).
 TEST_P(SharedMemoryTest, SegmentsCountAgainstTheMemoryBudget) {
   auto offer = [&](ParameterServerService& service, uint64_t incarnation) {
-    PushPullRequest h;
-    *h.mutable_header() = Header(0);
-    h.mutable_header()->set_worker_incarnation(incarnation);
-    h.set_want_shared_bytes(kSegmentBytes);
-    grpc::ByteBuffer answer;
-    EXPECT_THAT(service.HandlePushPull(RawFrame(h.SerializeAsString(), ""),
-                                       absl::Now() + absl::Seconds(5), &answer),
-                IsOk());
-    PushPullResponse r;
-    EXPECT_TRUE(r.ParseFromString(PartsOf(answer).header));
-    return r.has_shared_offer();
+    RequestHeader h = Header(0);
+    h.set_worker_incarnation(incarnation);
+    return OfferedSegment(service, h, kSegmentBytes) != 0;
   };
   // The fixture's server holds worker 0's segment; a newer incarnation's replaces it, and a
   // finished worker's goes.
@@ -289,20 +301,9 @@ TEST_P(SharedMemoryTest, AWorkerAskingAgainGetsASegmentWhereTheBudgetHoldsOne) {
   service_options.max_shared_bytes_per_worker = kSegmentBytes;
   ParameterServerService service(shard->get(), service_options, ServiceHooks{});
   auto offer = [&](uint64_t incarnation) {
-    PushPullRequest h;
-    *h.mutable_header() = Header(0);
-    h.mutable_header()->set_worker_incarnation(incarnation);
-    h.set_want_shared_bytes(kSegmentBytes);
-    grpc::ByteBuffer answer;
-    if (!service
-             .HandlePushPull(RawFrame(h.SerializeAsString(), ""), absl::Now() + absl::Seconds(5),
-                             &answer)
-             .ok()) {
-      return uint64_t{0};
-    }
-    PushPullResponse r;
-    EXPECT_TRUE(r.ParseFromString(PartsOf(answer).header));
-    return r.has_shared_offer() ? r.shared_offer().id() : 0;
+    RequestHeader h = Header(0);
+    h.set_worker_incarnation(incarnation);
+    return OfferedSegment(service, h, kSegmentBytes);
   };
   const uint64_t first = offer(1);
   ASSERT_NE(first, 0u);
@@ -312,6 +313,59 @@ TEST_P(SharedMemoryTest, AWorkerAskingAgainGetsASegmentWhereTheBudgetHoldsOne) {
   EXPECT_NE(offer(2), 0u);  // a new process
   EXPECT_EQ(offer(1), 0u);  // never to a replaced one (its call is refused)
   EXPECT_EQ((*shard)->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
+}
+
+// Parked pulls hold the segment their answer goes to. A worker asking again and again, each
+// time parking pulls on its newest segment, has at most two alive (and charged): its current
+// one and one replaced but held; then it gets none until one goes. Before, each ask made one
+// more, up to one per parked pull.
+TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPulls) {
+  JobConfig config = config_;
+  config.mutable_cluster()->set_num_workers(2);
+  config.mutable_training()->set_staleness(0);  // worker 1 never pushes: worker 0's pulls park
+  ShardOptions shard_options;
+  shard_options.server_index = 0;
+  auto shard = Shard::Create(config, shard_options);
+  ASSERT_THAT(shard.status(), IsOk());
+  const int64_t tables = (*shard)->memory().used();
+  ServiceOptions options;
+  options.max_shared_bytes_per_worker = kSegmentBytes;
+  ParameterServerService service(shard->get(), options, ServiceHooks{});
+  auto ask = [&] { return OfferedSegment(service, HeaderOf(**shard, 0, 0), kSegmentBytes); };
+  std::vector<std::thread> parked;
+  auto park = [&](uint64_t segment) {
+    PushPullRequest h;
+    *h.mutable_header() = HeaderOf(**shard, 0, 0);
+    h.set_pull_clock(1);
+    TablePullRequest* t = h.add_pull();
+    t->set_table("w");
+    for (uint32_t b : mine_) t->add_block_ids(b);
+    SharedPayload* sp = h.mutable_shared();
+    sp->set_segment(segment);
+    sp->set_answer_offset(kAnswerAt);
+    sp->set_answer_capacity(kAnswerEnd - kAnswerAt);
+    const size_t before = (*shard)->workers().parked();
+    parked.emplace_back([&service, frame = RawFrame(h.SerializeAsString(), "")] {
+      grpc::ByteBuffer answer;
+      // Parked until its deadline (5 s: long enough for the asks below).
+      EXPECT_THAT(service.HandlePushPull(frame, absl::Now() + absl::Seconds(5), &answer),
+                  StatusIs(absl::StatusCode::kDeadlineExceeded));
+    });
+    while ((*shard)->workers().parked() == before) absl::SleepFor(absl::Milliseconds(1));
+  };
+  const int64_t segment = static_cast<int64_t>(kSegmentBytes);
+  for (int i = 0; i < ParameterServerService::kMaxSegmentsHeldPerWorker; ++i) {
+    const uint64_t id = ask();
+    ASSERT_NE(id, 0u) << "ask " << i;
+    park(id);
+  }
+  EXPECT_EQ(ask(), 0u);
+  EXPECT_EQ(ask(), 0u);
+  EXPECT_EQ((*shard)->memory().used(), tables + 2 * segment);
+  // Once the parked pulls are answered, their segments go and the worker gets a new one.
+  for (std::thread& t : parked) t.join();
+  EXPECT_NE(ask(), 0u);
+  EXPECT_EQ((*shard)->memory().used(), tables + segment);
 }
 
 using SharedCallsTest = ServiceTest;

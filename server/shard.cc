@@ -326,12 +326,18 @@ absl::Status Shard::CheckPusher(const RequestInfo& info) {
                                   "id in [0, cluster.num_workers); negative ids may only read")));
 }
 
-absl::Status Shard::CheckPullStart(const RequestInfo& info) {
+absl::Status Shard::CheckPullClocks(const RequestInfo& info) {
+  if (info.worker_id < 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckWorkerAndClock(info));
   if (absl::Status s = workers_.CheckPullClock(info.worker_id, info.clock, info.done_clock);
       !s.ok()) {
     return Reject("clock_ahead", std::move(s));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckPullStart(const RequestInfo& info) {
+  RETURN_IF_ERROR(CheckPullClocks(info));
   if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation, info.done_clock);
       !s.ok()) {
     return Reject(HeaderRejection(s), std::move(s));

@@ -318,6 +318,9 @@ class Shard {
   // Checks every part as CheckPush does (layout, encoding, tables, kinds, blocks, keys) and
   // returns the bytes of the answer's payload.
   absl::StatusOr<uint64_t> CheckPull(const RequestInfo& info, absl::Span<const PullTable> tables);
+  // The clock checks BeginPull and ParkPull start with (bad_worker, bad_clock, clock_ahead),
+  // recording nothing: for a call that does more before its pull (a segment's offer).
+  absl::Status CheckPullClocks(const RequestInfo& info);
   // Waits for the consistency bound (see WorkerTracker) and records the sender as alive.
   // INVALID_ARGUMENT for a worker (id >= 0) with a negative clock, or with a clock no push
   // could let through (WorkerTracker::CheckPullClock).

@@ -22,7 +22,8 @@
 //   kSequenceWindow (INVALID_ARGUMENT), so pushes with huge sequences cannot fill the
 //   applied set and push the floor past the real worker's next sequence;
 // - a pull may ask for a clock at most staleness + kPullClockLead ahead of the newest clock
-//   any worker has pushed here (INVALID_ARGUMENT at once, instead of a wait no push can end).
+//   any worker has pushed here, or its own done_clock (INVALID_ARGUMENT at once, instead of a
+//   wait no push can end).
 //
 // Parked pulls. A pull the bound does not let through yet can be parked (WhenBound) instead
 // of blocking a thread: the tracker keeps its callback and calls it when clocks move

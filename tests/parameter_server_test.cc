@@ -148,11 +148,19 @@ TEST_P(RestoredClockTest, AWorkerAheadOfARestoredServerIsNotHeldBackByItsOwnLost
     options.server_index = index;
     options.port = port;
     auto server = ParameterServer::Create(config, options);
-    CHECK(server.ok()) << server.status();
-    CHECK((*server)->Start().ok());
+    if (!server.ok() || !(*server)->Start().ok()) {
+      ADD_FAILURE() << "server " << index << " on port " << port << ": " << server.status();
+      return std::unique_ptr<ParameterServer>();
+    }
     return std::move(*server);
   };
+  // Server 1's record of worker 0's clock (-1: none).
+  auto clock_on_1 = [&](const std::unique_ptr<ParameterServer>& server) -> int64_t {
+    std::optional<WorkerCheckpoint> w = server->shard()->workers().Get(0);
+    return w.has_value() ? w->clock() : -1;
+  };
   std::unique_ptr<ParameterServer> servers[2] = {start(0, 0), start(1, 0)};
+  ASSERT_TRUE(servers[0] != nullptr && servers[1] != nullptr);
   const int port1 = servers[1]->port();
   JobConfig client_config = config;
   for (const auto& server : servers) {
@@ -187,34 +195,36 @@ TEST_P(RestoredClockTest, AWorkerAheadOfARestoredServerIsNotHeldBackByItsOwnLost
   };
   // Server 1 dies after `lag` steps it never checkpointed, and comes back at clock 2.
   auto lose_steps = [&] {
-    for (int i = 0; i < lag; ++i) step();
+    for (int i = 0; i < lag; ++i) ASSERT_NO_FATAL_FAILURE(step());
     servers[1]->RequestStop(/*final_checkpoint=*/false);
     ASSERT_THAT(servers[1]->Wait(), IsOk());
     servers[1].reset();  // lets go of its data dir
     servers[1] = start(1, port1);
+    ASSERT_NE(servers[1], nullptr);
     ASSERT_THAT(client->WaitForServers(absl::Seconds(30)), IsOk());
-    ASSERT_EQ(servers[1]->shard()->workers().Get(0)->clock(), 2);
+    ASSERT_EQ(clock_on_1(servers[1]), 2);
   };
   // Two steps, then a clean stop of server 1: its final checkpoint holds worker 0 at clock 2.
-  for (int i = 0; i < 2; ++i) step();
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(step());
   servers[1]->RequestStop();
   ASSERT_THAT(servers[1]->Wait(), IsOk());
   servers[1].reset();
   servers[1] = start(1, port1);
+  ASSERT_NE(servers[1], nullptr);
   ASSERT_THAT(client->WaitForServers(absl::Seconds(30)), IsOk());
-  lose_steps();
+  ASSERT_NO_FATAL_FAILURE(lose_steps());
   EXPECT_THAT(client->Pull(pull, {clock}), IsOk());
-  EXPECT_EQ(servers[1]->shard()->workers().Get(0)->clock(), clock);
-  step();
+  EXPECT_EQ(clock_on_1(servers[1]), clock);
+  ASSERT_NO_FATAL_FAILURE(step());
   // A restarted worker: it resumes at the clock server 0 remembers and pulls there first.
-  lose_steps();
+  ASSERT_NO_FATAL_FAILURE(lose_steps());
   client = connect(2);
   absl::StatusOr<common::WorkerPosition> resumed = client->ReportPosition(0, 0);
   ASSERT_THAT(resumed.status(), IsOk());
   EXPECT_EQ(resumed->clock, clock);
   EXPECT_THAT(client->Pull(pull, {clock}), IsOk());
-  EXPECT_EQ(servers[1]->shard()->workers().Get(0)->clock(), clock);
-  step();
+  EXPECT_EQ(clock_on_1(servers[1]), clock);
+  ASSERT_NO_FATAL_FAILURE(step());
   for (auto& server : servers) {
     server->RequestStop(/*final_checkpoint=*/false);
     EXPECT_THAT(server->Wait(), IsOk());

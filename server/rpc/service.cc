@@ -565,9 +565,16 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       return shard_->Reject("identity", std::move(s));
     }
   }
-  // The pull is checked before the push is applied: a bad pull changes nothing either.
+  // The pull is checked before the push is applied (and before a segment is offered, which
+  // replaces the worker's): a bad pull changes nothing either. Its clocks are checked again
+  // before it waits, against the clocks the push has moved.
   call->pull_views = PullViews(header.pull());
   ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
+  if (Pulls(header)) {
+    RequestInfo pull_info = info;
+    pull_info.clock = header.pull_clock();
+    RETURN_IF_ERROR(shard_->CheckPullClocks(pull_info));
+  }
   if (header.has_shared()) {
     ASSIGN_OR_RETURN(call->shared, SharedSegmentOf(header, reader));
     const uint64_t n = header.shared().push_bytes();

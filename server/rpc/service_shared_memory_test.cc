@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
@@ -333,6 +334,10 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
   ParameterServerService service(shard->get(), options, ServiceHooks{});
   auto ask = [&] { return OfferedSegment(service, HeaderOf(**shard, 0, 0), kSegmentBytes); };
   std::vector<std::thread> parked;
+  auto join = absl::MakeCleanup([&parked] {
+    for (std::thread& t : parked) t.join();
+    parked.clear();
+  });
   auto park = [&](uint64_t segment) {
     PushPullRequest h;
     *h.mutable_header() = HeaderOf(**shard, 0, 0);
@@ -351,19 +356,29 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
       EXPECT_THAT(service.HandlePushPull(frame, absl::Now() + absl::Seconds(5), &answer),
                   StatusIs(absl::StatusCode::kDeadlineExceeded));
     });
-    while ((*shard)->workers().parked() == before) absl::SleepFor(absl::Milliseconds(1));
+    const absl::Time give_up = absl::Now() + absl::Seconds(4);
+    while ((*shard)->workers().parked() == before && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_GT((*shard)->workers().parked(), before) << "the pull did not park";
   };
   const int64_t segment = static_cast<int64_t>(kSegmentBytes);
   for (int i = 0; i < ParameterServerService::kMaxSegmentsHeldPerWorker; ++i) {
     const uint64_t id = ask();
     ASSERT_NE(id, 0u) << "ask " << i;
-    park(id);
+    ASSERT_NO_FATAL_FAILURE(park(id));
   }
   EXPECT_EQ(ask(), 0u);
   EXPECT_EQ(ask(), 0u);
   EXPECT_EQ((*shard)->memory().used(), tables + 2 * segment);
-  // Once the parked pulls are answered, their segments go and the worker gets a new one.
-  for (std::thread& t : parked) t.join();
+  // Once the parked pulls are answered, their segments go (each once its callback is gone,
+  // which may be after its answer) and the worker gets a new one.
+  std::move(join).Invoke();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while ((*shard)->memory().used() != tables && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ((*shard)->memory().used(), tables);
   EXPECT_NE(ask(), 0u);
   EXPECT_EQ((*shard)->memory().used(), tables + segment);
 }

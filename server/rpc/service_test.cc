@@ -35,6 +35,48 @@ TEST_P(ServiceTest, ValidPushChangesStateOnce) {
   EXPECT_EQ(State(), after);
 }
 
+// A fused call whose pull is to be refused (a negative clock or done_clock) applies nothing of
+// its push, and a segment it asks for is not made: refused before anything changes.
+TEST_P(ServiceTest, AFusedCallWhosePullIsRefusedChangesNothing) {
+  if (!frames()) GTEST_SKIP() << "PushPull is a frame";
+  PullRequest pull;
+  *pull.mutable_header() = Header(0);
+  auto* t = pull.add_tables();
+  t->set_table("w");
+  for (uint32_t b : mine_) t->add_block_ids(b);
+  const std::string before = State();
+  for (const bool done_clock : {false, true}) {
+    PullRequest bad = pull;
+    if (done_clock) {
+      bad.mutable_header()->set_done_clock(-1);
+    } else {
+      bad.mutable_header()->set_clock(-1);
+    }
+    grpc::ByteBuffer answer;
+    if (!done_clock) {  // (a fused frame's done_clock is its push's, which refuses it itself)
+      const PushRequest push = ValidPush(1);
+      EXPECT_THAT(PushPull(RequestFrame(&push, &bad), absl::Now() + absl::Seconds(5), &answer),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is negative")));
+      EXPECT_EQ(State(), before);
+    }
+    // A pull of nothing asking for a segment, refused for its clock: the worker's segment stays.
+    PushPullRequest ask;
+    *ask.mutable_header() = bad.header();
+    ask.set_pull_clock(bad.header().clock());
+    ask.set_want_shared_bytes(kSegmentBytes);
+    const int64_t memory = shard_->memory().used();
+    EXPECT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                         absl::Now() + absl::Seconds(5), &answer),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_EQ(shard_->memory().used(), memory);
+  }
+  EXPECT_EQ(Rejected("bad_clock"), 3u);
+  // The worker's segment (in the shared-memory forms) still carries its calls.
+  PushResponse pushed;
+  EXPECT_THAT(DoPush(ValidPush(1), &pushed), IsOk());
+  EXPECT_NE(State(), before);
+}
+
 TEST_P(ServiceTest, UnknownTableIsNotFound) {
   PushRequest request = ValidPush(1);
   request.add_tables()->set_table("nope");

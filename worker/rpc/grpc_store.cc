@@ -120,6 +120,12 @@ absl::StatusOr<std::unique_ptr<GrpcParameterStore>> GrpcParameterStore::CreateWi
     return absl::InvalidArgumentError(absl::StrCat("max_sequence_lead ", options.max_sequence_lead,
                                                    " is outside 1..1024"));
   }
+  if (options.shared_memory_reask <= absl::ZeroDuration()) {
+    // Each ask costs the server a segment's making: a refused one is not asked again at once.
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared_memory_reask ", absl::FormatDuration(options.shared_memory_reask),
+                     " is not positive"));
+  }
   return std::unique_ptr<GrpcParameterStore>(new GrpcParameterStore(
       config, options, std::move(partitioner), std::move(channels), metrics));
 }

@@ -202,6 +202,26 @@ TEST_F(GrpcStoreTest, AFailedAskIsNotRepeatedByItsRetries) {
 
 // A busy server's refusal changed nothing at the server: the store sends the same push (same
 // sequence) again, within its retries.
+TEST(GrpcStoreOptionsTest, ANonPositiveReaskIsRefused) {
+  JobConfig config;
+  config.mutable_cluster()->set_num_servers(1);
+  config.mutable_cluster()->add_servers("127.0.0.1:1");
+  config.mutable_cluster()->set_num_workers(1);
+  config.add_tables()->set_name("w");
+  config.mutable_tables(0)->add_shape(8);
+  ASSERT_TRUE(common::ExpandModelTables(&config).ok());
+  auto channel = grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials());
+  for (const absl::Duration reask : {absl::ZeroDuration(), absl::Seconds(-1)}) {
+    GrpcStoreOptions options;
+    options.shared_memory_reask = reask;
+    const absl::Status s =
+        GrpcParameterStore::CreateWithChannels(config, options, {channel}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("shared_memory_reask"), absl::string_view::npos) << s;
+  }
+  EXPECT_TRUE(GrpcParameterStore::CreateWithChannels(config, GrpcStoreOptions(), {channel}).ok());
+}
+
 TEST_F(GrpcStoreTest, ABusyServersRefusalIsRetried) {
   Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
   ASSERT_TRUE(PushOnce(1).ok());

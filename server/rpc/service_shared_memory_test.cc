@@ -276,13 +276,10 @@ TEST_P(SharedMemoryTest, SegmentsCountAgainstTheMemoryBudget) {
   for (const int64_t spare : {int64_t{-1}, int64_t{0}}) {
     ShardOptions options;
     options.max_memory_bytes = tables + kSegmentBytes + spare;
-    auto shard = Shard::Create(config_, options);
-    ASSERT_THAT(shard.status(), IsOk());
-    ServiceOptions service_options;
-    service_options.max_shared_bytes_per_worker = kSegmentBytes;
-    ParameterServerService service(shard->get(), service_options, ServiceHooks{});
-    EXPECT_EQ(offer(service, 1), spare >= 0) << spare;
-    EXPECT_EQ((*shard)->memory().used(),
+    auto server = MakeSegmentServer(config_, options);
+    ASSERT_THAT(server.status(), IsOk());
+    EXPECT_EQ(offer(*server->service, 1), spare >= 0) << spare;
+    EXPECT_EQ(server->shard->memory().used(),
               tables + (spare >= 0 ? static_cast<int64_t>(kSegmentBytes) : 0));
   }
 }
@@ -296,11 +293,9 @@ TEST_P(SharedMemoryTest, AWorkerAskingAgainGetsASegmentWhereTheBudgetHoldsOne) {
   const int64_t tables = (*bare)->memory().used();
   ShardOptions options;
   options.max_memory_bytes = tables + kSegmentBytes;
-  auto shard = Shard::Create(config_, options);
-  ASSERT_THAT(shard.status(), IsOk());
-  ServiceOptions service_options;
-  service_options.max_shared_bytes_per_worker = kSegmentBytes;
-  ParameterServerService service(shard->get(), service_options, ServiceHooks{});
+  auto server = MakeSegmentServer(config_, options);
+  ASSERT_THAT(server.status(), IsOk());
+  ParameterServerService& service = *server->service;
   auto offer = [&](uint64_t incarnation) {
     RequestHeader h = Header(0);
     h.set_worker_incarnation(incarnation);
@@ -313,7 +308,7 @@ TEST_P(SharedMemoryTest, AWorkerAskingAgainGetsASegmentWhereTheBudgetHoldsOne) {
   EXPECT_NE(again, first);
   EXPECT_NE(offer(2), 0u);  // a new process
   EXPECT_EQ(offer(1), 0u);  // never to a replaced one (its call is refused)
-  EXPECT_EQ((*shard)->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
+  EXPECT_EQ(server->shard->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
 }
 
 // Parked pulls hold the segment their answer goes to. A worker asking again and again, each
@@ -324,15 +319,12 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
   JobConfig config = config_;
   config.mutable_cluster()->set_num_workers(2);
   config.mutable_training()->set_staleness(0);  // worker 1 never pushes: worker 0's pulls park
-  ShardOptions shard_options;
-  shard_options.server_index = 0;
-  auto shard = Shard::Create(config, shard_options);
-  ASSERT_THAT(shard.status(), IsOk());
-  const int64_t tables = (*shard)->memory().used();
-  ServiceOptions options;
-  options.max_shared_bytes_per_worker = kSegmentBytes;
-  ParameterServerService service(shard->get(), options, ServiceHooks{});
-  auto ask = [&] { return OfferedSegment(service, HeaderOf(**shard, 0, 0), kSegmentBytes); };
+  auto server = MakeSegmentServer(config);
+  ASSERT_THAT(server.status(), IsOk());
+  Shard& shard = *server->shard;
+  ParameterServerService& service = *server->service;
+  const int64_t tables = shard.memory().used();
+  auto ask = [&] { return OfferedSegment(service, HeaderOf(shard, 0, 0), kSegmentBytes); };
   std::vector<std::thread> parked;
   auto join = absl::MakeCleanup([&parked] {
     for (std::thread& t : parked) t.join();
@@ -340,7 +332,7 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
   });
   auto park = [&](uint64_t segment) {
     PushPullRequest h;
-    *h.mutable_header() = HeaderOf(**shard, 0, 0);
+    *h.mutable_header() = HeaderOf(shard, 0, 0);
     h.set_pull_clock(1);
     TablePullRequest* t = h.add_pull();
     t->set_table("w");
@@ -349,7 +341,7 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
     sp->set_segment(segment);
     sp->set_answer_offset(kAnswerAt);
     sp->set_answer_capacity(kAnswerEnd - kAnswerAt);
-    const size_t before = (*shard)->workers().parked();
+    const size_t before = shard.workers().parked();
     parked.emplace_back([&service, frame = RawFrame(h.SerializeAsString(), "")] {
       grpc::ByteBuffer answer;
       // Parked until its deadline (5 s: long enough for the asks below).
@@ -357,10 +349,10 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
                   StatusIs(absl::StatusCode::kDeadlineExceeded));
     });
     const absl::Time give_up = absl::Now() + absl::Seconds(4);
-    while ((*shard)->workers().parked() == before && absl::Now() < give_up) {
+    while (shard.workers().parked() == before && absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(1));
     }
-    ASSERT_GT((*shard)->workers().parked(), before) << "the pull did not park";
+    ASSERT_GT(shard.workers().parked(), before) << "the pull did not park";
   };
   const int64_t segment = static_cast<int64_t>(kSegmentBytes);
   for (int i = 0; i < ParameterServerService::kMaxSegmentsHeldPerWorker; ++i) {
@@ -370,17 +362,17 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
   }
   EXPECT_EQ(ask(), 0u);
   EXPECT_EQ(ask(), 0u);
-  EXPECT_EQ((*shard)->memory().used(), tables + 2 * segment);
+  EXPECT_EQ(shard.memory().used(), tables + 2 * segment);
   // Once the parked pulls are answered, their segments go (each once its callback is gone,
   // which may be after its answer) and the worker gets a new one.
   std::move(join).Invoke();
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while ((*shard)->memory().used() != tables && absl::Now() < give_up) {
+  while (shard.memory().used() != tables && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  ASSERT_EQ((*shard)->memory().used(), tables);
+  ASSERT_EQ(shard.memory().used(), tables);
   EXPECT_NE(ask(), 0u);
-  EXPECT_EQ((*shard)->memory().used(), tables + segment);
+  EXPECT_EQ(shard.memory().used(), tables + segment);
 }
 
 using SharedCallsTest = ServiceTest;
@@ -479,20 +471,17 @@ TEST_P(SharedCallsTest, APoolCallEndingAfterTheChannelsStoppedIsNotAcknowledged)
   config.mutable_cluster()->set_num_workers(2);
   config.mutable_training()->set_staleness(0);
   config.mutable_training()->set_deterministic(true);
-  ShardOptions shard_options;
-  shard_options.server_index = 0;
-  auto shard = Shard::Create(config, shard_options);
-  ASSERT_THAT(shard.status(), IsOk());
-  ServiceOptions options;
-  options.max_shared_bytes_per_worker = kSegmentBytes;
-  ParameterServerService service(shard->get(), options, ServiceHooks{});
+  auto server = MakeSegmentServer(config);
+  ASSERT_THAT(server.status(), IsOk());
+  Shard& shard = *server->shard;
+  ParameterServerService& service = *server->service;
   std::shared_ptr<common::SharedMemory> segment;
   std::unique_ptr<common::SharedChannel> channel;
-  AskForSegment(service, HeaderOf(**shard, 0, 0), &segment, &channel);
+  AskForSegment(service, HeaderOf(shard, 0, 0), &segment, &channel);
   ASSERT_NE(channel, nullptr);
   auto push_of = [&](int32_t worker) {
     PushRequest push = ValidPush(1);
-    *push.mutable_header() = HeaderOf(**shard, worker, 1);
+    *push.mutable_header() = HeaderOf(shard, worker, 1);
     return push;
   };
   // Worker 0's push of clock 1 waits on the pool for worker 1's to arrive.
@@ -502,7 +491,7 @@ TEST_P(SharedCallsTest, APoolCallEndingAfterTheChannelsStoppedIsNotAcknowledged)
   channel->Post(*slot, common::FrameOf(&first, nullptr), absl::Seconds(30));
   service.WaitForPoolRequestsForTest(1);
   service.StopChannels(absl::Milliseconds(50));
-  const uint64_t before = (*shard)->updates_applied();
+  const uint64_t before = shard.updates_applied();
   const PushRequest second = push_of(1);
   grpc::ByteBuffer answer;
   ASSERT_THAT(service.HandlePushPull(common::FrameOf(&second, nullptr),
@@ -510,7 +499,7 @@ TEST_P(SharedCallsTest, APoolCallEndingAfterTheChannelsStoppedIsNotAcknowledged)
               IsOk());
   EXPECT_THAT(ChannelAnswer(*channel, *slot, absl::Now() + absl::Seconds(30), &answer),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("send it again")));
-  EXPECT_EQ((*shard)->updates_applied(), before + 2);  // applied, in worker order
+  EXPECT_EQ(shard.updates_applied(), before + 2);  // applied, in worker order
 }
 
 // A server's channels share at most ServiceOptions::channel_threads threads (0: one each).
@@ -521,16 +510,14 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
   config.mutable_cluster()->set_num_workers(3);
   for (const size_t cap : {size_t{1}, size_t{2}, size_t{0}}) {
     SCOPED_TRACE(cap);
-    ShardOptions shard_options;
-    shard_options.server_index = 0;
-    auto shard = Shard::Create(config, shard_options);
-    ASSERT_THAT(shard.status(), IsOk());
     ServiceOptions options;
-    options.max_shared_bytes_per_worker = kSegmentBytes;
     options.channel_threads = cap;
-    ParameterServerService service(shard->get(), options, ServiceHooks{});
+    auto server = MakeSegmentServer(config, ShardOptions{}, options);
+    ASSERT_THAT(server.status(), IsOk());
+    Shard& shard = *server->shard;
+    ParameterServerService& service = *server->service;
     auto header = [&](int32_t worker, uint64_t sequence) {
-      return HeaderOf(**shard, worker, sequence);
+      return HeaderOf(shard, worker, sequence);
     };
     std::vector<std::shared_ptr<common::SharedMemory>> segments(3);
     std::vector<std::unique_ptr<common::SharedChannel>> channels(3);
@@ -550,9 +537,9 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
       grpc::ByteBuffer answer;
       return ChannelAnswer(channel, *slot, absl::Now() + absl::Seconds(5), &answer);
     };
-    const uint64_t before = (*shard)->updates_applied();
+    const uint64_t before = shard.updates_applied();
     for (int32_t w = 0; w < 3; ++w) EXPECT_THAT(push(w, 1), IsOk()) << "worker " << w;
-    EXPECT_EQ((*shard)->updates_applied(), before + 3);
+    EXPECT_EQ(shard.updates_applied(), before + 3);
 
     HeartbeatRequest finish;
     *finish.mutable_header() = header(1, 0);
@@ -562,7 +549,7 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
     EXPECT_THAT(push(1, 2), StatusIs(absl::StatusCode::kAborted, HasSubstr("not this worker's")));
     EXPECT_THAT(push(0, 2), IsOk());
     EXPECT_THAT(push(2, 2), IsOk());
-    EXPECT_EQ((*shard)->updates_applied(), before + 5);
+    EXPECT_EQ(shard.updates_applied(), before + 5);
   }
 }
 

@@ -232,6 +232,23 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   }
 
   RequestHeader Header(uint64_t sequence) { return HeaderOf(*shard_, 0, sequence); }
+  // A server of its own for a test: a shard of `config` (`shard_options`: server 0 unless
+  // they say otherwise) and a service over it that makes segments of kSegmentBytes (the rest of
+  // `options` as given). The service goes before the shard.
+  struct SegmentServer {
+    std::unique_ptr<Shard> shard;
+    std::unique_ptr<ParameterServerService> service;
+  };
+  static absl::StatusOr<SegmentServer> MakeSegmentServer(const JobConfig& config,
+                                                         const ShardOptions& shard_options = {},
+                                                         ServiceOptions options = {}) {
+    SegmentServer server;
+    ASSIGN_OR_RETURN(server.shard, Shard::Create(config, shard_options));
+    options.max_shared_bytes_per_worker = kSegmentBytes;
+    server.service =
+        std::make_unique<ParameterServerService>(server.shard.get(), options, ServiceHooks{});
+    return server;
+  }
   // Worker `worker`'s (incarnation 1, clock 1) for the layout of `shard`.
   static RequestHeader HeaderOf(const Shard& shard, int32_t worker, uint64_t sequence) {
     RequestHeader h;

@@ -567,10 +567,10 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
   }
   // The pull is checked before the push is applied (and before a segment is offered, which
   // replaces the worker's): a bad pull changes nothing either. Its clocks are checked again
-  // before it waits, against the clocks the push has moved.
+  // before it waits (clocks only rise, so that passes too); a plain pull does nothing before.
   call->pull_views = PullViews(header.pull());
   ASSIGN_OR_RETURN(call->pull_bytes, shard_->CheckPull(info, call->pull_views));
-  if (Pulls(header)) {
+  if (Pulls(header) && (header.has_push() || header.want_shared_bytes() > 0)) {
     RequestInfo pull_info = info;
     pull_info.clock = header.pull_clock();
     RETURN_IF_ERROR(shard_->CheckPullClocks(pull_info));

@@ -358,12 +358,20 @@ absl::StatusOr<WorkerTracker::WaiterId> Shard::ParkPull(const RequestInfo& info,
                                                         WorkerTracker::BoundCallback done) {
   if (info.worker_id < 0) return WorkerTracker::WaiterId{0};
   RETURN_IF_ERROR(CheckPullStart(info));
-  absl::StatusOr<WorkerTracker::WaiterId> parked = workers_.WhenBound(
-      info.worker_id, info.clock, deadline, limits,
-      [done = std::move(done)](absl::Status s) {
-        done(absl::IsDeadlineExceeded(s) ? WithRejectionReason(std::move(s), "bound_timeout")
-                                         : std::move(s));
-      });
+  absl::StatusOr<WorkerTracker::WaiterId> parked =
+      workers_.WhenBound(info.worker_id, info.worker_incarnation, info.clock, deadline, limits,
+                         [this, done = std::move(done)](absl::Status s) {
+                           if (absl::IsDeadlineExceeded(s))
+                             s = WithRejectionReason(std::move(s), "bound_timeout");
+                           // A newer incarnation of the worker was heard from while this pull
+                           // waited.
+                           if (absl::IsFailedPrecondition(s))
+                             s = Reject("stale_incarnation", std::move(s));
+                           done(std::move(s));
+                         });
+  if (absl::IsFailedPrecondition(parked.status())) {
+    return Reject("stale_incarnation", parked.status());
+  }
   if (absl::IsResourceExhausted(parked.status())) {
     return Reject("too_many_waiting", parked.status());
   }

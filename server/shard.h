@@ -328,8 +328,9 @@ class Shard {
   // BeginPull without holding the thread (see WorkerTracker::WhenBound): the same checks, then
   // 0 when the pull may read now, or the id of the parked pull, whose `done` is called once
   // with OK when the bound lets it through, DEADLINE_EXCEEDED (reason "bound_timeout") at
-  // `deadline`, or the status it was cancelled with. RESOURCE_EXHAUSTED (counted as
-  // "too_many_waiting") beyond `limits`. A tool's pull (worker id < 0) never parks.
+  // `deadline`, FAILED_PRECONDITION (counted as "stale_incarnation") once a newer incarnation
+  // of the worker is heard from, or the status it was cancelled with. RESOURCE_EXHAUSTED
+  // (counted as "too_many_waiting") beyond `limits`. A tool's pull (worker id < 0) never parks.
   absl::StatusOr<WorkerTracker::WaiterId> ParkPull(const RequestInfo& info, absl::Time deadline,
                                                    const WorkerTracker::ParkLimits& limits,
                                                    WorkerTracker::BoundCallback done);

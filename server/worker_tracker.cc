@@ -38,7 +38,8 @@ absl::Status WorkerTracker::CheckIncarnation(int32_t worker, uint64_t incarnatio
       ": an incarnation is the worker's start time in ns since the Unix epoch"));
 }
 
-absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uint64_t incarnation) {
+absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uint64_t incarnation,
+                                                             Released* released) {
   if (worker < 0 || static_cast<uint32_t>(worker) >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " is not in this job (",
                                                    options_.num_workers, " workers)"));
@@ -58,6 +59,7 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
     w.above.clear();
     w.applying.clear();  // the old process's: their attempts no longer end it
     w.seen = true;
+    ReleaseReplaced(worker, released);
   }
   w.finished = false;
   w.last_seen = now_();
@@ -88,11 +90,12 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
   }
+  Released released;
   absl::MutexLock lock(&mu_);
   // The window is checked before Lookup records the worker (a new incarnation, last seen), so
   // that a push refused for its sequence changes nothing.
   RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
-  auto found = Lookup(worker, incarnation);
+  auto found = Lookup(worker, incarnation, &released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
@@ -150,7 +153,7 @@ absl::Status WorkerTracker::WaitUntilApplied(int32_t worker, uint64_t incarnatio
 absl::Status WorkerTracker::Touch(int32_t worker, uint64_t incarnation, int64_t done_clock) {
   Released released;
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
+  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
   if (done_clock > w->clock) {
     w->clock = done_clock;
     ReleaseReady(&released);
@@ -169,7 +172,7 @@ absl::Status WorkerTracker::Finish(int32_t worker, uint64_t incarnation) {
   }
   // A worker this server has no record of (a server restarted without a checkpoint) may
   // finish with its first word: Lookup registers it with the usual checks.
-  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
+  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
   w->finished = true;
   ReleaseReady(&released);
   return absl::OkStatus();
@@ -258,13 +261,21 @@ void WorkerTracker::Released::Add(BoundCallback done, absl::Status status) {
   items_.emplace_back(std::move(done), std::move(status));
 }
 
-absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(int32_t worker, int64_t clock,
-                                                                 absl::Time deadline,
+absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(int32_t worker,
+                                                                 uint64_t incarnation,
+                                                                 int64_t clock, absl::Time deadline,
                                                                  const ParkLimits& limits,
                                                                  BoundCallback done) {
   if (!options_.staleness.has_value()) return WaiterId{0};
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(closed_);
+  if (auto it = workers_.find(worker);
+      it != workers_.end() && it->second.seen && incarnation < it->second.incarnation) {
+    // Replaced since the caller's Touch: nothing would answer it early.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " incarnation ", incarnation, " is older than its current incarnation ",
+        it->second.incarnation, ": that process was replaced"));
+  }
   const int64_t need = clock - *options_.staleness;
   auto [min_clock, slowest] = MinLive(now_());
   if (slowest < 0 || min_clock >= need) {
@@ -284,7 +295,7 @@ absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(int32_t worker,
   }
   ++mine;
   const WaiterId id = next_waiter_++;
-  waiters_.emplace(id, Waiter{worker, clock, deadline, std::move(done)});
+  waiters_.emplace(id, Waiter{worker, incarnation, clock, deadline, std::move(done)});
   by_need_.emplace(need, id);
   by_deadline_.emplace(deadline, id);
   if (!timer_.joinable()) timer_ = std::thread([this] { TimerLoop(); });
@@ -322,6 +333,20 @@ void WorkerTracker::ReleaseExpired(absl::Time now, Released* out) {
     const Waiter& w = waiters_.at(id);
     absl::Status timeout = BoundTimeout(w.worker, w.clock);
     out->Add(TakeWaiter(id), std::move(timeout));
+  }
+}
+
+void WorkerTracker::ReleaseReplaced(int32_t worker, Released* out) {
+  if (!parked_per_worker_.contains(worker)) return;
+  const uint64_t current = workers_.at(worker).incarnation;
+  std::vector<WaiterId> replaced;
+  for (const auto& [id, w] : waiters_) {
+    if (w.worker == worker && w.incarnation < current) replaced.push_back(id);
+  }
+  for (WaiterId id : replaced) {
+    out->Add(TakeWaiter(id), absl::FailedPreconditionError(absl::StrCat(
+                                 "worker ", worker, ": a newer incarnation (", current,
+                                 ") of this worker is running: this pull's process was replaced")));
   }
 }
 
@@ -390,16 +415,22 @@ bool WorkerTracker::IsTurn(TurnArgs* args) {
 
 absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, int64_t clock,
                                         absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation));
-  if (w->turn_waits >= kMaxTurnWaitsPerWorker) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "worker ", worker, " has ", w->turn_waits, " pushes waiting for their turn already (at most ",
-        kMaxTurnWaitsPerWorker, ", deterministic BSP): wait for their answers"));
+  {
+    // A replaced incarnation's parked pulls are answered before this push waits.
+    Released released;
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
+    if (w->turn_waits >= kMaxTurnWaitsPerWorker) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", worker, " has ", w->turn_waits,
+                       " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
+                       ", deterministic BSP): wait for their answers"));
+    }
+    w->arrived = std::max(w->arrived, clock);
+    w->last_seen = now_();
+    ++w->turn_waits;
   }
-  w->arrived = std::max(w->arrived, clock);
-  w->last_seen = now_();
-  ++w->turn_waits;
+  absl::MutexLock lock(&mu_);
   TurnArgs args{this, worker, clock, -1};
   const bool turn = mu_.AwaitWithDeadline(absl::Condition(&IsTurn, &args), deadline);
   // Found again: the map may have grown (and moved its entries) during the wait.

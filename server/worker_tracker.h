@@ -28,9 +28,11 @@
 // Parked pulls. A pull the bound does not let through yet can be parked (WhenBound) instead
 // of blocking a thread: the tracker keeps its callback and calls it when clocks move
 // (AdvanceClock, Finish, Restore, Poke, and its own timer for leases), at the pull's
-// deadline (DEADLINE_EXCEEDED), when it is taken back (CancelWaiter) or when the server stops
-// (CloseWaiters). One timer thread serves every waiter; it starts with the first parked pull
-// and is joined by the destructor. Waiters are capped per worker and in all.
+// deadline (DEADLINE_EXCEEDED), when it is taken back (CancelWaiter), when a newer
+// incarnation of its worker is heard from (FAILED_PRECONDITION: the process that sent it is
+// gone, and what it holds, such as a shared-memory segment, goes with the answer) or when
+// the server stops (CloseWaiters). One timer thread serves every waiter; it starts with the first
+// parked pull and is joined by the destructor. Waiters are capped per worker and in all.
 //
 // Locking: callbacks are taken out of the waiter sets under mu_ and run after mu_ is
 // released (on the thread that moved the clock, or the timer thread), so a callback may call
@@ -169,11 +171,15 @@ class WorkerTracker {
     size_t total = 1024;
   };
   // WaitForBound without the thread: returns 0 when the bound lets a worker at `clock` read
-  // now (`done` is dropped: the caller reads at once), else parks the pull and returns its
-  // id; `done` is called later. Errors (`done` dropped): DEADLINE_EXCEEDED when `deadline`
-  // has passed; RESOURCE_EXHAUSTED beyond `limits`; the CloseWaiters status once closed.
-  absl::StatusOr<WaiterId> WhenBound(int32_t worker, int64_t clock, absl::Time deadline,
-                                     const ParkLimits& limits, BoundCallback done);
+  // now (`done` is dropped: the caller reads at once), else parks the pull of `worker`'s
+  // `incarnation` and returns its id; `done` is called later (FAILED_PRECONDITION once a
+  // newer incarnation of the worker is heard from). Errors (`done` dropped):
+  // FAILED_PRECONDITION for an incarnation older than the worker's current one;
+  // DEADLINE_EXCEEDED when `deadline` has passed; RESOURCE_EXHAUSTED beyond `limits`; the
+  // CloseWaiters status once closed.
+  absl::StatusOr<WaiterId> WhenBound(int32_t worker, uint64_t incarnation, int64_t clock,
+                                     absl::Time deadline, const ParkLimits& limits,
+                                     BoundCallback done);
   // Takes parked pull `id` back and calls its callback with `status` (REQUIRES: not OK);
   // nothing when it is no longer parked.
   void CancelWaiter(WaiterId id, absl::Status status);
@@ -224,6 +230,7 @@ class WorkerTracker {
   };
   struct Waiter {
     int32_t worker;
+    uint64_t incarnation;
     int64_t clock;
     absl::Time deadline;
     BoundCallback done;
@@ -252,12 +259,16 @@ class WorkerTracker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The timer thread: expires deadlines and re-checks leases while pulls are parked.
   void TimerLoop();
-  // Returns the worker's record, switching to a newer incarnation if this is one.
+  // Answers the parked pulls of `worker`'s incarnations older than its current one
+  // (FAILED_PRECONDITION) into `out`.
+  void ReleaseReplaced(int32_t worker, Released* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT for a sequence beyond the window of the incarnation's highest applied
   // one (0 for an incarnation Lookup would start); reads only.
   absl::Status CheckSequenceWindow(int32_t worker, uint64_t incarnation, uint64_t sequence) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation)
+  // Returns the worker's record, switching to a newer incarnation if this is one (the old
+  // one's parked pulls go into `released`).
+  absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation, Released* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.

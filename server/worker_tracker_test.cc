@@ -169,10 +169,11 @@ TEST(WorkerTracker, ATouchRaisesTheClockToTheWorkersDoneClock) {
   EXPECT_THAT(t.CheckPullClock(1, 9, /*done_clock=*/9), IsOk());
   absl::Notification released;
   absl::Status status;
-  auto parked = t.WhenBound(0, 5, absl::Now() + absl::Seconds(30), {}, [&](absl::Status s) {
-    status = std::move(s);
-    released.Notify();
-  });
+  auto parked = t.WhenBound(0, /*incarnation=*/1, 5, absl::Now() + absl::Seconds(30), {},
+                            [&](absl::Status s) {
+                              status = std::move(s);
+                              released.Notify();
+                            });
   ASSERT_THAT(parked.status(), IsOk());
   ASSERT_NE(*parked, 0u);
   ASSERT_THAT(t.Touch(1, 1, /*done_clock=*/4), IsOk());
@@ -420,11 +421,11 @@ const absl::Time kLater = absl::InfiniteFuture();
 TEST(WorkerTrackerParking, ABoundThatHoldsDoesNotPark) {
   WorkerTracker t(Options(2, 0));
   Outcome o;
-  auto now = t.WhenBound(0, 0, kLater, {}, o.callback());
+  auto now = t.WhenBound(0, /*incarnation=*/1, 0, kLater, {}, o.callback());
   ASSERT_THAT(now.status(), IsOk());
   EXPECT_EQ(*now, 0u);
   WorkerTracker async(Options(2, std::nullopt));
-  auto never = async.WhenBound(0, 99, kLater, {}, o.callback());
+  auto never = async.WhenBound(0, /*incarnation=*/1, 99, kLater, {}, o.callback());
   ASSERT_THAT(never.status(), IsOk());
   EXPECT_EQ(*never, 0u);
   EXPECT_FALSE(o.done.HasBeenNotified());
@@ -434,7 +435,7 @@ TEST(WorkerTrackerParking, ABoundThatHoldsDoesNotPark) {
 TEST(WorkerTrackerParking, ParkedPullIsReleasedWhenTheSlowestClockMoves) {
   WorkerTracker t(Options(2, 1));  // SSP 1: a pull at clock 3 needs every worker at 2
   Outcome o;
-  ASSERT_THAT(t.WhenBound(0, 3, kLater, {}, o.callback()).status(), IsOk());
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/1, 3, kLater, {}, o.callback()).status(), IsOk());
   EXPECT_EQ(t.parked(), 1u);
   t.AdvanceClock(0, 0, 2);
   EXPECT_FALSE(o.done.HasBeenNotified());  // worker 1 is still at 0
@@ -451,7 +452,7 @@ TEST(WorkerTrackerParking, AFinishedWorkerReleasesTheWaitersItHeldBack) {
   ASSERT_THAT(t.Touch(1, 1), IsOk());
   t.AdvanceClock(0, 0, 1);
   Outcome o;
-  ASSERT_THAT(t.WhenBound(0, 1, kLater, {}, o.callback()).status(), IsOk());
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, kLater, {}, o.callback()).status(), IsOk());
   ASSERT_THAT(t.Finish(1, 1), IsOk());
   ASSERT_TRUE(o.done.HasBeenNotified());
   EXPECT_THAT(o.status, IsOk());
@@ -463,7 +464,7 @@ TEST(WorkerTrackerParking, AnExpiredLeaseReleasesWaitersThroughTheTimer) {
   ASSERT_THAT(t.Touch(1, 1), IsOk());
   t.AdvanceClock(0, 0, 1);
   Outcome o;
-  ASSERT_THAT(t.WhenBound(0, 1, kLater, {}, o.callback()).status(), IsOk());
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, kLater, {}, o.callback()).status(), IsOk());
   clock.seconds += 31;  // worker 1's lease runs out; nobody pokes: the timer re-checks
   o.done.WaitForNotification();
   EXPECT_THAT(o.status, IsOk());
@@ -475,18 +476,21 @@ TEST(WorkerTrackerParking, DeadlineCancelCapAndClose) {
   WorkerTracker::ParkLimits limits;
   limits.per_worker = 2;
   limits.total = 3;
-  ASSERT_THAT(t.WhenBound(0, 1, absl::Now() + absl::Milliseconds(50), limits, expires.callback())
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, absl::Now() + absl::Milliseconds(50), limits,
+                          expires.callback())
                   .status(),
               IsOk());
-  auto id = t.WhenBound(0, 1, kLater, limits, cancelled.callback());
+  auto id = t.WhenBound(0, /*incarnation=*/1, 1, kLater, limits, cancelled.callback());
   ASSERT_THAT(id.status(), IsOk());
   Outcome refused;
-  EXPECT_THAT(t.WhenBound(0, 1, kLater, limits, refused.callback()),
+  EXPECT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, kLater, limits, refused.callback()),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  ASSERT_THAT(t.WhenBound(1, 1, kLater, limits, closed.callback()).status(), IsOk());
-  EXPECT_THAT(t.WhenBound(1, 1, kLater, limits, refused.callback()),
+  ASSERT_THAT(t.WhenBound(1, /*incarnation=*/1, 1, kLater, limits, closed.callback()).status(),
+              IsOk());
+  EXPECT_THAT(t.WhenBound(1, /*incarnation=*/1, 1, kLater, limits, refused.callback()),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_THAT(t.WhenBound(1, 1, absl::Now() - absl::Seconds(1), limits, refused.callback()),
+  EXPECT_THAT(t.WhenBound(1, /*incarnation=*/1, 1, absl::Now() - absl::Seconds(1), limits,
+                          refused.callback()),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
 
   expires.done.WaitForNotification();
@@ -498,10 +502,50 @@ TEST(WorkerTrackerParking, DeadlineCancelCapAndClose) {
   t.CloseWaiters(absl::UnavailableError("stopping"));
   ASSERT_TRUE(closed.done.HasBeenNotified());
   EXPECT_THAT(closed.status, StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(t.WhenBound(0, 1, kLater, limits, refused.callback()),
+  EXPECT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, kLater, limits, refused.callback()),
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(refused.done.HasBeenNotified());
   EXPECT_EQ(t.parked(), 0u);
+}
+
+TEST(WorkerTrackerParking, ANewIncarnationAnswersItsPredecessorsParkedPulls) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  Outcome predecessor, other;
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, kLater, {}, predecessor.callback()).status(),
+              IsOk());
+  ASSERT_THAT(t.WhenBound(1, /*incarnation=*/1, 1, kLater, {}, other.callback()).status(), IsOk());
+  ASSERT_THAT(t.Touch(0, 1), IsOk());  // the same process again: nothing
+  EXPECT_FALSE(predecessor.done.HasBeenNotified());
+
+  ASSERT_THAT(t.Touch(0, 2), IsOk());  // a new process of worker 0
+  ASSERT_TRUE(predecessor.done.HasBeenNotified());
+  EXPECT_THAT(predecessor.status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                           ::testing::HasSubstr("was replaced")));
+  EXPECT_FALSE(other.done.HasBeenNotified());
+  EXPECT_EQ(t.parked(), 1u);
+  Outcome late;  // the old process cannot park again
+  EXPECT_THAT(t.WhenBound(0, /*incarnation=*/1, 1, kLater, {}, late.callback()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(late.done.HasBeenNotified());
+
+  // A push of a newer process does the same, and so does a deterministic push's turn.
+  Outcome by_push, by_turn;
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/2, 1, kLater, {}, by_push.callback()).status(),
+              IsOk());
+  ASSERT_THAT(t.Admit(0, 3, 1).status(), IsOk());
+  ASSERT_TRUE(by_push.done.HasBeenNotified());
+  EXPECT_THAT(by_push.status, StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/3, 1, kLater, {}, by_turn.callback()).status(),
+              IsOk());
+  // Worker 1 has not arrived at clock 1: the turn is not come, but the pull is answered.
+  EXPECT_THAT(t.WaitForTurn(0, 4, 1, absl::Now() + absl::Milliseconds(10)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_TRUE(by_turn.done.HasBeenNotified());
+  EXPECT_THAT(by_turn.status, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(other.done.HasBeenNotified());
+  EXPECT_EQ(t.parked(), 1u);
 }
 
 TEST(WorkerTrackerParking, AWorkerMayHaveOnlyAFewPushesWaitingForTheirTurn) {

@@ -2,7 +2,8 @@
 // with two serving threads, many more waiting pulls than threads leave other workers' pushes
 // and pulls served; the waiting pulls complete with the right values when clocks move, are
 // capped (RESOURCE_EXHAUSTED), end at their deadline (DEADLINE_EXCEEDED), are released when
-// the client cancels, and get UNAVAILABLE when the server stops.
+// the client cancels or its worker's next process is heard from (FAILED_PRECONDITION), and
+// get UNAVAILABLE when the server stops.
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,10 +76,11 @@ class ParkingTest : public ::testing::Test {
     service_.reset();
   }
 
-  RequestHeader Header(int32_t worker, int64_t clock, uint64_t sequence = 0) {
+  RequestHeader Header(int32_t worker, int64_t clock, uint64_t sequence = 0,
+                       uint64_t incarnation = 1) {
     RequestHeader h;
     h.set_worker_id(worker);
-    h.set_worker_incarnation(1);
+    h.set_worker_incarnation(incarnation);
     h.set_sequence(sequence);
     h.set_clock(clock);
     h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
@@ -87,9 +89,10 @@ class ParkingTest : public ::testing::Test {
 
   // Sends a pull of all of "w" as `worker` at `clock` without waiting for its answer.
   std::unique_ptr<PendingPull> SendPull(int32_t worker, int64_t clock,
-                                        absl::Duration deadline = absl::Seconds(60)) {
+                                        absl::Duration deadline = absl::Seconds(60),
+                                        uint64_t incarnation = 1) {
     auto pull = std::make_unique<PendingPull>();
-    *pull->request.mutable_header() = Header(worker, clock);
+    *pull->request.mutable_header() = Header(worker, clock, 0, incarnation);
     auto* t = pull->request.add_tables();
     t->set_table("w");
     t->add_block_ids(0);
@@ -111,9 +114,10 @@ class ParkingTest : public ::testing::Test {
   }
 
   // Pushes gradient `g` for every value of "w" as `worker` at `clock`.
-  grpc::Status Push(int32_t worker, int64_t clock, uint64_t sequence, float g) {
+  grpc::Status Push(int32_t worker, int64_t clock, uint64_t sequence, float g,
+                    uint64_t incarnation = 1) {
     PushRequest request;
-    *request.mutable_header() = Header(worker, clock, sequence);
+    *request.mutable_header() = Header(worker, clock, sequence, incarnation);
     auto* t = request.add_tables();
     t->set_table("w");
     auto* block = t->add_blocks();
@@ -238,6 +242,55 @@ TEST_F(ParkingTest, ACancelledCallReleasesItsParkedPull) {
   pull->done.WaitForNotification();
   EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::CANCELLED);
   AwaitParked(0);  // the server let go of it (the test would hang otherwise)
+}
+
+TEST_F(ParkingTest, ARestartedWorkersPredecessorsParkedPullsAreAnsweredAtOnce) {
+  Start(ServiceOptions{});
+  // Three pulls of worker 0's first process and one of worker 1, all waiting for clock 1.
+  std::vector<std::unique_ptr<PendingPull>> predecessor;
+  for (int i = 0; i < 3; ++i) predecessor.push_back(SendPull(0, 1));
+  std::unique_ptr<PendingPull> other = SendPull(1, 1);
+  AwaitParked(4);
+
+  // Worker 0's next process pulls: its predecessor's pulls are answered now, not at their
+  // deadline (whatever they hold, a shared-memory segment, goes with them); worker 1's and
+  // the new one wait.
+  std::unique_ptr<PendingPull> restarted = SendPull(0, 1, absl::Seconds(60), /*incarnation=*/2);
+  // Answered well before the server's cap on a wait (max_pull_wait) would answer them.
+  bool answered = true;
+  for (const auto& pull : predecessor) {
+    answered = answered && pull->done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  }
+  if (!answered) {
+    ADD_FAILURE() << "pulls of the replaced process are still parked";
+    shard_->workers().CloseWaiters(absl::UnavailableError("the test failed"));  // no hang
+    for (const auto& pull : predecessor) pull->done.WaitForNotification();
+    other->done.WaitForNotification();
+    restarted->done.WaitForNotification();
+    return;
+  }
+  for (const auto& pull : predecessor) {
+    EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(pull->status.error_message(), HasSubstr("was replaced"));
+  }
+  AwaitParked(2);
+  EXPECT_FALSE(other->done.HasBeenNotified());
+  EXPECT_FALSE(restarted->done.HasBeenNotified());
+  EXPECT_EQ(Rejected("stale_incarnation"), 3u);
+  // A late pull of the old process is refused at once rather than parked.
+  std::unique_ptr<PendingPull> late = SendPull(0, 1);
+  late->done.WaitForNotification();
+  EXPECT_EQ(late->status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(shard_->workers().parked(), 2u);
+
+  // Clocks move as usual: both waiting pulls read both pushes.
+  ASSERT_TRUE(Push(0, 1, 1, 0.5f, /*incarnation=*/2).ok());
+  ASSERT_TRUE(Push(1, 1, 1, 0.25f).ok());
+  for (PendingPull* pull : {other.get(), restarted.get()}) {
+    pull->done.WaitForNotification();
+    ASSERT_TRUE(pull->status.ok()) << pull->status.error_message();
+    EXPECT_THAT(ValuesOf(pull->response), ::testing::Each(1.0f - kLearningRate * 0.75f));
+  }
 }
 
 TEST_F(ParkingTest, StoppingTheServerAnswersParkedPullsWithUnavailable) {

@@ -485,10 +485,14 @@ std::optional<absl::StatusOr<PushResult>> Shard::NotAdmitted(
   if (!admission.ok()) return Reject(HeaderRejection(admission.status()), admission.status());
   if (*admission == WorkerTracker::Admission::kApply) return std::nullopt;
   // A duplicate is answered once the attempt it repeats has been applied: its answer lets the
-  // worker read (its call's pull, or its next) and rewrite (lent memory) what that push held.
-  // Past the deadline it is answered anyway: the worker has given it up.
-  workers_.WaitUntilApplied(info.worker_id, info.worker_incarnation, info.sequence, info.deadline)
-      .IgnoreError();
+  // worker read (its call's pull, or its next), rewrite (lent memory) what that push held and
+  // count the push in its done_clock. Not applied by the deadline: DEADLINE_EXCEEDED, never an
+  // OK for an update still under way (the worker sends it again).
+  if (absl::Status s = workers_.WaitUntilApplied(info.worker_id, info.worker_incarnation,
+                                                 info.sequence, info.deadline);
+      !s.ok()) {
+    return Reject("duplicate_pending", std::move(s));
+  }
   absl::MutexLock stats(&stats_mu_);
   ++duplicates_;
   return PushResult{true, updates_applied_};

@@ -305,6 +305,40 @@ TEST(Shard, DuplicatePushIsAppliedOnce) {
   EXPECT_EQ(stats.duplicate_pushes(), 1u);
 }
 
+// A retry of a push whose first attempt is still being applied is not acknowledged before
+// that attempt is: at its deadline it is DEADLINE_EXCEEDED, not an OK for an update under way.
+TEST(Shard, ADuplicateIsNotAcknowledgedBeforeTheAttemptItRepeatsIsApplied) {
+  auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 1"));
+  std::vector<float> g(4, 1.0f);
+  PushTable table;
+  table.table = "w";
+  table.blocks = {{0, Bytes(g)}};
+  PushView push;
+  push.info.worker_id = 0;
+  push.info.worker_incarnation = 3;
+  push.info.sequence = 1;
+  push.info.clock = 1;
+  push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+  push.tables = absl::MakeConstSpan(&table, 1);
+  // The first attempt: admitted, its apply under way.
+  auto first = shard->workers().Admit(0, 3, 1);
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_EQ(*first, WorkerTracker::Admission::kApply);
+  push.info.deadline = absl::Now() + absl::Milliseconds(20);
+  EXPECT_THAT(shard->Push(push).status(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  StatsResponse stats;
+  shard->FillStats(&stats);
+  EXPECT_EQ(stats.duplicate_pushes(), 0u);
+  EXPECT_EQ(stats.rejected().at("duplicate_pending"), 1u);
+  // Once it is applied, the retry is answered as a duplicate (and applies nothing).
+  shard->workers().AdvanceClock(0, 3, 1, /*sequence=*/1);
+  push.info.deadline = absl::Now() + absl::Seconds(60);
+  auto again = shard->Push(push);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_TRUE(again->duplicate);
+  EXPECT_THAT(ReadBlocks(*shard, "w", {0}), ElementsAreArray({1.f, 1.f, 1.f, 1.f}));
+}
+
 TEST(Shard, StatsSayHowLongPushesAndPullsSpentInTheTables) {
   auto shard = MakeShard(MakeConfig("kind: ADAM", 1, 4000));
   StatsResponse stats;

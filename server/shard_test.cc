@@ -279,19 +279,31 @@ TEST(Shard, CreateRejectsServerIndexOutOfRange) {
 
 // ---- Exactly-once -----------------------------------------------------------------------
 
+// A push of gradient 1 for every value of block 0 of "w", as worker 0 (incarnation 3),
+// sequence 1, clock 1.
+struct PushOfOnes {
+  explicit PushOfOnes(const Shard& shard) {
+    table.table = "w";
+    table.blocks = {{0, Bytes(g)}};
+    push.info.worker_id = 0;
+    push.info.worker_incarnation = 3;
+    push.info.sequence = 1;
+    push.info.clock = 1;
+    push.info.layout_fingerprint = shard.partitioner().layout_fingerprint();
+    push.tables = absl::MakeConstSpan(&table, 1);
+  }
+  PushOfOnes(const PushOfOnes&) = delete;  // `push` points into `table`, `table` into `g`
+  PushOfOnes& operator=(const PushOfOnes&) = delete;
+
+  std::vector<float> g = std::vector<float>(4, 1.0f);
+  PushTable table;
+  PushView push;
+};
+
 TEST(Shard, DuplicatePushIsAppliedOnce) {
   auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 1"));
-  std::vector<float> g(4, 1.0f);
-  PushTable table;
-  table.table = "w";
-  table.blocks = {{0, Bytes(g)}};
-  PushView push;
-  push.info.worker_id = 0;
-  push.info.worker_incarnation = 3;
-  push.info.sequence = 1;
-  push.info.clock = 1;
-  push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
-  push.tables = absl::MakeConstSpan(&table, 1);
+  PushOfOnes ones(*shard);
+  PushView& push = ones.push;
   auto first = shard->Push(push);
   auto again = shard->Push(push);
   ASSERT_THAT(first.status(), IsOk());
@@ -309,17 +321,8 @@ TEST(Shard, DuplicatePushIsAppliedOnce) {
 // that attempt is: at its deadline it is DEADLINE_EXCEEDED, not an OK for an update under way.
 TEST(Shard, ADuplicateIsNotAcknowledgedBeforeTheAttemptItRepeatsIsApplied) {
   auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 1"));
-  std::vector<float> g(4, 1.0f);
-  PushTable table;
-  table.table = "w";
-  table.blocks = {{0, Bytes(g)}};
-  PushView push;
-  push.info.worker_id = 0;
-  push.info.worker_incarnation = 3;
-  push.info.sequence = 1;
-  push.info.clock = 1;
-  push.info.layout_fingerprint = shard->partitioner().layout_fingerprint();
-  push.tables = absl::MakeConstSpan(&table, 1);
+  PushOfOnes ones(*shard);
+  PushView& push = ones.push;
   // The first attempt: admitted, its apply under way.
   auto first = shard->workers().Admit(0, 3, 1);
   ASSERT_THAT(first.status(), IsOk());

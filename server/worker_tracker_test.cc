@@ -546,6 +546,9 @@ TEST(WorkerTrackerParking, ANewIncarnationAnswersItsPredecessorsParkedPulls) {
   EXPECT_THAT(by_turn.status, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_FALSE(other.done.HasBeenNotified());
   EXPECT_EQ(t.parked(), 1u);
+  // Worker 1's pull is answered here, not by the tracker's destructor after `other` is gone.
+  t.CloseWaiters(absl::UnavailableError("the test ends"));
+  EXPECT_THAT(other.status, StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST(WorkerTrackerParking, AWorkerMayHaveOnlyAFewPushesWaitingForTheirTurn) {

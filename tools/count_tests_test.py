@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """count_tests.py counts test cases once: a sharded target's merged test.xml, not also its
-shards' (each shard's cases are in both), and a target without shards as it is."""
+shards' (each shard's cases are in both), and a target without shards as it is; a target whose
+cases passed but whose run failed (Bazel's test.cache_status) counts one failure more."""
 import os
 import subprocess
 import sys
@@ -17,6 +18,15 @@ def write_xml(path, results):
         for i, r in enumerate(results))
     with open(path, "w") as f:
         f.write(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+
+
+def write_status(path, passed, status):
+    """A test.cache_status as Bazel writes it: field 2 test_passed, field 3 the status, then a
+    length-delimited field (a log's path) as Bazel's carry."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    log = b"/tmp/testlogs/x/test.log"
+    with open(path, "wb") as f:
+        f.write(bytes([0x10, int(passed), 0x18, status, 0x48, 0xEB, 0x05, 0x52, len(log)]) + log)
 
 
 class CountTestsTest(unittest.TestCase):
@@ -40,6 +50,20 @@ class CountTestsTest(unittest.TestCase):
             write_xml(os.path.join(target, "shard_1_of_2", "test.xml"), ["passed"])
             write_xml(os.path.join(target, "shard_2_of_2", "test.xml"), ["failed"])
             self.assertEqual(self.count(root), "1 passed, 1 failed, 0 skipped")
+
+    def test_a_run_that_failed_after_its_cases_passed_is_a_failure(self):
+        with tempfile.TemporaryDirectory() as root:
+            leaked = os.path.join(root, "server", "leaks_at_exit_test")
+            write_xml(os.path.join(leaked, "test.xml"), ["passed", "passed"])
+            write_status(os.path.join(leaked, "test.cache_status"), passed=False, status=4)
+            fine = os.path.join(root, "server", "fine_test")
+            write_xml(os.path.join(fine, "test.xml"), ["passed"])
+            write_status(os.path.join(fine, "test.cache_status"), passed=True, status=1)
+            # A failed case already counts the failure: not twice.
+            failing = os.path.join(root, "server", "failing_test")
+            write_xml(os.path.join(failing, "test.xml"), ["passed", "failed"])
+            write_status(os.path.join(failing, "test.cache_status"), passed=False, status=4)
+            self.assertEqual(self.count(root), "4 passed, 2 failed, 0 skipped")
 
 
 if __name__ == "__main__":

@@ -340,7 +340,8 @@ absl::Status Shard::CheckPullStart(const RequestInfo& info) {
   RETURN_IF_ERROR(CheckPullClocks(info));
   if (absl::Status s = workers_.Touch(info.worker_id, info.worker_incarnation, info.done_clock);
       !s.ok()) {
-    return Reject(HeaderRejection(s), std::move(s));
+    const char* reason = HeaderRejection(s);  // before s is moved (argument order)
+    return Reject(reason, std::move(s));
   }
   return absl::OkStatus();
 }
@@ -457,6 +458,13 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
       return WithRejectionReason(std::move(s), "turn_timeout");
     }
   }
+  // Before the shard's locks: a new incarnation's answers to its predecessor's parked pulls
+  // (which finish calls and may free a segment) run here.
+  if (absl::Status s = workers_.Arrive(info.worker_id, info.worker_incarnation, info.sequence);
+      !s.ok()) {
+    const char* reason = HeaderRejection(s);  // before s is moved (argument order)
+    return Reject(reason, std::move(s));
+  }
   Timed timed(&push_apply_ns_);
   if (push.one_pass_) return ApplyOnePass(push);
   // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
@@ -487,7 +495,8 @@ std::optional<absl::StatusOr<PushResult>> Shard::NotAdmitted(
   // A duplicate is answered once the attempt it repeats has been applied: its answer lets the
   // worker read (its call's pull, or its next), rewrite (lent memory) what that push held and
   // count the push in its done_clock. Not applied by the deadline: DEADLINE_EXCEEDED, never an
-  // OK for an update still under way (the worker sends it again).
+  // OK for an update still under way (the worker sends it again). A stopping server (its
+  // waiters closed) answers at once: its final checkpoint waits for the attempt anyway.
   if (absl::Status s = workers_.WaitUntilApplied(info.worker_id, info.worker_incarnation,
                                                  info.sequence, info.deadline);
       !s.ok()) {

@@ -84,6 +84,17 @@ absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarna
   return absl::OkStatus();
 }
 
+absl::Status WorkerTracker::Arrive(int32_t worker, uint64_t incarnation, uint64_t sequence) {
+  if (sequence == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
+  }
+  Released released;
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
+  return Lookup(worker, incarnation, &released).status();
+}
+
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
                                                               uint64_t sequence, bool applied) {
   if (sequence == 0) {

@@ -114,6 +114,11 @@ class WorkerTracker {
   // push counts as being applied until AdvanceClock(..., sequence) (WaitUntilApplied).
   absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence,
                                   bool applied = false);
+  // A push's first word, before the caller takes its own locks: the checks of Admit (the
+  // same errors), and the switch to the push's incarnation if it is newer, whose answers to
+  // the old incarnation's parked pulls run here rather than under the caller's locks. Admit
+  // still decides whether the push is applied.
+  absl::Status Arrive(int32_t worker, uint64_t incarnation, uint64_t sequence);
   // Advances the worker's clock to at least `clock`, after its push `sequence` was applied
   // (so that a pull released by the new clock sees the push); the push is no longer being
   // applied (0: none named).
@@ -161,9 +166,10 @@ class WorkerTracker {
   // 0 means "not parked": the bound held at once.
   using WaiterId = uint64_t;
   // Called exactly once for a parked pull: OK when the bound lets it through,
-  // DEADLINE_EXCEEDED at its deadline, or the status given to CancelWaiter / CloseWaiters.
-  // Runs without the tracker's lock, on the thread that moved the clock or on the timer
-  // thread: it must not block.
+  // DEADLINE_EXCEEDED at its deadline, FAILED_PRECONDITION once a newer incarnation of its
+  // worker is heard from, or the status given to CancelWaiter / CloseWaiters. Runs without
+  // the tracker's lock, on the thread that moved the clock or heard the new incarnation, or
+  // on the timer thread: it must not block.
   using BoundCallback = std::function<void(absl::Status)>;
   struct ParkLimits {
     // Parked pulls of one worker, and of all workers together. REQUIRES: > 0.

@@ -530,19 +530,29 @@ TEST(WorkerTrackerParking, ANewIncarnationAnswersItsPredecessorsParkedPulls) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_FALSE(late.done.HasBeenNotified());
 
-  // A push of a newer process does the same, and so does a deterministic push's turn.
-  Outcome by_push, by_turn;
-  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/2, 1, kLater, {}, by_push.callback()).status(),
+  // A push's first word (Arrive, before the shard takes its locks), a push's admission and
+  // a deterministic push's turn do the same.
+  Outcome by_arrive, by_push, by_turn;
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/2, 1, kLater, {}, by_arrive.callback()).status(),
               IsOk());
-  ASSERT_THAT(t.Admit(0, 3, 1).status(), IsOk());
+  ASSERT_THAT(t.Arrive(0, 3, 1), IsOk());
+  ASSERT_TRUE(by_arrive.done.HasBeenNotified());
+  EXPECT_THAT(by_arrive.status, StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/3, 1, kLater, {}, by_push.callback()).status(),
+              IsOk());
+  ASSERT_THAT(t.Admit(0, 4, 1).status(), IsOk());
   ASSERT_TRUE(by_push.done.HasBeenNotified());
   EXPECT_THAT(by_push.status, StatusIs(absl::StatusCode::kFailedPrecondition));
-  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/3, 1, kLater, {}, by_turn.callback()).status(),
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/4, 1, kLater, {}, by_turn.callback()).status(),
               IsOk());
-  // Worker 1 has not arrived at clock 1: the turn is not come, but the pull is answered.
-  EXPECT_THAT(t.WaitForTurn(0, 4, 1, absl::Now() + absl::Milliseconds(10)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
-  ASSERT_TRUE(by_turn.done.HasBeenNotified());
+  // Worker 1 is not at clock 1 yet: the push waits for its turn, and the pull is answered
+  // before that wait, not after it.
+  std::thread turn(
+      [&] { EXPECT_THAT(t.WaitForTurn(0, 5, 1, absl::Now() + absl::Seconds(60)), IsOk()); });
+  const bool answered_first = by_turn.done.WaitForNotificationWithTimeout(absl::Seconds(30));
+  t.AdvanceClock(1, 1, 1);  // worker 1 reaches clock 1: worker 0's turn
+  turn.join();
+  ASSERT_TRUE(answered_first) << "the replaced process's pull waited for the new one's turn";
   EXPECT_THAT(by_turn.status, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_FALSE(other.done.HasBeenNotified());
   EXPECT_EQ(t.parked(), 1u);

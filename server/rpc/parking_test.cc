@@ -137,9 +137,17 @@ class ParkingTest : public ::testing::Test {
     return values;
   }
 
-  // Waits until exactly `n` pulls are parked (the server has taken every pull sent).
+  // Waits until exactly `n` pulls are parked (the server has taken every pull sent); a test
+  // failure after 30 s.
   void AwaitParked(size_t n) {
-    while (shard_->workers().parked() != n) absl::SleepFor(absl::Milliseconds(1));
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (shard_->workers().parked() != n) {
+      if (absl::Now() > give_up) {
+        ADD_FAILURE() << shard_->workers().parked() << " pulls parked, not " << n;
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
   }
 
   uint64_t Rejected(const std::string& reason) {
@@ -281,6 +289,7 @@ TEST_F(ParkingTest, ARestartedWorkersPredecessorsParkedPullsAreAnsweredAtOnce) {
   std::unique_ptr<PendingPull> late = SendPull(0, 1);
   late->done.WaitForNotification();
   EXPECT_EQ(late->status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Rejected("stale_incarnation"), 4u);  // (counted as bad_sequence before 2026-12-05)
   EXPECT_EQ(shard_->workers().parked(), 2u);
 
   // Clocks move as usual: both waiting pulls read both pushes.

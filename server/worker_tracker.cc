@@ -84,29 +84,31 @@ absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarna
   return absl::OkStatus();
 }
 
-absl::Status WorkerTracker::Arrive(int32_t worker, uint64_t incarnation, uint64_t sequence) {
+absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::LookupPusher(int32_t worker,
+                                                                   uint64_t incarnation,
+                                                                   uint64_t sequence,
+                                                                   Released* released) {
   if (sequence == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
   }
+  // The window is checked before Lookup records the worker (a new incarnation, last seen), so
+  // that a push refused for its sequence changes nothing.
+  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
+  return Lookup(worker, incarnation, released);
+}
+
+absl::Status WorkerTracker::Arrive(int32_t worker, uint64_t incarnation, uint64_t sequence) {
   Released released;
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
-  return Lookup(worker, incarnation, &released).status();
+  return LookupPusher(worker, incarnation, sequence, &released).status();
 }
 
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
                                                               uint64_t sequence, bool applied) {
-  if (sequence == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
-  }
   Released released;
   absl::MutexLock lock(&mu_);
-  // The window is checked before Lookup records the worker (a new incarnation, last seen), so
-  // that a push refused for its sequence changes nothing.
-  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
-  auto found = Lookup(worker, incarnation, &released);
+  auto found = LookupPusher(worker, incarnation, sequence, &released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;

@@ -458,15 +458,11 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
       return WithRejectionReason(std::move(s), "turn_timeout");
     }
   }
-  // Before the shard's locks: a new incarnation's answers to its predecessor's parked pulls
-  // (which finish calls and may free a segment) run here.
-  if (absl::Status s = workers_.Arrive(info.worker_id, info.worker_incarnation, info.sequence);
-      !s.ok()) {
-    const char* reason = HeaderRejection(s);  // before s is moved (argument order)
-    return Reject(reason, std::move(s));
-  }
+  // A new incarnation's answers to its predecessor's parked pulls (which finish calls and may
+  // free a segment) run when this goes, after the shard's locks below are released.
+  WorkerTracker::Released replaced;
   Timed timed(&push_apply_ns_);
-  if (push.one_pass_) return ApplyOnePass(push);
+  if (push.one_pass_) return ApplyOnePass(push, &replaced);
   // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
   // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
   // parameters always agree in a checkpoint.
@@ -479,8 +475,8 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
     for (const PendingUpdate* u : pinned) static_cast<SparseTablePart*>(u->table)->Unpin(u->keys);
   });
   RETURN_IF_ERROR(PrepareRows(push.updates_, &pinned));
-  absl::StatusOr<WorkerTracker::Admission> admission =
-      workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence);
+  absl::StatusOr<WorkerTracker::Admission> admission = workers_.Admit(
+      info.worker_id, info.worker_incarnation, info.sequence, /*applied=*/false, &replaced);
   if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission, info)) {
     return *std::move(not_admitted);
   }
@@ -517,7 +513,8 @@ PushResult Shard::Applied(const CheckedPush& push) {
   return PushResult{false, updates_applied_};
 }
 
-absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
+absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push,
+                                               WorkerTracker::Released* replaced) {
   const RequestInfo& info = push.info_;
   const std::vector<PendingUpdate>& updates = push.updates_;
   {
@@ -572,8 +569,8 @@ absl::StatusOr<PushResult> Shard::ApplyOnePass(const CheckedPush& push) {
                                    "a push held ", nonfinite,
                                    " non-finite values when applied (its payload changed since)")));
   }
-  absl::StatusOr<WorkerTracker::Admission> admission =
-      workers_.Admit(info.worker_id, info.worker_incarnation, info.sequence, /*applied=*/true);
+  absl::StatusOr<WorkerTracker::Admission> admission = workers_.Admit(
+      info.worker_id, info.worker_incarnation, info.sequence, /*applied=*/true, replaced);
   if (!admission.ok() || *admission == WorkerTracker::Admission::kDuplicate) undo_all();
   std::move(unlock).Invoke();  // (before a duplicate waits: the attempt it repeats may need them)
   if (std::optional<absl::StatusOr<PushResult>> not_admitted = NotAdmitted(admission, info)) {

@@ -472,7 +472,9 @@ class Shard {
   // locked at once, each updated while its values are counted; a value that is not finite, a
   // refused admission or a duplicate undoes the updates before the locks are released, so
   // nothing changes and no pull saw them. The refusal of a non-finite value is CheckFinite's.
-  absl::StatusOr<PushResult> ApplyOnePass(const CheckedPush& push);
+  // `replaced`: where admission puts answers to parked pulls (run after the caller's locks).
+  absl::StatusOr<PushResult> ApplyOnePass(const CheckedPush& push,
+                                          WorkerTracker::Released* replaced);
   // An admission other than kApply as ApplyPush answers it (the refusal, or a duplicate,
   // counted, once the attempt it repeats is applied or info.deadline passes); nullopt for
   // kApply.

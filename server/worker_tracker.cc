@@ -98,17 +98,13 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::LookupPusher(int32_t worke
   return Lookup(worker, incarnation, released);
 }
 
-absl::Status WorkerTracker::Arrive(int32_t worker, uint64_t incarnation, uint64_t sequence) {
-  Released released;
-  absl::MutexLock lock(&mu_);
-  return LookupPusher(worker, incarnation, sequence, &released).status();
-}
-
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
-                                                              uint64_t sequence, bool applied) {
-  Released released;
+                                                              uint64_t sequence, bool applied,
+                                                              Released* released) {
+  Released own;
+  if (released == nullptr) released = &own;
   absl::MutexLock lock(&mu_);
-  auto found = LookupPusher(worker, incarnation, sequence, &released);
+  auto found = LookupPusher(worker, incarnation, sequence, released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;

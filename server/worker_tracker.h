@@ -101,6 +101,8 @@ class WorkerTracker {
   WorkerTracker(const WorkerTracker&) = delete;
   WorkerTracker& operator=(const WorkerTracker&) = delete;
 
+  class Released;  // below: answers to parked pulls, run when it goes
+
   // The outcome of Admit.
   enum class Admission { kApply, kDuplicate };
 
@@ -112,13 +114,10 @@ class WorkerTracker {
   // kSequenceWindow ahead, and for an incarnation too far ahead of the clock.
   // `applied`: the caller applied the push before admitting it (the one pass); otherwise the
   // push counts as being applied until AdvanceClock(..., sequence) (WaitUntilApplied).
+  // A new incarnation's answers to the old one's parked pulls go into `released` when given
+  // (run when the caller lets go of it, after its own locks), else run before Admit returns.
   absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence,
-                                  bool applied = false);
-  // A push's first word, before the caller takes its own locks: the checks of Admit (the
-  // same errors), and the switch to the push's incarnation if it is newer, whose answers to
-  // the old incarnation's parked pulls run here rather than under the caller's locks. Admit
-  // still decides whether the push is applied.
-  absl::Status Arrive(int32_t worker, uint64_t incarnation, uint64_t sequence);
+                                  bool applied = false, Released* released = nullptr);
   // Advances the worker's clock to at least `clock`, after its push `sequence` was applied
   // (so that a pull released by the new clock sees the push); the push is no longer being
   // applied (0: none named).
@@ -171,6 +170,20 @@ class WorkerTracker {
   // the tracker's lock, on the thread that moved the clock or heard the new incarnation, or
   // on the timer thread: it must not block.
   using BoundCallback = std::function<void(absl::Status)>;
+  // Callbacks of parked pulls taken out of the waiters under mu_; they run when this goes out
+  // of scope. Declared before the MutexLock of a function, it runs them after the lock is
+  // released; a caller that holds locks of its own passes one declared before them (Admit).
+  class Released {
+   public:
+    Released() = default;
+    Released(const Released&) = delete;
+    Released& operator=(const Released&) = delete;
+    ~Released();
+    void Add(BoundCallback done, absl::Status status);
+
+   private:
+    std::vector<std::pair<BoundCallback, absl::Status>> items_;
+  };
   struct ParkLimits {
     // Parked pulls of one worker, and of all workers together. REQUIRES: > 0.
     size_t per_worker = 16;
@@ -240,19 +253,6 @@ class WorkerTracker {
     int64_t clock;
     absl::Time deadline;
     BoundCallback done;
-  };
-  // Callbacks taken out of the waiters under mu_; they run when this goes out of scope.
-  // Declared before the MutexLock of a function, it runs them after the lock is released.
-  class Released {
-   public:
-    Released() = default;
-    Released(const Released&) = delete;
-    Released& operator=(const Released&) = delete;
-    ~Released();
-    void Add(BoundCallback done, absl::Status status);
-
-   private:
-    std::vector<std::pair<BoundCallback, absl::Status>> items_;
   };
   // Removes waiter `id` from every index; returns its callback (empty when not parked).
   BoundCallback TakeWaiter(WaiterId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -530,19 +530,24 @@ TEST(WorkerTrackerParking, ANewIncarnationAnswersItsPredecessorsParkedPulls) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_FALSE(late.done.HasBeenNotified());
 
-  // A push's first word (Arrive, before the shard takes its locks), a push's admission and
-  // a deterministic push's turn do the same.
-  Outcome by_arrive, by_push, by_turn;
-  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/2, 1, kLater, {}, by_arrive.callback()).status(),
+  // A push's admission does the same: at once, or when the caller's holder goes (the shard
+  // passes one declared before its locks); and so does a deterministic push's turn.
+  Outcome by_push, by_held_push, by_turn;
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/2, 1, kLater, {}, by_push.callback()).status(),
               IsOk());
-  ASSERT_THAT(t.Arrive(0, 3, 1), IsOk());
-  ASSERT_TRUE(by_arrive.done.HasBeenNotified());
-  EXPECT_THAT(by_arrive.status, StatusIs(absl::StatusCode::kFailedPrecondition));
-  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/3, 1, kLater, {}, by_push.callback()).status(),
-              IsOk());
-  ASSERT_THAT(t.Admit(0, 4, 1).status(), IsOk());
+  ASSERT_THAT(t.Admit(0, 3, 1).status(), IsOk());
   ASSERT_TRUE(by_push.done.HasBeenNotified());
   EXPECT_THAT(by_push.status, StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(t.WhenBound(0, /*incarnation=*/3, 1, kLater, {}, by_held_push.callback()).status(),
+              IsOk());
+  {
+    WorkerTracker::Released held;
+    ASSERT_THAT(t.Admit(0, 4, 1, /*applied=*/true, &held).status(), IsOk());
+    EXPECT_FALSE(by_held_push.done.HasBeenNotified());
+    EXPECT_EQ(t.parked(), 1u);  // taken out of the waiters already
+  }
+  ASSERT_TRUE(by_held_push.done.HasBeenNotified());
+  EXPECT_THAT(by_held_push.status, StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_THAT(t.WhenBound(0, /*incarnation=*/4, 1, kLater, {}, by_turn.callback()).status(),
               IsOk());
   // Worker 1 is not at clock 1 yet: the push waits for its turn, and the pull is answered

@@ -362,12 +362,12 @@ absl::StatusOr<WorkerTracker::WaiterId> Shard::ParkPull(const RequestInfo& info,
   absl::StatusOr<WorkerTracker::WaiterId> parked =
       workers_.WhenBound(info.worker_id, info.worker_incarnation, info.clock, deadline, limits,
                          [this, done = std::move(done)](absl::Status s) {
-                           if (absl::IsDeadlineExceeded(s))
+                           if (absl::IsDeadlineExceeded(s)) {
                              s = WithRejectionReason(std::move(s), "bound_timeout");
-                           // A newer incarnation of the worker was heard from while this pull
-                           // waited.
-                           if (absl::IsFailedPrecondition(s))
+                           } else if (absl::IsFailedPrecondition(s)) {
+                             // A newer incarnation of the worker was heard from meanwhile.
                              s = Reject("stale_incarnation", std::move(s));
+                           }
                            done(std::move(s));
                          });
   if (absl::IsFailedPrecondition(parked.status())) {

@@ -84,27 +84,20 @@ absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarna
   return absl::OkStatus();
 }
 
-absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::LookupPusher(int32_t worker,
-                                                                   uint64_t incarnation,
-                                                                   uint64_t sequence,
-                                                                   Released* released) {
+absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
+                                                              uint64_t sequence, bool applied,
+                                                              Released* released) {
   if (sequence == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
   }
-  // The window is checked before Lookup records the worker (a new incarnation, last seen), so
-  // that a push refused for its sequence changes nothing.
-  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
-  return Lookup(worker, incarnation, released);
-}
-
-absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
-                                                              uint64_t sequence, bool applied,
-                                                              Released* released) {
   Released own;
   if (released == nullptr) released = &own;
   absl::MutexLock lock(&mu_);
-  auto found = LookupPusher(worker, incarnation, sequence, released);
+  // The window is checked before Lookup records the worker (a new incarnation, last seen), so
+  // that a push refused for its sequence changes nothing.
+  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
+  auto found = Lookup(worker, incarnation, released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;

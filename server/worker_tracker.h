@@ -276,9 +276,6 @@ class WorkerTracker {
   // one's parked pulls go into `released`).
   absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation, Released* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Lookup for a push: INVALID_ARGUMENT for sequence 0 or one beyond the window first.
-  absl::StatusOr<Worker*> LookupPusher(int32_t worker, uint64_t incarnation, uint64_t sequence,
-                                       Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
   absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;

@@ -282,11 +282,13 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
   std::vector<grpc::Status> outcome(n);
   for (uint32_t attempt = 0; !pending.empty(); ++attempt) {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+    // Declared after the contexts, so destroyed before them (each lives in its context's call).
+    std::vector<std::shared_ptr<void>> readers(n);
     for (uint32_t s : pending) {
       contexts[s] = std::make_unique<grpc::ClientContext>();
       contexts[s]->set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
-      start(s, contexts[s].get(), queue.get(), &outcome[s],
-            reinterpret_cast<void*>(static_cast<uintptr_t>(s) + 1));
+      readers[s] = start(s, contexts[s].get(), queue.get(), &outcome[s],
+                         reinterpret_cast<void*>(static_cast<uintptr_t>(s) + 1));
     }
     for (size_t answered = 0; answered < pending.size(); ++answered) {
       void* tag;
@@ -401,14 +403,14 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     r.set_finished(finished);
   }
   std::vector<HeartbeatResponse> responses(n);
-  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReaderInterface<HeartbeatResponse>>>
-      calls(n);
   RETURN_IF_ERROR(FanOut(std::vector<bool>(n, true), [&](uint32_t s, grpc::ClientContext* context,
                                                           grpc::CompletionQueue* cq,
                                                           grpc::Status* status, void* tag) {
     responses[s].Clear();
-    calls[s] = stubs_[s]->AsyncHeartbeat(context, requests[s], cq);
-    calls[s]->Finish(&responses[s], status, tag);
+    std::unique_ptr<grpc::ClientAsyncResponseReaderInterface<HeartbeatResponse>> call =
+        stubs_[s]->AsyncHeartbeat(context, requests[s], cq);
+    call->Finish(&responses[s], status, tag);
+    return std::shared_ptr<void>(std::move(call));
   }));
   Position saved;
   for (const auto& r : responses) {

@@ -244,10 +244,11 @@ class GrpcParameterStore final : public common::ParameterStore {
   RequestHeader Header(int64_t clock, uint64_t sequence) const;
   // Starts call `s` on `context` with its completion on `cq`: when the call ends, `*status`
   // holds its outcome and `tag` comes out of cq->Next (whatever the call holds must live
-  // until then).
-  using StartCall = std::function<void(uint32_t s, grpc::ClientContext* context,
-                                       grpc::CompletionQueue* cq, grpc::Status* status,
-                                       void* tag)>;
+  // until then). Returns the call's reader: it lives in the call's arena, which `context`
+  // holds, so FanOut destroys it before the context.
+  using StartCall = std::function<std::shared_ptr<void>(uint32_t s, grpc::ClientContext* context,
+                                                        grpc::CompletionQueue* cq,
+                                                        grpc::Status* status, void* tag)>;
   // Runs start(s) for every s where send[s], concurrently, with retries. The calling thread
   // waits for the answers on a completion queue of its own and reads them itself (it is
   // gRPC's poller while it waits), so an answer wakes no other thread on its way here.

@@ -68,6 +68,33 @@ class RecordingServer final
     return reactor;
   }
 
+  // Answers the first `fail_heartbeats` heartbeats with UNAVAILABLE, the others with the
+  // position they report.
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const HeartbeatRequest* request,
+                                      HeartbeatResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    ++heartbeats_;
+    if (fail_heartbeats_ > 0) {
+      --fail_heartbeats_;
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "dropped for the test"));
+      return reactor;
+    }
+    response->set_epoch(request->epoch());
+    response->set_data_offset(request->data_offset());
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  void FailHeartbeats(int n) {
+    absl::MutexLock lock(&mu_);
+    fail_heartbeats_ = n;
+  }
+  int heartbeats() {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
+
   void Hold(size_t n) {
     absl::MutexLock lock(&mu_);
     hold_ = n;
@@ -101,6 +128,8 @@ class RecordingServer final
   const bool busy_;
   absl::Mutex mu_;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
+  int fail_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> asks_ ABSL_GUARDED_BY(mu_);
   size_t hold_ ABSL_GUARDED_BY(mu_) = 0;
@@ -202,6 +231,20 @@ TEST_F(GrpcStoreTest, AFailedAskIsNotRepeatedByItsRetries) {
 
 // A busy server's refusal changed nothing at the server: the store sends the same push (same
 // sequence) again, within its retries.
+// A heartbeat refused UNAVAILABLE is retried, and the position comes back. (Each attempt's
+// reader lives in its call's arena, which the attempt's context holds: FanOut destroys the
+// readers first.)
+TEST_F(GrpcStoreTest, AHeartbeatIsRetriedAndReportsThePosition) {
+  Start(/*fail_pushes=*/0);
+  service_->FailHeartbeats(2);
+  absl::StatusOr<common::WorkerPosition> position = store_->ReportPosition(3, 1234);
+  ASSERT_TRUE(position.ok()) << position.status();
+  EXPECT_EQ(position->epoch, 3u);
+  EXPECT_EQ(position->offset, 1234u);
+  EXPECT_EQ(service_->heartbeats(), 3);
+  EXPECT_EQ(store_->stats().retries, 2u);
+}
+
 TEST(GrpcStoreOptionsTest, ANonPositiveReaskIsRefused) {
   JobConfig config;
   config.mutable_cluster()->set_num_servers(1);

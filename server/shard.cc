@@ -27,7 +27,9 @@ constexpr char kReasonPayload[] = "type.ps/ps.RejectionReason";
 // incarnation of the worker; otherwise (the worker id is checked before) a sequence number
 // it cannot take.
 const char* HeaderRejection(const absl::Status& status) {
-  return absl::IsFailedPrecondition(status) ? "stale_incarnation" : "bad_sequence";
+  if (absl::IsFailedPrecondition(status)) return "stale_incarnation";
+  if (absl::IsOutOfRange(status)) return "sequence_given_up";
+  return "bad_sequence";
 }
 
 WorkerTrackerOptions TrackerOptions(const JobConfig& config) {

@@ -317,6 +317,29 @@ TEST(Shard, DuplicatePushIsAppliedOnce) {
   EXPECT_EQ(stats.duplicate_pushes(), 1u);
 }
 
+// A retry of a push the tracker gave up on (WorkerTracker::kMaxAbove later pushes were
+// applied while it was missing) is refused `sequence_given_up` and applies nothing; it used
+// to be acknowledged as a duplicate although it was never applied.
+TEST(Shard, APushGivenUpIsRefusedAndAppliesNothing) {
+  auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 1"));
+  PushOfOnes ones(*shard);
+  PushView& push = ones.push;
+  for (uint64_t s = 2; s <= WorkerTracker::kMaxAbove + 2; ++s) {
+    push.info.sequence = s;
+    ASSERT_THAT(shard->Push(push).status(), IsOk());
+  }
+  const std::vector<float> before = ReadBlocks(*shard, "w", {0});
+  push.info.sequence = 1;
+  const absl::StatusOr<PushResult> late = shard->Push(push);
+  EXPECT_THAT(late.status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_EQ(RejectionReason(late.status()), "sequence_given_up");
+  EXPECT_EQ(ReadBlocks(*shard, "w", {0}), before);
+  StatsResponse stats;
+  shard->FillStats(&stats);
+  EXPECT_EQ(stats.updates_applied(), WorkerTracker::kMaxAbove + 1);
+  EXPECT_EQ(stats.duplicate_pushes(), 0u);
+}
+
 // A retry of a push whose first attempt is still being applied is not acknowledged before
 // that attempt is: at its deadline it is DEADLINE_EXCEEDED, not an OK for an update under way.
 TEST(Shard, ADuplicateIsNotAcknowledgedBeforeTheAttemptItRepeatsIsApplied) {

@@ -57,6 +57,8 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
     w.incarnation = incarnation;
     w.floor = 0;
     w.above.clear();
+    w.given_up.clear();
+    w.unknown_through = 0;
     w.applying.clear();  // the old process's: their attempts no longer end it
     w.seen = true;
     ReleaseReplaced(worker, released);
@@ -64,6 +66,23 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
   w.finished = false;
   w.last_seen = now_();
   return &w;
+}
+
+bool WorkerTracker::GivenUp(const Worker& w, uint64_t sequence) {
+  if (sequence <= w.unknown_through) return true;
+  auto it = w.given_up.upper_bound(sequence);
+  if (it == w.given_up.begin()) return false;
+  --it;
+  return sequence <= it->second;
+}
+
+void WorkerTracker::GiveUp(Worker* w, uint64_t first, uint64_t last) {
+  if (first > last) return;
+  w->given_up.emplace(first, last);
+  while (w->given_up.size() > kMaxGivenUpRanges) {
+    w->unknown_through = std::max(w->unknown_through, w->given_up.begin()->second);
+    w->given_up.erase(w->given_up.begin());
+  }
 }
 
 absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarnation,
@@ -100,13 +119,22 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
   auto found = Lookup(worker, incarnation, released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
+  if (sequence <= w.floor && GivenUp(w, sequence)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "worker ", worker, ": push sequence ", sequence, " was given up (", kMaxAbove,
+        " later ones were applied while it was missing): it was never applied and will not be; "
+        "keep fewer pushes in flight"));
+  }
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
   w.above.insert(sequence);
   // Sequences that never arrive (pushes lost with a server restored from an older
   // checkpoint) would keep the floor down and the set growing: past kMaxAbove entries the
-  // oldest gap is given up on (a worker does not retry a push that far back).
+  // oldest gap is given up on, and remembered as never applied (a worker does not retry a
+  // push that far back; one that does is refused, not told it was a duplicate).
   while (w.above.size() > kMaxAbove) {
-    w.floor = *w.above.begin();
+    const uint64_t next = *w.above.begin();
+    GiveUp(&w, w.floor + 1, next - 1);
+    w.floor = next;
     w.above.erase(w.above.begin());
   }
   while (!w.above.empty() && *w.above.begin() == w.floor + 1) {
@@ -519,6 +547,12 @@ std::vector<WorkerCheckpoint> WorkerTracker::Save() const {
     c.set_clock(w.clock);
     c.set_applied_floor(w.floor);
     for (uint64_t s : w.above) c.add_applied_above(s);
+    for (const auto& [first, last] : w.given_up) {
+      SequenceRange* r = c.add_given_up();
+      r->set_first(first);
+      r->set_last(last);
+    }
+    c.set_given_up_through(w.unknown_through);
     c.set_data_offset(w.data_offset);
     c.set_epoch(w.epoch);
     c.set_finished(w.finished);
@@ -545,6 +579,14 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
     if (!forged) {
       w.floor = c.applied_floor();
       w.above.insert(c.applied_above().begin(), c.applied_above().end());
+      // Ranges in order, each at or below the floor and above the one before (anything
+      // else is not what Save writes: left out); past kMaxGivenUpRanges, forgotten.
+      w.unknown_through = std::min(c.given_up_through(), w.floor);
+      for (const SequenceRange& r : c.given_up()) {
+        const uint64_t after = w.given_up.empty() ? w.unknown_through : w.given_up.rbegin()->second;
+        if (r.first() <= after || r.first() > r.last() || r.last() > w.floor) continue;
+        GiveUp(&w, r.first(), r.last());
+      }
     }
     w.data_offset = c.data_offset();
     w.epoch = c.epoch();

@@ -8,9 +8,12 @@
 // reported); it rejoins when it is heard from again.
 //
 // Exactly-once. Pushes are identified by (worker, incarnation, sequence). Per worker the
-// tracker keeps its newest incarnation, a floor F (every sequence <= F applied) and the
-// applied sequences above F; a push is applied at most once. A push from an older
-// incarnation than the newest seen is refused (FAILED_PRECONDITION): that process is gone.
+// tracker keeps its newest incarnation, a floor F and the applied sequences above F (at most
+// kMaxAbove); a push is applied at most once. A sequence <= F was applied, unless the floor
+// was moved past it while it was missing (given up: kMaxAbove later ones were applied
+// first); a push carrying a given-up sequence is refused (OUT_OF_RANGE), never taken for a
+// duplicate, so a push is acknowledged only once applied. A push from an older incarnation
+// than the newest seen is refused (FAILED_PRECONDITION): that process is gone.
 //
 // Validated, not trusted. A peer could claim any incarnation, sequence or clock; the tracker
 // bounds each so that no request can lock a worker out or make its honest pushes duplicates:
@@ -49,6 +52,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -78,6 +82,9 @@ class WorkerTracker {
  public:
   // Applied sequences kept above a worker's floor; older gaps are given up on.
   static constexpr size_t kMaxAbove = 1024;
+  // Ranges of given-up sequences remembered per worker (the newest); the sequences of older
+  // ranges, and every sequence below them, are of unknown fate and refused as given up.
+  static constexpr size_t kMaxGivenUpRanges = 1024;
   // How far a push's sequence may lead the highest applied one of its incarnation. An honest
   // worker's pushes to one server skip the steps that had nothing for it, and a server
   // restored from an older checkpoint misses the pushes since: both stay far below this.
@@ -111,7 +118,8 @@ class WorkerTracker {
   // caller must apply it (callers hold the shard's apply lock across Admit and the apply,
   // so a snapshot never sees one without the other). FAILED_PRECONDITION for an incarnation
   // older than the newest seen; INVALID_ARGUMENT for sequence 0, for a sequence beyond
-  // kSequenceWindow ahead, and for an incarnation too far ahead of the clock.
+  // kSequenceWindow ahead, and for an incarnation too far ahead of the clock; OUT_OF_RANGE
+  // for a sequence given up (never applied, and now never will be).
   // `applied`: the caller applied the push before admitting it (the one pass); otherwise the
   // push counts as being applied until AdvanceClock(..., sequence) (WaitUntilApplied).
   // A new incarnation's answers to the old one's parked pulls go into `released` when given
@@ -234,6 +242,10 @@ class WorkerTracker {
     int64_t clock = 0;
     uint64_t floor = 0;
     absl::btree_set<uint64_t> above;
+    // Sequences <= floor never applied: ranges first -> last (the newest kMaxGivenUpRanges),
+    // and every sequence <= unknown_through.
+    absl::btree_map<uint64_t, uint64_t> given_up;
+    uint64_t unknown_through = 0;
     uint64_t data_offset = 0;
     uint32_t epoch = 0;
     bool finished = false;
@@ -277,6 +289,10 @@ class WorkerTracker {
   absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation, Released* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `sequence` (<= w.floor) was given up: never applied.
+  static bool GivenUp(const Worker& w, uint64_t sequence);
+  // Records first..last (above every range recorded, at or below the floor) as given up.
+  static void GiveUp(Worker* w, uint64_t first, uint64_t last);
   // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
   absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;
   // The newest incarnation this server accepts now.

@@ -90,6 +90,90 @@ TEST(WorkerTracker, LostSequencesDoNotGrowTheStateForever) {
   EXPECT_EQ(saved->applied_floor(), 10 + 3 * WorkerTracker::kMaxAbove);
   // Recent sequences are still recognized as duplicates.
   EXPECT_EQ(*t.Admit(0, 1, 10 + 3 * WorkerTracker::kMaxAbove), Admission::kDuplicate);
+  // The lost ones were never applied here: refused, not taken for duplicates.
+  EXPECT_THAT(t.Admit(0, 1, 5).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  ASSERT_EQ(saved->given_up_size(), 1);
+  EXPECT_EQ(saved->given_up(0).first(), 2u);
+  EXPECT_EQ(saved->given_up(0).last(), 10u);
+}
+
+// A push left behind by kMaxAbove later ones of its worker (another thread's pushes, say,
+// while it waited to be retried) is given up: a retry of it is refused OUT_OF_RANGE. It used
+// to be answered as a duplicate, which acknowledged a push that was never applied.
+TEST(WorkerTracker, ARetryLeftBehindByTooManyPushesIsRefusedNotAcknowledged) {
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 7, 1), Admission::kApply);
+  // Sequence 2 is the laggard; 3 .. kMaxAbove + 2 (kMaxAbove of them) keep it remembered.
+  for (uint64_t s = 3; s <= WorkerTracker::kMaxAbove + 2; ++s) {
+    ASSERT_EQ(*t.Admit(0, 7, s), Admission::kApply);
+  }
+  EXPECT_EQ(*t.Admit(0, 7, 2), Admission::kApply);  // still in time
+  for (uint64_t s = WorkerTracker::kMaxAbove + 3; s <= WorkerTracker::kMaxAbove + 5; ++s) {
+    ASSERT_EQ(*t.Admit(0, 7, s), Admission::kApply);
+  }
+  // Sequence kMaxAbove + 6 is the laggard now; one more than kMaxAbove pass it.
+  const uint64_t laggard = WorkerTracker::kMaxAbove + 6;
+  for (uint64_t s = laggard + 1; s <= laggard + WorkerTracker::kMaxAbove + 1; ++s) {
+    ASSERT_EQ(*t.Admit(0, 7, s), Admission::kApply);
+  }
+  EXPECT_THAT(t.Admit(0, 7, laggard).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::HasSubstr("never applied")));
+  // Its neighbours, applied, are still duplicates; the next is applied.
+  EXPECT_EQ(*t.Admit(0, 7, laggard - 1), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, laggard + 1), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, 1), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, laggard + WorkerTracker::kMaxAbove + 2), Admission::kApply);
+  // A checkpoint keeps it given up; a new incarnation starts over.
+  WorkerTracker restored(Options(1, std::nullopt));
+  restored.Restore(t.Save());
+  EXPECT_THAT(restored.Admit(0, 7, laggard).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_EQ(*restored.Admit(0, 7, laggard - 1), Admission::kDuplicate);
+  EXPECT_EQ(*restored.Admit(0, 7, laggard + 1), Admission::kDuplicate);
+  EXPECT_EQ(*restored.Admit(0, 8, laggard), Admission::kApply);
+}
+
+// Given-up ranges are remembered up to kMaxGivenUpRanges; older ones are forgotten, and every
+// sequence at or below them is refused as well (its fate unknown), never acknowledged.
+TEST(WorkerTracker, GivenUpRangesAreBoundedAndForgottenOnesStayRefused) {
+  WorkerTracker t(Options(1, std::nullopt));
+  // Even sequences only: each odd one is given up once kMaxAbove later ones are applied.
+  const uint64_t ranges = WorkerTracker::kMaxGivenUpRanges + 10;
+  for (uint64_t i = 1; i <= ranges + WorkerTracker::kMaxAbove; ++i) {
+    ASSERT_EQ(*t.Admit(0, 7, 2 * i), Admission::kApply);
+  }
+  auto saved = t.Get(0);
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(static_cast<size_t>(saved->given_up_size()), WorkerTracker::kMaxGivenUpRanges);
+  EXPECT_EQ(saved->given_up_through(), 19u);  // ranges 1, 3, ..., 19 forgotten
+  EXPECT_THAT(t.Admit(0, 7, 1).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(t.Admit(0, 7, 2).status(), StatusIs(absl::StatusCode::kOutOfRange));  // unknown
+  EXPECT_THAT(t.Admit(0, 7, 21).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_EQ(*t.Admit(0, 7, 22), Admission::kDuplicate);
+  // A checkpoint whose ranges are out of order, overlap or lie above the floor keeps only
+  // those Save could have written.
+  WorkerCheckpoint bad = *saved;
+  bad.clear_given_up();
+  bad.set_given_up_through(0);
+  for (auto [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {5, 5},
+           {3, 3},
+           {9, 8},
+           {5, 7},
+           {11, 11},
+           {bad.applied_floor() + 1, bad.applied_floor() + 1}}) {
+    SequenceRange* r = bad.add_given_up();
+    r->set_first(first);
+    r->set_last(last);
+  }
+  WorkerTracker restored(Options(1, std::nullopt));
+  restored.Restore({bad});
+  EXPECT_THAT(restored.Admit(0, 7, 5).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(restored.Admit(0, 7, 11).status(), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_EQ(*restored.Admit(0, 7, 3), Admission::kDuplicate);
+  EXPECT_EQ(*restored.Admit(0, 7, 7), Admission::kDuplicate);
+  saved = restored.Get(0);
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->given_up_size(), 2);
 }
 
 TEST(WorkerTracker, RefusesWorkersOutsideTheJob) {

@@ -67,7 +67,8 @@ struct ParameterServerService::Metrics {
             "(nonfinite, bad_size, unknown_table, wrong_kind, bad_block, wrong_server, "
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
             "identity, "
-            "bad_encoding, bound_timeout, turn_timeout, duplicate_pending, too_many_waiting, "
+            "bad_encoding, bound_timeout, turn_timeout, duplicate_pending, sequence_given_up, "
+            "too_many_waiting, "
             "server_busy, "
             "unparseable, other).",
             {"method", "code", "reason"})),

@@ -17,10 +17,11 @@
 // Ordering. A push takes its sequence per server when it starts, so a server's sequences
 // follow the order of Start; calls in flight may be applied in any order. A server accepts
 // sequences in any order above a floor and remembers the applied ones above it, up to 1024
-// (server/worker_tracker.h): a retried push more than that far behind later applied ones
-// would be taken for a duplicate and lost. So Start of a push first reaps answers (kept for
-// Next) while this object's oldest unfinished push to some server lags that server's next
-// sequence by GrpcStoreOptions::max_sequence_lead or more. Clocks: a server keeps each
+// (server/worker_tracker.h): a retried push more than that far behind later applied ones is
+// given up, refused OUT_OF_RANGE and never applied. So Start of a push first reaps answers
+// (kept for Next) while this object's oldest unfinished push to some server lags that
+// server's next sequence by GrpcStoreOptions::max_sequence_lead or more. (Other AsyncCalls
+// and blocking calls of the same store, on other threads, are not held back by it.) Clocks: a server keeps each
 // worker's highest pushed clock, so pushes of several clocks may be in flight; under
 // deterministic BSP a server lets at most 2 pushes of a worker wait for their turn, so keep
 // at most one later-clock push in flight there.

@@ -246,8 +246,9 @@ TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
   // request with 2 ms of work. Each wait is contended (the peer takes the core) and cheap (the
   // poller's own CPU in it is its yields). Whether a wait costs the poller under kCheapSpin of
   // CPU also depends on what else the machine runs (other tests, a sanitizer's runtime; one
-  // round in a TSan run of CI judged its last spin dear), so the behaviour must show in one of
-  // three rounds; a poller that misjudges these spins fails all three.
+  // round in a TSan run of CI judged its last spin dear; under both cores' load from other
+  // builds, every round judged its first spin dear), so the behaviour must show in one of six
+  // rounds, 50 ms apart; a poller that misjudges these spins fails all six.
   struct Round {
     int polled = 0;  // waits that ended polling
     BusyPollStats stats;
@@ -288,7 +289,10 @@ TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
     return r;
   };
   std::vector<Round> rounds;
-  while (rounds.size() < 3 && (rounds.empty() || !rounds.back().Kept())) rounds.push_back(round());
+  while (rounds.size() < 6 && (rounds.empty() || !rounds.back().Kept())) {
+    if (!rounds.empty()) absl::SleepFor(absl::Milliseconds(50));
+    rounds.push_back(round());
+  }
   std::string seen;
   for (const Round& r : rounds) {
     absl::StrAppend(&seen, "\n  polled ", r.polled, ", events polled ", r.stats.events_polled,

@@ -452,12 +452,14 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
   const RequestInfo& info = push.info_;
   if (config_.training().deterministic()) {
     // Deterministic BSP: this clock's pushes go in worker order, once all have arrived.
-    if (absl::Status s = workers_.WaitForTurn(info.worker_id, info.worker_incarnation, info.clock,
-                                              info.deadline);
+    if (absl::Status s = workers_.WaitForTurn(info.worker_id, info.worker_incarnation,
+                                              info.sequence, info.clock, info.deadline);
         !s.ok()) {
-      if (absl::IsFailedPrecondition(s)) return Reject("stale_incarnation", std::move(s));
       if (absl::IsResourceExhausted(s)) return Reject("too_many_waiting", std::move(s));
-      return WithRejectionReason(std::move(s), "turn_timeout");
+      if (absl::IsDeadlineExceeded(s)) return WithRejectionReason(std::move(s), "turn_timeout");
+      if (absl::IsUnavailable(s)) return s;     // the server stops: the worker sends it again
+      const char* reason = HeaderRejection(s);  // before s is moved (argument order)
+      return Reject(reason, std::move(s));
     }
   }
   // A new incarnation's answers to its predecessor's parked pulls (which finish calls and may

@@ -87,6 +87,10 @@ void WorkerTracker::GiveUp(Worker* w, uint64_t first, uint64_t last) {
 
 absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarnation,
                                                 uint64_t sequence) const {
+  if (sequence == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
+  }
   // The highest sequence applied for this incarnation; 0 for one Lookup would (re)start.
   uint64_t highest = 0;
   auto it = workers_.find(worker);
@@ -106,10 +110,6 @@ absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarna
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,
                                                               uint64_t sequence, bool applied,
                                                               Released* released) {
-  if (sequence == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
-  }
   Released own;
   if (released == nullptr) released = &own;
   absl::MutexLock lock(&mu_);
@@ -423,6 +423,7 @@ void WorkerTracker::TimerLoop() {
 
 bool WorkerTracker::IsTurn(TurnArgs* args) {
   const WorkerTracker& t = *args->tracker;
+  if (!t.closed_.ok()) return true;  // the server stops: answered UNAVAILABLE
   const absl::Time now = t.now_();
   for (uint32_t id = 0; id < t.options_.num_workers; ++id) {
     const int32_t v = static_cast<int32_t>(id);
@@ -443,19 +444,23 @@ bool WorkerTracker::IsTurn(TurnArgs* args) {
   return true;
 }
 
-absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, int64_t clock,
-                                        absl::Time deadline) {
+absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, uint64_t sequence,
+                                        int64_t clock, absl::Time deadline) {
   {
     // A replaced incarnation's parked pulls are answered before this push waits.
     Released released;
     absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
-    if (w->turn_waits >= kMaxTurnWaitsPerWorker) {
+    RETURN_IF_ERROR(closed_);
+    // What Admit would refuse is refused before Lookup records anything.
+    RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
+    if (auto it = workers_.find(worker);
+        it != workers_.end() && it->second.turn_waits >= kMaxTurnWaitsPerWorker) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("worker ", worker, " has ", w->turn_waits,
+          absl::StrCat("worker ", worker, " has ", it->second.turn_waits,
                        " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
                        ", deterministic BSP): wait for their answers"));
     }
+    ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
     w->arrived = std::max(w->arrived, clock);
     w->last_seen = now_();
     ++w->turn_waits;
@@ -466,6 +471,7 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, in
   // Found again: the map may have grown (and moved its entries) during the wait.
   int& waits = workers_[worker].turn_waits;
   waits = std::max(0, waits - 1);
+  RETURN_IF_ERROR(closed_);
   if (!turn) {
     return absl::DeadlineExceededError(absl::StrCat("worker ", worker, ": push of clock ", clock,
                                                     " waited too long for its turn "

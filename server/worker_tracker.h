@@ -166,8 +166,11 @@ class WorkerTracker {
   // of one clock are applied together, in worker order, and after every pull of the previous
   // clock: with the same seeds, runs give bitwise-identical parameters. DEADLINE_EXCEEDED at
   // `deadline` naming the worker waited for; the push may be retried. FAILED_PRECONDITION for
-  // an older incarnation.
-  absl::Status WaitForTurn(int32_t worker, uint64_t incarnation, int64_t clock,
+  // an older incarnation; UNAVAILABLE once the server stops (CloseWaiters). The push's
+  // `sequence` is checked as Admit checks it (INVALID_ARGUMENT) before anything is recorded,
+  // and so is the cap on waiting pushes (RESOURCE_EXHAUSTED): a push refused here changes
+  // nothing, not even the worker's incarnation.
+  absl::Status WaitForTurn(int32_t worker, uint64_t incarnation, uint64_t sequence, int64_t clock,
                            absl::Time deadline);
   // ---- Parked pulls.
   // 0 means "not parked": the bound held at once.
@@ -233,6 +236,8 @@ class WorkerTracker {
   // incarnation takes over.
   std::vector<WorkerCheckpoint> Save() const;
   void Restore(const std::vector<WorkerCheckpoint>& workers);
+  // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
+  absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;
   // Saved position of a worker (for a restarted worker), if any.
   std::optional<WorkerCheckpoint> Get(int32_t worker) const;
 
@@ -280,8 +285,8 @@ class WorkerTracker {
   // Answers the parked pulls of `worker`'s incarnations older than its current one
   // (FAILED_PRECONDITION) into `out`.
   void ReleaseReplaced(int32_t worker, Released* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // INVALID_ARGUMENT for a sequence beyond the window of the incarnation's highest applied
-  // one (0 for an incarnation Lookup would start); reads only.
+  // INVALID_ARGUMENT for sequence 0 and for a sequence beyond the window of the
+  // incarnation's highest applied one (0 for an incarnation Lookup would start); reads only.
   absl::Status CheckSequenceWindow(int32_t worker, uint64_t incarnation, uint64_t sequence) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the worker's record, switching to a newer incarnation if this is one (the old
@@ -293,8 +298,6 @@ class WorkerTracker {
   static bool GivenUp(const Worker& w, uint64_t sequence);
   // Records first..last (above every range recorded, at or below the floor) as given up.
   static void GiveUp(Worker* w, uint64_t first, uint64_t last);
-  // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
-  absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;
   // The newest incarnation this server accepts now.
   uint64_t MaxIncarnation() const;
   // Min clock over live participants, and the slowest one's id (-1 if none live).

@@ -283,12 +283,13 @@ TEST(WorkerTracker, UnseenWorkerHoldsBspBack) {
 TEST(WorkerTracker, PushesOfAClockTakeTurnsInWorkerOrder) {
   WorkerTracker t(Options(3, 0));
   // Worker 0 alone: workers 1 and 2 (not heard from yet) have not arrived.
-  EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Milliseconds(20)),
+  EXPECT_THAT(t.WaitForTurn(0, 1, /*sequence=*/1, 1, absl::Now() + absl::Milliseconds(20)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("worker 1")));
   std::vector<int> order;
   absl::Mutex order_mu;
   auto push = [&](int worker) {
-    ASSERT_THAT(t.WaitForTurn(worker, 1, 1, absl::Now() + absl::Seconds(30)), IsOk());
+    ASSERT_THAT(t.WaitForTurn(worker, 1, /*sequence=*/1, 1, absl::Now() + absl::Seconds(30)),
+                IsOk());
     {
       absl::MutexLock lock(&order_mu);
       order.push_back(worker);
@@ -304,7 +305,36 @@ TEST(WorkerTracker, PushesOfAClockTakeTurnsInWorkerOrder) {
   w2.join();
   EXPECT_THAT(order, ::testing::ElementsAre(0, 1, 2));
   // A retried push of an applied clock passes at once.
-  EXPECT_THAT(t.WaitForTurn(2, 1, 1, absl::Now() + absl::Milliseconds(20)), IsOk());
+  EXPECT_THAT(t.WaitForTurn(2, 1, /*sequence=*/1, 1, absl::Now() + absl::Milliseconds(20)), IsOk());
+}
+
+// Deterministic BSP: a push refused before its turn (sequence 0, one far beyond the window)
+// changes nothing, not even the worker's incarnation (Lookup used to switch to the push's
+// newer incarnation first, and Admit refused it after the wait).
+TEST(WorkerTracker, APushRefusedBeforeItsTurnChangesNothing) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_EQ(*t.Admit(0, 5, 1), Admission::kApply);
+  EXPECT_THAT(t.WaitForTurn(0, 6, /*sequence=*/0, 1, absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.WaitForTurn(0, 6, uint64_t{1} << 62, 1, absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(t.Get(0)->incarnation(), 5u);
+  EXPECT_EQ(*t.Admit(0, 5, 2), Admission::kApply);
+}
+
+// A push waiting for its turn when the server stops is answered UNAVAILABLE then (the worker
+// sends it again to the restarted server), not at its deadline: the drain waits for it.
+TEST(WorkerTracker, APushWaitingForItsTurnEndsWhenTheServerStops) {
+  WorkerTracker t(Options(2, 0));
+  absl::Status waited;
+  // Worker 0 has not pushed clock 1: worker 1 waits for it.
+  std::thread push([&] { waited = t.WaitForTurn(1, 5, 1, 1, absl::Now() + absl::Seconds(300)); });
+  absl::SleepFor(absl::Milliseconds(100));  // (closed before it waits: the same answer)
+  t.CloseWaiters(absl::UnavailableError("the server is stopping"));
+  push.join();
+  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(t.WaitForTurn(0, 5, 1, 1, absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST(WorkerTracker, TurnsSkipFinishedAndExpiredWorkers) {
@@ -313,11 +343,11 @@ TEST(WorkerTracker, TurnsSkipFinishedAndExpiredWorkers) {
   for (int w = 0; w < 3; ++w) ASSERT_THAT(t.Touch(w, 1), IsOk());
   ASSERT_THAT(t.Finish(1, 1), IsOk());
   // Worker 2 is live and has not arrived: worker 0 waits for it.
-  EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Milliseconds(20)),
+  EXPECT_THAT(t.WaitForTurn(0, 1, /*sequence=*/1, 1, absl::Now() + absl::Milliseconds(20)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("worker 2")));
   clock.seconds += 31;  // worker 2's lease runs out (worker 0 was just heard from)
-  EXPECT_THAT(t.WaitForTurn(0, 1, 1, absl::Now() + absl::Seconds(5)), IsOk());
-  EXPECT_THAT(t.WaitForTurn(0, 0, 2, absl::Now() + absl::Seconds(5)),
+  EXPECT_THAT(t.WaitForTurn(0, 1, /*sequence=*/1, 1, absl::Now() + absl::Seconds(5)), IsOk());
+  EXPECT_THAT(t.WaitForTurn(0, 0, /*sequence=*/1, 2, absl::Now() + absl::Seconds(5)),
               StatusIs(absl::StatusCode::kFailedPrecondition));  // an older incarnation
 }
 
@@ -636,8 +666,9 @@ TEST(WorkerTrackerParking, ANewIncarnationAnswersItsPredecessorsParkedPulls) {
               IsOk());
   // Worker 1 is not at clock 1 yet: the push waits for its turn, and the pull is answered
   // before that wait, not after it.
-  std::thread turn(
-      [&] { EXPECT_THAT(t.WaitForTurn(0, 5, 1, absl::Now() + absl::Seconds(60)), IsOk()); });
+  std::thread turn([&] {
+    EXPECT_THAT(t.WaitForTurn(0, 5, /*sequence=*/1, 1, absl::Now() + absl::Seconds(60)), IsOk());
+  });
   const bool answered_first = by_turn.done.WaitForNotificationWithTimeout(absl::Seconds(30));
   t.AdvanceClock(1, 1, 1);  // worker 1 reaches clock 1: worker 0's turn
   turn.join();
@@ -659,7 +690,7 @@ TEST(WorkerTrackerParking, AWorkerMayHaveOnlyAFewPushesWaitingForTheirTurn) {
   for (int i = 0; i < kPushes; ++i) {
     // Clock 5 from worker 1: its turn needs worker 0 at clock 5.
     pushes.emplace_back([&] {
-      absl::Status s = t.WaitForTurn(1, 1, 5, absl::Now() + absl::Seconds(60));
+      absl::Status s = t.WaitForTurn(1, 1, /*sequence=*/1, 5, absl::Now() + absl::Seconds(60));
       if (s.ok()) ++ok;
       if (absl::IsResourceExhausted(s)) {
         ++refused;

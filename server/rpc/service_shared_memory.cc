@@ -389,6 +389,9 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
       worker_id >= static_cast<int64_t>(shard_->config().cluster().num_workers())) {
     return false;
   }
+  // Nor to an incarnation too far ahead of the clock (refused after this): it would replace
+  // the live one's segment, and no later incarnation could ever take its place.
+  if (!shard_->workers().CheckIncarnation(worker_id, info.worker_incarnation).ok()) return false;
   {
     absl::MutexLock lock(&shared_mu_);
     auto it = shared_.find(worker_id);

@@ -180,6 +180,9 @@ TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnatio
   EXPECT_FALSE(ask(1, 1, kSegmentBytes).has_shared_offer());   // outside a 1-worker job
   EXPECT_FALSE(ask(0, 0, kSegmentBytes).has_shared_offer());   // older than the segment's
   EXPECT_FALSE(ask(0, 1, 64).has_shared_offer());              // no room past the id
+  // An incarnation far ahead of the clock (refused as the call goes on; before, it replaced
+  // the segment in use, and no later incarnation could ask again).
+  EXPECT_FALSE(ask(0, std::numeric_limits<uint64_t>::max(), kSegmentBytes).has_shared_offer());
   // The segment in use still works.
   PushResponse pushed;
   ASSERT_THAT(DoPush(ValidPush(1), &pushed), IsOk());

@@ -608,6 +608,65 @@ TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
   EXPECT_TRUE(served->status.ok()) << served->status.error_message();
 }
 
+// kLargeJob with two workers under BSP: pulls of clock 1 wait for worker 0's push of clock 1.
+constexpr char kLargeBspJob[] = R"pb(
+  cluster { num_servers: 1 num_workers: 2 dense_block_floats: 2097152 num_virtual_shards: 8 }
+  training { staleness: 0 }
+  security { plaintext: true }
+  tables {
+    name: "w"
+    kind: TABLE_KIND_DENSE
+    shape: 1200000
+    initializer { kind: CONSTANT value: 1 }
+    optimizer { kind: SGD learning_rate: 1 }
+  }
+)pb";
+
+// Parked pulls that one push releases together each passed the cap on answers not taken when
+// they arrived (nothing was held then). They are checked again as each is read: the first
+// answer (4.8 MB, over the 1 MiB cap) is held, the other two are refused as busy (retried by
+// workers) instead of all three being held at once.
+TEST_F(OverloadTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsTheyAreRead) {
+  ServiceOptions options;
+  options.max_unsent_answer_bytes = 1 << 20;
+  Start(options, GrpcServerOptions{}, kLargeBspJob);
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.connected());
+  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
+  Handshake(&c, kMaxConcurrentStreams, no_window);
+  c.SendFrame(kSettings, kAck, 0, "");
+  for (uint32_t stream = 1; stream <= 5; stream += 2) SendRawPull(&c, stream, Header(1, 1, 0));
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (shard_->workers().parked() < 3 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(shard_->workers().parked(), 3u);
+  EXPECT_EQ(service_->unsent_answer_bytes(), 0u);
+
+  // Both workers push clock 1; worker 0's push releases the three.
+  for (int32_t worker : {1, 0}) {
+    PushRequest push;
+    *push.mutable_header() = Header(worker, 1, 1);
+    auto* t = push.add_tables();
+    t->set_table("w");
+    auto* block = t->add_blocks();
+    block->set_block_id(0);
+    common::EncodeFloats(std::vector<float>(kFloats, 0.5f), ENCODING_FLOAT32,
+                         block->mutable_values());
+    PushResponse pushed;
+    ASSERT_THAT(service_->HandlePush(push, &pushed), IsOk());
+    if (worker == 1) EXPECT_EQ(shard_->workers().parked(), 3u);
+  }
+  while (Rejected(kServerBusyReason) < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(Rejected(kServerBusyReason), 2u);
+  EXPECT_GE(service_->unsent_answer_bytes(), kFloats * sizeof(float));
+  EXPECT_LT(service_->unsent_answer_bytes(), 2 * kFloats * sizeof(float));  // one answer
+  c.Close();
+  while (service_->unsent_answer_bytes() != 0) absl::SleepFor(absl::Milliseconds(1));
+}
+
 // One connection that takes no byte of its answers holds more than its own cap: its next
 // pull is refused as busy, while another connection's pulls are still served (the server-wide
 // cap is far away). Without the per-connection cap the peer could hold the whole server-wide

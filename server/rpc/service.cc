@@ -195,7 +195,16 @@ ParameterServerService::WaiterId ParameterServerService::AfterBound(
       return;
     }
     if (tracked) metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
-    pool_.Schedule([read, done] { done(read()); });
+    pool_.Schedule([this, read, done] {
+      // One push can release many parked pulls, each of which passed the cap on answers not
+      // yet taken when it arrived, with nothing of theirs held: checked again as each is read,
+      // so that they are not all held at once.
+      if (absl::Status busy = CheckUnsentAnswerTotal(); !busy.ok()) {
+        done(std::move(busy));
+        return;
+      }
+      done(read());
+    });
   };
   WorkerTracker::ParkLimits limits;
   limits.per_worker = options_.max_parked_pulls_per_worker;

@@ -541,7 +541,7 @@ size_t ParameterServerService::pool_requests() const {
   return pool_requests_;
 }
 
-absl::Status ParameterServerService::CheckUnsentAnswers(const std::string& peer) {
+absl::Status ParameterServerService::CheckUnsentAnswerTotal() {
   const size_t held = unsent_answer_bytes_.load(std::memory_order_relaxed);
   if (held > options_.max_unsent_answer_bytes) {
     return shard_->Reject(
@@ -551,6 +551,11 @@ absl::Status ParameterServerService::CheckUnsentAnswers(const std::string& peer)
             "(max_unsent_answer_bytes ", options_.max_unsent_answer_bytes,
             "); this call changed nothing and may be sent again")));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::CheckUnsentAnswers(const std::string& peer) {
+  if (absl::Status total = CheckUnsentAnswerTotal(); !total.ok()) return total;
   size_t held_for_peer = 0;
   {
     absl::MutexLock lock(&unsent_mu_);

@@ -111,16 +111,22 @@ class OverloadTest : public ::testing::Test {
     return h;
   }
 
-  // Sends a push of gradient `g` for every value of "w" as worker 0, not waiting for it.
-  std::unique_ptr<PendingPush> SendPush(uint64_t sequence, float g, int floats = kFloats) {
-    auto push = std::make_unique<PendingPush>();
-    *push->request.mutable_header() = Header(0, 0, sequence);
-    auto* t = push->request.add_tables();
+  // A push of gradient `g` for every value of "w" (its block 0) with `header`.
+  static PushRequest PushOfBlock0(const RequestHeader& header, float g, int floats = kFloats) {
+    PushRequest push;
+    *push.mutable_header() = header;
+    auto* t = push.add_tables();
     t->set_table("w");
     auto* block = t->add_blocks();
     block->set_block_id(0);
     common::EncodeFloats(std::vector<float>(floats, g), ENCODING_FLOAT32,
                          block->mutable_values());
+    return push;
+  }
+  // Sends a push of gradient `g` for every value of "w" as worker 0, not waiting for it.
+  std::unique_ptr<PendingPush> SendPush(uint64_t sequence, float g, int floats = kFloats) {
+    auto push = std::make_unique<PendingPush>();
+    push->request = PushOfBlock0(Header(0, 0, sequence), g, floats);
     push->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     PendingPush* p = push.get();
     stub_->async()->Push(&p->context, &p->request, &p->response, [p](grpc::Status status) {
@@ -560,14 +566,7 @@ TEST_F(OverloadTest, APullAnswerOverTheLimitIsRefusedAndChangesNothing) {
   EXPECT_EQ(Rejected("answer_too_large"), 1u);
   EXPECT_THAT(service_->HandlePull(pull_of(1), deadline, &response), IsOk());
 
-  PushRequest push;
-  *push.mutable_header() = Header(0, 0, 1);
-  auto* t = push.add_tables();
-  t->set_table("w");
-  auto* block = t->add_blocks();
-  block->set_block_id(0);
-  common::EncodeFloats(std::vector<float>(kFloats, 0.5f), ENCODING_FLOAT32,
-                       block->mutable_values());
+  const PushRequest push = PushOfBlock0(Header(0, 0, 1), 0.5f);
   const PullRequest two = pull_of(2);
   grpc::ByteBuffer answer;
   refused = service_->HandlePushPull(common::FrameOf(&push, &two), deadline, &answer);
@@ -645,16 +644,8 @@ TEST_F(OverloadTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsTheyAre
 
   // Both workers push clock 1; worker 0's push releases the three.
   for (int32_t worker : {1, 0}) {
-    PushRequest push;
-    *push.mutable_header() = Header(worker, 1, 1);
-    auto* t = push.add_tables();
-    t->set_table("w");
-    auto* block = t->add_blocks();
-    block->set_block_id(0);
-    common::EncodeFloats(std::vector<float>(kFloats, 0.5f), ENCODING_FLOAT32,
-                         block->mutable_values());
     PushResponse pushed;
-    ASSERT_THAT(service_->HandlePush(push, &pushed), IsOk());
+    ASSERT_THAT(service_->HandlePush(PushOfBlock0(Header(worker, 1, 1), 0.5f), &pushed), IsOk());
     if (worker == 1) EXPECT_EQ(shard_->workers().parked(), 3u);
   }
   while (Rejected(kServerBusyReason) < 2 && absl::Now() < give_up) {

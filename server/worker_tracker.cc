@@ -68,6 +68,20 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
   return &w;
 }
 
+absl::Status WorkerTracker::GivenUpError(int32_t worker, const Worker& w, uint64_t sequence) {
+  if (sequence <= w.unknown_through) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "worker ", worker, ": push sequence ", sequence,
+        " is older than what this server "
+        "remembers of the sequences it gave up on: whether it was applied is unknown, and it "
+        "will not be applied now"));
+  }
+  return absl::OutOfRangeError(absl::StrCat(
+      "worker ", worker, ": push sequence ", sequence, " was given up (", kMaxAbove,
+      " later ones were applied while it was missing): it was never applied and will not be; "
+      "keep fewer pushes in flight"));
+}
+
 bool WorkerTracker::GivenUp(const Worker& w, uint64_t sequence) {
   if (sequence <= w.unknown_through) return true;
   auto it = w.given_up.upper_bound(sequence);
@@ -119,12 +133,7 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
   auto found = Lookup(worker, incarnation, released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
-  if (sequence <= w.floor && GivenUp(w, sequence)) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "worker ", worker, ": push sequence ", sequence, " was given up (", kMaxAbove,
-        " later ones were applied while it was missing): it was never applied and will not be; "
-        "keep fewer pushes in flight"));
-  }
+  if (sequence <= w.floor && GivenUp(w, sequence)) return GivenUpError(worker, w, sequence);
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
   w.above.insert(sequence);
   // Sequences that never arrive (pushes lost with a server restored from an older
@@ -453,12 +462,18 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, ui
     RETURN_IF_ERROR(closed_);
     // What Admit would refuse is refused before Lookup records anything.
     RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
-    if (auto it = workers_.find(worker);
-        it != workers_.end() && it->second.turn_waits >= kMaxTurnWaitsPerWorker) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("worker ", worker, " has ", it->second.turn_waits,
-                       " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
-                       ", deterministic BSP): wait for their answers"));
+    if (auto it = workers_.find(worker); it != workers_.end()) {
+      const Worker& known = it->second;
+      if (known.seen && known.incarnation == incarnation && sequence <= known.floor &&
+          GivenUp(known, sequence)) {
+        return GivenUpError(worker, known, sequence);
+      }
+      if (known.turn_waits >= kMaxTurnWaitsPerWorker) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("worker ", worker, " has ", known.turn_waits,
+                         " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
+                         ", deterministic BSP): wait for their answers"));
+      }
     }
     ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
     w->arrived = std::max(w->arrived, clock);

@@ -167,9 +167,9 @@ class WorkerTracker {
   // clock: with the same seeds, runs give bitwise-identical parameters. DEADLINE_EXCEEDED at
   // `deadline` naming the worker waited for; the push may be retried. FAILED_PRECONDITION for
   // an older incarnation; UNAVAILABLE once the server stops (CloseWaiters). The push's
-  // `sequence` is checked as Admit checks it (INVALID_ARGUMENT) before anything is recorded,
-  // and so is the cap on waiting pushes (RESOURCE_EXHAUSTED): a push refused here changes
-  // nothing, not even the worker's incarnation.
+  // `sequence` is checked as Admit checks it (INVALID_ARGUMENT, OUT_OF_RANGE) before anything
+  // is recorded, and so is the cap on waiting pushes (RESOURCE_EXHAUSTED): a push refused by
+  // these changes nothing, not even the worker's incarnation.
   absl::Status WaitForTurn(int32_t worker, uint64_t incarnation, uint64_t sequence, int64_t clock,
                            absl::Time deadline);
   // ---- Parked pulls.
@@ -294,8 +294,11 @@ class WorkerTracker {
   absl::StatusOr<Worker*> Lookup(int32_t worker, uint64_t incarnation, Released* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const Worker& w, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `sequence` (<= w.floor) was given up: never applied.
+  // Whether `sequence` (<= w.floor) was given up: never applied, or (<= w.unknown_through) of
+  // unknown fate.
   static bool GivenUp(const Worker& w, uint64_t sequence);
+  // OUT_OF_RANGE for a push of a given-up `sequence`, worded for which of the two it is.
+  static absl::Status GivenUpError(int32_t worker, const Worker& w, uint64_t sequence);
   // Records first..last (above every range recorded, at or below the floor) as given up.
   static void GiveUp(Worker* w, uint64_t first, uint64_t last);
   // The newest incarnation this server accepts now.

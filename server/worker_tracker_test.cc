@@ -146,7 +146,8 @@ TEST(WorkerTracker, GivenUpRangesAreBoundedAndForgottenOnesStayRefused) {
   EXPECT_EQ(static_cast<size_t>(saved->given_up_size()), WorkerTracker::kMaxGivenUpRanges);
   EXPECT_EQ(saved->given_up_through(), 19u);  // ranges 1, 3, ..., 19 forgotten
   EXPECT_THAT(t.Admit(0, 7, 1).status(), StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(t.Admit(0, 7, 2).status(), StatusIs(absl::StatusCode::kOutOfRange));  // unknown
+  EXPECT_THAT(t.Admit(0, 7, 2).status(),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::HasSubstr("unknown")));
   EXPECT_THAT(t.Admit(0, 7, 21).status(), StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_EQ(*t.Admit(0, 7, 22), Admission::kDuplicate);
   // A checkpoint whose ranges are out of order, overlap or lie above the floor keeps only
@@ -320,6 +321,13 @@ TEST(WorkerTracker, APushRefusedBeforeItsTurnChangesNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(t.Get(0)->incarnation(), 5u);
   EXPECT_EQ(*t.Admit(0, 5, 2), Admission::kApply);
+  // A given-up sequence is refused before it waits (it waited for worker 1 until its deadline
+  // before, then Admit refused it).
+  for (uint64_t s = 4; s <= WorkerTracker::kMaxAbove + 4; ++s) {
+    ASSERT_EQ(*t.Admit(0, 5, s), Admission::kApply);
+  }
+  EXPECT_THAT(t.WaitForTurn(0, 5, /*sequence=*/3, 1, absl::Now() + absl::Seconds(60)),
+              StatusIs(absl::StatusCode::kOutOfRange, ::testing::HasSubstr("never applied")));
 }
 
 // A push waiting for its turn when the server stops is answered UNAVAILABLE then (the worker

@@ -183,23 +183,24 @@ class ParameterServerService::CallReactor final : public grpc::ServerUnaryReacto
 };
 
 ParameterServerService::WaiterId ParameterServerService::AfterBound(
-    const RequestInfo& info, absl::Time deadline, std::function<absl::Status()> read,
-    Done done) {
+    const RequestInfo& info, absl::Time deadline, std::function<absl::Status()> read, Done done,
+    bool by_grpc) {
   const absl::Time wait_start = absl::Now();
   const bool tracked = info.worker_id >= 0;
   // When parked: called by whoever moved the clock (or the tracker's timer); the read goes to
   // the pool so that the push that released it is answered without waiting for it.
-  auto on_bound = [this, read, done, wait_start, tracked](absl::Status status) {
+  auto on_bound = [this, read, done, wait_start, tracked, by_grpc](absl::Status status) {
     if (!status.ok()) {
       done(std::move(status));
       return;
     }
     if (tracked) metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
-    pool_.Schedule([this, read, done] {
+    pool_.Schedule([this, read, done, by_grpc] {
       // One push can release many parked pulls, each of which passed the cap on answers not
       // yet taken when it arrived, with nothing of theirs held: checked again as each is read,
-      // so that they are not all held at once.
-      if (absl::Status busy = CheckUnsentAnswerTotal(); !busy.ok()) {
+      // so that beyond the cap at most one answer per pool thread is being read. (A channel's
+      // answers go into the worker's segment: gRPC holds none of them.)
+      if (absl::Status busy = by_grpc ? CheckUnsentAnswerTotal() : absl::OkStatus(); !busy.ok()) {
         done(std::move(busy));
         return;
       }
@@ -286,7 +287,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
       [this, &request, response, views] {
         return ReadPull(request.tables(), *views, response, nullptr);
       },
-      std::move(finish));
+      std::move(finish), /*by_grpc=*/true);
 }
 
 absl::Status ParameterServerService::CheckAnswerSize(uint64_t bytes, uint64_t shared_room) {
@@ -679,7 +680,8 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
   }
   RequestInfo pull_info = InfoOf(call->header.header());
   pull_info.clock = call->header.pull_clock();
-  return AfterBound(pull_info, deadline, std::move(answer), std::move(finish));
+  return AfterBound(pull_info, deadline, std::move(answer), std::move(finish),
+                    /*by_grpc=*/!from_channel);
 }
 
 absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& request,

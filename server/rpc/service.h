@@ -301,9 +301,11 @@ class ParameterServerService final
   // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
   // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with
   // read's status; `done` gets the refusal instead when the pull may not wait. Returns the
-  // parked pull's id, 0 when it did not park.
+  // parked pull's id, 0 when it did not park. `by_grpc`: the answer goes back through gRPC
+  // (not a shared-memory channel), so a parked pull is checked against
+  // max_unsent_answer_bytes again before its read (server_busy beyond it).
   WaiterId AfterBound(const RequestInfo& info, absl::Time deadline,
-                      std::function<absl::Status()> read, Done done);
+                      std::function<absl::Status()> read, Done done, bool by_grpc);
   // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
   bool PushesWait() const;
   // Runs `serve` (a call's whole work) on the pool, counted against max_pool_requests and

@@ -229,8 +229,6 @@ TEST_F(GrpcStoreTest, AFailedAskIsNotRepeatedByItsRetries) {
   EXPECT_EQ(service_->asks(), (std::vector<uint64_t>{1 << 20, 0, 1 << 20}));
 }
 
-// A busy server's refusal changed nothing at the server: the store sends the same push (same
-// sequence) again, within its retries.
 // A heartbeat refused UNAVAILABLE is retried, and the position comes back. (Each attempt's
 // reader lives in its call's arena, which the attempt's context holds: FanOut destroys the
 // readers first.)
@@ -265,6 +263,8 @@ TEST(GrpcStoreOptionsTest, ANonPositiveReaskIsRefused) {
   EXPECT_TRUE(GrpcParameterStore::CreateWithChannels(config, GrpcStoreOptions(), {channel}).ok());
 }
 
+// A busy server's refusal changed nothing at the server: the store sends the same push (same
+// sequence) again, within its retries.
 TEST_F(GrpcStoreTest, ABusyServersRefusalIsRetried) {
   Start(/*fail_pushes=*/2, FastRetries(), grpc::StatusCode::RESOURCE_EXHAUSTED, /*busy=*/true);
   ASSERT_TRUE(PushOnce(1).ok());

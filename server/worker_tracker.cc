@@ -72,9 +72,8 @@ absl::Status WorkerTracker::GivenUpError(int32_t worker, const Worker& w, uint64
   if (sequence <= w.unknown_through) {
     return absl::OutOfRangeError(absl::StrCat(
         "worker ", worker, ": push sequence ", sequence,
-        " is older than what this server "
-        "remembers of the sequences it gave up on: whether it was applied is unknown, and it "
-        "will not be applied now"));
+        " is older than the given-up sequences this server remembers: whether it was applied "
+        "is unknown, and it will not be applied now"));
   }
   return absl::OutOfRangeError(absl::StrCat(
       "worker ", worker, ": push sequence ", sequence, " was given up (", kMaxAbove,
@@ -99,8 +98,8 @@ void WorkerTracker::GiveUp(Worker* w, uint64_t first, uint64_t last) {
   }
 }
 
-absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarnation,
-                                                uint64_t sequence) const {
+absl::Status WorkerTracker::CheckSequence(int32_t worker, uint64_t incarnation,
+                                          uint64_t sequence) const {
   if (sequence == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
@@ -110,6 +109,7 @@ absl::Status WorkerTracker::CheckSequenceWindow(int32_t worker, uint64_t incarna
   auto it = workers_.find(worker);
   if (it != workers_.end() && it->second.seen && incarnation == it->second.incarnation) {
     const Worker& w = it->second;
+    if (sequence <= w.floor && GivenUp(w, sequence)) return GivenUpError(worker, w, sequence);
     if (sequence <= w.floor || w.above.contains(sequence)) return absl::OkStatus();  // duplicate
     highest = w.above.empty() ? w.floor : *w.above.rbegin();
   }
@@ -127,13 +127,12 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
   Released own;
   if (released == nullptr) released = &own;
   absl::MutexLock lock(&mu_);
-  // The window is checked before Lookup records the worker (a new incarnation, last seen), so
+  // The sequence is checked before Lookup records the worker (a new incarnation, last seen), so
   // that a push refused for its sequence changes nothing.
-  RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
+  RETURN_IF_ERROR(CheckSequence(worker, incarnation, sequence));
   auto found = Lookup(worker, incarnation, released);
   if (!found.ok()) return found.status();
   Worker& w = **found;
-  if (sequence <= w.floor && GivenUp(w, sequence)) return GivenUpError(worker, w, sequence);
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
   w.above.insert(sequence);
   // Sequences that never arrive (pushes lost with a server restored from an older
@@ -461,19 +460,13 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, ui
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(closed_);
     // What Admit would refuse is refused before Lookup records anything.
-    RETURN_IF_ERROR(CheckSequenceWindow(worker, incarnation, sequence));
-    if (auto it = workers_.find(worker); it != workers_.end()) {
-      const Worker& known = it->second;
-      if (known.seen && known.incarnation == incarnation && sequence <= known.floor &&
-          GivenUp(known, sequence)) {
-        return GivenUpError(worker, known, sequence);
-      }
-      if (known.turn_waits >= kMaxTurnWaitsPerWorker) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("worker ", worker, " has ", known.turn_waits,
-                         " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
-                         ", deterministic BSP): wait for their answers"));
-      }
+    RETURN_IF_ERROR(CheckSequence(worker, incarnation, sequence));
+    if (auto it = workers_.find(worker);
+        it != workers_.end() && it->second.turn_waits >= kMaxTurnWaitsPerWorker) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", worker, " has ", it->second.turn_waits,
+                       " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
+                       ", deterministic BSP): wait for their answers"));
     }
     ASSIGN_OR_RETURN(Worker * w, Lookup(worker, incarnation, &released));
     w->arrived = std::max(w->arrived, clock);

@@ -285,9 +285,10 @@ class WorkerTracker {
   // Answers the parked pulls of `worker`'s incarnations older than its current one
   // (FAILED_PRECONDITION) into `out`.
   void ReleaseReplaced(int32_t worker, Released* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // INVALID_ARGUMENT for sequence 0 and for a sequence beyond the window of the
-  // incarnation's highest applied one (0 for an incarnation Lookup would start); reads only.
-  absl::Status CheckSequenceWindow(int32_t worker, uint64_t incarnation, uint64_t sequence) const
+  // What Admit refuses of a sequence, read before Lookup records anything: INVALID_ARGUMENT
+  // for sequence 0 and for a sequence beyond the window of the incarnation's highest applied
+  // one (0 for an incarnation Lookup would start); OUT_OF_RANGE for a given-up one.
+  absl::Status CheckSequence(int32_t worker, uint64_t incarnation, uint64_t sequence) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the worker's record, switching to a newer incarnation if this is one (the old
   // one's parked pulls go into `released`).

@@ -409,6 +409,13 @@ size_t WorkerTracker::parked() const {
   return waiters_.size();
 }
 
+int WorkerTracker::pushes_waiting_for_turn() const {
+  absl::MutexLock lock(&mu_);
+  int waiting = 0;
+  for (const auto& [id, w] : workers_) waiting += w.turn_waits;
+  return waiting;
+}
+
 void WorkerTracker::TimerLoop() {
   mu_.Lock();
   while (!stop_timer_) {

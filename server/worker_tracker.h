@@ -218,6 +218,8 @@ class WorkerTracker {
   void CloseWaiters(absl::Status status);
   // Pulls parked now.
   size_t parked() const;
+  // Deterministic-BSP pushes waiting for their turn now (WaitForTurn).
+  int pushes_waiting_for_turn() const;
 
   // Wakes waiters so they re-check leases (called periodically by the server). Returns the
   // workers whose lease ran out since the previous call (each reported once per silence).

@@ -337,10 +337,15 @@ TEST(WorkerTracker, APushWaitingForItsTurnEndsWhenTheServerStops) {
   absl::Status waited;
   // Worker 0 has not pushed clock 1: worker 1 waits for it.
   std::thread push([&] { waited = t.WaitForTurn(1, 5, 1, 1, absl::Now() + absl::Seconds(300)); });
-  absl::SleepFor(absl::Milliseconds(100));  // (closed before it waits: the same answer)
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (t.pushes_waiting_for_turn() == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(t.pushes_waiting_for_turn(), 1);  // the close below finds it waiting
   t.CloseWaiters(absl::UnavailableError("the server is stopping"));
   push.join();
   EXPECT_THAT(waited, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(t.pushes_waiting_for_turn(), 0);
   EXPECT_THAT(t.WaitForTurn(0, 5, 1, 1, absl::Now() + absl::Seconds(5)),
               StatusIs(absl::StatusCode::kUnavailable));
 }

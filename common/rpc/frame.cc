@@ -27,6 +27,13 @@ absl::Status Unparseable(absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("unparseable frame: ", why));
 }
 
+// An AliasTracker's slice release: its count, one shared_ptr copy per slice.
+void ReleaseAlias(void* held) {
+  auto* count = static_cast<std::shared_ptr<std::atomic<int64_t>>*>(held);
+  (*count)->fetch_sub(1, std::memory_order_acq_rel);
+  delete count;
+}
+
 }  // namespace
 
 // ---- BufferPool ---------------------------------------------------------------------------
@@ -100,9 +107,15 @@ FrameBuilder::FrameBuilder(const google::protobuf::MessageLite& header) {
   slices_.emplace_back(bytes);
 }
 
-void FrameBuilder::AddAliased(absl::string_view bytes) {
+grpc::Slice AliasTracker::Alias(absl::string_view bytes) const {
+  held_->fetch_add(1, std::memory_order_relaxed);
+  return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(), &ReleaseAlias,
+                     new std::shared_ptr<std::atomic<int64_t>>(held_));
+}
+
+void FrameBuilder::AddAliased(absl::string_view bytes, const AliasTracker& tracker) {
   if (bytes.empty()) return;
-  slices_.emplace_back(bytes.data(), bytes.size(), grpc::Slice::STATIC_SLICE);
+  slices_.push_back(tracker.Alias(bytes));
 }
 
 void FrameBuilder::AddSlice(grpc::Slice slice) {

@@ -7,8 +7,9 @@
 // this file knows nothing of that, only of the header and a byte stream after it.
 //
 // Sending: FrameBuilder puts the header in one small slice and each payload as a slice that
-// aliases the caller's memory (the caller keeps it alive until the call is done) or that
-// hands a pooled buffer back to its BufferPool when gRPC lets go of it. So gradients go from
+// aliases the caller's memory (counted by an AliasTracker until gRPC lets go of it: the caller
+// keeps the memory alive until then, or until the call ended OK) or that hands a pooled
+// buffer back to its BufferPool when gRPC lets go of it. So gradients go from
 // the model's buffer to the socket, and parameters from the server's read buffer to it.
 //
 // Receiving: FrameReader walks gRPC's receive slices in place. Pieces() hands a payload out
@@ -91,12 +92,34 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Counts the slices gRPC still holds that alias a sender's memory (FrameBuilder::AddAliased).
+// gRPC can keep a message's slices after its call ended: a call that failed (a deadline, a
+// cancel) may still have bytes queued for a socket that is slow to take them, sent later from
+// wherever they lie and read before that by TLS; an in-process server reads the sender's
+// memory itself until it finishes the call. So memory lent to a call that did not end OK at
+// its first attempt is not the sender's again until released(). A transport lets go of them
+// once their bytes are written or its connection closes (keepalive bounds how long that
+// takes). Thread-safe.
+class AliasTracker {
+ public:
+  AliasTracker() : held_(std::make_shared<std::atomic<int64_t>>(0)) {}
+  // A slice that aliases `bytes` (which gRPC only reads), counted until gRPC lets go of it.
+  grpc::Slice Alias(absl::string_view bytes) const;
+  // Whether gRPC holds none of the slices made so far.
+  bool released() const { return held_->load(std::memory_order_acquire) == 0; }
+
+ private:
+  // Shared with the slices' release callbacks, which may run after this object is gone.
+  std::shared_ptr<std::atomic<int64_t>> held_;
+};
+
 // Builds a frame. Thread-compatible.
 class FrameBuilder {
  public:
   explicit FrameBuilder(const google::protobuf::MessageLite& header);
-  // Appends bytes that the caller keeps alive and unchanged until the call is done.
-  void AddAliased(absl::string_view bytes);
+  // Appends bytes that the caller keeps alive and unchanged until `tracker` says gRPC let go
+  // of them (or the call ended OK at its first attempt).
+  void AddAliased(absl::string_view bytes, const AliasTracker& tracker);
   // Appends a slice (e.g. BufferPool::MakeSlice).
   void AddSlice(grpc::Slice slice);
   grpc::ByteBuffer Build();

@@ -40,6 +40,10 @@ bool ServerBusy(const absl::Status& s, const grpc::ClientContext& context) {
          context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
 }
 
+// How often a thread with calls that wait for gRPC to let go of their payloads (draining_)
+// looks whether it did, polling the queue (which lets gRPC's I/O move) in between.
+constexpr absl::Duration kDrainPoll = absl::Milliseconds(1);
+
 // How often a call waiting in a shared-memory channel looks whether the server process is
 // still there (a read of /proc/PID/stat).
 constexpr absl::Duration kServerCheckInterval = absl::Milliseconds(50);
@@ -104,7 +108,7 @@ GrpcParameterStore::AsyncCalls::~AsyncCalls() {
       if (!slot.backing_off && slot.context != nullptr) slot.context->TryCancel();
     }
   }
-  while (!running_.empty()) Step();
+  while (!running_.empty() || !draining_.empty()) Step();
   queue_.Shutdown();
   void* tag;
   bool ok;
@@ -261,10 +265,20 @@ void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
 void GrpcParameterStore::AsyncCalls::Step() {
   void* tag;
   bool ok;
+  // Calls draining end as soon as gRPC let go of their payloads; meanwhile no wait is longer
+  // than kDrainPoll (no event says that it did).
+  if (!draining_.empty() && EndDrained()) return;
+  const bool draining = !draining_.empty();
   if (!in_channels_.empty()) {
-    if (StepChannels(/*wait=*/queue_events_ == 0) || queue_events_ == 0) return;
+    const bool wait = queue_events_ == 0 && !draining;
+    if (StepChannels(wait) || wait) return;
     // Attempts of both kinds in flight: look at the queue for a moment, then at the channels.
     if (queue_.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + absl::Microseconds(200))) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      return;
+    }
+  } else if (draining) {
+    if (queue_.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + kDrainPoll)) !=
         grpc::CompletionQueue::GOT_EVENT) {
       return;
     }
@@ -442,13 +456,57 @@ void GrpcParameterStore::AsyncCalls::End(Call* c) {
     // Every server the push went to has applied it.
     if (c->push_clock >= 0) store_->NoteDoneClock(c->push_clock);
   }
-  for (std::string& b : x.encoded) store_->GiveBuffer(std::move(b));
+  // A call that ended OK at the first attempt of every frame: each server read all of its
+  // frame, so gRPC reads none of it again (it may still hold its slices for a moment). Any
+  // other call waits until gRPC let go of them (see common::AliasTracker) before its memory
+  // is the caller's again: its own references go first, each reader before its context.
+  bool drain = !c->status.ok();
+  for (const Slot& slot : c->slots) drain = drain || slot.attempt > 0;
+  if (drain) {
+    for (Slot& slot : c->slots) {
+      slot.request.Clear();
+      slot.reader.reset();
+      slot.context.reset();
+    }
+  }
+  auto it = running_.find(c->id);
+  std::unique_ptr<Call> call = std::move(it->second);
+  running_.erase(it);
+  if (drain && !x.aliases.released()) {
+    draining_.push_back(std::move(call));
+    return;
+  }
+  HandBack(call.get());
+}
+
+void GrpcParameterStore::AsyncCalls::HandBack(Call* c) {
+  for (std::string& b : c->x.encoded) store_->GiveBuffer(std::move(b));
   ended_.push_back(Done{c->id, c->status});
-  running_.erase(c->id);  // destroys c
+}
+
+bool GrpcParameterStore::AsyncCalls::EndDrained() {
+  bool any = false;
+  for (size_t i = 0; i < draining_.size();) {
+    if (!draining_[i]->x.aliases.released()) {
+      ++i;
+      continue;
+    }
+    HandBack(draining_[i].get());
+    draining_.erase(draining_.begin() + i);
+    any = true;
+  }
+  return any;
+}
+
+bool GrpcParameterStore::AsyncCalls::Draining(CallId id) const {
+  for (const auto& c : draining_) {
+    if (c->id == id) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<GrpcParameterStore::AsyncCalls::Done> GrpcParameterStore::AsyncCalls::Next() {
-  if (ended_.empty() && running_.empty()) {
+  if (ended_.empty() && running_.empty() && draining_.empty()) {
     return absl::FailedPreconditionError("no call in flight");
   }
   while (ended_.empty()) Step();
@@ -465,7 +523,7 @@ absl::Status GrpcParameterStore::AsyncCalls::Wait(CallId id) {
       ended_.erase(it);
       return st;
     }
-    if (running_.find(id) == running_.end()) {
+    if (running_.find(id) == running_.end() && !Draining(id)) {
       return absl::NotFoundError(absl::StrCat("call ", id, " is not pending"));
     }
     Step();

@@ -68,7 +68,9 @@ class GrpcParameterStore::AsyncCalls {
   // refused call takes no sequence. The buffers the batches point to (gradients, keys, the
   // pull's output) must stay valid, and the output untouched, until the call is reaped by
   // Next or Wait; the batch structs themselves may go at once. A pull's output holds the
-  // answers only once its call ended OK.
+  // answers only once its call ended OK. (gRPC sends payloads from where they lie: a call
+  // that failed, or was retried, is reaped only once gRPC let go of them all, which a
+  // connection that stopped taking bytes can delay until keepalive closes it.)
   absl::StatusOr<CallId> StartPush(const common::PushBatch& batch,
                                    const common::PushOptions& options);
   absl::StatusOr<CallId> StartPull(const common::PullBatch& batch,
@@ -85,7 +87,7 @@ class GrpcParameterStore::AsyncCalls {
   // Next. NOT_FOUND for an id that is neither in flight nor waiting to be reaped.
   absl::Status Wait(CallId id);
   // Calls started and not reaped yet (in flight or ended).
-  size_t pending() const { return running_.size() + ended_.size(); }
+  size_t pending() const { return running_.size() + draining_.size() + ended_.size(); }
   // How the waits for answers went: taken while polling, or after sleeping
   // (GrpcStoreOptions::busy_poll).
   const common::BusyPollStats& poll_stats() const { return poller_.stats(); }
@@ -122,7 +124,13 @@ class GrpcParameterStore::AsyncCalls {
   void OnAnswer(Slot* slot);
   // One slot of c is done for good; the call ends with its last one.
   void SlotDone(Call* c);
+  // The call is over: counted, and handed back or left draining.
   void End(Call* c);
+  // Gives the call's buffers back and queues its Done.
+  void HandBack(Call* c);
+  // Hands back the draining calls gRPC let go of; whether there was one.
+  bool EndDrained();
+  bool Draining(CallId id) const;
 
   GrpcParameterStore* const store_;
   grpc::CompletionQueue queue_;
@@ -130,6 +138,8 @@ class GrpcParameterStore::AsyncCalls {
   bool closing_ = false;
   std::map<CallId, std::unique_ptr<Call>> running_;  // by id: in order of start
   std::deque<Done> ended_;                           // ended, not reaped yet
+  // Ended, but gRPC still holds slices of their payloads (see End): reaped once it let go.
+  std::vector<std::unique_ptr<Call>> draining_;
   common::BusyPoller poller_;  // waits for queue_
   size_t queue_events_ = 0;    // attempts and alarms whose tag queue_ will deliver
   std::vector<Slot*> in_channels_;  // attempts posted in shared-memory channels

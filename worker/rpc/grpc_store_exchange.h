@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "common/rpc/frame.h"
 #include "worker/rpc/grpc_store.h"
 
 namespace ps::worker {
@@ -39,6 +40,9 @@ struct GrpcParameterStore::Exchange {
   // Owned encode buffers (stable addresses), taken from the store's spares. A list: empty,
   // it allocates nothing (a deque allocates two blocks up front, on every call).
   std::list<std::string> encoded;
+  // Counts the slices of `payloads` gRPC still holds: a call that did not end OK at its first
+  // attempt gives its memory (the caller's, `encoded`) back only once gRPC let go of them all.
+  common::AliasTracker aliases;
   absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
   absl::flat_hash_map<std::string, SparseOut> sparse_out;
   // Per frame (sized when the frames are built): the region of shared memory holding its push

@@ -394,7 +394,7 @@ uint64_t GrpcParameterStore::AnswerBytes(const PushPullRequest& h) const {
 grpc::ByteBuffer GrpcParameterStore::BuildFrame(uint32_t f, const Exchange& x) const {
   common::FrameBuilder frame(x.headers[f]);
   if (!x.shared[f].valid()) {
-    for (absl::string_view bytes : x.payloads[f]) frame.AddAliased(bytes);
+    for (absl::string_view bytes : x.payloads[f]) frame.AddAliased(bytes, x.aliases);
   }
   return frame.Build();
 }

@@ -2,13 +2,17 @@
 #include "worker/rpc/grpc_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
@@ -63,7 +67,7 @@ class RecordingServer final
     } else {
       *response = common::FrameBuilder(PushPullResponse()).Build();
     }
-    held_.push_back(reactor);
+    held_.push_back({reactor, context});
     if (held_.size() >= hold_) ReleaseLocked();
     return reactor;
   }
@@ -104,6 +108,34 @@ class RecordingServer final
     absl::MutexLock lock(&mu_);
     ReleaseLocked();
   }
+  // Finishes the calls held back whose clients gave up on them (a deadline, a cancel), and
+  // returns how many it finished. Until then a held call keeps its request, whose payload
+  // slices (in-process: no socket in between) are the client's own memory.
+  int FinishCancelled() {
+    absl::MutexLock lock(&mu_);
+    int finished = 0;
+    for (size_t i = 0; i < held_.size();) {
+      if (!held_[i].second->IsCancelled()) {
+        ++i;
+        continue;
+      }
+      finished_cancelled_.fetch_add(1);  // before the request goes
+      held_[i].first->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "given up"));
+      held_.erase(held_.begin() + i);
+      ++finished;
+    }
+    return finished;
+  }
+  // Whether a held call's client gave up on it.
+  bool AnyHeldCancelled() {
+    absl::MutexLock lock(&mu_);
+    for (auto [r, context] : held_) {
+      if (context->IsCancelled()) return true;
+    }
+    return false;
+  }
+  // Calls FinishCancelled finished (or is finishing).
+  int finished_cancelled() const { return finished_cancelled_.load(); }
   void AnswerGarbage() {
     absl::MutexLock lock(&mu_);
     garbage_ = true;
@@ -134,11 +166,13 @@ class RecordingServer final
   std::vector<uint64_t> asks_ ABSL_GUARDED_BY(mu_);
   size_t hold_ ABSL_GUARDED_BY(mu_) = 0;
   bool garbage_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> finished_cancelled_{0};
   std::optional<grpc::ByteBuffer> answer_ ABSL_GUARDED_BY(mu_);
-  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::CallbackServerContext*>> held_
+      ABSL_GUARDED_BY(mu_);
 
   void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (grpc::ServerUnaryReactor* r : held_) r->Finish(grpc::Status::OK);
+    for (auto [r, context] : held_) r->Finish(grpc::Status::OK);
     held_.clear();
   }
 };
@@ -206,6 +240,27 @@ class GrpcStoreTest : public ::testing::Test {
     batch.sparse.push_back({"emb", keys_, sparse_grad_});
     return store_->Push(batch, common::PushOptions{clock, false});
   }
+
+  // Until stopped, finishes the server's held calls as their clients give up on them (as a
+  // real server's transport lets go of a cancelled call's bytes).
+  class Reaper {
+   public:
+    explicit Reaper(RecordingServer* service)
+        : thread_([this, service] {
+            while (!stop_.HasBeenNotified()) {
+              service->FinishCancelled();
+              stop_.WaitForNotificationWithTimeout(absl::Milliseconds(1));
+            }
+          }) {}
+    ~Reaper() {
+      stop_.Notify();
+      thread_.join();
+    }
+
+   private:
+    absl::Notification stop_;
+    std::thread thread_;
+  };
 
   const std::vector<float> dense_grad_ = {1.0013f, 3e-3f, -2.718f, 7.77e-4f,
                                           1.37f,   0.1f,  -5e-5f,  42.42f};
@@ -576,7 +631,8 @@ TEST_F(GrpcStoreTest, AsyncCallsThatMissTheirDeadlineAreRetriedThenFail) {
   options.deadline = absl::Milliseconds(200);
   options.max_retries = 1;
   Start(/*fail_pushes=*/0, options);
-  service_->Hold(1000);  // never answers during the test
+  service_->Hold(1000);  // never answers in time
+  Reaper reaper(service_.get());
   std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(StartPush(calls.get(), i + 1).ok());
   for (int i = 0; i < 3; ++i) {
@@ -599,12 +655,42 @@ TEST_F(GrpcStoreTest, DestroyingAsyncCallsCancelsTheCallsInFlight) {
   service_->Hold(1000);
   std::unique_ptr<GrpcParameterStore::AsyncCalls> calls = store_->NewAsyncCalls();
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(StartPush(calls.get(), i + 1).ok());
-  // The in-process server reads the requests' payloads where the client's buffers hold them
-  // (no socket in between): let it take all four before those buffers go.
   while (service_->pushes().size() < 4) absl::SleepFor(absl::Milliseconds(1));
-  calls.reset();  // returns although no answer comes
+  {
+    // Returns although no answer comes, once the server let go of the cancelled calls'
+    // requests, which hold the payloads where the client's buffers do (in-process).
+    Reaper reaper(service_.get());
+    calls.reset();
+  }
   service_->Hold(0);
   EXPECT_TRUE(PushOnce(5).ok());
+}
+
+// gRPC sends a payload from where it lies, and may hold its slices after the call ended (here
+// the in-process server holds the request, whose slices are the client's own memory; over a
+// socket, bytes of a cancelled call still queued for it). So a call that failed returns only
+// once gRPC let go of them: the caller may reuse or free that memory as soon as it returns.
+TEST_F(GrpcStoreTest, AFailedPushReturnsOnlyOnceGrpcLetGoOfItsPayload) {
+  GrpcStoreOptions options = FastRetries();
+  options.deadline = absl::Milliseconds(100);
+  options.max_retries = 0;
+  Start(/*fail_pushes=*/0, options);
+  service_->Hold(1000);
+  std::thread server([&] {
+    // The server lets go a while after the client gave up on the call (a while, so that a
+    // client that did not wait would have returned before).
+    while (!service_->AnyHeldCancelled()) absl::SleepFor(absl::Milliseconds(1));
+    absl::SleepFor(absl::Milliseconds(200));
+    service_->FinishCancelled();
+  });
+  const absl::Status status = PushOnce(1);
+  const int released_before_return = service_->finished_cancelled();
+  server.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_EQ(released_before_return, 1);
+  // A call that ended OK at its first attempt waits for nothing (the server read it all).
+  service_->Hold(0);
+  EXPECT_TRUE(PushOnce(2).ok());
 }
 
 }  // namespace

@@ -362,7 +362,7 @@ absl::Status ParameterServer::Drain() {
   up_->Set(0);
   // Pulls parked for the consistency bound would otherwise hold the drain to its end: no
   // more pushes come to release them.
-  shard_->workers().CloseWaiters(absl::UnavailableError("the server is shutting down"));
+  shard_->CloseWaiters("the server is shutting down");
   // Calls in flight finish (bounded), new ones are refused; the same for calls through the
   // workers' shared-memory channels.
   grpc_server_->Shutdown(absl::Seconds(5));

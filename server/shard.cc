@@ -209,6 +209,10 @@ absl::Status WithRejectionReason(absl::Status status, absl::string_view reason) 
   return status;
 }
 
+void Shard::CloseWaiters(absl::string_view why) {
+  workers_.CloseWaiters(WithRejectionReason(absl::UnavailableError(why), "server_stopping"));
+}
+
 // ---- Checks -----------------------------------------------------------------------------
 
 void Shard::CountRejection(absl::string_view reason) {

@@ -279,6 +279,10 @@ class Shard {
   uint32_t server_index() const { return options_.server_index; }
   uint64_t incarnation() const { return options_.incarnation; }
   WorkerTracker& workers() { return workers_; }
+  // Ends every pull parked for the consistency bound and every push waiting for its
+  // deterministic turn, now and from now on, with UNAVAILABLE `why` (reason server_stopping):
+  // the server stops.
+  void CloseWaiters(absl::string_view why);
   // The server's memory budget (server.max_memory_bytes): the tables charge it, and the
   // service charges the shared-memory segments it makes for workers.
   MemoryBudget& memory() { return memory_; }

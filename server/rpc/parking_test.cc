@@ -12,6 +12,8 @@
 #include "absl/time/clock.h"
 #include "common/codec.h"
 #include "common/config/config.h"
+#include "common/metrics/metrics.h"
+#include "common/rpc/frame_testing.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -24,6 +26,7 @@ namespace {
 
 using ::ps::common::IsOk;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kWorkers = 2;
 constexpr float kLearningRate = 1.0f;
@@ -58,7 +61,8 @@ class ParkingTest : public ::testing::Test {
     shard_ = *std::move(shard);
     options.num_threads = 2;
     options.auth.check_identities = false;
-    service_ = std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{});
+    service_ =
+        std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{}, &registry_);
     GrpcServerOptions server_options;
     server_options.address = "127.0.0.1:0";
     server_options.max_concurrent_streams = 64;  // 50 waiting pulls on one connection
@@ -71,7 +75,7 @@ class ParkingTest : public ::testing::Test {
 
   void TearDown() override {
     // As ParameterServer::Drain: parked pulls are answered before the server stops.
-    if (shard_ != nullptr) shard_->workers().CloseWaiters(absl::UnavailableError("stopping"));
+    if (shard_ != nullptr) shard_->CloseWaiters("stopping");
     server_.reset();
     service_.reset();
   }
@@ -157,7 +161,20 @@ class ParkingTest : public ::testing::Test {
     return it == stats.rejected().end() ? 0 : it->second;
   }
 
+  // Push of gradient `g` for every value of "w" as `worker` at `clock`, as a request.
+  PushRequest PushOf(int32_t worker, int64_t clock, uint64_t sequence, float g) {
+    PushRequest request;
+    *request.mutable_header() = Header(worker, clock, sequence);
+    auto* t = request.add_tables();
+    t->set_table("w");
+    auto* block = t->add_blocks();
+    block->set_block_id(0);
+    common::EncodeFloats(std::vector<float>(4, g), ENCODING_FLOAT32, block->mutable_values());
+    return request;
+  }
+
   JobConfig config_;
+  common::metrics::Registry registry_;  // the service's metrics
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<GrpcServer> server_;
@@ -307,15 +324,58 @@ TEST_F(ParkingTest, StoppingTheServerAnswersParkedPullsWithUnavailable) {
   std::vector<std::unique_ptr<PendingPull>> waiting;
   for (int i = 0; i < 4; ++i) waiting.push_back(SendPull(0, 1));
   AwaitParked(4);
-  shard_->workers().CloseWaiters(absl::UnavailableError("the server is shutting down"));
+  shard_->CloseWaiters("the server is shutting down");
   for (const auto& pull : waiting) {
     pull->done.WaitForNotification();
     EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::UNAVAILABLE);
   }
-  // And new ones are refused at once.
+  // And new ones are refused at once. Each is counted as the server stopping (as `other`
+  // before 2026-12-05).
   std::unique_ptr<PendingPull> late = SendPull(0, 1);
   late->done.WaitForNotification();
   EXPECT_EQ(late->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(registry_.Render(),
+              HasSubstr("ps_rejected_requests_total{reason=\"server_stopping\"} 5\n"));
+  EXPECT_THAT(registry_.Render(), Not(HasSubstr("reason=\"other\"")));
+}
+
+// A fused call whose push was applied and whose pull was then refused (here: parked pulls
+// over the worker's cap) says that its push was applied, with the pull's code and reason:
+// sent again, the push is a duplicate. (Its message said nothing of the push before
+// 2026-12-05.)
+TEST_F(ParkingTest, AFusedCallRefusedAfterItsPushWasAppliedSaysSo) {
+  ServiceOptions options;
+  options.max_parked_pulls_per_worker = 1;
+  Start(options);
+  std::unique_ptr<PendingPull> waiting = SendPull(0, 1);  // waits for worker 1's clock 1
+  AwaitParked(1);
+  const PushRequest push = PushOf(0, 1, 1, 0.5f);
+  PullRequest pull;
+  *pull.mutable_header() = Header(0, 2);
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  grpc::ByteBuffer answer;
+  absl::Status refused = service_->HandlePushPull(common::FrameOf(&push, &pull),
+                                                  absl::Now() + absl::Seconds(60), &answer);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("per worker"));
+  EXPECT_THAT(refused.message(), HasSubstr("push was applied"));
+  EXPECT_EQ(RejectionReason(refused), "too_many_waiting");
+  // Applied once: sent again, a duplicate (and refused the same way).
+  refused = service_->HandlePushPull(common::FrameOf(&push, &pull), absl::Now() + absl::Seconds(60),
+                                     &answer);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  ASSERT_TRUE(Push(1, 1, 1, 0.25f).ok());
+  waiting->done.WaitForNotification();
+  ASSERT_TRUE(waiting->status.ok()) << waiting->status.error_message();
+  EXPECT_THAT(ValuesOf(waiting->response), ::testing::Each(1.0f - kLearningRate * 0.75f));
+  // A fused call refused before its push says nothing of one.
+  PushRequest unknown = PushOf(0, 2, 2, 0.5f);
+  unknown.mutable_tables(0)->set_table("nope");
+  absl::Status bad = service_->HandlePushPull(common::FrameOf(&unknown, &pull),
+                                              absl::Now() + absl::Seconds(60), &answer);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kNotFound) << bad;
+  EXPECT_THAT(bad.message(), Not(HasSubstr("push was applied")));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/codec.h"
@@ -68,8 +69,7 @@ struct ParameterServerService::Metrics {
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
             "identity, "
             "bad_encoding, bound_timeout, turn_timeout, duplicate_pending, sequence_given_up, "
-            "too_many_waiting, "
-            "server_busy, "
+            "too_many_waiting, answer_too_large, server_busy, server_stopping, unknown_segment, "
             "unparseable, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(
@@ -133,7 +133,7 @@ ParameterServerService::~ParameterServerService() {
   StopChannels();
   // Parked pulls reference this service: answer them before it goes (their callbacks finish
   // their calls at once, without the pool).
-  shard_->workers().CloseWaiters(absl::UnavailableError("the server is stopping"));
+  shard_->CloseWaiters("the server is stopping");
 }
 
 // ---- Parking -----------------------------------------------------------------------------
@@ -200,7 +200,8 @@ ParameterServerService::WaiterId ParameterServerService::AfterBound(
       // yet taken when it arrived, with nothing of theirs held: checked again as each is read,
       // so that beyond the cap at most one answer per pool thread is being read. (A channel's
       // answers go into the worker's segment: gRPC holds none of them.)
-      if (absl::Status busy = by_grpc ? CheckUnsentAnswerTotal() : absl::OkStatus(); !busy.ok()) {
+      if (absl::Status busy = by_grpc ? CheckUnsentAnswerTotal("this pull") : absl::OkStatus();
+          !busy.ok()) {
         done(std::move(busy));
         return;
       }
@@ -459,6 +460,18 @@ constexpr size_t kMaxFrameHeaderBytes = size_t{256} << 20;
 // A frame without a push is a pull, even of no table (it still checks the worker and waits
 // for the bound, as Pull does).
 bool Pulls(const PushPullRequest& header) { return header.pull_size() > 0 || !header.has_push(); }
+
+// A fused call refused after its push was applied (its pull was refused as it parked, waited
+// in vain, or was refused as it was read) says so, its code and reason unchanged: sent again,
+// the push is a duplicate and applies nothing.
+absl::Status WithPushApplied(const absl::Status& status) {
+  absl::Status out(status.code(), absl::StrCat(status.message(),
+                                               " (the call's push was applied before its pull "
+                                               "was refused: sent again, it is a duplicate)"));
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
 }  // namespace
 
 absl::Status ParameterServerService::Unparseable(absl::Status status) {
@@ -547,6 +560,7 @@ struct ParameterServerService::PushPullCall {
   Method method = kPush;  // an unparseable frame counts as a push
   size_t bytes_in = 0;
   std::shared_ptr<common::SharedMemory> shared;  // the worker's segment, if the call names it
+  bool push_applied = false;                     // (or found a duplicate of one applied)
 };
 
 absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& request,
@@ -615,6 +629,7 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     }
     buffers_->Release(std::move(scratch));
     RETURN_IF_ERROR(status);
+    call->push_applied = true;
   }
   if (header.want_shared_bytes() > 0) {
     SharedSegment offer;
@@ -665,6 +680,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     absl::Time arrived, const PeerIdentity* peer, Done done, bool from_channel) {
   auto call = std::make_shared<PushPullCall>();
   auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
+    if (!status.ok() && call->push_applied) status = WithPushApplied(status);
     Record(call->method, arrived, status, call->bytes_in,
            status.ok() ? response->Length() + call->answer.shared_answer_bytes() : 0);
     done(std::move(status));

@@ -318,8 +318,9 @@ class ParameterServerService final
   // answers wait for their peers, or more than max_unsent_answer_bytes_per_peer for the
   // connection `peer` (ServerContext::peer()); OK otherwise.
   absl::Status CheckUnsentAnswers(const std::string& peer) ABSL_LOCKS_EXCLUDED(unsent_mu_);
-  // The server-wide half of CheckUnsentAnswers (also checked as a parked pull is read).
-  absl::Status CheckUnsentAnswerTotal();
+  // The server-wide half of CheckUnsentAnswers (also checked as a parked pull is read);
+  // `what` names what the refusal left unchanged ("this call", "this pull").
+  absl::Status CheckUnsentAnswerTotal(absl::string_view what = "this call");
   // RESOURCE_EXHAUSTED (answer_too_large) for a pull answer of `bytes` over max_answer_bytes,
   // unless it goes into a shared segment's room of `shared_room` bytes (0: none).
   absl::Status CheckAnswerSize(uint64_t bytes, uint64_t shared_room);

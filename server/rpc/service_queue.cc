@@ -541,15 +541,16 @@ size_t ParameterServerService::pool_requests() const {
   return pool_requests_;
 }
 
-absl::Status ParameterServerService::CheckUnsentAnswerTotal() {
+absl::Status ParameterServerService::CheckUnsentAnswerTotal(absl::string_view what) {
   const size_t held = unsent_answer_bytes_.load(std::memory_order_relaxed);
   if (held > options_.max_unsent_answer_bytes) {
-    return shard_->Reject(
-        kServerBusyReason,
-        absl::ResourceExhaustedError(absl::StrCat(
-            "server busy: ", held, " bytes of answers wait for their peers to take them "
-            "(max_unsent_answer_bytes ", options_.max_unsent_answer_bytes,
-            "); this call changed nothing and may be sent again")));
+    return shard_->Reject(kServerBusyReason,
+                          absl::ResourceExhaustedError(
+                              absl::StrCat("server busy: ", held,
+                                           " bytes of answers wait for their peers to take them "
+                                           "(max_unsent_answer_bytes ",
+                                           options_.max_unsent_answer_bytes, "); ", what,
+                                           " changed nothing and may be sent again")));
   }
   return absl::OkStatus();
 }

@@ -9,7 +9,9 @@ value is exactly -g (0 - 1 * g is exact in float32): a pull reads back what was 
 bit.
 """
 
+import gc
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -31,8 +33,8 @@ except ImportError:
     torch = None
 
 SGD1 = "optimizer { kind: SGD learning_rate: 1.0 }"
-DENSE = ["d_roundtrip", "d_out", "d_errors", "d_batch", "d_stats", "d_step"]
-SPARSE = ["s_roundtrip", "s_errors", "s_batch", "s_step"]
+DENSE = ["d_roundtrip", "d_out", "d_errors", "d_batch", "d_stats", "d_step", "d_pickle"]
+SPARSE = ["s_roundtrip", "s_errors", "s_batch", "s_step", "s_pickle"]
 
 
 def config_text(num_workers=1, staleness=None, extra=""):
@@ -135,6 +137,30 @@ class ContractTests:
                                              "FAILED_PRECONDITION": 9}[code_name])
         self.assertTrue(cm.exception.message)
         return cm.exception
+
+    def test_arrays_that_came_through_pickle_are_taken(self):
+        # Their dtype objects are their own (as a DataLoader worker's arrays are): equal to
+        # float32 and uint64, not the same objects. (Refused as "dtype float32, expected
+        # float32" before 2026-12-05.)
+        g = pickle.loads(pickle.dumps(rand((5, 7), 3)))
+        self.assertIsNot(g.dtype, np.dtype(np.float32))
+        self.client.push_dense("d_pickle", g)
+        out = pickle.loads(pickle.dumps(np.zeros((5, 7), np.float32)))
+        self.assertEqual(self.client.pull_dense("d_pickle", out=out).tobytes(), (-g).tobytes())
+        keys = pickle.loads(pickle.dumps(np.array([11, 12], np.uint64)))
+        self.assertIsNot(keys.dtype, np.dtype(np.uint64))
+        gs = pickle.loads(pickle.dumps(rand((2, 6), 4)))
+        self.client.push_sparse("s_pickle", keys, gs)
+        self.assertEqual(self.client.pull_sparse("s_pickle", keys).tobytes(), (-gs).tobytes())
+
+    def test_unaligned_arrays_are_refused(self):
+        raw = bytearray(4 * 35 + 1)
+        odd = np.frombuffer(raw, np.float32, count=35, offset=1)
+        self.assertFalse(odd.flags.aligned)
+        e = self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull_dense, "d_errors", out=odd)
+        self.assertIn("aligned", e.message)
+        keys = np.frombuffer(bytearray(8 * 2 + 1), np.uint64, count=2, offset=1)
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull_sparse, "s_errors", keys)
 
     def test_bad_dense_input_raises_invalid_argument_and_changes_nothing(self):
         before = self.client.pull_dense("d_errors")
@@ -353,6 +379,44 @@ class BspGilTest(unittest.TestCase):
                 self.assertEqual(got.shape, (5, 7))
                 w0.close()
                 w1.close()
+        finally:
+            sys.setswitchinterval(switch)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class DestructorGilTest(unittest.TestCase):
+    """A client collected after its servers went away tells them it finished, retried with
+    back-off: other Python threads run meanwhile (before 2026-12-05 it held the GIL all along,
+    minutes with the default retries)."""
+
+    def test_a_second_thread_runs_while_a_client_is_destroyed(self):
+        root = tempfile.mkdtemp(prefix="ps-py-del-", dir=os.environ.get("TEST_TMPDIR"))
+        path = os.path.join(root, "job.textproto")
+        with open(path, "w") as f:
+            f.write(config_text(extra="rpc { max_retries: 3 initial_backoff_s: 0.2 max_backoff_s: 0.2 }"))
+        switch = sys.getswitchinterval()
+        try:
+            with ps.cluster.LocalServers(path, num_servers=2) as servers:
+                client = ps.Client(path, servers=servers.addresses, worker_index=0)
+            # The servers are gone: the client's end retries its Finish for about 0.6 s.
+            go = threading.Event()
+            ran = []
+
+            def other():
+                go.wait()
+                ran.append(1)  # runs only if the destruction below lets go of the GIL
+
+            t = threading.Thread(target=other)
+            t.start()
+            # The main thread keeps the GIL unless it blocks or releases it (no time slicing).
+            sys.setswitchinterval(1000)
+            go.set()
+            del client
+            gc.collect()
+            ran_during = list(ran)
+            sys.setswitchinterval(switch)
+            t.join()
+            self.assertEqual(ran_during, [1])
         finally:
             sys.setswitchinterval(switch)
             shutil.rmtree(root, ignore_errors=True)

@@ -67,7 +67,21 @@ absl::Status InvalidArray(const std::string& what, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", problem));
 }
 
-// A float32, C-contiguous array of `size` elements (writeable if `write`), or
+// Whether `a`'s elements are T's: numpy's equivalence of dtypes, not the identity of the
+// dtype object (an array that came through pickle, e.g. from a DataLoader's worker process,
+// has a float32 dtype object of its own).
+template <typename T>
+bool HasDtype(const py::array& a) {
+  return py::isinstance<py::array_t<T>>(a);
+}
+
+// Whether `a`'s elements lie at addresses aligned for their type (numpy allows otherwise, e.g.
+// np.frombuffer at an odd offset; C++ reads through a float* must not).
+bool Aligned(const py::array& a) {
+  return (a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0;
+}
+
+// A float32, C-contiguous, aligned array of `size` elements (writeable if `write`), or
 // INVALID_ARGUMENT saying what is wrong with it.
 absl::Status CheckFloatArray(const py::object& obj, const std::string& what, int64_t size,
                              bool write) {
@@ -75,11 +89,12 @@ absl::Status CheckFloatArray(const py::object& obj, const std::string& what, int
     return InvalidArray(what, "expected a numpy.ndarray (or torch tensor) of float32");
   }
   py::array a = py::reinterpret_borrow<py::array>(obj);
-  if (!a.dtype().is(py::dtype::of<float>())) {
+  if (!HasDtype<float>(a)) {
     return InvalidArray(what, absl::StrCat("dtype ", std::string(py::str(a.dtype())),
                                            ", expected float32"));
   }
   if (!(a.flags() & py::array::c_style)) return InvalidArray(what, "not C-contiguous");
+  if (!Aligned(a)) return InvalidArray(what, "not aligned for float32");
   if (write && !a.writeable()) return InvalidArray(what, "read-only");
   if (a.size() != size) {
     return InvalidArray(what, absl::StrCat(a.size(), " elements, expected ", size));
@@ -90,12 +105,13 @@ absl::Status CheckFloatArray(const py::object& obj, const std::string& what, int
 absl::Status CheckKeys(const py::object& obj, const std::string& what) {
   if (!py::isinstance<py::array>(obj)) return InvalidArray(what, "expected a numpy uint64 array");
   py::array a = py::reinterpret_borrow<py::array>(obj);
-  if (!a.dtype().is(py::dtype::of<uint64_t>())) {
+  if (!HasDtype<uint64_t>(a)) {
     return InvalidArray(what, absl::StrCat("dtype ", std::string(py::str(a.dtype())),
                                            ", expected uint64"));
   }
   if (a.ndim() != 1) return InvalidArray(what, "expected a 1-D array");
   if (!(a.flags() & py::array::c_style)) return InvalidArray(what, "not C-contiguous");
+  if (!Aligned(a)) return InvalidArray(what, "not aligned for uint64");
   return absl::OkStatus();
 }
 
@@ -129,6 +145,15 @@ py::object NewFloats(std::vector<int64_t> shape) {
 class PyClient {
  public:
   explicit PyClient(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+  // The client's end tells the servers this worker finished, retried with back-off while they
+  // do not answer (seconds, minutes with rpc.max_retries): other Python threads run meanwhile.
+  ~PyClient() {
+    if (client_ == nullptr || !PyGILState_Check()) return;
+    py::gil_scoped_release release;
+    client_.reset();
+  }
+  PyClient(const PyClient&) = delete;
+  PyClient& operator=(const PyClient&) = delete;
 
   // Returns {name: array} for dense and {name: array} for sparse, filled.
   // The batches of a pull and a push from Python dicts, checked (dtype, contiguity, sizes) and

@@ -120,13 +120,7 @@ class ParkingTest : public ::testing::Test {
   // Pushes gradient `g` for every value of "w" as `worker` at `clock`.
   grpc::Status Push(int32_t worker, int64_t clock, uint64_t sequence, float g,
                     uint64_t incarnation = 1) {
-    PushRequest request;
-    *request.mutable_header() = Header(worker, clock, sequence, incarnation);
-    auto* t = request.add_tables();
-    t->set_table("w");
-    auto* block = t->add_blocks();
-    block->set_block_id(0);
-    common::EncodeFloats(std::vector<float>(4, g), ENCODING_FLOAT32, block->mutable_values());
+    const PushRequest request = PushOf(worker, clock, sequence, g, incarnation);
     PushResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
@@ -162,9 +156,10 @@ class ParkingTest : public ::testing::Test {
   }
 
   // Push of gradient `g` for every value of "w" as `worker` at `clock`, as a request.
-  PushRequest PushOf(int32_t worker, int64_t clock, uint64_t sequence, float g) {
+  PushRequest PushOf(int32_t worker, int64_t clock, uint64_t sequence, float g,
+                     uint64_t incarnation = 1) {
     PushRequest request;
-    *request.mutable_header() = Header(worker, clock, sequence);
+    *request.mutable_header() = Header(worker, clock, sequence, incarnation);
     auto* t = request.add_tables();
     t->set_table("w");
     auto* block = t->add_blocks();

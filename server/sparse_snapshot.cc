@@ -1,16 +1,16 @@
 // SparseTablePart: consistent snapshots (rows in memory, copied aside, and spilled) and
 // restore. Record layouts are in table_internal.h.
-#include "server/table.h"
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "server/table.h"
 #include "server/table_internal.h"
 
 namespace ps::server {
@@ -147,6 +147,23 @@ absl::Status SparseTablePart::RestoreRecord(absl::string_view key, absl::string_
     }
   }
   if (!spills()) {
+    // Within server.max_memory_bytes as new rows of pulls and pushes are: a checkpoint of
+    // more rows than the budget holds (a table that spilled, restored without spilling) is
+    // refused, not loaded until the kernel kills the server.
+    if (memory_ != nullptr) {
+      std::vector<uint64_t> keys;
+      keys.reserve(value.size() / entry_bytes);
+      for (size_t off = 0; off < value.size(); off += entry_bytes) {
+        keys.push_back(LoadRaw<uint64_t>(value.data() + off));
+      }
+      if (absl::Status room = CheckRoomForNewRows(keys); !room.ok()) {
+        return absl::Status(
+            room.code(),
+            absl::StrCat("restoring a checkpoint: ", room.message(),
+                         " (give the table memory_budget_rows to spill rows to disk, or "
+                         "raise server.max_memory_bytes)"));
+      }
+    }
     for (size_t off = 0; off < value.size(); off += entry_bytes) {
       const uint64_t k = LoadRaw<uint64_t>(value.data() + off);
       Stripe& s = stripes_[StripeOf(k)];

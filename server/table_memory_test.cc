@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -124,6 +125,51 @@ TEST(MemoryBudget, SparseRowsBeyondTheBudgetAreRefusedAndTheTableKeepsServing) {
   EXPECT_THAT(table.CheckRoomForNewRows(keys), IsOk());
   keys[0] = next + 1000000;
   EXPECT_THAT(table.CheckRoomForNewRows(keys), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+// A checkpoint holding more rows than the budget (a table that spilled, restored without
+// spilling, or with a smaller server.max_memory_bytes) is refused as it is restored, within
+// the budget, instead of loaded until the kernel kills the server (before 2026-12-05).
+TEST(MemoryBudget, RestoringMoreRowsThanTheBudgetIsRefused) {
+  JobConfig config = Config(R"pb(tables {
+                                   name: "emb"
+                                   kind: TABLE_KIND_SPARSE
+                                   dim: 8
+                                   optimizer { kind: ADAGRAD }
+                                 })pb");
+  auto partitioner = common::Partitioner::Create(config);
+  ASSERT_THAT(partitioner.status(), IsOk());
+  const common::TableInfo& info = partitioner->tables()[0];
+  const kernels::OptimizerParams optimizer = kernels::ToOptimizerParams(info.config->optimizer());
+  // 300,000 rows without a budget (about 40 MiB), saved.
+  SparseTablePart saved(info, optimizer);
+  std::vector<uint64_t> keys(300000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::vector<float> out(keys.size() * 8);
+  ASSERT_THAT(saved.Read(keys, absl::MakeSpan(out)), IsOk());
+  std::vector<std::pair<std::string, std::string>> records;
+  const SnapshotSink sink = [&records](absl::string_view k, absl::string_view v) {
+    records.emplace_back(std::string(k), std::string(v));
+    return absl::OkStatus();
+  };
+  saved.BeginSnapshot(1, &sink);
+  ASSERT_THAT(saved.WriteSnapshot(1 << 20), IsOk());
+  saved.EndSnapshot();
+
+  constexpr int64_t kBudget = 32 << 20;  // about 140,000 rows (see above)
+  MemoryBudget budget(kBudget);
+  SparseTablePart restored(info, optimizer);
+  restored.set_memory_budget(&budget);
+  absl::Status status;
+  for (const auto& [k, v] : records) {
+    status = restored.RestoreRecord(k, v);
+    if (!status.ok()) break;
+  }
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted,
+                               AllOf(HasSubstr("restoring a checkpoint"), HasSubstr("table 'emb'"),
+                                     HasSubstr("memory_budget_rows"))));
+  EXPECT_LE(budget.used(), kBudget + (kBudget / 16));
+  EXPECT_LT(restored.NumRows(), keys.size());
 }
 
 TEST(MemoryBudget, ServerRefusesPullsAndPushesOfNewRowsBeyondItAndKeepsServing) {

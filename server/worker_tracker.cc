@@ -599,7 +599,16 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
     w.clock = c.clock();
     if (!forged) {
       w.floor = c.applied_floor();
-      w.above.insert(c.applied_above().begin(), c.applied_above().end());
+      // Only sequences above the floor (Save writes no other): one at or below it would be
+      // taken for the next floor when the set is trimmed, moving the floor back, and a push
+      // between the two would be applied again.
+      for (uint64_t q : c.applied_above()) {
+        if (q > w.floor) w.above.insert(q);
+      }
+      while (!w.above.empty() && *w.above.begin() == w.floor + 1) {
+        w.above.erase(w.above.begin());
+        ++w.floor;
+      }
       // Ranges in order, each at or below the floor and above the one before (anything
       // else is not what Save writes: left out); past kMaxGivenUpRanges, forgotten.
       w.unknown_through = std::min(c.given_up_through(), w.floor);

@@ -177,6 +177,31 @@ TEST(WorkerTracker, GivenUpRangesAreBoundedAndForgottenOnesStayRefused) {
   EXPECT_EQ(saved->given_up_size(), 2);
 }
 
+// A checkpoint whose applied set holds sequences at or below its floor (Save writes none; a
+// foreign or damaged one might) keeps only those above it. Before 2026-12-05 the lowest entry
+// became the floor when later pushes trimmed the set, moving the floor back, and a retried push
+// between the two was applied again.
+TEST(WorkerTracker, AppliedSequencesAtOrBelowTheFloorInACheckpointAreLeftOut) {
+  WorkerCheckpoint c;
+  c.set_worker_id(0);
+  c.set_incarnation(7);
+  c.set_applied_floor(100);
+  c.add_applied_above(50);
+  c.add_applied_above(200);
+  WorkerTracker t(Options(1, std::nullopt));
+  t.Restore({c});
+  // Enough later pushes to trim the saved set by one entry.
+  for (uint64_t q = 201; q < 200 + WorkerTracker::kMaxAbove; ++q) {
+    ASSERT_EQ(*t.Admit(0, 7, q), Admission::kApply) << q;
+  }
+  EXPECT_EQ(*t.Admit(0, 7, 80), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, 100), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 7, 200), Admission::kDuplicate);
+  const auto saved = t.Get(0);
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_GE(saved->applied_floor(), 100u);
+}
+
 TEST(WorkerTracker, RefusesWorkersOutsideTheJob) {
   // Each worker id holds exactly-once state; ids beyond num_workers would grow it unbounded.
   WorkerTracker t(Options(2, std::nullopt));

@@ -88,16 +88,24 @@ TEST(MemoryBudget, DenseTablesWithinTheBudgetAreCharged) {
               StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
+// The sparse table of the tests below: "emb", dim 8, Adagrad (64 bytes a row with its slot).
+struct EmbTable {
+  EmbTable()
+      : config(Config(R"pb(tables {
+                             name: "emb"
+                             kind: TABLE_KIND_SPARSE
+                             dim: 8
+                             optimizer { kind: ADAGRAD }
+                           })pb")),
+        partitioner(common::Partitioner::Create(config)) {}
+  const JobConfig config;
+  const absl::StatusOr<common::Partitioner> partitioner;
+};
+
 TEST(MemoryBudget, SparseRowsBeyondTheBudgetAreRefusedAndTheTableKeepsServing) {
-  JobConfig config = Config(R"pb(tables {
-                                   name: "emb"
-                                   kind: TABLE_KIND_SPARSE
-                                   dim: 8
-                                   optimizer { kind: ADAGRAD }
-                                 })pb");
-  auto partitioner = common::Partitioner::Create(config);
-  ASSERT_THAT(partitioner.status(), IsOk());
-  const common::TableInfo& info = partitioner->tables()[0];
+  const EmbTable emb;
+  ASSERT_THAT(emb.partitioner.status(), IsOk());
+  const common::TableInfo& info = emb.partitioner->tables()[0];
   // 32 MiB: the first row of each of the 256 stripes takes a 64 KiB chunk (16 MiB in all),
   // the rest is about 140,000 rows of 64 bytes plus their bookkeeping.
   constexpr int64_t kBudget = 32 << 20;
@@ -131,15 +139,9 @@ TEST(MemoryBudget, SparseRowsBeyondTheBudgetAreRefusedAndTheTableKeepsServing) {
 // spilling, or with a smaller server.max_memory_bytes) is refused as it is restored, within
 // the budget, instead of loaded until the kernel kills the server (before 2026-12-05).
 TEST(MemoryBudget, RestoringMoreRowsThanTheBudgetIsRefused) {
-  JobConfig config = Config(R"pb(tables {
-                                   name: "emb"
-                                   kind: TABLE_KIND_SPARSE
-                                   dim: 8
-                                   optimizer { kind: ADAGRAD }
-                                 })pb");
-  auto partitioner = common::Partitioner::Create(config);
-  ASSERT_THAT(partitioner.status(), IsOk());
-  const common::TableInfo& info = partitioner->tables()[0];
+  const EmbTable emb;
+  ASSERT_THAT(emb.partitioner.status(), IsOk());
+  const common::TableInfo& info = emb.partitioner->tables()[0];
   const kernels::OptimizerParams optimizer = kernels::ToOptimizerParams(info.config->optimizer());
   // 300,000 rows without a budget (about 40 MiB), saved.
   SparseTablePart saved(info, optimizer);

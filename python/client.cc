@@ -179,12 +179,23 @@ absl::StatusOr<int64_t> Client::Tick() {
 
 absl::StatusOr<int64_t> Client::Step(const common::PushBatch& push,
                                       const common::PullBatch& pull) {
-  if (push.dense.empty() && push.sparse.empty()) {
-    ASSIGN_OR_RETURN(int64_t clock, Tick());
-    RETURN_IF_ERROR(Pull(pull));
-    return clock;
-  }
   const int64_t next = clock_.load() + 1;
+  if (push.dense.empty() && push.sparse.empty()) {
+    // Tick's empty push (once: a step taken again after its pull failed does not repeat it),
+    // then the next step's pull; the clock moves only once both succeeded.
+    if (!pushed_this_step_.load()) {
+      common::PushOptions options;
+      options.clock = next;
+      RETURN_IF_ERROR(store_->Push(common::PushBatch(), options));
+      pushed_this_step_.store(true);
+    }
+    common::PullOptions options;
+    options.clock = next;
+    RETURN_IF_ERROR(store_->Pull(pull, options));
+    pushed_this_step_.store(false);
+    clock_.store(next);
+    return next;
+  }
   common::PushOptions push_options;
   push_options.clock = next;
   common::PullOptions pull_options;

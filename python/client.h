@@ -91,8 +91,9 @@ class Client {
   absl::StatusOr<int64_t> Tick();
   // One fused step: pushes `push` with this step's clock, ends the step, and pulls `pull` for
   // the next one, in one round trip per server (ParameterStore::PushPull). An empty push is
-  // Tick() then Pull(). Returns the new clock. Errors: those of Push and Pull; the clock
-  // advances only when both succeed.
+  // Tick()'s empty push then the next step's pull. Returns the new clock. Errors: those of
+  // Push and Pull; the clock advances only when both succeed. (A fused call that failed may
+  // have applied its push on some servers: taken again, it is a new push there.)
   absl::StatusOr<int64_t> Step(const common::PushBatch& push, const common::PullBatch& pull);
   int64_t clock() const { return clock_.load(); }
   // The worker leaves the consistency bound; distributed servers shut down once every

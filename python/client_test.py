@@ -153,6 +153,33 @@ class ContractTests:
         self.client.push_sparse("s_pickle", keys, gs)
         self.assertEqual(self.client.pull_sparse("s_pickle", keys).tobytes(), (-gs).tobytes())
 
+    def test_arrays_of_another_shape_are_refused(self):
+        # The right size in another shape (a transposed gradient) would scramble the rows;
+        # flat arrays of the right size are taken. (Only the size was checked before
+        # 2026-12-05.)
+        keys = np.array([1, 2, 3], np.uint64)
+        before = self.client.pull_sparse("s_errors", keys)
+        e = self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.push_sparse, "s_errors", keys,
+                                  np.ones((6, 3), np.float32))
+        self.assertIn("shape (6, 3), expected (3, 6)", e.message)
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.push_dense, "d_errors",
+                              np.ones((7, 5), np.float32))
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull_sparse, "s_errors", keys,
+                              out=np.zeros((6, 3), np.float32))
+        self.assertEqual(self.client.pull_sparse("s_errors", keys).tobytes(), before.tobytes())
+        flat = self.client.pull_dense("d_errors", out=np.zeros(35, np.float32))
+        self.assertEqual(flat.shape, (35,))
+
+    @unittest.skipIf(torch is None, "needs torch")
+    def test_pulls_into_a_tensor_return_that_tensor(self):
+        keys = np.array([4, 5], np.uint64)
+        out = torch.zeros((2, 6))
+        self.assertIs(self.client.pull_sparse("s_roundtrip", keys, out=out), out)
+        dense = torch.zeros((5, 7))
+        got = self.client.pull(dense={"d_out": dense}, sparse={"s_roundtrip": (keys, out)})
+        self.assertIs(got["d_out"], dense)
+        self.assertIs(got["s_roundtrip"], out)
+
     def test_unaligned_arrays_are_refused(self):
         raw = bytearray(4 * 35 + 1)
         odd = np.frombuffer(raw, np.float32, count=35, offset=1)
@@ -381,6 +408,64 @@ class BspGilTest(unittest.TestCase):
                 w1.close()
         finally:
             sys.setswitchinterval(switch)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class ClosedClientTest(unittest.TestCase):
+    def test_a_closed_client_raises_failed_precondition(self):
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as root:
+            path = os.path.join(root, "job.textproto")
+            with open(path, "w") as f:
+                f.write(config_text())
+            c = ps.Client.centralized(path)
+            c.close()
+            c.close()  # idempotent
+            with self.assertRaises(ps.FailedPrecondition):
+                c.pull_dense("d_out")
+
+    def test_the_bodys_exception_is_not_replaced_by_a_failed_finish(self):
+        root = tempfile.mkdtemp(prefix="ps-py-exit-", dir=os.environ.get("TEST_TMPDIR"))
+        path = os.path.join(root, "job.textproto")
+        with open(path, "w") as f:
+            f.write(config_text(extra="rpc { max_retries: 0 deadline_s: 2 }"))
+        try:
+            with ps.cluster.LocalServers(path, num_servers=2) as servers:
+                client = ps.Client(path, servers=servers.addresses, worker_index=0)
+            # The servers are gone: finish() fails, the body's own exception comes out.
+            with self.assertRaises(KeyError):
+                with client:
+                    raise KeyError("the body's")
+            with self.assertRaises(ps.FailedPrecondition):
+                client.clock()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class StepRetryTest(unittest.TestCase):
+    """A step whose pull failed leaves the clock where it was, so it can be taken again."""
+
+    def test_a_step_whose_pull_failed_does_not_move_the_clock(self):
+        root = tempfile.mkdtemp(prefix="ps-py-step-", dir=os.environ.get("TEST_TMPDIR"))
+        path = os.path.join(root, "job.textproto")
+        with open(path, "w") as f:
+            f.write(config_text(num_workers=2, staleness=0).replace("max_pull_wait_s: 60", "max_pull_wait_s: 1")
+                    + "rpc { max_retries: 0 }\n")
+        try:
+            with ps.cluster.LocalServers(path, num_servers=2) as servers:
+                w0 = ps.Client(path, servers=servers.addresses, worker_index=0)
+                w1 = ps.Client(path, servers=servers.addresses, worker_index=1)
+                w0.clock()
+                # Its next pull waits for worker 1's first step, which does not come in time.
+                with self.assertRaises(ps.DeadlineExceeded):
+                    w0.step(pull_dense=["d_step"])
+                self.assertEqual(w0.steps, 1)  # (2 before 2026-12-05: a step was skipped)
+                w1.clock()
+                w1.clock()  # the pull of w0's step 2 waits for every worker's step 2
+                self.assertEqual(w0.step(pull_dense=["d_step"])["d_step"].shape, (5, 7))
+                self.assertEqual(w0.steps, 2)
+                w0.close()
+                w1.close()
+        finally:
             shutil.rmtree(root, ignore_errors=True)
 
 

@@ -12,6 +12,7 @@
 // (ps.InvalidArgument, ps.NotFound, ...), carrying the code and the message.
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/config/config.h"
 #include "common/parameter_store.h"
@@ -81,10 +83,13 @@ bool Aligned(const py::array& a) {
   return (a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0;
 }
 
-// A float32, C-contiguous, aligned array of `size` elements (writeable if `write`), or
-// INVALID_ARGUMENT saying what is wrong with it.
-absl::Status CheckFloatArray(const py::object& obj, const std::string& what, int64_t size,
-                             bool write) {
+// A float32, C-contiguous, aligned array of the elements of `shape` (writeable if `write`):
+// flat (one dimension or none), or of that very shape (a transposed gradient has the right
+// size and would scramble the rows); or INVALID_ARGUMENT saying what is wrong with it.
+absl::Status CheckFloatArray(const py::object& obj, const std::string& what,
+                             const std::vector<int64_t>& shape, bool write) {
+  int64_t size = 1;
+  for (int64_t d : shape) size *= d;
   if (!py::isinstance<py::array>(obj)) {
     return InvalidArray(what, "expected a numpy.ndarray (or torch tensor) of float32");
   }
@@ -98,6 +103,11 @@ absl::Status CheckFloatArray(const py::object& obj, const std::string& what, int
   if (write && !a.writeable()) return InvalidArray(what, "read-only");
   if (a.size() != size) {
     return InvalidArray(what, absl::StrCat(a.size(), " elements, expected ", size));
+  }
+  if (a.ndim() > 1 && !std::equal(shape.begin(), shape.end(), a.shape(), a.shape() + a.ndim())) {
+    return InvalidArray(
+        what, absl::StrCat("shape (", absl::StrJoin(a.shape(), a.shape() + a.ndim(), ", "),
+                           "), expected (", absl::StrJoin(shape, ", "), ") or flat"));
   }
   return absl::OkStatus();
 }
@@ -165,7 +175,7 @@ class PyClient {
       const TableInfo* t = TableOfKind(name, false);
       py::object out = py::reinterpret_borrow<py::object>(item.second);
       if (out.is_none()) out = NewFloats(t->shape);
-      ThrowIfError(CheckFloatArray(out, "pull_dense " + name + " out", t->size, true));
+      ThrowIfError(CheckFloatArray(out, "pull_dense " + name + " out", t->shape, true));
       batch->dense.push_back({name, MutableFloats(out)});
       (*dense_out)[item.first] = out;
       keep->push_back(out);
@@ -179,7 +189,7 @@ class PyClient {
       ThrowIfError(CheckKeys(keys, "pull_sparse " + name + " keys"));
       const int64_t n = py::reinterpret_borrow<py::array>(keys).size();
       if (out.is_none()) out = NewFloats({n, t->size});
-      ThrowIfError(CheckFloatArray(out, "pull_sparse " + name + " out", n * t->size, true));
+      ThrowIfError(CheckFloatArray(out, "pull_sparse " + name + " out", {n, t->size}, true));
       batch->sparse.push_back({name, Keys(keys), MutableFloats(out)});
       (*sparse_out)[item.first] = out;
       keep->push_back(keys);
@@ -193,7 +203,7 @@ class PyClient {
       const std::string name = py::cast<std::string>(item.first);
       const TableInfo* t = TableOfKind(name, false);
       py::object grad = py::reinterpret_borrow<py::object>(item.second);
-      ThrowIfError(CheckFloatArray(grad, "push_dense " + name + " grad", t->size, false));
+      ThrowIfError(CheckFloatArray(grad, "push_dense " + name + " grad", t->shape, false));
       batch->dense.push_back({name, Floats(grad)});
       keep->push_back(grad);
     }
@@ -205,7 +215,7 @@ class PyClient {
       py::object grads = pair[1];
       ThrowIfError(CheckKeys(keys, "push_sparse " + name + " keys"));
       const int64_t n = py::reinterpret_borrow<py::array>(keys).size();
-      ThrowIfError(CheckFloatArray(grads, "push_sparse " + name + " grads", n * t->size, false));
+      ThrowIfError(CheckFloatArray(grads, "push_sparse " + name + " grads", {n, t->size}, false));
       batch->sparse.push_back({name, Keys(keys), Floats(grads)});
       keep->push_back(keys);
       keep->push_back(grads);

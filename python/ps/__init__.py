@@ -86,6 +86,22 @@ def _keys(keys):
     return np.asarray(keys, dtype=np.uint64)
 
 
+class _Closed:
+    """Stands for the extension's client once closed: every use raises ps.FailedPrecondition."""
+
+    def __getattr__(self, name):
+        raise FailedPrecondition("the client is closed")
+
+
+def _caller_outs(result, outs):
+    """A pull's {name: array} with the caller's own `out` objects (e.g. torch tensors) where
+    it gave one, as pull_dense returns."""
+    for name, out in outs.items():
+        if out is not None:
+            result[name] = out
+    return result
+
+
 class Client:
     """A worker's connection to the job's parameter servers (or to in-process shards).
 
@@ -163,7 +179,7 @@ class Client:
     def pull_sparse(self, table, keys, out=None):
         """Rows for `keys` (numpy uint64; duplicates allowed) as a (len(keys), dim) float32 array."""
         _, sparse = self._c.pull({}, {table: (_keys(keys), _out(out))})
-        return sparse[table]
+        return sparse[table] if out is None else out
 
     def push_sparse(self, table, keys, grads):
         """Gradient rows for `keys` ((len(keys), dim) float32; keys should be unique)."""
@@ -175,15 +191,17 @@ class Client:
         dense: table names, or {name: out array}; sparse: {name: keys} or {name: (keys, out)}.
         Returns {name: array} for every table asked for.
         """
+        outs = dict(dense) if isinstance(dense, dict) else {}
         dense = {k: _out(v) for k, v in dense.items()} if isinstance(dense, dict) else {n: None for n in dense}
         sp = {}
         for name, v in (sparse or {}).items():
             keys, out = v if isinstance(v, tuple) else (v, None)
             sp[name] = (_keys(keys), _out(out))
+            outs[name] = out
         d, s = self._c.pull(dense, sp)
         result = dict(d)
         result.update(s)
-        return result
+        return _caller_outs(result, outs)
 
     def push(self, dense=None, sparse=None):
         """Several gradients in one call: dense {name: grad}, sparse {name: (keys, grads)}."""
@@ -195,18 +213,20 @@ class Client:
         """One fused training step: pushes this step's gradients (as push()), ends the step (as
         clock()) and pulls the next step's parameters (as pull()), in one round trip per server.
         The pull sees the push. Returns {name: array} of the pull; .steps is the new clock."""
+        outs = dict(pull_dense) if isinstance(pull_dense, dict) else {}
         pd = {k: _out(v) for k, v in pull_dense.items()} if isinstance(pull_dense, dict) \
             else {n: None for n in pull_dense}
         ps_ = {}
         for name, v in (pull_sparse or {}).items():
             keys, out = v if isinstance(v, tuple) else (v, None)
             ps_[name] = (_keys(keys), _out(out))
+            outs[name] = out
         d = {name: _floats(g) for name, g in (push_dense or {}).items()}
         s = {name: (_keys(k), _floats(g)) for name, (k, g) in (push_sparse or {}).items()}
         _, dense_out, sparse_out = self._c.step(d, s, pd, ps_)
         result = dict(dense_out)
         result.update(sparse_out)
-        return result
+        return _caller_outs(result, outs)
 
     def clock(self):
         """Ends a step and returns the number of steps completed. The servers learn the new clock
@@ -235,17 +255,27 @@ class Client:
         self._c.finish()
 
     def close(self):
-        if self._c is not None:
+        """Finishes (as finish()) and lets go of the connections; later calls raise
+        ps.FailedPrecondition. Idempotent."""
+        if not isinstance(self._c, _Closed):
             try:
                 self._c.finish()
             finally:
-                self._c = None
+                self._c = _Closed()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        # The body's exception is the one to see: a failure to finish (servers gone, often
+        # the same cause) does not replace it.
+        try:
+            self.close()
+        except Error:
+            pass
 
 
 def load_data(config, overrides=()):

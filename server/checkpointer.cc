@@ -2,8 +2,10 @@
 
 #include <malloc.h>
 
+#include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -37,17 +39,12 @@ Checkpointer::~Checkpointer() { Stop(); }
 absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) {
   absl::ReaderMutexLock store_lock(&store_mu_);
   if (store_ == nullptr) return absl::FailedPreconditionError("checkpoint store is not open");
-  absl::StatusOr<std::vector<storage::CheckpointInfo>> listed = store_->List();
-  if (!listed.ok() && absl::IsDataLoss(listed.status()) && !id.has_value()) {
-    // An unreadable commit record (of any checkpoint) fails the list: try the newest alone.
-    LOG(ERROR) << "listing checkpoints: " << listed.status() << "; trying the newest one";
-    ASSIGN_OR_RETURN(std::optional<storage::CheckpointInfo> latest, store_->Latest());
-    listed = std::vector<storage::CheckpointInfo>();
-    if (latest.has_value()) listed->push_back(*std::move(latest));
-  }
-  RETURN_IF_ERROR(listed.status());
-  const std::vector<storage::CheckpointInfo>& all = *listed;
+  // A checkpoint whose commit record does not read is passed over as one that fails
+  // verification is (before 2026-12-05 the newest one's failed the restore as a whole).
+  std::vector<absl::Status> unreadable;
+  ASSIGN_OR_RETURN(const std::vector<storage::CheckpointInfo> all, store_->List(&unreadable));
   RestoreReport report;
+  for (const absl::Status& s : unreadable) LOG(ERROR) << "passing over a checkpoint: " << s;
   if (id.has_value()) {
     for (const storage::CheckpointInfo& c : all) {
       if (c.id == *id) {
@@ -55,9 +52,14 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
         return report;
       }
     }
+    const std::string prefix = absl::StrCat("checkpoint ", *id, ":");
+    for (const absl::Status& s : unreadable) {
+      if (absl::StrContains(s.message(), prefix)) return s;
+    }
     return absl::NotFoundError(
         absl::StrCat("no complete checkpoint ", *id, " in ", options_.data_dir));
   }
+  report.skipped = unreadable;
   // Newest first; a checkpoint that fails verification is passed over, never loaded.
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     absl::Status status = RestoreOne(*it, &report);
@@ -116,6 +118,7 @@ absl::Status Checkpointer::ReopenStoreIfFailed() {
     if (store_ != nullptr && !store_->NeedsReopen()) return absl::OkStatus();
   }
   absl::MutexLock store_lock(&store_mu_);
+  if (reopen_hook_) reopen_hook_();
   // Closed first: RocksDB's lock file admits one open store per directory.
   store_.reset();
   ASSIGN_OR_RETURN(store_, OpenStore(options_), "reopen after a failed checkpoint");
@@ -205,11 +208,14 @@ void Checkpointer::Loop() {
 }
 
 void Checkpointer::FillStats(StatsResponse* out) {
-  {
-    absl::ReaderMutexLock store_lock(&store_mu_);
-    if (store_ != nullptr) out->set_storage_bytes(store_->ApproximateSizeBytes());
+  std::optional<uint64_t> bytes;
+  if (store_mu_.ReaderTryLock()) {
+    if (store_ != nullptr) bytes = store_->ApproximateSizeBytes();
+    store_mu_.ReaderUnlock();
   }
   absl::MutexLock lock(&mu_);
+  if (bytes.has_value()) storage_bytes_ = *bytes;
+  if (storage_bytes_ > 0) out->set_storage_bytes(storage_bytes_);
   out->set_last_checkpoint_id(last_id_);
   if (last_id_ != 0) {
     out->set_last_checkpoint_age_s(absl::ToDoubleSeconds(absl::Now() - last_time_));

@@ -5,6 +5,7 @@
 #define PS_SERVER_CHECKPOINTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,12 +77,17 @@ class Checkpointer {
   // Stops it (a checkpoint in progress completes first).
   void Stop();
 
-  // Last checkpoint (id, age, duration), checkpoints written and failed, storage size.
+  // Last checkpoint (id, age, duration), checkpoints written and failed, storage size. Never
+  // waits for the store: while it is reopened (after a failed checkpoint; as long as RocksDB
+  // takes to open) the storage size is the last one read. (Stats is served on the data path's
+  // thread: it waited for the whole reopen, and so did every call behind it.)
   void FillStats(StatsResponse* out);
   const RestoreReport& restored() const { return restored_; }
 
   // Makes the next checkpoint find its store failed, as after a write error.
   void FailStoreForTest(const absl::Status& status);
+  // Called by a reopen of the store while it holds the store's lock (to hold it there).
+  void SetReopenHookForTest(std::function<void()> hook) { reopen_hook_ = std::move(hook); }
 
  private:
   Checkpointer(Shard* shard, const CheckpointerOptions& options,
@@ -110,8 +116,10 @@ class Checkpointer {
   uint64_t last_updates_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t storage_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // as last read by FillStats
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  std::function<void()> reopen_hook_;  // set before the checkpoints it is for
 };
 
 }  // namespace ps::server

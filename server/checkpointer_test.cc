@@ -3,9 +3,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/config/config.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -44,6 +47,21 @@ class CheckpointerTest : public ::testing::Test {
                                                             ->name());
   }
   std::unique_ptr<Shard> NewShard() { return *Shard::Create(config_, ShardOptions{}); }
+  // Checkpoint `first` after 3 steps (the values then in `at_first`), `second` after 2 more.
+  void WriteTwoCheckpoints(uint64_t* first, uint64_t* second, std::vector<float>* at_first) {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    Train(shard.get(), 3);
+    auto one = c->CheckpointNow();
+    ASSERT_THAT(one.status(), IsOk());
+    *first = one->checkpoint_id();
+    *at_first = Values(shard.get());
+    Train(shard.get(), 2);
+    auto two = c->CheckpointNow();
+    ASSERT_THAT(two.status(), IsOk());
+    *second = two->checkpoint_id();
+  }
+
   std::unique_ptr<Checkpointer> NewCheckpointer(Shard* shard) {
     CheckpointerOptions options;
     options.data_dir = dir_;
@@ -180,19 +198,7 @@ void DamageRecord(const std::string& dir, uint64_t id, const std::string& key) {
 TEST_F(CheckpointerTest, RestoreLatestSkipsACorruptNewestCheckpointForTheNewestGoodOne) {
   uint64_t first_id = 0, second_id = 0;
   std::vector<float> at_first;
-  {
-    auto shard = NewShard();
-    auto c = NewCheckpointer(shard.get());
-    Train(shard.get(), 3);
-    auto first = c->CheckpointNow();
-    ASSERT_THAT(first.status(), IsOk());
-    first_id = first->checkpoint_id();
-    at_first = Values(shard.get());
-    Train(shard.get(), 2);
-    auto second = c->CheckpointNow();
-    ASSERT_THAT(second.status(), IsOk());
-    second_id = second->checkpoint_id();
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
   DamageRecord(dir_, second_id, std::string("w\0\0\0\0\1", 6));
   auto fresh = NewShard();
   auto c = NewCheckpointer(fresh.get());
@@ -210,6 +216,77 @@ TEST_F(CheckpointerTest, RestoreLatestSkipsACorruptNewestCheckpointForTheNewestG
   c.reset();
   auto c2 = NewCheckpointer(other.get());
   EXPECT_THAT(c2->Restore(second_id).status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+// A newest checkpoint whose commit record does not read is passed over too. Before
+// 2026-12-05 the restore failed as a whole (DATA_LOSS), older good checkpoints unused.
+TEST_F(CheckpointerTest, RestoreLatestSkipsACheckpointWhoseCommitRecordDoesNotRead) {
+  uint64_t first_id = 0, second_id = 0;
+  std::vector<float> at_first;
+  ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
+  {
+    storage::CheckpointStoreOptions options;
+    options.path = dir_;
+    auto store = storage::CheckpointStore::Open(options);
+    ASSERT_THAT(store.status(), IsOk());
+    ASSERT_THAT((*store)->PutCommitRecordForTest(second_id, "not a commit record"), IsOk());
+  }
+  auto fresh = NewShard();
+  auto c = NewCheckpointer(fresh.get());
+  auto report = c->Restore();
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_EQ(report->checkpoint_id, first_id);
+  ASSERT_EQ(report->skipped.size(), 1u);
+  EXPECT_THAT(report->skipped[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("checkpoint ", second_id, ": commit record"))));
+  EXPECT_THAT(Values(fresh.get()), ElementsAreArray(at_first));
+  // Asked for by id: the damaged one is refused, the good one restores.
+  c.reset();
+  auto other = NewShard();
+  auto c2 = NewCheckpointer(other.get());
+  EXPECT_THAT(c2->Restore(second_id).status(), StatusIs(absl::StatusCode::kDataLoss));
+  c2.reset();
+  auto third = NewShard();
+  auto c3 = NewCheckpointer(third.get());
+  auto by_id = c3->Restore(first_id);
+  ASSERT_THAT(by_id.status(), IsOk());
+  EXPECT_THAT(Values(third.get()), ElementsAreArray(at_first));
+}
+
+// Stats during a reopen of the store (after a failed checkpoint) do not wait for it: the
+// data path's thread serves them. Here the reopen is held while it holds the store's lock.
+// Before 2026-12-05 FillStats waited for it.
+TEST_F(CheckpointerTest, StatsDoNotWaitForAReopenOfTheStore) {
+  auto shard = NewShard();
+  auto c = NewCheckpointer(shard.get());
+  Train(shard.get(), 2);
+  ASSERT_THAT(c->CheckpointNow().status(), IsOk());
+  StatsResponse before;
+  c->FillStats(&before);
+  ASSERT_GT(before.storage_bytes(), 0u);
+  c->FailStoreForTest(absl::ResourceExhaustedError("No space left on device"));
+  absl::Notification reopening, go_on;
+  c->SetReopenHookForTest([&] {
+    reopening.Notify();
+    go_on.WaitForNotification();
+  });
+  std::thread checkpoint([&c] { EXPECT_THAT(c->CheckpointNow().status(), IsOk()); });
+  reopening.WaitForNotification();
+  absl::Notification filled;
+  StatsResponse during;
+  std::thread stats([&] {
+    c->FillStats(&during);
+    filled.Notify();
+  });
+  // (A bound for a hang, not a speed: FillStats returns at once or only after the reopen.)
+  EXPECT_TRUE(filled.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "Stats waited for the reopen";
+  go_on.Notify();
+  checkpoint.join();
+  stats.join();
+  EXPECT_EQ(during.storage_bytes(), before.storage_bytes());
+  EXPECT_EQ(during.checkpoints_written(), 1u);
 }
 
 TEST_F(CheckpointerTest, CheckpointAfterAFailedOneReopensTheStoreAndIsReadable) {

@@ -56,12 +56,12 @@ absl::StatusOr<CheckpointMeta> Shard::Snapshot(const SnapshotSink& sink, size_t 
       tc->set_optimizer_kind(static_cast<int>(t->optimizer().kind));
       tc->set_num_slots(t->num_slots());
       tc->set_updates_applied(t->updates_applied());
+      tc->set_rows(t->NumRows());  // at the cut, as the records are
     }
   }
   absl::Status status;
   for (size_t i = 0; i < tables_.size() && status.ok(); ++i) {
     status = tables_[i]->WriteSnapshot(record_bytes);
-    meta.mutable_tables(i)->set_rows(tables_[i]->NumRows());
   }
   {
     // Updates stop writing through before the sinks go away.
@@ -124,6 +124,12 @@ absl::Status Shard::RestoreRecord(absl::string_view key, absl::string_view value
 
 void Shard::EndRestore(const CheckpointMeta& meta) {
   workers_.Restore({meta.workers().begin(), meta.workers().end()});
+  for (const auto& tc : meta.tables()) {
+    // (BeginRestore checked that every table of the checkpoint is the config's.)
+    if (auto it = by_name_.find(tc.name()); it != by_name_.end()) {
+      it->second->set_updates_applied(tc.updates_applied());
+    }
+  }
   absl::MutexLock lock(&stats_mu_);
   updates_applied_ = meta.updates_applied();
 }

@@ -423,6 +423,15 @@ TEST(Shard, SnapshotRoundTripIsBitwiseWithAdamSlots) {
   auto meta = SnapshotTo(*shard, &records);
   ASSERT_THAT(meta.status(), IsOk());
   auto restored = RestoreFrom(config, *meta, records);
+  // Each table's count of updates comes back too (it restarted at 0 before 2026-12-05).
+  StatsResponse before, after;
+  shard->FillStats(&before);
+  restored->FillStats(&after);
+  ASSERT_EQ(after.tables_size(), before.tables_size());
+  for (int i = 0; i < before.tables_size(); ++i) {
+    EXPECT_GT(before.tables(i).updates_applied(), 0u);
+    EXPECT_EQ(after.tables(i).updates_applied(), before.tables(i).updates_applied());
+  }
   auto store2 = *InProcessParameterStore::Create({restored.get()}, {});
   EXPECT_THAT(PullDense(*store2, "w", 10), ElementsAreArray(PullDense(*store, "w", 10)));
   EXPECT_THAT(PullRows(*store2, {1, 2, 3, 4}), ElementsAreArray(PullRows(*store, {1, 2, 3, 4})));

@@ -27,6 +27,11 @@ uint64_t TablePart::updates_applied() const {
   return updates_applied_;
 }
 
+void TablePart::set_updates_applied(uint64_t n) {
+  absl::MutexLock lock(&counter_mu_);
+  updates_applied_ = n;
+}
+
 void TablePart::CountUpdate() {
   absl::MutexLock lock(&counter_mu_);
   ++updates_applied_;

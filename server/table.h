@@ -103,6 +103,8 @@ class TablePart {
   virtual absl::Status RestoreRecord(absl::string_view key, absl::string_view value) = 0;
 
   uint64_t updates_applied() const;
+  // The count a checkpoint saved (restore).
+  void set_updates_applied(uint64_t n);
 
  protected:
   void CountUpdate();

@@ -657,13 +657,18 @@ absl::StatusOr<std::optional<CheckpointInfo>> CheckpointStore::Latest() {
   return std::optional<CheckpointInfo>(std::move(record->info));
 }
 
-absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List() {
+absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List(
+    std::vector<absl::Status>* unreadable) {
   std::vector<CheckpointInfo> result;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), meta_cf_.get()));
   for (it->Seek(std::string(1, kCommitTag)); it->Valid() && IsCommitKey(ToView(it->key()));
        it->Next()) {
     const uint64_t id = DecodeBigEndian64(it->key().data() + 1);
     absl::StatusOr<CommitRecord> record = DecodeCommitRecord(id, ToView(it->value()));
+    if (!record.ok() && unreadable != nullptr) {
+      unreadable->push_back(Error(record.status()));
+      continue;
+    }
     if (!record.ok()) return Error(record.status());
     result.push_back(std::move(record->info));
   }
@@ -702,6 +707,11 @@ absl::Status CheckpointStore::PutRawRecordForTest(uint64_t id, absl::string_view
   stored.append(value.data(), value.size());
   return Error(
       FromRocksDbStatus(db_->Put(rocksdb::WriteOptions(), cf.get(), ToSlice(key), stored)));
+}
+
+absl::Status CheckpointStore::PutCommitRecordForTest(uint64_t id, absl::string_view raw) {
+  return Error(FromRocksDbStatus(
+      db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), CommitKey(id), ToSlice(raw))));
 }
 
 absl::Status CheckpointStore::DeleteRecordForTest(uint64_t id, absl::string_view key) {

@@ -233,7 +233,10 @@ class CheckpointStore {
 
   // All complete checkpoints, by increasing id.
   // Errors: DATA_LOSS (a commit record is corrupt; the message names its id), UNAVAILABLE (I/O).
-  [[nodiscard]] absl::StatusOr<std::vector<CheckpointInfo>> List();
+  // With `unreadable`, a corrupt commit record is left out and its DATA_LOSS appended there
+  // instead (the checkpoints whose records read are still listed).
+  [[nodiscard]] absl::StatusOr<std::vector<CheckpointInfo>> List(
+      std::vector<absl::Status>* unreadable = nullptr);
 
   // Calls `visit` with every record of checkpoint `id`, in increasing key order (bytewise),
   // checking each record's checksum before handing it out, and the record count, byte count
@@ -261,6 +264,8 @@ class CheckpointStore {
                                                  absl::string_view value,
                                                  std::optional<uint32_t> checksum);
   [[nodiscard]] absl::Status DeleteRecordForTest(uint64_t id, absl::string_view key);
+  // Replaces checkpoint `id`'s commit record with `raw` bytes.
+  [[nodiscard]] absl::Status PutCommitRecordForTest(uint64_t id, absl::string_view raw);
   // Makes the store behave as after a failed checkpoint write (NeedsReopen()).
   void MarkWriteFailedForTest(const absl::Status& status) { MarkWriteFailed(status); }
   // Number of records stored for any checkpoint id, complete or not.

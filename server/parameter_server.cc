@@ -309,6 +309,7 @@ absl::Status ParameterServer::Start() {
   grpc_options.address = absl::StrCat(options_.host, ":", options_.port);
   grpc_options.max_message_bytes = config_.server().max_message_bytes();
   grpc_options.max_concurrent_streams = static_cast<int>(config_.server().max_concurrent_streams());
+  grpc_options.handshake_timeout = absl::Seconds(config_.server().handshake_timeout_s());
   grpc_options.busy_poll = absl::Microseconds(config_.server().busy_poll_us());
   grpc_options.data_threads = DataThreads(config_, common::UsableCores());
   LOG(INFO) << "serving the data path on " << grpc_options.data_threads << " thread"

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
+#include "common/metrics/testing.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,6 +55,7 @@ constexpr char kTablesConfig[] = R"pb(
     optimizer { kind: SGD learning_rate: 0.5 }
   }
   checkpoint { interval_s: 0 }
+  server { handshake_timeout_s: 1 }
 )pb";
 
 std::string SecurityText(const SecurityConfig& s) {
@@ -295,6 +297,18 @@ TEST_F(SecurityE2eTest, ClientCertificateWithoutARoleMayReadButNotAct) {
   ASSERT_NE(store, nullptr);
   EXPECT_THAT(PushOnes(store.get()), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(Pull(store.get(), nullptr), StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
+// A peer that connects and sends nothing (no ClientHello: no certificate asked for yet) is
+// disconnected after server.handshake_timeout_s (1 s here). Before 2026-12-05 it held its
+// descriptor and memory for gRPC's default of 120 s; thousands of them ran the server out of
+// descriptors.
+TEST_F(SecurityE2eTest, APeerThatNeverHandshakesIsDisconnected) {
+  const int port = std::stoi(address_->substr(address_->rfind(':') + 1));
+  // Sends nothing and reads until the server closes (30 s: a safety net, not an assertion).
+  absl::StatusOr<std::string> got = common::metrics::testing::SendRaw(port, "", absl::Seconds(30));
+  ASSERT_THAT(got.status(), IsOk());  // DEADLINE_EXCEEDED: still open after 30 s
+  EXPECT_EQ(*got, "");
 }
 
 TEST_F(SecurityE2eTest, PlaintextClientIsUnavailable) {

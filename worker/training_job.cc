@@ -19,6 +19,26 @@
 #include "worker/models/model_factory.h"
 
 namespace ps::worker {
+namespace {
+
+// An MLP's data against its output layer, before any step: a label beyond it would fail only
+// when its example is drawn, possibly hours into the run and after many pushes.
+absl::Status CheckLabelsFitTheModel(const JobConfig& config, const LoadedData& data) {
+  if (!config.model().has_mlp()) return absl::OkStatus();
+  const int64_t classes = config.model().mlp().num_classes();
+  for (const auto& [name, set] :
+       {std::pair<const char*, const Dataset*>{"training", data.train.get()},
+        {"test", data.test.get()}}) {
+    if (set != nullptr && set->num_classes() > classes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the ", name, " data's labels go up to ", set->num_classes() - 1,
+                       ", beyond the model's classes (model.mlp.num_classes ", classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(
     const JobConfig& config, const TrainingJobOptions& options, const StoreFactory& make_store) {
@@ -76,6 +96,7 @@ absl::Status TrainingJob::Build(const StoreFactory& make_store) {
   data_ = std::make_unique<LoadedData>(std::move(data));
   LOG(INFO) << "data: " << data_->train->size() << " training examples, "
             << (data_->test ? data_->test->size() : 0) << " test examples";
+  RETURN_IF_ERROR(CheckLabelsFitTheModel(config_, *data_));
   ASSIGN_OR_RETURN(model_, CreateModel(config_, backend_, config_.training().batch_size()));
   ASSIGN_OR_RETURN(store_, make_store(config_, &metrics_));
 

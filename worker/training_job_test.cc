@@ -1,9 +1,13 @@
 #include "worker/training_job.h"
 
+#include <cstdint>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config/config.h"
 #include "common/status_matchers.h"
@@ -137,6 +141,63 @@ TEST(TrainingJob, RefusesAWorkerIndexOutsideTheJob) {
   EXPECT_THAT(MakeJob(options, {}, &store).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("out of range")));
   EXPECT_EQ(store, nullptr);  // refused before any store was made
+}
+
+// IDX bytes: images of 1 x 2 pixels, one label each.
+std::string IdxImages(int n) {
+  std::string b("\0\0\x08\x03", 4);
+  for (uint32_t v : {static_cast<uint32_t>(n), 1u, 2u}) {
+    for (int shift = 24; shift >= 0; shift -= 8) b.push_back(static_cast<char>(v >> shift));
+  }
+  return b + std::string(2 * n, '\x10');
+}
+std::string IdxLabels(const std::vector<uint8_t>& labels) {
+  std::string b("\0\0\x08\x01", 4);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    b.push_back(static_cast<char>(labels.size() >> shift));
+  }
+  for (uint8_t l : labels) b.push_back(static_cast<char>(l));
+  return b;
+}
+
+// Labels beyond the model's classes are refused when the job is made, before any step (they
+// failed only when their example was drawn before 2026-12-05).
+TEST(TrainingJob, RefusesLabelsBeyondTheModelsClasses) {
+  const std::string dir = ::testing::TempDir();
+  std::ofstream(dir + "/images.idx") << IdxImages(2);
+  std::ofstream(dir + "/labels.idx") << IdxLabels({3, 11});
+  JobConfig config;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        name: "labels-test"
+        cluster { num_servers: 1 num_workers: 1 }
+        model { mlp { input_dim: 2 num_classes: 10 } }
+        default_optimizer { kind: SGD learning_rate: 0.1 }
+        data { format: IDX }
+        training { batch_size: 2 epochs: 1 device: "cpu" }
+        security { plaintext: true }
+      )pb",
+      &config));
+  config.mutable_data()->set_train_images(dir + "/images.idx");
+  config.mutable_data()->set_train_labels(dir + "/labels.idx");
+  ASSERT_TRUE(common::ExpandModelTables(&config).ok());
+  ASSERT_TRUE(common::ValidateJobConfig(config).ok());
+  bool store_made = false;
+  auto job = TrainingJob::Create(
+      config, TrainingJobOptions{},
+      [&](const JobConfig& c,
+          common::metrics::Registry*) -> absl::StatusOr<std::unique_ptr<common::ParameterStore>> {
+        store_made = true;
+        const std::vector<TableConfig> tables(c.tables().begin(), c.tables().end());
+        auto fake = FakeParameterStore::ForTables(tables);
+        if (!fake.ok()) return fake.status();
+        return std::unique_ptr<common::ParameterStore>(std::move(*fake));
+      });
+  EXPECT_THAT(job.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(::testing::HasSubstr("up to 11"),
+                                        ::testing::HasSubstr("model.mlp.num_classes"))));
+  EXPECT_FALSE(store_made);
 }
 
 TEST(TrainingJob, RefusesAnUnknownEvalMode) {

@@ -218,6 +218,9 @@ void ValidateData(const ps::JobConfig& config, Errors* errors) {
                     "required with the other test file");
       }
       Positive(errors, "data.pixel_scale", data.pixel_scale());
+      if (data.pixel_scale() > 0 && !std::isfinite(255.0f / data.pixel_scale())) {
+        errors->Add("data.pixel_scale", "so small that 255 / it overflows float32");
+      }
       if (config.model().has_ctr()) errors->Add("data.format", "IDX needs model.mlp, not ctr");
       break;
     case ps::DataConfig::LIBSVM:
@@ -300,6 +303,7 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
   // gRPC takes it as an int, as it takes message limits.
   MessageLimit(errors, "server.max_concurrent_streams", server.max_concurrent_streams());
   Positive(errors, "server.max_pool_requests", server.max_pool_requests());
+  Positive(errors, "server.handshake_timeout_s", server.handshake_timeout_s());
   Positive(errors, "server.max_pool_request_bytes",
            static_cast<double>(server.max_pool_request_bytes()));
   Positive(errors, "server.max_unsent_answer_bytes",

@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
         "max_concurrent_streams is ", options.max_concurrent_streams, ": expected > 0"));
   }
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(options.handshake_timeout), 1, INT_MAX)));
   service->ServeFromQueue();
   builder.RegisterService(service);
   builder.RegisterAsyncGenericService(service->health_service());

@@ -49,6 +49,9 @@ struct GrpcServerOptions {
   // lets one thread at a time poll the connections, and while another sleeps in the queue
   // as that poller, the wake-ups polling is for are paid anyway.
   absl::Duration busy_poll = absl::ZeroDuration();
+  // How long a new connection may take to finish its handshake (server.handshake_timeout_s):
+  // after it, a peer that sent nothing (or half a TLS ClientHello) is disconnected.
+  absl::Duration handshake_timeout = absl::Seconds(10);
 };
 
 // Thread-safe. STARTED by Start(); Shutdown() then Wait() stop it (the destructor does both).

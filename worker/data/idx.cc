@@ -187,9 +187,10 @@ absl::StatusOr<std::vector<float>> ReadImages(FileReader& file, const IdxHeader&
 absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& images,
                                                         const std::string& labels,
                                                         float pixel_scale, int num_classes) {
-  if (!std::isfinite(pixel_scale) || pixel_scale <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pixel_scale must be finite and > 0, got ", pixel_scale));
+  // (255 / pixel_scale must be a float too: a tiny scale made every lit pixel infinite.)
+  if (!std::isfinite(pixel_scale) || pixel_scale <= 0 || !std::isfinite(255.0f / pixel_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pixel_scale must be finite and > 0, with 255 / pixel_scale finite; got ", pixel_scale));
   }
   if (num_classes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_classes must be >= 0, got ", num_classes));

@@ -192,6 +192,9 @@ TEST(LoadIdxDataset, RejectsBadPixelScale) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pixel_scale")));
   EXPECT_THAT(LoadIdxDataset(f.images, f.labels, -1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pixel_scale")));
+  // So small that a lit pixel over it overflows float32 (every one was +inf before 2026-12-05).
+  EXPECT_THAT(LoadIdxDataset(f.images, f.labels, 1e-38f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pixel_scale")));
 }
 
 bool Exists(const std::string& path) { return std::ifstream(path).good(); }

@@ -42,9 +42,11 @@ absl::StatusOr<LoadedData> LoadIdx(const ps::DataConfig& data) {
   RETURN_IF_ERROR(Required(data.train_labels(), "train_labels", "IDX"));
   RETURN_IF_ERROR(
       BothOrNeither(data.test_images(), "test_images", data.test_labels(), "test_labels"));
-  if (!std::isfinite(data.pixel_scale()) || data.pixel_scale() <= 0) {
+  if (!std::isfinite(data.pixel_scale()) || data.pixel_scale() <= 0 ||
+      !std::isfinite(255.0f / data.pixel_scale())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("data.pixel_scale must be finite and > 0, got ", data.pixel_scale()));
+        absl::StrCat("data.pixel_scale must be finite and > 0, with 255 / pixel_scale finite; got ",
+                     data.pixel_scale()));
   }
   LoadedData loaded;
   ASSIGN_OR_RETURN(loaded.train,

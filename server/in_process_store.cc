@@ -285,7 +285,9 @@ absl::StatusOr<common::WorkerPosition> InProcessParameterStore::ReportPosition(u
   for (Shard* shard : shards_) {
     WorkerTracker& workers = shard->workers();
     RETURN_IF_ERROR(workers.Touch(options_.worker_id, options_.worker_incarnation));
-    if (offset > 0 || epoch > 0) workers.SetDataPosition(options_.worker_id, offset, epoch);
+    if (offset > 0 || epoch > 0) {
+      workers.SetDataPosition(options_.worker_id, options_.worker_incarnation, offset, epoch);
+    }
     const std::optional<WorkerCheckpoint> w = workers.Get(options_.worker_id);
     if (!w.has_value()) continue;
     if (std::make_pair(w->epoch(), w->data_offset()) > std::make_pair(saved.epoch, saved.offset)) {

@@ -232,11 +232,14 @@ absl::Status WorkerTracker::CheckPullClock(int32_t worker, int64_t clock,
       "pushed here is ", newest, ": no push can let it through"));
 }
 
-void WorkerTracker::SetDataPosition(int32_t worker, uint64_t offset, uint32_t epoch) {
+bool WorkerTracker::SetDataPosition(int32_t worker, uint64_t incarnation, uint64_t offset,
+                                    uint32_t epoch) {
   absl::MutexLock lock(&mu_);
-  Worker& w = workers_[worker];
-  w.data_offset = offset;
-  w.epoch = epoch;
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || it->second.incarnation != incarnation) return false;
+  it->second.data_offset = offset;
+  it->second.epoch = epoch;
+  return true;
 }
 
 bool WorkerTracker::Live(const Worker& w, absl::Time now) const {
@@ -557,27 +560,30 @@ void WorkerTracker::FillStats(std::vector<WorkerClock>* out) const {
   }
 }
 
+WorkerCheckpoint WorkerTracker::SaveWorker(int32_t id, const Worker& w) {
+  WorkerCheckpoint c;
+  c.set_worker_id(id);
+  c.set_incarnation(w.incarnation);
+  c.set_clock(w.clock);
+  c.set_applied_floor(w.floor);
+  for (uint64_t s : w.above) c.add_applied_above(s);
+  for (const auto& [first, last] : w.given_up) {
+    SequenceRange* r = c.add_given_up();
+    r->set_first(first);
+    r->set_last(last);
+  }
+  c.set_given_up_through(w.unknown_through);
+  c.set_data_offset(w.data_offset);
+  c.set_epoch(w.epoch);
+  c.set_finished(w.finished);
+  return c;
+}
+
 std::vector<WorkerCheckpoint> WorkerTracker::Save() const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerCheckpoint> out;
   for (const auto& [id, w] : workers_) {
-    if (!w.seen) continue;
-    WorkerCheckpoint c;
-    c.set_worker_id(id);
-    c.set_incarnation(w.incarnation);
-    c.set_clock(w.clock);
-    c.set_applied_floor(w.floor);
-    for (uint64_t s : w.above) c.add_applied_above(s);
-    for (const auto& [first, last] : w.given_up) {
-      SequenceRange* r = c.add_given_up();
-      r->set_first(first);
-      r->set_last(last);
-    }
-    c.set_given_up_through(w.unknown_through);
-    c.set_data_offset(w.data_offset);
-    c.set_epoch(w.epoch);
-    c.set_finished(w.finished);
-    out.push_back(std::move(c));
+    if (w.seen) out.push_back(SaveWorker(id, w));
   }
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a.worker_id() < b.worker_id(); });
@@ -628,10 +634,18 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
 }
 
 std::optional<WorkerCheckpoint> WorkerTracker::Get(int32_t worker) const {
-  for (const auto& c : Save()) {
-    if (c.worker_id() == worker) return c;
-  }
-  return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || !it->second.seen) return std::nullopt;
+  return SaveWorker(worker, it->second);
+}
+
+std::optional<WorkerTracker::Position> WorkerTracker::PositionOf(int32_t worker) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || !it->second.seen) return std::nullopt;
+  return Position{it->second.incarnation, it->second.data_offset, it->second.epoch,
+                  it->second.clock};
 }
 
 }  // namespace ps::server

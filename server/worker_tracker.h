@@ -149,7 +149,10 @@ class WorkerTracker {
   // server has no record of): FAILED_PRECONDITION for any other, so a finish cannot come
   // with a new incarnation of its own; INVALID_ARGUMENT for an id outside the job.
   absl::Status Finish(int32_t worker, uint64_t incarnation);
-  void SetDataPosition(int32_t worker, uint64_t offset, uint32_t epoch);
+  // Records where the worker's incarnation `incarnation` is in its data; false (nothing
+  // changed) when the worker is unknown or at another incarnation: a late heartbeat of a
+  // process that was replaced does not move its successor's position.
+  bool SetDataPosition(int32_t worker, uint64_t incarnation, uint64_t offset, uint32_t epoch);
 
   // OK when a pull at `clock` can be served by pushes that may come: INVALID_ARGUMENT when
   // clock - staleness is more than kPullClockLead beyond the newest clock any worker has
@@ -240,8 +243,17 @@ class WorkerTracker {
   void Restore(const std::vector<WorkerCheckpoint>& workers);
   // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
   absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;
-  // Saved position of a worker (for a restarted worker), if any.
+  // Saved state of a worker (as Save gives it), if any.
   std::optional<WorkerCheckpoint> Get(int32_t worker) const;
+  // Where a worker is (for a restarted worker, in each heartbeat's answer), if known: without
+  // copying its exactly-once state, as Get does.
+  struct Position {
+    uint64_t incarnation = 0;
+    uint64_t data_offset = 0;
+    uint32_t epoch = 0;
+    int64_t clock = 0;
+  };
+  std::optional<Position> PositionOf(int32_t worker) const;
 
  private:
   struct Worker {
@@ -266,6 +278,7 @@ class WorkerTracker {
     // Pushes admitted and not applied yet (at most the worker's calls in flight).
     absl::flat_hash_set<uint64_t> applying;
   };
+  static WorkerCheckpoint SaveWorker(int32_t id, const Worker& w);
   struct Waiter {
     int32_t worker;
     uint64_t incarnation;

@@ -430,13 +430,31 @@ TEST(WorkerTracker, AllFinishedOnlyWhenEveryWorkerFinished) {
   EXPECT_FALSE(t.AllFinished());
 }
 
+// A late heartbeat of a replaced process does not move its successor's data position (it did
+// before 2026-12-05: the position was set after the incarnation check, without one).
+TEST(WorkerTracker, OnlyTheCurrentIncarnationSetsTheDataPosition) {
+  WorkerTracker t(Options(2, std::nullopt));
+  ASSERT_TRUE(t.Touch(0, 1).ok());
+  ASSERT_TRUE(t.SetDataPosition(0, 1, 100, 1));
+  ASSERT_TRUE(t.Touch(0, 2).ok());
+  ASSERT_TRUE(t.SetDataPosition(0, 2, 300, 2));
+  EXPECT_FALSE(t.SetDataPosition(0, 1, 200, 1));  // the old process, late
+  EXPECT_FALSE(t.SetDataPosition(1, 1, 50, 1));   // a worker never heard from
+  const auto position = t.PositionOf(0);
+  ASSERT_TRUE(position.has_value());
+  EXPECT_EQ(position->incarnation, 2u);
+  EXPECT_EQ(position->data_offset, 300u);
+  EXPECT_EQ(position->epoch, 2u);
+  EXPECT_FALSE(t.PositionOf(1).has_value());
+}
+
 TEST(WorkerTracker, SaveAndRestoreKeepExactlyOnceState) {
   WorkerTracker t(Options(2, std::nullopt));
   ASSERT_EQ(*t.Admit(0, 9, 1), Admission::kApply);
   ASSERT_EQ(*t.Admit(0, 9, 2), Admission::kApply);
   ASSERT_EQ(*t.Admit(0, 9, 5), Admission::kApply);
   t.AdvanceClock(0, 9, 4);
-  t.SetDataPosition(0, 640, 2);
+  ASSERT_TRUE(t.SetDataPosition(0, 9, 640, 2));
   WorkerTracker restored(Options(2, std::nullopt));
   restored.Restore(t.Save());
   EXPECT_EQ(*restored.Admit(0, 9, 2), Admission::kDuplicate);

@@ -108,12 +108,13 @@ absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
     RETURN_IF_ERROR(workers.Touch(h.worker_id(), h.worker_incarnation(), h.done_clock()));
   }
   if (request.data_offset() > 0 || request.epoch() > 0) {
-    workers.SetDataPosition(h.worker_id(), request.data_offset(), request.epoch());
+    workers.SetDataPosition(h.worker_id(), h.worker_incarnation(), request.data_offset(),
+                            request.epoch());
   }
-  if (auto saved = workers.Get(h.worker_id()); saved.has_value()) {
-    response->set_data_offset(saved->data_offset());
-    response->set_epoch(saved->epoch());
-    response->set_clock(saved->clock());
+  if (auto saved = workers.PositionOf(h.worker_id()); saved.has_value()) {
+    response->set_data_offset(saved->data_offset);
+    response->set_epoch(saved->epoch);
+    response->set_clock(saved->clock);
   }
   return absl::OkStatus();
 }

@@ -399,8 +399,8 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   }
   // Nor to an incarnation the server has heard a newer one of (a process fenced off): its
   // call is refused after this, and the segment it replaced would close the live one's.
-  if (std::optional<WorkerCheckpoint> known = shard_->workers().Get(worker_id);
-      known.has_value() && known->incarnation() > info.worker_incarnation) {
+  if (std::optional<WorkerTracker::Position> known = shard_->workers().PositionOf(worker_id);
+      known.has_value() && known->incarnation > info.worker_incarnation) {
     return false;
   }
   {

@@ -125,6 +125,25 @@ absl::Status Status(std::vector<Server>& servers) {
   return absl::OkStatus();
 }
 
+// A server's failure, printed as it is found (stderr); the others' results still follow.
+void ReportFailure(const absl::Status& status) {
+  std::fprintf(stderr, "psctl: %s\n", status.ToString().c_str());
+}
+
+// OK when every call was; else the first failure's code, saying how many of them failed.
+absl::Status Overall(const std::vector<absl::Status>& statuses, absl::string_view what) {
+  size_t failed = 0;
+  const absl::Status* first = nullptr;
+  for (const absl::Status& s : statuses) {
+    if (s.ok()) continue;
+    ++failed;
+    if (first == nullptr) first = &s;
+  }
+  if (first == nullptr) return absl::OkStatus();
+  return absl::Status(first->code(), absl::StrCat(failed, " of ", statuses.size(), " servers ",
+                                                  what, " (first: ", first->message(), ")"));
+}
+
 absl::Status Checkpoint(std::vector<Server>& servers) {
   std::vector<CheckpointResponse> responses(servers.size());
   std::vector<absl::Status> statuses(servers.size());
@@ -137,7 +156,10 @@ absl::Status Checkpoint(std::vector<Server>& servers) {
   }
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < servers.size(); ++i) {
-    if (!statuses[i].ok()) return statuses[i];
+    if (!statuses[i].ok()) {
+      ReportFailure(statuses[i]);
+      continue;
+    }
     if (absl::GetFlag(FLAGS_json)) {
       std::printf("{\"address\":\"%s\",\"checkpoint\":%s}\n", servers[i].address.c_str(),
                   Json(responses[i]).c_str());
@@ -150,7 +172,7 @@ absl::Status Checkpoint(std::vector<Server>& servers) {
                   responses[i].duration_s());
     }
   }
-  return absl::OkStatus();
+  return Overall(statuses, "did not write the checkpoint");
 }
 
 absl::Status Shutdown(std::vector<Server>& servers) {
@@ -160,14 +182,21 @@ absl::Status Shutdown(std::vector<Server>& servers) {
   if (request.reason().empty()) {
     return absl::InvalidArgumentError("shutdown needs --reason=\"...\" (the servers log it)");
   }
+  // Every server is asked, whatever the others answer: one that is down does not keep the
+  // rest running.
+  std::vector<absl::Status> statuses;
   for (Server& s : servers) {
     ShutdownResponse response;
-    RETURN_IF_ERROR(Call(s, &ParameterServer::Stub::Shutdown, request, &response));
+    statuses.push_back(Call(s, &ParameterServer::Stub::Shutdown, request, &response));
+    if (!statuses.back().ok()) {
+      ReportFailure(statuses.back());
+      continue;
+    }
     std::printf(absl::GetFlag(FLAGS_json) ? "{\"address\":\"%s\",\"shutdown\":true}\n"
                                           : "%s: shutting down\n",
                 s.address.c_str());
   }
-  return absl::OkStatus();
+  return Overall(statuses, "did not take the shutdown");
 }
 
 // Flag ranges, checked before anything is read or dialled: a wrong value is refused with its

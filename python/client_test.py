@@ -605,6 +605,14 @@ class DataTest(unittest.TestCase):
         self.assertEqual(tr["ids"].dtype, np.uint64)
         self.assertEqual(len(tr["ids"]), 900)
         self.assertTrue(set(np.unique(tr["y"])) <= {0.0, 1.0})
+        # Read straight from the dataset (not as one batch, whose offsets are 32-bit): three
+        # features per example, one per field.
+        self.assertEqual(tr["offsets"].dtype, np.int64)
+        self.assertEqual(tr["offsets"].tolist(), list(range(0, 901, 3)))
+        self.assertEqual(tr["values"].dtype, np.float32)
+        self.assertEqual(len(tr["values"]), 900)
+        self.assertEqual(tr["y"].dtype, np.float32)
+        self.assertEqual(len(tr["y"]), 300)
         self.assertGreater(d["ground_truth_auc"], 0.5)
         self.assertEqual(ps.auc([0.1, 0.9, 0.8, 0.2], [0, 1, 1, 0]), 1.0)
         again = ps.load_data(cfg)

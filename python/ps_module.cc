@@ -31,6 +31,7 @@
 #include "pybind11/stl.h"
 #include "python/client.h"
 #include "worker/data/batch.h"
+#include "worker/data/in_memory_dataset.h"
 #include "worker/data/load.h"
 #include "worker/data/metrics.h"
 
@@ -373,18 +374,47 @@ std::unique_ptr<PyClient> MakeClient(const std::string& config_text,
 // One dataset as arrays: dense {"x": (n, d) float32, "y": (n,) int32}; sparse {"offsets":
 // (n+1,) int64, "ids": uint64, "values": float32, "y": float32 (binary) or int32}.
 py::dict DatasetArrays(const worker::Dataset& data) {
+  if (const auto* sparse = dynamic_cast<const worker::SparseDataset*>(&data); sparse != nullptr) {
+    // Straight from the dataset, not as one batch: a batch holds fewer than 2^32 features
+    // (its offsets are 32-bit), and a dataset of more aborted the interpreter.
+    const int64_t n = sparse->size();
+    py::array_t<int64_t> offsets(n + 1);
+    py::array_t<uint64_t> ids(static_cast<py::ssize_t>(sparse->num_entries()));
+    py::array_t<float> values(static_cast<py::ssize_t>(sparse->num_entries()));
+    int64_t* o = offsets.mutable_data();
+    uint64_t* id = ids.mutable_data();
+    float* v = values.mutable_data();
+    int64_t at = 0;
+    o[0] = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      absl::Span<const uint64_t> row_ids = sparse->feature_ids(i);
+      absl::Span<const float> row_values = sparse->feature_values(i);
+      std::copy(row_ids.begin(), row_ids.end(), id + at);
+      std::copy(row_values.begin(), row_values.end(), v + at);
+      at += static_cast<int64_t>(row_ids.size());
+      o[i + 1] = at;
+    }
+    py::dict d;
+    d["offsets"] = offsets;
+    d["ids"] = ids;
+    d["values"] = values;
+    if (sparse->num_classes() == 2) {
+      py::array_t<float> y(n);
+      for (int64_t i = 0; i < n; ++i) y.mutable_data()[i] = static_cast<float>(sparse->label(i));
+      d["y"] = y;
+    } else {
+      py::array_t<int32_t> y(n);
+      for (int64_t i = 0; i < n; ++i) y.mutable_data()[i] = sparse->label(i);
+      d["y"] = y;
+    }
+    return d;
+  }
   std::vector<int64_t> all(data.size());
   for (int64_t i = 0; i < data.size(); ++i) all[i] = i;
   worker::Batch b;
   data.FillBatch(all, &b);
   py::dict d;
-  if (data.is_sparse()) {
-    d["offsets"] = py::array_t<int64_t>(py::array_t<uint32_t>(b.offsets.size(), b.offsets.data()));
-    d["ids"] = py::array_t<uint64_t>(b.feature_ids.size(), b.feature_ids.data());
-    d["values"] = py::array_t<float>(b.feature_values.size(), b.feature_values.data());
-  } else {
-    d["x"] = py::array_t<float>(std::vector<py::ssize_t>{b.size, b.feature_dim}, b.dense.data());
-  }
+  d["x"] = py::array_t<float>(std::vector<py::ssize_t>{b.size, b.feature_dim}, b.dense.data());
   if (!b.binary_labels.empty()) {
     d["y"] = py::array_t<float>(b.binary_labels.size(), b.binary_labels.data());
   } else {

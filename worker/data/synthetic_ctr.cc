@@ -1,5 +1,7 @@
 #include "worker/data/synthetic_ctr.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/hash.h"
 #include "worker/data/in_memory_dataset.h"
 #include "worker/data/metrics.h"
@@ -130,6 +133,19 @@ absl::Status Validate(const ps::SyntheticCtrConfig& c) {
   if (c.num_train() > kMaxExamples || c.num_test() > kMaxExamples) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_train and num_test must be at most 2^40, got ", c.num_train(), " and ", c.num_test()));
+  }
+  // What the examples take (ids and values per field; offset, label and probability per
+  // example), against this machine's memory: refused here, naming the fields, rather than
+  // aborted by the allocator part way.
+  const double bytes = (static_cast<double>(c.num_train()) + static_cast<double>(c.num_test())) *
+                       (12.0 * c.num_fields() + 20.0);
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "num_train %d + num_test %d examples of %d fields take about %.1f GiB, more than this "
+        "machine's %.1f GiB of memory",
+        c.num_train(), c.num_test(), c.num_fields(), bytes / (1 << 30), memory / (1 << 30)));
   }
   return absl::OkStatus();
 }

@@ -103,13 +103,35 @@ absl::Status Checkpointer::RestoreOne(const storage::CheckpointInfo& info,
 }
 
 absl::StatusOr<CheckpointResponse> Checkpointer::CheckpointNow() {
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    ticket = ++requests_;
+  }
   absl::MutexLock one_at_a_time(&write_mu_);
+  uint64_t covers;
+  {
+    absl::MutexLock lock(&mu_);
+    // A checkpoint begun after this request arrived holds all it asked for: its answer is
+    // this one's too. So requests that pile up while one is written cost one more, not one
+    // each (each held a server thread, and the drain waited for them all).
+    if (covered_ >= ticket) return last_result_;
+    covers = requests_;
+  }
+  if (write_hook_) write_hook_();
   absl::Status reopened = ReopenStoreIfFailed();
   absl::StatusOr<CheckpointResponse> result =
       reopened.ok() ? Write() : absl::StatusOr<CheckpointResponse>(reopened);
   absl::MutexLock lock(&mu_);
   ++(result.ok() ? written_ : failed_);
+  covered_ = covers;
+  last_result_ = result;
   return result;
+}
+
+uint64_t Checkpointer::requests() const {
+  absl::MutexLock lock(&mu_);
+  return requests_;
 }
 
 absl::Status Checkpointer::ReopenStoreIfFailed() {

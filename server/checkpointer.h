@@ -65,8 +65,10 @@ class Checkpointer {
   // checkpoint `id`).
   absl::StatusOr<RestoreReport> Restore(std::optional<uint64_t> id = std::nullopt);
 
-  // Writes a checkpoint now (one at a time; callers queue). It is reported written only once
-  // the store has read it back from disk and verified it. After a failed one the store is
+  // Writes a checkpoint now (one at a time; callers queue), or answers with the one written
+  // next if it began after this call did (requests that pile up while one is written share
+  // the next one). It is reported written only once the store has read it back from disk and
+  // verified it. After a failed one the store is
   // reopened before the next, so that nothing RocksDB kept in memory from the failure is built
   // on. Errors: those of the store (RESOURCE_EXHAUSTED when the disk is full, ...); the server
   // keeps running either way.
@@ -88,6 +90,10 @@ class Checkpointer {
   void FailStoreForTest(const absl::Status& status);
   // Called by a reopen of the store while it holds the store's lock (to hold it there).
   void SetReopenHookForTest(std::function<void()> hook) { reopen_hook_ = std::move(hook); }
+  // Called as a checkpoint begins, once it knows which requests it answers.
+  void SetWriteHookForTest(std::function<void()> hook) { write_hook_ = std::move(hook); }
+  // Calls of CheckpointNow so far.
+  uint64_t requests() const;
 
  private:
   Checkpointer(Shard* shard, const CheckpointerOptions& options,
@@ -120,6 +126,12 @@ class Checkpointer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::function<void()> reopen_hook_;  // set before the checkpoints it is for
+  std::function<void()> write_hook_;
+  // Calls of CheckpointNow so far; those up to covered_ are answered by the last checkpoint
+  // begun, whose result is last_result_.
+  uint64_t requests_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t covered_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::StatusOr<CheckpointResponse> last_result_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps::server

@@ -1,5 +1,6 @@
 #include "server/checkpointer.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -287,6 +288,37 @@ TEST_F(CheckpointerTest, StatsDoNotWaitForAReopenOfTheStore) {
   stats.join();
   EXPECT_EQ(during.storage_bytes(), before.storage_bytes());
   EXPECT_EQ(during.checkpoints_written(), 1u);
+}
+
+// Requests that pile up while a checkpoint is written share the next one: four requests, two
+// checkpoints (before 2026-12-05, four, each holding a server thread until its turn).
+TEST_F(CheckpointerTest, RequestsThatWaitShareTheNextCheckpoint) {
+  auto shard = NewShard();
+  auto c = NewCheckpointer(shard.get());
+  Train(shard.get(), 1);
+  absl::Notification writing, go_on;
+  std::atomic<int> writes{0};
+  c->SetWriteHookForTest([&] {
+    if (writes.fetch_add(1) == 0) {
+      writing.Notify();
+      go_on.WaitForNotification();
+    }
+  });
+  std::vector<absl::StatusOr<CheckpointResponse>> results(4);
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { results[0] = c->CheckpointNow(); });
+  writing.WaitForNotification();
+  for (int i = 1; i < 4; ++i) threads.emplace_back([&, i] { results[i] = c->CheckpointNow(); });
+  while (c->requests() < 4) absl::SleepFor(absl::Milliseconds(1));
+  go_on.Notify();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(writes.load(), 2);
+  for (const auto& r : results) ASSERT_THAT(r.status(), IsOk());
+  EXPECT_LT(results[0]->checkpoint_id(), results[1]->checkpoint_id());
+  for (int i = 2; i < 4; ++i) EXPECT_EQ(results[i]->checkpoint_id(), results[1]->checkpoint_id());
+  StatsResponse stats;
+  c->FillStats(&stats);
+  EXPECT_EQ(stats.checkpoints_written(), 2u);
 }
 
 TEST_F(CheckpointerTest, CheckpointAfterAFailedOneReopensTheStoreAndIsReadable) {

@@ -285,7 +285,10 @@ void Trainer::EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, doub
   if (options_.on_step) options_.on_step(epoch, offset);
   Progress(false, epoch, result.steps, loss_ema_);
   if (options_.max_steps > 0 && result.steps >= options_.max_steps) state->stop = true;
+  if (StopRequested()) state->stop = result.stopped = true;
 }
+
+bool Trainer::StopRequested() const { return options_.stop_requested && options_.stop_requested(); }
 
 absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* state) {
   // One round trip per step: the first step pulls on its own; after that each step's push
@@ -318,7 +321,7 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
     const std::string what = absl::StrCat("step ", state->clock + 1, " push");
     const bool has_next =
         (options_.max_steps == 0 || state->result->steps + 1 < options_.max_steps) &&
-        it->Next(&indices);
+        !StopRequested() && it->Next(&indices);
     absl::Duration next_data;
     uint64_t next_offset = 0;
     absl::Time p0 = c1;
@@ -445,7 +448,8 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
   internal::Pipeline pipe(store_);
   const uint64_t before = state->result->steps;
   auto fetch = [&](uint64_t i) {  // batch i into its slot; false past the epoch or max_steps
-    if ((options_.max_steps > 0 && before + i >= options_.max_steps) || !it->Next(&indices)) {
+    if ((options_.max_steps > 0 && before + i >= options_.max_steps) || StopRequested() ||
+        !it->Next(&indices)) {
       return false;
     }
     train_->FillBatch(indices, &batches[i % 3]);
@@ -581,6 +585,7 @@ void Trainer::LogDone(const TrainResult& result) {
       ",\"comm_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.calls)),
       ",\"exposed_comm_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.exposed())),
       ",\"prefetch\":", options_.prefetch ? "true" : "false",
+      ",\"stopped\":", result.stopped ? "true" : "false",
       ",\"lent_gradients\":", lent_gradients_ ? "true" : "false"));
 }
 
@@ -608,7 +613,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                                       : TrainEpoch(epoch, &it, &state));
     const bool last = epoch + 1 == options_.epochs || state.stop;
     const bool due = options_.eval_every_epochs > 0 && (epoch + 1) % options_.eval_every_epochs == 0;
-    if (options_.evaluate && test_ != nullptr && (due || last)) {
+    if (options_.evaluate && test_ != nullptr && (due || last) && !result.stopped) {
       RETURN_IF_ERROR(EvaluateEpoch(epoch, &state));
     }
   }

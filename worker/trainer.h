@@ -57,6 +57,9 @@ struct TrainerOptions {
   int64_t start_clock = 0;
   // Called after every step with (epoch, offset in epoch); e.g. to report the position.
   std::function<void(uint32_t, uint64_t)> on_step;
+  // Asked after every step (may be empty): true stops the run there, gracefully: the steps
+  // begun finish (their pushes included), no new one starts, and no evaluation runs.
+  std::function<bool()> stop_requested;
   // Extra fields for every JSON log line (e.g. "\"mode\":\"centralized\"").
   std::string log_tag;
   // Overlapped steps (training.prefetch): while step t computes, one store call (a fused
@@ -99,6 +102,7 @@ struct TrainResult {
   double samples_per_s = 0;
   std::optional<EvalMetrics> final_eval;
   StepBreakdown breakdown;
+  bool stopped = false;  // by TrainerOptions::stop_requested
 };
 
 // Thread-compatible. Borrows everything it is given (Not owned).
@@ -177,6 +181,8 @@ class Trainer {
   // The log's closing "done" record: totals, throughput and the time per phase.
   void LogDone(const TrainResult& result);
   // Bookkeeping after a step: counters, breakdown, metrics, on_step, progress, max_steps.
+  // Whether TrainerOptions::stop_requested asks to stop.
+  bool StopRequested() const;
   void EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, double loss,
                const PhaseTimes& d, RunState* state);
   // Updates the metrics after a step.

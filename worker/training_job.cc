@@ -210,13 +210,17 @@ absl::StatusOr<TrainerOptions> TrainingJob::MakeTrainerOptions() {
     options.start_offset = saved.offset;
     options.start_clock = saved.clock;
   }
-  // Report the position now and then.
+  // Report the position now and then (and once more at the end: Run).
   options.on_step = [this](uint32_t epoch, uint64_t offset) {
+    last_position_ = {epoch, offset};
     if (absl::Now() - last_position_report_ < options_.position_interval) return;
     last_position_report_ = absl::Now();
     absl::StatusOr<common::WorkerPosition> r = store_->ReportPosition(epoch, offset);
     if (!r.ok()) LOG(WARNING) << "reporting the data position: " << r.status();
   };
+  if (options_.stop != nullptr) {
+    options.stop_requested = [stop = options_.stop] { return stop->load(); };
+  }
   return options;
 }
 
@@ -228,7 +232,21 @@ absl::StatusOr<TrainResult> TrainingJob::Run() {
   Trainer trainer(model_.get(), train_store, data_->train.get(), data_->test.get(), options,
                   &metrics_);
   ASSIGN_OR_RETURN(TrainResult result, trainer.Run());
+  // Every push of the run is applied now: where the data stands, for a restart, before the
+  // finish (the last report was up to position_interval old).
+  if (last_position_.has_value()) {
+    if (absl::StatusOr<common::WorkerPosition> r =
+            store_->ReportPosition(last_position_->first, last_position_->second);
+        !r.ok()) {
+      LOG(WARNING) << "reporting the final data position: " << r.status();
+    }
+  }
   RETURN_IF_ERROR(train_store->Finish());
+  if (result.stopped) {
+    LOG(INFO) << "worker " << options_.worker_index << ": stopped as asked after step "
+              << result.steps << " of this process; its pushes are applied and its data "
+              << "position reported";
+  }
   LOG(INFO) << "worker " << options_.worker_index << ": " << result.steps << " steps, "
             << result.samples << " samples in " << result.wall << " ("
             << static_cast<int64_t>(result.samples_per_s) << " samples/s; data "

@@ -14,10 +14,13 @@
 #ifndef PS_WORKER_TRAINING_JOB_H_
 #define PS_WORKER_TRAINING_JOB_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -56,6 +59,10 @@ struct TrainingJobOptions {
   // For tests: the backend to compute on instead of the one training.device names (not
   // owned; outlives the job).
   kernels::Backend* backend = nullptr;
+  // Set (e.g. on SIGTERM) to stop after the steps begun: their pushes are applied, the data
+  // position is reported and the store told this worker finished; no evaluation runs. Not
+  // owned; outlives the job; may be null.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // Makes the parameter store once the metrics endpoint serves (a gRPC store waits for its
@@ -115,6 +122,7 @@ class TrainingJob {
   std::unique_ptr<LocalSgdStore> local_sgd_;  // wraps store_ when local SGD is on
   bool tables_on_device_ = false;
   absl::Time last_position_report_ = absl::InfinitePast();
+  std::optional<std::pair<uint32_t, uint64_t>> last_position_;  // (epoch, offset) of the last step
 };
 
 }  // namespace ps::worker

@@ -11,7 +11,10 @@
 //
 // Under Kubeflow (TF_CONFIG), SLURM (srun) or mpirun the index and the servers come from the
 // environment instead (--cluster_from, see common/cluster/cluster_env.h).
+#include <atomic>
+#include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -49,6 +52,17 @@ ABSL_FLAG(int32_t, threads, 1,
 namespace ps::worker {
 namespace {
 
+// Set by the first SIGTERM or SIGINT (lock-free: a handler may only do this).
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnStopSignal(int sig) {
+  if (!g_stop.exchange(true)) return;
+  // The second: the default action (signal and raise are async-signal-safe).
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 // The store the job trains against: in-process (centralized), or the gRPC store of a
 // distributed job once every server answers; `*grpc_store` then keeps it for the transfer
 // summary. One incarnation per process, so the servers tell a restarted worker apart.
@@ -63,8 +77,10 @@ StoreFactory MakeStoreFactory(bool centralized, int32_t index, GrpcParameterStor
                        server::InProcessParameterStore::CreateCentralized(config, in_process));
       return std::unique_ptr<common::ParameterStore>(std::move(store));
     }
-    ASSIGN_OR_RETURN(auto store, GrpcParameterStore::Create(
-                                     config, JobStoreOptions(config, index, incarnation), metrics));
+    GrpcStoreOptions store_options = JobStoreOptions(config, index, incarnation);
+    // Once asked to stop, a call whose server is gone fails instead of being retried.
+    store_options.give_up_retries = [] { return g_stop.load(); };
+    ASSIGN_OR_RETURN(auto store, GrpcParameterStore::Create(config, store_options, metrics));
     RETURN_IF_ERROR(store->WaitForServers(absl::Seconds(absl::GetFlag(FLAGS_wait_for_servers_s))));
     *grpc_store = store.get();
     return std::unique_ptr<common::ParameterStore>(std::move(store));
@@ -85,6 +101,19 @@ absl::Status ValidateFlags() {
 }
 
 absl::Status Run() {
+  // SIGTERM and SIGINT set a flag that training reads after each step (a handler, not a
+  // blocked mask and a sigwait thread as in ps_server: the BLAS library starts its threads
+  // before main, and a signal for the process may land on any of them). A second one stops
+  // the process at once.
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT}) {
+    if (sigaction(sig, &action, nullptr) != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("sigaction(", sig, ")"));
+    }
+  }
   RETURN_IF_ERROR(ValidateFlags());
   const bool centralized = absl::GetFlag(FLAGS_centralized);
   const std::vector<std::string> overrides =
@@ -118,6 +147,7 @@ absl::Status Run() {
   options.eval = absl::GetFlag(FLAGS_eval);
   options.blas_threads = absl::GetFlag(FLAGS_threads);
   options.metrics_port = startup.metrics_port;
+  options.stop = &g_stop;
   GrpcParameterStore* grpc_store = nullptr;
   StoreFactory make_store = MakeStoreFactory(centralized, options.worker_index, &grpc_store);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,

@@ -407,9 +407,10 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
     SlotDone(c);
     return;
   }
-  const bool again = Retryable(st) || (slot->context != nullptr
-                                           ? ServerBusy(st, *slot->context)
-                                           : absl::IsResourceExhausted(st) && slot->server_busy);
+  const bool again = (Retryable(st) || (slot->context != nullptr ? ServerBusy(st, *slot->context)
+                                                                 : absl::IsResourceExhausted(st) &&
+                                                                       slot->server_busy)) &&
+                     !(options.give_up_retries && options.give_up_retries());
   if (!again || slot->attempt >= options.max_retries) {
     const auto& servers = store_->config_.cluster().servers();
     c->status = common::Annotate(

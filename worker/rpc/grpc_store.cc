@@ -309,7 +309,8 @@ absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const Sta
       first_failure[s] = std::min(first_failure[s], absl::Now());
       metrics_->failures->WithLabels({absl::StrCat(s), absl::StatusCodeToString(status[s].code())})
           ->Increment();
-      const bool again = Retryable(status[s]) || ServerBusy(status[s], *contexts[s]);
+      const bool again = (Retryable(status[s]) || ServerBusy(status[s], *contexts[s])) &&
+                         !(options_.give_up_retries && options_.give_up_retries());
       if (!again || attempt >= options_.max_retries) {
         return common::Annotate(status[s], absl::StrCat("server ", s, " (",
                                                         static_cast<uint32_t>(config_.cluster().servers_size()) > s

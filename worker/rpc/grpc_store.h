@@ -66,6 +66,9 @@ struct GrpcStoreOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // Called before each retry (server index, attempt, error); for logs and tests.
   std::function<void(uint32_t, uint32_t, const absl::Status&)> on_retry;
+  // Asked before each retry (may be empty): true returns the error instead, e.g. once the
+  // process was asked to stop, so that servers that are gone do not hold it for every retry.
+  std::function<bool()> give_up_retries;
   // Called when a server answers again after failed attempts (server index, retries, time
   // since the first failure); for logs and recovery measurements.
   std::function<void(uint32_t, uint32_t, absl::Duration)> on_recovered;

@@ -339,6 +339,26 @@ TEST_F(GrpcStoreTest, BusyRetriesAreBounded) {
   EXPECT_EQ(service_->pushes().size(), 4u);
 }
 
+// Once the process is asked to stop (GrpcStoreOptions::give_up_retries), an attempt that
+// would be retried returns its error instead: servers that are gone do not hold the process
+// for every retry. Heartbeats (FanOut) the same.
+TEST_F(GrpcStoreTest, NoRetryOnceAskedToGiveUp) {
+  GrpcStoreOptions options = FastRetries();
+  std::atomic<bool> stopping{false};
+  options.give_up_retries = [&stopping] { return stopping.load(); };
+  Start(/*fail_pushes=*/100, options);
+  ASSERT_FALSE(PushOnce(1).ok());  // 21 attempts: retried as usual before
+  const size_t before = service_->pushes().size();
+  EXPECT_EQ(before, 21u);
+  stopping = true;
+  const absl::Status status = PushOnce(2);
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_EQ(service_->pushes().size(), before + 1);  // one attempt
+  service_->FailHeartbeats(100);
+  EXPECT_TRUE(absl::IsUnavailable(store_->Finish())) << "a heartbeat retried after the stop";
+  EXPECT_EQ(service_->heartbeats(), 1);
+}
+
 // Without the busy mark RESOURCE_EXHAUSTED says the request cannot be served (too large,
 // too many waiting pulls): returned at once.
 TEST_F(GrpcStoreTest, OtherResourceExhaustedIsNotRetried) {

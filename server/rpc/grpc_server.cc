@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
         "max_concurrent_streams is ", options.max_concurrent_streams, ": expected > 0"));
   }
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  // gRPC binds with SO_REUSEPORT by default: a second server on a port in use would start, and
+  // the kernel would split the connections between the two (a leftover server of an earlier
+  // job, or two servers given one port, took part of a job's traffic). Refused instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(
       GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
       static_cast<int>(

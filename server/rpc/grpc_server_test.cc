@@ -25,6 +25,8 @@ namespace ps::server {
 namespace {
 
 using ::ps::common::IsOk;
+using ::ps::common::StatusIs;
+using ::testing::HasSubstr;
 
 // The config of these tests' one table, for `workers` workers.
 JobConfig TestConfig(int workers) {
@@ -156,6 +158,20 @@ TEST_F(GrpcServerTest, ControlMethodsAreServedFromTheQueue) {
 }
 
 // With two data threads, a call is served while the other thread is held inside a call.
+// A second server on a port in use is refused (gRPC's SO_REUSEPORT default let it start, and
+// the kernel split the connections between the two before 2026-12-05).
+TEST_F(GrpcServerTest, APortInUseIsRefused) {
+  const JobConfig config = TestConfig(1);
+  std::unique_ptr<Shard> shard = TestShard(config);
+  ServiceOptions options;
+  options.auth.check_identities = false;
+  ParameterServerService service(shard.get(), options, ServiceHooks{});
+  GrpcServerOptions server_options;
+  server_options.address = absl::StrCat("127.0.0.1:", server_->port());
+  EXPECT_THAT(GrpcServer::Start(server_options, config.security(), &service).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
+}
+
 TEST(GrpcServerThreadsTest, ASecondDataThreadServesWhileTheFirstIsBusy) {
   const JobConfig config = TestConfig(2);
   std::unique_ptr<Shard> shard = TestShard(config);

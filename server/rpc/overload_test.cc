@@ -646,7 +646,9 @@ TEST_F(OverloadTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsTheyAre
   for (int32_t worker : {1, 0}) {
     PushResponse pushed;
     ASSERT_THAT(service_->HandlePush(PushOfBlock0(Header(worker, 1, 1), 0.5f), &pushed), IsOk());
-    if (worker == 1) EXPECT_EQ(shard_->workers().parked(), 3u);
+    if (worker == 1) {
+      EXPECT_EQ(shard_->workers().parked(), 3u);
+    }
   }
   while (Rejected(kServerBusyReason) < 2 && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(1));

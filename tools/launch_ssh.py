@@ -45,7 +45,8 @@ import tempfile
 import threading
 import time
 
-from launch_common import Proc, StopRequest, Stopped, die_with_parent, exit_status, worker_args
+from launch_common import (Proc, StopRequest, Stopped, die_with_parent, effective_config, exit_status,
+                           worker_args, worker_certificates)
 
 ROLES = ("server", "worker")
 OPTIONS = ("addr", "port", "data_dir", "dir", "bin_dir")
@@ -221,6 +222,15 @@ class Launcher:
         overrides = list(args.set) + ["cluster.num_servers=%d" % len(self.servers),
                                       "cluster.num_workers=%d" % len(self.workers)]
         set_flag = ["--set=" + ",".join(overrides)]
+        # Under mutual TLS each worker presents its own certificate (worker-J.pem/.key beside
+        # the config's, as make_certs.sh writes them: the same directory on every host), or
+        # the servers refuse its pushes; read from the config as the binaries see it.
+        try:
+            cfg = effective_config(args.bin_dir, args.config, overrides)
+        except (OSError, RuntimeError, ValueError) as e:
+            self.say("warning: cannot read the config here (%s); every worker uses its certificate" % e)
+            cfg = {}
+        identities = worker_certificates(cfg, 1 + max([e["index"] for e in self.workers], default=-1))
         self.say("job %s: %d servers, %d workers through '%s'; logs in %s" %
                  (args.config, len(self.servers), len(self.workers), args.exec_template, args.log_dir))
         if len({e["host"] for e in self.servers + self.workers}) > 1:
@@ -240,8 +250,9 @@ class Launcher:
         self.say("servers ready at %s" % addresses)
         worker_procs = []
         for e in self.workers:
-            flags = ["--worker_index=%d" % e["index"], "--cluster_from=flags",
-                     "--servers=" + addresses] + set_flag + worker_args(args.worker_arg, e["index"])
+            flags = ["--worker_index=%d" % e["index"], "--cluster_from=flags", "--servers=" + addresses,
+                     "--set=" + ",".join(overrides + identities[e["index"]])] + \
+                worker_args(args.worker_arg, e["index"])
             worker_procs.append((e, self.start(e, flags)))
 
         failed, failed_code = None, None

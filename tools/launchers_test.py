@@ -26,7 +26,10 @@ from launch_common import exit_status, worker_args  # noqa: E402
 FAKE_BINARY = r"""#!/usr/bin/env python3
 import json, os, signal, sys, time
 if "--print_config" in sys.argv:
-    print('{"cluster": {"num_servers": 1, "num_workers": 2}}')
+    cfg = {"cluster": {"num_servers": 1, "num_workers": 2}}
+    if os.environ.get("FAKE_CERT"):
+        cfg["security"] = {"cert": os.environ["FAKE_CERT"]}
+    print(json.dumps(cfg))
     sys.exit(0)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
@@ -274,6 +277,22 @@ class LaunchSshTest(unittest.TestCase):
 
     def tearDown(self):
         self.job.cleanup()
+
+    def test_each_worker_presents_its_own_certificate_under_mutual_tls(self):
+        # As launch_local does: worker-J.pem/.key beside the config's certificate. (Every
+        # worker ran with the server's certificate through ssh before 2026-12-05, and the
+        # servers refused its pushes.)
+        certs = os.path.join(self.job.root, "certs")
+        os.makedirs(certs)
+        for name in ("server.pem", "server.key", "worker-0.pem", "worker-0.key", "worker-1.pem", "worker-1.key"):
+            open(os.path.join(certs, name), "w").close()
+        code, out = self.job.run(self.job.ssh_argv(), FAKE_CERT=os.path.join(certs, "server.pem"))
+        self.assertEqual(code, 0, out)
+        for j in (0, 1):
+            argv = read(os.path.join(self.job.out, "worker-%d.argv" % j))
+            self.assertIn("security.cert=%s" % os.path.join(certs, "worker-%d.pem" % j), argv)
+            self.assertIn("security.key=%s" % os.path.join(certs, "worker-%d.key" % j), argv)
+            self.assertIn("cluster.num_workers=2", argv)  # in the same --set
 
     def test_a_finished_job_through_ssh_exits_0(self):
         code, out = self.job.run(self.job.ssh_argv("--worker_arg=--tag={index}"))

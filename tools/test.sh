@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 targets=("$@")
-((${#targets[@]})) || targets=(//...)
+# Flags alone (e.g. --config=asan) still test everything: //... unless a target pattern is given.
+pattern=0
+for arg in "${targets[@]}"; do [[ "$arg" == -* ]] || pattern=1; done
+((pattern)) || targets+=(//...)
 # Count only this run's results: the test logs directory outlives clones at the same path and
 # renamed targets (removing the bazel-testlogs link would leave it).
 flags=()

@@ -234,6 +234,18 @@ def test_other_counts_namespace_and_port():
     assert images(objs) == {"registry.local/ps:1"}, images(objs)
 
 
+def test_tls_servers_are_probed_by_their_port_not_grpc_health():
+    # The kubelet's gRPC probe speaks plaintext: against a TLS server's one listener it never
+    # passed, and the servers never became Ready (a grpc probe before 2026-12-05).
+    out = render(MLP, os.path.join(TMP, "tls"), "--set",
+                 "security.plaintext=false,security.cert=/certs/server.pem,security.key=/certs/server.key,"
+                 "security.ca_cert=/certs/ca.pem")
+    objs = load(out)
+    probe = objs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert "grpc" not in probe, probe
+    assert probe["tcpSocket"]["port"] == 7000, probe
+
+
 def test_validator_rejects_broken_objects():
     objs = load(render(MLP, os.path.join(TMP, "broken-base")))
     broken = {}

@@ -212,12 +212,21 @@ class Job:
             "imagePullPolicy": "IfNotPresent",
             "command": command,
             "ports": self.ports(grpc_name),
-            # The servers serve grpc.health.v1.Health: SERVING once they take calls, NOT_SERVING
-            # while they drain on SIGTERM.
-            "readinessProbe": {"grpc": {"port": self.port}, "periodSeconds": 5, "failureThreshold": 2},
+            "readinessProbe": self.readiness_probe(),
             "securityContext": CONTAINER_SECURITY,
             "volumeMounts": [self.config_mount(), {"name": "data", "mountPath": DATA_MOUNT}],
         }
+
+    def readiness_probe(self):
+        # The servers serve grpc.health.v1.Health: SERVING once they take calls, NOT_SERVING
+        # while they drain on SIGTERM. The kubelet's gRPC probe speaks plaintext only: with
+        # TLS (the servers' one listener) it could never pass, so there the probe is that the
+        # port takes connections.
+        if get(self.config, "security.plaintext") is True:
+            probe = {"grpc": {"port": self.port}}
+        else:
+            probe = {"tcpSocket": {"port": self.port}}
+        return dict(probe, periodSeconds=5, failureThreshold=2)
 
     def config_flag(self):
         return "--config=%s/%s" % (CONFIG_DIR, CONFIG_KEY)

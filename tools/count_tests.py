@@ -4,7 +4,8 @@ Bazel counts test targets (and shows a skipped gtest as PASSED); users want test
 A target that produced no test.xml with cases (a shell test, a crash) counts as one case.
 A target whose cases all passed but whose run failed (it exited non-zero afterwards, e.g. a
 sanitizer's leak report at exit; Bazel's test.cache_status beside the test.xml says so) counts
-one failed case more, named on stderr.
+one failed case more, named on stderr. A target that left a test.log but no test.xml counts as
+one case: passed if its test.cache_status says so, else failed (named on stderr).
 """
 import glob
 import os
@@ -87,4 +88,23 @@ for path in paths:
         failed += 1
         print(f"count_tests: {os.path.dirname(path)}: every case passed but the run failed "
               "(see its test.log): counted as one failed case", file=sys.stderr)
+# Targets that ran (a test.log) but left no test.xml: one case each.
+with_xml = {os.path.dirname(p) for p in paths} | {
+    os.path.dirname(os.path.dirname(p)) for p in paths
+    if re.fullmatch(r"shard_\d+_of_\d+", os.path.basename(os.path.dirname(p)))}
+for root in roots:
+    for log in glob.glob(os.path.join(root, "**", "test.log"), recursive=True):
+        target = os.path.dirname(log)
+        if re.fullmatch(r"shard_\d+_of_\d+", os.path.basename(target)):
+            target = os.path.dirname(target)
+        if target in with_xml:
+            continue
+        with_xml.add(target)
+        status = os.path.join(target, "test.cache_status")
+        if os.path.exists(status) and not run_failed(status):
+            passed += 1
+        else:
+            failed += 1
+            print(f"count_tests: {target}: no test.xml (see its test.log): counted as one failed case",
+                  file=sys.stderr)
 print(f"{passed} passed, {failed} failed, {skipped} skipped")

@@ -51,6 +51,20 @@ class CountTestsTest(unittest.TestCase):
             write_xml(os.path.join(target, "shard_2_of_2", "test.xml"), ["failed"])
             self.assertEqual(self.count(root), "1 passed, 1 failed, 0 skipped")
 
+    def test_a_target_without_test_xml_counts_as_one_case(self):
+        # (Counted as nothing before 2026-12-05: a run could print 0 failed while one failed.)
+        with tempfile.TemporaryDirectory() as root:
+            crashed = os.path.join(root, "t", "crashed_test")
+            os.makedirs(crashed)
+            open(os.path.join(crashed, "test.log"), "w").close()
+            ran = os.path.join(root, "t", "ran_test")
+            os.makedirs(ran)
+            open(os.path.join(ran, "test.log"), "w").close()
+            write_status(os.path.join(ran, "test.cache_status"), passed=True, status=1)
+            write_xml(os.path.join(root, "t", "plain_test", "test.xml"), ["passed"])
+            open(os.path.join(root, "t", "plain_test", "test.log"), "w").close()
+            self.assertEqual(self.count(root), "2 passed, 1 failed, 0 skipped")
+
     def test_a_run_that_failed_after_its_cases_passed_is_a_failure(self):
         with tempfile.TemporaryDirectory() as root:
             leaked = os.path.join(root, "server", "leaks_at_exit_test")

@@ -175,16 +175,21 @@ class Launcher:
             self.ready[e["index"]] = int(line[len(marker):].rsplit(":", 1)[1])
 
     def signal_remote(self, e, sig):
-        """Sends sig to e's process on its host (by its pid file, if the pid is still ps_<role>)."""
+        """Sends sig to e's process on its host (by its pid file, if the pid is still ps_<role>);
+        True if that process was there (with sig 0: whether it still runs)."""
         f = shlex.quote(self.pid_file(e))
         script = ('p=$(cat %s 2>/dev/null) && [ -n "$p" ] && grep -qa ps_%s /proc/$p/cmdline 2>/dev/null'
-                  ' && kill -s %s "$p"; true' % (f, e["role"], sig))
-        self.run_on(e, script, timeout=30)
+                  ' && kill -s %s "$p"' % (f, e["role"], sig))
+        code, _ = self.run_on(e, script, timeout=30)
+        return code == 0
 
     def stop(self, procs, timeout):
-        """SIGTERM on the hosts, then SIGKILL after timeout; the local exec commands last."""
+        """SIGTERM on the hosts, then SIGKILL after timeout; the local exec commands last. Every
+        process is signalled on its host, also one whose local exec command already ended (a
+        dropped ssh connection says nothing of the process it started)."""
         live = [(e, p) for e, p in procs if p.poll() is None]
-        threads = [threading.Thread(target=self.signal_remote, args=(e, "TERM")) for e, _ in live]
+        detached = [e for e, p in procs if p.poll() is not None]
+        threads = [threading.Thread(target=self.signal_remote, args=(e, "TERM")) for e, _ in procs]
         for t in threads:
             t.start()
         for t in threads:
@@ -196,6 +201,12 @@ class Launcher:
                 self.signal_remote(e, "KILL")
                 p.signal(signal.SIGKILL)
                 p.wait(10)
+        for e in detached:
+            while self.signal_remote(e, "0") and time.time() < deadline:
+                time.sleep(0.5)
+            if self.signal_remote(e, "0"):
+                self.say("%s on %s did not stop within %.0f s: SIGKILL" % (self.name(e), e["host"], timeout))
+                self.signal_remote(e, "KILL")
         for _, p in procs:
             p.finish_output()
 

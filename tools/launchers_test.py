@@ -70,13 +70,18 @@ READY = "server-0.pid,worker-0.pid"
 
 # ssh: skips its options and the host, then runs the remote command line locally.
 FAKE_SSH = r"""#!/usr/bin/env python3
-import os, sys
+import os, subprocess, sys, time
 args = sys.argv[1:]
 while args and args[0].startswith("-"):
     args = args[2:] if args[0] == "-o" else args[1:]
 host, command = args[0], " ".join(args[1:])
 with open(os.path.join(os.environ["FAKE_DIR"], "ssh-hosts"), "a") as f:
     f.write(host + "\n")
+if host == os.environ.get("FAKE_DROP_HOST") and " exec " in command:
+    # The connection drops once the process started: ssh exits 255, the process runs on.
+    subprocess.Popen(["sh", "-c", command], start_new_session=True)
+    time.sleep(1)
+    sys.exit(255)
 os.execvp("sh", ["sh", "-c", command])
 """
 
@@ -293,6 +298,16 @@ class LaunchSshTest(unittest.TestCase):
             self.assertIn("security.cert=%s" % os.path.join(certs, "worker-%d.pem" % j), argv)
             self.assertIn("security.key=%s" % os.path.join(certs, "worker-%d.key" % j), argv)
             self.assertIn("cluster.num_workers=2", argv)  # in the same --set
+
+    def test_a_process_whose_ssh_connection_dropped_is_stopped_on_its_host(self):
+        # Its local ssh exits 255 while it runs on: the job stops, and it is signalled through
+        # its pid file like the others (it was left running before 2026-12-05).
+        code, out = self.job.run(self.job.ssh_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="wait",
+                                 FAKE_DROP_HOST="node-c")
+        self.assertEqual(code, 255, out)
+        self.assertIn("worker 1 on node-c failed with exit code 255", out)
+        self.assertTrue(self.job.exists("worker-1.pid"), out)
+        self.assertFalse([p for p in self.job.pids() if alive(p)], out)
 
     def test_a_finished_job_through_ssh_exits_0(self):
         code, out = self.job.run(self.job.ssh_argv("--worker_arg=--tag={index}"))

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <string>
 #include <utility>
 #include <vector>
@@ -180,7 +181,10 @@ Trainer::Trainer(Model* model, common::ParameterStore* store, const Dataset* tra
       options_(options),
       own_registry_(metrics == nullptr ? std::make_unique<common::metrics::Registry>() : nullptr),
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get())) {
-  if (!options_.log_path.empty()) log_ = std::fopen(options_.log_path.c_str(), "a");
+  if (!options_.log_path.empty()) {
+    log_ = std::fopen(options_.log_path.c_str(), "a");
+    if (log_ == nullptr) log_errno_ = errno;
+  }
 }
 
 Trainer::~Trainer() {
@@ -284,7 +288,9 @@ void Trainer::EndStep(uint32_t epoch, uint64_t offset, uint64_t batch_size, doub
   RecordStep(epoch, state->clock, batch_size, loss, d, absl::Now(), result.eval_time);
   if (options_.on_step) options_.on_step(epoch, offset);
   Progress(false, epoch, result.steps, loss_ema_);
-  if (options_.max_steps > 0 && result.steps >= options_.max_steps) state->stop = true;
+  if (options_.max_steps > 0 && static_cast<uint64_t>(state->clock) >= options_.max_steps) {
+    state->stop = true;
+  }
   if (StopRequested()) state->stop = result.stopped = true;
 }
 
@@ -320,7 +326,7 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
     const common::PushOptions push_options{state->clock + 1, false};
     const std::string what = absl::StrCat("step ", state->clock + 1, " push");
     const bool has_next =
-        (options_.max_steps == 0 || state->result->steps + 1 < options_.max_steps) &&
+        (options_.max_steps == 0 || static_cast<uint64_t>(state->clock) + 1 < options_.max_steps) &&
         !StopRequested() && it->Next(&indices);
     absl::Duration next_data;
     uint64_t next_offset = 0;
@@ -446,7 +452,7 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
   uint64_t offsets[3] = {0, 0, 0};  // the iterator's offset after each batch
   std::vector<int64_t> indices;
   internal::Pipeline pipe(store_);
-  const uint64_t before = state->result->steps;
+  const uint64_t before = static_cast<uint64_t>(state->clock);  // steps of this worker so far
   auto fetch = [&](uint64_t i) {  // batch i into its slot; false past the epoch or max_steps
     if ((options_.max_steps > 0 && before + i >= options_.max_steps) || StopRequested() ||
         !it->Next(&indices)) {
@@ -528,7 +534,10 @@ uint64_t Trainer::EstimateTotalSteps() const {
       options_.batch_size;
   uint64_t total =
       per_epoch * (options_.epochs - std::min(options_.epochs, options_.start_epoch));
-  if (options_.max_steps > 0) total = std::min<uint64_t>(total, options_.max_steps);
+  if (options_.max_steps > 0) {
+    const uint64_t done = static_cast<uint64_t>(std::max<int64_t>(0, options_.start_clock));
+    total = std::min<uint64_t>(total, options_.max_steps - std::min(options_.max_steps, done));
+  }
   return total;
 }
 
@@ -590,6 +599,11 @@ void Trainer::LogDone(const TrainResult& result) {
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
+  if (!options_.log_path.empty() && log_ == nullptr) {
+    // (It was silent before 2026-12-05: a run without the records its tools read.)
+    return absl::ErrnoToStatus(
+        log_errno_, absl::StrCat("training.log_path ", options_.log_path, ": cannot open"));
+  }
   TrainResult result;
   start_ = absl::Now();
   last_progress_ = start_;

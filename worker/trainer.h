@@ -34,7 +34,8 @@ struct TrainerOptions {
   int32_t num_workers = 1;
   uint32_t batch_size = 64;
   uint32_t epochs = 1;
-  // Stop after this many steps of this worker (0 = no limit).
+  // Stop once this worker's clock reaches this many steps (0 = no limit): a restarted worker
+  // counts the steps before its restart (start_clock) too.
   uint64_t max_steps = 0;
   bool shuffle = true;
   uint64_t seed = 1;
@@ -203,6 +204,7 @@ class Trainer {
   std::unique_ptr<common::metrics::Registry> own_registry_;  // when none was given
   std::unique_ptr<Metrics> metrics_;
   FILE* log_ = nullptr;
+  int log_errno_ = 0;  // why log_path did not open (Run refuses to start then)
   absl::Time start_;
   absl::Time last_progress_;
   uint64_t samples_ = 0;

@@ -337,6 +337,39 @@ TEST_F(TrainerTest, PrefetchResumesAtTheSavedPositionAndClock) {
   EXPECT_EQ(next_push, 251);
 }
 
+// max_steps counts a worker's steps before its restart too (its clock): resumed at clock 8
+// with max_steps 10, it takes 2 steps, with prefetch and without (it took 10 more before
+// 2026-12-05).
+TEST_F(TrainerTest, MaxStepsCountsTheStepsBeforeARestart) {
+  adjust_ = [](TrainerOptions* options) {
+    options->epochs = 1;
+    options->start_offset = 8 * 64;
+    options->start_clock = 8;
+    options->evaluate = false;
+  };
+  for (bool prefetch : {false, true}) {
+    RecordingStore* recorder = nullptr;
+    absl::StatusOr<TrainResult> result = Train(prefetch, /*max_steps=*/10, &recorder);
+    ASSERT_OK(result.status());
+    EXPECT_EQ(result->steps, 2u) << "prefetch " << prefetch;
+    int64_t last_push = 0;
+    for (const RecordingStore::Call& call : recorder->calls()) {
+      if (call.push) last_push = call.clock;
+    }
+    EXPECT_EQ(last_push, 10) << "prefetch " << prefetch;
+  }
+}
+
+// A log path that cannot be opened fails the run before any step (it trained without its
+// records before 2026-12-05).
+TEST_F(TrainerTest, ALogThatCannotBeOpenedFailsTheRun) {
+  adjust_ = [](TrainerOptions* options) { options->log_path = "/nonexistent-dir/train.jsonl"; };
+  RecordingStore* recorder = nullptr;
+  EXPECT_THAT(Train(/*prefetch=*/false, /*max_steps=*/5, &recorder).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("training.log_path")));
+  EXPECT_TRUE(recorder->calls().empty());
+}
+
 TEST_F(TrainerTest, PrefetchStopsAtMaxStepsWithoutExtraCalls) {
   RecordingStore* recorder = nullptr;
   absl::StatusOr<TrainResult> result = Train(/*prefetch=*/true, /*max_steps=*/10, &recorder);

@@ -212,8 +212,17 @@ absl::StatusOr<TrainerOptions> TrainingJob::MakeTrainerOptions() {
   }
   // Report the position now and then (and once more at the end: Run).
   options.on_step = [this](uint32_t epoch, uint64_t offset) {
+    // With local SGD a step's update reaches the servers only at its period's merge: the
+    // position moves only then (a restart would skip the steps not merged), at every merge.
+    if (local_sgd_ != nullptr) {
+      const uint64_t merges = local_sgd_->stats().merges;
+      if (merges == merges_seen_) return;
+      merges_seen_ = merges;
+    } else if (absl::Now() - last_position_report_ < options_.position_interval) {
+      last_position_ = {epoch, offset};
+      return;
+    }
     last_position_ = {epoch, offset};
-    if (absl::Now() - last_position_report_ < options_.position_interval) return;
     last_position_report_ = absl::Now();
     absl::StatusOr<common::WorkerPosition> r = store_->ReportPosition(epoch, offset);
     if (!r.ok()) LOG(WARNING) << "reporting the data position: " << r.status();

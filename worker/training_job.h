@@ -123,6 +123,7 @@ class TrainingJob {
   bool tables_on_device_ = false;
   absl::Time last_position_report_ = absl::InfinitePast();
   std::optional<std::pair<uint32_t, uint64_t>> last_position_;  // (epoch, offset) of the last step
+  uint64_t merges_seen_ = 0;  // local SGD: the merges when the position was last reported
 };
 
 }  // namespace ps::worker

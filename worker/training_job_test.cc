@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config/config.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
@@ -86,11 +88,16 @@ class RememberingStore final : public common::ParameterStore {
   std::vector<std::pair<uint32_t, uint64_t>> reports_;
 };
 
-// Builds a job on a RememberingStore; `*store` points at it afterwards.
-absl::StatusOr<std::unique_ptr<TrainingJob>> MakeJob(const TrainingJobOptions& options,
-                                                     common::WorkerPosition saved,
-                                                     RememberingStore** store) {
-  const JobConfig config = SmallCtrJob();
+// Builds a job on a RememberingStore; `*store` points at it afterwards. `tweak` (may be
+// empty) changes SmallCtrJob first.
+absl::StatusOr<std::unique_ptr<TrainingJob>> MakeJob(
+    const TrainingJobOptions& options, common::WorkerPosition saved, RememberingStore** store,
+    const std::function<void(JobConfig*)>& tweak = nullptr) {
+  JobConfig config = SmallCtrJob();
+  if (tweak) {
+    tweak(&config);
+    RETURN_IF_ERROR(common::ValidateJobConfig(config));
+  }
   return TrainingJob::Create(
       config, options,
       [&](const JobConfig& c, common::metrics::Registry*)
@@ -118,6 +125,30 @@ TEST(TrainingJob, TrainsAnEpochAndFinishesWithTheStore) {
   ASSERT_FALSE(store->reports().empty());
   EXPECT_EQ(store->reports().front(), std::make_pair(0u, uint64_t{0}));
   EXPECT_THAT((*job)->FinalReport(*result), ::testing::HasSubstr("final test auc"));
+}
+
+// With local SGD a step's update reaches the servers only at its period's merge: the position
+// a restart resumes from is that of the last merged step, never past it (each local step's
+// was reported before 2026-12-05, so a restart skipped up to k - 1 steps of data).
+TEST(TrainingJob, WithLocalSgdThePositionMovesOnlyAtMerges) {
+  TrainingJobOptions options;
+  options.centralized = true;
+  options.position_interval = absl::ZeroDuration();  // every report that may go, goes
+  RememberingStore* store = nullptr;
+  auto job = MakeJob(options, {}, &store, [](JobConfig* c) {
+    c->mutable_training()->mutable_local_sgd()->set_steps(4);
+    c->mutable_training()->set_max_steps(6);  // steps 5 and 6 are merged only by the finish
+  });
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<TrainResult> result = (*job)->Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps, 6u);
+  const auto reports = store->reports();
+  ASSERT_FALSE(reports.empty());
+  for (const auto& [epoch, offset] : reports) {
+    EXPECT_TRUE(offset == 0 || offset == 400) << "offset " << offset << " (100 a step)";
+  }
+  EXPECT_EQ(reports.back(), std::make_pair(0u, uint64_t{400}));
 }
 
 TEST(TrainingJob, ResumesWhereTheStoreSawTheWorkerLast) {

@@ -31,10 +31,13 @@ absl::Status BothOrNeither(const std::string& a, absl::string_view a_field, cons
                 : absl::StrCat("data.", b_field, " is required with data.", a_field));
 }
 
-absl::Status NotEmpty(const Dataset& train, absl::string_view field, const std::string& path) {
-  if (train.size() > 0) return absl::OkStatus();
+// `set` names the set ("training", "test") of file `path` in config field data.<field>. An
+// empty test set is refused too: its evaluation would report NaN or 0 as the model's quality.
+absl::Status NotEmpty(const Dataset& data, absl::string_view set, absl::string_view field,
+                      const std::string& path) {
+  if (data.size() > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("data.", field, ": the training set ", path, " has no examples"));
+      absl::StrCat("data.", field, ": the ", set, " set ", path, " has no examples"));
 }
 
 absl::StatusOr<LoadedData> LoadIdx(const ps::DataConfig& data) {
@@ -52,13 +55,14 @@ absl::StatusOr<LoadedData> LoadIdx(const ps::DataConfig& data) {
   ASSIGN_OR_RETURN(loaded.train,
                    LoadIdxDataset(data.train_images(), data.train_labels(), data.pixel_scale()),
                    "training set");
-  RETURN_IF_ERROR(NotEmpty(*loaded.train, "train_images", data.train_images()));
+  RETURN_IF_ERROR(NotEmpty(*loaded.train, "training", "train_images", data.train_images()));
   if (!data.test_images().empty()) {
     // The training set fixes the classes; a test label beyond them is an error.
     ASSIGN_OR_RETURN(loaded.test,
                      LoadIdxDataset(data.test_images(), data.test_labels(), data.pixel_scale(),
                                     loaded.train->num_classes()),
                      "test set");
+    RETURN_IF_ERROR(NotEmpty(*loaded.test, "test", "test_images", data.test_images()));
     if (loaded.test->feature_dim() != loaded.train->feature_dim()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.test_images: ", data.test_images(), " has ", loaded.test->feature_dim(),
@@ -73,9 +77,10 @@ absl::StatusOr<LoadedData> LoadLibsvm(const ps::DataConfig& data) {
   const LibsvmOptions options;  // Binary labels: the sparse models are CTR models.
   LoadedData loaded;
   ASSIGN_OR_RETURN(loaded.train, LoadLibsvmDataset(data.train_file(), options), "training set");
-  RETURN_IF_ERROR(NotEmpty(*loaded.train, "train_file", data.train_file()));
+  RETURN_IF_ERROR(NotEmpty(*loaded.train, "training", "train_file", data.train_file()));
   if (!data.test_file().empty()) {
     ASSIGN_OR_RETURN(loaded.test, LoadLibsvmDataset(data.test_file(), options), "test set");
+    RETURN_IF_ERROR(NotEmpty(*loaded.test, "test", "test_file", data.test_file()));
   }
   return loaded;
 }

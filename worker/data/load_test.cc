@@ -127,6 +127,25 @@ TEST(LoadData, EmptyTrainingSetIsInvalid) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has no examples")));
 }
 
+// A test set named but empty is refused as an empty training set is: its evaluation reported
+// NaN AUC or 0 accuracy as the model's before 2026-12-05.
+TEST(LoadData, EmptyTestSetIsInvalid) {
+  ps::DataConfig c = IdxConfig();
+  const IdxPair empty = WriteIdx("empty-test", 0, 1);
+  c.set_test_images(empty.images);
+  c.set_test_labels(empty.labels);
+  EXPECT_THAT(LoadData(c, kTraining),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("data.test_images"), HasSubstr("test set"),
+                             HasSubstr("has no examples"))));
+  ps::DataConfig l;
+  l.set_format(ps::DataConfig::LIBSVM);
+  l.set_train_file(WriteFile(TempPath("train-for-empty.svm"), "1 1:1\n"));
+  l.set_test_file(WriteFile(TempPath("empty-test.svm"), "# nothing\n"));
+  EXPECT_THAT(LoadData(l, kTraining),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.test_file")));
+}
+
 TEST(LoadData, LoadsLibsvm) {
   ps::DataConfig c;
   c.set_format(ps::DataConfig::LIBSVM);

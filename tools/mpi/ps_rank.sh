@@ -36,7 +36,7 @@ for arg in "$@"; do
     --servers=*) servers=${arg#*=} ;;
     --bin_dir=*) bin_dir=${arg#*=} ;;
     --data_root=*) data_root=${arg#*=} ;;
-    --set=*) set_flag=$arg ;;
+    --set=*) set_flag=${set_flag:+$set_flag,}${arg#--set=} ;; # repeated: all of them
     --server_arg=*) server_args+=("${arg#*=}") ;;
     --worker_arg=*) worker_args+=("${arg#*=}") ;;
     *) die "unknown argument '$arg' (see the top of tools/mpi/ps_rank.sh)" ;;
@@ -56,7 +56,7 @@ fi
   die "--servers=$servers: need 1 <= S < the $size ranks (at least one worker)"
 
 common=("--cluster_from=mpi" "--config=$config" "--rendezvous_dir=$rendezvous")
-[ -z "$set_flag" ] || common+=("$set_flag")
+[ -z "$set_flag" ] || common+=("--set=$set_flag")
 if ((rank < servers)); then
   data=()
   [ -z "$data_root" ] || data=("--data_dir=$data_root/server-$rank")

@@ -1,0 +1,36 @@
+#!/bin/bash
+# The cluster scripts' argument handling, with fake binaries and a fake srun (no MPI, no SLURM):
+# repeated --set flags all reach the processes (only the last did before 2026-12-05: the
+# binaries read one --set flag).
+set -uo pipefail
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+here="${TEST_SRCDIR:?}/${TEST_WORKSPACE:?}/tools"
+dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cluster-scripts.XXXXXX") || fail "mktemp"
+trap 'rm -rf "$dir"' EXIT
+mkdir -p "$dir/bin/server" "$dir/bin/worker" "$dir/path"
+for b in server/ps_server worker/ps_worker; do
+  printf '#!/bin/bash\necho "%s $*"\n' "$b" >"$dir/bin/$b"
+  chmod +x "$dir/bin/$b"
+done
+printf 'cluster { num_servers: 1 num_workers: 1 }\n' >"$dir/job.textproto"
+
+# Open MPI: rank 1 of 2 is the worker.
+out=$(OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 bash "$here/mpi/ps_rank.sh" \
+  "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" \
+  --set=training.epochs=1 --set=training.seed=7) || fail "ps_rank.sh: $out"
+echo "ps_rank.sh: $out"
+[[ $out == *"--set=training.epochs=1,training.seed=7"* ]] || fail "ps_rank.sh passed: $out"
+
+# SLURM: srun gets the --multi-prog file; the fake one prints it.
+printf '#!/bin/bash\ncat "${@: -1}"\n' >"$dir/path/srun"
+chmod +x "$dir/path/srun"
+out=$(cd "$dir" && PATH="$dir/path:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=2 SLURM_SUBMIT_DIR="$dir" \
+  bash "$here/slurm/ps_job.sbatch" "--config=$dir/job.textproto" "--bin_dir=$dir/bin" \
+  --set=training.epochs=1 --set=training.seed=7) || fail "ps_job.sbatch: $out"
+echo "ps_job.sbatch: $out"
+[ "$(grep -c -- "--set=training.epochs=1,training.seed=7" <<<"$out")" = 2 ] ||
+  fail "ps_job.sbatch wrote: $out"
+echo "PASSED"

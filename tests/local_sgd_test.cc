@@ -166,6 +166,50 @@ TEST(LocalSgd, FinishMergesAnUnfinishedPeriod) {
   EXPECT_THAT(ServerState(local.get()), Pointwise(FloatNear(1e-5), ServerState(reference.get())));
 }
 
+// A remote store whose pushes are applied and then answered UNAVAILABLE while `fail` is set:
+// a push whose answer was lost.
+class LostAnswers final : public common::ParameterStore {
+ public:
+  explicit LostAnswers(common::ParameterStore* store) : store_(store) {}
+  absl::Status Pull(const common::PullBatch& b, const common::PullOptions& o) override {
+    return store_->Pull(b, o);
+  }
+  absl::Status Push(const common::PushBatch& b, const common::PushOptions& o) override {
+    RETURN_IF_ERROR(store_->Push(b, o));
+    if (fail) return absl::UnavailableError("the answer was lost");
+    return absl::OkStatus();
+  }
+  absl::Status Finish() override { return store_->Finish(); }
+  absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch, uint64_t offset) override {
+    return store_->ReportPosition(epoch, offset);
+  }
+  bool fail = false;
+
+ private:
+  common::ParameterStore* const store_;
+};
+
+// A merge that failed is of unknown fate: the period is not sent again (it was before
+// 2026-12-05, by the next merge or Finish, and servers that had applied it applied it twice);
+// every later push, merge and finish is FAILED_PRECONDITION and changes nothing.
+TEST(LocalSgd, AFailedMergeIsNeverSentAgain) {
+  const JobConfig config = Config("kind: SGD learning_rate: 0.5", 1, "SUM");
+  auto shard = *server::Shard::Create(config, server::ShardOptions{});
+  auto direct = Store(shard.get(), 0);
+  LostAnswers remote(direct.get());
+  auto store = *worker::LocalSgdStore::Create(&remote, Tables(config), 4);
+  for (int step = 0; step < 3; ++step) ASSERT_THAT(TrainStep(store.get(), step, 0), IsOk());
+  remote.fail = true;
+  EXPECT_THAT(TrainStep(store.get(), 3, 0), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(shard->updates_applied(), 1u);  // applied, its answer lost
+  const std::vector<float> after_merge = ServerState(shard.get());
+  remote.fail = false;
+  EXPECT_THAT(store->Finish(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(TrainStep(store.get(), 4, 0), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(shard->updates_applied(), 1u);
+  EXPECT_EQ(ServerState(shard.get()), after_merge);
+}
+
 TEST(LocalSgd, BadInputIsRefusedAndChangesNothing) {
   const JobConfig config = Config("kind: SGD learning_rate: 0.5", 1, "SUM");
   auto shard = *server::Shard::Create(config, server::ShardOptions{});

@@ -158,6 +158,7 @@ absl::Status LocalSgdStore::Push(const common::PushBatch& batch,
     return absl::InvalidArgumentError("local SGD computes its own deltas: push gradients");
   }
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckNoFailedMerge());
   // Check everything before changing anything.
   for (const common::DensePush& d : batch.dense) {
     ASSIGN_OR_RETURN(Table * t, Find(d.table, TABLE_KIND_DENSE));
@@ -209,7 +210,15 @@ absl::Status LocalSgdStore::Push(const common::PushBatch& batch,
   return Merge(options.clock);
 }
 
+absl::Status LocalSgdStore::CheckNoFailedMerge() const {
+  if (merge_failed_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a local SGD merge failed (", merge_failed_.message(),
+      "): servers may hold part of its period, which sent again would be applied twice there"));
+}
+
 absl::Status LocalSgdStore::Merge(int64_t clock) {
+  RETURN_IF_ERROR(CheckNoFailedMerge());
   common::PushBatch push;
   std::vector<std::vector<float>> dense_deltas;
   dense_deltas.reserve(tables_.size());
@@ -236,7 +245,11 @@ absl::Status LocalSgdStore::Merge(int64_t clock) {
   common::PushOptions options;
   options.clock = clock;
   options.is_delta = true;
-  RETURN_IF_ERROR_CTX(remote_->Push(push, options), "local SGD merge");
+  if (absl::Status s = remote_->Push(push, options); !s.ok()) {
+    // Of unknown fate: a push to several servers may have been applied by some of them.
+    merge_failed_ = s;
+    return common::Annotate(s, "local SGD merge");
+  }
   ++stats_.merges;
   for (auto& [name, t] : tables_) t.fetched = false;
   rows_.clear();

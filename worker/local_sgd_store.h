@@ -60,8 +60,10 @@ class LocalSgdStore final : public common::ParameterStore {
   absl::Status Pull(const common::PullBatch& batch, const common::PullOptions& options) override;
   // Errors: NOT_FOUND, INVALID_ARGUMENT (sizes, non-finite gradient values: nothing applied),
   // FAILED_PRECONDITION (a table or row not pulled in this period), and the remote store's
-  // errors when a period's delta is pushed (the period is then still open and is pushed again
-  // with the next step's delta included).
+  // errors when a period's delta is pushed. A failed merge is of unknown fate (servers may
+  // have applied part of it): every later Push, merge and Finish is then FAILED_PRECONDITION,
+  // nothing applied, rather than sending the period again (it was, before 2026-12-05, and
+  // servers that had applied it applied it twice).
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
   absl::Status Finish() override;
   // The remote store's.
@@ -97,6 +99,7 @@ class LocalSgdStore final : public common::ParameterStore {
   absl::StatusOr<Table*> Find(const std::string& name, TableKind kind)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Merge(int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckNoFailedMerge() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   common::ParameterStore* const remote_;
   const uint32_t k_;
@@ -110,6 +113,7 @@ class LocalSgdStore final : public common::ParameterStore {
   uint32_t pushes_in_period_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t period_clock_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no period open
   int64_t last_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status merge_failed_ ABSL_GUARDED_BY(mu_);  // the first merge that failed
   LocalSgdStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -123,7 +123,8 @@ absl::Status Shard::RestoreRecord(absl::string_view key, absl::string_view value
 }
 
 void Shard::EndRestore(const CheckpointMeta& meta) {
-  workers_.Restore({meta.workers().begin(), meta.workers().end()});
+  workers_.Restore({meta.workers().begin(), meta.workers().end()},
+                   absl::FromUnixMicros(meta.unix_micros()));
   for (const auto& tc : meta.tables()) {
     // (BeginRestore checked that every table of the checkpoint is the config's.)
     if (auto it = by_name_.find(tc.name()); it != by_name_.end()) {

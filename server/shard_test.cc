@@ -535,6 +535,29 @@ TEST(Shard, RestoreRefusesCheckpointOfAnotherLayoutOrOptimizer) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("slots")));
 }
 
+// A checkpoint taken while the clock read 3 h later than this server's now (a clock set back
+// since, or another host's): its worker keeps its incarnation and exactly-once state, judged
+// by the checkpoint's clock (before 2026-12-05, by this server's, which dropped them).
+TEST(Shard, RestoreJudgesIncarnationsByTheCheckpointsClock) {
+  JobConfig config = MakeConfig("kind: SGD");
+  auto shard = MakeShard(config);
+  Records records;
+  CheckpointMeta meta = *SnapshotTo(*shard, &records);
+  const absl::Time then = absl::Now() + absl::Hours(3);
+  const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(then));
+  meta.set_unix_micros(absl::ToUnixMicros(then));
+  WorkerCheckpoint* w = meta.add_workers();
+  w->set_worker_id(0);
+  w->set_incarnation(incarnation);
+  w->set_applied_floor(4);
+  w->set_data_offset(32);
+  auto restored = RestoreFrom(config, meta, records);
+  auto position = restored->workers().PositionOf(0);
+  ASSERT_TRUE(position.has_value());
+  EXPECT_EQ(position->incarnation, incarnation);
+  EXPECT_EQ(*restored->workers().Admit(0, incarnation, 4), WorkerTracker::Admission::kDuplicate);
+}
+
 // Found by fuzz/pull_push_fuzzer: under SSP the bound computed clock - staleness on the
 // request's clock, a signed overflow for INT64_MIN.
 TEST(Shard, NegativeWorkerClockIsInvalidArgument) {

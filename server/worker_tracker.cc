@@ -23,10 +23,17 @@ WorkerTracker::~WorkerTracker() {
   if (timer_.joinable()) timer_.join();
 }
 
-uint64_t WorkerTracker::MaxIncarnation() const {
-  const absl::Time limit = now_() + options_.max_incarnation_lead;
+uint64_t WorkerTracker::LeadLimit(absl::Time now) const {
+  const absl::Time limit = now + options_.max_incarnation_lead;
   if (limit <= absl::UnixEpoch()) return 0;
+  if (limit >= absl::FromUnixNanos(std::numeric_limits<int64_t>::max())) {
+    return std::numeric_limits<int64_t>::max();
+  }
   return static_cast<uint64_t>(absl::ToUnixNanos(limit));
+}
+
+uint64_t WorkerTracker::MaxIncarnation() const {
+  return std::max(LeadLimit(now_()), restored_incarnation_.load(std::memory_order_relaxed));
 }
 
 absl::Status WorkerTracker::CheckIncarnation(int32_t worker, uint64_t incarnation) const {
@@ -590,18 +597,22 @@ std::vector<WorkerCheckpoint> WorkerTracker::Save() const {
   return out;
 }
 
-void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
+void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers, absl::Time saved_at) {
   Released released;
   absl::MutexLock lock(&mu_);
   workers_.clear();
   const absl::Time now = now_();
-  const uint64_t max_incarnation = MaxIncarnation();
+  // Judged by the clock of the checkpoint's time too: the incarnations in it passed the
+  // check against that clock (or were forged before there was one).
+  const uint64_t max_incarnation = LeadLimit(std::max(now, saved_at));
+  uint64_t restored = 0;
   for (const auto& c : workers) {
     Worker& w = workers_[c.worker_id()];
     // An incarnation too far ahead was forged into an older checkpoint: keep where the worker
     // is (clock, data position), not who it was, so that its next real incarnation takes over.
     const bool forged = c.incarnation() > max_incarnation;
     w.incarnation = forged ? 0 : c.incarnation();
+    restored = std::max(restored, w.incarnation);
     w.clock = c.clock();
     if (!forged) {
       w.floor = c.applied_floor();
@@ -630,6 +641,7 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers) {
     w.seen = true;
     w.last_seen = now;
   }
+  restored_incarnation_.store(restored, std::memory_order_relaxed);
   ReleaseReady(&released);
 }
 

@@ -43,6 +43,7 @@
 #ifndef PS_SERVER_WORKER_TRACKER_H_
 #define PS_SERVER_WORKER_TRACKER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -236,12 +237,18 @@ class WorkerTracker {
   void FillStats(std::vector<WorkerClock>* out) const;
 
   // Checkpoint state, and restore from it (replaces everything; restored workers count as
-  // last seen now). A saved incarnation too far ahead of the clock (a forged one that got
-  // into an older checkpoint) is dropped with its exactly-once state: the worker's next real
-  // incarnation takes over.
+  // last seen now). `saved_at` is when the checkpoint was taken (its clock). A saved
+  // incarnation that led that clock, or this one if later, by more than max_incarnation_lead
+  // (a forged one that got into an older checkpoint) is dropped with its exactly-once state:
+  // the worker's next real incarnation takes over. Every other restored incarnation is
+  // accepted from then on even if this server's clock is now behind it (a clock set back, or
+  // another host's): before 2026-12-05 a clock more than the lead behind the checkpoint's
+  // dropped a real worker's exactly-once state, and refused the worker.
   std::vector<WorkerCheckpoint> Save() const;
-  void Restore(const std::vector<WorkerCheckpoint>& workers);
-  // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead.
+  void Restore(const std::vector<WorkerCheckpoint>& workers,
+               absl::Time saved_at = absl::InfinitePast());
+  // INVALID_ARGUMENT when `incarnation` leads the clock by more than max_incarnation_lead
+  // (and is above every incarnation restored from a checkpoint).
   absl::Status CheckIncarnation(int32_t worker, uint64_t incarnation) const;
   // Saved state of a worker (as Save gives it), if any.
   std::optional<WorkerCheckpoint> Get(int32_t worker) const;
@@ -319,6 +326,8 @@ class WorkerTracker {
   static void GiveUp(Worker* w, uint64_t first, uint64_t last);
   // The newest incarnation this server accepts now.
   uint64_t MaxIncarnation() const;
+  // The limit of MaxIncarnation at `now`, not counting restored incarnations.
+  uint64_t LeadLimit(absl::Time now) const;
   // Min clock over live participants, and the slowest one's id (-1 if none live).
   std::pair<int64_t, int32_t> MinLive(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -337,6 +346,8 @@ class WorkerTracker {
   static bool IsTurn(TurnArgs* args) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   const WorkerTrackerOptions options_;
+  // The highest incarnation restored from a checkpoint (accepted whatever the clock says).
+  std::atomic<uint64_t> restored_incarnation_{0};
   const std::function<absl::Time()> now_;
 
   mutable absl::Mutex mu_;

@@ -504,6 +504,41 @@ TEST(WorkerTracker, ForgedIncarnationInACheckpointDoesNotSurviveTheRestore) {
   EXPECT_EQ(saved->data_offset(), 64u);
 }
 
+TEST(WorkerTracker, AClockSetBackKeepsARestoredWorkersExactlyOnceState) {
+  // Worker 1 started at the checkpoint's time; the server restarts with its clock 3 h behind
+  // (set back, or another host's): more than the incarnation lead of 1 h.
+  FakeClock clock;
+  clock.seconds = 20000;
+  const uint64_t incarnation = uint64_t{20000} * 1000000000;
+  WorkerTracker t(Options(2, std::nullopt), clock.fn());
+  ASSERT_EQ(*t.Admit(1, incarnation, 1), Admission::kApply);
+  ASSERT_EQ(*t.Admit(1, incarnation, 2), Admission::kApply);
+  ASSERT_TRUE(t.SetDataPosition(1, incarnation, 96, 1));
+  const std::vector<WorkerCheckpoint> saved = t.Save();
+  FakeClock behind;
+  behind.seconds = 20000 - 3 * 3600;
+  WorkerTracker restored(Options(2, std::nullopt), behind.fn());
+  restored.Restore(saved, absl::FromUnixSeconds(20000));
+  // A retry of an applied push is still a duplicate, and the worker is still welcome.
+  EXPECT_EQ(*restored.Admit(1, incarnation, 2), Admission::kDuplicate);
+  EXPECT_EQ(*restored.Admit(1, incarnation, 3), Admission::kApply);
+  EXPECT_THAT(restored.CheckIncarnation(1, incarnation), IsOk());
+  auto position = restored.PositionOf(1);
+  ASSERT_TRUE(position.has_value());
+  EXPECT_EQ(position->incarnation, incarnation);
+  EXPECT_EQ(position->data_offset, 96u);
+  // Incarnations beyond both clocks' lead are still refused.
+  EXPECT_THAT(restored.Admit(0, incarnation + uint64_t{2} * 3600 * 1000000000, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // A checkpoint's own clock does not vouch for an incarnation that led it by more.
+  WorkerCheckpoint forged = saved[0];
+  forged.set_incarnation(incarnation + uint64_t{2} * 3600 * 1000000000);
+  WorkerTracker again(Options(2, std::nullopt), behind.fn());
+  again.Restore({forged}, absl::FromUnixSeconds(20000));
+  EXPECT_EQ(again.PositionOf(1)->incarnation, 0u);
+  EXPECT_EQ(again.PositionOf(1)->data_offset, 96u);
+}
+
 TEST(WorkerTracker, HugeSequencesCannotMakeTheNextRealPushADuplicate) {
   WorkerTracker t(Options(1, std::nullopt));
   ASSERT_EQ(*t.Admit(0, 3, 1), Admission::kApply);

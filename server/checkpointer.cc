@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -49,6 +50,10 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
     for (const storage::CheckpointInfo& c : all) {
       if (c.id == *id) {
         RETURN_IF_ERROR(RestoreOne(c, &report));
+        // The newer ones are another timeline from here on: a restart must continue from
+        // this one, and never fall back to them (before 2026-12-05 it took the newest).
+        RETURN_IF_ERROR_CTX(store_->MakeCurrent(c.id),
+                            "restored, but not recorded as the current checkpoint");
         return report;
       }
     }
@@ -60,8 +65,17 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
         absl::StrCat("no complete checkpoint ", *id, " in ", options_.data_dir));
   }
   report.skipped = unreadable;
-  // Newest first; a checkpoint that fails verification is passed over, never loaded.
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> superseded, store_->Superseded(),
+                   "restore an explicit checkpoint id to choose the current one");
+  // Newest first; a checkpoint that fails verification is passed over, never loaded, and so
+  // is one a restore of an older one superseded.
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (std::binary_search(superseded.begin(), superseded.end(), it->id)) {
+      LOG(INFO) << "passing over checkpoint " << it->id
+                << ": a restore of an older checkpoint superseded it";
+      report.superseded.push_back(it->id);
+      continue;
+    }
     absl::Status status = RestoreOne(*it, &report);
     if (status.ok()) return report;
     if (!absl::IsDataLoss(status) || report.checkpoint_id != 0) return status;
@@ -73,6 +87,12 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
   return absl::DataLossError(absl::StrCat("no checkpoint in ", options_.data_dir,
                                           " passes verification: ",
                                           absl::StrJoin(messages, "; ")));
+}
+
+absl::Status Checkpointer::StartFresh() {
+  absl::ReaderMutexLock store_lock(&store_mu_);
+  if (store_ == nullptr) return absl::FailedPreconditionError("checkpoint store is not open");
+  return store_->MakeCurrent(0);
 }
 
 // Sets report->checkpoint_id only once the shard has been touched (then it is not fresh).

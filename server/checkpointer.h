@@ -45,6 +45,9 @@ struct RestoreReport {
   // Newer checkpoints passed over because they failed verification (DATA_LOSS each, naming
   // the checkpoint), newest first. Only Restore() of the newest skips any.
   std::vector<absl::Status> skipped;
+  // Newer checkpoints passed over because a restore of an older one superseded them
+  // (storage::CheckpointStore::MakeCurrent), newest first. Only Restore() of the newest.
+  std::vector<uint64_t> superseded;
 };
 
 // Thread-safe. STARTED by Start(), STOPPED by Stop() (or the destructor).
@@ -59,11 +62,18 @@ class Checkpointer {
   // Restores checkpoint `id` (nullopt = the newest good one) into the shard, which must be
   // fresh. Nothing is restored from an empty store. With nullopt, a checkpoint that fails
   // verification is passed over (RestoreReport::skipped) for the next older one; each is
-  // verified before the shard is touched.
-  // Errors: DATA_LOSS (checkpoint `id` is corrupt, or every checkpoint is, naming each),
-  // FAILED_PRECONDITION (the checkpoint does not fit this server's config), NOT_FOUND (no
-  // checkpoint `id`).
+  // verified before the shard is touched. So is one superseded (RestoreReport::superseded):
+  // restoring an explicit `id` makes it current, superseding every newer checkpoint, so that
+  // a restart continues from what this server goes on to do, not from the timeline the
+  // operator turned back from.
+  // Errors: DATA_LOSS (checkpoint `id` is corrupt, or every checkpoint is, naming each; or
+  // the record of superseded checkpoints is, for nullopt), FAILED_PRECONDITION (the
+  // checkpoint does not fit this server's config), NOT_FOUND (no checkpoint `id`).
   absl::StatusOr<RestoreReport> Restore(std::optional<uint64_t> id = std::nullopt);
+
+  // For a start from initial values (no restore): supersedes every checkpoint, so that a
+  // restart of this server does not continue from the run it chose not to.
+  absl::Status StartFresh();
 
   // Writes a checkpoint now (one at a time; callers queue), or answers with the one written
   // next if it began after this call did (requests that pile up while one is written share

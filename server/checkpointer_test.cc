@@ -22,6 +22,7 @@ namespace {
 
 using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -217,6 +218,74 @@ TEST_F(CheckpointerTest, RestoreLatestSkipsACorruptNewestCheckpointForTheNewestG
   c.reset();
   auto c2 = NewCheckpointer(other.get());
   EXPECT_THAT(c2->Restore(second_id).status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+// Found 2026-12-05: after a restore of an older checkpoint (--restore=<id>), a restart of the
+// server (the default restore of the newest) went back to the newer checkpoint the operator
+// had turned back from; and once the restored timeline had a checkpoint of its own, a
+// damaged one fell back to it too.
+TEST_F(CheckpointerTest, ARestartAfterRestoringAnOlderCheckpointContinuesFromIt) {
+  uint64_t first_id = 0, second_id = 0;
+  std::vector<float> at_first;
+  ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    ASSERT_THAT(c->Restore(first_id).status(), IsOk());
+  }  // stopped before it wrote a checkpoint
+  uint64_t third_id = 0;
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    auto report = c->Restore();
+    ASSERT_THAT(report.status(), IsOk());
+    EXPECT_EQ(report->checkpoint_id, first_id);
+    EXPECT_THAT(report->superseded, ElementsAre(second_id));
+    EXPECT_THAT(Values(shard.get()), ElementsAreArray(at_first));
+    Train(shard.get(), 1);
+    auto third = c->CheckpointNow();
+    ASSERT_THAT(third.status(), IsOk());
+    third_id = third->checkpoint_id();
+  }
+  DamageRecord(dir_, third_id, std::string("w\0\0\0\0\1", 6));
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    auto report = c->Restore();
+    ASSERT_THAT(report.status(), IsOk());
+    EXPECT_EQ(report->checkpoint_id, first_id);
+    EXPECT_THAT(Values(shard.get()), ElementsAreArray(at_first));
+  }
+  // The superseded one can still be chosen by id, and is then current again.
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    ASSERT_THAT(c->Restore(second_id).status(), IsOk());
+  }
+  auto shard = NewShard();
+  auto c = NewCheckpointer(shard.get());
+  auto report = c->Restore();
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_EQ(report->checkpoint_id, second_id);
+  EXPECT_THAT(report->superseded, ElementsAre(third_id));
+}
+
+// A start from initial values (--restore=none) is not undone by a restart.
+TEST_F(CheckpointerTest, ARestartAfterAFreshStartDoesNotGoBackToTheOldRun) {
+  uint64_t first_id = 0, second_id = 0;
+  std::vector<float> at_first;
+  ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    ASSERT_THAT(c->StartFresh(), IsOk());
+  }
+  auto shard = NewShard();
+  auto c = NewCheckpointer(shard.get());
+  auto report = c->Restore();
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_EQ(report->checkpoint_id, 0u);
+  EXPECT_THAT(report->superseded, ElementsAre(second_id, first_id));
 }
 
 // A newest checkpoint whose commit record does not read is passed over too. Before

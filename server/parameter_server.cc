@@ -221,7 +221,11 @@ absl::Status ParameterServer::Restore() {
   options.interval = absl::Seconds(config_.checkpoint().interval_s());
   options.every_updates = config_.checkpoint().every_updates();
   ASSIGN_OR_RETURN(checkpointer_, Checkpointer::Create(shard_.get(), options));
-  if (!options_.restore) return absl::OkStatus();
+  if (!options_.restore) {
+    // The checkpoints there belong to a run this one does not continue: a restart of this
+    // server with the default --restore=latest must not go back to them.
+    return checkpointer_->StartFresh();
+  }
   const std::optional<uint64_t> previous_updates = ReadProgress(data_dir);
   ASSIGN_OR_RETURN(RestoreReport report, checkpointer_->Restore(options_.restore_id),
                    absl::StrCat("restoring from ", data_dir));

@@ -127,6 +127,35 @@ TEST(ParameterServer, ServesOnAFreePortAndRestoresItsFinalCheckpoint) {
   EXPECT_THAT((*restored)->Wait(), IsOk());
 }
 
+// --restore=none in a data dir that holds checkpoints, then a restart with the default
+// (latest) before the new run wrote one: the restart went back to the old run's model.
+TEST(ParameterServer, ARestartAfterAFreshStartDoesNotGoBackToTheOldRun) {
+  const std::string dir = testing::MakeTempDir("ps");
+  std::vector<float> initial;
+  auto run = [&](bool restore, bool push, bool final_checkpoint) {
+    ParameterServerOptions options = Options(dir);
+    options.restore = restore;
+    auto server = ParameterServer::Create(Config(), options);
+    ASSERT_THAT(server.status(), IsOk());
+    ASSERT_THAT((*server)->Start(), IsOk());
+    auto client = Client((*server)->port(), 1);
+    const std::vector<float> w = PullW(client.get());
+    if (initial.empty()) initial = w;
+    EXPECT_EQ(w, initial);
+    if (push) {
+      std::vector<float> grad(300, 1.0f);
+      common::PushBatch batch;
+      batch.dense.push_back({"w", grad});
+      ASSERT_THAT(client->Push(batch, {}), IsOk());
+    }
+    (*server)->RequestStop(final_checkpoint);
+    EXPECT_THAT((*server)->Wait(), IsOk());
+  };
+  run(/*restore=*/true, /*push=*/true, /*final_checkpoint=*/true);     // the old run
+  run(/*restore=*/false, /*push=*/false, /*final_checkpoint=*/false);  // killed, say
+  run(/*restore=*/true, /*push=*/false, /*final_checkpoint=*/false);
+}
+
 // A worker's own clock on a server restored from an older checkpoint lags what the worker has
 // done; the worker's next pull at its real clock (an evaluation's, or the first of an epoch)
 // must not wait for, or be refused for, a clock of its own that the server will never see

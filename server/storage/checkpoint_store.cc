@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,12 +74,15 @@ using internal::BigEndian64;
 using internal::CfName;
 using internal::CommitKey;
 using internal::CommitRecord;
+using internal::CreateDirs;
 using internal::DecodeBigEndian64;
 using internal::DecodeCommitRecord;
 using internal::DecodeFixed32;
 using internal::DecodeFixed64;
+using internal::DecodeSuperseded;
 using internal::EncodeCommitRecord;
 using internal::EncodeFixed32;
+using internal::EncodeSuperseded;
 using internal::Fingerprint;
 using internal::IdCrc;
 using internal::IsCommitKey;
@@ -87,14 +91,14 @@ using internal::kCrcBytes;
 using internal::kFormat;
 using internal::kFormatKey;
 using internal::kNextIdKey;
-using internal::ParseCfName;
-using internal::PrintableKey;
-using internal::PutFixed64;
-using internal::CreateDirs;
+using internal::kSupersededKey;
 using internal::MakeCheckpointCfOptions;
 using internal::MakeDbOptions;
 using internal::MakeMetaCfOptions;
 using internal::MoveDamagedSstFilesAside;
+using internal::ParseCfName;
+using internal::PrintableKey;
+using internal::PutFixed64;
 using internal::RefuseStoreWithoutCurrent;
 using internal::ScanReadOptions;
 using internal::SetAsideFilesTheStoreDoesNotList;
@@ -324,13 +328,40 @@ absl::Status CheckpointStore::DropCheckpoints(std::vector<uint64_t> ids) {
 
 absl::Status CheckpointStore::ApplyRetention() {
   ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
-  if (committed.size() <= options_.keep) return absl::OkStatus();
-  // The newest `keep` survive, so the newest complete checkpoint always does.
-  const uint64_t oldest_kept = committed[committed.size() - options_.keep];
+  absl::StatusOr<std::vector<uint64_t>> superseded = ReadSuperseded();
+  if (!superseded.ok()) {
+    if (!absl::IsDataLoss(superseded.status())) return superseded.status();
+    // Which ones are current is unknown: deleting by id alone could delete them all.
+    LOG(ERROR) << superseded.status()
+               << ": keeping every checkpoint until a restore of an explicit id writes it anew";
+    return absl::OkStatus();
+  }
+  // A checkpoint is kept while fewer than `keep` checkpoints newer than it are current (not
+  // superseded): the newest `keep` current ones, so the newest complete current checkpoint
+  // always survives, and superseded ones until as many current ones are newer. The count only
+  // grows towards older ids, so what is kept is every id from `oldest_kept` up.
+  uint64_t oldest_kept = 0;
+  size_t current_newer = 0;
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    if (current_newer >= options_.keep) break;
+    oldest_kept = *it;
+    if (!std::binary_search(superseded->begin(), superseded->end(), *it)) ++current_newer;
+  }
+  if (committed.empty() || oldest_kept == committed.front()) return absl::OkStatus();
   rocksdb::WriteBatch batch;
   for (uint64_t id : committed) {
     if (id >= oldest_kept) break;
     RETURN_IF_ERROR(Error(FromRocksDbStatus(batch.Delete(meta_cf_.get(), CommitKey(id)))));
+  }
+  std::vector<uint64_t> still_superseded;
+  for (uint64_t id : *superseded) {
+    if (id >= oldest_kept) still_superseded.push_back(id);
+  }
+  if (still_superseded.size() != superseded->size()) {
+    RETURN_IF_ERROR(Error(FromRocksDbStatus(
+        still_superseded.empty()
+            ? batch.Delete(meta_cf_.get(), kSupersededKey)
+            : batch.Put(meta_cf_.get(), kSupersededKey, EncodeSuperseded(still_superseded)))));
   }
   // Synced (whatever options_.sync says) before any records go: dropping a column family is
   // durable at once, and a commit record must never outlive its records.
@@ -345,6 +376,54 @@ absl::Status CheckpointStore::ApplyRetention() {
   LOG(INFO) << "checkpoint store " << options_.path << ": deleting checkpoints below "
             << oldest_kept;
   return DropCheckpoints(std::move(old));
+}
+
+absl::StatusOr<std::vector<uint64_t>> CheckpointStore::ReadSuperseded() {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_cf_.get(), kSupersededKey, &value);
+  if (s.IsNotFound()) return std::vector<uint64_t>{};
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(s, "read the superseded checkpoints")));
+  absl::StatusOr<std::vector<uint64_t>> ids = DecodeSuperseded(value);
+  if (!ids.ok()) return Error(ids.status());
+  return ids;
+}
+
+absl::StatusOr<std::vector<uint64_t>> CheckpointStore::Superseded() { return ReadSuperseded(); }
+
+absl::Status CheckpointStore::MakeCurrent(uint64_t id) {
+  absl::MutexLock lock(&mu_);  // against retention's rewrite of the record
+  ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
+  if (id != 0 && !std::binary_search(committed.begin(), committed.end(), id)) {
+    return Error(absl::NotFoundError(absl::StrCat("no complete checkpoint ", id)));
+  }
+  absl::StatusOr<std::vector<uint64_t>> old = ReadSuperseded();
+  const bool corrupt = !old.ok();
+  if (corrupt) {
+    if (!absl::IsDataLoss(old.status())) return old.status();
+    LOG(WARNING) << old.status() << ": written anew";
+    old = std::vector<uint64_t>{};
+  }
+  std::set<uint64_t> superseded(old->begin(), old->end());
+  for (uint64_t c : committed) {
+    if (c > id) superseded.insert(c);
+  }
+  superseded.erase(id);
+  std::vector<uint64_t> ids;
+  for (uint64_t c : superseded) {
+    if (std::binary_search(committed.begin(), committed.end(), c)) ids.push_back(c);
+  }
+  if (ids == *old && !corrupt) return absl::OkStatus();
+  rocksdb::WriteOptions write_options;
+  write_options.sync = true;
+  rocksdb::Status s =
+      ids.empty() ? db_->Delete(write_options, meta_cf_.get(), kSupersededKey)
+                  : db_->Put(write_options, meta_cf_.get(), kSupersededKey, EncodeSuperseded(ids));
+  RETURN_IF_ERROR(Error(FromRocksDbStatus(s, "record the superseded checkpoints")));
+  if (!ids.empty()) {
+    LOG(INFO) << "checkpoint store " << options_.path << ": checkpoint " << id
+              << " is current; superseded: " << absl::StrJoin(ids, ", ");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointStore::PutNextId(uint64_t next_id) {
@@ -712,6 +791,11 @@ absl::Status CheckpointStore::PutRawRecordForTest(uint64_t id, absl::string_view
 absl::Status CheckpointStore::PutCommitRecordForTest(uint64_t id, absl::string_view raw) {
   return Error(FromRocksDbStatus(
       db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), CommitKey(id), ToSlice(raw))));
+}
+
+absl::Status CheckpointStore::PutSupersededRecordForTest(absl::string_view raw) {
+  return Error(FromRocksDbStatus(
+      db_->Put(rocksdb::WriteOptions(), meta_cf_.get(), kSupersededKey, ToSlice(raw))));
 }
 
 absl::Status CheckpointStore::DeleteRecordForTest(uint64_t id, absl::string_view key) {

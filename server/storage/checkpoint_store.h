@@ -238,6 +238,21 @@ class CheckpointStore {
   [[nodiscard]] absl::StatusOr<std::vector<CheckpointInfo>> List(
       std::vector<absl::Status>* unreadable = nullptr);
 
+  // Complete checkpoints a restore passed over (see MakeCurrent), by increasing id. Restoring
+  // the newest checkpoint means the newest one not listed here.
+  // Errors: DATA_LOSS (the record of them is corrupt; MakeCurrent writes it anew),
+  // UNAVAILABLE (I/O).
+  [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> Superseded();
+
+  // Makes complete checkpoint `id` (0: none, a fresh start) the one that the newest is until a
+  // newer one is committed: every complete checkpoint newer than `id` is marked superseded,
+  // and `id` no longer is (nor are those it superseded itself before). Written synced, before
+  // it returns. Retention keeps an superseded checkpoint until `keep` newer ones that are not
+  // superseded exist, so a mistaken restore can be undone by restoring the newer id.
+  // Errors: NOT_FOUND (no complete checkpoint `id`), PERMISSION_DENIED / RESOURCE_EXHAUSTED /
+  // UNAVAILABLE (I/O).
+  [[nodiscard]] absl::Status MakeCurrent(uint64_t id);
+
   // Calls `visit` with every record of checkpoint `id`, in increasing key order (bytewise),
   // checking each record's checksum before handing it out, and the record count, byte count
   // and hash against the commit record at the end. The views are valid only during the call.
@@ -266,6 +281,8 @@ class CheckpointStore {
   [[nodiscard]] absl::Status DeleteRecordForTest(uint64_t id, absl::string_view key);
   // Replaces checkpoint `id`'s commit record with `raw` bytes.
   [[nodiscard]] absl::Status PutCommitRecordForTest(uint64_t id, absl::string_view raw);
+  // Replaces the record of superseded checkpoints with `raw` bytes.
+  [[nodiscard]] absl::Status PutSupersededRecordForTest(absl::string_view raw);
   // Makes the store behave as after a failed checkpoint write (NeedsReopen()).
   void MarkWriteFailedForTest(const absl::Status& status) { MarkWriteFailed(status); }
   // Number of records stored for any checkpoint id, complete or not.
@@ -296,6 +313,7 @@ class CheckpointStore {
   absl::Status DropCheckpoints(std::vector<uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutNextId(uint64_t next_id);
+  absl::StatusOr<std::vector<uint64_t>> ReadSuperseded();
   absl::Status CheckFreeSpace(absl::string_view what);
 
   // Called by CheckpointWriter.
@@ -325,7 +343,8 @@ class CheckpointStore {
   // Declared before the handles: members are destroyed in reverse order, and RocksDB requires
   // the column family handles to go before the DB.
   std::unique_ptr<rocksdb::DB> db_;
-  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;  // Format, next id, commit records.
+  // Format, next id, commit records, superseded checkpoints.
+  std::unique_ptr<rocksdb::ColumnFamilyHandle> meta_cf_;
 
   absl::Mutex mu_;
   // Held across the small metadata operations of BeginCheckpoint(), retention and cleanup

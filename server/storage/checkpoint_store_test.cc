@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 TEST_F(CheckpointStoreTest, RoundTripReturnsRecordsInKeyOrder) {
   OpenStore();
@@ -233,6 +234,53 @@ TEST_F(CheckpointStoreTest, RetentionKeepsNewestAndDeletesOlder) {
   EXPECT_THAT(ListIds(), ElementsAre(ids[3]));
   ASSERT_OK_AND_ASSIGN(Records read, ReadAll(ids[3]));
   EXPECT_EQ(read, MakeRecords(4, 10, 100 << 10));
+}
+
+TEST_F(CheckpointStoreTest, MakeCurrentSupersedesNewerCheckpointsUntilRetentionCatchesUp) {
+  options_.keep = 2;
+  OpenStore();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c1, WriteCheckpoint(MakeRecords(1, 3, 100)));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c2, WriteCheckpoint(MakeRecords(2, 3, 100)));
+  EXPECT_THAT(SupersededIds(), IsEmpty());
+  EXPECT_THAT(store_->MakeCurrent(c2.id + 7), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(store_->MakeCurrent(c1.id));
+  EXPECT_THAT(SupersededIds(), ElementsAre(c2.id));
+  // Durable, and kept through retention while fewer than `keep` current ones are newer.
+  OpenStore();
+  EXPECT_THAT(SupersededIds(), ElementsAre(c2.id));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c3, WriteCheckpoint(MakeRecords(3, 3, 100)));
+  EXPECT_THAT(ListIds(), ElementsAre(c1.id, c2.id, c3.id));
+  // Restoring the superseded one again undoes it, and supersedes what came after c1.
+  ASSERT_OK(store_->MakeCurrent(c2.id));
+  EXPECT_THAT(SupersededIds(), ElementsAre(c3.id));
+  ASSERT_OK(store_->MakeCurrent(c1.id));
+  EXPECT_THAT(SupersededIds(), ElementsAre(c2.id, c3.id));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c4, WriteCheckpoint(MakeRecords(4, 3, 100)));
+  EXPECT_THAT(ListIds(), ElementsAre(c1.id, c2.id, c3.id, c4.id));
+  // c5 makes two current ones (c4, c5) newer than c1, c2 and c3.
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c5, WriteCheckpoint(MakeRecords(5, 3, 100)));
+  EXPECT_THAT(ListIds(), ElementsAre(c4.id, c5.id));
+  EXPECT_THAT(SupersededIds(), IsEmpty());
+  // A fresh start supersedes them all.
+  ASSERT_OK(store_->MakeCurrent(0));
+  EXPECT_THAT(SupersededIds(), ElementsAre(c4.id, c5.id));
+}
+
+TEST_F(CheckpointStoreTest, ACorruptRecordOfSupersededCheckpointsDeletesNothing) {
+  options_.keep = 1;
+  OpenStore();
+  ASSERT_OK(WriteCheckpoint(MakeRecords(1, 3, 100)).status());
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c2, WriteCheckpoint(MakeRecords(2, 3, 100)));
+  EXPECT_THAT(ListIds(), ElementsAre(c2.id));
+  ASSERT_OK(store_->PutSupersededRecordForTest("\x01\x02\x03\x04\x05"));
+  EXPECT_THAT(store_->Superseded(), StatusIs(absl::StatusCode::kDataLoss));
+  // Which one is current is unknown, so retention keeps them all; the store still opens.
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo c3, WriteCheckpoint(MakeRecords(3, 3, 100)));
+  OpenStore();
+  EXPECT_THAT(ListIds(), ElementsAre(c2.id, c3.id));
+  // Making one current writes the record anew.
+  ASSERT_OK(store_->MakeCurrent(c2.id));
+  EXPECT_THAT(SupersededIds(), ElementsAre(c3.id));
 }
 
 TEST_F(CheckpointStoreTest, DuplicateKeyFailsCommitWithInvalidArgument) {

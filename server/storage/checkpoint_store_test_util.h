@@ -132,6 +132,12 @@ class CheckpointStoreTest : public ::testing::Test {
     return ids;
   }
 
+  std::vector<uint64_t> SupersededIds() {
+    absl::StatusOr<std::vector<uint64_t>> ids = store_->Superseded();
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    return ids.ok() ? *ids : std::vector<uint64_t>{};
+  }
+
   // SST files of the store whose bytes contain `needle`.
   std::vector<std::filesystem::path> SstFilesContaining(absl::string_view needle) {
     std::vector<std::filesystem::path> found;

@@ -145,4 +145,34 @@ absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view v
   return record;
 }
 
+std::string EncodeSuperseded(const std::vector<uint64_t>& ids) {
+  std::string out;
+  out.reserve(ids.size() * kIdBytes + kCrcBytes);
+  for (uint64_t id : ids) PutFixed64(&out, id);
+  PutFixed32(&out, crc32c::Value(out));
+  return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> DecodeSuperseded(absl::string_view value) {
+  auto corrupt = [](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("the record of superseded checkpoints is corrupt: ", why));
+  };
+  if (value.size() < kCrcBytes || (value.size() - kCrcBytes) % kIdBytes != 0) {
+    return corrupt(absl::StrCat("size ", value.size()));
+  }
+  const absl::string_view ids = value.substr(0, value.size() - kCrcBytes);
+  if (crc32c::Value(ids) != DecodeFixed32(value.data() + ids.size())) {
+    return corrupt("checksum mismatch");
+  }
+  std::vector<uint64_t> out;
+  out.reserve(ids.size() / kIdBytes);
+  for (size_t at = 0; at < ids.size(); at += kIdBytes) {
+    const uint64_t id = DecodeFixed64(ids.data() + at);
+    if (!out.empty() && id <= out.back()) return corrupt("ids out of order");
+    out.push_back(id);
+  }
+  return out;
+}
+
 }  // namespace ps::server::storage::internal

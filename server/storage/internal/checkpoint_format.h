@@ -5,8 +5,12 @@
 //   column family "default" (meta):  "F"            -> kFormat, written when the store is created
 //                                    "N"            -> fixed64 next checkpoint id (high-water mark)
 //                                    "C" + be64(id) -> commit record of complete checkpoint `id`
+//                                    "S"            -> superseded checkpoints (absent = none)
 //   column family "checkpoint-<id>"  user key       -> fixed32 crc + value     (one per checkpoint;
 //                                                      <id> is 20 decimal digits)
+//
+// Superseded record: fixed64 id per checkpoint, strictly increasing | fixed32 CRC-32C of the
+//   ids. Older binaries ignore it (they know no "S" key).
 //
 // Fixed-width integers in values are little-endian; ids in keys are big-endian so they sort.
 //
@@ -26,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -36,6 +41,7 @@ namespace ps::server::storage::internal {
 inline constexpr char kFormat[] = "ps.server.storage.CheckpointStore format 1";
 inline constexpr char kFormatKey[] = "F";
 inline constexpr char kNextIdKey[] = "N";
+inline constexpr char kSupersededKey[] = "S";
 inline constexpr char kCommitTag = 'C';
 inline constexpr char kCfPrefix[] = "checkpoint-";
 inline constexpr uint32_t kCommitVersion = 1;
@@ -77,6 +83,12 @@ struct CommitRecord {
 std::string EncodeCommitRecord(const CommitRecord& record);
 // DATA_LOSS naming checkpoint `id` if `value` is not a well-formed commit record for `id`.
 absl::StatusOr<CommitRecord> DecodeCommitRecord(uint64_t id, absl::string_view value);
+
+// ---- Superseded record. ----
+// REQUIRES: `ids` strictly increasing.
+std::string EncodeSuperseded(const std::vector<uint64_t>& ids);
+// DATA_LOSS if `value` is not a well-formed superseded record.
+absl::StatusOr<std::vector<uint64_t>> DecodeSuperseded(absl::string_view value);
 
 }  // namespace ps::server::storage::internal
 

@@ -126,9 +126,10 @@ absl::StatusOr<bool> FileReader::FillBuffer() {
   return *got > 0;
 }
 
-absl::StatusOr<bool> FileReader::ReadLine(std::string* line) {
+absl::StatusOr<bool> FileReader::ReadLine(std::string* line, size_t max_bytes) {
   line->clear();
   bool any = false;
+  const uint64_t start = offset_;
   while (true) {
     absl::StatusOr<bool> more = FillBuffer();
     if (!more.ok()) return more.status();
@@ -138,6 +139,11 @@ absl::StatusOr<bool> FileReader::ReadLine(std::string* line) {
     const size_t available = buffer_.size() - buffer_pos_;
     const void* newline = std::memchr(begin, '\n', available);
     const size_t len = newline == nullptr ? available : static_cast<const char*>(newline) - begin;
+    if (len > max_bytes - line->size()) {
+      line->clear();
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path_, ": byte ", start, ": a line longer than ", max_bytes, " bytes"));
+    }
     line->append(begin, len);
     const size_t consumed = newline == nullptr ? len : len + 1;
     buffer_pos_ += consumed;

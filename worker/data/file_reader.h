@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,8 +39,10 @@ class FileReader {
 
   // Reads the next line into `*line`, without its '\n' (a '\r' before it is kept; the
   // caller decides). Returns false, leaving `*line` empty, at the end of the file. A last
-  // line without '\n' is still returned.
-  [[nodiscard]] absl::StatusOr<bool> ReadLine(std::string* line);
+  // line without '\n' is still returned. A line longer than `max_bytes` is
+  // RESOURCE_EXHAUSTED, naming where it starts, once that much of it was read.
+  [[nodiscard]] absl::StatusOr<bool> ReadLine(
+      std::string* line, size_t max_bytes = std::numeric_limits<size_t>::max());
 
   // Bytes consumed so far (decompressed).
   uint64_t offset() const { return offset_; }

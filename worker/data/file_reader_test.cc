@@ -12,6 +12,7 @@ namespace ps::worker {
 namespace {
 
 using ::ps::common::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string ReadAllLines(FileReader& reader, int* lines) {
@@ -77,6 +78,22 @@ TEST(FileReader, ReadsLinesLongerThanItsBuffer) {
   EXPECT_EQ(line, long_line);
   ASSERT_OK_AND_ASSIGN(more, reader->ReadLine(&line));
   EXPECT_EQ(line, "short");
+}
+
+// A line is capped when asked: a gzip file of a few KB can hold a line of any length.
+TEST(FileReader, ALineLongerThanTheCapIsResourceExhausted) {
+  const std::string long_line(700 << 10, 'x');
+  const std::string path = test_files::WriteGzipFile(test_files::TempPath("capped.gz"),
+                                                     "first\n" + long_line + "\nshort\n");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
+  std::string line;
+  ASSERT_OK_AND_ASSIGN(bool more, reader->ReadLine(&line, 5));  // exactly the cap
+  EXPECT_TRUE(more);
+  EXPECT_EQ(line, "first");
+  EXPECT_THAT(reader->ReadLine(&line, 600 << 10),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("capped.gz: byte 6: a line longer than 614400 bytes"))));
+  EXPECT_TRUE(line.empty());
 }
 
 TEST(FileReader, MissingFileIsNotFound) {

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "worker/data/file_reader.h"
 #include "worker/data/in_memory_dataset.h"
+#include "worker/data/memory_limit.h"
 
 namespace ps::worker {
 namespace {
@@ -130,9 +131,16 @@ absl::Status ExpectEnd(FileReader& file) {
 }
 
 // Reads the labels; validates them against num_classes when it is > 0.
-absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, int num_classes) {
+absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, int num_classes,
+                                                uint64_t memory_limit) {
   ASSIGN_OR_RETURN(std::unique_ptr<FileReader> file, FileReader::Open(path));
   ASSIGN_OR_RETURN(IdxHeader header, ReadHeader(*file, 1, 1));
+  // What the header declares is what the data would take (the file must end after it), so a
+  // count beyond memory is refused before a byte is read: a small gzip file can decompress
+  // to any count.
+  RETURN_IF_ERROR(CheckDatasetFits(
+      static_cast<double>(header.count) * sizeof(int32_t), memory_limit,
+      absl::StrCat(path, ": byte 4: the ", header.count, " labels its header declares")));
   std::vector<int32_t> labels;
   std::vector<unsigned char> chunk;
   uint64_t left = header.count;
@@ -186,7 +194,8 @@ absl::StatusOr<std::vector<float>> ReadImages(FileReader& file, const IdxHeader&
 
 absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& images,
                                                         const std::string& labels,
-                                                        float pixel_scale, int num_classes) {
+                                                        float pixel_scale, int num_classes,
+                                                        uint64_t max_memory_bytes) {
   // (255 / pixel_scale must be a float too: a tiny scale made every lit pixel infinite.)
   if (!std::isfinite(pixel_scale) || pixel_scale <= 0 || !std::isfinite(255.0f / pixel_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -197,7 +206,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& image
   }
   // Labels first: they are small, and their count lets a mismatched pair fail right after
   // the image header instead of after reading every pixel.
-  ASSIGN_OR_RETURN(std::vector<int32_t> label_values, ReadLabels(labels, num_classes));
+  const uint64_t limit = DatasetMemoryLimit(max_memory_bytes);
+  ASSIGN_OR_RETURN(std::vector<int32_t> label_values, ReadLabels(labels, num_classes, limit));
   ASSIGN_OR_RETURN(std::unique_ptr<FileReader> file, FileReader::Open(images));
   ASSIGN_OR_RETURN(IdxHeader header, ReadHeader(*file, 2, 255));
   if (header.count != label_values.size()) {
@@ -205,6 +215,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& image
                                                    " images, but ", labels, " has ",
                                                    label_values.size(), " labels"));
   }
+  // Each example's pixels as floats, and its label (read already).
+  const double bytes = static_cast<double>(header.count) *
+                       (static_cast<double>(header.element_size) + 1.0) * sizeof(float);
+  RETURN_IF_ERROR(CheckDatasetFits(
+      bytes, limit,
+      absl::StrCat(images, ": byte 4: the ", header.count, " images of ", header.element_size,
+                   " pixels its header declares (as floats, with their labels)")));
   ASSIGN_OR_RETURN(std::vector<float> features, ReadImages(*file, header, pixel_scale));
   if (num_classes == 0) {
     int32_t max_label = 0;

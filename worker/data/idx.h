@@ -12,6 +12,7 @@
 #ifndef PS_WORKER_DATA_IDX_H_
 #define PS_WORKER_DATA_IDX_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,13 +35,17 @@ namespace ps::worker {
 //                     type other than unsigned byte, wrong number of dimensions, a zero or
 //                     overflowing example size, image and label counts that differ, a label
 //                     out of range, or bytes after the declared data;
+//   RESOURCE_EXHAUSTED  the data a header declares (as floats and int32 labels) takes more
+//                     than `max_memory_bytes` (0: this machine's physical memory), before any
+//                     of it is read;
 //   DATA_LOSS         the file ends before its header says it should (truncation), or a
 //                     corrupt gzip stream. Truncation is DATA_LOSS rather than
 //                     INVALID_ARGUMENT because the header is intact and the data is gone:
 //                     re-downloading fixes it, editing the config does not.
 absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& images,
                                                         const std::string& labels,
-                                                        float pixel_scale, int num_classes = 0);
+                                                        float pixel_scale, int num_classes = 0,
+                                                        uint64_t max_memory_bytes = 0);
 
 }  // namespace ps::worker
 

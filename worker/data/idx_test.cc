@@ -165,6 +165,31 @@ TEST(LoadIdxDataset, TruncatedDataIsDataLoss) {
                AllOf(HasSubstr("byte 4: truncated IDX dimensions"), HasSubstr("ends at byte 10"))));
 }
 
+// A header is untrusted: one declaring more data than memory holds, in a small gzip file
+// that decompresses to as much of it as asked, grew the arrays until the OOM killer came.
+// Refused from the header, before a byte of data is read (so not DATA_LOSS for the missing
+// data either).
+TEST(LoadIdxDataset, DataDeclaredBeyondMemoryIsRefusedBeforeItIsRead) {
+  constexpr uint64_t kLimit = 1 << 20;
+  // 2^19 labels (2 MiB as int32), no data behind them.
+  const Files labels = WritePlain("big-labels", Images(), IdxBytes(kUbyte, {1u << 19}, ""));
+  EXPECT_THAT(LoadIdxDataset(labels.images, labels.labels, 255, 0, kLimit),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(labels.labels), HasSubstr("524288 labels"),
+                             HasSubstr("GiB of memory"))));
+  // 3 labels but images of 1000 x 1000 pixels (12 MB as floats), pixels absent.
+  const Files images = WritePlain("big-images", IdxBytes(kUbyte, {3, 1000, 1000}, ""), Labels());
+  EXPECT_THAT(LoadIdxDataset(images.images, images.labels, 255, 0, kLimit),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(images.images), HasSubstr("3 images of 1000000 pixels"))));
+  // Within the limit, the same files are read (and found truncated).
+  EXPECT_THAT(LoadIdxDataset(images.images, images.labels, 255, 0, 64 << 20),
+              StatusIs(absl::StatusCode::kDataLoss));
+  // The default limit is this machine's memory: the small set loads.
+  const Files small = WritePlain("small-default-limit", Images(), Labels());
+  EXPECT_TRUE(LoadIdxDataset(small.images, small.labels, 255).ok());
+}
+
 TEST(LoadIdxDataset, EmptyFileIsDataLoss) {
   const Files f = WritePlain("empty", Images(), "");
   EXPECT_THAT(LoadIdxDataset(f.images, f.labels, 255),

@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "worker/data/file_reader.h"
 #include "worker/data/in_memory_dataset.h"
+#include "worker/data/memory_limit.h"
 
 namespace ps::worker {
 namespace {
@@ -32,6 +33,49 @@ struct Parsed {
   std::vector<float> values;
   std::vector<int32_t> labels;
 };
+
+// Bytes the arrays of `p` hold (their capacity: what a growth keeps while it copies).
+double HeldBytes(const Parsed& p) {
+  return static_cast<double>(p.offsets.capacity()) * sizeof(uint64_t) +
+         static_cast<double>(p.ids.capacity()) * sizeof(uint64_t) +
+         static_cast<double>(p.values.capacity()) * sizeof(float) +
+         static_cast<double>(p.labels.capacity()) * sizeof(int32_t);
+}
+
+// Grows `v` to hold `extra` more elements, as push_back would (doubling) where that fits in
+// `limit` together with everything held (`held` bytes, of which `v`'s own buffer is part and
+// is still held while it is copied), else to exactly what is needed; RESOURCE_EXHAUSTED if
+// not even that fits.
+template <typename T>
+absl::Status Grow(std::vector<T>* v, size_t extra, double held, uint64_t limit,
+                  const std::string& path, uint64_t line_number) {
+  const size_t need = v->size() + extra;
+  if (need <= v->capacity()) return absl::OkStatus();
+  auto fits = [&](size_t n) {
+    return limit == 0 || held + static_cast<double>(n) * sizeof(T) <= static_cast<double>(limit);
+  };
+  size_t want = std::max(need, 2 * v->capacity());
+  if (!fits(want)) want = need;
+  if (!fits(want)) {
+    return CheckDatasetFits(
+        held + static_cast<double>(want) * sizeof(T), limit,
+        absl::StrCat(path, ":", line_number, ": the examples of the lines up to this one"));
+  }
+  v->reserve(want);
+  return absl::OkStatus();
+}
+
+// Makes room in `p` for the example of line `line_number`, of `line_bytes` (which has at
+// most one feature per 4 bytes: "i:v" and a separator, after a label and its separator).
+absl::Status MakeRoom(Parsed* p, size_t line_bytes, uint64_t limit, const std::string& path,
+                      uint64_t line_number) {
+  const size_t max_features = (line_bytes + 1) / 4;
+  const double line = static_cast<double>(line_bytes);
+  RETURN_IF_ERROR(Grow(&p->ids, max_features, HeldBytes(*p) + line, limit, path, line_number));
+  RETURN_IF_ERROR(Grow(&p->values, max_features, HeldBytes(*p) + line, limit, path, line_number));
+  RETURN_IF_ERROR(Grow(&p->offsets, 1, HeldBytes(*p) + line, limit, path, line_number));
+  return Grow(&p->labels, 1, HeldBytes(*p) + line, limit, path, line_number);
+}
 
 // Parses one line; knows where it is for error messages.
 class LineParser {
@@ -166,13 +210,17 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadLibsvmDataset(const std::string& pa
         "LibsvmOptions.num_classes must be 0 (infer) or >= 2, got ", options.num_classes));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<FileReader> file, FileReader::Open(path));
+  const uint64_t limit = DatasetMemoryLimit(options.max_memory_bytes);
+  // A line and what it parses into (up to 3 times its bytes) fit in the limit.
+  const size_t max_line = limit == 0 ? std::numeric_limits<size_t>::max() : limit / 4;
   Parsed parsed;
   std::string line;
   uint64_t line_number = 0;
   while (true) {
-    ASSIGN_OR_RETURN(bool more, file->ReadLine(&line));
+    ASSIGN_OR_RETURN(bool more, file->ReadLine(&line, max_line));
     if (!more) break;
     ++line_number;
+    RETURN_IF_ERROR(MakeRoom(&parsed, line.size(), limit, path, line_number));
     LineParser parser(path, line_number, Content(line), options);
     RETURN_IF_ERROR(parser.Parse(&parsed));
   }

@@ -9,6 +9,7 @@
 #ifndef PS_WORKER_DATA_LIBSVM_H_
 #define PS_WORKER_DATA_LIBSVM_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -28,12 +29,19 @@ struct LibsvmOptions {
   // Multi-class only: the number of classes (every label must be below it), or 0 (default)
   // to infer it as max(2, largest label + 1). Must be 0 or >= 2; ignored for binary data.
   int num_classes = 0;
+  // The most memory the parsed data (ids, values, offsets, labels) and one line of text may
+  // take; 0 (default): this machine's physical memory. A file beyond it is RESOURCE_EXHAUSTED
+  // as soon as the data grows past it, instead of the OOM killer's: a small gzip file can
+  // decompress to any size.
+  uint64_t max_memory_bytes = 0;
 };
 
 // Loads `path` into a sparse Dataset (a SparseDataset).
 // Errors:
 //   NOT_FOUND (PERMISSION_DENIED, ...)  the file cannot be opened;
 //   DATA_LOSS                           corrupt or truncated gzip stream;
+//   RESOURCE_EXHAUSTED                  the data would take more than max_memory_bytes
+//       (checked at each growth of its arrays), or one line more than a quarter of it;
 //   INVALID_ARGUMENT                    bad options, or a syntax error. Syntax errors read
 //       "<path>:<line>:<column>: <problem>" (1-based; the column is that of the offending
 //       token or part of it): a bad label, a feature without ':', a non-numeric or

@@ -17,6 +17,7 @@ namespace {
 using ::ps::common::StatusIs;
 using test_files::TempPath;
 using test_files::WriteFile;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -96,6 +97,29 @@ TEST(LoadLibsvmDataset, MultiClassChecksGivenNumClasses) {
   options.num_classes = 1;
   EXPECT_THAT(LoadLibsvmDataset(path, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_classes")));
+}
+
+// A small gzip file can decompress to more examples than memory holds; the arrays grew until
+// the OOM killer came. Now the load stops where the data would pass the limit.
+TEST(LoadLibsvmDataset, DataBeyondTheMemoryLimitIsResourceExhausted) {
+  std::string text;
+  for (int i = 0; i < 50000; ++i) text += "1 1:1 2:1 3:1 4:1\n";  // 50k x 4 features
+  const std::string path = test_files::WriteGzipFile(TempPath("many.svm.gz"), text);
+  LibsvmOptions options;
+  options.max_memory_bytes = 1 << 20;  // the data takes about 2.8 MB
+  EXPECT_THAT(LoadLibsvmDataset(path, options),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("many.svm.gz:"), HasSubstr("GiB of memory"))));
+  options.max_memory_bytes = 16 << 20;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Dataset> d, LoadLibsvmDataset(path, options));
+  EXPECT_EQ(d->size(), 50000);
+  // One line of 600 KB of spaces, beyond a quarter of the limit.
+  const std::string wide = test_files::WriteGzipFile(
+      TempPath("wide.svm.gz"), "1 1:1\n1" + std::string(600 << 10, ' ') + "\n");
+  options.max_memory_bytes = 2 << 20;
+  EXPECT_THAT(LoadLibsvmDataset(wide, options),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("wide.svm.gz: byte 6: a line longer than 524288 bytes")));
 }
 
 TEST(LoadLibsvmDataset, MissingFileIsNotFound) {

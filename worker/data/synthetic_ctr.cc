@@ -1,7 +1,5 @@
 #include "worker/data/synthetic_ctr.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/hash.h"
 #include "worker/data/in_memory_dataset.h"
+#include "worker/data/memory_limit.h"
 #include "worker/data/metrics.h"
 
 namespace ps::worker {
@@ -139,15 +138,9 @@ absl::Status Validate(const ps::SyntheticCtrConfig& c) {
   // aborted by the allocator part way.
   const double bytes = (static_cast<double>(c.num_train()) + static_cast<double>(c.num_test())) *
                        (12.0 * c.num_fields() + 20.0);
-  const double memory =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  if (memory > 0 && bytes > memory) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "num_train %d + num_test %d examples of %d fields take about %.1f GiB, more than this "
-        "machine's %.1f GiB of memory",
-        c.num_train(), c.num_test(), c.num_fields(), bytes / (1 << 30), memory / (1 << 30)));
-  }
-  return absl::OkStatus();
+  return CheckDatasetFits(bytes, DatasetMemoryLimit(),
+                          absl::StrFormat("num_train %d + num_test %d examples of %d fields",
+                                          c.num_train(), c.num_test(), c.num_fields()));
 }
 
 }  // namespace

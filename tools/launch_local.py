@@ -7,7 +7,7 @@
 Servers listen on free ports of 127.0.0.1 and keep their checkpoints under --data_root.
 Every line a process prints is prefixed with its name. When every worker has finished, the
 servers are stopped with SIGTERM (they write a final checkpoint). If a process fails, the
-launcher names it, stops the rest and exits with that process's code (128 + N for signal N). Ctrl-C (or SIGTERM) stops everything;
+launcher names it, stops the rest and exits with that process's code (128 + N for signal N). Ctrl-C (or SIGTERM) stops everything (exit 130, or 143 for SIGTERM);
 no process is left behind, also when the launcher itself is killed (children get SIGTERM
 through PR_SET_PDEATHSIG).
 """
@@ -283,7 +283,7 @@ def main():
     except Stopped as e:
         job.say("signal %d: stopping every process" % e.signum)
         job.stop_all(signal.SIGTERM, 20)
-        return 130
+        return 128 + e.signum  # 130 for SIGINT, 143 for SIGTERM, as a shell reports
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ The launcher waits until every server prints that it listens, then starts the wo
 servers' addresses. Every output line is prefixed with the process's name and host, and kept in
 --log_dir. When all workers have finished, the servers get SIGTERM (a final checkpoint, then
 exit 0). At the end it prints every process's exit code; if any process failed, it stops the
-others and exits with the failed process's code (128 + N for signal N). Ctrl-C or SIGTERM stops every process on every host.
+others and exits with the failed process's code (128 + N for signal N). Ctrl-C or SIGTERM stops every process on every host (exit 130, or 143 for SIGTERM).
 """
 
 import argparse
@@ -306,7 +306,7 @@ class Launcher:
         """After SIGINT/SIGTERM, from the main loop (never from the handler)."""
         self.say("signal %d: stopping every process" % signum)
         self.stop(self.procs, 20)
-        return 130
+        return 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as a shell reports
 
 
 def main():

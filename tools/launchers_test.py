@@ -2,7 +2,7 @@
 """Unit tests of the launchers' own logic, with small Python scripts standing in for ps_server,
 ps_worker and ssh: argument handling, the hosts file, the remote command line, supervision (a
 child that exits non-zero stops the job with that code, every child is stopped and reaped) and
-signals (SIGTERM to the launcher stops every child; the launcher exits 130)."""
+signals (SIGTERM to the launcher stops every child; the launcher exits 143, 128 + SIGTERM)."""
 
 import os
 import shutil
@@ -240,13 +240,13 @@ class LaunchLocalTest(unittest.TestCase):
         self.assertTrue(self.job.exists("worker-0.stopped"), out)
         self.assertFalse([p for p in self.job.pids() if alive(p)])
 
-    def test_sigterm_stops_every_process_and_exits_130(self):
+    def test_sigterm_stops_every_process_and_exits_143(self):
         launcher = self.job.start(self.job.local_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="wait")
         out = wait_for_line(launcher, "fake worker started", 2)
         launcher.send_signal(signal.SIGTERM)
         rest, _ = launcher.communicate(timeout=120)
         out += rest
-        self.assertEqual(launcher.returncode, 130, out)
+        self.assertEqual(launcher.returncode, 143, out)
         self.assertIn("signal %d: stopping every process" % signal.SIGTERM, out)
         for name in ("server-0", "worker-0", "worker-1"):
             self.assertTrue(self.job.exists(name + ".stopped"), out)
@@ -329,13 +329,13 @@ class LaunchSshTest(unittest.TestCase):
         self.assertTrue(self.job.exists("worker-0.stopped"), out)
         self.assertFalse([p for p in self.job.pids() if alive(p)])
 
-    def test_sigterm_stops_every_process_on_every_host_and_exits_130(self):
+    def test_sigterm_stops_every_process_on_every_host_and_exits_143(self):
         launcher = self.job.start(self.job.ssh_argv(), FAKE_EXIT_0="wait", FAKE_EXIT_1="wait")
         out = wait_for_line(launcher, "fake worker started", 2)
         launcher.send_signal(signal.SIGTERM)
         rest, _ = launcher.communicate(timeout=120)
         out += rest
-        self.assertEqual(launcher.returncode, 130, out)
+        self.assertEqual(launcher.returncode, 143, out)
         for name in ("server-0", "worker-0", "worker-1"):
             self.assertTrue(self.job.exists(name + ".stopped"), out)
         self.assertFalse([p for p in self.job.pids() if alive(p)])

@@ -252,6 +252,7 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t clock) {
   Batch batch;
   std::vector<int64_t> indices;
   const int64_t n = test_->size();
+  bool pulled = false;
   for (int64_t begin = 0; begin < n; begin += options_.batch_size) {
     const int64_t end = std::min<int64_t>(n, begin + options_.batch_size);
     indices.resize(end - begin);
@@ -259,9 +260,18 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t clock) {
     test_->FillBatch(indices, &batch);
     common::PullBatch pull;
     RETURN_IF_ERROR(model_->PreparePull(batch, &pull));
+    // A pull of whole dense tables is the same for every batch: pulled once, so that the
+    // whole test set is scored with one version of the parameters (pulled per batch, under
+    // async or SSP other workers' pushes landed between batches), with one wait for the
+    // bound. Sparse rows differ per batch and are still pulled with it.
+    if (pulled && pull.sparse.empty()) {
+      RETURN_IF_ERROR(model_->Evaluate(batch, &acc));
+      continue;
+    }
     common::PullOptions pull_options;
     pull_options.clock = clock;
     RETURN_IF_ERROR_CTX(store_->Pull(pull, pull_options), "evaluation pull");
+    pulled = true;
     RETURN_IF_ERROR(model_->Evaluate(batch, &acc));
   }
   EvalMetrics m;

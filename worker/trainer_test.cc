@@ -498,6 +498,25 @@ TEST_F(MlpTrainerTest, PlainStepsPushTheModelsGradientBuffersWithoutCopying) {
   EXPECT_EQ(pushes, 50);
 }
 
+// An evaluation of a model of dense tables pulls them once for the whole test set (7 batches
+// here), so that every batch is scored with the same parameters; it pulled once per batch
+// before 2026-12-05, and under async or SSP other workers' pushes landed in between.
+TEST_F(MlpTrainerTest, AnEvaluationPullsTheDenseTablesOnce) {
+  RecordingStore* recorder = nullptr;
+  absl::StatusOr<TrainResult> result = Train(/*prefetch=*/false, 0, &recorder);
+  ASSERT_OK(result.status());
+  ASSERT_TRUE(result->final_eval.has_value());
+  EXPECT_EQ(result->final_eval->examples, 400);
+  EXPECT_GT(result->final_eval->accuracy, 0.6);
+  int64_t plain_pulls = 0;
+  for (const RecordingStore::Call& c : recorder->calls()) {
+    if (!c.push && !c.fused) ++plain_pulls;
+  }
+  // Each epoch's first step pulls alone (the others' pulls ride on the pushes), and each of
+  // the 2 evaluations (one per epoch) pulls once.
+  EXPECT_EQ(plain_pulls, 2 + 2);
+}
+
 // With learning, each step's parameters are those of a pull that saw every push of this
 // worker but the last one: the model learns as well as without prefetch, and the buffer set
 // a step computes on is never the one being filled (a mix-up would break the fused-call count

@@ -69,6 +69,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::InvalidArgumentError(
         "metrics endpoint: max_request_bytes and io_timeout must be > 0");
   }
+  if (options.min_render_interval < absl::ZeroDuration() ||
+      options.min_render_interval >= options.io_timeout) {
+    return absl::InvalidArgumentError(
+        "metrics endpoint: min_render_interval must be >= 0 and below io_timeout");
+  }
   addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -150,7 +155,8 @@ void MetricsHttpServer::Stop() {
 
 // One client connection, advanced by the loop as its socket becomes ready; never blocks.
 struct MetricsHttpServer::Connection {
-  enum class Phase { kReading, kWriting, kLingering };
+  // kRendering: a complete /metrics request, waiting for the next render.
+  enum class Phase { kReading, kRendering, kWriting, kLingering };
   int fd = -1;
   Phase phase = Phase::kReading;
   std::string in;        // The request head read so far.
@@ -158,6 +164,7 @@ struct MetricsHttpServer::Connection {
   size_t sent = 0;       // Bytes of `out` sent.
   size_t drained = 0;    // Bytes read and dropped while lingering.
   absl::Time deadline;   // For the whole exchange (io_timeout), or the end of lingering.
+  bool head_only = false;  // A HEAD request (kRendering).
   bool done = false;     // To be closed.
 };
 
@@ -167,10 +174,15 @@ void MetricsHttpServer::Loop() {
     std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
     absl::Time next = absl::InfiniteFuture();
     for (const Connection& c : conns) {
-      fds.push_back({c.fd, static_cast<short>(c.phase == Connection::Phase::kWriting ? POLLOUT
-                                                                                     : POLLIN),
-                     0});
+      // A connection waiting for a render is watched for errors and hang-ups only.
+      const short events = c.phase == Connection::Phase::kWriting     ? POLLOUT
+                           : c.phase == Connection::Phase::kRendering ? 0
+                                                                      : POLLIN;
+      fds.push_back({c.fd, events, 0});
       next = std::min(next, c.deadline);
+      if (c.phase == Connection::Phase::kRendering) {
+        next = std::min(next, last_render_ + options_.min_render_interval);
+      }
     }
     const int timeout_ms =
         next == absl::InfiniteFuture()
@@ -186,6 +198,7 @@ void MetricsHttpServer::Loop() {
     for (size_t i = 0; n > 0 && i < conns.size(); ++i) {
       if (fds[i + 2].revents != 0) Advance(&conns[i]);
     }
+    RenderForWaiting(&conns);
     const absl::Time now = absl::Now();
     for (Connection& c : conns) {
       if (!c.done && now >= c.deadline) Expire(&c);
@@ -201,12 +214,21 @@ void MetricsHttpServer::Accept(std::vector<Connection>* conns) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // none left, the client gave up already, or out of descriptors
     if (conns->size() >= kMaxConnections) {
-      // Full: the connection that has waited longest for its deadline goes first.
-      auto oldest = std::min_element(
-          conns->begin(), conns->end(),
-          [](const Connection& a, const Connection& b) { return a.deadline < b.deadline; });
-      close(oldest->fd);
-      conns->erase(oldest);
+      // Full: one that has sent nothing goes first, then one with half a request, then one
+      // being answered (before 2026-12-05 the oldest went, so a stream of connections that
+      // send nothing displaced every scrape in progress); the one nearest its deadline among
+      // them.
+      auto rank = [](const Connection& c) {
+        if (c.phase != Connection::Phase::kReading) return 2;
+        return c.in.empty() ? 0 : 1;
+      };
+      auto victim = std::min_element(conns->begin(), conns->end(),
+                                     [&](const Connection& a, const Connection& b) {
+                                       if (rank(a) != rank(b)) return rank(a) < rank(b);
+                                       return a.deadline < b.deadline;
+                                     });
+      close(victim->fd);
+      conns->erase(victim);
     }
     Connection c;
     c.fd = fd;
@@ -221,6 +243,22 @@ void MetricsHttpServer::CloseDone(std::vector<Connection>* conns) {
     return c.done;
   });
   conns->erase(done, conns->end());
+}
+
+void MetricsHttpServer::RenderForWaiting(std::vector<Connection>* conns) {
+  const absl::Time now = absl::Now();
+  if (now < last_render_ + options_.min_render_interval) return;
+  std::string body;
+  bool rendered = false;
+  for (Connection& c : *conns) {
+    if (c.done || c.phase != Connection::Phase::kRendering) continue;
+    if (!rendered) {
+      body = registry_->Render();
+      last_render_ = now;
+      rendered = true;
+    }
+    StartAnswer(&c, Answer(200, "OK", kMetricsContentType, body, c.head_only));
+  }
 }
 
 void MetricsHttpServer::Expire(Connection* c) {
@@ -265,9 +303,20 @@ void MetricsHttpServer::Advance(Connection* c) {
         }
         return;
       }
-      StartAnswer(c, head_end > options_.max_request_bytes
-                         ? Error(431, "Request Header Fields Too Large")
-                         : Respond(absl::string_view(c->in).substr(0, head_end)));
+      if (head_end > options_.max_request_bytes) {
+        StartAnswer(c, Error(431, "Request Header Fields Too Large"));
+        return;
+      }
+      std::string answer = Respond(absl::string_view(c->in).substr(0, head_end), &c->head_only);
+      if (answer.empty()) {
+        c->phase = Connection::Phase::kRendering;  // answered by RenderForWaiting
+        return;
+      }
+      StartAnswer(c, std::move(answer));
+      return;
+    }
+    case Connection::Phase::kRendering: {
+      c->done = true;  // an error or a hang-up: nobody to answer
       return;
     }
     case Connection::Phase::kWriting: {
@@ -303,7 +352,7 @@ void MetricsHttpServer::Advance(Connection* c) {
   }
 }
 
-std::string MetricsHttpServer::Respond(absl::string_view head) const {
+std::string MetricsHttpServer::Respond(absl::string_view head, bool* head_only_out) const {
   // Lines end in CRLF; a bare LF is accepted too (RFC 9112 section 2.2).
   std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
   for (absl::string_view& line : lines) absl::ConsumeSuffix(&line, "\r");
@@ -315,6 +364,7 @@ std::string MetricsHttpServer::Respond(absl::string_view head) const {
   }
   const absl::string_view method = parts[0];
   const bool head_only = method == "HEAD";
+  *head_only_out = head_only;
   bool has_host = false;
   for (size_t i = 1; i < lines.size(); ++i) {
     const size_t colon = lines[i].find(':');
@@ -329,9 +379,7 @@ std::string MetricsHttpServer::Respond(absl::string_view head) const {
   }
   absl::string_view path = parts[1];
   path = path.substr(0, path.find('?'));
-  if (path == "/metrics") {
-    return Answer(200, "OK", kMetricsContentType, registry_->Render(), head_only);
-  }
+  if (path == "/metrics") return "";  // rendered for every request waiting at once
   if (path == "/healthz") {
     return Answer(200, "OK", "text/plain; charset=utf-8", "ok\n", head_only);
   }

@@ -17,7 +17,14 @@
 //
 // One thread serves every connection with non-blocking sockets and poll(): idle or slow
 // clients never delay a scrape (each connection is closed at its own io_timeout), and at most
-// 64 are kept open (a new one displaces the one nearest its deadline).
+// 64 are kept open: a new one displaces one that has sent nothing yet, else one with half a
+// request, else one being answered; the one nearest its deadline among them.
+//
+// The registry is rendered at most once per min_render_interval: a /metrics request that
+// comes sooner waits for the next render, which answers every request waiting then. Each
+// answer is rendered after its request arrived (never an older one), and a client that
+// scrapes in a loop makes the server render (and read the stats of the process, whose
+// locks the data path takes too) at most 1 / min_render_interval times a second.
 #ifndef PS_COMMON_METRICS_HTTP_SERVER_H_
 #define PS_COMMON_METRICS_HTTP_SERVER_H_
 
@@ -46,6 +53,9 @@ struct HttpServerOptions {
   size_t max_request_bytes = 8192;
   // Time one connection gets to send its request and take its answer. REQUIRES: > 0.
   absl::Duration io_timeout = absl::Seconds(5);
+  // Least time between two renders of the registry (see above); zero = none.
+  // REQUIRES: >= 0 and < io_timeout.
+  absl::Duration min_render_interval = absl::Milliseconds(100);
 };
 
 // Thread-safe. STARTED by Start(), STOPPED by Stop() or the destructor.
@@ -78,8 +88,11 @@ class MetricsHttpServer {
   void Advance(Connection* c);
   void StartAnswer(Connection* c, std::string answer);
   void Expire(Connection* c);
-  // The answer to a complete request head.
-  std::string Respond(absl::string_view head) const;
+  // The answer to a complete request head; empty for a /metrics request, which waits for
+  // the next render (`head_only` for a HEAD request).
+  std::string Respond(absl::string_view head, bool* head_only) const;
+  // Answers the /metrics requests waiting, with one render, if the interval allows it now.
+  void RenderForWaiting(std::vector<Connection>* conns);
 
   // Constant after construction.
   const HttpServerOptions options_;
@@ -88,6 +101,9 @@ class MetricsHttpServer {
   const int port_;
   const int wake_read_;  // Stop() writes to wake_write_ to end the loop
   const int wake_write_;
+
+  // The serving thread's.
+  absl::Time last_render_ = absl::InfinitePast();
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

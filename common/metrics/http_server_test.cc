@@ -8,10 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/metrics/testing.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -176,6 +179,121 @@ TEST(HttpServer, IdleConnectionsDoNotDelayAScrape) {
     EXPECT_THAT(response->body, HasSubstr("ps_test_requests_total 1"));
   }
   for (int fd : idle) close(fd);
+  (*server)->Stop();
+}
+
+int ConnectTo(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Found 2026-12-05: every request rendered the registry (and, in a server, read its stats
+// under locks the data path takes), as often as a client asked. Now at most once per
+// min_render_interval, each answer rendered after its request arrived.
+TEST(HttpServer, ScrapesInALoopRenderAtMostOncePerInterval) {
+  Registry registry;
+  std::atomic<int> renders{0};
+  CollectorHandle counting = registry.AddGaugeCallback(
+      "ps_test_renders", "Renders.", [&] { return static_cast<double>(++renders); });
+  // Each client's own gauge, set before each of its requests: its answer must show it.
+  std::vector<Gauge*> asked;
+  for (int t = 0; t < 4; ++t) {
+    asked.push_back(registry.AddGauge(absl::StrCat("ps_test_asked_", t), "Set before a request."));
+  }
+  HttpServerOptions options;
+  options.host = "127.0.0.1";
+  options.min_render_interval = absl::Milliseconds(200);
+  auto server = MetricsHttpServer::Start(options, &registry);
+  ASSERT_THAT(server.status(), IsOk());
+  std::atomic<int> scrapes{0};
+  std::atomic<bool> stale{false};
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 1; absl::Now() - start < absl::Seconds(1); ++i) {
+        asked[t]->Set(i);
+        auto response = testing::HttpGet((*server)->port(), "/metrics", absl::Seconds(10));
+        if (!response.ok() || response->status != 200) {
+          stale = true;
+          return;
+        }
+        auto parsed = testing::ParseText(response->body);
+        if (!parsed.ok() || parsed->Get(absl::StrCat("ps_test_asked_", t)) != i) {
+          stale = true;  // rendered before the request came
+          return;
+        }
+        ++scrapes;
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(stale);
+  EXPECT_GT(scrapes.load(), 4);
+  // Renders are at least 200 ms apart, within the time the clients ran.
+  EXPECT_LE(renders.load(), took / absl::Milliseconds(200) + 1) << scrapes.load() << " scrapes";
+  // A scrape after a quiet interval is answered by a render of its own, made after it came.
+  absl::SleepFor(absl::Milliseconds(250));
+  asked[0]->Set(-7);
+  auto response = testing::HttpGet((*server)->port(), "/metrics");
+  ASSERT_THAT(response.status(), IsOk());
+  EXPECT_THAT(response->body, HasSubstr("ps_test_asked_0 -7"));
+  (*server)->Stop();
+}
+
+// Found 2026-12-05: when 64 connections were open, each new one displaced the oldest, so a
+// stream of connections that send nothing displaced a scrape that had begun. Those that sent
+// nothing go first now.
+TEST(HttpServer, ConnectionsThatSendNothingDoNotDisplaceAScrapeInProgress) {
+  Registry registry;
+  registry.AddCounter("ps_test_requests_total", "Requests.")->Increment(1);
+  HttpServerOptions options;
+  options.host = "127.0.0.1";
+  options.io_timeout = absl::Seconds(60);
+  auto server = MetricsHttpServer::Start(options, &registry);
+  ASSERT_THAT(server.status(), IsOk());
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    idle.push_back(ConnectTo(port));
+    ASSERT_GE(idle.back(), 0);
+  }
+  // A scrape begins (half its request sent), then 130 more connections arrive.
+  const int scrape = ConnectTo(port);
+  ASSERT_GE(scrape, 0);
+  ASSERT_EQ(send(scrape, "GET /metr", 9, MSG_NOSIGNAL), 9);
+  absl::SleepFor(absl::Milliseconds(100));  // read by the server before the others come
+  for (int i = 0; i < 130; ++i) {
+    idle.push_back(ConnectTo(port));
+    ASSERT_GE(idle.back(), 0);
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // accepted (and the oldest displaced)
+  const std::string rest = "ics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(send(scrape, rest.data(), rest.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(rest.size()));
+  std::string answer;
+  char buf[4096];
+  timeval tv = {10, 0};
+  setsockopt(scrape, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  while (true) {
+    const ssize_t n = recv(scrape, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, n);
+  }
+  close(scrape);
+  for (int fd : idle) close(fd);
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK"));
+  EXPECT_THAT(answer, HasSubstr("ps_test_requests_total 1"));
   (*server)->Stop();
 }
 

@@ -148,6 +148,20 @@ TEST_F(HttpServerTest, ClientClosingEarlyDoesNotStopTheServer) {
   EXPECT_EQ(response->status, 200);
 }
 
+int ConnectTo(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Seen: six idle connections delayed a scrape by 6 x io_timeout, one at a time. Here the
 // timeout is an hour, so a server that waits on idle connections never answers within the
 // scrape's own deadline, which is generous: the test fails only if the scrape hangs.
@@ -161,14 +175,8 @@ TEST(HttpServer, IdleConnectionsDoNotDelayAScrape) {
   ASSERT_THAT(server.status(), IsOk());
   std::vector<int> idle;
   for (int i = 0; i < 6; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    idle.push_back(fd);
+    idle.push_back(ConnectTo((*server)->port()));
+    ASSERT_GE(idle.back(), 0);
   }
   // One of them has sent half a request and stops there.
   ASSERT_EQ(send(idle[0], "GET /metr", 9, MSG_NOSIGNAL), 9);
@@ -180,20 +188,6 @@ TEST(HttpServer, IdleConnectionsDoNotDelayAScrape) {
   }
   for (int fd : idle) close(fd);
   (*server)->Stop();
-}
-
-int ConnectTo(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // Found 2026-12-05: every request rendered the registry (and, in a server, read its stats

@@ -64,9 +64,16 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
     return absl::NotFoundError(
         absl::StrCat("no complete checkpoint ", *id, " in ", options_.data_dir));
   }
-  report.skipped = unreadable;
   ASSIGN_OR_RETURN(const std::vector<uint64_t> superseded, store_->Superseded(),
                    "restore an explicit checkpoint id to choose the current one");
+  // An unreadable checkpoint that was superseded is not one a restore would have taken: it
+  // does not make a store with nothing current to restore fail.
+  for (const absl::Status& s : unreadable) {
+    const bool was_superseded = std::any_of(superseded.begin(), superseded.end(), [&](uint64_t i) {
+      return absl::StrContains(s.message(), absl::StrCat("checkpoint ", i, ":"));
+    });
+    if (!was_superseded) report.skipped.push_back(s);
+  }
   // Newest first; a checkpoint that fails verification is passed over, never loaded, and so
   // is one a restore of an older one superseded.
   for (auto it = all.rbegin(); it != all.rend(); ++it) {

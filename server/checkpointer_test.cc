@@ -195,6 +195,14 @@ void DamageRecord(const std::string& dir, uint64_t id, const std::string& key) {
   ASSERT_THAT((*store)->PutRawRecordForTest(id, key, value, 12345u), IsOk());
 }
 
+void DamageCommitRecord(const std::string& dir, uint64_t id) {
+  storage::CheckpointStoreOptions options;
+  options.path = dir;
+  auto store = storage::CheckpointStore::Open(options);
+  ASSERT_THAT(store.status(), IsOk());
+  ASSERT_THAT((*store)->PutCommitRecordForTest(id, "not a commit record"), IsOk());
+}
+
 // Seen: one damaged newest checkpoint made --restore=latest fail every time, while the older
 // one was intact.
 TEST_F(CheckpointerTest, RestoreLatestSkipsACorruptNewestCheckpointForTheNewestGoodOne) {
@@ -288,19 +296,33 @@ TEST_F(CheckpointerTest, ARestartAfterAFreshStartDoesNotGoBackToTheOldRun) {
   EXPECT_THAT(report->superseded, ElementsAre(second_id, first_id));
 }
 
+// Nor does a superseded checkpoint whose commit record does not read make it fail (found in
+// review, 2026-12-05: it counted as one that fails verification, DATA_LOSS).
+TEST_F(CheckpointerTest, AnUnreadableSupersededCheckpointDoesNotFailAFreshStartsRestart) {
+  uint64_t first_id = 0, second_id = 0;
+  std::vector<float> at_first;
+  ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
+  DamageCommitRecord(dir_, second_id);
+  {
+    auto shard = NewShard();
+    auto c = NewCheckpointer(shard.get());
+    ASSERT_THAT(c->StartFresh(), IsOk());
+  }
+  auto shard = NewShard();
+  auto c = NewCheckpointer(shard.get());
+  auto report = c->Restore();
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_EQ(report->checkpoint_id, 0u);
+  EXPECT_TRUE(report->skipped.empty());
+}
+
 // A newest checkpoint whose commit record does not read is passed over too. Before
 // 2026-12-05 the restore failed as a whole (DATA_LOSS), older good checkpoints unused.
 TEST_F(CheckpointerTest, RestoreLatestSkipsACheckpointWhoseCommitRecordDoesNotRead) {
   uint64_t first_id = 0, second_id = 0;
   std::vector<float> at_first;
   ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
-  {
-    storage::CheckpointStoreOptions options;
-    options.path = dir_;
-    auto store = storage::CheckpointStore::Open(options);
-    ASSERT_THAT(store.status(), IsOk());
-    ASSERT_THAT((*store)->PutCommitRecordForTest(second_id, "not a commit record"), IsOk());
-  }
+  DamageCommitRecord(dir_, second_id);
   auto fresh = NewShard();
   auto c = NewCheckpointer(fresh.get());
   auto report = c->Restore();

@@ -37,7 +37,9 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(double, checkpoint_interval, -1,
           "Seconds between periodic checkpoints; overrides checkpoint.interval_s (0 = off).");
 ABSL_FLAG(std::string, restore, "latest",
-          "Which checkpoint to restore at start: latest, none, or a checkpoint id.");
+          "Which checkpoint to restore at start: latest, none, or a checkpoint id. none, or an "
+          "id older than the newest, supersedes the newer checkpoints: a later restart with "
+          "latest continues from this run, not from them.");
 ABSL_FLAG(int32_t, threads, 0, "Threads serving pulls and pushes (0 = server.num_threads).");
 ABSL_FLAG(bool, exit_when_done, true,
           "Shut down gracefully (final checkpoint, exit 0) once every worker of the job has "

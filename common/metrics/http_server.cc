@@ -309,7 +309,11 @@ void MetricsHttpServer::Advance(Connection* c) {
       }
       std::string answer = Respond(absl::string_view(c->in).substr(0, head_end), &c->head_only);
       if (answer.empty()) {
-        c->phase = Connection::Phase::kRendering;  // answered by RenderForWaiting
+        // Answered by RenderForWaiting within min_render_interval: the connection's own
+        // deadline (from its accept) must not close it first, unanswered.
+        c->phase = Connection::Phase::kRendering;
+        c->deadline =
+            std::max(c->deadline, absl::Now() + options_.min_render_interval + kLingerTime);
         return;
       }
       StartAnswer(c, std::move(answer));

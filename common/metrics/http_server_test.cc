@@ -162,6 +162,20 @@ int ConnectTo(int port) {
   return fd;
 }
 
+// What the server sends on `fd` until it closes (or 10 s pass).
+std::string ReadUntilClosed(int fd) {
+  std::string answer;
+  char buf[4096];
+  timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  while (true) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, n);
+  }
+  return answer;
+}
+
 // Seen: six idle connections delayed a scrape by 6 x io_timeout, one at a time. Here the
 // timeout is an hour, so a server that waits on idle connections never answers within the
 // scrape's own deadline, which is generous: the test fails only if the scrape hangs.
@@ -245,6 +259,31 @@ TEST(HttpServer, ScrapesInALoopRenderAtMostOncePerInterval) {
   (*server)->Stop();
 }
 
+// Found in review, 2026-12-05: a request that came late in its connection's io_timeout, just
+// after a render, waited for the next render past its deadline and was closed unanswered.
+TEST(HttpServer, ARequestWaitingForTheNextRenderIsAnsweredPastItsDeadline) {
+  Registry registry;
+  registry.AddCounter("ps_test_requests_total", "Requests.")->Increment(1);
+  HttpServerOptions options;
+  options.host = "127.0.0.1";
+  options.io_timeout = absl::Seconds(2);
+  options.min_render_interval = absl::Milliseconds(1500);
+  auto server = MetricsHttpServer::Start(options, &registry);
+  ASSERT_THAT(server.status(), IsOk());
+  const int late = ConnectTo((*server)->port());  // its deadline: 2 s from now
+  ASSERT_GE(late, 0);
+  absl::SleepFor(absl::Milliseconds(1200));
+  ASSERT_THAT(testing::HttpGet((*server)->port(), "/metrics").status(), IsOk());  // a render
+  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";  // next render: 1.5 s on
+  ASSERT_EQ(send(late, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  const std::string answer = ReadUntilClosed(late);
+  close(late);
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK"));
+  EXPECT_THAT(answer, HasSubstr("ps_test_requests_total 1"));
+  (*server)->Stop();
+}
+
 // Found 2026-12-05: when 64 connections were open, each new one displaced the oldest, so a
 // stream of connections that send nothing displaced a scrape that had begun. Those that sent
 // nothing go first now.
@@ -275,15 +314,7 @@ TEST(HttpServer, ConnectionsThatSendNothingDoNotDisplaceAScrapeInProgress) {
   const std::string rest = "ics HTTP/1.0\r\n\r\n";
   ASSERT_EQ(send(scrape, rest.data(), rest.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(rest.size()));
-  std::string answer;
-  char buf[4096];
-  timeval tv = {10, 0};
-  setsockopt(scrape, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  while (true) {
-    const ssize_t n = recv(scrape, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    answer.append(buf, n);
-  }
+  const std::string answer = ReadUntilClosed(scrape);
   close(scrape);
   for (int fd : idle) close(fd);
   EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK"));

@@ -246,9 +246,12 @@ class CheckpointStore {
 
   // Makes complete checkpoint `id` (0: none, a fresh start) the one that the newest is until a
   // newer one is committed: every complete checkpoint newer than `id` is marked superseded,
-  // and `id` no longer is (nor are those it superseded itself before). Written synced, before
-  // it returns. Retention keeps an superseded checkpoint until `keep` newer ones that are not
-  // superseded exist, so a mistaken restore can be undone by restoring the newer id.
+  // and `id` no longer is. Written synced, before it returns. Retention keeps a superseded
+  // checkpoint until `keep` newer ones that are not superseded exist, so a mistaken restore
+  // can be undone by restoring the newer id. Older checkpoints superseded before stay so,
+  // even those `id` descends from (the store keeps no lineage; un-superseding them could
+  // bring back another timeline's): a restore of the newest then falls back past a damaged
+  // `id` only to checkpoints never superseded.
   // Errors: NOT_FOUND (no complete checkpoint `id`), PERMISSION_DENIED / RESOURCE_EXHAUSTED /
   // UNAVAILABLE (I/O).
   [[nodiscard]] absl::Status MakeCurrent(uint64_t id);

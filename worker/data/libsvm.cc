@@ -42,26 +42,31 @@ double HeldBytes(const Parsed& p) {
          static_cast<double>(p.labels.capacity()) * sizeof(int32_t);
 }
 
-// Grows `v` to hold `extra` more elements, as push_back would (doubling) where that fits in
-// `limit` together with everything held (`held` bytes, of which `v`'s own buffer is part and
-// is still held while it is copied), else to exactly what is needed; RESOURCE_EXHAUSTED if
-// not even that fits.
-template <typename T>
-absl::Status Grow(std::vector<T>* v, size_t extra, double held, uint64_t limit,
-                  const std::string& path, uint64_t line_number) {
-  const size_t need = v->size() + extra;
-  if (need <= v->capacity()) return absl::OkStatus();
-  auto fits = [&](size_t n) {
-    return limit == 0 || held + static_cast<double>(n) * sizeof(T) <= static_cast<double>(limit);
-  };
-  size_t want = std::max(need, 2 * v->capacity());
-  if (!fits(want)) want = need;
-  if (!fits(want)) {
-    return CheckDatasetFits(
-        held + static_cast<double>(want) * sizeof(T), limit,
-        absl::StrCat(path, ":", line_number, ": the examples of the lines up to this one"));
+// Grows the parallel arrays `a` and `b` (ids and values; offsets and labels) to hold `extra`
+// more elements each: doubling, as push_back would, where that fits in `limit` together
+// with everything held (`held` bytes, the old buffers included: they are held while they
+// are copied), else to as much as still fits (so that the arrays are not copied again for
+// every line); RESOURCE_EXHAUSTED when not even `extra` more fit.
+template <typename A, typename B>
+absl::Status GrowPair(std::vector<A>* a, std::vector<B>* b, size_t extra, double held,
+                      uint64_t limit, const std::string& path, uint64_t line_number) {
+  const size_t need = std::max(a->size(), b->size()) + extra;
+  if (need <= a->capacity() && need <= b->capacity()) return absl::OkStatus();
+  constexpr double kBytes = sizeof(A) + sizeof(B);
+  size_t want = std::max(need, 2 * std::max(a->capacity(), b->capacity()));
+  if (limit > 0) {
+    const double room = static_cast<double>(limit) - held;
+    if (static_cast<double>(need) * kBytes > room) {
+      return CheckDatasetFits(
+          held + static_cast<double>(need) * kBytes, limit,
+          absl::StrCat(path, ":", line_number, ": the examples of the lines up to this one"));
+    }
+    if (static_cast<double>(want) * kBytes > room) {
+      want = std::max(need, static_cast<size_t>(room / kBytes));
+    }
   }
-  v->reserve(want);
+  a->reserve(want);
+  b->reserve(want);
   return absl::OkStatus();
 }
 
@@ -71,10 +76,9 @@ absl::Status MakeRoom(Parsed* p, size_t line_bytes, uint64_t limit, const std::s
                       uint64_t line_number) {
   const size_t max_features = (line_bytes + 1) / 4;
   const double line = static_cast<double>(line_bytes);
-  RETURN_IF_ERROR(Grow(&p->ids, max_features, HeldBytes(*p) + line, limit, path, line_number));
-  RETURN_IF_ERROR(Grow(&p->values, max_features, HeldBytes(*p) + line, limit, path, line_number));
-  RETURN_IF_ERROR(Grow(&p->offsets, 1, HeldBytes(*p) + line, limit, path, line_number));
-  return Grow(&p->labels, 1, HeldBytes(*p) + line, limit, path, line_number);
+  RETURN_IF_ERROR(
+      GrowPair(&p->ids, &p->values, max_features, HeldBytes(*p) + line, limit, path, line_number));
+  return GrowPair(&p->offsets, &p->labels, 1, HeldBytes(*p) + line, limit, path, line_number);
 }
 
 // Parses one line; knows where it is for error messages.

@@ -151,6 +151,16 @@ PS_KERNELS_MULTIVERSION double DecayedClippedSumSq(const OptimizerConsts& c, int
     const float e = internal::DecayAndClip(c, G<kZero>(g, i), w[i]);
     total += double{e} * e;
   }
+  if (std::isfinite(total)) return total;
+  // A float lane overflowed (an element beyond about 1.8e19, or a block's sum beyond 3.4e38),
+  // and an infinite norm clipped the gradient to nothing (found in review, 2026-12-05): again
+  // in double, which holds the square of every finite float, as the CUDA reduction does.
+  // Non-finite elements stay non-finite.
+  total = 0;
+  for (i = 0; i < n; ++i) {
+    const double e = internal::DecayAndClip(c, G<kZero>(g, i), w[i]);
+    total += e * e;
+  }
   return total;
 }
 

@@ -174,6 +174,24 @@ TEST(OptimizerTest, ClipNormScalesOnlyWhenAboveThreshold) {
   EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.485f, -0.984f, 2.004f}));
 }
 
+// Found in review, 2026-12-05: the squared norm was summed in float lanes, so a finite
+// gradient element beyond about 1.8e19 made it infinite and the clip scale 0: the update
+// vanished instead of being rescaled to clip_norm.
+TEST(OptimizerTest, ClipNormRescalesAHugeFiniteGradient) {
+  OptimizerParams p = Params(OptimizerKind::kSgd, 0.1f);
+  p.clip_norm = 1.0f;
+  Model m(p, kW0);
+  m.Step({3e20f, -4e20f, 0.0f});  // norm 5e20 -> scaled to {0.6, -0.8, 0}
+  EXPECT_THAT(m.weights, Pointwise(FloatNear(kTol), {0.44f, -0.92f, 2.0f}));
+  // Long enough for the blocked float loop (and past one 256-element block).
+  std::vector<float> w(1000, 0.0f), g(1000, 0.0f);
+  g[7] = 1e30f;
+  g[700] = -1e30f;
+  ApplyOptimizer(p, 1, absl::MakeSpan(w), g, {});
+  EXPECT_NEAR(w[7], -0.1f * 0.70710678f, 1e-6);
+  EXPECT_NEAR(w[700], 0.1f * 0.70710678f, 1e-6);
+}
+
 TEST(OptimizerTest, DecayThenClipValueThenClipNorm) {
   OptimizerParams p = Params(OptimizerKind::kSgd, 0.1f);
   p.weight_decay = 0.1f;

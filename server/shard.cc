@@ -97,7 +97,6 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
                                                    " is out of range: the job has ",
                                                    partitioner.num_servers(), " servers"));
   }
-  RETURN_IF_ERROR(CheckDenseMemory(partitioner, options));
   std::vector<std::string> spilling;  // sparse tables with a memory budget, in table order
   for (const auto& table : partitioner.tables()) {
     RETURN_IF_ERROR_CTX(
@@ -116,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
     }
     spilling.push_back(table.name);
   }
+  RETURN_IF_ERROR(CheckMemoryAtStart(partitioner, options, spilling));
   std::unique_ptr<storage::SpillStore> spill_store;
   if (!spilling.empty()) {
     storage::SpillStoreOptions spill_options;
@@ -133,8 +133,9 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const JobConfig& config,
   return shard;
 }
 
-absl::Status Shard::CheckDenseMemory(const common::Partitioner& partitioner,
-                                     const ShardOptions& options) {
+absl::Status Shard::CheckMemoryAtStart(const common::Partitioner& partitioner,
+                                       const ShardOptions& options,
+                                       const std::vector<std::string>& spilling) {
   if (options.max_memory_bytes == 0) return absl::OkStatus();
   uint64_t total = 0;
   for (const auto& table : partitioner.tables()) {
@@ -149,6 +150,29 @@ absl::Status Shard::CheckDenseMemory(const common::Partitioner& partitioner,
         " optimizer slots); with the tables before it that is ", total,
         " bytes, over server.max_memory_bytes ", options.max_memory_bytes,
         ": add servers, shrink the table or raise the limit"));
+  }
+  // A table that spills keeps up to memory_budget_rows rows in memory whatever the byte
+  // limit says (it evicts by rows): those rows must fit beside the dense tables. Before
+  // 2026-12-05 (found in review) such a table grew past the limit, and the other tables' new
+  // rows were refused instead.
+  for (const auto& table : partitioner.tables()) {
+    if (std::find(spilling.begin(), spilling.end(), table.name) == spilling.end()) continue;
+    const int slots = kernels::NumSlots(ToOptimizerParams(table.config->optimizer()).kind);
+    const double row = static_cast<double>(table.dim) * (1 + slots) * sizeof(float) +
+                       SparseTablePart::kBookkeepingBytesPerRow;
+    const double bytes = static_cast<double>(table.config->memory_budget_rows()) * row;
+    const double with = static_cast<double>(total) + bytes;
+    if (with <= static_cast<double>(options.max_memory_bytes)) {
+      total = static_cast<uint64_t>(with);
+      continue;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", table.name, "': memory_budget_rows ", table.config->memory_budget_rows(),
+        " rows of dim ", table.dim, " with ", slots, " optimizer slots take about ",
+        static_cast<uint64_t>(bytes), " bytes on server ", options.server_index,
+        "; with the tables before it that is about ", static_cast<uint64_t>(with),
+        " bytes, over server.max_memory_bytes ", options.max_memory_bytes,
+        ": lower memory_budget_rows or raise the limit"));
   }
   return absl::OkStatus();
 }
@@ -362,20 +386,22 @@ absl::Status Shard::BeginPull(const RequestInfo& info, absl::Time deadline) {
 absl::StatusOr<WorkerTracker::WaiterId> Shard::ParkPull(const RequestInfo& info,
                                                         absl::Time deadline,
                                                         const WorkerTracker::ParkLimits& limits,
-                                                        WorkerTracker::BoundCallback done) {
+                                                        WorkerTracker::BoundCallback done,
+                                                        uint64_t held_bytes) {
   if (info.worker_id < 0) return WorkerTracker::WaiterId{0};
   RETURN_IF_ERROR(CheckPullStart(info));
-  absl::StatusOr<WorkerTracker::WaiterId> parked =
-      workers_.WhenBound(info.worker_id, info.worker_incarnation, info.clock, deadline, limits,
-                         [this, done = std::move(done)](absl::Status s) {
-                           if (absl::IsDeadlineExceeded(s)) {
-                             s = WithRejectionReason(std::move(s), "bound_timeout");
-                           } else if (absl::IsFailedPrecondition(s)) {
-                             // A newer incarnation of the worker was heard from meanwhile.
-                             s = Reject("stale_incarnation", std::move(s));
-                           }
-                           done(std::move(s));
-                         });
+  absl::StatusOr<WorkerTracker::WaiterId> parked = workers_.WhenBound(
+      info.worker_id, info.worker_incarnation, info.clock, deadline, limits,
+      [this, done = std::move(done)](absl::Status s) {
+        if (absl::IsDeadlineExceeded(s)) {
+          s = WithRejectionReason(std::move(s), "bound_timeout");
+        } else if (absl::IsFailedPrecondition(s)) {
+          // A newer incarnation of the worker was heard from meanwhile.
+          s = Reject("stale_incarnation", std::move(s));
+        }
+        done(std::move(s));
+      },
+      held_bytes);
   if (absl::IsFailedPrecondition(parked.status())) {
     return Reject("stale_incarnation", parked.status());
   }

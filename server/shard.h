@@ -334,10 +334,12 @@ class Shard {
   // with OK when the bound lets it through, DEADLINE_EXCEEDED (reason "bound_timeout") at
   // `deadline`, FAILED_PRECONDITION (counted as "stale_incarnation") once a newer incarnation
   // of the worker is heard from, or the status it was cancelled with. RESOURCE_EXHAUSTED
-  // (counted as "too_many_waiting") beyond `limits`. A tool's pull (worker id < 0) never parks.
+  // (counted as "too_many_waiting") beyond `limits`, `held_bytes` (what the parked pull keeps
+  // of its request) counted against their bytes. A tool's pull (worker id < 0) never parks.
   absl::StatusOr<WorkerTracker::WaiterId> ParkPull(const RequestInfo& info, absl::Time deadline,
                                                    const WorkerTracker::ParkLimits& limits,
-                                                   WorkerTracker::BoundCallback done);
+                                                   WorkerTracker::BoundCallback done,
+                                                   uint64_t held_bytes = 0);
   // Reads the parts of a pull CheckPull accepted into `sink` and counts the pull. Sparse rows
   // are created on first touch: RESOURCE_EXHAUSTED past the memory budget, the spill store's
   // errors for a table that spills. `stream`: dense answers are read out with non-temporal
@@ -454,9 +456,11 @@ class Shard {
   // exactly-once admission.
   absl::Status CheckPusher(const RequestInfo& info);
   // RESOURCE_EXHAUSTED naming the table and the bytes when the dense tables' parameters and
-  // slots on this server exceed options.max_memory_bytes. Allocates nothing.
-  static absl::Status CheckDenseMemory(const common::Partitioner& partitioner,
-                                       const ShardOptions& options);
+  // slots on this server, with the rows the `spilling` tables keep in memory
+  // (memory_budget_rows each), exceed options.max_memory_bytes. Allocates nothing.
+  static absl::Status CheckMemoryAtStart(const common::Partitioner& partitioner,
+                                         const ShardOptions& options,
+                                         const std::vector<std::string>& spilling);
   // Applies checked updates: sparse ones here, then dense blocks, those of a large push on
   // this thread and apply_pool_'s, each block's updates in push order on one thread.
   void ApplyUpdates(absl::Span<const PendingUpdate> updates, const UpdateOptions& options);

@@ -21,12 +21,19 @@ using internal::kDirty;
 
 namespace {
 
-// Rows per arena chunk: 1024 without a budget; with one, about a stripe's share of the budget,
-// so that small budgets do not allocate far more memory than they allow.
-uint32_t RowsPerChunk(bool spills, uint64_t budget_rows) {
-  if (!spills) return 1024;
-  const uint64_t share = budget_rows / SparseTablePart::kNumStripes + 1;
-  return static_cast<uint32_t>(std::clamp<uint64_t>(share, 16, 1024));
+// Rows per arena chunk: as many as fit in 1 MiB, from 1 to 1024 (a chunk is allocated whole
+// for the first row that lands in it: 1024 rows of dim 2^20 with Adam's slots were 12 GiB,
+// charged to the memory budget that had been asked for one row, found in review
+// 2026-12-05); with a row budget, also at most about a stripe's share of it (at least 16), so
+// that small budgets do not allocate far more memory than they allow.
+uint32_t RowsPerChunk(size_t row_bytes, bool spills, uint64_t budget_rows) {
+  constexpr uint64_t kChunkBytes = 1 << 20;
+  uint64_t rows = std::clamp<uint64_t>(kChunkBytes / std::max<size_t>(row_bytes, 1), 1, 1024);
+  if (spills) {
+    const uint64_t share = budget_rows / SparseTablePart::kNumStripes + 1;
+    rows = std::min(rows, std::clamp<uint64_t>(share, 16, 1024));
+  }
+  return static_cast<uint32_t>(rows);
 }
 
 }  // namespace
@@ -39,7 +46,7 @@ SparseTablePart::SparseTablePart(const common::TableInfo& info,
       row_floats_(info.dim * (1 + num_slots_)),
       spill_(budget_rows > 0 ? spill : nullptr),
       budget_rows_(spill != nullptr ? budget_rows : 0),
-      rows_per_chunk_(RowsPerChunk(spill_ != nullptr, budget_rows_)),
+      rows_per_chunk_(RowsPerChunk(row_floats_ * sizeof(float), spill_ != nullptr, budget_rows_)),
       stripes_(new Stripe[kNumStripes]) {
   slot_init_.resize(row_floats_ - dim_);
   for (int s = 0; s < num_slots_; ++s) {
@@ -99,7 +106,7 @@ absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> ke
       CHECK(!spills()) << "table '" << name() << "': Apply to key " << key << " without Pin";
       if (use == SlotUse::kRead && memory_ != nullptr) {
         RETURN_IF_ERROR(memory_->CheckRoom(
-            RowCost(), absl::StrCat("table '", name(), "': a new row for key ", key)));
+            NewRowsCost(s, 1), absl::StrCat("table '", name(), "': a new row for key ", key)));
       }
       slots[j] = FindOrCreate(s, key);
     }
@@ -160,35 +167,50 @@ void SparseTablePart::Recount(Stripe& s) {
 }
 
 uint64_t SparseTablePart::RowCost() const {
-  // Index entry at a typical load (about half full), keys/steps/saved_epoch entries, the row
-  // itself.
-  constexpr uint64_t kPerRow = 2 * RowIndex::bytes_per_entry() + 3 * 8;
-  return row_floats_ * sizeof(float) + kPerRow;
+  return row_floats_ * sizeof(float) + kBookkeepingBytesPerRow;
+}
+
+uint64_t SparseTablePart::ChunkBytes() const {
+  return uint64_t{rows_per_chunk_} * row_floats_ * sizeof(float);
+}
+
+uint64_t SparseTablePart::NewRowsCost(const Stripe& s, uint64_t n) const {
+  const uint64_t rows = s.keys.size() + n;
+  const uint64_t chunks = (rows + rows_per_chunk_ - 1) / rows_per_chunk_;
+  const uint64_t new_chunks = chunks > s.chunks.size() ? chunks - s.chunks.size() : 0;
+  return n * RowCost() + new_chunks * ChunkBytes();
 }
 
 absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
   if (memory_ == nullptr || spills()) return absl::OkStatus();
   // Room for every key as a new row is room for the missing ones (CheckRoom is monotone):
-  // then the rows need not be looked up at all.
-  if (memory_->CheckRoom(keys.size() * RowCost(), "").ok()) return absl::OkStatus();
+  // then the rows need not be looked up at all. New rows take at most a new chunk per
+  // stripe they land in, plus one per rows_per_chunk of them.
+  const uint64_t n = keys.size();
+  const uint64_t max_new_chunks = std::min<uint64_t>(n, kNumStripes) + n / rows_per_chunk_;
+  if (memory_->CheckRoom(n * RowCost() + max_new_chunks * ChunkBytes(), "").ok()) {
+    return absl::OkStatus();
+  }
   StripeGroups groups;
   GroupByStripe(keys, &groups);
   constexpr uint32_t kAhead = 16;  // as FindSlots
-  uint64_t missing = 0;
+  uint64_t missing = 0, cost = 0;
   for (int i = 0; i < kNumStripes; ++i) {
     const uint32_t b = groups.first[i], e = groups.first[i + 1];
     if (b == e) continue;
     const Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
     for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.Prefetch(keys[groups.order[j]]);
+    uint64_t in_stripe = 0;
     for (uint32_t j = b; j < e; ++j) {
       if (j + kAhead < e) s.index.Prefetch(keys[groups.order[j + kAhead]]);
-      if (!s.index.Contains(keys[groups.order[j]])) ++missing;
+      if (!s.index.Contains(keys[groups.order[j]])) ++in_stripe;
     }
+    missing += in_stripe;
+    cost += in_stripe == 0 ? 0 : NewRowsCost(s, in_stripe);
   }
   if (missing == 0) return absl::OkStatus();
-  return memory_->CheckRoom(missing * RowCost(),
-                            absl::StrCat("table '", name(), "': ", missing, " new rows"));
+  return memory_->CheckRoom(cost, absl::StrCat("table '", name(), "': ", missing, " new rows"));
 }
 
 void SparseTablePart::InitRow(uint64_t key, float* row) const {

@@ -279,6 +279,9 @@ struct SpillStats {
 class SparseTablePart final : public TablePart {
  public:
   static constexpr int kNumStripes = 256;
+  // What a row costs beside its floats: an index entry at a typical load (about half full)
+  // and its keys/steps/saved_epoch entries.
+  static constexpr uint64_t kBookkeepingBytesPerRow = 2 * RowIndex::bytes_per_entry() + 3 * 8;
 
   // `spill` (not owned; must outlive the table) with budget_rows > 0 limits the rows in memory
   // as described above; with nullptr or 0 every row stays in memory.
@@ -386,8 +389,13 @@ class SparseTablePart final : public TablePart {
   int64_t StripeBytes(const Stripe& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Brings bytes_, s.bytes and the memory budget up to date after s changed size.
   void Recount(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // About what one more row costs: its floats plus index and bookkeeping entries.
+  // About what one more row costs: its floats plus index and bookkeeping entries
+  // (kBookkeepingBytesPerRow).
   uint64_t RowCost() const;
+  // Bytes of one arena chunk (rows_per_chunk_ rows).
+  uint64_t ChunkBytes() const;
+  // What `n` more rows in `s` cost: RowCost each, and the chunks they need allocated.
+  uint64_t NewRowsCost(const Stripe& s, uint64_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   static int StripeOf(uint64_t key);
   // A request's keys grouped by stripe with a stable counting sort: the positions (indexes
   // into the keys) of stripe s are order[first[s] .. first[s + 1]), in request order. A call

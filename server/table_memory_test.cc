@@ -131,8 +131,64 @@ TEST(MemoryBudget, SparseRowsBeyondTheBudgetAreRefusedAndTheTableKeepsServing) {
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
   EXPECT_THAT(table.Read(keys, absl::MakeSpan(out)), IsOk());
   EXPECT_THAT(table.CheckRoomForNewRows(keys), IsOk());
-  keys[0] = next + 1000000;
-  EXPECT_THAT(table.CheckRoomForNewRows(keys), StatusIs(absl::StatusCode::kResourceExhausted));
+  // (What is left is less than a chunk: the refusal above came when a stripe needed one.)
+  std::vector<uint64_t> fresh(20000);
+  for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = next + 1000000 + i;
+  EXPECT_THAT(table.CheckRoomForNewRows(fresh), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+// Found in review, 2026-12-05: a chunk of 1024 rows was allocated for the first row of a
+// stripe, whatever the row's size, after a check of room for one row: a row of dim 65,536
+// with Adam's slots (768 KiB) made a 768 MiB chunk, charged to a budget of 64 MiB. Chunks are
+// at most 1 MiB (or one row) now, and a new chunk is checked whole.
+TEST(MemoryBudget, WideSparseRowsStayWithinTheBudget) {
+  const JobConfig config = Config(R"pb(tables {
+                                         name: "wide"
+                                         kind: TABLE_KIND_SPARSE
+                                         dim: 65536
+                                         optimizer { kind: ADAM }
+                                       })pb");
+  auto partitioner = common::Partitioner::Create(config);
+  ASSERT_THAT(partitioner.status(), IsOk());
+  const common::TableInfo& info = partitioner->tables()[0];
+  constexpr int64_t kBudget = 64 << 20;
+  MemoryBudget budget(kBudget);
+  SparseTablePart table(info, kernels::ToOptimizerParams(info.config->optimizer()));
+  table.set_memory_budget(&budget);
+  std::vector<float> out(65536);
+  absl::Status status;
+  uint64_t key = 0;
+  for (; status.ok() && key < 1000; ++key) {
+    const std::vector<uint64_t> keys = {key};
+    status = table.Read(keys, absl::MakeSpan(out));
+  }
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("table 'wide'")));
+  EXPECT_GT(key, 60u);  // about 80 rows of 768 KiB fit
+  EXPECT_LE(budget.used(), kBudget);
+  EXPECT_EQ(table.NumBytes(), static_cast<uint64_t>(budget.used()));
+}
+
+// A table that spills keeps memory_budget_rows rows in memory whatever the byte limit says:
+// a budget of rows that does not fit in server.max_memory_bytes is refused at start (it grew
+// past the limit before 2026-12-05, found in review).
+TEST(MemoryBudget, ARowBudgetBeyondTheByteLimitIsRefusedAtStart) {
+  const JobConfig config = Config(R"pb(tables {
+                                         name: "emb"
+                                         kind: TABLE_KIND_SPARSE
+                                         dim: 8
+                                         memory_budget_rows: 1000000
+                                         optimizer { kind: ADAGRAD }
+                                       })pb");
+  const std::string dir = ::testing::TempDir() + "/row_budget_spill";
+  ShardOptions options;
+  options.spill_dir = dir;
+  options.max_memory_bytes = 32 << 20;  // 1M rows of 64 bytes and their bookkeeping: ~120 MB
+  EXPECT_THAT(Shard::Create(config, options).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("table 'emb'"), HasSubstr("memory_budget_rows 1000000"),
+                             HasSubstr("server.max_memory_bytes 33554432"))));
+  options.max_memory_bytes = 256 << 20;
+  EXPECT_THAT(Shard::Create(config, options).status(), IsOk());
 }
 
 // A checkpoint holding more rows than the budget (a table that spilled, restored without

@@ -309,11 +309,9 @@ void WorkerTracker::Released::Add(BoundCallback done, absl::Status status) {
   items_.emplace_back(std::move(done), std::move(status));
 }
 
-absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(int32_t worker,
-                                                                 uint64_t incarnation,
-                                                                 int64_t clock, absl::Time deadline,
-                                                                 const ParkLimits& limits,
-                                                                 BoundCallback done) {
+absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(
+    int32_t worker, uint64_t incarnation, int64_t clock, absl::Time deadline,
+    const ParkLimits& limits, BoundCallback done, uint64_t held_bytes) {
   if (!options_.staleness.has_value()) return WaiterId{0};
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(closed_);
@@ -331,19 +329,37 @@ absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(int32_t worker,
     return WaiterId{0};
   }
   if (deadline <= absl::Now()) return BoundTimeout(worker, clock);
-  size_t& mine = parked_per_worker_[worker];
-  if (mine >= limits.per_worker || waiters_.size() >= limits.total) {
-    const bool own = mine >= limits.per_worker;
-    if (mine == 0) parked_per_worker_.erase(worker);
+  Parked& mine = parked_per_worker_[worker];
+  if (mine.pulls >= limits.per_worker || waiters_.size() >= limits.total) {
+    const bool own = mine.pulls >= limits.per_worker;
+    if (mine.pulls == 0) parked_per_worker_.erase(worker);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(own ? absl::StrCat("worker ", worker, " has ") : std::string("workers have "),
+                     own ? mine.pulls : waiters_.size(),
+                     " pulls waiting for the consistency bound already (at most ",
+                     own ? limits.per_worker : limits.total, own ? " per worker" : " in all",
+                     "): wait for their answers before pulling again"));
+  }
+  // Their requests' bytes too: a few pulls of requests as large as a message may be (512 MiB)
+  // held gigabytes for max_pull_wait_s (found in review, 2026-12-05).
+  if (held_bytes > limits.bytes_per_worker - std::min(mine.bytes, limits.bytes_per_worker) ||
+      held_bytes > limits.bytes_total - std::min(parked_bytes_, limits.bytes_total)) {
+    const bool own =
+        held_bytes > limits.bytes_per_worker - std::min(mine.bytes, limits.bytes_per_worker);
+    const uint64_t held = own ? mine.bytes : parked_bytes_;
+    if (mine.pulls == 0) parked_per_worker_.erase(worker);
     return absl::ResourceExhaustedError(absl::StrCat(
-        own ? absl::StrCat("worker ", worker, " has ") : std::string("workers have "),
-        own ? mine : waiters_.size(), " pulls waiting for the consistency bound already (at most ",
-        own ? limits.per_worker : limits.total, own ? " per worker" : " in all",
+        "a pull of ", held_bytes, " bytes would wait for the consistency bound beside ",
+        own ? absl::StrCat("worker ", worker, "'s ") : std::string("the "), held,
+        " bytes of pulls waiting already (at most ",
+        own ? limits.bytes_per_worker : limits.bytes_total, own ? " per worker" : " in all",
         "): wait for their answers before pulling again"));
   }
-  ++mine;
+  ++mine.pulls;
+  mine.bytes += held_bytes;
+  parked_bytes_ += held_bytes;
   const WaiterId id = next_waiter_++;
-  waiters_.emplace(id, Waiter{worker, incarnation, clock, deadline, std::move(done)});
+  waiters_.emplace(id, Waiter{worker, incarnation, clock, deadline, std::move(done), held_bytes});
   by_need_.emplace(need, id);
   by_deadline_.emplace(deadline, id);
   if (!timer_.joinable()) timer_ = std::thread([this] { TimerLoop(); });
@@ -357,8 +373,12 @@ WorkerTracker::BoundCallback WorkerTracker::TakeWaiter(WaiterId id) {
   Waiter& w = it->second;
   by_need_.erase({w.clock - options_.staleness.value_or(0), id});
   by_deadline_.erase({w.deadline, id});
+  parked_bytes_ -= w.bytes;
   auto count = parked_per_worker_.find(w.worker);
-  if (count != parked_per_worker_.end() && --count->second == 0) parked_per_worker_.erase(count);
+  if (count != parked_per_worker_.end()) {
+    count->second.bytes -= w.bytes;
+    if (--count->second.pulls == 0) parked_per_worker_.erase(count);
+  }
   BoundCallback done = std::move(w.done);
   waiters_.erase(it);
   return done;

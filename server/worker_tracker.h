@@ -203,17 +203,23 @@ class WorkerTracker {
     // Parked pulls of one worker, and of all workers together. REQUIRES: > 0.
     size_t per_worker = 16;
     size_t total = 1024;
+    // Bytes of the requests they keep (`held_bytes` of WhenBound), of one worker and of all
+    // together: a request of up to server.max_message_bytes stays in memory as long as its
+    // pull is parked (up to max_pull_wait_s). REQUIRES: > 0.
+    uint64_t bytes_per_worker = uint64_t{256} << 20;
+    uint64_t bytes_total = uint64_t{1} << 30;
   };
   // WaitForBound without the thread: returns 0 when the bound lets a worker at `clock` read
   // now (`done` is dropped: the caller reads at once), else parks the pull of `worker`'s
   // `incarnation` and returns its id; `done` is called later (FAILED_PRECONDITION once a
   // newer incarnation of the worker is heard from). Errors (`done` dropped):
   // FAILED_PRECONDITION for an incarnation older than the worker's current one;
-  // DEADLINE_EXCEEDED when `deadline` has passed; RESOURCE_EXHAUSTED beyond `limits`; the
-  // CloseWaiters status once closed.
+  // DEADLINE_EXCEEDED when `deadline` has passed; RESOURCE_EXHAUSTED beyond `limits` (with
+  // `held_bytes`, what the parked pull keeps of its request, counted against the byte
+  // limits); the CloseWaiters status once closed.
   absl::StatusOr<WaiterId> WhenBound(int32_t worker, uint64_t incarnation, int64_t clock,
                                      absl::Time deadline, const ParkLimits& limits,
-                                     BoundCallback done);
+                                     BoundCallback done, uint64_t held_bytes = 0);
   // Takes parked pull `id` back and calls its callback with `status` (REQUIRES: not OK);
   // nothing when it is no longer parked.
   void CancelWaiter(WaiterId id, absl::Status status);
@@ -292,6 +298,12 @@ class WorkerTracker {
     int64_t clock;
     absl::Time deadline;
     BoundCallback done;
+    uint64_t bytes;  // of its request, kept while parked
+  };
+  // Parked pulls of one worker, and the bytes of their requests.
+  struct Parked {
+    size_t pulls = 0;
+    uint64_t bytes = 0;
   };
   // Removes waiter `id` from every index; returns its callback (empty when not parked).
   BoundCallback TakeWaiter(WaiterId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -360,7 +372,8 @@ class WorkerTracker {
   absl::flat_hash_map<WaiterId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<int64_t, WaiterId>> by_need_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, WaiterId>> by_deadline_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int32_t, size_t> parked_per_worker_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int32_t, Parked> parked_per_worker_ ABSL_GUARDED_BY(mu_);
+  uint64_t parked_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // over every worker
   WaiterId next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // not OK once CloseWaiters was called
   bool stop_timer_ ABSL_GUARDED_BY(mu_) = false;

@@ -562,7 +562,7 @@ TEST_F(OverloadTest, APullAnswerOverTheLimitIsRefusedAndChangesNothing) {
   PullResponse response;
   absl::Status refused = service_->HandlePull(pull_of(2), deadline, &response);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("9600000 bytes, over the server's limit of 8388608"));
+  EXPECT_THAT(refused.message(), HasSubstr("bytes, over the server's limit of 8388608"));
   EXPECT_EQ(Rejected("answer_too_large"), 1u);
   EXPECT_THAT(service_->HandlePull(pull_of(1), deadline, &response), IsOk());
 
@@ -580,6 +580,72 @@ TEST_F(OverloadTest, APullAnswerOverTheLimitIsRefusedAndChangesNothing) {
   ParameterServerService defaults(shard_.get(), ServiceOptions{}, ServiceHooks{});
   refused = defaults.HandlePull(pull_of(200), deadline, &response);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+}
+
+// Found in review, 2026-12-05: the size check counted the values only, but a protobuf answer
+// echoes each key (8 bytes): a sparse pull of 1-float rows whose values fit and whose
+// answer did not was read whole (every row created) before gRPC refused to send it.
+constexpr char kSparseJob[] = R"pb(
+  cluster { num_servers: 1 num_workers: 1 }
+  security { plaintext: true }
+  tables {
+    name: "e"
+    kind: TABLE_KIND_SPARSE
+    dim: 1
+    optimizer { kind: SGD }
+  }
+)pb";
+
+TEST_F(OverloadTest, ASparsePullWhoseEchoedKeysPassTheLimitIsRefusedAndCreatesNoRows) {
+  ServiceOptions options;
+  options.max_answer_bytes = 1 << 20;
+  Start(options, GrpcServerOptions{}, kSparseJob);
+  PullRequest pull;
+  *pull.mutable_header() = Header(-1, 0, 0);
+  auto* t = pull.add_tables();
+  t->set_table("e");
+  for (uint64_t k = 0; k < 200000; ++k) t->add_keys(k);  // values 800 KB, keys 1.6 MB more
+  PullResponse response;
+  const absl::Status refused =
+      service_->HandlePull(pull, absl::Now() + absl::Seconds(60), &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(Rejected("answer_too_large"), 1u);
+  StatsResponse stats;
+  shard_->FillStats(&stats);
+  ASSERT_EQ(stats.tables_size(), 1);
+  EXPECT_EQ(stats.tables(0).rows(), 0u);
+  t->mutable_keys()->Truncate(50000);  // 200 KB + 400 KB
+  EXPECT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(60), &response), IsOk());
+  EXPECT_EQ(response.tables(0).keys_size(), 50000);
+}
+
+// Found in review, 2026-12-05: a call through a shared-memory channel whose pull's values fit
+// neither the segment's room nor the channel's slot had its push applied and up to
+// max_answer_bytes read on the channel's thread, then its answer dropped (ABORTED). Refused
+// before the push now.
+TEST_F(OverloadTest, AChannelCallWhoseAnswerCannotFitIsRefusedBeforeItsPush) {
+  Start(ServiceOptions{}, GrpcServerOptions{}, kLargeJob);
+  const PushRequest push = PushOfBlock0(Header(0, 0, 1), 0.5f);
+  PullRequest pull;
+  *pull.mutable_header() = Header(0, 0, 0);
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);  // 4.8 MB of values
+  grpc::ByteBuffer frame = common::FrameOf(&push, &pull);
+  grpc::ByteBuffer answer;
+  absl::Notification done;
+  absl::Status status;
+  service_->StartPushPullForTest(
+      &frame, absl::Now() + absl::Seconds(60), &answer,
+      [&](absl::Status s) {
+        status = std::move(s);
+        done.Notify();
+      },
+      /*from_channel=*/true);
+  done.WaitForNotification();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(), HasSubstr("send it by the socket"));
+  EXPECT_EQ(Rejected("answer_too_large"), 1u);
+  EXPECT_EQ(Values(), std::vector<float>(kFloats, 1.0f));  // the push was not applied
 }
 
 // A peer that takes no byte of its answers (stream windows of 0): the server holds them

@@ -233,6 +233,79 @@ TEST_F(ParkingTest, ParkedPullsAreCappedPerWorkerAndInAll) {
   }
 }
 
+// Found in review, 2026-12-05: the count of parked pulls was capped, not their bytes, and a
+// parked pull keeps its request: 16 pulls padded to a message's 512 MiB held 8 GiB per worker
+// for max_pull_wait_s. The bytes are capped too now; a fused call's pushed payload, applied
+// already, is not kept while its pull waits.
+TEST_F(ParkingTest, TheBytesParkedPullsKeepAreCapped) {
+  ServiceOptions options;
+  options.max_parked_bytes_per_worker = 1 << 20;
+  options.max_parked_bytes = (1 << 20) + (1 << 19);
+  Start(options);
+  auto padded = [&](int32_t worker, size_t bytes) {
+    auto pull = std::make_unique<PendingPull>();
+    *pull->request.mutable_header() = Header(worker, 1);
+    auto* t = pull->request.add_tables();
+    t->set_table("w");
+    t->add_block_ids(0);
+    // Unknown fields travel and are kept with the request.
+    pull->request.GetReflection()
+        ->MutableUnknownFields(&pull->request)
+        ->AddLengthDelimited(1000, std::string(bytes, 'x'));
+    pull->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    PendingPull* p = pull.get();
+    stub_->async()->Pull(&p->context, &p->request, &p->response, [p](grpc::Status status) {
+      p->status = std::move(status);
+      p->done.Notify();
+    });
+    return pull;
+  };
+  std::unique_ptr<PendingPull> big = padded(0, 2 << 20);
+  big->done.WaitForNotification();
+  EXPECT_EQ(big->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(big->status.error_message(), HasSubstr("per worker"));
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  waiting.push_back(padded(0, 600 << 10));
+  AwaitParked(1);
+  std::unique_ptr<PendingPull> over = padded(0, 600 << 10);  // 1.2 MB of worker 0's
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over->status.error_message(), HasSubstr("per worker"));
+  waiting.push_back(padded(1, 600 << 10));
+  AwaitParked(2);
+  over = padded(1, 400 << 10);  // worker 1 within its own MiB, over the 1.5 MiB in all
+  over->done.WaitForNotification();
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over->status.error_message(), HasSubstr("in all"));
+  EXPECT_EQ(Rejected("too_many_waiting"), 3u);
+  // A fused call whose pull waits keeps its header, not its frame: the pushed payload,
+  // applied already, is let go.
+  const PushRequest push = PushOf(1, 1, 1, 0.5f);
+  PullRequest pull;
+  *pull.mutable_header() = Header(1, 1);
+  pull.add_tables()->set_table("w");
+  pull.mutable_tables(0)->add_block_ids(0);
+  grpc::ByteBuffer answer;
+  absl::Notification fused_done;
+  absl::Status fused;
+  grpc::ByteBuffer frame = common::FrameOf(&push, &pull);
+  service_->StartPushPullForTest(&frame, absl::Now() + absl::Seconds(60), &answer,
+                                 [&](absl::Status status) {
+                                   fused = std::move(status);
+                                   fused_done.Notify();
+                                 });
+  AwaitParked(3);
+  EXPECT_EQ(frame.Length(), 0u);  // the payload was let go
+  // Worker 0's clock moves: every parked pull is answered.
+  ASSERT_TRUE(Push(0, 1, 1, 0.5f).ok());
+  for (const auto& p : waiting) {
+    p->done.WaitForNotification();
+    EXPECT_TRUE(p->status.ok()) << p->status.error_message();
+  }
+  fused_done.WaitForNotification();
+  EXPECT_TRUE(fused.ok()) << fused;
+}
+
 TEST_F(ParkingTest, ParkedPullsEndWithDeadlineExceededFromTheServer) {
   ServiceOptions options;
   // The server's cap on the wait, far below the calls' own 60 s deadline: the answer below

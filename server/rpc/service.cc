@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/codec.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/shared_channel.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -184,7 +185,7 @@ class ParameterServerService::CallReactor final : public grpc::ServerUnaryReacto
 
 ParameterServerService::WaiterId ParameterServerService::AfterBound(
     const RequestInfo& info, absl::Time deadline, std::function<absl::Status()> read, Done done,
-    bool by_grpc) {
+    bool by_grpc, uint64_t held_bytes) {
   const absl::Time wait_start = absl::Now();
   const bool tracked = info.worker_id >= 0;
   // When parked: called by whoever moved the clock (or the tracker's timer); the read goes to
@@ -211,8 +212,11 @@ ParameterServerService::WaiterId ParameterServerService::AfterBound(
   WorkerTracker::ParkLimits limits;
   limits.per_worker = options_.max_parked_pulls_per_worker;
   limits.total = options_.max_parked_pulls;
-  absl::StatusOr<WaiterId> parked = shard_->ParkPull(
-      info, std::min(deadline, wait_start + options_.max_pull_wait), limits, std::move(on_bound));
+  limits.bytes_per_worker = options_.max_parked_bytes_per_worker;
+  limits.bytes_total = options_.max_parked_bytes;
+  absl::StatusOr<WaiterId> parked =
+      shard_->ParkPull(info, std::min(deadline, wait_start + options_.max_pull_wait), limits,
+                       std::move(on_bound), held_bytes);
   if (!parked.ok()) {
     done(parked.status());
     return 0;
@@ -278,7 +282,13 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
   auto views = std::make_shared<const std::vector<PullTable>>(PullViews(request.tables()));
   absl::StatusOr<uint64_t> bytes = shard_->CheckPull(info, *views);
   absl::Status status = bytes.status();
-  if (status.ok()) status = CheckAnswerSize(*bytes, /*shared_room=*/0);
+  // The protobuf answer echoes the keys too (before 2026-12-05, found in review, only the
+  // values were counted: a pull of 8M keys passed, read every row, and gRPC then refused to
+  // send its 580 MB answer).
+  if (status.ok()) {
+    status = CheckAnswerSize(*bytes, AnswerHeaderBytes(request.tables(), /*echo_keys=*/true),
+                             /*shared_room=*/0);
+  }
   if (!status.ok()) {
     finish(std::move(status));
     return 0;
@@ -288,11 +298,28 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
       [this, &request, response, views] {
         return ReadPull(request.tables(), *views, response, nullptr);
       },
-      std::move(finish), /*by_grpc=*/true);
+      std::move(finish), /*by_grpc=*/true, /*held_bytes=*/request.ByteSizeLong());
 }
 
-absl::Status ParameterServerService::CheckAnswerSize(uint64_t bytes, uint64_t shared_room) {
-  if (bytes <= options_.max_answer_bytes || bytes <= shared_room) return absl::OkStatus();
+uint64_t ParameterServerService::AnswerHeaderBytes(
+    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables, bool echo_keys) {
+  // Bounds on the protobuf encoding: a table's name, encoding and field tags; a block's id,
+  // its length and tags; a key's 8 bytes.
+  constexpr uint64_t kPerTable = 32, kPerBlock = 24, kPerKey = 8;
+  uint64_t bytes = 0;
+  for (const TablePullRequest& t : tables) {
+    bytes += kPerTable + t.table().size() + kPerBlock * static_cast<uint64_t>(t.block_ids_size());
+    if (echo_keys) bytes += kPerKey * static_cast<uint64_t>(t.keys_size());
+  }
+  return bytes;
+}
+
+absl::Status ParameterServerService::CheckAnswerSize(uint64_t payload_bytes, uint64_t header_bytes,
+                                                     uint64_t shared_room) {
+  const uint64_t bytes = payload_bytes + header_bytes;
+  if (bytes <= options_.max_answer_bytes || payload_bytes <= shared_room) {
+    return absl::OkStatus();
+  }
   return shard_->Reject(
       "answer_too_large",
       absl::ResourceExhaustedError(
@@ -612,8 +639,23 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       call->bytes_in += n;
     }
   }
+  // A frame's answer does not echo the keys, but has a header per table and block.
+  const uint64_t room = call->shared != nullptr ? header.shared().answer_capacity() : 0;
   RETURN_IF_ERROR(CheckAnswerSize(call->pull_bytes,
-                                  call->shared != nullptr ? header.shared().answer_capacity() : 0));
+                                  AnswerHeaderBytes(header.pull(), /*echo_keys=*/false), room));
+  if (from_channel && call->pull_bytes > room &&
+      call->pull_bytes > common::SharedChannel::kAnswerBytes) {
+    // Its values would go into the channel's slot, which cannot hold them: refused before the
+    // push, not after the read (found in review, 2026-12-05: the push was applied, up to
+    // max_answer_bytes read on the channel's thread, and the answer dropped). Workers send
+    // such calls by the socket.
+    return shard_->Reject(
+        "answer_too_large",
+        absl::ResourceExhaustedError(absl::StrCat(
+            "a call through a shared-memory channel whose pull's ", call->pull_bytes,
+            " bytes fit neither its segment's room of ", room, " bytes nor the channel's ",
+            common::SharedChannel::kAnswerBytes, ": send it by the socket")));
+  }
   if (header.has_push()) {
     common::BufferPool::Buffer scratch;
     std::vector<absl::string_view> pieces;
@@ -676,8 +718,8 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
 }
 
 ParameterServerService::WaiterId ParameterServerService::StartPushPull(
-    const grpc::ByteBuffer& request, absl::Time deadline, grpc::ByteBuffer* response,
-    absl::Time arrived, const PeerIdentity* peer, Done done, bool from_channel) {
+    grpc::ByteBuffer* request, absl::Time deadline, grpc::ByteBuffer* response, absl::Time arrived,
+    const PeerIdentity* peer, Done done, bool from_channel) {
   auto call = std::make_shared<PushPullCall>();
   auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
     if (!status.ok() && call->push_applied) status = WithPushApplied(status);
@@ -686,7 +728,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     done(std::move(status));
   };
   auto answer = [this, call, response] { return PushPullAnswer(call.get(), response); };
-  if (absl::Status s = PushPullBegin(request, peer, from_channel, call.get(), deadline); !s.ok()) {
+  if (absl::Status s = PushPullBegin(*request, peer, from_channel, call.get(), deadline); !s.ok()) {
     finish(std::move(s));
     return 0;
   }
@@ -696,8 +738,11 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
   }
   RequestInfo pull_info = InfoOf(call->header.header());
   pull_info.clock = call->header.pull_clock();
+  // While it waits the call keeps its header (which holds the pull), not the push's payload:
+  // applied already, it is let go here.
+  request->Clear();
   return AfterBound(pull_info, deadline, std::move(answer), std::move(finish),
-                    /*by_grpc=*/!from_channel);
+                    /*by_grpc=*/!from_channel, /*held_bytes=*/call->header.ByteSizeLong());
 }
 
 absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& request,
@@ -705,7 +750,8 @@ absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& requ
                                                     grpc::ByteBuffer* response) {
   absl::Notification answered;
   absl::Status result;
-  StartPushPull(request, deadline, response, absl::Now(), nullptr, [&](absl::Status status) {
+  grpc::ByteBuffer copy = request;  // slices shared, not copied
+  StartPushPull(&copy, deadline, response, absl::Now(), nullptr, [&](absl::Status status) {
     result = std::move(status);
     answered.Notify();
   });
@@ -721,7 +767,10 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
   const absl::Time deadline = absl::FromChrono(context->deadline());
   auto serve = [this, reactor, request, response, deadline, arrived,
                 peer = auth_.Identify(*context)] {
-    reactor->Started(StartPushPull(*request, deadline, response, arrived, &peer,
+    // gRPC's request object is not const, only handed out so; StartPushPull lets go of its
+    // payload once the push is applied (nothing reads it after the handler).
+    reactor->Started(StartPushPull(const_cast<grpc::ByteBuffer*>(request), deadline, response,
+                                   arrived, &peer,
                                    [reactor](absl::Status status) { Finish(reactor, status); }));
   };
   if (!PushesWait()) {

@@ -67,6 +67,11 @@ struct ServiceOptions {
   // REQUIRES: > 0.
   size_t max_parked_pulls_per_worker = 16;
   size_t max_parked_pulls = 1024;
+  // Bytes of the requests parked pulls keep (a pull's request; a PushPull frame's header,
+  // its payload is let go once the push is applied), per worker and in all; a pull beyond
+  // them gets RESOURCE_EXHAUSTED (too_many_waiting) instead of parking. REQUIRES: > 0.
+  uint64_t max_parked_bytes_per_worker = uint64_t{256} << 20;
+  uint64_t max_parked_bytes = uint64_t{1} << 30;
   // Whose calls are checked, and how (server/rpc/auth.h): who may act as which worker, who
   // may administer.
   AuthOptions auth;
@@ -185,6 +190,13 @@ class ParameterServerService final
   // A PushPull frame; `response` receives the answer frame when OK.
   absl::Status HandlePushPull(const grpc::ByteBuffer& request, absl::Time deadline,
                               grpc::ByteBuffer* response);
+  // The asynchronous form (StartPushPull): `done` gets the status once the call is answered;
+  // `request` is cleared once its push is applied.
+  void StartPushPullForTest(grpc::ByteBuffer* request, absl::Time deadline,
+                            grpc::ByteBuffer* response, std::function<void(absl::Status)> done,
+                            bool from_channel = false) {
+    StartPushPull(request, deadline, response, absl::Now(), nullptr, std::move(done), from_channel);
+  }
 
   // Every method from a completion queue (GrpcServer's way). gRPC's callback API hands each
   // call from the thread that polled the socket to an executor thread and back, and its own
@@ -274,10 +286,11 @@ class ParameterServerService final
   // As StartPull for a frame. `peer`: the caller, checked against the frame's worker id
   // before this returns; nullptr = not checked (tests).
   // `from_channel`: the frame came through a shared-memory channel (it may not ask for a
-  // segment: the channel's thread would replace its own).
-  WaiterId StartPushPull(const grpc::ByteBuffer& request, absl::Time deadline,
-                         grpc::ByteBuffer* response, absl::Time arrived, const PeerIdentity* peer,
-                         Done done, bool from_channel = false);
+  // segment: the channel's thread would replace its own). `request` is cleared once the push
+  // is applied: a pull that waits for the bound keeps only the frame's header.
+  WaiterId StartPushPull(grpc::ByteBuffer* request, absl::Time deadline, grpc::ByteBuffer* response,
+                         absl::Time arrived, const PeerIdentity* peer, Done done,
+                         bool from_channel = false);
   // Decoding done: the shard checks and applies the push (Shard::Push).
   absl::Status PushImpl(const RequestHeader& header, bool is_delta,
                         absl::Span<const PushTable> tables, PushResponse* response,
@@ -303,9 +316,11 @@ class ParameterServerService final
   // read's status; `done` gets the refusal instead when the pull may not wait. Returns the
   // parked pull's id, 0 when it did not park. `by_grpc`: the answer goes back through gRPC
   // (not a shared-memory channel), so a parked pull is checked against
-  // max_unsent_answer_bytes again before its read (server_busy beyond it).
+  // max_unsent_answer_bytes again before its read (server_busy beyond it). `held_bytes`: what
+  // the pull keeps of its request while parked (counted against max_parked_bytes*).
   WaiterId AfterBound(const RequestInfo& info, absl::Time deadline,
-                      std::function<absl::Status()> read, Done done, bool by_grpc);
+                      std::function<absl::Status()> read, Done done, bool by_grpc,
+                      uint64_t held_bytes);
   // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
   bool PushesWait() const;
   // Runs `serve` (a call's whole work) on the pool, counted against max_pool_requests and
@@ -321,9 +336,14 @@ class ParameterServerService final
   // The server-wide half of CheckUnsentAnswers (also checked as a parked pull is read);
   // `what` names what the refusal left unchanged ("this call", "this pull").
   absl::Status CheckUnsentAnswerTotal(absl::string_view what = "this call");
-  // RESOURCE_EXHAUSTED (answer_too_large) for a pull answer of `bytes` over max_answer_bytes,
-  // unless it goes into a shared segment's room of `shared_room` bytes (0: none).
-  absl::Status CheckAnswerSize(uint64_t bytes, uint64_t shared_room);
+  // RESOURCE_EXHAUSTED (answer_too_large) for a pull answer of `payload_bytes` of values and
+  // `header_bytes` of the rest over max_answer_bytes, unless its values go into a shared
+  // segment's room of `shared_room` bytes (0: none).
+  absl::Status CheckAnswerSize(uint64_t payload_bytes, uint64_t header_bytes, uint64_t shared_room);
+  // A bound on the bytes of an answer to `tables` besides the values: names, block headers,
+  // and the keys when the answer echoes them (a protobuf PullResponse; a frame does not).
+  static uint64_t AnswerHeaderBytes(
+      const google::protobuf::RepeatedPtrField<TablePullRequest>& tables, bool echo_keys);
   // Answers of `bytes` for `peer` handed to gRPC, and taken (or dropped with their call).
   void HoldAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);
   void ReleaseAnswerBytes(const std::string& peer, size_t bytes) ABSL_LOCKS_EXCLUDED(unsent_mu_);

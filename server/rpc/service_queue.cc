@@ -383,7 +383,7 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
     new Call(this, cq, method, [](ParameterServerService* s, Call* c) {
       const absl::Time arrived = absl::Now();
       auto serve = [s, c, arrived, peer = c->Peer()] {
-        c->Started(s->StartPushPull(c->request, c->deadline(), &c->response, arrived, &peer,
+        c->Started(s->StartPushPull(&c->request, c->deadline(), &c->response, arrived, &peer,
                                     [c](absl::Status status) { c->Finish(status); }));
       };
       // No push here waits: answer on this thread; a pull that must wait is parked.

@@ -130,7 +130,7 @@ class ParameterServerService::ChannelServer {
     // only what outlives the channel (the service outlives its pool).
     auto serve = [service = service_, peer = peer_, state, slot, call, deadline, arrived] {
       service->StartPushPull(
-          call->request, deadline, &call->response, arrived, &peer,
+          &call->request, deadline, &call->response, arrived, &peer,
           [service, state, slot, call](absl::Status status) {
             if (status.ok() && service->channel_answers_closed_.load(std::memory_order_acquire)) {
               // The final checkpoint may have been cut before this push was applied: it is

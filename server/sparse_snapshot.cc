@@ -29,6 +29,7 @@ void SparseTablePart::BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) {
   // No row moves while the cut is taken: memory and the spill table are cut at one instant.
   absl::WriterMutexLock move(&move_mu_);
   sink_ = sink;
+  snapshot_rows_ = 0;
   if (spills()) {
     spill_snapshot_ = spill_->Snapshot();
     in_memory_at_cut_.clear();
@@ -56,6 +57,7 @@ absl::Status SparseTablePart::WriteSnapshot(size_t record_bytes) {
         records.emplace_back();
       }
       std::string& r = records.back();
+      ++snapshot_rows_;
       AppendRaw(&r, &key, sizeof(key));
       AppendRaw(&r, &step, sizeof(step));
       AppendRaw(&r, row, row_floats_ * sizeof(float));
@@ -107,6 +109,7 @@ absl::Status SparseTablePart::WriteSpilled(size_t record_bytes) {
         }
         AppendRaw(&record, &key, sizeof(key));
         record.append(value.data(), value.size());
+        ++snapshot_rows_;
         return absl::OkStatus();
       }));
   return flush();

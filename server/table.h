@@ -97,6 +97,8 @@ class TablePart {
   // including errors of writes made by updates.
   virtual absl::Status WriteSnapshot(size_t record_bytes) = 0;
   virtual void EndSnapshot() = 0;
+  // Rows (dense: blocks) the snapshot in progress wrote, once WriteSnapshot returned OK.
+  virtual uint64_t SnapshotRows() const { return NumRows(); }
 
   // Restores one record written by WriteSnapshot. INVALID_ARGUMENT/DATA_LOSS if it does not
   // fit this table (wrong size, block out of range); nothing is changed then.
@@ -345,6 +347,7 @@ class SparseTablePart final : public TablePart {
   void BeginSnapshot(uint64_t epoch, const SnapshotSink* sink) override;
   absl::Status WriteSnapshot(size_t record_bytes) override;
   void EndSnapshot() override;
+  uint64_t SnapshotRows() const override { return snapshot_rows_; }
   // When spilling, may fail as Read does (rows beyond the budget are spilled while restoring).
   absl::Status RestoreRecord(absl::string_view key, absl::string_view value) override;
 
@@ -468,6 +471,7 @@ class SparseTablePart final : public TablePart {
   std::vector<float> slot_init_;  // a fresh row's slot values (row_floats - dim)
   std::unique_ptr<Stripe[]> stripes_;
   std::atomic<uint64_t> active_epoch_{0};
+  uint64_t snapshot_rows_ = 0;  // written by the snapshot in progress (its writer's)
   const SnapshotSink* sink_ = nullptr;
   // Held shared while a row moves between memory and the spill table, exclusively while a
   // snapshot begins or ends. Lock order: Shard::apply_mu_, move_mu_, a stripe's mu; never

@@ -176,32 +176,43 @@ std::string ReadUntilClosed(int fd) {
   return answer;
 }
 
+// A server on 127.0.0.1 whose registry holds ps_test_requests_total 1; `server` is null if
+// it did not start (a test failure then).
+struct OneCounterServer {
+  explicit OneCounterServer(HttpServerOptions options) {
+    registry.AddCounter("ps_test_requests_total", "Requests.")->Increment(1);
+    options.host = "127.0.0.1";
+    auto started = MetricsHttpServer::Start(options, &registry);
+    EXPECT_THAT(started.status(), IsOk());
+    if (started.ok()) server = *std::move(started);
+  }
+  Registry registry;
+  std::unique_ptr<MetricsHttpServer> server;
+};
+
 // Seen: six idle connections delayed a scrape by 6 x io_timeout, one at a time. Here the
 // timeout is an hour, so a server that waits on idle connections never answers within the
 // scrape's own deadline, which is generous: the test fails only if the scrape hangs.
 TEST(HttpServer, IdleConnectionsDoNotDelayAScrape) {
-  Registry registry;
-  registry.AddCounter("ps_test_requests_total", "Requests.")->Increment(1);
   HttpServerOptions options;
-  options.host = "127.0.0.1";
   options.io_timeout = absl::Hours(1);
-  auto server = MetricsHttpServer::Start(options, &registry);
-  ASSERT_THAT(server.status(), IsOk());
+  OneCounterServer server(options);
+  ASSERT_NE(server.server, nullptr);
   std::vector<int> idle;
   for (int i = 0; i < 6; ++i) {
-    idle.push_back(ConnectTo((*server)->port()));
+    idle.push_back(ConnectTo(server.server->port()));
     ASSERT_GE(idle.back(), 0);
   }
   // One of them has sent half a request and stops there.
   ASSERT_EQ(send(idle[0], "GET /metr", 9, MSG_NOSIGNAL), 9);
   for (int round = 0; round < 3; ++round) {
-    auto response = testing::HttpGet((*server)->port(), "/metrics", absl::Seconds(60));
+    auto response = testing::HttpGet(server.server->port(), "/metrics", absl::Seconds(60));
     ASSERT_THAT(response.status(), IsOk()) << "round " << round;
     EXPECT_EQ(response->status, 200);
     EXPECT_THAT(response->body, HasSubstr("ps_test_requests_total 1"));
   }
   for (int fd : idle) close(fd);
-  (*server)->Stop();
+  server.server->Stop();
 }
 
 // Found 2026-12-05: every request rendered the registry (and, in a server, read its stats
@@ -250,8 +261,7 @@ TEST(HttpServer, ScrapesInALoopRenderAtMostOncePerInterval) {
   EXPECT_GT(scrapes.load(), 4);
   // Renders are at least 200 ms apart, within the time the clients ran.
   EXPECT_LE(renders.load(), took / absl::Milliseconds(200) + 1) << scrapes.load() << " scrapes";
-  // A scrape after a quiet interval is answered by a render of its own, made after it came.
-  absl::SleepFor(absl::Milliseconds(250));
+  // A single scrape too is answered by a render made after it came.
   asked[0]->Set(-7);
   auto response = testing::HttpGet((*server)->port(), "/metrics");
   ASSERT_THAT(response.status(), IsOk());
@@ -262,18 +272,15 @@ TEST(HttpServer, ScrapesInALoopRenderAtMostOncePerInterval) {
 // Found in review, 2026-12-05: a request that came late in its connection's io_timeout, just
 // after a render, waited for the next render past its deadline and was closed unanswered.
 TEST(HttpServer, ARequestWaitingForTheNextRenderIsAnsweredPastItsDeadline) {
-  Registry registry;
-  registry.AddCounter("ps_test_requests_total", "Requests.")->Increment(1);
   HttpServerOptions options;
-  options.host = "127.0.0.1";
   options.io_timeout = absl::Seconds(2);
   options.min_render_interval = absl::Milliseconds(1500);
-  auto server = MetricsHttpServer::Start(options, &registry);
-  ASSERT_THAT(server.status(), IsOk());
-  const int late = ConnectTo((*server)->port());  // its deadline: 2 s from now
+  OneCounterServer server(options);
+  ASSERT_NE(server.server, nullptr);
+  const int late = ConnectTo(server.server->port());  // its deadline: 2 s from now
   ASSERT_GE(late, 0);
   absl::SleepFor(absl::Milliseconds(1200));
-  ASSERT_THAT(testing::HttpGet((*server)->port(), "/metrics").status(), IsOk());  // a render
+  ASSERT_THAT(testing::HttpGet(server.server->port(), "/metrics").status(), IsOk());  // a render
   const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";  // next render: 1.5 s on
   ASSERT_EQ(send(late, request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
@@ -281,21 +288,18 @@ TEST(HttpServer, ARequestWaitingForTheNextRenderIsAnsweredPastItsDeadline) {
   close(late);
   EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK"));
   EXPECT_THAT(answer, HasSubstr("ps_test_requests_total 1"));
-  (*server)->Stop();
+  server.server->Stop();
 }
 
 // Found 2026-12-05: when 64 connections were open, each new one displaced the oldest, so a
 // stream of connections that send nothing displaced a scrape that had begun. Those that sent
 // nothing go first now.
 TEST(HttpServer, ConnectionsThatSendNothingDoNotDisplaceAScrapeInProgress) {
-  Registry registry;
-  registry.AddCounter("ps_test_requests_total", "Requests.")->Increment(1);
   HttpServerOptions options;
-  options.host = "127.0.0.1";
   options.io_timeout = absl::Seconds(60);
-  auto server = MetricsHttpServer::Start(options, &registry);
-  ASSERT_THAT(server.status(), IsOk());
-  const int port = (*server)->port();
+  OneCounterServer server(options);
+  ASSERT_NE(server.server, nullptr);
+  const int port = server.server->port();
   std::vector<int> idle;
   for (int i = 0; i < 64; ++i) {
     idle.push_back(ConnectTo(port));
@@ -305,12 +309,16 @@ TEST(HttpServer, ConnectionsThatSendNothingDoNotDisplaceAScrapeInProgress) {
   const int scrape = ConnectTo(port);
   ASSERT_GE(scrape, 0);
   ASSERT_EQ(send(scrape, "GET /metr", 9, MSG_NOSIGNAL), 9);
-  absl::SleepFor(absl::Milliseconds(100));  // read by the server before the others come
+  // A probe answered after the scrape's half request was sent: the one thread serving every
+  // connection has read that half by then (it reads ready sockets before it accepts more).
+  ASSERT_THAT(testing::HttpGet(port, "/healthz").status(), IsOk());
   for (int i = 0; i < 130; ++i) {
     idle.push_back(ConnectTo(port));
     ASSERT_GE(idle.back(), 0);
   }
-  absl::SleepFor(absl::Milliseconds(100));  // accepted (and the oldest displaced)
+  // A probe after them: answered once every connection before it was accepted (and the ones
+  // it displaced closed).
+  ASSERT_THAT(testing::HttpGet(port, "/healthz").status(), IsOk());
   const std::string rest = "ics HTTP/1.0\r\n\r\n";
   ASSERT_EQ(send(scrape, rest.data(), rest.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(rest.size()));
@@ -319,7 +327,7 @@ TEST(HttpServer, ConnectionsThatSendNothingDoNotDisplaceAScrapeInProgress) {
   for (int fd : idle) close(fd);
   EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK"));
   EXPECT_THAT(answer, HasSubstr("ps_test_requests_total 1"));
-  (*server)->Stop();
+  server.server->Stop();
 }
 
 TEST_F(HttpServerTest, StopClosesThePort) {

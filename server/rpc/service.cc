@@ -272,9 +272,11 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
                                                                    absl::Time deadline,
                                                                    PullResponse* response,
                                                                    absl::Time arrived, Done done) {
-  auto finish = [this, &request, response, arrived, done = std::move(done)](absl::Status status) {
-    Record(kPull, arrived, status, request.ByteSizeLong(),
-           status.ok() ? response->ByteSizeLong() : 0);
+  // Recorded, and counted against the caps on parked pulls' bytes while the pull waits.
+  const size_t request_bytes = request.ByteSizeLong();
+  auto finish = [this, request_bytes, response, arrived,
+                 done = std::move(done)](absl::Status status) {
+    Record(kPull, arrived, status, request_bytes, status.ok() ? response->ByteSizeLong() : 0);
     done(std::move(status));
   };
   const RequestInfo info = InfoOf(request.header());
@@ -298,7 +300,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
       [this, &request, response, views] {
         return ReadPull(request.tables(), *views, response, nullptr);
       },
-      std::move(finish), /*by_grpc=*/true, /*held_bytes=*/request.ByteSizeLong());
+      std::move(finish), /*by_grpc=*/true, /*held_bytes=*/request_bytes);
 }
 
 uint64_t ParameterServerService::AnswerHeaderBytes(

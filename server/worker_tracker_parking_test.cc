@@ -66,6 +66,35 @@ TEST(WorkerTrackerParking, ParkedPullIsReleasedWhenTheSlowestClockMoves) {
   EXPECT_EQ(t.max_staleness_seen(), 1);
 }
 
+// The bytes parked pulls keep are capped per worker and in all, and given back as each pull
+// leaves: a pull that did not fit fits once another is answered.
+TEST(WorkerTrackerParking, ParkedBytesAreCappedAndGivenBackWhenAPullLeaves) {
+  WorkerTracker t(Options(3, 0));
+  WorkerTracker::ParkLimits limits;
+  limits.bytes_per_worker = 100;
+  limits.bytes_total = 150;
+  Outcome a, b, c, d;
+  ASSERT_THAT(t.WhenBound(0, 1, 1, kLater, limits, a.callback(), 60).status(), IsOk());
+  EXPECT_THAT(t.WhenBound(0, 1, 1, kLater, limits, b.callback(), 60).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::HasSubstr("per worker")));
+  ASSERT_THAT(t.WhenBound(1, 1, 1, kLater, limits, c.callback(), 80).status(), IsOk());
+  EXPECT_THAT(t.WhenBound(2, 1, 1, kLater, limits, d.callback(), 20).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::HasSubstr("in all")));
+  EXPECT_EQ(t.parked(), 2u);
+  // Every worker at clock 1: both parked pulls are answered, and their bytes given back.
+  for (int32_t w = 0; w < 3; ++w) {
+    ASSERT_THAT(t.Admit(w, 1, 1).status(), IsOk());
+    t.AdvanceClock(w, 1, 1);
+  }
+  ASSERT_TRUE(a.done.HasBeenNotified() && c.done.HasBeenNotified());
+  EXPECT_EQ(t.parked(), 0u);
+  Outcome e, f;
+  EXPECT_THAT(t.WhenBound(0, 1, 2, kLater, limits, e.callback(), 100).status(), IsOk());
+  EXPECT_THAT(t.WhenBound(2, 1, 2, kLater, limits, f.callback(), 50).status(), IsOk());
+  EXPECT_EQ(t.parked(), 2u);
+  t.CloseWaiters(absl::UnavailableError("stopping"));
+}
+
 TEST(WorkerTrackerParking, AFinishedWorkerReleasesTheWaitersItHeldBack) {
   WorkerTracker t(Options(2, 0));
   ASSERT_THAT(t.Touch(1, 1), IsOk());

@@ -1,11 +1,16 @@
 // End to end: 2 ps_server + 2 ps_worker processes on 127.0.0.1 train the Fashion-MNIST MLP
-// asynchronously for one epoch; worker 0 must reach at least 0.80 test accuracy (a full
-// 10-epoch run reaches about 0.88, see docs/performance.md and docs/lab/). Skips when the dataset package
-// is not installed.
+// asynchronously for one epoch; worker 0 must reach at least 0.75 test accuracy (a model that
+// learned nothing scores 0.10; a full 10-epoch run reaches about 0.88, see docs/performance.md
+// and docs/lab/). Worker 0's final evaluation scores one version of the parameters, taken
+// while worker 1 may still be pushing, so it varies from run to run: 36 runs on 2026-12-05
+// gave 0.7885-0.8522 (the bound was 0.80 when each test batch was scored with its own pull,
+// 0.833-0.851 in 12 runs, a mixture of versions). Skips when the dataset package is not
+// installed.
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -67,7 +72,8 @@ TEST(TrainE2e, FashionMnistOnTwoServersAndTwoWorkers) {
   ASSERT_TRUE(std::regex_search(log, m, std::regex("final test accuracy ([0-9.]+)"))) << log;
   double accuracy = 0;
   ASSERT_TRUE(absl::SimpleAtod(m[1].str(), &accuracy));
-  EXPECT_GE(accuracy, 0.80) << log;
+  std::printf("worker 0 final test accuracy: %.4f\n", accuracy);
+  EXPECT_GE(accuracy, 0.75) << log;
   // Servers stop cleanly on SIGTERM after the job, with a final checkpoint.
   for (auto& s : servers) s->Signal(SIGTERM);
   for (auto& s : servers) {

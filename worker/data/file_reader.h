@@ -1,6 +1,9 @@
 // FileReader: a sequential reader of a local file that is either plain or gzip-compressed
 // (detected from the content, not the name), with byte-offset tracking for error messages.
 // It is the one place in worker/data that talks to zlib; the IDX and LIBSVM readers use it.
+// A gzip file may hold several members one after the other (`cat a.gz b.gz`), read as one
+// stream; anything else after a member is DATA_LOSS, not ignored as zlib's gzread does, so a
+// file whose later part is damaged is never read as a shorter one.
 #ifndef PS_WORKER_DATA_FILE_READER_H_
 #define PS_WORKER_DATA_FILE_READER_H_
 
@@ -13,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ps::worker {
 
@@ -22,7 +26,8 @@ namespace ps::worker {
 // the uncompressed stream, which is what a format error refers to.
 //
 // Error codes: NOT_FOUND (no such file), PERMISSION_DENIED, INVALID_ARGUMENT (a directory),
-// DATA_LOSS (corrupt or truncated gzip stream, or an I/O error while reading), and other
+// DATA_LOSS (corrupt or truncated gzip stream, bytes after it that are not another gzip
+// member, or an I/O error while reading), RESOURCE_EXHAUSTED (zlib's memory), and other
 // errno-derived codes from open(2). Every message starts with the path.
 class FileReader {
  public:
@@ -51,25 +56,38 @@ class FileReader {
   bool compressed() const { return compressed_; }
 
  private:
-  FileReader(std::string path, void* gz_file, bool compressed);
+  struct Inflater;  // zlib's stream state, kept in file_reader.cc so that zlib.h stays there.
+
+  FileReader(std::string path, int fd);
 
   // Moves up to `n` bytes from the file into `out` (bypassing buffer_).
   absl::StatusOr<size_t> ReadFromFile(char* out, size_t n);
+  absl::StatusOr<size_t> Inflate(char* out, size_t n);
+  // Reads more of the raw file into input_; returns false at its end.
+  absl::StatusOr<bool> FillInput();
   // Refills buffer_ when it is empty; returns false at the end of the file.
   absl::StatusOr<bool> FillBuffer();
-  absl::Status StreamError(int gz_errnum, const char* gz_message) const;
+  absl::Status StreamError(absl::string_view what) const;
 
   // Constant after construction.
   const std::string path_;
-  void* const gz_file_;  // A gzFile, kept opaque so that zlib.h stays out of this header.
-  const bool compressed_;
+  const int fd_;
+  bool compressed_ = false;
+
+  // Raw bytes read from fd_: [input_pos_, input_.size()) not yet used.
+  std::vector<char> input_;
+  size_t input_pos_ = 0;
+  bool input_end_ = false;
+  // Raw bytes of the file used so far: where a gzip error is.
+  uint64_t raw_pos_ = 0;
+  std::unique_ptr<Inflater> inflater_;  // Set for a compressed file.
 
   // Read-ahead for ReadLine: bytes [buffer_pos_, buffer_.size()) are not consumed yet.
   std::vector<char> buffer_;
   size_t buffer_pos_ = 0;
   // Bytes consumed by the caller.
   uint64_t offset_ = 0;
-  // Bytes taken from zlib (offset_ plus the unconsumed read-ahead); where errors happen.
+  // Bytes decompressed (offset_ plus the unconsumed read-ahead); where errors happen.
   uint64_t file_pos_ = 0;
 };
 

@@ -133,5 +133,59 @@ TEST(FileReader, CorruptGzipIsDataLoss) {
   }
 }
 
+// Members one after the other (`cat a.gz b.gz`) are one stream, as gzip(1) reads them.
+TEST(FileReader, ReadsConcatenatedGzipMembersAsOneStream) {
+  const std::string path = test_files::WriteFile(
+      test_files::TempPath("members.gz"),
+      test_files::Gzip("one\ntwo\n") + test_files::Gzip("three\n") + test_files::Gzip(""));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
+  int lines = 0;
+  EXPECT_EQ(ReadAllLines(*reader, &lines), "one|two|three|");
+  EXPECT_EQ(lines, 3);
+}
+
+// zlib's gzread drops whatever follows a member that is not another one: a file whose later
+// part is damaged would be read as a shorter, valid-looking one.
+TEST(FileReader, BytesAfterTheGzipStreamAreDataLoss) {
+  for (const std::string& tail : {std::string("x"), std::string("junk after it"),
+                                  std::string(4096, '\0'), std::string("\x1f")}) {
+    const std::string path = test_files::WriteFile(test_files::TempPath("tail.gz"),
+                                                   test_files::Gzip("one\ntwo\n") + tail);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
+    std::string all(64, '\0');
+    EXPECT_THAT(
+        reader->Read(all.data(), all.size()),
+        StatusIs(absl::StatusCode::kDataLoss,
+                 AllOf(HasSubstr("tail.gz: "), HasSubstr("after the end of the gzip stream"))))
+        << tail.size() << " bytes of tail";
+  }
+}
+
+// A second member cut short is as truncated as a first one.
+TEST(FileReader, ATruncatedLaterMemberIsDataLoss) {
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) % 251);
+  const std::string second = test_files::Gzip(data);
+  const std::string path =
+      test_files::WriteFile(test_files::TempPath("second.gz"),
+                            test_files::Gzip("head\n") + second.substr(0, second.size() / 2));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
+  std::string out(5 + data.size(), '\0');
+  EXPECT_THAT(reader->Read(out.data(), out.size()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("second.gz: truncated gzip")));
+}
+
+// A plain file is read as it is, also one of one byte or none.
+TEST(FileReader, ReadsShortPlainFiles) {
+  for (const std::string& contents : {std::string(""), std::string("a"), std::string("\x1f")}) {
+    const std::string path = test_files::WriteFile(test_files::TempPath("short.txt"), contents);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileReader> reader, FileReader::Open(path));
+    EXPECT_FALSE(reader->compressed());
+    std::string out(8, '\0');
+    ASSERT_OK_AND_ASSIGN(size_t got, reader->Read(out.data(), out.size()));
+    EXPECT_EQ(out.substr(0, got), contents);
+  }
+}
+
 }  // namespace
 }  // namespace ps::worker

@@ -93,13 +93,23 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Open(uint64_t id,
   if (!IsDescriptorPath(path)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a segment's path"));
   }
+  // The file is looked at through an O_PATH descriptor (which opens nothing) and then opened
+  // through that descriptor, not by name again: the peer cannot swap a device in between.
+  const int path_fd = open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (path_fd < 0) return Errno(absl::StrCat("looking up ", path));
   struct stat before;
-  if (stat(path.c_str(), &before) != 0) return Errno(absl::StrCat("stat ", path));
-  if (!S_ISREG(before.st_mode)) {
+  if (fstat(path_fd, &before) != 0 || !S_ISREG(before.st_mode)) {
+    close(path_fd);
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
   }
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) return Errno(absl::StrCat("opening ", path));
+  const int fd = open(absl::StrCat("/proc/self/fd/", path_fd).c_str(),
+                      O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  const int open_error = errno;
+  close(path_fd);
+  if (fd < 0) {
+    errno = open_error;
+    return Errno(absl::StrCat("opening ", path));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes ||
       fcntl(fd, F_GET_SEALS) != (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {

@@ -103,6 +103,58 @@ absl::Status BadResponse(uint32_t server, absl::string_view what) {
   return absl::InternalError(absl::StrCat("server ", server, " answered a pull wrongly: ", what));
 }
 
+// The largest answer header an honest server sends for `asked`: its tables' names, encodings
+// and blocks' ids and lengths (bounds on their protobuf encoding, as the server's
+// AnswerHeaderBytes), and room for the rest (the push's result, a shared-memory offer). An
+// answer's header is parsed before anything in it is checked, and a header of empty entries
+// grows about 28 times when parsed: a larger one is refused unread.
+size_t AnswerHeaderLimit(const PushPullRequest& asked) {
+  constexpr size_t kRest = 64 << 10, kPerTable = 32, kPerBlock = 24;
+  size_t bytes = kRest;
+  for (const TablePullRequest& tr : asked.pull()) {
+    bytes += kPerTable + tr.table().size() + kPerBlock * static_cast<size_t>(tr.block_ids_size());
+  }
+  return bytes;
+}
+
+// An answer's tables are the frame's pull entries in their order, as the server's ReadPull
+// writes them: every table and block asked for, each once, in the encoding asked for, a dense
+// entry with no rows and a sparse one with no blocks, values only in the payload (keys are
+// not echoed). Without this
+// an answer that left a table or block out, or sent rows with a dense table's blocks, was read
+// as OK with the caller's buffers partly unwritten or shifted.
+absl::Status CheckAnswerShape(uint32_t s, const PushPullRequest& asked,
+                              const PullResponse& answer) {
+  if (answer.tables_size() != asked.pull_size()) {
+    return BadResponse(
+        s, absl::StrCat(answer.tables_size(), " tables for the ", asked.pull_size(), " asked for"));
+  }
+  for (int i = 0; i < asked.pull_size(); ++i) {
+    const TablePullRequest& tr = asked.pull(i);
+    const TableValues& tv = answer.tables(i);
+    if (tv.table() != tr.table() || tv.encoding() != tr.encoding()) {
+      return BadResponse(
+          s, absl::StrCat("table '", tv.table(), "' in encoding ", tv.encoding(), " where '",
+                          tr.table(), "' in encoding ", tr.encoding(), " was asked for"));
+    }
+    if (tv.blocks_size() != tr.block_ids_size()) {
+      return BadResponse(s, absl::StrCat(tv.blocks_size(), " blocks of '", tv.table(), "' for the ",
+                                         tr.block_ids_size(), " asked for"));
+    }
+    for (int j = 0; j < tv.blocks_size(); ++j) {
+      if (tv.blocks(j).block_id() != tr.block_ids(j) || !tv.blocks(j).values().empty()) {
+        return BadResponse(s, absl::StrCat("block ", tv.blocks(j).block_id(), " of '", tv.table(),
+                                           "' where block ", tr.block_ids(j), " was asked for"));
+      }
+    }
+    if (!tv.rows().empty() || tv.keys_size() != 0 ||
+        (tr.keys_size() == 0 && tv.rows_bytes() != 0)) {
+      return BadResponse(s, absl::StrCat("rows of '", tv.table(), "' that were not asked for"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // One sparse table's rows of an answer (checked for size) into the caller's rows `out`, row j
 // at position pos[j].
 absl::Status ReadRows(Encoding encoding, absl::Span<const uint32_t> pos, size_t dim, float* out,
@@ -404,10 +456,12 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   const uint32_t s = x->ServerOf(f);
   PushPullResponse header;
   common::FrameReader reader;
-  if (absl::Status st = common::FrameReader::Open(answer, size_t{1} << 30, &header, &reader);
+  if (absl::Status st =
+          common::FrameReader::Open(answer, AnswerHeaderLimit(x->headers[f]), &header, &reader);
       !st.ok()) {
     return BadResponse(s, st.message());
   }
+  RETURN_IF_ERROR(CheckAnswerShape(s, x->headers[f], header.pull()));
   if (x->asked[f] != 0) TakeOffer(f, header, x);
   if (header.shared_answer_bytes() > 0) {
     const SharedPayload& sp = x->headers[f].shared();

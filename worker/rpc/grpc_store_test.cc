@@ -601,7 +601,7 @@ TEST_F(GrpcStoreTest, AsyncCallRefusesABadAnswer) {
 }
 
 // A lying server's payload lengths that add up to the payload's size only modulo 2^64 (here
-// 16 bytes for the block asked for, 2^64 - 16 for rows never asked for, and no payload):
+// 16 bytes for the block asked for, 2^64 - 16 for the row asked for, and no payload):
 // refused before anything is read (the sum wrapped around and the block was read from an
 // empty payload: answer_fuzzer found it).
 TEST_F(GrpcStoreTest, PayloadLengthsThatWrapAroundAreRefused) {
@@ -619,12 +619,73 @@ TEST_F(GrpcStoreTest, PayloadLengthsThatWrapAroundAreRefused) {
   emb->set_rows_bytes(~uint64_t{0} - 15);
   service_->Answer(common::FrameBuilder(answer).Build());
   std::vector<float> out(8, 7.f);
+  const std::vector<uint64_t> keys = {5};
+  std::vector<float> rows(2, 7.f);
   common::PullBatch batch;
   batch.dense.push_back({"w", absl::MakeSpan(out)});
+  batch.sparse.push_back({"emb", keys, absl::MakeSpan(rows)});
   const absl::Status status = store_->Pull(batch, common::PullOptions{});
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   EXPECT_NE(status.message().find("do not add up"), absl::string_view::npos) << status;
   EXPECT_EQ(out, std::vector<float>(8, 7.f));
+  EXPECT_EQ(rows, std::vector<float>(2, 7.f));
+}
+
+// A server's answer is checked against what the frame asked for, not only against its own
+// lengths: an answer that leaves a table out, sends rows with a dense table's block (the
+// lengths still adding up), or another encoding than asked for, is refused and the caller's
+// buffers keep what they held; so is a header far larger than the request's answer needs. Before,
+// the first two were OK with buffers unwritten or shifted.
+TEST_F(GrpcStoreTest, AnswersThatDoNotMatchTheRequestAreRefused) {
+  Start(/*fail_pushes=*/0);
+  struct Case {
+    const char* name;
+    PushPullResponse answer;
+    size_t payload_bytes;
+    const char* message;
+  };
+  // A case whose answer holds table "w" in `encoding`, with `block_bytes` for its block 0
+  // (none when 0) and `rows_bytes` of rows.
+  auto w_case = [](const char* name, size_t payload_bytes, const char* message, Encoding encoding,
+                   uint64_t block_bytes, uint64_t rows_bytes) {
+    Case c{name, {}, payload_bytes, message};
+    TableValues* w = c.answer.mutable_pull()->add_tables();
+    w->set_table("w");
+    w->set_encoding(encoding);
+    if (block_bytes > 0) {
+      DenseBlock* block = w->add_blocks();
+      block->set_block_id(0);
+      block->set_payload_bytes(block_bytes);
+    }
+    w->set_rows_bytes(rows_bytes);
+    return c;
+  };
+  std::vector<Case> cases = {
+      Case{"no tables", {}, 0, "0 tables for the 1 asked for"},
+      w_case("rows with a dense block", 24, "rows of 'w' that were not asked for", ENCODING_BF16,
+             16, 8),
+      w_case("another encoding", 32, "was asked for", ENCODING_FLOAT32, 32, 0),
+      w_case("no blocks", 0, "0 blocks of 'w' for the 1 asked for", ENCODING_BF16, 0, 0),
+      // Empty entries grow about 28 times when parsed: a header far over what the request can
+      // be answered with is refused before it is parsed.
+      w_case("a header of 100,000 blocks", 0, "at most", ENCODING_BF16, 0, 0),
+  };
+  for (int i = 0; i < 100000; ++i)
+    cases.back().answer.mutable_pull()->mutable_tables(0)->add_blocks();
+  for (const Case& c : cases) {
+    const std::string payload(c.payload_bytes, '\x3f');
+    common::FrameBuilder frame(c.answer);
+    frame.AddSlice(grpc::Slice(payload));
+    service_->Answer(frame.Build());
+    std::vector<float> out(8, 7.f);
+    common::PullBatch batch;
+    batch.dense.push_back({"w", absl::MakeSpan(out)});
+    const absl::Status status = store_->Pull(batch, common::PullOptions{});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << c.name << ": " << status;
+    EXPECT_NE(status.message().find(c.message), absl::string_view::npos)
+        << c.name << ": " << status;
+    EXPECT_EQ(out, std::vector<float>(8, 7.f)) << c.name;
+  }
 }
 
 TEST_F(GrpcStoreTest, AsyncCallRefusesABadBatchWithoutTakingASequence) {

@@ -608,12 +608,32 @@ void Trainer::LogDone(const TrainResult& result) {
       ",\"lent_gradients\":", lent_gradients_ ? "true" : "false"));
 }
 
+absl::Status Trainer::CheckStartPosition() const {
+  // A restarted worker's position is what the servers remember of it (TrainingJob): one past
+  // the job's end made it train nothing and exit 0, a clock near 2^63 overflowed.
+  const uint64_t shard =
+      (train_->size() + std::max(1, options_.num_workers) - 1) / std::max(1, options_.num_workers);
+  const uint64_t per_epoch = (shard + options_.batch_size - 1) / options_.batch_size;
+  const uint64_t most_steps = uint64_t{options_.epochs} * (per_epoch + 1);
+  if (options_.start_epoch > options_.epochs || options_.start_clock < 0 ||
+      static_cast<uint64_t>(options_.start_clock) > most_steps) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the servers remember this worker at epoch ", options_.start_epoch + 1,
+                     ", clock ", options_.start_clock, ", past what this job can reach (",
+                     options_.epochs, " epochs of at most ", per_epoch,
+                     " steps): a server restored from another job's checkpoint, or training.epochs "
+                     "lowered under a running job"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainResult> Trainer::Run() {
   if (!options_.log_path.empty() && log_ == nullptr) {
     // (It was silent before 2026-12-05: a run without the records its tools read.)
     return absl::ErrnoToStatus(
         log_errno_, absl::StrCat("training.log_path ", options_.log_path, ": cannot open"));
   }
+  RETURN_IF_ERROR(CheckStartPosition());
   TrainResult result;
   start_ = absl::Now();
   last_progress_ = start_;

@@ -175,6 +175,8 @@ class Trainer {
   absl::Status UsePrefetched(const Batch& batch, const internal::Staged& staged);
   // This worker's steps over the remaining epochs (for the progress line), capped by
   // max_steps.
+  // FAILED_PRECONDITION for a start position (options_.start_*) this job cannot reach.
+  absl::Status CheckStartPosition() const;
   uint64_t EstimateTotalSteps() const;
   // Evaluates after `epoch`: prints and logs the metrics, keeps them as the final ones, and
   // sets state->stop once target_metric is reached.

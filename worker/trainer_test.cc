@@ -2,8 +2,9 @@
 #include "worker/trainer.h"
 
 #include <cmath>
-#include <functional>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -357,6 +358,29 @@ TEST_F(TrainerTest, MaxStepsCountsTheStepsBeforeARestart) {
       if (call.push) last_push = call.clock;
     }
     EXPECT_EQ(last_push, 10) << "prefetch " << prefetch;
+  }
+}
+
+// A restarted worker's position comes from the servers: one past what the job can reach (an
+// epoch past its last, a clock beyond its steps or negative) fails the run before any call.
+// Before, it trained nothing and exited 0, or overflowed the clock.
+TEST_F(TrainerTest, AStartPositionPastTheJobFailsTheRun) {
+  struct Start {
+    uint32_t epoch;
+    int64_t clock;
+  };
+  for (const Start start : {Start{5, 0}, Start{0, -1}, Start{0, 1000000},
+                            Start{0, std::numeric_limits<int64_t>::max()}}) {
+    adjust_ = [start](TrainerOptions* options) {
+      options->epochs = 1;
+      options->start_epoch = start.epoch;
+      options->start_clock = start.clock;
+    };
+    RecordingStore* recorder = nullptr;
+    EXPECT_THAT(Train(/*prefetch=*/false, /*max_steps=*/5, &recorder).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("past what this job")))
+        << start.epoch << " " << start.clock;
+    EXPECT_TRUE(recorder->calls().empty());
   }
 }
 

@@ -414,7 +414,14 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     return std::shared_ptr<void>(std::move(call));
   }));
   Position saved;
-  for (const auto& r : responses) {
+  for (size_t s = 0; s < n; ++s) {
+    const HeartbeatResponse& r = responses[s];
+    // A clock is a count of steps: a negative one, or one near 2^63 (which the step after
+    // it overflows), is a server's bug or lie, and must not reach the other servers.
+    if (r.clock() < 0 || r.clock() > (int64_t{1} << 62)) {
+      return absl::InternalError(
+          absl::StrCat("server ", s, " remembers this worker at clock ", r.clock()));
+    }
     if (std::make_pair(r.epoch(), r.data_offset()) > std::make_pair(saved.epoch, saved.offset)) {
       saved.epoch = r.epoch();
       saved.offset = r.data_offset();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -87,8 +88,14 @@ class RecordingServer final
     }
     response->set_epoch(request->epoch());
     response->set_data_offset(request->data_offset());
+    response->set_clock(heartbeat_clock_);
     reactor->Finish(grpc::Status::OK);
     return reactor;
+  }
+  // The clock heartbeats answer (0 until set).
+  void AnswerHeartbeatsWithClock(int64_t clock) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_clock_ = clock;
   }
   void FailHeartbeats(int n) {
     absl::MutexLock lock(&mu_);
@@ -159,6 +166,7 @@ class RecordingServer final
   const grpc::StatusCode code_;
   const bool busy_;
   absl::Mutex mu_;
+  int64_t heartbeat_clock_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   int fail_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
@@ -282,6 +290,21 @@ TEST_F(GrpcStoreTest, AFailedAskIsNotRepeatedByItsRetries) {
   ASSERT_TRUE(PushOnce(1).ok());
   ASSERT_TRUE(PushOnce(2).ok());
   EXPECT_EQ(service_->asks(), (std::vector<uint64_t>{1 << 20, 0, 1 << 20}));
+}
+
+// A clock a server remembers that is negative or overflows at the next step is refused (the
+// worker took it as its own and sent it to every server).
+TEST_F(GrpcStoreTest, AHeartbeatAnsweringAnImpossibleClockIsRefused) {
+  Start(/*fail_pushes=*/0);
+  for (int64_t clock : {int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+    service_->AnswerHeartbeatsWithClock(clock);
+    const absl::Status status = store_->ReportPosition(0, 0).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << clock << ": " << status;
+    EXPECT_NE(status.message().find("remembers this worker at clock"), absl::string_view::npos)
+        << status;
+  }
+  service_->AnswerHeartbeatsWithClock(7);
+  EXPECT_EQ(store_->ReportPosition(0, 0).value_or(common::WorkerPosition{}).clock, 7);
 }
 
 // A heartbeat refused UNAVAILABLE is retried, and the position comes back. (Each attempt's
@@ -639,16 +662,14 @@ TEST_F(GrpcStoreTest, PayloadLengthsThatWrapAroundAreRefused) {
 TEST_F(GrpcStoreTest, AnswersThatDoNotMatchTheRequestAreRefused) {
   Start(/*fail_pushes=*/0);
   struct Case {
-    const char* name;
+    const char *name, *message;
     PushPullResponse answer;
     size_t payload_bytes;
-    const char* message;
   };
-  // A case whose answer holds table "w" in `encoding`, with `block_bytes` for its block 0
-  // (none when 0) and `rows_bytes` of rows.
+  // Table "w" in `encoding`: its block 0 of `block_bytes` (none when 0), `rows_bytes` of rows.
   auto w_case = [](const char* name, size_t payload_bytes, const char* message, Encoding encoding,
                    uint64_t block_bytes, uint64_t rows_bytes) {
-    Case c{name, {}, payload_bytes, message};
+    Case c{name, message, {}, payload_bytes};
     TableValues* w = c.answer.mutable_pull()->add_tables();
     w->set_table("w");
     w->set_encoding(encoding);
@@ -661,7 +682,7 @@ TEST_F(GrpcStoreTest, AnswersThatDoNotMatchTheRequestAreRefused) {
     return c;
   };
   std::vector<Case> cases = {
-      Case{"no tables", {}, 0, "0 tables for the 1 asked for"},
+      Case{"no tables", "0 tables for the 1 asked for", {}, 0},
       w_case("rows with a dense block", 24, "rows of 'w' that were not asked for", ENCODING_BF16,
              16, 8),
       w_case("another encoding", 32, "was asked for", ENCODING_FLOAT32, 32, 0),
@@ -670,8 +691,8 @@ TEST_F(GrpcStoreTest, AnswersThatDoNotMatchTheRequestAreRefused) {
       // be answered with is refused before it is parsed.
       w_case("a header of 100,000 blocks", 0, "at most", ENCODING_BF16, 0, 0),
   };
-  for (int i = 0; i < 100000; ++i)
-    cases.back().answer.mutable_pull()->mutable_tables(0)->add_blocks();
+  TableValues* huge = cases.back().answer.mutable_pull()->mutable_tables(0);
+  for (int i = 0; i < 100000; ++i) huge->add_blocks();
   for (const Case& c : cases) {
     const std::string payload(c.payload_bytes, '\x3f');
     common::FrameBuilder frame(c.answer);

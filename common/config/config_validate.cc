@@ -313,7 +313,9 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
 
   const ps::RpcConfig& rpc = config.rpc();
   Positive(errors, "rpc.deadline_s", rpc.deadline_s());
-  NonNegative(errors, "rpc.initial_backoff_s", rpc.initial_backoff_s());
+  // Each retry waits twice the one before, up to max_backoff_s: from 0 it would never wait,
+  // and a worker would spend its retries in milliseconds against a restarting server.
+  Positive(errors, "rpc.initial_backoff_s", rpc.initial_backoff_s());
   if (!(rpc.max_backoff_s() >= rpc.initial_backoff_s())) {
     errors->Add("rpc.max_backoff_s",
                 absl::StrCat("must be >= initial_backoff_s (", rpc.initial_backoff_s(), "), got ",
@@ -334,6 +336,11 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
                                                      server.apply_spin_us()));
   }
 
+  // Each is a thread started up front: beyond a few thousand, a server cannot start them.
+  if (server.num_threads() > kMaxApplyThreads) {
+    errors->Add("server.num_threads",
+                absl::StrCat("must be <= ", kMaxApplyThreads, ", got ", server.num_threads()));
+  }
   if (server.apply_threads() > kMaxApplyThreads) {
     errors->Add("server.apply_threads",
                 absl::StrCat("must be <= ", kMaxApplyThreads, ", got ", server.apply_threads()));

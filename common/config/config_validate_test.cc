@@ -221,6 +221,8 @@ const ErrorCase kErrorCases[] = {
     {"ApplySpin", {"server.apply_spin_us=1000001"}, "server.apply_spin_us: must be <= 1000000"},
     {"DataThreads", {"server.data_threads=1025"}, "server.data_threads: must be <= 1024"},
     {"ApplyThreads", {"server.apply_threads=1025"}, "server.apply_threads: must be <= 1024"},
+    {"ServerThreads", {"server.num_threads=4294967295"}, "server.num_threads: must be <= 1024"},
+    {"RpcBackoffZero", {"rpc.initial_backoff_s=0"}, "rpc.initial_backoff_s: must be > 0"},
     {"RpcBackoffOrder",
      {"rpc.max_backoff_s=0.01"},
      "rpc.max_backoff_s: must be >= initial_backoff_s"},

@@ -137,9 +137,15 @@ absl::Status Client::InitDistributed(uint64_t incarnation) {
 }
 
 Client::~Client() {
-  // Leaves the consistency bound so that the other workers do not wait for this one; the
-  // error (a server already gone) has nobody left to report to.
-  Finish().IgnoreError();
+  // Leaves the consistency bound so that the other workers do not wait for this one, unless
+  // the user's own Finish was tried (and, if it failed, reported); the error (a server
+  // already gone) has nobody left to report to.
+  bool tried;
+  {
+    absl::MutexLock lock(&finish_mu_);
+    tried = finish_tried_;
+  }
+  if (!tried) Finish().IgnoreError();
   // The store refers to the shards: it goes first.
   store_.reset();
   checkpointers_.clear();
@@ -163,36 +169,46 @@ absl::Status Client::Push(const common::PushBatch& batch) {
   common::PushOptions options;
   options.clock = clock_.load() + 1;
   RETURN_IF_ERROR(store_->Push(batch, options));
-  pushed_this_step_.store(true);
+  NotePushed(options.clock);
   return absl::OkStatus();
 }
 
+void Client::NotePushed(int64_t clock) {
+  int64_t seen = pushed_clock_.load();
+  while (seen < clock && !pushed_clock_.compare_exchange_weak(seen, clock)) {
+  }
+}
+
 absl::StatusOr<int64_t> Client::Tick() {
-  if (!pushed_this_step_.exchange(false)) {
+  absl::MutexLock lock(&step_mu_);
+  const int64_t next = clock_.load() + 1;
+  if (pushed_clock_.load() < next) {
     // Nothing carried this step's clock to the servers yet: an empty push does.
     common::PushOptions options;
-    options.clock = clock_.load() + 1;
+    options.clock = next;
     RETURN_IF_ERROR(store_->Push(common::PushBatch(), options));
+    NotePushed(next);
   }
-  return clock_.fetch_add(1) + 1;
+  clock_.store(next);
+  return next;
 }
 
 absl::StatusOr<int64_t> Client::Step(const common::PushBatch& push,
                                       const common::PullBatch& pull) {
+  absl::MutexLock lock(&step_mu_);
   const int64_t next = clock_.load() + 1;
   if (push.dense.empty() && push.sparse.empty()) {
     // Tick's empty push (once: a step taken again after its pull failed does not repeat it),
     // then the next step's pull; the clock moves only once both succeeded.
-    if (!pushed_this_step_.load()) {
+    if (pushed_clock_.load() < next) {
       common::PushOptions options;
       options.clock = next;
       RETURN_IF_ERROR(store_->Push(common::PushBatch(), options));
-      pushed_this_step_.store(true);
+      NotePushed(next);
     }
     common::PullOptions options;
     options.clock = next;
     RETURN_IF_ERROR(store_->Pull(pull, options));
-    pushed_this_step_.store(false);
     clock_.store(next);
     return next;
   }
@@ -201,13 +217,14 @@ absl::StatusOr<int64_t> Client::Step(const common::PushBatch& push,
   common::PullOptions pull_options;
   pull_options.clock = next;
   RETURN_IF_ERROR(store_->PushPull(push, push_options, pull, pull_options));
-  pushed_this_step_.store(false);
+  NotePushed(next);
   clock_.store(next);
   return next;
 }
 
 absl::Status Client::Finish() {
   absl::MutexLock lock(&finish_mu_);
+  finish_tried_ = true;
   if (finished_ || store_ == nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(store_->Finish());
   finished_ = true;

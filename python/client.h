@@ -123,11 +123,21 @@ class Client {
   // Distributed: Stats and Checkpoint calls.
   std::unique_ptr<AdminClient> admin_;
   std::unique_ptr<common::ParameterStore> store_;
+  // Raises pushed_clock_ to `clock` (a push carrying it succeeded).
+  void NotePushed(int64_t clock);
+
+  // Tick and Step, which move the clock, one at a time; Push and Pull read it.
+  absl::Mutex step_mu_;
   std::atomic<int64_t> clock_{0};
-  // Whether anything was pushed since the last Tick.
-  std::atomic<bool> pushed_this_step_{false};
+  // The highest clock a push that succeeded carried: the step clock_ + 1 needs no empty push
+  // to be heard once this reaches it. (A flag "pushed this step", set after a push's call,
+  // counted a push that was in flight across another thread's Tick for the step after.)
+  std::atomic<int64_t> pushed_clock_{0};
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
+  // An explicit Finish was tried: the destructor does not try again (after a failed one it
+  // would spend the whole retry budget a second time).
+  bool finish_tried_ ABSL_GUARDED_BY(finish_mu_) = false;
 };
 
 }  // namespace ps::python

@@ -308,6 +308,47 @@ class ContractTests:
         np.testing.assert_allclose(pushed, numeric, rtol=1e-3, atol=1e-5)
 
 
+@unittest.skipIf(torch is None, "torch is not installed")
+class TorchHelpersTest(unittest.TestCase):
+    """ps.torch's tables_text and DenseParameters against a centralized store."""
+
+    @staticmethod
+    def client_for(model, optimizer):
+        return ps.Client.centralized('name: "torch-helpers" cluster { num_servers: 1 num_workers: 1 }\n' +
+                                     pstorch.tables_text(model, optimizer=optimizer) +
+                                     "\nsecurity { plaintext: true }\n")
+
+    def test_tables_text_starts_layers_as_torch_does(self):
+        # Before, every table that was not 2-D started at zero: a convolution's output, and a
+        # LayerNorm's, were zero, so no gradient reached the convolution.
+        model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.LayerNorm(6), torch.nn.Linear(6, 3))
+        with self.client_for(model, "kind: SGD learning_rate: 0.1") as c:
+            conv = c.pull_dense("0.weight")
+            bound = 1.0 / np.sqrt(2 * 3 * 3)
+            self.assertTrue(np.all(np.abs(conv) <= bound))
+            self.assertGreater(np.abs(conv).max(), bound / 2)
+            self.assertEqual(len(np.unique(conv)), conv.size)
+            np.testing.assert_array_equal(c.pull_dense("1.weight"), np.ones(6, np.float32))
+            for bias in ("0.bias", "1.bias", "2.bias"):
+                self.assertFalse(c.pull_dense(bias).any(), bias)
+            self.assertTrue(c.pull_dense("2.weight").all())
+
+    def test_a_parameter_without_a_gradient_is_not_pushed(self):
+        # A frozen bias under weight decay: a zero gradient pushed for it (before) moved it.
+        model = torch.nn.Linear(7, 5)
+        with self.client_for(model, "kind: SGD learning_rate: 0.1 weight_decay: 0.5") as c:
+            c.push(dense={"bias": rand(5, 3)})  # a bias that decay would move
+            params = pstorch.DenseParameters(c, model)
+            params.pull()
+            weight, bias = c.pull_dense("weight"), c.pull_dense("bias")
+            model.bias.requires_grad_(False)
+            model(torch.from_numpy(rand((3, 7), 4))).pow(2).sum().backward()
+            params.push()
+            c.clock()
+            np.testing.assert_array_equal(c.pull_dense("bias"), bias)
+            self.assertFalse(np.array_equal(c.pull_dense("weight"), weight))
+
+
 class CentralizedTest(ContractTests, unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -70,7 +70,10 @@ def test_auc(model, ids, y, key_map=None):
 
 def train(args):
     torch.set_num_threads(1)
-    client = ps.Client(args.config, servers=args.servers.split(","), worker_index=args.worker_index)
+    # The servers were started with cluster.num_workers = --workers (run_job); so is the client.
+    workers = [] if args.workers is None else ["cluster.num_workers=%d" % args.workers]
+    client = ps.Client(args.config, servers=args.servers.split(","), worker_index=args.worker_index,
+                       overrides=workers)
     data = ps.load_data(args.config)
     ids, y = fields(data["train"]), data["train"]["y"]
     model = CtrModel(ps.torch.EmbeddingBag(client, "ctr/embedding", mode="sum"))
@@ -133,7 +136,7 @@ def plain(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=os.path.join(HERE, "ctr_embedding_bag.textproto"))
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, help="workers to run (default: the config's cluster.num_workers)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch_size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=1)
@@ -147,6 +150,8 @@ def main():
         return train(args)
     argv = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--epochs", str(args.epochs),
             "--batch_size", str(args.batch_size), "--seed", str(args.seed)]
+    if args.workers is not None:
+        argv += ["--workers", str(args.workers)]
     codes = ps.cluster.run_job(args.config, argv, num_workers=args.workers)
     return 0 if all(c == 0 for c in codes) else 1
 

@@ -43,7 +43,10 @@ def evaluate(model, x, y):
 
 def train(args):
     torch.set_num_threads(1)
-    client = ps.Client(args.config, servers=args.servers.split(","), worker_index=args.worker_index)
+    # The servers were started with cluster.num_workers = --workers (run_job); so is the client.
+    workers = [] if args.workers is None else ["cluster.num_workers=%d" % args.workers]
+    client = ps.Client(args.config, servers=args.servers.split(","), worker_index=args.worker_index,
+                       overrides=workers)
     data = ps.load_data(args.config)
     x, y = data["train"]["x"], data["train"]["y"].astype(np.int64)
     mine = np.arange(args.worker_index, len(y), client.num_workers)  # this worker's shard
@@ -77,7 +80,7 @@ def train(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=os.path.join(HERE, "fashion_mnist_mlp.textproto"))
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, help="workers to run (default: the config's cluster.num_workers)")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch_size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
@@ -88,6 +91,8 @@ def main():
         return train(args)
     argv = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--epochs", str(args.epochs),
             "--batch_size", str(args.batch_size), "--seed", str(args.seed)]
+    if args.workers is not None:
+        argv += ["--workers", str(args.workers)]
     codes = ps.cluster.run_job(args.config, argv, num_workers=args.workers)
     return 0 if all(c == 0 for c in codes) else 1
 

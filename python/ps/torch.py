@@ -13,6 +13,8 @@ helper that keeps a module's dense parameters there.
 Needs torch (Debian's python3-torch); importing this module without it raises ImportError.
 """
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -74,7 +76,8 @@ class DenseParameters:
 
     pull() writes the servers' values straight into the parameters' storage (no copy in
     Python), all tables in one call; push() sends every parameter's .grad in one call and
-    clears it. The servers' optimizer updates the values: do not step a local optimizer.
+    clears it (a parameter whose .grad is None, e.g. frozen, is not sent, so the servers'
+    optimizer leaves it as torch's would). The servers' optimizer updates the values: do not step a local optimizer.
     The config must declare the tables, with the parameters' shapes (`tables_text` writes them).
     """
 
@@ -96,22 +99,40 @@ class DenseParameters:
             self.client.pull(dense={name: p.detach().numpy() for name, p in self.params})
 
     def push(self):
-        grads = {}
-        for name, p in self.params:
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            grads[name] = g.detach().contiguous().numpy()
-        self.client.push(dense=grads)
+        # A parameter without a gradient (frozen, or unused this step) is left out, as torch's
+        # optimizers skip it: a zero gradient would still move it on the servers (weight decay,
+        # momentum, Adam's moments). client.clock() carries the step's clock if nothing is sent.
+        grads = {name: p.grad.detach().contiguous().numpy() for name, p in self.params if p.grad is not None}
+        if grads:
+            self.client.push(dense=grads)
         for _, p in self.params:
             p.grad = None
 
 
+def _initializer(name, p):
+    """InitializerConfig text for parameter `name` of torch's usual layers."""
+    if p.dim() == 2:
+        # Symmetric in fan-in and fan-out, so torch's [out, in] layout is fine.
+        return "kind: GLOROT_UNIFORM"
+    if p.dim() > 2:
+        # A convolution's [out, in, kernel...]: torch's own default, uniform in +/- 1/sqrt(fan_in).
+        bound = 1.0 / math.sqrt(max(1, p[0].numel()))
+        return "kind: UNIFORM low: %.9g high: %.9g" % (-bound, bound)
+    if name.rsplit(".", 1)[-1] == "weight":
+        # A 1-D weight scales (LayerNorm, BatchNorm, GroupNorm): torch starts it at 1; at 0 no
+        # gradient would reach the layers before it.
+        return "kind: CONSTANT value: 1"
+    return "kind: ZEROS"  # biases
+
+
 def tables_text(module, prefix="", optimizer="kind: ADAM learning_rate: 0.001"):
     """JobConfig `tables { ... }` entries for every parameter of `module`: a dense table of its
-    shape, GLOROT_UNIFORM for 2-D weights (symmetric in fan-in and fan-out, so torch's
-    [out, in] layout is fine) and zeros otherwise, with `optimizer` (OptimizerConfig text)."""
+    shape with `optimizer` (OptimizerConfig text), initialized as torch's layers start: 2-D
+    weights GLOROT_UNIFORM, convolution weights uniform in +/- 1/sqrt(fan_in), 1-D weights
+    (normalization scales) ones, biases zeros."""
     out = []
     for name, p in module.named_parameters():
-        init = "GLOROT_UNIFORM" if p.dim() == 2 else "ZEROS"
-        out.append('tables { name: "%s%s" kind: TABLE_KIND_DENSE shape: [%s] initializer { kind: %s } '
-                   'optimizer { %s } }' % (prefix, name, ", ".join(str(d) for d in p.shape), init, optimizer))
+        out.append('tables { name: "%s%s" kind: TABLE_KIND_DENSE shape: [%s] initializer { %s } '
+                   'optimizer { %s } }' % (prefix, name, ", ".join(str(d) for d in p.shape), _initializer(name, p),
+                                          optimizer))
     return "\n".join(out)

@@ -11,6 +11,7 @@
 #include "common/metrics/http_server.h"
 #include "common/startup/atomic_file.h"
 #include "common/startup/cores.h"
+#include "common/startup/flag_check.h"
 #include "common/status_macros.h"
 #include "common/stream_copy.h"
 #include "glog/logging.h"
@@ -310,7 +311,7 @@ absl::Status ParameterServer::Start() {
   }
 
   GrpcServerOptions grpc_options;
-  grpc_options.address = absl::StrCat(options_.host, ":", options_.port);
+  grpc_options.address = common::HostPort(options_.host, options_.port);
   grpc_options.max_message_bytes = config_.server().max_message_bytes();
   grpc_options.max_concurrent_streams = static_cast<int>(config_.server().max_concurrent_streams());
   grpc_options.handshake_timeout = absl::Seconds(config_.server().handshake_timeout_s());

@@ -121,8 +121,8 @@ absl::Status Run() {
                                                     : options.host,
                                                 server->metrics_port()));
   }
-  std::cout << "ps_server " << index << " listening on " << options.host << ":"
-            << server->port() << std::endl;
+  std::cout << "ps_server " << index << " listening on "
+            << common::HostPort(options.host, server->port()) << std::endl;
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     RETURN_IF_ERROR(common::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
                                                 absl::StrCat(server->port(), "\n")));
@@ -130,7 +130,7 @@ absl::Status Run() {
   if (!cluster.rendezvous_job_dir.empty()) {
     RETURN_IF_ERROR(common::PublishServerAddress(
         cluster.rendezvous_job_dir, index,
-        absl::StrCat(common::AdvertisedHost(options.host), ":", server->port())));
+        common::HostPort(common::AdvertisedHost(options.host), server->port())));
   }
 
   return server->Wait();

@@ -81,8 +81,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* addresses = nullptr;
   const std::string port = absl::StrCat(options.port);
-  const int gai = getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(), port.c_str(),
-                              &hints, &addresses);
+  // "[::1]", as gRPC's addresses write IPv6, is "::1" to getaddrinfo.
+  std::string host = options.host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const int gai =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &addresses);
   if (gai != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics host '", options.host, "': ", gai_strerror(gai)));

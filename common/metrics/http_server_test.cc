@@ -352,5 +352,15 @@ TEST(HttpServer, BusyPortIsUnavailable) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// The host as gRPC addresses write IPv6 ("[::1]", which a server's --host may be, and the
+// endpoint takes when metrics.host is unset): getaddrinfo refused it before.
+TEST(HttpServer, AcceptsAnIpv6HostInBrackets) {
+  Registry registry;
+  HttpServerOptions options;
+  options.host = "[::1]";
+  auto server = MetricsHttpServer::Start(options, &registry);
+  EXPECT_THAT(server.status(), IsOk());
+}
+
 }  // namespace
 }  // namespace ps::common::metrics

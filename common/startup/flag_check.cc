@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -41,6 +42,11 @@ absl::Status AllFlagsInRange(std::initializer_list<absl::Status> checks) {
   }
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
+std::string HostPort(absl::string_view host, int port) {
+  const bool bare_ipv6 = absl::StrContains(host, ':') && !absl::StartsWith(host, "[");
+  return absl::StrCat(bare_ipv6 ? "[" : "", host, bare_ipv6 ? "]" : "", ":", port);
 }
 
 }  // namespace ps::common

@@ -18,6 +18,7 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -44,6 +45,10 @@ inline constexpr double kNoLimit = std::numeric_limits<double>::max();
 // OK if every check is. Else INVALID_ARGUMENT with the failed checks' messages, in order,
 // joined by "; ".
 [[nodiscard]] absl::Status AllFlagsInRange(std::initializer_list<absl::Status> checks);
+
+// "host:port" as gRPC reads an address: an IPv6 literal host ("::", "fe80::1") in brackets,
+// or gRPC would take its last part for the port. A host already in brackets is kept.
+std::string HostPort(absl::string_view host, int port);
 
 }  // namespace ps::common
 

@@ -70,5 +70,14 @@ TEST(AllFlagsInRange, JoinsEveryFailureInOrderAndIgnoresTheRest) {
               StatusIs(kInvalid, Eq("--a=5: expected 0..1; --b=-1: expected 0 or 1")));
 }
 
+// An IPv6 host went in bare: "::" and port 7000 made ":::7000", which gRPC cannot listen on.
+TEST(HostPort, PutsIpv6LiteralsInBrackets) {
+  EXPECT_EQ(HostPort("::", 7000), "[::]:7000");
+  EXPECT_EQ(HostPort("fe80::1", 0), "[fe80::1]:0");
+  EXPECT_EQ(HostPort("[::1]", 9), "[::1]:9");
+  EXPECT_EQ(HostPort("127.0.0.1", 7000), "127.0.0.1:7000");
+  EXPECT_EQ(HostPort("node-3", 7000), "node-3:7000");
+}
+
 }  // namespace
 }  // namespace ps::common

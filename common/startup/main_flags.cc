@@ -91,7 +91,7 @@ bool PrintConfigIfAsked(const JobConfig& config) {
 }
 
 absl::Status AnnounceMetricsPort(const std::string& who, const std::string& host, int port) {
-  std::cout << who << " metrics on http://" << host << ":" << port << "/metrics" << std::endl;
+  std::cout << who << " metrics on http://" << HostPort(host, port) << "/metrics" << std::endl;
   const std::string path = absl::GetFlag(FLAGS_metrics_port_file);
   if (path.empty()) return absl::OkStatus();
   return WriteFileAtomically(path, absl::StrCat(port, "\n"));

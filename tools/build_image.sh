@@ -105,9 +105,11 @@ libs="$(for b in "${BINARIES[@]}"; do
   interp="$(readelf -p .interp "$bin_dir/$b" 2>/dev/null | awk '/\]/ { print $NF }' || true)"
   [ -z "$interp" ] || echo "$interp"
 done | sort -u)"
-if ldd "${BINARIES[@]/#/$bin_dir/}" | grep -q "not found"; then
-  die "a shared library is missing on this host: $(ldd "${BINARIES[@]/#/$bin_dir/}" | grep 'not found' | sort -u)"
-fi
+# ldd's output whole, then grep: under pipefail `ldd | grep -q` fails, ldd dying of SIGPIPE,
+# exactly when grep finds a missing library.
+ldd_out="$(ldd "${BINARIES[@]/#/$bin_dir/}" || true)"
+missing="$(grep 'not found' <<<"$ldd_out" | sort -u || true)"
+[ -z "$missing" ] || die "a shared library is missing on this host: $missing"
 [ -n "$libs" ] || die "ldd found no libraries (statically linked binaries?)"
 for lib in $libs; do install_file "$lib" 0755; done
 # The top-level symlinks of a merged-/usr host (/lib -> usr/lib, ...) that lead to something

@@ -1,7 +1,9 @@
 #!/bin/bash
 # The cluster scripts' argument handling, with fake binaries and a fake srun (no MPI, no SLURM):
 # repeated --set flags all reach the processes (only the last did before 2026-12-05: the
-# binaries read one --set flag).
+# binaries read one --set flag), a --set among --server_arg/--worker_arg joins that one flag,
+# and the server count goes to the binaries as cluster.num_servers (SLURM and MPI give them
+# only the number of tasks).
 set -uo pipefail
 fail() {
   echo "FAILED: $*"
@@ -22,7 +24,21 @@ out=$(OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 bash "$here/mpi/ps_rank.sh" 
   "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" \
   --set=training.epochs=1 --set=training.seed=7) || fail "ps_rank.sh: $out"
 echo "ps_rank.sh: $out"
-[[ $out == *"--set=training.epochs=1,training.seed=7"* ]] || fail "ps_rank.sh passed: $out"
+[[ $out == *"--set=training.epochs=1,training.seed=7,cluster.num_servers=1" ]] || fail "ps_rank.sh passed: $out"
+
+# Rank 0 of 3 is a server; the count comes from --set (the file says 1), the --set among the
+# --server_arg flags joins the one --set flag.
+out=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 bash "$here/mpi/ps_rank.sh" \
+  "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" \
+  --set=cluster.num_servers=2 --server_arg=--set=server.data_threads=2 --server_arg=--host=h) ||
+  fail "ps_rank.sh: $out"
+echo "ps_rank.sh: $out"
+[ "$out" = "server/ps_server --cluster_from=mpi --config=$dir/job.textproto --rendezvous_dir=$dir/r --set=cluster.num_servers=2,server.data_threads=2,cluster.num_servers=2 --host=h" ] ||
+  fail "ps_rank.sh passed: $out"
+out=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 bash "$here/mpi/ps_rank.sh" \
+  "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" --servers=1 \
+  --server_arg=--set=cluster.num_servers=2 2>&1) && fail "ps_rank.sh took a contradicting count: $out"
+[[ $out == *"--set cluster.num_servers=2 disagrees with the server count 1"* ]] || fail "ps_rank.sh said: $out"
 
 # SLURM: srun gets the --multi-prog file; the fake one prints it.
 printf '#!/bin/bash\ncat "${@: -1}"\n' >"$dir/path/srun"
@@ -31,6 +47,14 @@ out=$(cd "$dir" && PATH="$dir/path:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=2 SLURM_SU
   bash "$here/slurm/ps_job.sbatch" "--config=$dir/job.textproto" "--bin_dir=$dir/bin" \
   --set=training.epochs=1 --set=training.seed=7) || fail "ps_job.sbatch: $out"
 echo "ps_job.sbatch: $out"
-[ "$(grep -c -- "--set=training.epochs=1,training.seed=7" <<<"$out")" = 2 ] ||
+[ "$(grep -c -- "--set=training.epochs=1,training.seed=7,cluster.num_servers=1$" <<<"$out")" = 2 ] ||
+  fail "ps_job.sbatch wrote: $out"
+out=$(cd "$dir" && PATH="$dir/path:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=3 SLURM_SUBMIT_DIR="$dir" \
+  bash "$here/slurm/ps_job.sbatch" "--config=$dir/job.textproto" "--bin_dir=$dir/bin" --servers=2 \
+  --set=training.epochs=1 --worker_arg=--set=training.seed=7 --worker_arg=--eval=never) ||
+  fail "ps_job.sbatch: $out"
+echo "ps_job.sbatch: $out"
+grep -q -- "^0-1 .* --set=training.epochs=1,cluster.num_servers=2$" <<<"$out" || fail "ps_job.sbatch wrote: $out"
+grep -q -- "^2-2 .* --set=training.epochs=1,training.seed=7,cluster.num_servers=2 --eval=never$" <<<"$out" ||
   fail "ps_job.sbatch wrote: $out"
 echo "PASSED"

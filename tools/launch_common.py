@@ -110,6 +110,48 @@ def worker_args(args, index):
     return [a.replace("{index}", str(index)) for a in args]
 
 
+def split_overrides(value):
+    """The overrides in one --set flag's value, split as the binaries split it
+    (common/config/overrides.h): a comma starts a new override only where the text up to the
+    next comma holds '='; otherwise it belongs to a list value (model.mlp.hidden=256,128)."""
+    out = []
+    for token in value.split(",") if value else []:
+        if "=" not in token and out:
+            out[-1] += "," + token
+        else:
+            out.append(token)
+    return out
+
+
+def merge_sets(own, flags, fixed=()):
+    """(set_flag, rest): one --set flag ([] when there is nothing to set) and `flags` without
+    their --set flags. The binaries keep only the last --set flag, so a --set among the user's
+    --server_arg/--worker_arg flags would drop the launcher's. The overrides go in this order, a
+    later one winning for the same path: `own`, those of `flags` (the user's extra flags), then
+    `fixed`, the cluster's counts the launcher starts processes for. Raises ValueError where
+    `flags` give a path of `fixed` another value."""
+    extra, rest = [], []
+    it = iter(flags)
+    for flag in it:
+        if flag in ("--set", "-set"):
+            value = next(it, None)
+            if value is None:
+                rest.append(flag)  # no value: the binary names the error
+            else:
+                extra += split_overrides(value)
+        elif flag.startswith(("--set=", "-set=")):
+            extra += split_overrides(flag.split("=", 1)[1])
+        else:
+            rest.append(flag)
+    pinned = dict(o.split("=", 1) for o in fixed)
+    for o in extra:
+        path, _, value = o.partition("=")
+        if path in pinned and value != pinned[path]:
+            raise ValueError("--set %s: the launcher runs this job with %s=%s" % (o, path, pinned[path]))
+    overrides = list(own) + extra + list(fixed)
+    return (["--set=" + ",".join(overrides)] if overrides else []), rest
+
+
 def cluster_size(cfg):
     """(servers, workers) of an effective_config: cluster.num_servers (else the number of
     cluster.servers), cluster.num_workers."""

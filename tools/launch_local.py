@@ -21,8 +21,8 @@ import tempfile
 import threading
 import time
 
-from launch_common import (Proc, StopRequest, Stopped, cluster_size, effective_config, exit_status, worker_args,
-                           worker_certificates)
+from launch_common import (Proc, StopRequest, Stopped, cluster_size, effective_config, exit_status, merge_sets,
+                           worker_args, worker_certificates)
 
 
 def parse_args(argv=None):
@@ -34,10 +34,11 @@ def parse_args(argv=None):
     ap.add_argument("--data_root", default=None, help="servers' data dirs go here (default: a temp dir)")
     ap.add_argument("--log_dir", default=None, help="per-process logs (default: <data_root>/logs)")
     ap.add_argument("--set", action="append", default=[], help="config override path=value, for every process")
-    ap.add_argument("--server_arg", action="append", default=[], help="extra ps_server flag")
+    ap.add_argument("--server_arg", action="append", default=[],
+                    help="extra ps_server flag; a --set here joins the launcher's one --set")
     ap.add_argument("--worker_arg", action="append", default=[],
                     help="extra ps_worker flag; {index} becomes the worker's index "
-                         "(e.g. --worker_arg=--log_path=/tmp/w{index}.jsonl)")
+                         "(e.g. --worker_arg=--log_path=/tmp/w{index}.jsonl); a --set joins the launcher's")
     ap.add_argument("--restart_servers", type=int, default=0,
                     help="restart a crashed server up to this many times (with back-off)")
     ap.add_argument("--restart_workers", type=int, default=0,
@@ -74,14 +75,19 @@ class LocalJob:
         cfg_servers, cfg_workers = cluster_size(cfg)
         self.num_servers = args.servers or cfg_servers
         self.num_workers = args.workers or cfg_workers
+        overrides = list(args.set)
+        if args.metrics:
+            overrides.append("metrics.host=127.0.0.1")
+        counts = ["cluster.num_servers=%d" % self.num_servers, "cluster.num_workers=%d" % self.num_workers]
+        # Each process's one --set flag and its other extra flags; ValueError before anything
+        # starts where a --server_arg/--worker_arg --set changes the counts.
+        self.server_flags = merge_sets(overrides, args.server_arg, counts)
+        identities = worker_certificates(cfg, self.num_workers)
+        self.worker_flags = [merge_sets(overrides + identities[j], worker_args(args.worker_arg, j), counts)
+                             for j in range(self.num_workers)]
         self.data_root = args.data_root or tempfile.mkdtemp(prefix="ps-job-")
         self.log_dir = args.log_dir or os.path.join(self.data_root, "logs")
         os.makedirs(self.log_dir, exist_ok=True)
-        self.overrides = list(args.set) + ["cluster.num_servers=%d" % self.num_servers,
-                                           "cluster.num_workers=%d" % self.num_workers]
-        if args.metrics:
-            self.overrides.append("metrics.host=127.0.0.1")
-        self.worker_identities = worker_certificates(cfg, self.num_workers)
         self.out_lock = threading.Lock()
         self.procs, self.servers, self.workers, self.ports = [], [], [], []
         # Metrics endpoints: name -> (port file, role, index); ports seen so far.
@@ -143,8 +149,8 @@ class LocalJob:
     def server_argv(self, i, port):
         return [self.server_bin, "--config=" + self.args.config, "--server_index=%d" % i, "--cluster_from=flags",
                 "--host=127.0.0.1", "--port=%d" % port, "--port_file=" + self.port_file(i),
-                "--data_dir=" + os.path.join(self.data_root, "server-%d" % i),
-                "--set=" + ",".join(self.overrides)] + self.metrics_flags("server", i) + self.args.server_arg
+                "--data_dir=" + os.path.join(self.data_root, "server-%d" % i)] + self.server_flags[0] + \
+            self.metrics_flags("server", i) + self.server_flags[1]
 
     def start_servers(self):
         """Starts the servers and waits for their port files; False (after stopping everything)
@@ -175,9 +181,8 @@ class LocalJob:
     def start_workers(self, addresses):
         for j in range(self.num_workers):
             argv = [self.worker_bin, "--config=" + self.args.config, "--worker_index=%d" % j,
-                    "--cluster_from=flags", "--servers=" + addresses,
-                    "--set=" + ",".join(self.overrides + self.worker_identities[j])] + \
-                self.metrics_flags("worker", j) + worker_args(self.args.worker_arg, j)
+                    "--cluster_from=flags", "--servers=" + addresses] + self.worker_flags[j][0] + \
+                self.metrics_flags("worker", j) + self.worker_flags[j][1]
             p = Proc("worker %d" % j, argv, self.out_lock, self.log_dir)
             self.procs.append(p)
             self.workers.append(p)
@@ -275,7 +280,10 @@ def main():
         cfg = effective_config(bin_dir, args.config, args.set)
     except RuntimeError as e:
         sys.exit("launch_local: %s: %s" % (args.config, e))
-    job = LocalJob(args, bin_dir, cfg)
+    try:
+        job = LocalJob(args, bin_dir, cfg)
+    except ValueError as e:
+        sys.exit("launch_local: %s" % e)
     # The handlers only set a flag (see StopRequest); the job's loops act on it.
     job.stop = StopRequest()
     try:

@@ -46,7 +46,7 @@ import threading
 import time
 
 from launch_common import (Proc, StopRequest, Stopped, die_with_parent, effective_config, exit_status,
-                           worker_args, worker_certificates)
+                           merge_sets, worker_args, worker_certificates)
 
 ROLES = ("server", "worker")
 OPTIONS = ("addr", "port", "data_dir", "dir", "bin_dir")
@@ -230,9 +230,8 @@ class Launcher:
 
     def run(self):
         args = self.args
-        overrides = list(args.set) + ["cluster.num_servers=%d" % len(self.servers),
-                                      "cluster.num_workers=%d" % len(self.workers)]
-        set_flag = ["--set=" + ",".join(overrides)]
+        counts = ["cluster.num_servers=%d" % len(self.servers), "cluster.num_workers=%d" % len(self.workers)]
+        overrides = list(args.set) + counts
         # Under mutual TLS each worker presents its own certificate (worker-J.pem/.key beside
         # the config's, as make_certs.sh writes them: the same directory on every host), or
         # the servers refuse its pushes; read from the config as the binaries see it.
@@ -242,6 +241,12 @@ class Launcher:
             self.say("warning: cannot read the config here (%s); every worker uses its certificate" % e)
             cfg = {}
         identities = worker_certificates(cfg, 1 + max([e["index"] for e in self.workers], default=-1))
+        # Each process's one --set flag and its other extra flags; ValueError before anything
+        # starts where a --server_arg/--worker_arg --set changes the counts.
+        server_set, server_rest = merge_sets(args.set, args.server_arg, counts)
+        worker_flags = {e["index"]: merge_sets(list(args.set) + identities[e["index"]],
+                                               worker_args(args.worker_arg, e["index"]), counts)
+                        for e in self.workers}
         self.say("job %s: %d servers, %d workers through '%s'; logs in %s" %
                  (args.config, len(self.servers), len(self.workers), args.exec_template, args.log_dir))
         if len({e["host"] for e in self.servers + self.workers}) > 1:
@@ -254,16 +259,16 @@ class Launcher:
         server_procs = []
         for e in self.servers:
             flags = ["--server_index=%d" % e["index"], "--cluster_from=flags", "--port=%d" % e["port"],
-                     "--data_dir=" + e["data_dir"]] + set_flag + args.server_arg
+                     "--data_dir=" + e["data_dir"]] + server_set + server_rest
             server_procs.append((e, self.start(e, flags)))
         self.wait_for_servers(server_procs)
         addresses = ",".join("%s:%d" % (e["addr"], self.ready[e["index"]]) for e in self.servers)
         self.say("servers ready at %s" % addresses)
         worker_procs = []
         for e in self.workers:
-            flags = ["--worker_index=%d" % e["index"], "--cluster_from=flags", "--servers=" + addresses,
-                     "--set=" + ",".join(overrides + identities[e["index"]])] + \
-                worker_args(args.worker_arg, e["index"])
+            set_flag, rest = worker_flags[e["index"]]
+            flags = ["--worker_index=%d" % e["index"], "--cluster_from=flags", "--servers=" + addresses] + \
+                set_flag + rest
             worker_procs.append((e, self.start(e, flags)))
 
         failed, failed_code = None, None
@@ -329,8 +334,10 @@ def main():
                     help="do not copy the config; every host reads it at its path here")
     ap.add_argument("--log_dir", default=None, help="per-process logs here (default: a temp dir)")
     ap.add_argument("--set", action="append", default=[], help="config override path=value, for every process")
-    ap.add_argument("--server_arg", action="append", default=[], help="extra ps_server flag")
-    ap.add_argument("--worker_arg", action="append", default=[], help="extra ps_worker flag; {index} becomes the worker's index")
+    ap.add_argument("--server_arg", action="append", default=[],
+                    help="extra ps_server flag; a --set here joins the launcher's one --set")
+    ap.add_argument("--worker_arg", action="append", default=[],
+                    help="extra ps_worker flag; {index} becomes the worker's index; a --set joins the launcher's")
     ap.add_argument("--start_timeout", type=float, default=120, help="seconds to wait for servers")
     ap.add_argument("--stop_timeout", type=float, default=60, help="seconds servers get to exit")
     args = ap.parse_args()
@@ -352,7 +359,7 @@ def main():
         return launcher.run()
     except Stopped as e:
         return launcher.abort(e.signum)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         launcher.say("%s; stopping the job" % e)
         launcher.stop(launcher.procs, args.stop_timeout)
         launcher.report()

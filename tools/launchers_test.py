@@ -4,6 +4,7 @@ ps_worker and ssh: argument handling, the hosts file, the remote command line, s
 child that exits non-zero stops the job with that code, every child is stopped and reaped) and
 signals (SIGTERM to the launcher stops every child; the launcher exits 143, 128 + SIGTERM)."""
 
+import json
 import os
 import shutil
 import signal
@@ -17,11 +18,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import launch_ssh  # noqa: E402
-from launch_common import exit_status, worker_args  # noqa: E402
+from launch_common import exit_status, merge_sets, worker_args  # noqa: E402
 
-# ps_server / ps_worker: --print_config answers a 1 x 2 cluster. A server writes its
-# --port_file and prints the line launch_ssh waits for; a worker exits with FAKE_EXIT_<index>
-# (default 0) after writing its argv to FAKE_DIR. Both record their pid in FAKE_DIR and wait
+# ps_server / ps_worker: --print_config answers a 1 x 2 cluster. Each writes its argv to
+# FAKE_DIR. A server writes its --port_file and prints the line launch_ssh waits for; a worker
+# exits with FAKE_EXIT_<index> (default 0). Both record their pid in FAKE_DIR and wait
 # for SIGTERM (taken with sigwait) when they have nothing else to do.
 FAKE_BINARY = r"""#!/usr/bin/env python3
 import json, os, signal, sys, time
@@ -36,6 +37,8 @@ flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and
 role = "server" if "server_index" in flags else "worker"
 index = flags.get(role + "_index")
 out = os.environ["FAKE_DIR"]
+with open(os.path.join(out, "%s-%s.argv" % (role, index)), "w") as f:
+    json.dump(sys.argv[1:], f)
 with open(os.path.join(out, "%s-%s.pid" % (role, index)), "w") as f:
     f.write(str(os.getpid()))
 if role == "server":
@@ -45,8 +48,6 @@ if role == "server":
         os.rename(flags["port_file"] + ".tmp", flags["port_file"])
     print("ps_server %s listening on 127.0.0.1:12345" % index, flush=True)
 else:
-    with open(os.path.join(out, "worker-%s.argv" % index), "w") as f:
-        json.dump(sys.argv[1:], f)
     print("fake worker started", flush=True)
     code = os.environ.get("FAKE_EXIT_" + index)
     if code == "wait":
@@ -162,6 +163,11 @@ class Job:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def set_flags(job, name):
+    """The --set flags the fake process `name` ("worker-1") was started with."""
+    return [a for a in json.loads(read(os.path.join(job.out, name + ".argv"))) if a.startswith("--set")]
+
+
 def wait_for_line(proc, text, count):
     """Reads proc's output until `text` appeared count times; returns what was read."""
     lines, seen = [], 0
@@ -183,6 +189,22 @@ class HelpersTest(unittest.TestCase):
     def test_worker_args_name_each_worker(self):
         self.assertEqual(worker_args(["--log_path=/t/w{index}.jsonl", "--eval=never"], 3),
                          ["--log_path=/t/w3.jsonl", "--eval=never"])
+
+    def test_merge_sets_makes_one_set_flag_the_users_after_the_launchers(self):
+        # The binaries keep only the last --set flag: a user's --server_arg=--set=... dropped
+        # the launcher's (cluster.num_workers, a worker's certificate).
+        counts = ["cluster.num_servers=1", "cluster.num_workers=2"]
+        self.assertEqual(
+            merge_sets(["training.epochs=3", "security.cert=/c/worker-0.pem"],
+                       ["--eval=never", "--set=model.mlp.hidden=256,128,security.cert=/mine.pem",
+                        "-set=a=1", "--set", "b=2"], counts),
+            (["--set=training.epochs=3,security.cert=/c/worker-0.pem,model.mlp.hidden=256,128,"
+              "security.cert=/mine.pem,a=1,b=2,cluster.num_servers=1,cluster.num_workers=2"], ["--eval=never"]))
+        self.assertEqual(merge_sets([], ["--port=1"]), ([], ["--port=1"]))
+        self.assertEqual(merge_sets([], ["--set=cluster.num_workers=2"], counts)[0],
+                         ["--set=cluster.num_workers=2,cluster.num_servers=1,cluster.num_workers=2"])
+        with self.assertRaisesRegex(ValueError, "the launcher runs this job with cluster.num_workers=2"):
+            merge_sets([], ["--set=cluster.num_workers=3"], counts)
 
 
 class HostsFileTest(unittest.TestCase):
@@ -268,6 +290,23 @@ class LaunchLocalTest(unittest.TestCase):
             self.assertIn(message, out)
         self.assertFalse(self.job.pids())
 
+    def test_a_set_among_the_extra_flags_joins_the_launchers_set(self):
+        code, out = self.job.run(self.job.local_argv("--set=training.epochs=1",
+                                                     "--server_arg=--set=server.data_threads=2",
+                                                     "--worker_arg=--set=training.seed={index}"))
+        self.assertEqual(code, 0, out)
+        self.assertEqual(set_flags(self.job, "server-0"),
+                         ["--set=training.epochs=1,server.data_threads=2,cluster.num_servers=1,cluster.num_workers=2"])
+        self.assertEqual(set_flags(self.job, "worker-1"),
+                         ["--set=training.epochs=1,training.seed=1,cluster.num_servers=1,cluster.num_workers=2"])
+
+    def test_a_set_changing_the_counts_is_refused_before_anything_starts(self):
+        code, out = self.job.run(self.job.local_argv("--worker_arg=--set=cluster.num_workers=5"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("launch_local: --set cluster.num_workers=5: the launcher runs this job with "
+                      "cluster.num_workers=2", out)
+        self.assertFalse(self.job.pids())
+
     def test_a_worker_is_restarted_as_often_as_asked_then_fails_the_job(self):
         code, out = self.job.run(self.job.local_argv("--restart_workers=1"), FAKE_EXIT_0="wait", FAKE_EXIT_1="4", FAKE_READY=READY)
         self.assertEqual(code, 4, out)
@@ -298,6 +337,15 @@ class LaunchSshTest(unittest.TestCase):
             self.assertIn("security.cert=%s" % os.path.join(certs, "worker-%d.pem" % j), argv)
             self.assertIn("security.key=%s" % os.path.join(certs, "worker-%d.key" % j), argv)
             self.assertIn("cluster.num_workers=2", argv)  # in the same --set
+
+    def test_a_set_among_the_extra_flags_joins_the_launchers_set(self):
+        code, out = self.job.run(self.job.ssh_argv("--server_arg=--set=server.data_threads=2",
+                                                   "--worker_arg=--set=training.seed={index}"))
+        self.assertEqual(code, 0, out)
+        self.assertEqual(set_flags(self.job, "server-0"),
+                         ["--set=server.data_threads=2,cluster.num_servers=1,cluster.num_workers=2"])
+        self.assertEqual(set_flags(self.job, "worker-1"),
+                         ["--set=training.seed=1,cluster.num_servers=1,cluster.num_workers=2"])
 
     def test_a_process_whose_ssh_connection_dropped_is_stopped_on_its_host(self):
         # Its local ssh exits 255 while it runs on: the job stops, and it is signalled through

@@ -4,9 +4,25 @@
 # printing progress and the final test accuracy.
 #   bash tools/run_local.sh [CONFIG] [launch_local.py flags...]
 set -euo pipefail
+# The script runs from the checkout, so the paths given are made absolute first.
+caller=$PWD
+abs() { case "$1" in /* | "") printf '%s' "$1" ;; *) printf '%s/%s' "$caller" "$1" ;; esac; }
+config=configs/fashion_mnist_2x2_async.textproto
+if [ -n "${1:-}" ]; then config=$(abs "$1"); fi
+shift || true
+args=() path_next=""
+for a in "$@"; do
+  if [ -n "$path_next" ]; then
+    args+=("$(abs "$a")") path_next=""
+    continue
+  fi
+  case "$a" in
+    --data_root=* | --log_dir=* | --bin_dir=*) args+=("${a%%=*}=$(abs "${a#*=}")") ;;
+    --data_root | --log_dir | --bin_dir) args+=("$a") path_next=1 ;;
+    *) args+=("$a") ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-config="${1:-configs/fashion_mnist_2x2_async.textproto}"
-shift || true
 bazel build //server:ps_server //worker:ps_worker
-exec python3 tools/launch_local.py "$config" "$@"
+exec python3 tools/launch_local.py "$config" "${args[@]}"

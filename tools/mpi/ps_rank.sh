@@ -13,19 +13,28 @@
 #   --config=FILE          the JobConfig (required)
 #   --rendezvous_dir=DIR   the shared directory (required); each mpirun uses its own
 #                          subdirectory, named after its job id
-#   --servers=S            how many ranks are servers [cluster.num_servers of the config]; must
-#                          match the config, which the binaries check. The job has -n minus S
-#                          workers (the config's cluster.num_workers, if set, must agree)
+#   --servers=S            how many ranks are servers [cluster.num_servers of --set, else of
+#                          the config file]; passed to every process as cluster.num_servers.
+#                          The job has -n minus S workers (the config's cluster.num_workers, if
+#                          set, must agree)
 #   --bin_dir=DIR          holds server/ps_server and worker/ps_worker [bazel-bin of this checkout]
 #   --data_root=DIR        server i checkpoints into DIR/server-i [no persistence]
 #   --set=...              config overrides for every process
 #   --server_arg=F, --worker_arg=F   an extra flag for every server / worker (repeatable),
 #                          e.g. --server_arg=--host=10.0.0.5 to listen on (and advertise) one
 #                          address; by default a server listens on every address and
-#                          advertises its host name
+#                          advertises its host name. A --set=... here joins the process's one
+#                          --set, after the job's
 set -euo pipefail
 
 die() { echo "ps_rank: $*" >&2; exit 2; }
+# The last value that the comma-separated overrides $2 give the path $1 ("" if none).
+override_of() {
+  local v="" t ts
+  IFS=, read -ra ts <<<"$2"
+  for t in "${ts[@]}"; do [[ $t != "$1="* ]] || v=${t#*=}; done
+  printf '%s' "$v"
+}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 config="" rendezvous="" servers="" bin_dir="$here/../../bazel-bin" data_root="" set_flag=""
 server_args=() worker_args=()
@@ -48,6 +57,7 @@ size=${OMPI_COMM_WORLD_SIZE:-}
 [ -n "$config" ] || die "--config=FILE is required"
 [ -n "$rendezvous" ] || die "--rendezvous_dir=DIR is required"
 [ -r "$config" ] || die "cannot read the config '$config'"
+servers=${servers:-$(override_of cluster.num_servers "$set_flag")}
 if [ -z "$servers" ]; then
   servers=$(sed -n 's/.*\bnum_servers[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$config" | head -1)
   [ -n "$servers" ] || die "the config sets no cluster.num_servers: give --servers=S"
@@ -55,11 +65,21 @@ fi
 [[ $servers =~ ^[0-9]+$ ]] && ((servers >= 1 && servers < size)) ||
   die "--servers=$servers: need 1 <= S < the $size ranks (at least one worker)"
 
-common=("--cluster_from=mpi" "--config=$config" "--rendezvous_dir=$rendezvous")
-[ -z "$set_flag" ] || common+=("--set=$set_flag")
 if ((rank < servers)); then
-  data=()
-  [ -z "$data_root" ] || data=("--data_dir=$data_root/server-$rank")
-  exec "$bin_dir/server/ps_server" "${common[@]}" "${data[@]}" "${server_args[@]}"
+  binary="$bin_dir/server/ps_server" extra=()
+  [ -z "$data_root" ] || extra=("--data_dir=$data_root/server-$rank")
+  extra+=("${server_args[@]}")
+else
+  binary="$bin_dir/worker/ps_worker" extra=("${worker_args[@]}")
 fi
-exec "$bin_dir/worker/ps_worker" "${common[@]}" "${worker_args[@]}"
+# The binaries keep only the last --set flag, so this one holds all: the job's --set, then
+# those among the extra flags, then cluster.num_servers=S, since MPI gives them only the number
+# of ranks and S decides the roles here.
+set_all=$set_flag rest=()
+for a in "${extra[@]}"; do
+  case "$a" in --set=* | -set=*) set_all=${set_all:+$set_all,}${a#*=} ;; *) rest+=("$a") ;; esac
+done
+v=$(override_of cluster.num_servers "$set_all")
+[ -z "$v" ] || [ "$v" = "$servers" ] || die "--set cluster.num_servers=$v disagrees with the server count $servers"
+exec "$binary" --cluster_from=mpi "--config=$config" "--rendezvous_dir=$rendezvous" \
+  "--set=${set_all:+$set_all,}cluster.num_servers=$servers" "${rest[@]}"

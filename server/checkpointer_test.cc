@@ -64,6 +64,19 @@ class CheckpointerTest : public ::testing::Test {
     *second = two->checkpoint_id();
   }
 
+  // A server started with --restore=none (StartFresh), then restarted with the default
+  // restore: what that restart restored.
+  absl::StatusOr<RestoreReport> RestartAfterAFreshStart() {
+    {
+      auto shard = NewShard();
+      if (absl::Status fresh = NewCheckpointer(shard.get())->StartFresh(); !fresh.ok()) {
+        return fresh;
+      }
+    }
+    auto shard = NewShard();
+    return NewCheckpointer(shard.get())->Restore();
+  }
+
   std::unique_ptr<Checkpointer> NewCheckpointer(Shard* shard) {
     CheckpointerOptions options;
     options.data_dir = dir_;
@@ -283,14 +296,7 @@ TEST_F(CheckpointerTest, ARestartAfterAFreshStartDoesNotGoBackToTheOldRun) {
   uint64_t first_id = 0, second_id = 0;
   std::vector<float> at_first;
   ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
-  {
-    auto shard = NewShard();
-    auto c = NewCheckpointer(shard.get());
-    ASSERT_THAT(c->StartFresh(), IsOk());
-  }
-  auto shard = NewShard();
-  auto c = NewCheckpointer(shard.get());
-  auto report = c->Restore();
+  absl::StatusOr<RestoreReport> report = RestartAfterAFreshStart();
   ASSERT_THAT(report.status(), IsOk());
   EXPECT_EQ(report->checkpoint_id, 0u);
   EXPECT_THAT(report->superseded, ElementsAre(second_id, first_id));
@@ -303,14 +309,7 @@ TEST_F(CheckpointerTest, AnUnreadableSupersededCheckpointDoesNotFailAFreshStarts
   std::vector<float> at_first;
   ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
   DamageCommitRecord(dir_, second_id);
-  {
-    auto shard = NewShard();
-    auto c = NewCheckpointer(shard.get());
-    ASSERT_THAT(c->StartFresh(), IsOk());
-  }
-  auto shard = NewShard();
-  auto c = NewCheckpointer(shard.get());
-  auto report = c->Restore();
+  absl::StatusOr<RestoreReport> report = RestartAfterAFreshStart();
   ASSERT_THAT(report.status(), IsOk());
   EXPECT_EQ(report->checkpoint_id, 0u);
   EXPECT_TRUE(report->skipped.empty());

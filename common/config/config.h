@@ -105,6 +105,13 @@ std::string CtrBiasTable(const ps::CtrConfig& ctr, int layer);
 
 // ---- Validation ----------------------------------------------------------------------------
 
+// Bounds of rpc.keepalive_s. A server takes a ping on an idle connection at most once per
+// kMinKeepaliveS (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS) and answers a client
+// that pings more often with GOAWAY, closing its connection; gRPC takes the interval as int
+// milliseconds.
+inline constexpr double kMinKeepaliveS = 5;
+inline constexpr double kMaxKeepaliveS = 2147483;
+
 // Checks the whole (expanded) config. Returns INVALID_ARGUMENT listing every problem found,
 // "; "-separated, each as "<field path>: <problem>", e.g. "tables[2].shape: dimension 1 is 0".
 // Checks: tables (unique names of [A-Za-z0-9_./-]+; kind set; dense: non-empty shape of

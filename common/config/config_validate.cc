@@ -321,7 +321,11 @@ void ValidateProcesses(const ps::JobConfig& config, Errors* errors) {
                 absl::StrCat("must be >= initial_backoff_s (", rpc.initial_backoff_s(), "), got ",
                              rpc.max_backoff_s()));
   }
-  Positive(errors, "rpc.keepalive_s", rpc.keepalive_s());
+  if (!(rpc.keepalive_s() >= kMinKeepaliveS && rpc.keepalive_s() <= kMaxKeepaliveS)) {
+    errors->Add("rpc.keepalive_s",
+                absl::StrCat("must be in [", kMinKeepaliveS, ", ",
+                             static_cast<int64_t>(kMaxKeepaliveS), "], got ", rpc.keepalive_s()));
+  }
   MessageLimit(errors, "rpc.max_message_bytes", rpc.max_message_bytes());
   // Polling for longer than a second after each event is a thread that never sleeps.
   for (auto [field, us] : {std::pair<const char*, uint32_t>{"server.busy_poll_us",

@@ -227,6 +227,11 @@ const ErrorCase kErrorCases[] = {
      {"rpc.max_backoff_s=0.01"},
      "rpc.max_backoff_s: must be >= initial_backoff_s"},
     {"RpcDeadline", {"rpc.deadline_s=0"}, "rpc.deadline_s: must be > 0"},
+    // More often than the server takes pings, idle connections are closed (GOAWAY).
+    {"RpcKeepaliveBelowTheServersPingInterval",
+     {"rpc.keepalive_s=1"},
+     "rpc.keepalive_s: must be in [5, 2147483], got 1"},
+    {"RpcKeepalivePastIntMilliseconds", {"rpc.keepalive_s=3e6"}, "rpc.keepalive_s: must be in"},
     {"MetricsPort", {"metrics.port=70000"}, "metrics.port"},
     // Security.
     {"SecurityUnchosen", {"security.plaintext=false"}, "security: choose plaintext"},

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/config/config.h"
 #include "common/rpc/credentials.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -27,9 +28,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
   // Workers keep idle channels alive with pings (rpc.keepalive_s); allow them, at most one
-  // per 5 s.
+  // per kMinKeepaliveS, the least rpc.keepalive_s validation admits.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(common::kMinKeepaliveS * 1000));
   for (const auto& [name, value] : common::DataPathChannelArgs()) {
     builder.AddChannelArgument(name, value);
   }

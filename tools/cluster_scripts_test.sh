@@ -1,9 +1,9 @@
 #!/bin/bash
 # The cluster scripts' argument handling, with fake binaries and a fake srun (no MPI, no SLURM):
 # repeated --set flags all reach the processes (only the last did before 2026-12-05: the
-# binaries read one --set flag), a --set among --server_arg/--worker_arg joins that one flag,
-# and the server count goes to the binaries as cluster.num_servers (SLURM and MPI give them
-# only the number of tasks).
+# binaries read one --set flag), a --set among --server_arg/--worker_arg (--set=V or the two
+# words --set V) joins that one flag, and the server count goes to the binaries as
+# cluster.num_servers (SLURM and MPI give them only the number of tasks).
 set -uo pipefail
 fail() {
   echo "FAILED: $*"
@@ -35,6 +35,17 @@ out=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 bash "$here/mpi/ps_rank.sh" 
 echo "ps_rank.sh: $out"
 [ "$out" = "server/ps_server --cluster_from=mpi --config=$dir/job.textproto --rendezvous_dir=$dir/r --set=cluster.num_servers=2,server.data_threads=2,cluster.num_servers=2 --host=h" ] ||
   fail "ps_rank.sh passed: $out"
+# The two-word form (--server_arg=--set --server_arg=V) joins it too: passed on as two flags,
+# its --set would have been the binary's last and dropped the count.
+out=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 bash "$here/mpi/ps_rank.sh" \
+  "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" --servers=2 \
+  --server_arg=--set --server_arg=server.data_threads=2 --server_arg=--host=h) || fail "ps_rank.sh: $out"
+[ "$out" = "server/ps_server --cluster_from=mpi --config=$dir/job.textproto --rendezvous_dir=$dir/r --set=server.data_threads=2,cluster.num_servers=2 --host=h" ] ||
+  fail "ps_rank.sh passed: $out"
+out=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 bash "$here/mpi/ps_rank.sh" \
+  "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" --servers=2 \
+  --server_arg=--set 2>&1) && fail "ps_rank.sh took a --set with no value: $out"
+[[ $out == *"--set with no value after it"* ]] || fail "ps_rank.sh said: $out"
 out=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3 bash "$here/mpi/ps_rank.sh" \
   "--config=$dir/job.textproto" "--rendezvous_dir=$dir/r" "--bin_dir=$dir/bin" --servers=1 \
   --server_arg=--set=cluster.num_servers=2 2>&1) && fail "ps_rank.sh took a contradicting count: $out"
@@ -56,5 +67,15 @@ out=$(cd "$dir" && PATH="$dir/path:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=3 SLURM_SU
 echo "ps_job.sbatch: $out"
 grep -q -- "^0-1 .* --set=training.epochs=1,cluster.num_servers=2$" <<<"$out" || fail "ps_job.sbatch wrote: $out"
 grep -q -- "^2-2 .* --set=training.epochs=1,training.seed=7,cluster.num_servers=2 --eval=never$" <<<"$out" ||
+  fail "ps_job.sbatch wrote: $out"
+out=$(cd "$dir" && PATH="$dir/path:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=3 SLURM_SUBMIT_DIR="$dir" \
+  bash "$here/slurm/ps_job.sbatch" "--config=$dir/job.textproto" "--bin_dir=$dir/bin" --servers=2 \
+  --worker_arg=--set --worker_arg=training.seed=7 --worker_arg=--eval=never \
+  --server_arg=-set --server_arg=cluster.num_servers=3 2>&1) && fail "ps_job.sbatch took a contradicting count: $out"
+[[ $out == *"--set cluster.num_servers=3 disagrees with the server count 2"* ]] || fail "ps_job.sbatch said: $out"
+out=$(cd "$dir" && PATH="$dir/path:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=3 SLURM_SUBMIT_DIR="$dir" \
+  bash "$here/slurm/ps_job.sbatch" "--config=$dir/job.textproto" "--bin_dir=$dir/bin" --servers=2 \
+  --worker_arg=--set --worker_arg=training.seed=7 --worker_arg=--eval=never) || fail "ps_job.sbatch: $out"
+grep -q -- "^2-2 .* --set=training.seed=7,cluster.num_servers=2 --eval=never$" <<<"$out" ||
   fail "ps_job.sbatch wrote: $out"
 echo "PASSED"

@@ -75,10 +75,26 @@ fi
 # The binaries keep only the last --set flag, so this one holds all: the job's --set, then
 # those among the extra flags, then cluster.num_servers=S, since MPI gives them only the number
 # of ranks and S decides the roles here.
-set_all=$set_flag rest=()
-for a in "${extra[@]}"; do
-  case "$a" in --set=* | -set=*) set_all=${set_all:+$set_all,}${a#*=} ;; *) rest+=("$a") ;; esac
-done
+# Splits flags into the overrides of their --set flags (--set=V and the two-word --set V) and
+# the rest: SETS = $1 then those overrides, comma-joined; REST = the other flags, in order.
+split_sets() {
+  SETS=$1 REST=()
+  shift
+  while (($#)); do
+    case "$1" in
+      --set=* | -set=*) SETS=${SETS:+$SETS,}${1#*=} ;;
+      --set | -set)
+        (($# >= 2)) || die "$1 with no value after it"
+        SETS=${SETS:+$SETS,}$2
+        shift
+        ;;
+      *) REST+=("$1") ;;
+    esac
+    shift
+  done
+}
+split_sets "$set_flag" "${extra[@]}"
+set_all=$SETS rest=("${REST[@]}")
 v=$(override_of cluster.num_servers "$set_all")
 [ -z "$v" ] || [ "$v" = "$servers" ] || die "--set cluster.num_servers=$v disagrees with the server count $servers"
 exec "$binary" --cluster_from=mpi "--config=$config" "--rendezvous_dir=$rendezvous" \

@@ -152,6 +152,19 @@ def merge_sets(own, flags, fixed=()):
     return (["--set=" + ",".join(overrides)] if overrides else []), rest
 
 
+def drop_restore(flags):
+    """`flags` without their --restore flags (--restore=X and the two words --restore X)."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag in ("--restore", "-restore"):
+            skip = True
+        elif not flag.startswith(("--restore=", "-restore=")):
+            out.append(flag)
+    return out
+
+
 def cluster_size(cfg):
     """(servers, workers) of an effective_config: cluster.num_servers (else the number of
     cluster.servers), cluster.num_workers."""

@@ -21,8 +21,8 @@ import tempfile
 import threading
 import time
 
-from launch_common import (Proc, StopRequest, Stopped, cluster_size, effective_config, exit_status, merge_sets,
-                           worker_args, worker_certificates)
+from launch_common import (Proc, StopRequest, Stopped, cluster_size, drop_restore, effective_config, exit_status,
+                           merge_sets, worker_args, worker_certificates)
 
 
 def parse_args(argv=None):
@@ -146,11 +146,15 @@ class LocalJob:
     def port_file(self, i):
         return os.path.join(self.data_root, "server-%d.port" % i)
 
-    def server_argv(self, i, port):
+    def server_argv(self, i, port, restart=False):
+        """Server i's command line; a restart's drops the user's --restore: that chose where
+        the job starts, and given again it would take the server back there, dropping what was
+        trained since (`none`: to the initial values)."""
+        rest = drop_restore(self.server_flags[1]) if restart else self.server_flags[1]
         return [self.server_bin, "--config=" + self.args.config, "--server_index=%d" % i, "--cluster_from=flags",
                 "--host=127.0.0.1", "--port=%d" % port, "--port_file=" + self.port_file(i),
                 "--data_dir=" + os.path.join(self.data_root, "server-%d" % i)] + self.server_flags[0] + \
-            self.metrics_flags("server", i) + self.server_flags[1]
+            self.metrics_flags("server", i) + rest
 
     def start_servers(self):
         """Starts the servers and waits for their port files; False (after stopping everything)
@@ -219,8 +223,9 @@ class LocalJob:
                 self.say("server %d exited with code %s; restarting in %.1f s (restart %d of %d)" %
                          (i, code, backoff, restarts[i], self.args.restart_servers))
                 time.sleep(backoff)
-                # Same port: the workers keep their addresses.
-                s.argv = self.server_argv(i, self.ports[i])
+                # Same port: the workers keep their addresses. Its newest checkpoint, whatever
+                # --restore chose at the start.
+                s.argv = self.server_argv(i, self.ports[i], restart=True)
                 s.start()
             time.sleep(0.1)
 

@@ -42,13 +42,27 @@ with open(os.path.join(out, "%s-%s.argv" % (role, index)), "w") as f:
 with open(os.path.join(out, "%s-%s.pid" % (role, index)), "w") as f:
     f.write(str(os.getpid()))
 if role == "server":
+    # FAKE_SERVER_CRASH=<code>: the first start exits with it once a worker runs (the launcher
+    # restarts it); the restart writes server-<index>.restarted.
+    crashed = os.path.join(out, "server-%s.crashed" % index)
+    if os.environ.get("FAKE_SERVER_CRASH") and os.path.exists(crashed):
+        open(os.path.join(out, "server-%s.restarted" % index), "w").close()
     if "port_file" in flags:
         with open(flags["port_file"] + ".tmp", "w") as f:
             f.write("12345\n")
         os.rename(flags["port_file"] + ".tmp", flags["port_file"])
     print("ps_server %s listening on 127.0.0.1:12345" % index, flush=True)
+    if os.environ.get("FAKE_SERVER_CRASH") and not os.path.exists(crashed):
+        os.rename(os.path.join(out, "server-%s.argv" % index), crashed)
+        while not os.path.exists(os.path.join(out, "worker-0.pid")):
+            time.sleep(0.01)
+        sys.exit(int(os.environ["FAKE_SERVER_CRASH"]))
 else:
     print("fake worker started", flush=True)
+    # FAKE_WORKER_AFTER=<name>: runs until that file is in FAKE_DIR, then as below.
+    after = os.environ.get("FAKE_WORKER_AFTER")
+    while after and not os.path.exists(os.path.join(out, after)):
+        time.sleep(0.01)
     code = os.environ.get("FAKE_EXIT_" + index)
     if code == "wait":
         pass
@@ -313,6 +327,26 @@ class LaunchLocalTest(unittest.TestCase):
         self.assertIn("worker 1 exited with code 4; restarting it (restart 1 of 1)", out)
         self.assertIn("worker 1 failed with exit code 4; stopping the job", out)
         self.assertFalse([p for p in self.job.pids() if alive(p)])
+
+
+    def test_a_restarted_server_is_not_given_the_users_restore_again(self):
+        # It restored its newest checkpoint only without it: --restore=none (or an id) given
+        # again took the server back to the start at every crash (before 2026-12-05).
+        code, out = self.job.run(self.job.local_argv("--restart_servers=1", "--server_arg=--restore=none",
+                                                     "--server_arg=--restore", "--server_arg=7",
+                                                     "--server_arg=--eval=never"),
+                                 FAKE_SERVER_CRASH="9", FAKE_WORKER_AFTER="server-0.restarted")
+        self.assertEqual(code, 0, out)
+        self.assertIn("server 0 exited with code 9; restarting in", out)
+        first = json.loads(read(os.path.join(self.job.out, "server-0.crashed")))
+        self.assertEqual([a for a in first if "restore" in a or a == "7"], ["--restore=none", "--restore", "7"])
+        again = json.loads(read(os.path.join(self.job.out, "server-0.argv")))
+        self.assertEqual([a for a in again if "restore" in a or a == "7"], [])
+        self.assertIn("--eval=never", again)
+        # The same otherwise, on the port the server took at its first start.
+        self.assertIn("--port=12345", again)
+        self.assertEqual([a for a in again if not a.startswith("--port=")],
+                         [a for a in first if "restore" not in a and a != "7" and not a.startswith("--port=")])
 
 
 class LaunchSshTest(unittest.TestCase):

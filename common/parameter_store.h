@@ -62,6 +62,10 @@ struct PushBatch {
   std::vector<SparsePush> sparse;
 };
 
+// The largest clock (steps) a peer may send or a checkpoint may hold: a clock counts steps,
+// and one near 2^63 would overflow the step after it and the bound's sums.
+inline constexpr int64_t kMaxClock = int64_t{1} << 62;
+
 // Per-call options of Pull.
 struct PullOptions {
   // The caller's clock (steps completed). Under SSP/BSP the pull waits until every live

@@ -19,6 +19,26 @@ absl::Status MemoryBudget::CheckRoom(uint64_t bytes, absl::string_view what) con
                                                    limit_, " (server.max_memory_bytes)"));
 }
 
+absl::Status MemoryBudget::TryCharge(uint64_t bytes, absl::string_view what) {
+  if (limit_ == 0) {
+    Add(static_cast<int64_t>(bytes));
+    return absl::OkStatus();
+  }
+  int64_t used = used_.load(std::memory_order_relaxed);
+  while (true) {
+    const int64_t in_use = std::max<int64_t>(0, used);
+    if (bytes > limit_ || static_cast<uint64_t>(in_use) > limit_ - bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, " needs ", bytes, " bytes; this server holds ", in_use, " of its ",
+                       limit_, " (server.max_memory_bytes)"));
+    }
+    if (used_.compare_exchange_weak(used, used + static_cast<int64_t>(bytes),
+                                    std::memory_order_relaxed)) {
+      return absl::OkStatus();
+    }
+  }
+}
+
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);

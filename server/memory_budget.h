@@ -34,6 +34,10 @@ class MemoryBudget {
   // OK when `bytes` more fit; RESOURCE_EXHAUSTED naming `what`, the bytes, the limit and the
   // use otherwise.
   absl::Status CheckRoom(uint64_t bytes, absl::string_view what) const;
+  // CheckRoom and Add(bytes) in one step: of concurrent callers, only those whose bytes fit
+  // together are charged (for large charges, e.g. a shared-memory segment, where CheckRoom
+  // then Add let every concurrent caller through). Errors as CheckRoom's; nothing is charged.
+  absl::Status TryCharge(uint64_t bytes, absl::string_view what);
 
  private:
   const uint64_t limit_;

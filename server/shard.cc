@@ -12,6 +12,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/parameter_store.h"
 #include "common/startup/cores.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -296,11 +297,16 @@ absl::Status Shard::CheckWorkerAndClock(const RequestInfo& info) {
                       "worker ", info.worker_id, " is not in this job (cluster.num_workers is ",
                       num_workers, ")")));
   }
-  if (info.worker_id < 0 || (info.clock >= 0 && info.done_clock >= 0)) return absl::OkStatus();
-  return Reject("bad_clock",
-                absl::InvalidArgumentError(absl::StrCat(
-                    "worker ", info.worker_id, ": ", info.clock < 0 ? "clock " : "done_clock ",
-                    info.clock < 0 ? info.clock : info.done_clock, " is negative")));
+  const auto in_range = [](int64_t clock) { return clock >= 0 && clock <= common::kMaxClock; };
+  if (info.worker_id < 0 || (in_range(info.clock) && in_range(info.done_clock))) {
+    return absl::OkStatus();
+  }
+  const bool clock_bad = !in_range(info.clock);
+  return Reject(
+      "bad_clock",
+      absl::InvalidArgumentError(absl::StrCat(
+          "worker ", info.worker_id, ": ", clock_bad ? "clock " : "done_clock ",
+          clock_bad ? info.clock : info.done_clock, " is not in [0, ", common::kMaxClock, "]")));
 }
 
 absl::Status Shard::CheckPusher(const RequestInfo& info) {

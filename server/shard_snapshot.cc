@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/parameter_store.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/shard.h"
@@ -91,9 +92,10 @@ absl::Status Shard::BeginRestore(const CheckpointMeta& meta) {
                                                       options_.server_index));
   }
   for (const auto& w : meta.workers()) {
-    if (w.clock() < 0) {
+    if (w.clock() < 0 || w.clock() > common::kMaxClock) {
       return absl::DataLossError(absl::StrCat("the checkpoint holds worker ", w.worker_id(),
-                                              " at clock ", w.clock(), " (negative)"));
+                                              " at clock ", w.clock(), " (not in [0, ",
+                                              common::kMaxClock, "])"));
     }
   }
   for (const auto& tc : meta.tables()) {

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/codec.h"
 #include "common/config/config.h"
+#include "common/parameter_store.h"
 #include "common/status_matchers.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
@@ -622,6 +623,10 @@ TEST(Shard, RestoreRefusesANegativeWorkerClock) {
   WorkerCheckpoint* w = meta.add_workers();
   w->set_worker_id(0);
   w->set_clock(std::numeric_limits<int64_t>::min());
+  EXPECT_THAT(MakeShard(config)->BeginRestore(meta),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("clock")));
+  // Past 2^62: the worker refuses to resume from it, so every restart of it would fail.
+  w->set_clock(common::kMaxClock + 1);
   EXPECT_THAT(MakeShard(config)->BeginRestore(meta),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("clock")));
 }

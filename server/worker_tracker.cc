@@ -68,9 +68,12 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
     w.unknown_through = 0;
     w.applying.clear();  // the old process's: their attempts no longer end it
     w.seen = true;
+    w.finished = false;
     ReleaseReplaced(worker, released);
   }
-  w.finished = false;
+  // A finished incarnation stays finished: a call it gave up on that is served late (a retried
+  // push queued on the pool, a last heartbeat) would otherwise put it back in the bound, and
+  // nothing it sends later would take it out again.
   w.last_seen = now_();
   return &w;
 }

@@ -5,7 +5,8 @@
 // Consistency bound. Workers 0..num_workers-1 take part. A worker that has not been heard
 // from yet counts with clock 0, so a BSP job does not run ahead of a worker that is still
 // starting. A worker that finished, or whose lease ran out, leaves the bound (and is
-// reported); it rejoins when it is heard from again.
+// reported); one whose lease ran out rejoins when it is heard from again, one that finished
+// only with a new incarnation (a late call of the finished process changes nothing).
 //
 // Exactly-once. Pushes are identified by (worker, incarnation, sequence). Per worker the
 // tracker keeps its newest incarnation, a floor F and the applied sequences above F (at most

@@ -417,6 +417,26 @@ TEST(WorkerTracker, AllFinishedOnlyWhenEveryWorkerFinished) {
   EXPECT_FALSE(t.AllFinished());
 }
 
+// A call of a finished process served after its Finish (a retried push that waited on the
+// pool, a last heartbeat) leaves it finished: it put the worker back in the bound, where it
+// held BSP/SSP pulls for a lease and kept an --exit_when_done server up for good.
+TEST(WorkerTracker, ALateCallOfAFinishedWorkerLeavesItFinished) {
+  WorkerTracker t(Options(2, 0));
+  ASSERT_THAT(t.Touch(0, 1), IsOk());
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  ASSERT_EQ(*t.Admit(1, 1, 1), Admission::kApply);
+  ASSERT_THAT(t.Finish(0, 1), IsOk());
+  ASSERT_THAT(t.Finish(1, 1), IsOk());
+  ASSERT_TRUE(t.AllFinished());
+  EXPECT_EQ(*t.Admit(1, 1, 1), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(1, 1, 2), Admission::kApply);
+  ASSERT_THAT(t.Touch(1, 1), IsOk());
+  ASSERT_THAT(t.Touch(0, 1, 3), IsOk());
+  EXPECT_TRUE(t.AllFinished());
+  // Out of the bound: worker 0's pull at clock 5 waits for no one.
+  EXPECT_THAT(t.WaitForBound(0, 5, absl::Now() + absl::Milliseconds(10)), IsOk());
+}
+
 // A late heartbeat of a replaced process does not move its successor's data position (it did
 // before 2026-12-05: the position was set after the incarnation check, without one).
 TEST(WorkerTracker, OnlyTheCurrentIncarnationSetsTheDataPosition) {

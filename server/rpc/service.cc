@@ -15,6 +15,7 @@
 #include "common/codec.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/shared_channel.h"
+#include "common/rpc/shared_memory.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -675,7 +676,10 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     RETURN_IF_ERROR(status);
     call->push_applied = true;
   }
-  if (header.want_shared_bytes() > 0) {
+  if (header.declined_shared_id() != 0) DropDeclinedSegment(info, header.declined_shared_id());
+  if (header.want_shared_bytes() > 0 &&
+      (header.want_shared_boot_id().empty() ||
+       header.want_shared_boot_id() == common::SharedMemory::BootId())) {
     SharedSegment offer;
     if (OfferSharedSegment(info, header.want_shared_bytes(), peer, &offer)) {
       *call->answer.mutable_shared_offer() = std::move(offer);

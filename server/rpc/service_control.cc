@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/parameter_store.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/rpc/service.h"
@@ -100,10 +101,11 @@ absl::Status ParameterServerService::HandleHeartbeat(const PeerIdentity& peer,
       shared_.erase(it);
     }
   } else {
-    if (h.done_clock() < 0) {
-      return shard_->Reject("bad_clock", absl::InvalidArgumentError(
-                                             absl::StrCat("worker ", h.worker_id(), ": done_clock ",
-                                                          h.done_clock(), " is negative")));
+    if (h.done_clock() < 0 || h.done_clock() > common::kMaxClock) {
+      return shard_->Reject(
+          "bad_clock", absl::InvalidArgumentError(
+                           absl::StrCat("worker ", h.worker_id(), ": done_clock ", h.done_clock(),
+                                        " is not in [0, ", common::kMaxClock, "]")));
     }
     RETURN_IF_ERROR(workers.Touch(h.worker_id(), h.worker_incarnation(), h.done_clock()));
   }

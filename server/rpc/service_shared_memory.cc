@@ -381,6 +381,19 @@ absl::StatusOr<std::shared_ptr<common::SharedMemory>> ParameterServerService::Sh
   return segment;
 }
 
+void ParameterServerService::DropDeclinedSegment(const RequestInfo& info, uint64_t id) {
+  std::shared_ptr<ChannelServer> channel;  // joined after the lock
+  absl::MutexLock lock(&shared_mu_);
+  if (auto it = shared_.find(info.worker_id);
+      it != shared_.end() && it->second.incarnation == info.worker_incarnation &&
+      it->second.memory != nullptr && it->second.memory->id() == id) {
+    channel = std::move(it->second.channel);
+    shared_.erase(it);
+    LOG(INFO) << "worker " << info.worker_id << " cannot open its shared-memory segment here "
+              << "(another container?): let go; its payloads go by the socket";
+  }
+}
+
 bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_t bytes,
                                                 const PeerIdentity* peer, SharedSegment* offer) {
   const int32_t worker_id = info.worker_id;
@@ -435,19 +448,22 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
                              << " of its segments are still held by its calls";
     return false;
   }
+  // Charged before it is made, in one step with the check: workers asking at once (every
+  // worker's first call of a job) each fit with the others' charges counted.
   MemoryBudget& budget = shard_->memory();
   absl::Status room =
-      budget.CheckRoom(bytes, absl::StrCat("worker ", worker_id, "'s shared-memory segment"));
+      budget.TryCharge(bytes, absl::StrCat("worker ", worker_id, "'s shared-memory segment"));
   absl::StatusOr<std::shared_ptr<common::SharedMemory>> made =
       room.ok() ? common::SharedMemory::Create(bytes) : room;
   if (!made.ok()) {
+    if (room.ok()) budget.Add(-static_cast<int64_t>(bytes));
     alive.fetch_sub(1, std::memory_order_acq_rel);
     LOG_EVERY_T(WARNING, 10) << "no shared memory for worker " << worker_id << ": "
                              << made.status();
     return false;
   }
   const int64_t charge = static_cast<int64_t>((*made)->size());
-  budget.Add(charge);
+  budget.Add(charge - static_cast<int64_t>(bytes));  // the size made (whole pages)
   *made = std::shared_ptr<common::SharedMemory>(
       made->get(),
       [held = *made, &budget, charge, counts = segments_alive_, worker_id](common::SharedMemory*) {

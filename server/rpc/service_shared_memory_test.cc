@@ -314,6 +314,87 @@ TEST_P(SharedMemoryTest, AWorkerAskingAgainGetsASegmentWhereTheBudgetHoldsOne) {
   EXPECT_EQ(server->shard->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
 }
 
+// A worker on another host could not open a segment: it is offered none (its ask names its
+// boot id). One that cannot open the segment it was offered (another container) says so in
+// its next call, and the server lets it go: before, each such worker kept a segment charged
+// against server.max_memory_bytes for the whole job.
+TEST_P(SharedMemoryTest, SegmentsAWorkerCannotOpenAreNotKept) {
+  auto server = MakeSegmentServer(config_);
+  ASSERT_THAT(server.status(), IsOk());
+  ParameterServerService& service = *server->service;
+  const int64_t tables = server->shard->memory().used();
+  auto call = [&](const std::string& boot_id, uint64_t declined) -> uint64_t {
+    PushPullRequest h;
+    *h.mutable_header() = HeaderOf(*server->shard, 0, 0);
+    if (!boot_id.empty()) {
+      h.set_want_shared_bytes(kSegmentBytes);
+      h.set_want_shared_boot_id(boot_id);
+    }
+    h.set_declined_shared_id(declined);
+    grpc::ByteBuffer answer;
+    EXPECT_THAT(service.HandlePushPull(RawFrame(h.SerializeAsString(), ""),
+                                       absl::Now() + absl::Seconds(5), &answer),
+                IsOk());
+    PushPullResponse r;
+    EXPECT_TRUE(r.ParseFromString(PartsOf(answer).header));
+    return r.has_shared_offer() ? r.shared_offer().id() : 0;
+  };
+  EXPECT_EQ(call("another-host", 0), 0u);
+  EXPECT_EQ(server->shard->memory().used(), tables);
+  const uint64_t id = call(common::SharedMemory::BootId(), 0);
+  ASSERT_NE(id, 0u);
+  const int64_t segment = static_cast<int64_t>(kSegmentBytes);
+  EXPECT_EQ(server->shard->memory().used(), tables + segment);
+  EXPECT_EQ(call("", id + 1), 0u);  // not its segment: changes nothing
+  EXPECT_EQ(server->shard->memory().used(), tables + segment);
+  RequestHeader other = HeaderOf(*server->shard, 0, 0);
+  other.set_worker_incarnation(0);  // an older process of the worker: refused, nothing dropped
+  PushPullRequest stale;
+  *stale.mutable_header() = other;
+  stale.set_declined_shared_id(id);
+  grpc::ByteBuffer answer;
+  (void)service.HandlePushPull(RawFrame(stale.SerializeAsString(), ""),
+                               absl::Now() + absl::Seconds(5), &answer);
+  EXPECT_EQ(server->shard->memory().used(), tables + segment);
+  EXPECT_EQ(call("", id), 0u);
+  EXPECT_EQ(server->shard->memory().used(), tables);
+}
+
+// Workers asking at the same moment (every worker's first call of a job) each fit with the
+// others' segments counted: with room for one, one gets it. The room was checked, then the
+// segment made and charged, so asks that overlapped all passed and the budget was exceeded by
+// a segment per extra worker, for good.
+TEST_P(SharedMemoryTest, WorkersAskingAtOnceGetOnlyTheSegmentsTheBudgetHolds) {
+  constexpr int kWorkers = 8;
+  JobConfig config = config_;
+  config.mutable_cluster()->set_num_workers(kWorkers);
+  ShardOptions unlimited;
+  auto bare = Shard::Create(config, unlimited);
+  ASSERT_THAT(bare.status(), IsOk());
+  const int64_t tables = (*bare)->memory().used();
+  for (int round = 0; round < 20; ++round) {
+    ShardOptions options;
+    options.max_memory_bytes = tables + kSegmentBytes + kSegmentBytes / 2;
+    auto server = MakeSegmentServer(config, options);
+    ASSERT_THAT(server.status(), IsOk());
+    std::atomic<int> ready{0};
+    std::atomic<int> offered{0};
+    std::vector<std::thread> threads;
+    for (int w = 0; w < kWorkers; ++w) {
+      threads.emplace_back([&, w] {
+        const RequestHeader h = HeaderOf(*server->shard, w, 0);
+        ready.fetch_add(1);
+        while (ready.load() < kWorkers) {
+        }
+        if (OfferedSegment(*server->service, h, kSegmentBytes) != 0) offered.fetch_add(1);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(offered.load(), 1) << "round " << round;
+    EXPECT_EQ(server->shard->memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
+  }
+}
+
 // Parked pulls hold the segment their answer goes to. A worker asking again and again, each
 // time parking pulls on its newest segment, has at most two alive (and charged): its current
 // one and one replaced but held; then it gets none until one goes. Before, each ask made one

@@ -56,7 +56,7 @@ TEST_P(ServiceTest, AFusedCallWhosePullIsRefusedChangesNothing) {
     if (!done_clock) {  // (a fused frame's done_clock is its push's, which refuses it itself)
       const PushRequest push = ValidPush(1);
       EXPECT_THAT(PushPull(RequestFrame(&push, &bad), absl::Now() + absl::Seconds(5), &answer),
-                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is negative")));
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not in [0, ")));
       EXPECT_EQ(State(), before);
     }
     // A pull of nothing asking for a segment, refused for its clock: the worker's segment stays.

@@ -418,7 +418,7 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     const HeartbeatResponse& r = responses[s];
     // A clock is a count of steps: a negative one, or one near 2^63 (which the step after
     // it overflows), is a server's bug or lie, and must not reach the other servers.
-    if (r.clock() < 0 || r.clock() > (int64_t{1} << 62)) {
+    if (r.clock() < 0 || r.clock() > common::kMaxClock) {
       return absl::InternalError(
           absl::StrCat("server ", s, " remembers this worker at clock ", r.clock()));
     }

@@ -377,6 +377,9 @@ class GrpcParameterStore final : public common::ParameterStore {
     // or failure moves the link on: an older asking frame failing late, or answered after a
     // later ask made the server replace its segment, must not.
     uint64_t ask = 0;
+    // The id of a segment offered that this process cannot open, to be told to the server
+    // (PushPullRequest.declined_shared_id) in the next frame to it; 0 = none.
+    uint64_t declined = 0;
     std::shared_ptr<common::SharedArena> arena;  // when kActive
     std::shared_ptr<common::SharedChannel> channel;  // when kActive and the segment has one
     // The revocation flag of the buffers lent in this segment (LendPushBuffer; made by the

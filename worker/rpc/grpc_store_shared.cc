@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
 #include "common/startup/cores.h"
@@ -127,11 +128,17 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   {
     absl::MutexLock lock(&shared_mu_);
     SharedLink& link = shared_[s];
+    if (link.declined != 0) {
+      // Told once, in the next frame: the server lets the segment go (and its charge).
+      h.set_declined_shared_id(link.declined);
+      link.declined = 0;
+    }
     if (link.state == SharedLink::kNone ||
         (link.state == SharedLink::kOff && absl::Now() >= link.reask_at)) {
       link.state = SharedLink::kAsked;
       link.ask = ++ask_tokens_;
       h.set_want_shared_bytes(options_.shared_memory_bytes);
+      h.set_want_shared_boot_id(common::SharedMemory::BootId());
       x->asked[f] = link.ask;
       return;
     }
@@ -242,10 +249,16 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
   std::shared_ptr<common::SharedArena> arena;
   std::shared_ptr<common::SharedChannel> channel;
   bool unusable = false;  // offered, but not to be opened here: never asked again
+  uint64_t declined = 0;  // ... and the server is told so
   if (header.has_shared_offer()) {
     const SharedSegment& offer = header.shared_offer();
+    // Never more than was asked: a server's lie would have this process map any size.
     absl::StatusOr<std::shared_ptr<common::SharedMemory>> opened =
-        common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+        offer.bytes() > options_.shared_memory_bytes
+            ? absl::InvalidArgumentError(absl::StrCat("it offered ", offer.bytes(),
+                                                      " bytes, more than the ",
+                                                      options_.shared_memory_bytes, " asked"))
+            : common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
     if (opened.ok()) {
       const uint64_t at = offer.channel_offset();
       if (at != 0 && common::SharedChannel::Fits(at, (*opened)->size())) {
@@ -261,6 +274,7 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
       }
     } else {
       unusable = true;
+      declined = offer.id();
       LOG(INFO) << "server " << s << ": its shared memory is not usable here (" << opened.status()
                 << "); payloads go by the socket";
     }
@@ -275,6 +289,7 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
       link.reask_after = absl::ZeroDuration();
     } else if (unusable) {
       link.reask_at = absl::InfiniteFuture();
+      link.declined = declined;
     } else {
       // Declined: the server's budget may have room later (a segment it held is let go).
       const absl::Duration first = options_.shared_memory_reask;

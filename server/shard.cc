@@ -368,7 +368,10 @@ absl::StatusOr<WorkerTracker::WaiterId> Shard::ParkPull(const RequestInfo& info,
     return Reject("stale_incarnation", parked.status());
   }
   if (absl::IsResourceExhausted(parked.status())) {
-    return Reject("too_many_waiting", parked.status());
+    // Full for all workers together: not this worker's doing, and sent again it may park
+    // once others' pulls are answered (server_busy: retried); its own limit is final.
+    const bool all_full = parked.status().GetPayload(WorkerTracker::kAllWorkersFull).has_value();
+    return Reject(all_full ? "server_busy" : "too_many_waiting", parked.status());
   }
   if (absl::IsDeadlineExceeded(parked.status())) {
     return WithRejectionReason(parked.status(), "bound_timeout");

@@ -4,11 +4,23 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace ps::server {
+
+namespace {
+
+// A parked-pull limit refusal; those of all workers together (`own` false) carry
+// kAllWorkersFull.
+absl::Status Full(bool own, absl::Status status) {
+  if (!own) status.SetPayload(WorkerTracker::kAllWorkersFull, absl::Cord("1"));
+  return status;
+}
+
+}  // namespace
 
 WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options, std::function<absl::Time()> now)
     : options_(options), now_(now ? std::move(now) : [] { return absl::Now(); }) {}
@@ -336,12 +348,13 @@ absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(
   if (mine.pulls >= limits.per_worker || waiters_.size() >= limits.total) {
     const bool own = mine.pulls >= limits.per_worker;
     if (mine.pulls == 0) parked_per_worker_.erase(worker);
-    return absl::ResourceExhaustedError(
-        absl::StrCat(own ? absl::StrCat("worker ", worker, " has ") : std::string("workers have "),
-                     own ? mine.pulls : waiters_.size(),
-                     " pulls waiting for the consistency bound already (at most ",
-                     own ? limits.per_worker : limits.total, own ? " per worker" : " in all",
-                     "): wait for their answers before pulling again"));
+    return Full(own,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    own ? absl::StrCat("worker ", worker, " has ") : std::string("workers have "),
+                    own ? mine.pulls : waiters_.size(),
+                    " pulls waiting for the consistency bound already (at most ",
+                    own ? limits.per_worker : limits.total, own ? " per worker" : " in all",
+                    "): wait for their answers before pulling again")));
   }
   // Their requests' bytes too: a few pulls of requests as large as a message may be (512 MiB)
   // held gigabytes for max_pull_wait_s (found in review, 2026-12-05).
@@ -351,12 +364,14 @@ absl::StatusOr<WorkerTracker::WaiterId> WorkerTracker::WhenBound(
         held_bytes > limits.bytes_per_worker - std::min(mine.bytes, limits.bytes_per_worker);
     const uint64_t held = own ? mine.bytes : parked_bytes_;
     if (mine.pulls == 0) parked_per_worker_.erase(worker);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a pull of ", held_bytes, " bytes would wait for the consistency bound beside ",
-        own ? absl::StrCat("worker ", worker, "'s ") : std::string("the "), held,
-        " bytes of pulls waiting already (at most ",
-        own ? limits.bytes_per_worker : limits.bytes_total, own ? " per worker" : " in all",
-        "): wait for their answers before pulling again"));
+    return Full(
+        own,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "a pull of ", held_bytes, " bytes would wait for the consistency bound beside ",
+            own ? absl::StrCat("worker ", worker, "'s ") : std::string("the "), held,
+            " bytes of pulls waiting already (at most ",
+            own ? limits.bytes_per_worker : limits.bytes_total, own ? " per worker" : " in all",
+            "): wait for their answers before pulling again")));
   }
   ++mine.pulls;
   mine.bytes += held_bytes;

@@ -217,7 +217,10 @@ class WorkerTracker {
   // FAILED_PRECONDITION for an incarnation older than the worker's current one;
   // DEADLINE_EXCEEDED when `deadline` has passed; RESOURCE_EXHAUSTED beyond `limits` (with
   // `held_bytes`, what the parked pull keeps of its request, counted against the byte
-  // limits); the CloseWaiters status once closed.
+  // limits; beyond a limit of all workers together, one no fault of this worker's, the status
+  // carries kAllWorkersFull: the pull may be sent again); the CloseWaiters status once closed.
+  // The payload type marking WhenBound's refusals for the limits of all workers together.
+  static constexpr char kAllWorkersFull[] = "ps.worker_tracker.all_workers_full";
   absl::StatusOr<WaiterId> WhenBound(int32_t worker, uint64_t incarnation, int64_t clock,
                                      absl::Time deadline, const ParkLimits& limits,
                                      BoundCallback done, uint64_t held_bytes = 0);

@@ -14,6 +14,7 @@
 #include "common/config/config.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/frame_testing.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -39,6 +40,12 @@ struct PendingPull {
   grpc::Status status;
   absl::Notification done;
 };
+
+// The server-busy trailers of a pull's answer (common::kServerBusyMetadata): 1 when the server
+// marked its refusal "send it again". REQUIRES: done.
+size_t BusyTrailers(const PendingPull& pull) {
+  return pull.context.GetServerTrailingMetadata().count(common::kServerBusyMetadata);
+}
 
 class ParkingTest : public ::testing::Test {
  protected:
@@ -222,7 +229,11 @@ TEST_F(ParkingTest, ParkedPullsAreCappedPerWorkerAndInAll) {
   over->done.WaitForNotification();
   EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(over->status.error_message(), HasSubstr("in all"));
-  EXPECT_EQ(Rejected("too_many_waiting"), 2u);
+  // The limit in all is others' doing: marked busy, so that the worker sends it again (it was
+  // final, and one worker's training failed for the others' parked pulls); its own is final.
+  EXPECT_EQ(BusyTrailers(*over), 1u);
+  EXPECT_EQ(Rejected("too_many_waiting"), 1u);
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
 
   // The parked ones are still answered when clocks move.
   ASSERT_TRUE(Push(0, 1, 1, 0.5f).ok());
@@ -264,6 +275,7 @@ TEST_F(ParkingTest, TheBytesParkedPullsKeepAreCapped) {
   big->done.WaitForNotification();
   EXPECT_EQ(big->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(big->status.error_message(), HasSubstr("per worker"));
+  EXPECT_EQ(BusyTrailers(*big), 0u);
   std::vector<std::unique_ptr<PendingPull>> waiting;
   waiting.push_back(padded(0, 600 << 10));
   AwaitParked(1);
@@ -277,7 +289,9 @@ TEST_F(ParkingTest, TheBytesParkedPullsKeepAreCapped) {
   over->done.WaitForNotification();
   EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(over->status.error_message(), HasSubstr("in all"));
-  EXPECT_EQ(Rejected("too_many_waiting"), 3u);
+  EXPECT_EQ(BusyTrailers(*over), 1u);
+  EXPECT_EQ(Rejected("too_many_waiting"), 2u);
+  EXPECT_EQ(Rejected(kServerBusyReason), 1u);
   // A fused call whose pull waits keeps its header, not its frame: the pushed payload,
   // applied already, is let go.
   const PushRequest push = PushOf(1, 1, 1, 0.5f);

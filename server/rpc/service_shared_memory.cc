@@ -139,7 +139,8 @@ class ParameterServerService::ChannelServer {
               status = absl::UnavailableError(
                   "the server stopped before this call was answered: send it again");
             }
-            Answer(*state, slot, status, &call->response, false);
+            Answer(*state, slot, status, &call->response,
+                   !status.ok() && RejectionReason(status) == kServerBusyReason);
           },
           /*from_channel=*/true);
     };

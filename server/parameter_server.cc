@@ -1,6 +1,7 @@
 #include "server/parameter_server.h"
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -105,6 +106,18 @@ int ServingThreads(const JobConfig& config, int requested) {
 }
 
 }  // namespace
+
+int PoolRequests(const JobConfig& config) {
+  const int64_t set = std::min<int64_t>(config.server().max_pool_requests(), INT_MAX);
+  if (!config.training().deterministic()) return static_cast<int>(set);
+  const int64_t needed =
+      std::min<int64_t>(2 * int64_t{config.cluster().num_workers()} + 2, INT_MAX);
+  if (set >= needed) return static_cast<int>(set);
+  LOG(WARNING) << "holding up to " << needed << " requests on the serving pool instead of " << set
+               << " (server.max_pool_requests): a deterministic job's pushes wait there for "
+               << "their turn, two per worker";
+  return static_cast<int>(needed);
+}
 
 int DataThreads(const JobConfig& config, unsigned cores) {
   if (config.server().data_threads() > 0) return static_cast<int>(config.server().data_threads());
@@ -275,7 +288,7 @@ absl::Status ParameterServer::Start() {
   ServiceOptions service_options;
   service_options.num_threads = ServingThreads(config_, options_.num_threads);
   service_options.max_pull_wait = absl::Seconds(config_.server().max_pull_wait_s());
-  service_options.max_pool_requests = config_.server().max_pool_requests();
+  service_options.max_pool_requests = PoolRequests(config_);
   service_options.max_pool_request_bytes = config_.server().max_pool_request_bytes();
   service_options.max_answer_bytes = config_.server().max_message_bytes();
   service_options.max_unsent_answer_bytes = config_.server().max_unsent_answer_bytes();

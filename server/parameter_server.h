@@ -94,6 +94,12 @@ struct ParameterServerOptions {
 // per worker of the job, at most `cores` (at least 1).
 int DataThreads(const JobConfig& config, unsigned cores);
 
+// Requests the serving pool may hold (server.max_pool_requests): the value set, raised in a
+// deterministic job to two per worker plus two, since each of a clock's pushes holds one
+// while it waits for its turn, and a push refused for room never arrives: with more workers
+// than the limit, the turn of worker 0 (which waits for every worker's push) never came.
+int PoolRequests(const JobConfig& config);
+
 // Thread-safe: RequestStop() may be called from any thread (a signal thread, the Shutdown
 // RPC); Start() and Wait() are called once each, in that order, from one thread.
 class ParameterServer {

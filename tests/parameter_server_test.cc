@@ -283,6 +283,20 @@ TEST(ParameterServer, RefusesAMemoryBudgetWithoutADataDir) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("--data_dir")));
 }
 
+// A deterministic job's pushes wait on the pool for their turn, two per worker at most: a
+// pool limit below that refused the pushes whose arrival worker 0's turn waits for, and the
+// job stalled until turn_timeout.
+TEST(ParameterServer, ADeterministicJobsPoolHoldsEveryWorkersPushes) {
+  JobConfig config = Config();
+  config.mutable_server()->set_max_pool_requests(64);
+  config.mutable_cluster()->set_num_workers(70);
+  EXPECT_EQ(PoolRequests(config), 64);  // asynchronous: as set
+  config.mutable_training()->set_deterministic(true);
+  EXPECT_EQ(PoolRequests(config), 142);
+  config.mutable_server()->set_max_pool_requests(500);
+  EXPECT_EQ(PoolRequests(config), 500);
+}
+
 TEST(ParameterServer, ServesTheDataPathOnOneThreadUnlessToldOtherwise) {
   JobConfig config = Config();
   config.mutable_cluster()->set_num_workers(4);

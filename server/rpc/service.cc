@@ -613,6 +613,12 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     return Unparseable(absl::InvalidArgumentError(
         "unparseable frame: a call through a shared-memory channel asks for a segment"));
   }
+  if (from_channel && header.declined_shared_id() != 0) {
+    // Its channel's thread would let go of (join) its own channel: a worker declines only
+    // a segment it could not open, which has no channel it could call through.
+    return Unparseable(absl::InvalidArgumentError(
+        "unparseable frame: a call through a shared-memory channel declines a segment"));
+  }
   const RequestInfo info = InfoOf(header.header());
   if (peer != nullptr) {
     // Identity from the connection: the frame's worker id must be the caller's own.

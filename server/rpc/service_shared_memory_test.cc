@@ -481,6 +481,13 @@ TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing)
   ask.set_want_shared_bytes(kSegmentBytes);
   EXPECT_THAT(post(RawFrame(ask.SerializeAsString(), "")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("asks for a segment")));
+  // A call declining its own segment: its channel's thread would join itself (a hang of
+  // every channel on that thread).
+  PushPullRequest decline;
+  *decline.mutable_header() = Header(0);
+  decline.set_declined_shared_id(segment_->id());
+  EXPECT_THAT(post(RawFrame(decline.SerializeAsString(), "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("declines a segment")));
   // Bytes that are no frame.
   grpc::Slice junk(std::string("\xff\xff\xff\x7fjunk"));
   EXPECT_THAT(post(grpc::ByteBuffer(&junk, 1)), StatusIs(absl::StatusCode::kInvalidArgument));

@@ -2,21 +2,30 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ps::server {
 
-absl::Status MemoryBudget::CheckRoom(uint64_t bytes, absl::string_view what) const {
-  if (limit_ == 0) return absl::OkStatus();
-  const int64_t in_use = std::max<int64_t>(0, used());
-  if (bytes <= limit_ && static_cast<uint64_t>(in_use) <= limit_ - bytes) {
-    return absl::OkStatus();
-  }
+namespace {
+
+// Whether `bytes` more fit beside `used` under `limit` (> 0); else RESOURCE_EXHAUSTED.
+absl::Status Room(uint64_t bytes, int64_t used, uint64_t limit, absl::string_view what) {
+  const int64_t in_use = std::max<int64_t>(0, used);
+  if (bytes <= limit && static_cast<uint64_t>(in_use) <= limit - bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", bytes,
                                                    " bytes; this server holds ", in_use, " of its ",
-                                                   limit_, " (server.max_memory_bytes)"));
+                                                   limit, " (server.max_memory_bytes)"));
+}
+
+}  // namespace
+
+absl::Status MemoryBudget::CheckRoom(uint64_t bytes, absl::string_view what) const {
+  if (limit_ == 0) return absl::OkStatus();
+  return Room(bytes, used(), limit_, what);
 }
 
 absl::Status MemoryBudget::TryCharge(uint64_t bytes, absl::string_view what) {
@@ -26,12 +35,7 @@ absl::Status MemoryBudget::TryCharge(uint64_t bytes, absl::string_view what) {
   }
   int64_t used = used_.load(std::memory_order_relaxed);
   while (true) {
-    const int64_t in_use = std::max<int64_t>(0, used);
-    if (bytes > limit_ || static_cast<uint64_t>(in_use) > limit_ - bytes) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, " needs ", bytes, " bytes; this server holds ", in_use, " of its ",
-                       limit_, " (server.max_memory_bytes)"));
-    }
+    RETURN_IF_ERROR(Room(bytes, used, limit_, what));
     if (used_.compare_exchange_weak(used, used + static_cast<int64_t>(bytes),
                                     std::memory_order_relaxed)) {
       return absl::OkStatus();

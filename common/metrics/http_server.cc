@@ -30,6 +30,10 @@ constexpr absl::Duration kLingerTime = absl::Milliseconds(500);
 constexpr size_t kLingerBytes = 1 << 16;
 // Connections served at once; beyond it, a new one displaces the one nearest its deadline.
 constexpr size_t kMaxConnections = 64;
+// How long the listening socket goes unwatched after accept() failed for want of descriptors
+// or memory: the connection stays in the backlog and the socket stays readable, so watching it
+// at once again would spin the thread until something else frees a descriptor.
+constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
 
 std::string Answer(int code, absl::string_view reason, absl::string_view content_type,
                    absl::string_view body, bool head_only, absl::string_view extra = "") {
@@ -176,8 +180,10 @@ struct MetricsHttpServer::Connection {
 void MetricsHttpServer::Loop() {
   std::vector<Connection> conns;
   while (true) {
-    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
-    absl::Time next = absl::InfiniteFuture();
+    const bool accept_paused = absl::Now() < accept_resume_;
+    std::vector<pollfd> fds = {{listen_fd_, static_cast<short>(accept_paused ? 0 : POLLIN), 0},
+                               {wake_read_, POLLIN, 0}};
+    absl::Time next = accept_paused ? accept_resume_ : absl::InfiniteFuture();
     for (const Connection& c : conns) {
       // A connection waiting for a render is watched for errors and hang-ups only.
       const short events = c.phase == Connection::Phase::kWriting     ? POLLOUT
@@ -217,7 +223,15 @@ void MetricsHttpServer::Loop() {
 void MetricsHttpServer::Accept(std::vector<Connection>* conns) {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // none left, the client gave up already, or out of descriptors
+    if (fd < 0) {
+      // EAGAIN: none left; ECONNABORTED and the like: that client gave up already.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        LOG_EVERY_T(WARNING, 10) << "metrics endpoint: accept: " << strerror(errno)
+                                 << "; not accepting for " << kAcceptPause;
+        accept_resume_ = absl::Now() + kAcceptPause;
+      }
+      return;
+    }
     if (conns->size() >= kMaxConnections) {
       // Full: one that has sent nothing goes first, then one with half a request, then one
       // being answered (before 2026-12-05 the oldest went, so a stream of connections that

@@ -104,6 +104,8 @@ class MetricsHttpServer {
 
   // The serving thread's.
   absl::Time last_render_ = absl::InfinitePast();
+  // Until then the listening socket is not watched (accept() ran out of descriptors).
+  absl::Time accept_resume_ = absl::InfinitePast();
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

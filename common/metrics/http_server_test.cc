@@ -4,17 +4,27 @@
 #include "common/metrics/http_server.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/metrics/testing.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -327,6 +337,72 @@ TEST(HttpServer, ConnectionsThatSendNothingDoNotDisplaceAScrapeInProgress) {
   for (int fd : idle) close(fd);
   EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK"));
   EXPECT_THAT(answer, HasSubstr("ps_test_requests_total 1"));
+  server.server->Stop();
+}
+
+// Found 2026-12-05: with the process out of descriptors, accept() failed and the connection
+// stayed in the backlog, so the listening socket stayed readable and the serving thread spun
+// on it, a whole core, until a descriptor was freed. It now stops watching it for a while.
+TEST(HttpServer, OutOfDescriptorsTheServerWaitsInsteadOfSpinning) {
+  OneCounterServer server(HttpServerOptions{});
+  ASSERT_NE(server.server, nullptr);
+  const int port = server.server->port();
+  std::vector<int> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_GE(clients.back(), 0);
+  }
+  // Every descriptor number below the limit taken, so that accept() gets EMFILE.
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(null_fd, 0);
+  int highest = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  ASSERT_NE(dir, nullptr);
+  while (dirent* entry = readdir(dir)) highest = std::max(highest, atoi(entry->d_name));
+  closedir(dir);
+  rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old_limit), 0);
+  rlimit low = old_limit;
+  low.rlim_cur = static_cast<rlim_t>(highest) + 1;
+  std::vector<int> fillers;
+  // Whatever fails below, the rest of this process gets its descriptors back.
+  absl::Cleanup restore = [&] {
+    for (int fd : fillers) close(fd);
+    fillers.clear();
+    close(null_fd);
+    setrlimit(RLIMIT_NOFILE, &old_limit);
+  };
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  for (int fd; (fd = dup(null_fd)) >= 0;) fillers.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int fd : clients) {
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  }
+  // A second of the process's CPU time while nothing but the serving thread has work: the
+  // spinning thread took about all of it.
+  auto cpu_seconds = [] {
+    rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return absl::ToDoubleSeconds(absl::DurationFromTimeval(usage.ru_utime) +
+                                 absl::DurationFromTimeval(usage.ru_stime));
+  };
+  const double before = cpu_seconds();
+  absl::SleepFor(absl::Seconds(1));  // the window measured, not a wait for an event
+  const double used = cpu_seconds() - before;
+  std::move(restore).Invoke();
+  EXPECT_LT(used, 0.25);
+  // Once descriptors are free again, the connections waiting are served.
+  const std::string request = "GET /healthz HTTP/1.0\r\n\r\n";
+  for (int fd : clients) {
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    EXPECT_THAT(ReadUntilClosed(fd), StartsWith("HTTP/1.1 200 OK"));
+    close(fd);
+  }
   server.server->Stop();
 }
 

@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<storage::CheckpointStore>> Checkpointer::OpenStor
   storage::CheckpointStoreOptions store_options;
   store_options.path = options.data_dir;
   store_options.keep = options.keep;
+  store_options.restore_id = options.restore_id;
   ASSIGN_OR_RETURN(auto store, storage::CheckpointStore::Open(store_options),
                    absl::StrCat("data dir ", options.data_dir));
   return store;

@@ -28,6 +28,9 @@ struct CheckpointerOptions {
   std::string data_dir;
   // Complete checkpoints kept (>= 1).
   uint32_t keep = 2;
+  // The checkpoint Restore() will be given (0 = none or the newest): kept through the store's
+  // Open (storage::CheckpointStoreOptions::restore_id).
+  uint64_t restore_id = 0;
   // Time between periodic checkpoints; zero = no timer.
   absl::Duration interval = absl::Seconds(60);
   // Also checkpoint once this many updates were applied since the last one; 0 = off.

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard.h"
+#include "server/storage/checkpoint_store.h"
 #include "tests/subprocess.h"
 #include "worker/rpc/grpc_store.h"
 
@@ -154,6 +155,51 @@ TEST(ParameterServer, ARestartAfterAFreshStartDoesNotGoBackToTheOldRun) {
   run(/*restore=*/true, /*push=*/true, /*final_checkpoint=*/true);     // the old run
   run(/*restore=*/false, /*push=*/false, /*final_checkpoint=*/false);  // killed, say
   run(/*restore=*/true, /*push=*/false, /*final_checkpoint=*/false);
+}
+
+// Found 2026-12-05 by a review: the store's retention ran when the server opened it, before
+// the restore, so a start that lowered checkpoint.keep and restored an older id deleted that
+// checkpoint first and failed with NOT_FOUND.
+TEST(ParameterServer, LoweringKeepInTheStartThatRestoresAnOlderCheckpointKeepsIt) {
+  const std::string dir = testing::MakeTempDir("ps");
+  JobConfig config = Config();
+  config.mutable_checkpoint()->set_keep(3);
+  std::vector<std::vector<float>> saved;  // the table each run's final checkpoint holds
+  for (int run = 0; run < 3; ++run) {
+    auto server = ParameterServer::Create(config, Options(dir));
+    ASSERT_THAT(server.status(), IsOk());
+    ASSERT_THAT((*server)->Start(), IsOk());
+    auto client = Client((*server)->port(), run + 1);
+    std::vector<float> grad(300, 1.0f);
+    common::PushBatch push;
+    push.dense.push_back({"w", grad});
+    ASSERT_THAT(client->Push(push, {}), IsOk());
+    saved.push_back(PullW(client.get()));
+    (*server)->RequestStop(/*final_checkpoint=*/true);
+    ASSERT_THAT((*server)->Wait(), IsOk());
+  }
+  std::vector<uint64_t> ids;
+  {
+    storage::CheckpointStoreOptions options;
+    options.path = dir;
+    options.keep = 100;
+    auto store = storage::CheckpointStore::Open(options);
+    ASSERT_THAT(store.status(), IsOk());
+    auto all = (*store)->List();
+    ASSERT_THAT(all.status(), IsOk());
+    for (const storage::CheckpointInfo& c : *all) ids.push_back(c.id);
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  config.mutable_checkpoint()->set_keep(1);
+  ParameterServerOptions options = Options(dir);
+  options.restore_id = ids[0];
+  auto server = ParameterServer::Create(config, options);
+  ASSERT_THAT(server.status(), IsOk());
+  ASSERT_THAT((*server)->Start(), IsOk());
+  auto client = Client((*server)->port(), 4);
+  EXPECT_EQ(PullW(client.get()), saved[0]);
+  (*server)->RequestStop(/*final_checkpoint=*/false);
+  EXPECT_THAT((*server)->Wait(), IsOk());
 }
 
 // A worker's own clock on a server restored from an older checkpoint lags what the worker has

@@ -266,7 +266,7 @@ absl::Status CheckpointStore::Recover() {
   if (!cfs_.empty()) next_id = std::max(next_id, cfs_.rbegin()->first + 1);
   next_id_ = next_id;
   RETURN_IF_ERROR(DeleteIncomplete());
-  return ApplyRetention();
+  return ApplyRetention(options_.restore_id);
 }
 
 // ============================== CheckpointStore: bookkeeping ==============================
@@ -325,7 +325,7 @@ absl::Status CheckpointStore::DropCheckpoints(std::vector<uint64_t> ids) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointStore::ApplyRetention() {
+absl::Status CheckpointStore::ApplyRetention(uint64_t pinned) {
   ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
   absl::StatusOr<std::vector<uint64_t>> superseded = ReadSuperseded();
   if (!superseded.ok()) {
@@ -345,6 +345,10 @@ absl::Status CheckpointStore::ApplyRetention() {
     if (current_newer >= options_.keep) break;
     oldest_kept = *it;
     if (!std::binary_search(superseded->begin(), superseded->end(), *it)) ++current_newer;
+  }
+  if (pinned != 0 && pinned < oldest_kept &&
+      std::binary_search(committed.begin(), committed.end(), pinned)) {
+    oldest_kept = pinned;
   }
   if (committed.empty() || oldest_kept == committed.front()) return absl::OkStatus();
   rocksdb::WriteBatch batch;

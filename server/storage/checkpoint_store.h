@@ -84,6 +84,12 @@ struct CheckpointStoreOptions {
   // the disk must hold keep + 1 checkpoints while one is being written. REQUIRES: >= 1.
   uint32_t keep = 2;
 
+  // The checkpoint the opener is about to restore (0 = none): retention at Open keeps it, and
+  // every newer one, whatever `keep` says, so that lowering `keep` in the same start as a
+  // restore of an older id does not delete the checkpoint asked for. The restore's
+  // MakeCurrent then supersedes the newer ones, and the next commit's retention applies `keep`.
+  uint64_t restore_id = 0;
+
   // fsync the commit record and the next-id record. With false, a power loss (not a process
   // crash) may lose the newest commits; the store stays consistent either way.
   bool sync = true;
@@ -314,7 +320,8 @@ class CheckpointStore {
   std::shared_ptr<rocksdb::ColumnFamilyHandle> FindCf(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status DeleteIncomplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DropCheckpoints(std::vector<uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps `pinned` (0 = none) and every newer checkpoint beyond what `keep` keeps.
+  absl::Status ApplyRetention(uint64_t pinned = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutNextId(uint64_t next_id);
   absl::StatusOr<std::vector<uint64_t>> ReadSuperseded();
   absl::Status CheckFreeSpace(absl::string_view what);

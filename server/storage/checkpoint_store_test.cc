@@ -236,6 +236,32 @@ TEST_F(CheckpointStoreTest, RetentionKeepsNewestAndDeletesOlder) {
   EXPECT_EQ(read, MakeRecords(4, 10, 100 << 10));
 }
 
+// Found 2026-12-05 by a review: retention ran at Open, before the restore, so lowering
+// `keep` in the same start as a restore of an older id deleted the checkpoint asked for.
+TEST_F(CheckpointStoreTest, RetentionAtOpenKeepsTheCheckpointAboutToBeRestored) {
+  options_.keep = 3;
+  OpenStore();
+  std::vector<uint64_t> ids;
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WriteCheckpoint(MakeRecords(i, 10, 1000)));
+    ids.push_back(info.id);
+  }
+  options_.keep = 1;
+  options_.restore_id = ids[0];
+  OpenStore();
+  EXPECT_THAT(ListIds(), ElementsAre(ids[0], ids[1], ids[2]));
+  ASSERT_OK_AND_ASSIGN(Records read, ReadAll(ids[0]));
+  EXPECT_EQ(read, MakeRecords(1, 10, 1000));
+  // Restored: the newer ones are superseded, and the next commit applies `keep`.
+  ASSERT_OK(store_->MakeCurrent(ids[0]));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo next, WriteCheckpoint(MakeRecords(4, 10, 1000)));
+  EXPECT_THAT(ListIds(), ElementsAre(next.id));
+  // A pin that names no checkpoint changes nothing.
+  options_.restore_id = ids[0];
+  OpenStore();
+  EXPECT_THAT(ListIds(), ElementsAre(next.id));
+}
+
 TEST_F(CheckpointStoreTest, MakeCurrentSupersedesNewerCheckpointsUntilRetentionCatchesUp) {
   options_.keep = 2;
   OpenStore();

@@ -198,7 +198,8 @@ absl::StatusOr<std::vector<BenchRow>> RunEcho(BenchEnv* env);
 // dense: one measurement of `clients` stores pushing or pulling the dense table of `bytes`.
 absl::StatusOr<BenchRow> RunDense(const BenchEnv& env, uint64_t bytes, bool push, int clients);
 
-// sparse: pulls every key of the key space once (rows are created on first pull).
+// sparse: pushes zeros to every key of the key space once (rows are created by pushes; a
+// pull of a key that is no row reads its initial values).
 absl::Status PrefillSparse(const BenchEnv& env, const std::string& table, int dim);
 // sparse: one measurement of `clients` stores pulling or pushing num_keys uniform keys.
 absl::StatusOr<BenchRow> RunSparse(const BenchEnv& env, uint64_t num_keys, int clients,

@@ -90,8 +90,8 @@ ABSL_FLAG(std::string, sparse_ops, "pull,push",
 ABSL_FLAG(int32_t, sparse_dim, 16, "Width of the sparse table's rows.");
 ABSL_FLAG(uint64_t, key_space, 1000000, "Sparse keys are drawn uniformly from [0, key_space).");
 ABSL_FLAG(bool, sparse_prefill, true,
-          "Pull the whole key space once before the sparse runs, so that row creation (first "
-          "touch) is not measured.");
+          "Push zeros to the whole key space once before the sparse runs, so that row creation "
+          "(a key's first push) is not measured and pulls read rows that exist.");
 ABSL_FLAG(uint64_t, pull_piece_bytes, ps::worker::GrpcStoreOptions().pull_piece_bytes,
           "GrpcStoreOptions::pull_piece_bytes of the bench clients: dense pulls of at least twice "
           "this many bytes per server go in pieces (0 = one frame per server).");

@@ -17,18 +17,20 @@ namespace ps::bench {
 
 absl::Status PrefillSparse(const BenchEnv& env, const std::string& table, int dim) {
   const uint64_t space = env.flags->key_space;
-  constexpr uint64_t kChunk = 65536;
+  // A push pins its rows in memory: small enough not to push a spilling table far past its
+  // memory_budget_rows.
+  constexpr uint64_t kChunk = 4096;
   std::vector<uint64_t> keys;
-  std::vector<float> out;
+  std::vector<float> zeros;
   const absl::Time start = absl::Now();
   for (uint64_t first = 0; first < space; first += kChunk) {
     if (env.cancel->load()) return absl::CancelledError("cancelled");
     keys.clear();
     for (uint64_t k = first; k < std::min(space, first + kChunk); ++k) keys.push_back(k);
-    out.resize(keys.size() * dim);
-    common::PullBatch batch;
-    batch.sparse.push_back({table, keys, absl::MakeSpan(out)});
-    RETURN_IF_ERROR_CTX(env.stores[0]->Pull(batch, common::PullOptions{}), "sparse prefill");
+    zeros.assign(keys.size() * dim, 0.f);
+    common::PushBatch batch;
+    batch.sparse.push_back({table, keys, zeros});
+    RETURN_IF_ERROR_CTX(env.stores[0]->Push(batch, common::PushOptions{}), "sparse prefill");
   }
   std::cerr << absl::StrFormat("sparse prefill: %d rows of dim %d created in %.2f s\n", space,
                                dim, absl::ToDoubleSeconds(absl::Now() - start));

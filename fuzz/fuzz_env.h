@@ -52,8 +52,8 @@ Server NewServer(size_t max_shared_bytes_per_worker = 0);
 
 // Every value of "w" on this server, the rows of "emb" for Layout::my_keys and for the
 // owned keys among `extra_keys` (at most 64 of them), the update count and, `with_workers`,
-// the workers' incarnations, clocks and exactly-once state, as bytes. Reading a missing row
-// creates it with its deterministic initial value, which changes no value a pull can see.
+// the workers' incarnations, clocks and exactly-once state, as bytes. A missing row reads as
+// its deterministic initial value and is not created.
 std::string State(server::Shard& shard, absl::Span<const uint64_t> extra_keys,
                   bool with_workers = true);
 

@@ -340,9 +340,9 @@ class Shard {
                                                    const WorkerTracker::ParkLimits& limits,
                                                    WorkerTracker::BoundCallback done,
                                                    uint64_t held_bytes = 0);
-  // Reads the parts of a pull CheckPull accepted into `sink` and counts the pull. Sparse rows
-  // are created on first touch: RESOURCE_EXHAUSTED past the memory budget, the spill store's
-  // errors for a table that spills. `stream`: dense answers are read out with non-temporal
+  // Reads the parts of a pull CheckPull accepted into `sink` and counts the pull. A sparse key
+  // that is no row reads as its initial values and is not created; the spill store's errors
+  // for a table that spills. `stream`: dense answers are read out with non-temporal
   // stores whatever their size (the caller knows their reader wants them so: a worker's
   // shared memory, SharedPayload.stream_answer), else from ShardOptions::stream_pull_bytes.
   // `in_place`: the caller promises that every span its sink hands to `fill` for a dense

@@ -64,6 +64,14 @@ std::vector<float> PullRows(common::ParameterStore& store, std::vector<uint64_t>
   return out;
 }
 
+// Makes rows `keys` of "emb" (reads make none): a push of zero gradients.
+void MakeRows(common::ParameterStore& store, const std::vector<uint64_t>& keys, int64_t clock) {
+  std::vector<float> rows(keys.size() * 3, 0.f);
+  common::PushBatch batch;
+  batch.sparse.push_back({"emb", keys, rows});
+  CHECK_OK(store.Push(batch, {clock, false}));
+}
+
 // Pushes the same gradient `g` to every element of "w" and to rows `keys` of "emb".
 void PushAll(common::ParameterStore& store, float g, size_t numel,
              const std::vector<uint64_t>& keys, int64_t clock = 1) {
@@ -523,20 +531,20 @@ TEST(Shard, SnapshotUnderConcurrentOnePassPushesIsAConsistentCut) {
   EXPECT_EQ(shard->one_pass_pushes(), shard->updates_applied());
 }
 
-// A checkpoint's row count is the rows its records hold: a row a pull creates while the
+// A checkpoint's row count is the rows its records hold: a row a push creates while the
 // snapshot is written is in neither (it was counted, found in review 2026-12-05).
 TEST(Shard, ACheckpointCountsTheRowsItsRecordsHold) {
   JobConfig config = MakeConfig("kind: SGD");
   auto shard = MakeShard(config);
-  auto store = *InProcessParameterStore::Create({shard.get()}, {});
-  PullRows(*store, {1, 2, 3});
+  auto store = *InProcessParameterStore::Create({shard.get()}, {0, 1});
+  MakeRows(*store, {1, 2, 3}, 1);
   Records records;
   bool pulled = false;
   auto meta = shard->Snapshot(
       [&](absl::string_view k, absl::string_view v) {
         if (!pulled) {
           pulled = true;
-          PullRows(*store, {100, 101, 102, 103});  // new rows, after the cut
+          MakeRows(*store, {100, 101, 102, 103}, 2);  // new rows, after the cut
         }
         records[std::string(k)] = std::string(v);
         return absl::OkStatus();

@@ -112,11 +112,14 @@ void SparseTablePart::Trim(Stripe& s) {
   }
 }
 
-absl::StatusOr<uint32_t> SparseTablePart::FindOrFault(Stripe& s, uint64_t key) {
+absl::StatusOr<uint32_t> SparseTablePart::FindOrFault(Stripe& s, uint64_t key, bool create) {
   if (const uint32_t slot = s.index.Find(key); slot != RowIndex::kAbsent) return slot;
-  RETURN_IF_ERROR(MakeRoom(s));
   thread_local std::string value;
   ASSIGN_OR_RETURN(const bool found, spill_->Get(key, &value));
+  if (!found && !create) return RowIndex::kAbsent;
+  // Eviction writes other keys (this one is in neither place MakeRoom touches), through a
+  // buffer of its own.
+  RETURN_IF_ERROR(MakeRoom(s));
   if (!found) {
     const uint32_t slot = AddRow(s, key);
     InitRow(key, RowPtr(s, slot));

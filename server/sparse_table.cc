@@ -102,12 +102,14 @@ absl::Status SparseTablePart::FindSlots(Stripe& s, absl::Span<const uint64_t> ke
     const uint64_t key = keys[order[j]];
     if (const uint32_t slot = s.index.Find(key); slot != RowIndex::kAbsent) {
       slots[j] = slot;
+    } else if (use == SlotUse::kRead) {
+      // A key never pushed reads as its initial values without becoming a row (see
+      // ReadSpilling): before 2026-12-05 a client pulling new keys filled the server's memory
+      // budget, and then every push of a new key was refused.
+      slots[j] = RowIndex::kAbsent;
+      continue;
     } else {
       CHECK(!spills()) << "table '" << name() << "': Apply to key " << key << " without Pin";
-      if (use == SlotUse::kRead && memory_ != nullptr) {
-        RETURN_IF_ERROR(memory_->CheckRoom(
-            NewRowsCost(s, 1), absl::StrCat("table '", name(), "': a new row for key ", key)));
-      }
       slots[j] = FindOrCreate(s, key);
     }
     // The row itself (a read needs its parameters only), and an update's step: used after the
@@ -213,9 +215,13 @@ absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> key
   return memory_->CheckRoom(cost, absl::StrCat("table '", name(), "': ", missing, " new rows"));
 }
 
-void SparseTablePart::InitRow(uint64_t key, float* row) const {
+void SparseTablePart::InitParams(uint64_t key, float* params) const {
   common::InitializeSparseRow(info_.config->initializer(), info_.name, key,
-                              absl::Span<float>(row, dim_));
+                              absl::Span<float>(params, dim_));
+}
+
+void SparseTablePart::InitRow(uint64_t key, float* row) const {
+  InitParams(key, row);
   std::copy(slot_init_.begin(), slot_init_.end(), row + dim_);
 }
 
@@ -272,8 +278,12 @@ absl::Status SparseTablePart::ReadResident(absl::Span<const uint64_t> keys,
       absl::MutexLock lock(&s.mu);
       RETURN_IF_ERROR(FindSlots(s, keys, &groups.order[b], n, SlotUse::kRead, &slots[b]));
       for (uint32_t j = b; j < b + n; ++j) {
-        std::memcpy(out.data() + size_t{groups.order[j]} * dim_, RowPtr(s, slots[j]),
-                    dim_ * sizeof(float));
+        float* dst = out.data() + size_t{groups.order[j]} * dim_;
+        if (slots[j] == RowIndex::kAbsent) {
+          InitParams(keys[groups.order[j]], dst);
+        } else {
+          std::memcpy(dst, RowPtr(s, slots[j]), dim_ * sizeof(float));
+        }
       }
     }
     return absl::OkStatus();
@@ -317,7 +327,14 @@ absl::Status SparseTablePart::ReadSpilling(absl::Span<const uint64_t> keys,
     // Not in memory: the row has to move, which needs move_mu_ (taken before the stripe).
     absl::ReaderMutexLock move(&move_mu_);
     absl::MutexLock lock(&s.mu);
-    ASSIGN_OR_RETURN(const uint32_t slot, FindOrFault(s, keys[i]));
+    // A key never pushed reads as its initial values without becoming a row: rows made by
+    // reads were spilled and checkpointed, so a client that only pulled new keys could fill
+    // the disk (before 2026-12-05). Its first push creates it with the same values.
+    ASSIGN_OR_RETURN(const uint32_t slot, FindOrFault(s, keys[i], /*create=*/false));
+    if (slot == RowIndex::kAbsent) {
+      InitParams(keys[i], dst);
+      continue;
+    }
     std::memcpy(dst, RowPtr(s, slot), dim_ * sizeof(float));
     Use(s, slot);
     Trim(s);

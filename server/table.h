@@ -249,8 +249,9 @@ struct SpillStats {
   uint64_t eviction_errors = 0;  // evictions that failed (the row stayed in memory)
 };
 
-// This server's rows of a sparse table: key -> row, created on first pull with the table's
-// deterministic initializer. Thread-safe.
+// This server's rows of a sparse table: key -> row, created by the first update of a key
+// from the table's deterministic initializer; a read of a key that is no row gets those
+// initial values and creates nothing. Thread-safe.
 //
 // Memory budget. Given a SpillTable and budget_rows > 0, at most budget_rows rows stay in
 // memory; the others live in the spill table, each with its step and optimizer slots, and are
@@ -314,11 +315,9 @@ class SparseTablePart final : public TablePart {
   // checks this before it is admitted, since Apply cannot fail half-way.
   [[nodiscard]] absl::Status CheckRoomForNewRows(absl::Span<const uint64_t> keys) const;
 
-  // Copies the rows of `keys` into out (keys.size() * dim), creating missing rows and
-  // faulting spilled ones in. REQUIRES: out.size() == keys.size() * dim.
-  // RESOURCE_EXHAUSTED (naming the table, key and bytes) when a row to create does not fit
-  // in the memory budget and the table does not spill; rows created before it (and, in a
-  // call spread over helper threads, rows of the other threads' stripes) stay.
+  // Copies the rows of `keys` into out (keys.size() * dim), faulting spilled ones in. A key
+  // that is no row (never pushed) reads as its initial values and stays no row: reads create
+  // nothing, so they never need memory or disk. REQUIRES: out.size() == keys.size() * dim.
   // Errors (only when spilling) from the spill table, naming the table and key: DATA_LOSS (a
   // spilled row is corrupt), UNAVAILABLE / RESOURCE_EXHAUSTED / PERMISSION_DENIED (I/O). The
   // rows' values are unchanged then; `out` is partly written.
@@ -425,9 +424,9 @@ class SparseTablePart final : public TablePart {
   absl::Status ReadSpilling(absl::Span<const uint64_t> keys, absl::Span<float> out);
   // Read's and Apply's work on the n keys of one stripe at positions order[0, n) of `keys`:
   // finds (or creates) each row's slot into slots[0, n), prefetching ahead. kRead
-  // (ReadResident): a missing row is first checked against the memory budget, stopping at the
-  // first refusal. kUpdate: a missing row is created (a table without a budget) or is a bug (a
-  // spilling Apply of a row not pinned); its step is prefetched too.
+  // (ReadResident): a missing row's slot is RowIndex::kAbsent (the reader fills in its initial
+  // values; nothing is created). kUpdate: a missing row is created (a table without a budget)
+  // or is a bug (a spilling Apply of a row not pinned); its step is prefetched too.
   enum class SlotUse { kRead, kUpdate };
   absl::Status FindSlots(Stripe& s, absl::Span<const uint64_t> keys, const uint32_t* order,
                          size_t n, SlotUse use, uint32_t* slots)
@@ -437,12 +436,15 @@ class SparseTablePart final : public TablePart {
   // Returns the slot of `key`, creating and initializing the row if missing (no budget).
   uint32_t FindOrCreate(Stripe& s, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   uint32_t AddRow(Stripe& s, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // The initial parameters of `key` (dim_ floats), and its whole row (with the slots).
+  void InitParams(uint64_t key, float* params) const;
   void InitRow(uint64_t key, float* row) const;
   void RemoveSlot(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 
   // Spilling tables: moves between memory and the spill table.
-  // The slot of `key` in memory: found, faulted in, or created.
-  absl::StatusOr<uint32_t> FindOrFault(Stripe& s, uint64_t key)
+  // The slot of `key` in memory: found, faulted in, or created. With `create` false, a key
+  // neither in memory nor spilled is RowIndex::kAbsent, and nothing is evicted for it.
+  absl::StatusOr<uint32_t> FindOrFault(Stripe& s, uint64_t key, bool create = true)
       ABSL_SHARED_LOCKS_REQUIRED(move_mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Evicts rows until one more fits in the stripe's share (or only pinned rows are left).
   absl::Status MakeRoom(Stripe& s) ABSL_SHARED_LOCKS_REQUIRED(move_mu_)

@@ -30,6 +30,14 @@ using ::ps::common::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
+// A push of zero gradients to `keys` the way Shard::ApplyPush makes its new rows: refused
+// whole when they do not fit the budget. (Reads make no rows.)
+absl::Status PushNew(SparseTablePart& table, absl::Span<const uint64_t> keys) {
+  if (absl::Status room = table.CheckRoomForNewRows(keys); !room.ok()) return room;
+  table.Apply(keys, std::vector<float>(keys.size() * table.info().dim, 0.f), UpdateOptions{});
+  return absl::OkStatus();
+}
+
 JobConfig Config(const std::string& tables) {
   auto config =
       common::ParseJobConfigText("cluster { num_servers: 1 num_workers: 1 }\n" + tables, "test");
@@ -119,22 +127,25 @@ TEST(MemoryBudget, SparseRowsBeyondTheBudgetAreRefusedAndTheTableKeepsServing) {
   int batches = 0;
   while (status.ok() && batches < 1000) {
     for (uint64_t& k : keys) k = next++;
-    status = table.Read(keys, absl::MakeSpan(out));
+    status = PushNew(table, keys);
     ++batches;
   }
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted,
                                AllOf(HasSubstr("table 'emb'"), HasSubstr("33554432"))));
-  // Over by at most one container's growth in one stripe.
-  EXPECT_LE(budget.used(), kBudget + (kBudget / 16));
+  EXPECT_LE(budget.used(), kBudget);
   EXPECT_EQ(table.NumBytes(), static_cast<uint64_t>(budget.used()));
-  // Existing rows are still served; new ones are refused to pushes before they are applied.
+  // Existing rows are still served; new ones are refused to pushes before they are applied,
+  // and read (as their initial values) without any room.
+  const uint64_t rows = table.NumRows();
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
   EXPECT_THAT(table.Read(keys, absl::MakeSpan(out)), IsOk());
   EXPECT_THAT(table.CheckRoomForNewRows(keys), IsOk());
-  // (What is left is less than a chunk: the refusal above came when a stripe needed one.)
   std::vector<uint64_t> fresh(20000);
   for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = next + 1000000 + i;
   EXPECT_THAT(table.CheckRoomForNewRows(fresh), StatusIs(absl::StatusCode::kResourceExhausted));
+  std::vector<float> fresh_out(fresh.size() * 8);
+  EXPECT_THAT(table.Read(fresh, absl::MakeSpan(fresh_out)), IsOk());
+  EXPECT_EQ(table.NumRows(), rows);
 }
 
 // Found in review, 2026-12-05: a chunk of 1024 rows was allocated for the first row of a
@@ -155,12 +166,11 @@ TEST(MemoryBudget, WideSparseRowsStayWithinTheBudget) {
   MemoryBudget budget(kBudget);
   SparseTablePart table(info, kernels::ToOptimizerParams(info.config->optimizer()));
   table.set_memory_budget(&budget);
-  std::vector<float> out(65536);
   absl::Status status;
   uint64_t key = 0;
   for (; status.ok() && key < 1000; ++key) {
     const std::vector<uint64_t> keys = {key};
-    status = table.Read(keys, absl::MakeSpan(out));
+    status = PushNew(table, keys);
   }
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("table 'wide'")));
   EXPECT_GT(key, 60u);  // about 80 rows of 768 KiB fit
@@ -203,8 +213,7 @@ TEST(MemoryBudget, RestoringMoreRowsThanTheBudgetIsRefused) {
   SparseTablePart saved(info, optimizer);
   std::vector<uint64_t> keys(300000);
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
-  std::vector<float> out(keys.size() * 8);
-  ASSERT_THAT(saved.Read(keys, absl::MakeSpan(out)), IsOk());
+  ASSERT_THAT(PushNew(saved, keys), IsOk());
   std::vector<std::pair<std::string, std::string>> records;
   const SnapshotSink sink = [&records](absl::string_view k, absl::string_view v) {
     records.emplace_back(std::string(k), std::string(v));
@@ -230,7 +239,7 @@ TEST(MemoryBudget, RestoringMoreRowsThanTheBudgetIsRefused) {
   EXPECT_LT(restored.NumRows(), keys.size());
 }
 
-TEST(MemoryBudget, ServerRefusesPullsAndPushesOfNewRowsBeyondItAndKeepsServing) {
+TEST(MemoryBudget, ServerRefusesPushesOfNewRowsBeyondItAndKeepsServing) {
   JobConfig config = Config(R"pb(tables {
                                    name: "emb"
                                    kind: TABLE_KIND_SPARSE
@@ -247,25 +256,29 @@ TEST(MemoryBudget, ServerRefusesPullsAndPushesOfNewRowsBeyondItAndKeepsServing) 
   std::vector<float> rows(keys.size() * 8);
   absl::Status status;
   uint64_t next = 0;
+  const std::vector<float> grad(keys.size() * 8, 1.0f);
+  int64_t clock = 0;
   for (int batch = 0; status.ok() && batch < 1000; ++batch) {
     for (uint64_t& k : keys) k = next++;
-    common::PullBatch pull;
-    pull.sparse.push_back({"emb", keys, absl::MakeSpan(rows)});
-    status = (*store)->Pull(pull, {});
+    common::PushBatch push;
+    push.sparse.push_back({"emb", keys, grad});
+    status = (*store)->Push(push, {++clock, false});
   }
-  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted));
   // A push of rows that do not exist yet is refused before anything is applied...
-  const std::vector<float> grad(keys.size() * 8, 1.0f);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted));
+  const uint64_t applied = (*shard)->updates_applied();
+  EXPECT_GT(applied, 0u);
+  // ...while pulls of new keys, which make no rows, are answered...
   for (uint64_t& k : keys) k = next++;
-  common::PushBatch push;
-  push.sparse.push_back({"emb", keys, grad});
-  EXPECT_THAT((*store)->Push(push, {1, false}), StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ((*shard)->updates_applied(), 0u);
-  // ...while rows that exist are still pulled and pushed.
+  common::PullBatch fresh;
+  fresh.sparse.push_back({"emb", keys, absl::MakeSpan(rows)});
+  EXPECT_THAT((*store)->Pull(fresh, {}), IsOk());
+  // ...and rows that exist are still pulled and pushed.
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
   common::PushBatch existing;
   existing.sparse.push_back({"emb", keys, grad});
-  EXPECT_THAT((*store)->Push(existing, {1, false}), IsOk());
+  EXPECT_THAT((*store)->Push(existing, {++clock, false}), IsOk());
+  EXPECT_EQ((*shard)->updates_applied(), applied + 1);
   common::PullBatch pull;
   pull.sparse.push_back({"emb", keys, absl::MakeSpan(rows)});
   EXPECT_THAT((*store)->Pull(pull, {}), IsOk());
@@ -287,7 +300,6 @@ TEST(MemoryBudget, StatsBytesOfOneMillionRowsAreWithinTwentyPercentOfTheirMemory
   ASSERT_THAT(partitioner.status(), IsOk());
   const common::TableInfo& info = partitioner->tables()[0];
   std::vector<uint64_t> keys(10000);
-  std::vector<float> out(keys.size() * 4);
   const uint64_t rss_before = Rss();
   const uint64_t heap_before = HeapInUse();
   auto table =
@@ -295,7 +307,7 @@ TEST(MemoryBudget, StatsBytesOfOneMillionRowsAreWithinTwentyPercentOfTheirMemory
   uint64_t next = 1;
   for (int batch = 0; batch < 100; ++batch) {
     for (uint64_t& k : keys) k = next++ * 0x9E3779B97F4A7C15ull;
-    ASSERT_THAT(table->Read(keys, absl::MakeSpan(out)), IsOk());
+    table->Apply(keys, std::vector<float>(keys.size() * 4, 0.f), UpdateOptions{});
   }
   ASSERT_EQ(table->NumRows(), 1000000u);
   const double grown = static_cast<double>(HeapInUse() - heap_before);

@@ -171,11 +171,11 @@ TEST(SparseSpill, KeepsAtMostTheBudgetInMemory) {
     std::set<uint64_t> touched;
     for (int round = 0; round < 50; ++round) {
       std::vector<uint64_t> keys = RandomKeys(rng, 100, 5000);
-      touched.insert(keys.begin(), keys.end());
       if (round % 2 == 0) {
-        Read(t.part, keys);
+        Read(t.part, keys);  // faults pushed rows in; creates none
       } else {
         ASSERT_THAT(Push(t.part, keys, Gradient(rng, keys.size() * kDim)), IsOk());
+        touched.insert(keys.begin(), keys.end());
       }
       const SpillStats st = t.part.spill_stats();
       ASSERT_LE(st.resident_rows, budget) << "budget " << budget << " round " << round;
@@ -190,6 +190,32 @@ TEST(SparseSpill, KeepsAtMostTheBudgetInMemory) {
     EXPECT_GT(st.evictions, 0u);
     EXPECT_GT(st.faults, 0u);
     EXPECT_EQ(st.eviction_errors, 0u);
+  }
+}
+
+// Found 2026-12-05 by a review: a read of a key made it a row, so a client pulling new keys
+// filled the memory budget (then every push of a new key was refused) or, on a spilling
+// table, the disk and every checkpoint. A key never pushed reads as its initial values now,
+// and stays no row until its first push, which starts from the same values.
+TEST(SparseTable, ReadsOfKeysNeverPushedCreateNoRows) {
+  for (uint64_t budget : {0u, 16u}) {
+    storage::InMemorySpillTable spill;
+    Table read_only("kind: ADAGRAD", budget, budget > 0 ? &spill : nullptr);
+    Table pushed("kind: ADAGRAD", 0, nullptr);
+    std::mt19937_64 rng(5);
+    const std::vector<uint64_t> keys = RandomKeys(rng, 3000, 1u << 30);
+    const std::vector<float> read = Read(read_only.part, keys);
+    EXPECT_EQ(read_only.part.NumRows(), 0u) << "budget " << budget;
+    EXPECT_EQ(spill.size(), 0u);
+    // The same values as rows made by a push that changes nothing (a zero gradient).
+    ASSERT_THAT(Push(pushed.part, keys, std::vector<float>(keys.size() * kDim, 0.f)), IsOk());
+    EXPECT_EQ(Read(pushed.part, keys), read);
+    EXPECT_EQ(pushed.part.NumRows(), keys.size());
+    // A push to the read-only table then makes exactly its keys rows, from those values.
+    ASSERT_THAT(Push(read_only.part, {keys[0], keys[1]}, std::vector<float>(2 * kDim, 0.f)),
+                IsOk());
+    EXPECT_EQ(read_only.part.NumRows(), 2u);
+    EXPECT_EQ(Read(read_only.part, keys), read);
   }
 }
 
@@ -346,17 +372,18 @@ TEST(SparseSpill, FailedEvictionIsAStatusAndKeepsTheRow) {
   Filled f;
   const Rows before = Snapshot(f.t.part);
   f.spill.FailWrites(absl::ResourceExhaustedError("disk full"));
-  // A row that needs room cannot come in.
+  // A spilled row, which needs room, cannot come in; a key that is no row is read without.
   std::vector<float> out(kDim);
-  EXPECT_THAT(f.t.part.Read({5000}, absl::MakeSpan(out)),
+  EXPECT_THAT(f.t.part.Read({f.spilled[1]}, absl::MakeSpan(out)),
               StatusIs(absl::StatusCode::kResourceExhausted, "disk full"));
+  EXPECT_THAT(f.t.part.Read({5000}, absl::MakeSpan(out)), IsOk());
   EXPECT_THAT(f.t.part.Pin({f.spilled[0]}), StatusIs(absl::StatusCode::kResourceExhausted));
   // Rows in memory are still read and updated.
   EXPECT_THAT(f.t.part.Read({f.resident[0]}, absl::MakeSpan(out)), IsOk());
   EXPECT_GT(f.t.part.spill_stats().eviction_errors, 0u);
   f.spill.FailWrites(absl::OkStatus());
   EXPECT_TRUE(Snapshot(f.t.part) == before);
-  EXPECT_THAT(f.t.part.Read({5000}, absl::MakeSpan(out)), IsOk());
+  EXPECT_THAT(f.t.part.Read({f.spilled[1]}, absl::MakeSpan(out)), IsOk());
   EXPECT_LE(f.t.part.spill_stats().resident_rows, 256u);
 }
 

@@ -126,19 +126,25 @@ absl::Status WorkerTracker::CheckSequence(int32_t worker, uint64_t incarnation,
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
   }
-  // The highest sequence applied for this incarnation; 0 for one Lookup would (re)start.
-  uint64_t highest = 0;
   auto it = workers_.find(worker);
+  // With no record of this incarnation (Lookup (re)starts it), its first push may come with
+  // any sequence up to kMaxSequence: a server restarted without its state meets a worker that
+  // may have pushed more than the window since it started (before 2026-12-05 it was refused
+  // for good).
   if (it != workers_.end() && it->second.seen && incarnation == it->second.incarnation) {
     const Worker& w = it->second;
     if (sequence <= w.floor && GivenUp(w, sequence)) return GivenUpError(worker, w, sequence);
     if (sequence <= w.floor || w.above.contains(sequence)) return absl::OkStatus();  // duplicate
-    highest = w.above.empty() ? w.floor : *w.above.rbegin();
+    const uint64_t highest = w.above.empty() ? w.floor : *w.above.rbegin();
+    if (sequence > highest && sequence - highest > kSequenceWindow) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker, ": push sequence ", sequence, " is more than ", kSequenceWindow,
+          " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
+    }
   }
-  if (sequence > highest && sequence - highest > kSequenceWindow) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", worker, ": push sequence ", sequence, " is more than ", kSequenceWindow,
-        " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
+  if (sequence > kMaxSequence) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker, ": push sequence ", sequence, " is past 2^62"));
   }
   return absl::OkStatus();
 }

@@ -24,7 +24,8 @@
 //   checkpoint holding one is restored without it;
 // - a sequence may lead the highest one applied for its incarnation by at most
 //   kSequenceWindow (INVALID_ARGUMENT), so pushes with huge sequences cannot fill the
-//   applied set and push the floor past the real worker's next sequence;
+//   applied set and push the floor past the real worker's next sequence; the first push of
+//   an incarnation without a record here may start anywhere up to kMaxSequence (2^62);
 // - a pull may ask for a clock at most staleness + kPullClockLead ahead of the newest clock
 //   any worker has pushed here, or its own done_clock (INVALID_ARGUMENT at once, instead of a
 //   wait no push can end).
@@ -90,7 +91,11 @@ class WorkerTracker {
   // How far a push's sequence may lead the highest applied one of its incarnation. An honest
   // worker's pushes to one server skip the steps that had nothing for it, and a server
   // restored from an older checkpoint misses the pushes since: both stay far below this.
+  // The first push of an incarnation this server holds no record of (a new worker process,
+  // or a server restarted without its state, which a long-running worker may be tens of
+  // millions of pushes into) may carry any sequence up to kMaxSequence.
   static constexpr uint64_t kSequenceWindow = uint64_t{1} << 24;
+  static constexpr uint64_t kMaxSequence = uint64_t{1} << 62;
   // How far beyond (newest pushed clock + staleness) a pull's clock may be: a worker issues
   // the pull of its next step while the push of the current one is in flight.
   static constexpr int64_t kPullClockLead = 2;
@@ -120,12 +125,13 @@ class WorkerTracker {
   // caller must apply it (callers hold the shard's apply lock across Admit and the apply,
   // so a snapshot never sees one without the other). FAILED_PRECONDITION for an incarnation
   // older than the newest seen; INVALID_ARGUMENT for sequence 0, for a sequence beyond
-  // kSequenceWindow ahead, and for an incarnation too far ahead of the clock; OUT_OF_RANGE
-  // for a sequence given up (never applied, and now never will be).
-  // `applied`: the caller applied the push before admitting it (the one pass); otherwise the
-  // push counts as being applied until AdvanceClock(..., sequence) (WaitUntilApplied).
-  // A new incarnation's answers to the old one's parked pulls go into `released` when given
-  // (run when the caller lets go of it, after its own locks), else run before Admit returns.
+  // kSequenceWindow ahead of its incarnation's record or beyond kMaxSequence, and for an
+  // incarnation too far ahead of the clock; OUT_OF_RANGE for a sequence given up (never applied,
+  // and now never will be). `applied`: the caller applied the push before admitting it (the one
+  // pass); otherwise the push counts as being applied until AdvanceClock(..., sequence)
+  // (WaitUntilApplied). A new incarnation's answers to the old one's parked pulls go into
+  // `released` when given (run when the caller lets go of it, after its own locks), else run before
+  // Admit returns.
   absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence,
                                   bool applied = false, Released* released = nullptr);
   // Advances the worker's clock to at least `clock`, after its push `sequence` was applied

@@ -17,6 +17,7 @@ namespace {
 using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
 using Admission = WorkerTracker::Admission;
+using ::testing::HasSubstr;
 using worker_tracker_testing::FakeClock;
 using worker_tracker_testing::Options;
 
@@ -321,7 +322,7 @@ TEST(WorkerTracker, PushesOfAClockTakeTurnsInWorkerOrder) {
   EXPECT_THAT(t.WaitForTurn(2, 1, /*sequence=*/1, 1, absl::Now() + absl::Milliseconds(20)), IsOk());
 }
 
-// Deterministic BSP: a push refused before its turn (sequence 0, one far beyond the window)
+// Deterministic BSP: a push refused before its turn (sequence 0, one past 2^62)
 // changes nothing, not even the worker's incarnation (Lookup used to switch to the push's
 // newer incarnation first, and Admit refused it after the wait).
 TEST(WorkerTracker, APushRefusedBeforeItsTurnChangesNothing) {
@@ -329,8 +330,9 @@ TEST(WorkerTracker, APushRefusedBeforeItsTurnChangesNothing) {
   ASSERT_EQ(*t.Admit(0, 5, 1), Admission::kApply);
   EXPECT_THAT(t.WaitForTurn(0, 6, /*sequence=*/0, 1, absl::Now() + absl::Seconds(5)),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(t.WaitForTurn(0, 6, uint64_t{1} << 62, 1, absl::Now() + absl::Seconds(5)),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      t.WaitForTurn(0, 6, WorkerTracker::kMaxSequence + 1, 1, absl::Now() + absl::Seconds(5)),
+      StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(t.Get(0)->incarnation(), 5u);
   EXPECT_EQ(*t.Admit(0, 5, 2), Admission::kApply);
   // A given-up sequence is refused before it waits (it waited for worker 1 until its deadline
@@ -558,6 +560,30 @@ TEST(WorkerTracker, HugeSequencesCannotMakeTheNextRealPushADuplicate) {
   EXPECT_EQ(*t.Admit(0, 3, 2 + WorkerTracker::kSequenceWindow), Admission::kApply);
 }
 
+// Found 2026-12-05 by a review: a server restarted without its state (no checkpoint, or a
+// data dir lost with its pod) refused for good every push of a worker more than 2^24 pushes
+// into its run, so a long job failed once it had pushed that much to the restarted server.
+TEST(WorkerTracker, AServerWithNoRecordOfAWorkerTakesItFarIntoItsRun) {
+  WorkerTracker t(Options(1, std::nullopt));
+  constexpr uint64_t kFar = uint64_t{30} << 20;  // 31.5M pushes in
+  EXPECT_EQ(*t.Admit(0, 3, kFar), Admission::kApply);
+  // A push sent before it and still in flight, and the next ones, are each applied once.
+  EXPECT_EQ(*t.Admit(0, 3, kFar - 1), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 3, kFar + 1), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 3, kFar), Admission::kDuplicate);
+  EXPECT_EQ(*t.Admit(0, 3, kFar - 1), Admission::kDuplicate);
+  // From that record on, the window holds.
+  EXPECT_THAT(t.Admit(0, 3, kFar + 2 + WorkerTracker::kSequenceWindow).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead of the highest")));
+  // Nothing past 2^62, with a record or without.
+  WorkerTracker fresh(Options(1, std::nullopt));
+  EXPECT_THAT(fresh.Admit(0, 3, WorkerTracker::kMaxSequence + 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("past 2^62")));
+  EXPECT_EQ(*fresh.Admit(0, 3, WorkerTracker::kMaxSequence), Admission::kApply);
+  EXPECT_THAT(fresh.Admit(0, 3, WorkerTracker::kMaxSequence + 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("past 2^62")));
+}
+
 // Found by fuzz/pull_push_fuzzer (UBSan): newest + lead overflowed for a pushed clock near
 // INT64_MAX.
 TEST(WorkerTracker, PullClockCheckSurvivesTheLargestClocks) {
@@ -573,7 +599,7 @@ TEST(WorkerTracker, PullClockCheckSurvivesTheLargestClocks) {
 TEST(WorkerTracker, APushRefusedForItsSequenceChangesNothing) {
   WorkerTracker t(Options(1, std::nullopt));
   ASSERT_EQ(*t.Admit(0, 3, 1), Admission::kApply);
-  EXPECT_THAT(t.Admit(0, 4, uint64_t{1} << 62).status(),
+  EXPECT_THAT(t.Admit(0, 4, WorkerTracker::kMaxSequence + 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
   // Incarnation 3 is still the worker's: its next push applies, and 4 starts afresh later.
   EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kApply);

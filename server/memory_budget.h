@@ -26,8 +26,9 @@ class MemoryBudget {
   explicit MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
 
   uint64_t limit() const { return limit_; }
-  // Bytes charged now (may briefly exceed the limit by what concurrent callers add between
-  // their check and their charge: a few rows).
+  // Bytes charged now. May exceed the limit by what concurrent callers add between their
+  // CheckRoom and their charge: the new sparse rows of the pushes checked at once (each
+  // push's rows are checked whole, then charged as they are made), for good.
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
   // Charges (delta > 0) or releases (delta < 0) bytes actually allocated.
   void Add(int64_t delta) { used_.fetch_add(delta, std::memory_order_relaxed); }

@@ -1,9 +1,14 @@
-// Helpers shared by the files of ParameterServerService (service.cc, service_control.cc).
+// Helpers shared by the files of ParameterServerService (service.cc, service_control.cc,
+// service_push_pull.cc).
 // Internal.
 #ifndef PS_SERVER_RPC_SERVICE_INTERNAL_H_
 #define PS_SERVER_RPC_SERVICE_INTERNAL_H_
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "common/rpc/grpc_status.h"
 #include "grpcpp/support/server_callback.h"
 #include "proto/ps.pb.h"
@@ -22,6 +27,35 @@ inline RequestInfo InfoOf(const RequestHeader& h) {
   info.layout_fingerprint = h.layout_fingerprint();
   return info;
 }
+
+inline absl::Span<const uint64_t> KeysOf(const google::protobuf::RepeatedField<uint64_t>& keys) {
+  return absl::MakeConstSpan(keys.data(), keys.size());
+}
+
+// The shard's view of a pushed table, without its payloads.
+inline PushTable TableOf(const TableValues& t) {
+  PushTable view;
+  view.table = t.table();
+  view.encoding = t.encoding();
+  view.keys = KeysOf(t.keys());
+  return view;
+}
+
+// The shard's view of a pull's tables (no copies: spans into the message).
+inline std::vector<PullTable> PullViews(
+    const google::protobuf::RepeatedPtrField<TablePullRequest>& tables) {
+  std::vector<PullTable> views;
+  views.reserve(tables.size());
+  for (const TablePullRequest& t : tables) {
+    views.push_back(PullTable{t.table(), t.encoding(),
+                              absl::MakeConstSpan(t.block_ids().data(), t.block_ids().size()),
+                              KeysOf(t.keys())});
+  }
+  return views;
+}
+
+// The data methods' names in metrics labels and refusals, by ParameterServerService::Method.
+inline constexpr const char* kMethodNames[] = {"pull", "push"};
 
 // Finishes `reactor` with `status`.
 inline void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& status) {

@@ -20,6 +20,11 @@ absl::Status Full(bool own, absl::Status status) {
   return status;
 }
 
+absl::Status PastMax(int32_t worker, uint64_t sequence) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker ", worker, ": push sequence ", sequence, " is past 2^62"));
+}
+
 }  // namespace
 
 WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options, std::function<absl::Time()> now)
@@ -80,6 +85,7 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
     w.unknown_through = 0;
     w.applying.clear();  // the old process's: their attempts no longer end it
     w.seen = true;
+    w.window_open = true;
     w.finished = false;
     ReleaseReplaced(worker, released);
   }
@@ -127,14 +133,17 @@ absl::Status WorkerTracker::CheckSequence(int32_t worker, uint64_t incarnation,
         absl::StrCat("worker ", worker, ": push sequence numbers start at 1"));
   }
   auto it = workers_.find(worker);
-  // With no record of this incarnation (Lookup (re)starts it), its first push may come with
-  // any sequence up to kMaxSequence: a server restarted without its state meets a worker that
-  // may have pushed more than the window since it started (before 2026-12-05 it was refused
-  // for good).
+  // Until a push of this incarnation is applied here (no record yet, Lookup (re)starts it;
+  // or one made by its pulls, heartbeats or a push waiting for its turn; or one restored
+  // from a checkpoint), a push may come with any sequence up to kMaxSequence: a server
+  // restarted without its state, or restored from an older checkpoint, meets a worker that
+  // may have pushed more than the window since (before 2026-12-05 it was refused for good).
   if (it != workers_.end() && it->second.seen && incarnation == it->second.incarnation) {
     const Worker& w = it->second;
     if (sequence <= w.floor && GivenUp(w, sequence)) return GivenUpError(worker, w, sequence);
     if (sequence <= w.floor || w.above.contains(sequence)) return absl::OkStatus();  // duplicate
+    if (w.window_open)
+      return sequence > kMaxSequence ? PastMax(worker, sequence) : absl::OkStatus();
     const uint64_t highest = w.above.empty() ? w.floor : *w.above.rbegin();
     if (sequence > highest && sequence - highest > kSequenceWindow) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -142,10 +151,7 @@ absl::Status WorkerTracker::CheckSequence(int32_t worker, uint64_t incarnation,
           " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
     }
   }
-  if (sequence > kMaxSequence) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker, ": push sequence ", sequence, " is past 2^62"));
-  }
+  if (sequence > kMaxSequence) return PastMax(worker, sequence);
   return absl::OkStatus();
 }
 
@@ -163,6 +169,7 @@ absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, ui
   Worker& w = **found;
   if (sequence <= w.floor || w.above.contains(sequence)) return Admission::kDuplicate;
   w.above.insert(sequence);
+  w.window_open = false;
   // Sequences that never arrive (pushes lost with a server restored from an older
   // checkpoint) would keep the floor down and the set growing: past kMaxAbove entries the
   // oldest gap is given up on, and remembered as never applied (a worker does not retry a
@@ -683,6 +690,8 @@ void WorkerTracker::Restore(const std::vector<WorkerCheckpoint>& workers, absl::
     w.epoch = c.epoch();
     w.finished = c.finished();
     w.seen = true;
+    // The checkpoint may be older than the worker's pushes by more than the window.
+    w.window_open = true;
     w.last_seen = now;
   }
   restored_incarnation_.store(restored, std::memory_order_relaxed);

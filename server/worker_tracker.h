@@ -25,7 +25,8 @@
 // - a sequence may lead the highest one applied for its incarnation by at most
 //   kSequenceWindow (INVALID_ARGUMENT), so pushes with huge sequences cannot fill the
 //   applied set and push the floor past the real worker's next sequence; the first push of
-//   an incarnation without a record here may start anywhere up to kMaxSequence (2^62);
+//   an incarnation this server applies (new here, or restored) may start anywhere up to
+//   kMaxSequence (2^62);
 // - a pull may ask for a clock at most staleness + kPullClockLead ahead of the newest clock
 //   any worker has pushed here, or its own done_clock (INVALID_ARGUMENT at once, instead of a
 //   wait no push can end).
@@ -91,9 +92,10 @@ class WorkerTracker {
   // How far a push's sequence may lead the highest applied one of its incarnation. An honest
   // worker's pushes to one server skip the steps that had nothing for it, and a server
   // restored from an older checkpoint misses the pushes since: both stay far below this.
-  // The first push of an incarnation this server holds no record of (a new worker process,
-  // or a server restarted without its state, which a long-running worker may be tens of
-  // millions of pushes into) may carry any sequence up to kMaxSequence.
+  // The first push this server applies of an incarnation (a new worker process, a server
+  // restarted without its state, which a long-running worker may be tens of millions of
+  // pushes into, or one restored from an older checkpoint) may carry any sequence up to
+  // kMaxSequence, whatever the worker's pulls and heartbeats recorded before it.
   static constexpr uint64_t kSequenceWindow = uint64_t{1} << 24;
   static constexpr uint64_t kMaxSequence = uint64_t{1} << 62;
   // How far beyond (newest pushed clock + staleness) a pull's clock may be: a worker issues
@@ -293,6 +295,10 @@ class WorkerTracker {
     bool finished = false;
     bool seen = false;
     bool expiry_reported = false;
+    // No push of this incarnation applied since this server took up its record (a new
+    // incarnation, or one restored from a checkpoint): its next may carry any sequence up to
+    // kMaxSequence, the window holding from the first one applied.
+    bool window_open = false;
     absl::Time last_seen = absl::InfinitePast();
     // Deterministic BSP: the newest clock this worker has a push waiting for, and how many
     // of its pushes wait for their turn now.
@@ -330,8 +336,9 @@ class WorkerTracker {
   // (FAILED_PRECONDITION) into `out`.
   void ReleaseReplaced(int32_t worker, Released* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Admit refuses of a sequence, read before Lookup records anything: INVALID_ARGUMENT
-  // for sequence 0 and for a sequence beyond the window of the incarnation's highest applied
-  // one (0 for an incarnation Lookup would start); OUT_OF_RANGE for a given-up one.
+  // for sequence 0, for one past kMaxSequence and, once a push of the incarnation was applied
+  // here (Worker::window_open), for one beyond the window of the highest applied;
+  // OUT_OF_RANGE for a given-up one.
   absl::Status CheckSequence(int32_t worker, uint64_t incarnation, uint64_t sequence) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the worker's record, switching to a newer incarnation if this is one (the old

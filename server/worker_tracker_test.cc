@@ -584,6 +584,49 @@ TEST(WorkerTracker, AServerWithNoRecordOfAWorkerTakesItFarIntoItsRun) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("past 2^62")));
 }
 
+// Found 2026-12-05 by a review: the rule above held only while the server had no record at
+// all, but the worker's heartbeats and pulls, or its push waiting for its turn, make one
+// before its first push is applied, and a restore brings back one that may be more than the
+// window behind the worker. Each refused that push, and every later one, for good.
+constexpr uint64_t kFar = uint64_t{30} << 20;  // 31.5M pushes in
+constexpr uint64_t kPastWindow = kFar + 1 + WorkerTracker::kSequenceWindow;
+
+TEST(WorkerTracker, AHeartbeatOrPullBeforeTheFirstPushLeavesItFree) {
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_THAT(t.Touch(0, 3), IsOk());
+  ASSERT_OK_AND_ASSIGN(const Admission first, t.Admit(0, 3, kFar));
+  EXPECT_EQ(first, Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 3, kFar - 1), Admission::kApply);
+  EXPECT_EQ(*t.Admit(0, 3, kFar), Admission::kDuplicate);
+  EXPECT_THAT(t.Admit(0, 3, kPastWindow).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead of the highest")));
+}
+
+TEST(WorkerTracker, ADeterministicPushFarIntoTheRunWaitsForItsTurnAndIsApplied) {
+  WorkerTracker t(Options(1, 0));
+  ASSERT_THAT(t.WaitForTurn(0, 3, kFar, 1, absl::Now() + absl::Seconds(30)), IsOk());
+  ASSERT_OK_AND_ASSIGN(const Admission first, t.Admit(0, 3, kFar));
+  EXPECT_EQ(first, Admission::kApply);
+  EXPECT_THAT(t.WaitForTurn(0, 3, kPastWindow, 2, absl::Now() + absl::Seconds(30)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead of the highest")));
+}
+
+// Restored from a checkpoint taken 5 pushes in; the worker went on without this server.
+TEST(WorkerTracker, TheFirstPushAfterARestoreMayComeFarBeyondTheCheckpoint) {
+  WorkerTracker t(Options(1, std::nullopt));
+  for (uint64_t s = 1; s <= 5; ++s) ASSERT_EQ(*t.Admit(0, 3, s), Admission::kApply);
+  WorkerTracker restored(Options(1, std::nullopt));
+  restored.Restore(t.Save());
+  EXPECT_EQ(*restored.Admit(0, 3, 5), Admission::kDuplicate);
+  EXPECT_THAT(restored.Admit(0, 3, WorkerTracker::kMaxSequence + 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("past 2^62")));
+  ASSERT_OK_AND_ASSIGN(const Admission first, restored.Admit(0, 3, kFar));
+  EXPECT_EQ(first, Admission::kApply);
+  EXPECT_EQ(*restored.Admit(0, 3, 4), Admission::kDuplicate);
+  EXPECT_THAT(restored.Admit(0, 3, kPastWindow).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead of the highest")));
+}
+
 // Found by fuzz/pull_push_fuzzer (UBSan): newest + lead overflowed for a pushed clock near
 // INT64_MAX.
 TEST(WorkerTracker, PullClockCheckSurvivesTheLargestClocks) {

@@ -1,17 +1,17 @@
 // SparseTablePart: the striped row store (arena chunks, hash maps), row creation under the
 // memory budget, reads and updates.
-#include "server/table.h"
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "server/table.h"
 #include "server/table_internal.h"
 
 namespace ps::server {
@@ -216,8 +216,16 @@ absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> key
 }
 
 void SparseTablePart::InitParams(uint64_t key, float* params) const {
-  common::InitializeSparseRow(info_.config->initializer(), info_.name, key,
-                              absl::Span<float>(params, dim_));
+  if (reinterpret_cast<uintptr_t>(params) % alignof(float) == 0) {
+    common::InitializeSparseRow(info_.config->initializer(), info_.name, key,
+                                absl::Span<float>(params, dim_));
+    return;
+  }
+  // A pull's answer frame may put its rows at any byte offset (found by fuzz/rpc/frame_fuzzer
+  // under UBSan): computed aside, then copied.
+  absl::InlinedVector<float, 64> row(dim_);
+  common::InitializeSparseRow(info_.config->initializer(), info_.name, key, absl::MakeSpan(row));
+  std::memcpy(params, row.data(), dim_ * sizeof(float));
 }
 
 void SparseTablePart::InitRow(uint64_t key, float* row) const {

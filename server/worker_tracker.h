@@ -17,7 +17,9 @@
 // than the newest seen is refused (FAILED_PRECONDITION): that process is gone.
 //
 // Validated, not trusted. A peer could claim any incarnation, sequence or clock; the tracker
-// bounds each so that no request can lock a worker out or make its honest pushes duplicates:
+// bounds each so that no single request can lock a worker out or make its honest pushes
+// duplicates (a client that can act as the worker can still do it with many: only an
+// authenticated identity, mTLS, stops that):
 // - an incarnation is the worker's start time in ns since the Unix epoch, so a new one may
 //   lead the server's clock by at most max_incarnation_lead (clock skew); one further ahead
 //   is INVALID_ARGUMENT (2^64-1 would otherwise outrank every real restart for good), and a
@@ -126,8 +128,9 @@ class WorkerTracker {
   // applied at once, so that a concurrent retry of the same push gets kDuplicate; the
   // caller must apply it (callers hold the shard's apply lock across Admit and the apply,
   // so a snapshot never sees one without the other). FAILED_PRECONDITION for an incarnation
-  // older than the newest seen; INVALID_ARGUMENT for sequence 0, for a sequence beyond
-  // kSequenceWindow ahead of its incarnation's record or beyond kMaxSequence, and for an
+  // older than the newest seen; INVALID_ARGUMENT for sequence 0, for one beyond kMaxSequence,
+  // for one beyond kSequenceWindow ahead of the highest applied once a push of the incarnation
+  // was applied here (Worker::window_open), and for an
   // incarnation too far ahead of the clock; OUT_OF_RANGE for a sequence given up (never applied,
   // and now never will be). `applied`: the caller applied the push before admitting it (the one
   // pass); otherwise the push counts as being applied until AdvanceClock(..., sequence)

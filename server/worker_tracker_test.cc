@@ -623,6 +623,9 @@ TEST(WorkerTracker, TheFirstPushAfterARestoreMayComeFarBeyondTheCheckpoint) {
   ASSERT_OK_AND_ASSIGN(const Admission first, restored.Admit(0, 3, kFar));
   EXPECT_EQ(first, Admission::kApply);
   EXPECT_EQ(*restored.Admit(0, 3, 4), Admission::kDuplicate);
+  // A push sent after the checkpoint and before kFar, still in flight, is applied once.
+  EXPECT_EQ(*restored.Admit(0, 3, 6), Admission::kApply);
+  EXPECT_EQ(*restored.Admit(0, 3, 6), Admission::kDuplicate);
   EXPECT_THAT(restored.Admit(0, 3, kPastWindow).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead of the highest")));
 }

@@ -236,6 +236,8 @@ def table(rows):
     for r in rows:
         goal = ("%s %.2f" % (">=" if r["higher_is_better"] else "<=", r["goal"]))
         ratio = "%.2f" % r["ratio"] if r["ratio"] is not None else "-"
+        if r["ratio"] is not None and float(ratio) == r["goal"] and r["met"] != "met":
+            ratio = "%.4f" % r["ratio"]  # a miss that rounds to the goal reads as one
         lines.append("| %s | %s | %s | %s | %s |" % (r["target"], r["measured"], ratio, goal, r["met"]))
     return "\n".join(lines)
 

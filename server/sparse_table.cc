@@ -1,5 +1,7 @@
 // SparseTablePart: the striped row store (arena chunks, hash maps), row creation under the
 // memory budget, reads and updates.
+#include "server/table.h"
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -11,7 +13,6 @@
 #include "common/initializer.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "server/table.h"
 #include "server/table_internal.h"
 
 namespace ps::server {

@@ -20,11 +20,6 @@ absl::Status Full(bool own, absl::Status status) {
   return status;
 }
 
-absl::Status PastMax(int32_t worker, uint64_t sequence) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("worker ", worker, ": push sequence ", sequence, " is past 2^62"));
-}
-
 }  // namespace
 
 WorkerTracker::WorkerTracker(const WorkerTrackerOptions& options, std::function<absl::Time()> now)
@@ -142,16 +137,17 @@ absl::Status WorkerTracker::CheckSequence(int32_t worker, uint64_t incarnation,
     const Worker& w = it->second;
     if (sequence <= w.floor && GivenUp(w, sequence)) return GivenUpError(worker, w, sequence);
     if (sequence <= w.floor || w.above.contains(sequence)) return absl::OkStatus();  // duplicate
-    if (w.window_open)
-      return sequence > kMaxSequence ? PastMax(worker, sequence) : absl::OkStatus();
     const uint64_t highest = w.above.empty() ? w.floor : *w.above.rbegin();
-    if (sequence > highest && sequence - highest > kSequenceWindow) {
+    if (!w.window_open && sequence > highest && sequence - highest > kSequenceWindow) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker ", worker, ": push sequence ", sequence, " is more than ", kSequenceWindow,
           " ahead of the highest applied (", highest, "): sequences count pushes one by one"));
     }
   }
-  if (sequence > kMaxSequence) return PastMax(worker, sequence);
+  if (sequence > kMaxSequence) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker, ": push sequence ", sequence, " is past 2^62"));
+  }
   return absl::OkStatus();
 }
 

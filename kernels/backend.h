@@ -244,7 +244,8 @@ class Backend {
   // How many of x[0..n) are NaN or infinite (waits for the device). n >= 0.
   [[nodiscard]] virtual absl::StatusOr<int64_t> CountNonFinite(int64_t n, const float* x) = 0;
 
-  // kernels::ApplyOptimizer (optimizer.h) on n device floats: same rules and order.
+  // kernels::ApplyOptimizer (optimizer.h) on n device floats: same rules and order (the CUDA
+  // backend keeps subnormal values, which the CPU's flushes to 0).
   // INVALID_ARGUMENT for invalid params, step < 1, or slots.size() != NumSlots(p.kind).
   // `slots` is a host array of device pointers.
   [[nodiscard]] virtual absl::Status ApplyOptimizer(const OptimizerParams& p, int64_t step,

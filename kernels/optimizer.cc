@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "kernels/flush_denormals.h"
 #include "kernels/internal/optimizer_math.h"
 
 namespace ps::kernels {
@@ -292,6 +293,8 @@ PS_KERNELS_MULTIVERSION void DeltaLoop(float scale, int64_t n, float* __restrict
 
 void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> params,
                     FloatBytes grads, absl::Span<float* const> slots) {
+  // First, so that the constants are computed in the same mode on every caller's thread.
+  const ScopedFlushDenormals flush;
   DCHECK_GE(step, 1);
   CHECK_EQ(grads.n, static_cast<int64_t>(params.size()));
   CHECK_EQ(slots.size(), static_cast<size_t>(NumSlots(p.kind)));
@@ -307,6 +310,7 @@ void ApplyOptimizer(const OptimizerParams& p, int64_t step, absl::Span<float> pa
 
 size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<float> params,
                             FloatBytes grads, float* undo) {
+  const ScopedFlushDenormals flush;
   DCHECK_GE(step, 1);
   CHECK(p.kind == OptimizerKind::kSgd && p.clip_norm == 0);
   CHECK_EQ(grads.n, static_cast<int64_t>(params.size()));
@@ -315,6 +319,7 @@ size_t SgdCountingNonFinite(const OptimizerParams& p, int64_t step, absl::Span<f
 }
 
 void ApplyDelta(float scale, absl::Span<float> params, FloatBytes delta) {
+  const ScopedFlushDenormals flush;
   CHECK_EQ(delta.n, static_cast<int64_t>(params.size()));
   const auto* d = static_cast<const unsigned char*>(delta.data);
   if (delta.zero_nonfinite) {

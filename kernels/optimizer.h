@@ -1,5 +1,6 @@
 // Optimizer update rules on flat float spans: the CPU reference that the parameter server
-// applies to incoming gradients, and that the CUDA backend matches element for element.
+// applies to incoming gradients, and that the CUDA backend matches element for element (but
+// for subnormal values, below).
 //
 // A parameter span of n floats carries NumSlots(kind) slot spans of n floats each (optimizer
 // state: momentum, accumulators, moments). Callers own all memory; nothing here allocates.
@@ -18,6 +19,14 @@
 //   kFtrl     FTRL-Proximal (McMahan et al., KDD 2013), slots z and n:
 //             n' = n + g^2;  sigma = (sqrt(n') - sqrt(n)) / lr;  z += g - sigma * w;  n = n';
 //             w = |z| <= l1 ? 0 : -(z - sign(z) * l1) / ((ftrl_beta + sqrt(n)) / lr + l2)
+//
+// On x86 and AArch64, subnormal values (below FLT_MIN in magnitude) in the spans and the
+// parameters read as 0, and results that would be subnormal are written as 0, whatever the
+// calling thread's floating-point mode (flush_denormals.h: on x86 each such value costs a
+// microcode assist). The CUDA kernels keep subnormals (GPUs run them at full speed), so the
+// two backends may differ wherever one is involved: a subnormal divided by a small
+// denominator (Adagrad's or Adam's epsilon) moves a weight by far more than 1e-38 on the GPU
+// and not at all here, usually below the weight's own rounding.
 //
 // Thread-safety: the functions are pure apart from the spans they are handed; concurrent calls
 // on disjoint spans are safe.

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/flush_denormals.h"
 
 namespace ps::kernels {
 namespace {
@@ -379,6 +381,60 @@ TEST(OptimizerTest, ApplyDeltaAddsScaledDelta) {
   std::vector<float> w = {1.f, 2.f, 3.f};
   ApplyDelta(0.5f, absl::MakeSpan(w), {2.f, -4.f, 0.f});
   EXPECT_THAT(w, Pointwise(FloatNear(0.f), {2.f, 0.f, 3.f}));
+}
+
+// Subnormal inputs read as 0 and subnormal results are written as 0, and the caller's mode
+// is left as it was. Adam's first moment of a weight whose gradient is 0 decays by beta1 each
+// step through the subnormal range, where every vector operation took an x86 microcode assist.
+// Values are compared by their bits: in a thread that flushes, a subnormal compares equal to 0.
+TEST(OptimizerTest, SubnormalsAreFlushedToZeroWhateverTheCallersMode) {
+  if (!ScopedFlushDenormals::kSupported) GTEST_SKIP() << "no flush mode on this CPU";
+  auto bits = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    return b;
+  };
+  const float sub = std::numeric_limits<float>::denorm_min() * 1000;  // about 1.4e-42
+  const float min = std::numeric_limits<float>::min();                // smallest normal
+  ASSERT_EQ(std::fpclassify(sub), FP_SUBNORMAL);
+  for (const bool caller_flushes : {false, true}) {
+    SCOPED_TRACE(caller_flushes ? "the caller flushes" : "the caller keeps subnormals");
+    std::optional<ScopedFlushDenormals> caller;
+    if (caller_flushes) caller.emplace();
+    const bool mode_before = ScopedFlushDenormals::Active();
+
+    // Adam, gradient 0: m = 0.9 * m would stay subnormal; a normal m decaying below FLT_MIN
+    // would become subnormal. Both come out 0, and so does the update of their weights.
+    OptimizerParams adam = Params(OptimizerKind::kAdam, 0.001f);
+    Model m(adam, {1.f, 1.f, 1.f});
+    m.slots[0] = {sub, min, 0.5f};
+    m.slots[1] = {1e-6f, 1e-6f, 1e-6f};
+    m.Step({0.f, 0.f, 0.f});
+    EXPECT_EQ(bits(m.slots[0][0]), bits(0.f));
+    EXPECT_EQ(bits(m.slots[0][1]), bits(0.f));
+    EXPECT_EQ(m.slots[0][2], 0.45f);
+    EXPECT_EQ(bits(m.weights[0]), bits(1.f));
+    EXPECT_EQ(bits(m.weights[1]), bits(1.f));
+
+    // SGD (both ways) and a delta: a result below FLT_MIN is written as 0 (2 min - 1.5 min),
+    // a subnormal gradient reads as 0 and leaves its weight as it was (3 min - sub).
+    OptimizerParams sgd = Params(OptimizerKind::kSgd, 1.f);
+    const std::vector<float> w = {2 * min, 3 * min, 2 * min};
+    const std::vector<float> g = {1.5f * min, sub, 0.f};
+    std::vector<float> plain = w, counted = w, undo(3), delta = w;
+    ApplyOptimizer(sgd, 1, absl::MakeSpan(plain), g, {});
+    EXPECT_EQ(
+        SgdCountingNonFinite(sgd, 1, absl::MakeSpan(counted), FloatBytes{g.data(), 3}, undo.data()),
+        0u);
+    ApplyDelta(-1.f, absl::MakeSpan(delta), g);
+    for (const std::vector<float>* out : {&plain, &counted, &delta}) {
+      EXPECT_EQ(bits((*out)[0]), bits(0.f));
+      EXPECT_EQ(bits((*out)[1]), bits(3 * min));
+      EXPECT_EQ(bits((*out)[2]), bits(2 * min));
+    }
+    EXPECT_EQ(bits(undo[0]), bits(w[0]));  // the undo copy is the old value, bit for bit
+    EXPECT_EQ(ScopedFlushDenormals::Active(), mode_before);
+  }
 }
 
 TEST(OptimizerTest, ValidateAcceptsDefaults) {

@@ -13,6 +13,7 @@
 #include "common/initializer.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "kernels/flush_denormals.h"
 #include "server/table_internal.h"
 
 namespace ps::server {
@@ -416,6 +417,8 @@ void SparseTablePart::ApplyStripe(int stripe, absl::Span<const uint64_t> keys,
   const absl::Status found =
       FindSlots(s, keys, &groups.order[b], n, SlotUse::kUpdate, slots->data() + b);
   CHECK(found.ok()) << found;
+  // Once for the stripe's rows, not per row by each ApplyTo.
+  const kernels::ScopedFlushDenormals flush;
   for (uint32_t j = b; j < b + n; ++j) {
     const uint32_t slot = (*slots)[j];
     const uint64_t key = keys[groups.order[j]];

@@ -30,7 +30,7 @@ if ((${#targets[@]} == 0)); then
   targets=(//common/... //server/... //worker/... //tests:server_e2e_test //tests:consistency_test
            //tests:data_threads_test //tests:data_path_test //tests:overlapped_steps_test
            //kernels:cpu_backend_test
-           //kernels:backend_test //kernels:optimizer_test)
+           //kernels:backend_test //kernels:optimizer_test //kernels:flush_denormals_test)
   # Not under TSan: checkpoint_store_test checks RocksDB's own concurrency (readers during
   # retention and writes), which synchronizes inside the uninstrumented librocksdb; TSan then
   # reports, now and then, our CRC check reading a value that RocksDB's memtable handed out

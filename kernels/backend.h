@@ -119,7 +119,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual DeviceKind kind() const = 0;
-  // Human-readable description, e.g. "cpu (OpenBLAS, 2 threads)" or "cuda:0 (NVIDIA H200)".
+  // Human-readable description, e.g. "cpu (OpenBLAS SkylakeX kernels, 2 threads)" or "cuda:0
+  // (NVIDIA H200)".
   virtual std::string Description() const = 0;
 
   // ---- Memory --------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "common/nonfinite.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "kernels/blas_core.h"
 #include "kernels/internal/backend_checks.h"
 #include "kernels/internal/backend_factories.h"
 #include "kernels/optimizer.h"
@@ -81,7 +82,8 @@ class CpuBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCpu; }
 
   std::string Description() const override {
-    return absl::StrCat("cpu (OpenBLAS, ", openblas_get_num_threads(), " threads)");
+    return absl::StrCat("cpu (OpenBLAS ", BlasCoreName(), " kernels, ", openblas_get_num_threads(),
+                        " threads)");
   }
 
   absl::Status CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override {

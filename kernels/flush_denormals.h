@@ -6,10 +6,9 @@
 // with a subnormal input or output. Optimizer state drifts there by itself: a weight whose
 // gradient is 0 for a while (an input pixel that is black in every image of the batch) has
 // Adam's first moment multiplied by beta1 = 0.9 at every step, through the whole subnormal
-// range on its way to 0. Fashion-MNIST's MLP under Adam took 4x longer per push on the server
-// after ten epochs than in the first (docs/lab/2026-12-05-subnormals.md); an apply of 200k
-// Adam values with a tenth of them subnormal ran 7x slower than with none. TensorFlow flushes
-// them in its CPU kernels for the same reason.
+// range on its way to 0. A long Adam run's pushes got several times slower on the servers
+// (docs/lab/2026-12-05-subnormals.md). TensorFlow flushes them in its CPU kernels for the same
+// reason.
 //
 // The optimizer kernels (optimizer.h) take one of these on entry, so their results do not
 // depend on the caller's mode. A caller that runs many small updates in a row (a sparse push's

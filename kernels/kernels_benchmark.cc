@@ -32,6 +32,7 @@
 #include "absl/strings/strip.h"
 #include "glog/logging.h"
 #include "kernels/backend.h"
+#include "kernels/blas_core.h"
 #include "kernels/internal/direct_cublas.h"
 #include "kernels/optimizer.h"
 
@@ -211,6 +212,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG(INFO) << "Backend: " << (*backend)->Description();
+  if (const std::string core = BlasCoreToForce(); !core.empty()) {
+    LOG(WARNING) << "OpenBLAS runs its " << BlasCoreName()
+                 << " kernels, which use no AVX, on a CPU that has it: run with "
+                    "OPENBLAS_CORETYPE="
+                 << core << " for the GEMM figures of this CPU (ps_worker does so itself)";
+  }
   // OpenBLAS starts its thread pool on the first call; keep that out of the first benchmark.
   {
     GemmShape warm{"warmup", false, false, 256, 256, 256};

@@ -16,6 +16,7 @@
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,8 +28,10 @@
 #include "common/config/config.h"
 #include "common/startup/flag_check.h"
 #include "common/startup/main_flags.h"
+#include "common/startup/restart.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "kernels/blas_core.h"
 #include "server/in_process_store.h"
 #include "worker/rpc/grpc_store.h"
 #include "worker/training_job.h"
@@ -171,6 +174,22 @@ absl::Status Run() {
 }  // namespace ps::worker
 
 int main(int argc, char** argv) {
+  // First, before flags and threads: OpenBLAS chose its kernels when it loaded, and a CPU it
+  // does not know may have got a set without AVX (kernels/blas_core.h). A variable already set
+  // is the user's choice, or this restart's.
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    if (const std::string core = ps::kernels::BlasCoreToForce(); !core.empty()) {
+      const std::string chosen = ps::kernels::BlasCoreName();
+      std::fprintf(stderr,
+                   "ps_worker: OpenBLAS chose its %s kernels, which use no AVX, on a CPU that "
+                   "has it; starting again with OPENBLAS_CORETYPE=%s\n",
+                   chosen.c_str(), core.c_str());
+      const absl::Status failed =
+          ps::common::RestartWithEnvironment(argv, "OPENBLAS_CORETYPE", core);
+      std::fprintf(stderr, "ps_worker: not started again (%s); going on with the %s kernels\n",
+                   failed.ToString().c_str(), chosen.c_str());
+    }
+  }
   return ps::common::RunMain(argc, argv, "ps_worker",
                              "Trains a model. Distributed: ps_worker --config=job.textproto "
                              "--worker_index=0 --servers=h0:p0,h1:p1. Centralized: ps_worker "

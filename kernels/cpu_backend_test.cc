@@ -22,6 +22,7 @@
 namespace ps::kernels {
 namespace {
 
+using ::testing::FloatEq;
 using ::testing::FloatNear;
 using ::testing::Pointwise;
 
@@ -323,6 +324,22 @@ TEST(CpuBackendTest, ActivationWorksInPlace) {
   std::vector<float> x = {-1.f, 2.f};
   ASSERT_TRUE(Cpu()->ActivationForward(Activation::kRelu, 2, x.data(), x.data()).ok());
   EXPECT_THAT(x, Pointwise(FloatNear(0), {0.f, 2.f}));
+}
+
+// The backward pass as the dense stack runs it: dx is dy (vector body and tail).
+TEST(CpuBackendTest, ActivationBackwardWorksInPlace) {
+  for (Activation act : {Activation::kRelu, Activation::kTanh, Activation::kSigmoid}) {
+    const std::vector<float> y = Random(1003, 21, -1.f, 1.f);
+    const std::vector<float> dy = Random(y.size(), 22);
+    std::vector<float> apart(y.size()), in_place = dy;
+    ASSERT_TRUE(Cpu()->ActivationBackward(act, y.size(), y.data(), dy.data(), apart.data()).ok());
+    ASSERT_TRUE(
+        Cpu()->ActivationBackward(act, y.size(), y.data(), in_place.data(), in_place.data()).ok());
+    EXPECT_THAT(in_place, Pointwise(FloatEq(), apart));
+    if (act == Activation::kRelu) {
+      for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(apart[i], y[i] > 0 ? dy[i] : 0.f) << i;
+    }
+  }
 }
 
 // ---- Losses ---------------------------------------------------------------------------------

@@ -636,6 +636,26 @@ class ErrorsTest(unittest.TestCase):
         self.assertEqual(str(ps.errors.from_status(3, "bad")), "INVALID_ARGUMENT: bad")
 
 
+class BlasCoreTest(unittest.TestCase):
+    AVX512 = ["sse2", "avx", "avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
+
+    def test_a_set_without_avx_on_a_cpu_with_it_gets_the_best_set_the_cpu_runs(self):
+        self.assertEqual(ps.cluster.better_blas_core("Prescott", self.AVX512), "SkylakeX")
+        self.assertEqual(ps.cluster.better_blas_core("Prescott", ["avx", "avx2", "fma"]), "Haswell")
+        self.assertEqual(ps.cluster.better_blas_core("NEHALEM", ["avx"]), "Sandybridge")
+        self.assertEqual(ps.cluster.better_blas_core("Barcelona", ["avx", "avx2", "fma"]), "Haswell")
+
+    def test_an_avx_set_or_a_cpu_without_avx_is_left_alone(self):
+        for chosen in ("Haswell", "SkylakeX", "Cooperlake", "Zen", "", None):
+            self.assertIsNone(ps.cluster.better_blas_core(chosen, self.AVX512), chosen)
+        self.assertIsNone(ps.cluster.better_blas_core("Prescott", ["sse2", "sse3"]))
+        self.assertIsNone(ps.cluster.better_blas_core("Prescott", ["avx2"]))  # no FMA, no AVX
+
+    def test_a_variable_set_already_is_the_users_choice(self):
+        self.assertEqual(ps.cluster.blas_core_environment({"OPENBLAS_CORETYPE": "Prescott"}), {})
+        self.assertEqual(ps.cluster.blas_core_environment({"OPENBLAS_CORETYPE": ""}), {})
+
+
 class DataTest(unittest.TestCase):
     def test_synthetic_ctr_data_and_auc_match_the_generators(self):
         cfg = ('name: "d"\ndata { format: SYNTHETIC_CTR synthetic { num_train: 300 num_test: 200 num_fields: 3 '

@@ -7,6 +7,9 @@
     # runs ps_worker processes (each worker gets --worker_index=i --servers=h:p,...).
     ps.cluster.run_job("job.textproto", [sys.executable, "train.py"], num_workers=2)
 
+run_job starts the workers with OPENBLAS_CORETYPE set where NumPy's and PyTorch's OpenBLAS
+would run kernels without AVX on this CPU (blas_core_environment).
+
 Servers are started as tools/launch_local.py starts them (--port=0 with a port file, a data
 dir each, plaintext as the config says) and stopped with SIGTERM (a final checkpoint); no
 process is left behind when the caller exits or is killed (PR_SET_PDEATHSIG).
@@ -40,6 +43,61 @@ def find_binary(rel):
             return c
     raise FileNotFoundError("%s not found (looked in %s); build it: bazel build //%s:%s" % (
         rel, ", ".join(candidates), os.path.dirname(rel), os.path.basename(rel)))
+
+
+# OpenBLAS's x86 kernel sets whose kernels use no AVX (its choice for CPUs it does not know:
+# Debian 12's OpenBLAS gives Intel's model 207 the Prescott set). The rule is ps_worker's
+# (kernels/blas_core.h), for the NumPy and PyTorch workers this module starts.
+_BLAS_SETS_WITHOUT_AVX = {"katmai", "coppermine", "northwood", "prescott", "banias", "atom",
+                          "core2", "penryn", "dunnington", "nehalem", "opteron", "opteron_sse3",
+                          "barcelona", "nano"}
+
+
+def better_blas_core(chosen, cpu_flags):
+    """The OpenBLAS kernel set to name in OPENBLAS_CORETYPE when OpenBLAS chose `chosen` on a
+    CPU with `cpu_flags` (/proc/cpuinfo's names): SkylakeX with AVX-512, Haswell with AVX2 and
+    FMA, Sandybridge with AVX, when the chosen set uses no AVX; else None."""
+    if (chosen or "").lower() not in _BLAS_SETS_WITHOUT_AVX:
+        return None
+    flags = set(cpu_flags)
+    if {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    if "avx" in flags:
+        return "Sandybridge"
+    return None
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
+def blas_core_environment(environ=None):
+    """{"OPENBLAS_CORETYPE": set} for worker processes whose NumPy or PyTorch would run OpenBLAS
+    kernels without AVX on this CPU (a model OpenBLAS does not know: 2-4x slower matrix
+    products), or {} (the variable set already, another BLAS, or nothing better)."""
+    environ = os.environ if environ is None else environ
+    if "OPENBLAS_CORETYPE" in environ:
+        return {}
+    try:
+        blas = ctypes.CDLL("libopenblas.so.0")
+        blas.openblas_get_corename.restype = ctypes.c_char_p
+        blas.openblas_get_config.restype = ctypes.c_char_p
+        if b"DYNAMIC_ARCH" not in (blas.openblas_get_config() or b""):
+            return {}
+        chosen = (blas.openblas_get_corename() or b"").decode()
+    except (OSError, AttributeError):
+        return {}
+    better = better_blas_core(chosen, _cpu_flags())
+    return {"OPENBLAS_CORETYPE": better} if better else {}
 
 
 def _die_with_parent():
@@ -151,10 +209,17 @@ def run_job(config, worker_argv, num_workers=None, num_servers=None, overrides=(
     with LocalServers(config, num_servers=num_servers, overrides=overrides) as servers:
         sys.stdout.write("[job] servers at %s\n" % ",".join(servers.addresses))
         sys.stdout.flush()
+        env = dict(os.environ)
+        blas = blas_core_environment(env)
+        if blas:
+            sys.stdout.write("[job] OpenBLAS would run kernels without AVX on this CPU; the workers "
+                             "start with OPENBLAS_CORETYPE=%s\n" % blas["OPENBLAS_CORETYPE"])
+            env.update(blas)
+        sys.stdout.flush()
         workers = []
         for i in range(num_workers):
             argv = list(worker_argv) + ["--worker_index=%d" % i, "--servers=" + ",".join(servers.addresses)]
-            workers.append(subprocess.Popen(argv, preexec_fn=_die_with_parent))
+            workers.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
         deadline = None if timeout is None else time.time() + timeout
         codes = []
         try:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import unittest
+from unittest import mock
 
 import numpy as np
 
@@ -651,9 +652,42 @@ class BlasCoreTest(unittest.TestCase):
         self.assertIsNone(ps.cluster.better_blas_core("Prescott", ["sse2", "sse3"]))
         self.assertIsNone(ps.cluster.better_blas_core("Prescott", ["avx2"]))  # no FMA, no AVX
 
-    def test_a_variable_set_already_is_the_users_choice(self):
-        self.assertEqual(ps.cluster.blas_core_environment({"OPENBLAS_CORETYPE": "Prescott"}), {})
-        self.assertEqual(ps.cluster.blas_core_environment({"OPENBLAS_CORETYPE": ""}), {})
+    def test_partial_avx512_or_avx2_without_fma_gets_less(self):
+        knights_landing = ["avx", "avx2", "fma", "avx512f", "avx512cd", "avx512er", "avx512pf"]
+        self.assertEqual(ps.cluster.better_blas_core("Prescott", knights_landing), "Haswell")
+        self.assertEqual(ps.cluster.better_blas_core("Prescott", ["avx", "avx2"]), "Sandybridge")
+
+    class FakeOpenBlas:
+        def __init__(self, config, core):
+            self.openblas_get_config = lambda: config
+            self.openblas_get_corename = lambda: core
+
+    def environment(self, library, flags=None, environ=None):
+        def cdll(name):
+            if isinstance(library, Exception):
+                raise library
+            return library
+        with mock.patch("ps.cluster.ctypes.CDLL", side_effect=cdll), \
+                mock.patch("ps.cluster._cpu_flags", return_value=flags or self.AVX512):
+            return ps.cluster.blas_core_environment({} if environ is None else environ)
+
+    def test_the_environment_names_the_better_set_of_a_dynamic_openblas(self):
+        dynamic = b"OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Prescott MAX_THREADS=64"
+        self.assertEqual(self.environment(self.FakeOpenBlas(dynamic, b"Prescott")),
+                         {"OPENBLAS_CORETYPE": "SkylakeX"})
+        self.assertEqual(self.environment(self.FakeOpenBlas(dynamic, b"Prescott"), ["avx"]),
+                         {"OPENBLAS_CORETYPE": "Sandybridge"})
+        self.assertEqual(self.environment(self.FakeOpenBlas(dynamic, b"SkylakeX")), {})
+        # A build for one CPU ignores the variable; no OpenBLAS at all; the user's own choice.
+        self.assertEqual(self.environment(self.FakeOpenBlas(b"OpenBLAS 0.3.21 Prescott", b"Prescott")), {})
+        self.assertEqual(self.environment(OSError("no libopenblas.so.0")), {})
+        self.assertEqual(self.environment(self.FakeOpenBlas(dynamic, b"Prescott"),
+                                          environ={"OPENBLAS_CORETYPE": ""}), {})
+
+    def test_cpu_flags_come_from_the_flags_line(self):
+        cpuinfo = "processor\t: 0\nvmx flags\t: ept vpid\nflags\t\t: fpu avx avx2 fma\n"
+        with mock.patch("builtins.open", mock.mock_open(read_data=cpuinfo)):
+            self.assertEqual(ps.cluster._cpu_flags(), ["fpu", "avx", "avx2", "fma"])
 
 
 class DataTest(unittest.TestCase):

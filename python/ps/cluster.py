@@ -93,7 +93,7 @@ def blas_core_environment(environ=None):
         blas.openblas_get_config.restype = ctypes.c_char_p
         if b"DYNAMIC_ARCH" not in (blas.openblas_get_config() or b""):
             return {}
-        chosen = (blas.openblas_get_corename() or b"").decode()
+        chosen = (blas.openblas_get_corename() or b"").decode("ascii", "replace")
     except (OSError, AttributeError):
         return {}
     better = better_blas_core(chosen, _cpu_flags())

@@ -60,6 +60,23 @@ TEST(CountNonFinite, FindsAValueAtEveryPositionOfTheVectorGroupsAndTheTail) {
   }
 }
 
+TEST(CountNonFinite, FindsAValueWhereTheVectorLoopPrefetchesAndWhereItNoLongerDoes) {
+  // The AVX2 loop asks for the lines 1024 values ahead until that would pass the end: lengths
+  // around that point, a value anywhere in them, each counted once.
+  std::vector<float> values(1200, 0.5f);
+  for (size_t n = 1024; n < values.size(); n += 13) {
+    for (size_t at = 0; at < n; ++at) {
+      values[at] = kInf;
+      values[n - 1 - at] = std::numeric_limits<float>::quiet_NaN();
+      const size_t want = at == n - 1 - at ? 1 : 2;
+      ASSERT_EQ(CountNonFinite(absl::MakeConstSpan(values).first(n)), want)
+          << "n " << n << " at " << at;
+      values[at] = 0.5f;
+      values[n - 1 - at] = 0.5f;
+    }
+  }
+}
+
 TEST(CountNonFinite, ReadsValuesAtAnyByteOffset) {
   // Payloads are checked where gRPC's receive buffers hold them, at any byte offset.
   std::vector<float> values(100, 0.5f);

@@ -23,7 +23,8 @@ constexpr uint32_t kFloatInf = 0x7f800000u;
 // chunk of at most 2^20 values is summed before a lane (a 32-bit counter) could overflow.
 constexpr size_t kCountChunk = size_t{1} << 20;
 
-// The AVX2 loop asks for the two cache lines 4 KB ahead of the ones it reads. A pushed
+// The AVX2 loop asks for the two cache lines 4 KB ahead of the ones it reads, while they lie
+// inside the payload. A pushed
 // gradient usually lies in lines that another core has just written (the worker's, through a
 // shared-memory segment, or the gRPC thread's), and the hardware prefetchers stop at each 4 KB
 // page; the loop alone then waits on one transfer after another. On the 2-vCPU development VM
@@ -72,8 +73,9 @@ __attribute__((target("avx2"))) uint64_t CountNonFiniteAvx2(const unsigned char*
       _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), mask), mask)
   uint64_t count = 0;
   size_t i = 0;
-  // From this value of i on, the lines kPrefetchAheadFloats ahead lie past the end.
-  const size_t prefetch_until = n > kPrefetchAheadFloats ? n - kPrefetchAheadFloats : 0;
+  // Below this value of i, both lines asked for (32 values from kPrefetchAheadFloats ahead)
+  // lie inside the payload; from it on, the loop asks for none.
+  const size_t prefetch_until = n > kPrefetchAheadFloats + 32 ? n - kPrefetchAheadFloats - 32 : 0;
   while (n - i >= 32) {
     const size_t end = i + std::min((n - i) & ~size_t{31}, kCountChunk);
     __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;

@@ -62,17 +62,20 @@ TEST(CountNonFinite, FindsAValueAtEveryPositionOfTheVectorGroupsAndTheTail) {
 
 TEST(CountNonFinite, FindsAValueWhereTheVectorLoopPrefetchesAndWhereItNoLongerDoes) {
   // The AVX2 loop asks for the lines 1024 values ahead until that would pass the end: lengths
-  // around that point, a value anywhere in them, each counted once.
-  std::vector<float> values(1200, 0.5f);
-  for (size_t n = 1024; n < values.size(); n += 13) {
-    for (size_t at = 0; at < n; ++at) {
-      values[at] = kInf;
-      values[n - 1 - at] = std::numeric_limits<float>::quiet_NaN();
-      const size_t want = at == n - 1 - at ? 1 : 2;
-      ASSERT_EQ(CountNonFinite(absl::MakeConstSpan(values).first(n)), want)
-          << "n " << n << " at " << at;
-      values[at] = 0.5f;
-      values[n - 1 - at] = 0.5f;
+  // around that point, at any misalignment of the start, a value anywhere in them, each
+  // counted once.
+  std::vector<float> values(1250, 0.5f);
+  for (size_t start = 0; start < 4; ++start) {
+    for (size_t n = 1024; n + start <= 1210; n += 13) {
+      const auto span = absl::MakeConstSpan(values).subspan(start, n);
+      for (size_t at = 0; at < n; ++at) {
+        values[start + at] = kInf;
+        values[start + n - 1 - at] = std::numeric_limits<float>::quiet_NaN();
+        const size_t want = at == n - 1 - at ? 1 : 2;
+        ASSERT_EQ(CountNonFinite(span), want) << "start " << start << " n " << n << " at " << at;
+        values[start + at] = 0.5f;
+        values[start + n - 1 - at] = 0.5f;
+      }
     }
   }
 }

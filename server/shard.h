@@ -250,10 +250,11 @@ struct SparseTableStats {
 // for non-finite values by its update itself: one read of its bytes instead of two, with the
 // old values kept aside (a per-thread buffer of at most this size) to undo it if one is not
 // finite (Shard::ApplyOnePass). The one pass touches three arrays of the push's size (the
-// gradient, the parameters, the old values) where the check and then the update touch two,
-// and it pays while the three fit in a core's L2 cache: on the 2-vCPU development VM (2 MB
-// of L2 per core) 1 MB SGD pushes ran 6-12% faster in two passes, 512 KB ones 3% slower
-// (docs/lab/2026-12-05-prefetch-check.md).
+// gradient, the parameters, the old values) where the check and then the update touch two.
+// Which way is faster depends on the host: on the 2-vCPU VM of 2026-12-03 the one pass won at
+// 1 MB; on that of docs/lab/2026-12-05-prefetch-check.md (2 MB of L2 per core), the server
+// spent 46-51 us on a 512 KB push in the one pass against 52-55 us in two, and 124 us on a
+// 1 MB push against 105 us in two. The limit is this last host's.
 inline constexpr size_t kOnePassMaxValues = size_t{1} << 17;
 // A dense float32 payload is checked and applied where it lies when it comes in at most
 // kFreePieces + bytes / kMinPieceBytes pieces (gRPC receive slices); more, smaller pieces (a

@@ -782,5 +782,16 @@ TEST(Shard, OnlySmallSgdPushesTakeTheOnePass) {
   EXPECT_EQ(sgd->one_pass_pushes(), 0u);
 }
 
+TEST(Shard, AnSgdPushOfKOnePassMaxValuesTakesTheOnePassAndOneMoreDoesNot) {
+  for (size_t values : {kOnePassMaxValues, kOnePassMaxValues + 1}) {
+    SCOPED_TRACE(absl::StrCat(values, " values"));
+    auto sgd = MakeSgdShard(static_cast<int>(values));
+    const std::vector<float> g = Gradient(static_cast<int>(values), 1.f);
+    const PushTable table = WholeTable(*sgd, g);
+    ASSERT_THAT(sgd->Push(FirstWorkerPush(*sgd, &table, 1)).status(), IsOk());
+    EXPECT_EQ(sgd->one_pass_pushes(), values <= kOnePassMaxValues ? 1u : 0u);
+  }
+}
+
 }  // namespace
 }  // namespace ps::server

@@ -207,6 +207,9 @@ TEST(ShardRangedApply, RunsBesideOnePassPushesAndPullsOfTheSameBlocks) {
   ASSERT_THAT(created.status(), IsOk());
   Shard& shard = **created;
   constexpr int kPushes = 40;
+  // "w" is the whole of TwoTableConfig's 131072 values: a push of it alone is at most
+  // kOnePassMaxValues, so it takes the one pass.
+  static_assert(131072 <= kOnePassMaxValues);
   const std::vector<float> ones(131072, 1.0f), b_ones(100, 1.0f);
   auto pusher = [&](int worker, bool with_b) {
     for (int i = 0; i < kPushes; ++i) {

@@ -1,9 +1,9 @@
 // Failures during training: 2 ps_server + 2 ps_worker processes train the Fashion-MNIST MLP
-// (3 epochs, async, a checkpoint every second). In the disturbed run server 0 is SIGKILLed
+// (30 epochs, async, a checkpoint every second). In the disturbed run server 0 is SIGKILLed
 // twice and worker 1 once; each is restarted (the server on the same port and data dir, the
 // worker with a new incarnation). Nobody restarts the other processes: the workers retry, the
 // restarted worker resumes its data shard, and the job must finish on its own with a test
-// accuracy within 0.01 of an undisturbed run of the same config.
+// accuracy no more than 0.015 below an undisturbed run of the same config.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -31,11 +31,12 @@ using ::ps::common::IsOk;
 using ::ps::testing::Subprocess;
 
 constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
-// Ten epochs: the kills below need about 8 s of training after both workers have started,
-// and on a quiet 2-core machine 4 epochs of the 2 + 2 job took 6.5 s (worker 1 had finished,
-// and the servers with it, before the test killed it).
+// Thirty epochs: the kills below need about 8 s of training after both workers have started.
+// On a quiet 2-core machine 4 epochs of the 2 + 2 job once took 6.5 s (worker 1 had finished,
+// and the servers with it, before the test killed it); with OpenBLAS's AVX-512 kernels
+// (2026-12-05) 10 epochs took about 6.5 s. Each kill checks that the job still runs.
 constexpr char kOverrides[] =
-    "--set=training.epochs=10,checkpoint.interval_s=1,training.progress_interval_s=1";
+    "--set=training.epochs=30,checkpoint.interval_s=1,training.progress_interval_s=1";
 
 class Job {
  public:
@@ -74,13 +75,28 @@ class Job {
     for (int j = 0; j < 2; ++j) StartWorker(j);
   }
 
+  // Both workers still train: a kill after the job ended would test nothing (a worker's last
+  // progress line, printed as it finishes, counts in WaitForMoreSteps).
+  void ExpectTraining() {
+    for (size_t j = 0; j < workers_.size(); ++j) {
+      ASSERT_TRUE(workers_[j]->running()) << "worker " << j << " ended before the kill";
+    }
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      ASSERT_TRUE(servers_[i]->running()) << "server " << i << " ended before the kill";
+    }
+  }
+
   void KillServer(int i) {
+    ExpectTraining();
+    if (::testing::Test::HasFatalFailure()) return;
     servers_[i]->Signal(SIGKILL);
     ASSERT_THAT(servers_[i]->Wait(absl::Seconds(10)).status(), IsOk());
     StartServer(i, ports_[i]);  // same port: the workers keep their addresses
   }
 
   void KillWorker(int j) {
+    ExpectTraining();
+    if (::testing::Test::HasFatalFailure()) return;
     workers_[j]->Signal(SIGKILL);
     ASSERT_THAT(workers_[j]->Wait(absl::Seconds(10)).status(), IsOk());
     StartWorker(j);
@@ -107,11 +123,18 @@ class Job {
   // Waits until the log of `name` holds `more` progress lines (one a second while a worker
   // trains: "worker J  epoch E/N  step S ...") beyond those it holds now, so that kills land
   // while the job trains, however long the processes took to start and load their data.
-  void WaitForMoreSteps(const std::string& name, int more) const {
+  // A worker that has exited prints no more: that ends the wait at once (the kill that
+  // follows then fails in ExpectTraining).
+  void WaitForMoreSteps(int worker, int more) {
+    const std::string name = absl::StrCat("worker", worker);
     const int start = ProgressLines(name);
     const absl::Time deadline = absl::Now() + absl::Minutes(3);
     while (absl::Now() < deadline) {
       if (ProgressLines(name) >= start + more) return;
+      if (!workers_[worker]->running()) {
+        ADD_FAILURE() << name << " exited before " << more << " more progress lines";
+        return;
+      }
       absl::SleepFor(absl::Milliseconds(100));
     }
     ADD_FAILURE() << name << " printed fewer than " << more << " progress lines in 3 minutes";
@@ -156,13 +179,13 @@ TEST(FaultE2e, JobSurvivesKilledServersAndWorker) {
   job.Start();
   // Each kill waits for training progress (printed every second, as are checkpoints and the
   // workers' positions), not for a fixed time since the start.
-  job.WaitForMoreSteps("worker0", 2);
-  job.WaitForMoreSteps("worker1", 2);
-  job.KillServer(0);
-  job.WaitForMoreSteps("worker1", 2);
-  job.KillWorker(1);
-  job.WaitForMoreSteps("worker1", 1);  // the restarted worker trains again
-  job.KillServer(0);
+  job.WaitForMoreSteps(0, 2);
+  job.WaitForMoreSteps(1, 2);
+  ASSERT_NO_FATAL_FAILURE(job.KillServer(0));
+  job.WaitForMoreSteps(1, 2);
+  ASSERT_NO_FATAL_FAILURE(job.KillWorker(1));
+  job.WaitForMoreSteps(1, 1);  // the restarted worker trains again
+  ASSERT_NO_FATAL_FAILURE(job.KillServer(0));
   const double disturbed = job.Finish();
 
   const std::string server_log = job.Log("server0");

@@ -42,11 +42,13 @@ TEST(TrainE2e, FashionMnistOnTwoServersAndTwoWorkers) {
   std::vector<std::string> addresses;
   for (int i = 0; i < 2; ++i) {
     const std::string port_file = absl::StrCat(dir, "/port", i);
-    auto p = Subprocess::Start({testing::RunfilePath("server/ps_server"), "--config=" + config,
-                                overrides, absl::StrCat("--server_index=", i), "--host=127.0.0.1",
-                                "--port=0", "--port_file=" + port_file,
-                                absl::StrCat("--data_dir=", dir, "/data", i)},
-                               absl::StrCat(dir, "/server", i, ".log"));
+    auto p = Subprocess::Start(
+        {testing::RunfilePath("server/ps_server"), "--config=" + config, overrides,
+         absl::StrCat("--server_index=", i), "--host=127.0.0.1", "--port=0",
+         "--port_file=" + port_file, absl::StrCat("--data_dir=", dir, "/data", i),
+         // Kept up after the job, so that SIGTERM below is what stops them.
+         "--exit_when_done=false"},
+        absl::StrCat(dir, "/server", i, ".log"));
     ASSERT_THAT(p.status(), IsOk());
     servers.push_back(*std::move(p));
     auto port = testing::WaitForFileLine(port_file, absl::Seconds(60), servers.back().get());
@@ -75,6 +77,7 @@ TEST(TrainE2e, FashionMnistOnTwoServersAndTwoWorkers) {
   std::printf("worker 0 final test accuracy: %.4f\n", accuracy);
   EXPECT_GE(accuracy, 0.75) << log;
   // Servers stop cleanly on SIGTERM after the job, with a final checkpoint.
+  for (auto& s : servers) ASSERT_TRUE(s->running()) << "a server exited before SIGTERM";
   for (auto& s : servers) s->Signal(SIGTERM);
   for (auto& s : servers) {
     auto status = s->Wait(absl::Seconds(60));

@@ -42,7 +42,8 @@ int BusyWaiter::Spin(absl::FunctionRef<int()> poll) {
     const std::chrono::nanoseconds cpu = ThreadCpuTime() - cpu_start;
     if (2 * cpu >= wall) {
       backoff_ = 0;
-    } else if (result > 0 && cpu < absl::ToChronoNanoseconds(kCheapSpin)) {
+    } else if (result > 0 && cpu < absl::ToChronoNanoseconds(kCheapSpin) &&
+               absl::FromChrono(wall) < cheap_wall_) {
       ++stats_.contended_spins;
       ++stats_.cheap_contended_spins;
       backoff_ = 0;

@@ -16,12 +16,20 @@
 // each poll measures how much of its wall time this thread actually ran. When it ran less
 // than half of it, other threads wanted the core (more busy threads than cores: the yields
 // handed it over). Such a contended spin is judged by what it got:
-//  - it ended with its event after less CPU than kCheapSpin: the yields handed the core to
-//    the work the poller waited for (a peer on the same cores serving its call), and the
-//    spin cost less than the sleep and wake-up it saved. Polling goes on.
-//  - it ran out, or spent more: the poller sleeps at once for its next waits, 8 after the
-//    first such spin and twice as many after each further one in a row (at most 1024),
-//    before it tries polling again.
+//  - it ended with its event after less CPU than kCheapSpin (and, for a waiter given a
+//    `cheap_wall`, within it): the yields handed the core to the work the poller waited for
+//    (a peer on the same cores serving its call), and the spin cost less than the sleep and
+//    wake-up it saved. Polling goes on.
+//  - it ran out, spent more CPU, or lasted longer: the poller sleeps at once for its next
+//    waits, 8 after the first such spin and twice as many after each further one in a row
+//    (at most 1024), before it tries polling again.
+// The wall-time limit is for waits whose event comes when a peer is ready, not when work done
+// for this thread ends: a server's wait for the next request. Such a wait, contended and
+// long, is one through other threads' work (the workers' compute); its yields keep a thread
+// ready to run on the core, so the core never looks idle, and a thread woken meanwhile (a
+// worker's, the other server's) queues behind a busy one instead of taking the core a
+// sleeper would leave. A wait for an answer (a worker's) is not limited: the work it waits
+// for is its own call being served, which its yields hand the core to.
 // So a machine with idle cores gets the wake-ups saved; peers that take turns on few cores
 // (workers and servers of one host: docs/lab/2026-12-03-cheap-spins.md) hand each other the
 // core without sleeping; and a poller whose event is far off (a server waiting through a
@@ -45,7 +53,7 @@ struct BusyPollStats {
   uint64_t waits_blocked = 0;    // waits that slept (the caller's blocking wait)
   uint64_t polls = 0;            // non-blocking polls
   uint64_t contended_spins = 0;  // polling stretches that ran less than half their wall time
-  uint64_t cheap_contended_spins = 0;  // of them, ended with their event within kCheapSpin
+  uint64_t cheap_contended_spins = 0;  // of them, ended with their event cheaply (see above)
   uint64_t waits_backed_off = 0; // waits that slept at once after contended spins
 };
 
@@ -57,11 +65,24 @@ class BusyWaiter {
   // of latency across the vCPUs and about 7 us of CPU per switch (docs/lab/2026-12-02-floors.md),
   // 30-60 us in all; a threshold of twice that keeps the spins that beat it with room for noise.
   static constexpr absl::Duration kCheapSpin = absl::Microseconds(100);
+  // The `cheap_wall` of a server's waits for requests. In the README's job (2 servers + 2
+  // workers on 2 vCPUs, 10 epochs) the servers' waits lasted through the workers' compute
+  // (about 650 us a step), and many of them (about 40% of the contended ones) were judged
+  // cheap by their CPU alone; with this limit the job ran 5-10% more samples/s and each
+  // worker's pull + push time went from 0.91-1.02 of its compute time to 0.67-0.76.
+  // ps_bench's 2 + 2 calls, whose requests come within it, moved within the rounds' spread,
+  // but for the 4 KB push (2-9% lower in three rounds;
+  // docs/lab/2026-12-06-long-contended-spins.md).
+  static constexpr absl::Duration kCheapRequestWait = absl::Microseconds(500);
 
   // `spin` <= 0: every wait sleeps at once. Without `judge`, spins are never judged (nor
   // their CPU time read, a system call at each end): every wait polls for the whole `spin`
   // whoever else wants the core (a one-off watch, or tests).
-  explicit BusyWaiter(absl::Duration spin, bool judge = true) : spin_(spin), judge_(judge) {}
+  // `cheap_wall`: a contended spin that lasts this long or longer is never cheap (see the
+  // file comment; infinite: no limit).
+  explicit BusyWaiter(absl::Duration spin, bool judge = true,
+                      absl::Duration cheap_wall = absl::InfiniteDuration())
+      : spin_(spin), judge_(judge), cheap_wall_(cheap_wall) {}
 
   // Calls `ready` (yielding the core between calls) for up to `spin` unless backed off (see
   // the file comment), and returns true as soon as it does; false: the caller sleeps (counted
@@ -81,6 +102,7 @@ class BusyWaiter {
 
   const absl::Duration spin_;
   const bool judge_;
+  const absl::Duration cheap_wall_;
   uint32_t backoff_ = 0;     // waits to sleep at once after the latest contended spin
   uint32_t skip_waits_ = 0;  // of them, still to go
   BusyPollStats stats_;

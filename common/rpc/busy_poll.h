@@ -13,8 +13,9 @@ namespace ps::common {
 // Not thread-safe: one per waiting thread.
 class BusyPoller : public BusyWaiter {
  public:
-  // `spin` <= 0: every wait is the plain blocking Next.
-  explicit BusyPoller(absl::Duration spin) : BusyWaiter(spin) {}
+  // `spin` <= 0: every wait is the plain blocking Next. `cheap_wall`: as BusyWaiter's.
+  explicit BusyPoller(absl::Duration spin, absl::Duration cheap_wall = absl::InfiniteDuration())
+      : BusyWaiter(spin, /*judge=*/true, cheap_wall) {}
 
   // As cq->Next(tag, ok): the next event of `cq` (true), or false once the queue is shut
   // down and drained. Polls `cq` without blocking (yielding the core between polls) for up

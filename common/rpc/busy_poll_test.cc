@@ -136,6 +136,13 @@ void PinToCpu(int cpu) {
   ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
 }
 
+// CPU time of the calling thread.
+absl::Duration ThreadCpu() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+
 // Pins the calling thread to its current CPU and keeps a thread busy on the same CPU for its
 // lifetime.
 class CoreHog {
@@ -209,19 +216,14 @@ TEST(BusyPollerTest, AWaiterThatDoesNotJudgeNeverBacksOff) {
 // first poll burns 150 us) cost more than the sleep it saved: it backs off as well.
 TEST(BusyPollerTest, ADearContendedSpinBacksOffEvenWhenItsEventCame) {
   CoreHog hog;
-  auto thread_cpu = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return absl::DurationFromTimespec(ts);
-  };
   BusyPoller poller(absl::Seconds(60));
   const absl::Time until = absl::Now() + absl::Milliseconds(200);
   bool first = true;
   EXPECT_TRUE(poller.Poll([&] {
     if (first) {
       first = false;
-      const absl::Duration burn_until = thread_cpu() + absl::Microseconds(150);
-      while (thread_cpu() < burn_until) {
+      const absl::Duration burn_until = ThreadCpu() + absl::Microseconds(150);
+      while (ThreadCpu() < burn_until) {
       }
     }
     return absl::Now() >= until;
@@ -234,21 +236,65 @@ TEST(BusyPollerTest, ADearContendedSpinBacksOffEvenWhenItsEventCame) {
   EXPECT_EQ(poller.stats().waits_backed_off, 1u);
 }
 
-// A poller on a core it shares with the thread doing the work it waits for: its yields give
-// that thread the core, the event comes after little CPU of its own, and it keeps polling
-// (sleeping would only add a wake-up to the peer's work).
-TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
+// A peer pinned to `cpu` that serves each request (requests.store(i)) by keeping the core busy
+// for `work` of wall time, then yields until the next; served counts the requests done.
+class PeerOnTheSameCore {
+ public:
+  PeerOnTheSameCore(int cpu, std::chrono::microseconds work)
+      : thread_([this, cpu, work] {
+          PinToCpu(cpu);
+          int done = 0;
+          while (!stop_.load(std::memory_order_relaxed)) {
+            if (requests.load(std::memory_order_acquire) == done) {
+              sched_yield();
+              continue;
+            }
+            const auto until = std::chrono::steady_clock::now() + work;
+            while (std::chrono::steady_clock::now() < until) {
+            }
+            served.store(++done, std::memory_order_release);
+          }
+        }) {}
+  ~PeerOnTheSameCore() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  // Sends request `i` from the poller's first look (so the wait, from the spin's start, lasts
+  // at least `work`) and waits for it with `poller`; returns what Poll returned.
+  bool Await(BusyPoller& poller, int i) {
+    bool asked = false;
+    return poller.Poll([&] {
+      if (!asked) {
+        asked = true;
+        requests.store(i, std::memory_order_release);
+        return false;
+      }
+      return served.load(std::memory_order_acquire) >= i;
+    });
+  }
+
+  std::atomic<int> requests{0};
+  std::atomic<int> served{0};
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // last: it starts in the constructor
+};
+
+// Rounds of a fresh poller (`cheap_wall`) waiting kCalls times for a peer on its core that
+// serves each request with `work`. Each wait is contended (the peer takes the core) and, when
+// `work` is within `cheap_wall`, cheap (the poller's own CPU in it is its yields): the poller
+// keeps polling. Whether a wait costs the poller under kCheapSpin of CPU also depends on what
+// else the machine runs (other tests, a sanitizer's runtime; one round in a TSan run of CI
+// judged its last spin dear; under both cores' load from other builds, every round judged its
+// first spin dear), so the behaviour must show in one of six rounds, 50 ms apart; a poller
+// that misjudges these spins fails all six.
+void ExpectItKeepsPolling(std::chrono::microseconds work, absl::Duration cheap_wall) {
   int cpu = sched_getcpu();
   ASSERT_GE(cpu, 0);
   PinToCpu(cpu);
   constexpr int kCalls = 5;
-  // One round: a fresh poller waits kCalls times for a peer on the same core that serves each
-  // request with 2 ms of work. Each wait is contended (the peer takes the core) and cheap (the
-  // poller's own CPU in it is its yields). Whether a wait costs the poller under kCheapSpin of
-  // CPU also depends on what else the machine runs (other tests, a sanitizer's runtime; one
-  // round in a TSan run of CI judged its last spin dear; under both cores' load from other
-  // builds, every round judged its first spin dear), so the behaviour must show in one of six
-  // rounds, 50 ms apart; a poller that misjudges these spins fails all six.
   struct Round {
     int polled = 0;  // waits that ended polling
     BusyPollStats stats;
@@ -259,32 +305,13 @@ TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
              stats.cheap_contended_spins == n;
     }
   };
-  auto round = [cpu] {
-    std::atomic<int> requests{0};
-    std::atomic<int> served{0};
-    std::atomic<bool> stop{false};
-    std::thread peer([&] {
-      PinToCpu(cpu);
-      int done = 0;
-      while (!stop.load(std::memory_order_relaxed)) {
-        if (requests.load(std::memory_order_acquire) == done) {
-          sched_yield();
-          continue;
-        }
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
-        while (std::chrono::steady_clock::now() < until) {
-        }
-        served.store(++done, std::memory_order_release);
-      }
-    });
-    BusyPoller poller(absl::Seconds(60));
+  auto round = [&] {
+    PeerOnTheSameCore peer(cpu, work);
+    BusyPoller poller(absl::Seconds(60), cheap_wall);
     Round r;
     for (int i = 1; i <= kCalls; ++i) {
-      requests.store(i, std::memory_order_release);
-      if (poller.Poll([&] { return served.load(std::memory_order_acquire) >= i; })) ++r.polled;
+      if (peer.Await(poller, i)) ++r.polled;
     }
-    stop = true;
-    peer.join();
     r.stats = poller.stats();
     return r;
   };
@@ -301,6 +328,71 @@ TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
                     r.stats.cheap_contended_spins);
   }
   EXPECT_TRUE(rounds.back().Kept()) << "rounds:" << seen;
+}
+
+// A poller on a core it shares with the thread doing the work it waits for: its yields give
+// that thread the core, the event comes after little CPU of its own, and it keeps polling
+// (sleeping would only add a wake-up to the peer's work), however long the work takes.
+TEST(BusyPollerTest, ItKeepsPollingWhileItsCoreGoesToTheWorkItWaitsFor) {
+  ExpectItKeepsPolling(std::chrono::milliseconds(2), absl::InfiniteDuration());
+}
+
+// The same for a poller for requests (a server's, with kCheapRequestWait) whose requests come
+// well within its limit (a client calling again at once, as in ps_bench).
+TEST(BusyPollerTest, AShortContendedWaitForARequestKeepsPolling) {
+  static_assert(BusyWaiter::kCheapRequestWait >= absl::Microseconds(300));
+  ExpectItKeepsPolling(std::chrono::microseconds(100), BusyWaiter::kCheapRequestWait);
+}
+
+// The same peer with 2 ms of work, waited for by a poller for requests: its yields hand the
+// peer the core and its own CPU stays small, but the wait lasts longer than the limit (a
+// server waiting through a worker's compute); it backs off, so its next wait sleeps without a
+// look. A round counts where the measured spin cost the poller under kCheapSpin of CPU and was
+// contended (a loaded machine can make it dearer, which backs off for that reason alone);
+// one of six rounds must count.
+TEST(BusyPollerTest, ALongContendedWaitForARequestBacksOffThoughItCostLittleCpu) {
+  int cpu = sched_getcpu();
+  ASSERT_GE(cpu, 0);
+  PinToCpu(cpu);
+  static_assert(BusyWaiter::kCheapRequestWait <= absl::Milliseconds(1));
+  struct Round {
+    absl::Duration cpu;    // the poller's, in the measured wait
+    bool first_polled;     // what the measured wait's Poll returned
+    bool second_polled;    // and the next one's
+    BusyPollStats first;   // after the measured wait
+    BusyPollStats second;  // after the next
+    bool Counts() const { return cpu < BusyWaiter::kCheapSpin && first.contended_spins == 1; }
+  };
+  auto round = [cpu] {
+    PeerOnTheSameCore peer(cpu, std::chrono::milliseconds(2));
+    // A first request, waited for apart: a fresh thread's first turn on a loaded machine is
+    // the one most often dear.
+    peer.requests.store(1, std::memory_order_release);
+    while (peer.served.load(std::memory_order_acquire) < 1) sched_yield();
+    BusyPoller poller(absl::Seconds(60), BusyWaiter::kCheapRequestWait);
+    Round r;
+    const absl::Duration start = ThreadCpu();
+    r.first_polled = peer.Await(poller, 2);
+    r.cpu = ThreadCpu() - start;
+    r.first = poller.stats();
+    r.second_polled = poller.Poll([] { return true; });
+    r.second = poller.stats();
+    return r;
+  };
+  std::vector<Round> rounds;
+  while (rounds.size() < 6 && (rounds.empty() || !rounds.back().Counts())) {
+    if (!rounds.empty()) absl::SleepFor(absl::Milliseconds(50));
+    rounds.push_back(round());
+  }
+  const Round& r = rounds.back();
+  ASSERT_TRUE(r.Counts()) << "no round's wait was contended and cheap by CPU in " << rounds.size()
+                          << " rounds; the last: " << r.cpu;
+  EXPECT_TRUE(r.first_polled);
+  EXPECT_EQ(r.first.events_polled, 1u);
+  EXPECT_EQ(r.first.cheap_contended_spins, 0u);
+  EXPECT_FALSE(r.second_polled);
+  EXPECT_EQ(r.second.polls, r.first.polls);  // no look
+  EXPECT_EQ(r.second.waits_backed_off, 1u);
 }
 
 // Alone on its core, polling is judged free: no back-off, every wait polls.

@@ -482,7 +482,8 @@ void ParameterServerService::ServeQueue(grpc::ServerCompletionQueue* cq,
   }
   void* tag;
   bool ok;
-  common::BusyPoller poller(busy_poll);
+  // It waits mostly for requests (and its calls' own reads and writes).
+  common::BusyPoller poller(busy_poll, common::BusyWaiter::kCheapRequestWait);
   while (poller.Next(cq, &tag, &ok)) {
     auto* t = static_cast<QueuedCall::Tag*>(tag);
     t->call->TakeOver();

@@ -178,7 +178,8 @@ class ParameterServerService::ChannelServer {
 // sleeps on all of them (and on its own control word, rung when its channels change).
 class ParameterServerService::ChannelThreads::Thread {
  public:
-  explicit Thread(absl::Duration busy_poll) : poller_(busy_poll), thread_([this] { Run(); }) {}
+  explicit Thread(absl::Duration busy_poll)
+      : poller_(busy_poll, common::BusyWaiter::kCheapRequestWait), thread_([this] { Run(); }) {}
   ~Thread() {
     {
       absl::MutexLock lock(&mu_);
@@ -274,7 +275,7 @@ class ParameterServerService::ChannelThreads::Thread {
   uint64_t removals_ ABSL_GUARDED_BY(mu_) = 0;       // channels removed so far
   uint64_t removals_seen_ ABSL_GUARDED_BY(mu_) = 0;  // by the start of the latest pass
   std::atomic<uint32_t> control_{0};
-  common::BusyPoller poller_;  // the thread's own
+  common::BusyPoller poller_;  // the thread's own; it waits for requests
   std::thread thread_;         // last: it starts in the constructor
 };
 

@@ -252,10 +252,13 @@ struct SparseTableStats {
 // finite (Shard::ApplyOnePass). The one pass touches three arrays of the push's size (the
 // gradient, the parameters, the old values) where the check and then the update touch two.
 // Which way is faster depends on the host: on the 2-vCPU VM of 2026-12-03 the one pass won at
-// 1 MB; on that of docs/lab/2026-12-05-prefetch-check.md (2 MB of L2 per core), the server
-// spent 46-51 us on a 512 KB push in the one pass against 52-55 us in two, and 124 us on a
-// 1 MB push against 105 us in two. The limit is this last host's.
-inline constexpr size_t kOnePassMaxValues = size_t{1} << 17;
+// 1 MB; on that of docs/lab/2026-12-05-prefetch-check.md (2 MB of L2 per core) the server
+// spent 124 us on a 1 MB push in the one pass against 105 us in two, and on that host two
+// passes also gave 1 + 1 pushes of 32-128 KB 3-20% more calls/s, 512 KB 2-7%, and two
+// servers with two clients (512 KB to each server) 118-155 us of server CPU per 1 MB call
+// against 157-181 us; 256 KB lost 6-11% (docs/lab/2026-12-06-long-contended-spins.md). The
+// limit is this last host's: 16 KB, where the three arrays fit its 48 KB L1.
+inline constexpr size_t kOnePassMaxValues = size_t{1} << 12;
 // A dense float32 payload is checked and applied where it lies when it comes in at most
 // kFreePieces + bytes / kMinPieceBytes pieces (gRPC receive slices); more, smaller pieces (a
 // peer's tiny HTTP/2 frames) are gathered into one buffer first, so a push's bookkeeping

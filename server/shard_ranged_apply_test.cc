@@ -198,19 +198,22 @@ TEST(ShardRangedApply, RunsBesideOnePassPushesAndPullsOfTheSameBlocks) {
   // order), a push of "w" and "b" is applied in ranges (all its blocks locked in that order);
   // pulls read a block at a time. Two workers push each way at once while a reader pulls:
   // none waits for the other for good, and every update of "w" lands (SGD sums).
+  // Blocks of kBlock values, so that a push of all of "w" is at most kOnePassMaxValues and
+  // takes the one pass; 7 threads and ranges of at most a quarter block, so that the other
+  // pushes' share per thread (RangeValues, rounded up to 1024) is below a block: they are split.
+  constexpr int kBlock = static_cast<int>(kOnePassMaxValues / 2);
+  static_assert(kBlock >= 1024);
   const JobConfig config = TwoTableConfig("kind: SGD learning_rate: 1", "kind: ADAM",
-                                          "kind: CONSTANT value: 0", /*num_workers=*/2);
+                                          "kind: CONSTANT value: 0", /*num_workers=*/2, kBlock);
   ShardOptions options;
-  options.apply_threads = 3;
+  options.apply_threads = 7;
   options.parallel_apply_values = 1;
+  options.parallel_apply_range_values = kBlock / 4;
   auto created = Shard::Create(config, options);
   ASSERT_THAT(created.status(), IsOk());
   Shard& shard = **created;
   constexpr int kPushes = 40;
-  // "w" is the whole of TwoTableConfig's 131072 values: a push of it alone is at most
-  // kOnePassMaxValues, so it takes the one pass.
-  static_assert(131072 <= kOnePassMaxValues);
-  const std::vector<float> ones(131072, 1.0f), b_ones(100, 1.0f);
+  const std::vector<float> ones(2 * kBlock, 1.0f), b_ones(100, 1.0f);
   auto pusher = [&](int worker, bool with_b) {
     for (int i = 0; i < kPushes; ++i) {
       PushTable tables[2];
@@ -228,8 +231,8 @@ TEST(ShardRangedApply, RunsBesideOnePassPushesAndPullsOfTheSameBlocks) {
     while (!done.load()) {
       const std::vector<float> w = ReadBlocks(shard, "w", AllBlocks(shard));
       // A block is read under its lock: never half of a push.
-      for (size_t at : {size_t{0}, size_t{65536}}) {
-        for (size_t i = at; i < at + 65536; i += 4099) ASSERT_EQ(w[i], w[at]);
+      for (size_t at : {size_t{0}, size_t{kBlock}}) {
+        for (size_t i = at; i < at + kBlock; i += 97) ASSERT_EQ(w[i], w[at]);
       }
     }
   });

@@ -51,15 +51,17 @@ inline JobConfig MakeConfig(const std::string& optimizer, int num_servers = 1, i
   return *config;
 }
 
-// A job of one dense table "w" of 2 blocks of 64k values with `w_optimizer` and a small one
-// "b" (a block of its own) with `b_optimizer`, both initialized by `initializer`.
+// A job of one dense table "w" of 2 blocks of `block_floats` values (64k unless said) with
+// `w_optimizer` and a small one "b" (a block of its own) with `b_optimizer`, both initialized
+// by `initializer`.
 inline JobConfig TwoTableConfig(const std::string& w_optimizer, const std::string& b_optimizer,
-                                const std::string& initializer, int num_workers) {
+                                const std::string& initializer, int num_workers,
+                                int block_floats = 65536) {
   auto config = common::ParseJobConfigText(
       absl::StrCat("cluster { num_servers: 1 num_workers: ", num_workers,
-                   " dense_block_floats: 65536 }\n",
-                   "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: 131072 initializer { ",
-                   initializer, " } optimizer { ", w_optimizer, " } }\n",
+                   " dense_block_floats: ", block_floats, " }\n",
+                   "tables { name: \"w\" kind: TABLE_KIND_DENSE shape: ", 2 * block_floats,
+                   " initializer { ", initializer, " } optimizer { ", w_optimizer, " } }\n",
                    "tables { name: \"b\" kind: TABLE_KIND_DENSE shape: 100 initializer { ",
                    initializer, " } optimizer { ", b_optimizer, " } }\n"),
       "test");

@@ -254,10 +254,11 @@ struct SparseTableStats {
 // Which way is faster depends on the host: on the 2-vCPU VM of 2026-12-03 the one pass won at
 // 1 MB; on that of docs/lab/2026-12-05-prefetch-check.md (2 MB of L2 per core) the server
 // spent 124 us on a 1 MB push in the one pass against 105 us in two, and on that host two
-// passes also gave 1 + 1 pushes of 32-128 KB 3-20% more calls/s, 512 KB 2-7%, and two
-// servers with two clients (512 KB to each server) 118-155 us of server CPU per 1 MB call
-// against 157-181 us; 256 KB lost 6-11% (docs/lab/2026-12-06-long-contended-spins.md). The
-// limit is this last host's: 16 KB, where the three arrays fit its 48 KB L1.
+// passes also gave 1 + 1 pushes of 32-128 KB 3-22% more calls/s (512 KB 2-7%, measured with
+// the limit at 64 KB), and two servers with two clients (512 KB to each server) 26-46 us less
+// server CPU per 1 MB call; 256 KB lost 5-12% (docs/lab/2026-12-06-long-contended-spins.md).
+// The limit is this last host's: 16 KB, where the three arrays fill its 48 KB L1 (sizes
+// between 4 and 32 KB were not measured).
 inline constexpr size_t kOnePassMaxValues = size_t{1} << 12;
 // A dense float32 payload is checked and applied where it lies when it comes in at most
 // kFreePieces + bytes / kMinPieceBytes pieces (gRPC receive slices); more, smaller pieces (a

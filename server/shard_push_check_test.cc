@@ -484,9 +484,13 @@ TEST(Shard, APayloadRewrittenDuringTheCheckIsRefusedOrTakenNeverACrash) {
 #endif
   for (const char* optimizer : {"kind: ADAM learning_rate: 0.1", "kind: SGD learning_rate: 0.1"}) {
     SCOPED_TRACE(optimizer);
-    // "w": 2 blocks of 64k values; the push is block 0, in one piece.
-    auto shard = MakeShard(TwoTableConfig(optimizer, optimizer, "kind: CONSTANT value: 1", 1));
-    std::vector<float> grad(65536, 0.5f);
+    // "w": 2 blocks of kOnePassMaxValues values; the push is block 0, in one piece (SGD: at
+    // the one pass's limit).
+    const int block = static_cast<int>(kOnePassMaxValues);
+    auto shard =
+        MakeShard(TwoTableConfig(optimizer, optimizer, "kind: CONSTANT value: 1", 1, block));
+    const bool sgd = absl::StartsWith(optimizer, "kind: SGD");
+    std::vector<float> grad(block, 0.5f);
     const absl::string_view piece = Bytes(grad);
     PushTable table;
     table.table = "w";
@@ -516,6 +520,8 @@ TEST(Shard, APayloadRewrittenDuringTheCheckIsRefusedOrTakenNeverACrash) {
     stop = true;
     writer.join();
     EXPECT_GT(refused, 0);
+    // Every SGD push took the one pass (kept or undone); no Adam push did.
+    EXPECT_EQ(shard->one_pass_pushes(), sgd ? seq - 1 : 0u);
     // How often the search found none: for the log (it depends on the threads' timing).
     std::printf("%s: %d of %d refused, %d with none left when looked for\n", optimizer, refused,
                 static_cast<int>(seq - 1), changed_while_checked);

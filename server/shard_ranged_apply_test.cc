@@ -199,22 +199,25 @@ TEST(ShardRangedApply, RunsBesideOnePassPushesAndPullsOfTheSameBlocks) {
   // pulls read a block at a time. Two workers push each way at once while a reader pulls:
   // none waits for the other for good, and every update of "w" lands (SGD sums).
   // Blocks of kBlock values, so that a push of all of "w" is at most kOnePassMaxValues and
-  // takes the one pass; 7 threads and ranges of at most a quarter block, so that the other
-  // pushes' share per thread (RangeValues, rounded up to 1024) is below a block: they are split.
+  // takes the one pass. The other pushes (2 * kBlock + 100 values) are split: with 7 threads
+  // and a range option of 1024, their ranges (Shard::RangeValues: the share per thread,
+  // rounded up to 1024) are 1024 values, less than a block.
   constexpr int kBlock = static_cast<int>(kOnePassMaxValues / 2);
-  static_assert(kBlock >= 1024);
+  static_assert(kBlock > 1024, "RangeValues rounds a share up to 1024");
   const JobConfig config = TwoTableConfig("kind: SGD learning_rate: 1", "kind: ADAM",
                                           "kind: CONSTANT value: 0", /*num_workers=*/2, kBlock);
   ShardOptions options;
   options.apply_threads = 7;
   options.parallel_apply_values = 1;
-  options.parallel_apply_range_values = kBlock / 4;
+  options.parallel_apply_range_values = 1024;
   auto created = Shard::Create(config, options);
   ASSERT_THAT(created.status(), IsOk());
   Shard& shard = **created;
-  constexpr int kPushes = 40;
+  constexpr int kPushes = 400;
   const std::vector<float> ones(2 * kBlock, 1.0f), b_ones(100, 1.0f);
+  std::atomic<bool> go{false};  // both pushers start together
   auto pusher = [&](int worker, bool with_b) {
+    while (!go.load()) std::this_thread::yield();
     for (int i = 0; i < kPushes; ++i) {
       PushTable tables[2];
       tables[0] = WholeTable(shard, ones);
@@ -238,6 +241,7 @@ TEST(ShardRangedApply, RunsBesideOnePassPushesAndPullsOfTheSameBlocks) {
   });
   std::thread ranged(pusher, 0, true);
   std::thread one_pass(pusher, 1, false);
+  go = true;
   ranged.join();
   one_pass.join();
   done = true;

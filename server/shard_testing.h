@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -140,6 +141,27 @@ inline PushView FirstWorkerPush(const Shard& shard, const PushTable* table, uint
   push.info.sequence = seq;
   push.tables = absl::MakeConstSpan(table, 1);
   return push;
+}
+
+// The non-finite values counted in Stats (nonfinite_values).
+inline uint64_t NonFiniteValues(Shard& shard) {
+  StatsResponse stats;
+  shard.FillStats(&stats);
+  auto it = stats.rejected().find("nonfinite_values");
+  return it == stats.rejected().end() ? 0 : it->second;
+}
+
+// The refusals counted in Stats, by reason, sorted ("reason=n " each; the count of non-finite
+// values left out).
+inline std::string Rejections(Shard& shard) {
+  StatsResponse stats;
+  shard.FillStats(&stats);
+  std::map<std::string, uint64_t> sorted(stats.rejected().begin(), stats.rejected().end());
+  std::string out;
+  for (const auto& [reason, n] : sorted) {
+    if (reason != "nonfinite_values") absl::StrAppend(&out, reason, "=", n, " ");
+  }
+  return out;
 }
 
 inline std::vector<uint32_t> AllBlocks(const Shard& shard) {

@@ -236,6 +236,19 @@ TEST(BusyPollerTest, ADearContendedSpinBacksOffEvenWhenItsEventCame) {
   EXPECT_EQ(poller.stats().waits_backed_off, 1u);
 }
 
+// Runs `round` (a result of some Round type) until `done` holds for its result, at most six
+// times, 50 ms apart (timing that depends on the machine's other load shows in one of them),
+// and returns every round's result.
+template <typename RoundFn, typename DoneFn>
+auto RoundsUntil(RoundFn round, DoneFn done) {
+  std::vector<decltype(round())> rounds;
+  while (rounds.size() < 6 && (rounds.empty() || !done(rounds.back()))) {
+    if (!rounds.empty()) absl::SleepFor(absl::Milliseconds(50));
+    rounds.push_back(round());
+  }
+  return rounds;
+}
+
 // A peer pinned to `cpu` that serves each request (requests.store(i)) by keeping the core busy
 // for `work` of wall time, then yields until the next; served counts the requests done.
 class PeerOnTheSameCore {
@@ -315,11 +328,7 @@ void ExpectItKeepsPolling(std::chrono::microseconds work, absl::Duration cheap_w
     r.stats = poller.stats();
     return r;
   };
-  std::vector<Round> rounds;
-  while (rounds.size() < 6 && (rounds.empty() || !rounds.back().Kept())) {
-    if (!rounds.empty()) absl::SleepFor(absl::Milliseconds(50));
-    rounds.push_back(round());
-  }
+  const std::vector<Round> rounds = RoundsUntil(round, [](const Round& r) { return r.Kept(); });
   std::string seen;
   for (const Round& r : rounds) {
     absl::StrAppend(&seen, "\n  polled ", r.polled, ", events polled ", r.stats.events_polled,
@@ -379,11 +388,7 @@ TEST(BusyPollerTest, ALongContendedWaitForARequestBacksOffThoughItCostLittleCpu)
     r.second = poller.stats();
     return r;
   };
-  std::vector<Round> rounds;
-  while (rounds.size() < 6 && (rounds.empty() || !rounds.back().Counts())) {
-    if (!rounds.empty()) absl::SleepFor(absl::Milliseconds(50));
-    rounds.push_back(round());
-  }
+  const std::vector<Round> rounds = RoundsUntil(round, [](const Round& r) { return r.Counts(); });
   const Round& r = rounds.back();
   ASSERT_TRUE(r.Counts()) << "no round's wait was contended and cheap by CPU in " << rounds.size()
                           << " rounds; the last: " << r.cpu;

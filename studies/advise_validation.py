@@ -3,7 +3,7 @@
 studies/crossover_study.py JSON-lines file from the inputs the advisor would measure, next to
 what the study measured; --fit also fits the gRPC CPU factor, leaving each link out in turn.
 
-    /usr/bin/python3 studies/advise_validation.py docs/runs/crossover.jsonl [--fit] [--cores 2] [--json]
+    /usr/bin/python3 studies/advise_validation.py docs/runs/crossover-2026-12-06.jsonl [--fit] [--cores 2] [--json]
 """
 
 import argparse
@@ -27,27 +27,37 @@ def validate(path, cores, bin_dir, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGL
 
     The inputs are the study's own measurements of the same window, as the advisor would make
     them: compute per step from the centralized run on the same link, a step's pull + push on
-    loopback from the asynchronous 1x1 run on loopback (that run is the input, not predicted),
-    the link from the study's probe. Returns (rows, {model: the loopback step's costs}).
+    loopback from the 1x1 run on loopback (those runs are the inputs, not predicted), the link
+    from the study's probe. For the loopback link that run is the asynchronous one, whose calls
+    go through shared memory as on any one host; for links between hosts, the one by the socket
+    (mode async-socket) where the file has it (files before 2026-12-06 have only the first).
+    Returns (rows, {model: the loopback step's costs by shared memory, with `socket_step` the
+    grpc_step by the socket where there is one}).
     """
     MODELS, load = crossover_study.MODELS, crossover_study.load  # noqa: N806
     rows = [r for r in load(path) if r.get("kind") != "target"]
     probes = {r["link"]: r for r in rows if r["mode"] == "probe"}
-    grpc, out = {}, []
+    grpc, by_socket, out = {}, {}, []
+
+    def is_input(r):
+        return r["link"] == "loopback" and r["mode"] in ("async", "async-socket") and \
+            (r["servers"], r["workers"]) == (1, 1)
+
     for r in rows:
-        if r["mode"] != "async" or r["link"] != "loopback" or (r["servers"], r["workers"]) != (1, 1):
+        if r["mode"] == "probe" or not is_input(r):
             continue
         config, sets = MODELS[r["model"]]
         push_b, pull_b = step_bytes(bin_dir, os.path.join(ROOT, config), sets)
         lo = probes.get("loopback", {}).get("exchange_s", {}).get(exchange_key(push_b, pull_b))
         if lo is None:
             raise SystemExit("advise_validation: %s has no loopback probe of a %s step" % (path, r["model"]))
-        grpc[r["model"]] = dict(grpc_step=(r["pull_s"] + r["push_s"]) / max(1, r["steps"]), loopback_exchange_s=lo)
+        g = dict(grpc_step=(r["pull_s"] + r["push_s"]) / max(1, r["steps"]), loopback_exchange_s=lo)
+        (by_socket if r["mode"] == "async-socket" else grpc)[r["model"]] = g
     for r in rows:
-        if r["mode"] in ("probe", "centralized") or r["model"] not in grpc:
+        if r["mode"] in ("probe", "centralized", "centralized-all-cores", "async-socket") or r["model"] not in grpc:
             continue
-        if r["link"] == "loopback" and r["mode"] == "async" and (r["servers"], r["workers"]) == (1, 1):
-            continue  # the input
+        if is_input(r):
+            continue
         config, sets = MODELS[r["model"]]
         central = [c for c in rows if c["mode"] == "centralized" and c["model"] == r["model"] and c["link"] == r["link"]]
         if not central or r["link"] not in probes:
@@ -60,7 +70,8 @@ def validate(path, cores, bin_dir, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGL
         kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
         m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
         mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
-        preds = predict(m, grpc[r["model"]], probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,
+        g = grpc[r["model"]] if r["link"] == "loopback" else by_socket.get(r["model"], grpc[r["model"]])
+        preds = predict(m, g, probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,
                         cpu_factor=cpu_factor, straggler=straggler)
         p = [x for x in preds if x["mode"] == mode][0]
         base = batch / (m["compute"] + m["apply"] + m["pull"])
@@ -74,6 +85,9 @@ def validate(path, cores, bin_dir, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGL
     if not out:
         raise SystemExit("advise_validation: %s: nothing to validate (needs per model an asynchronous 1x1 run on loopback, "
                          "a loopback probe, and per link a probe and a centralized run)" % path)
+    for model, g in by_socket.items():
+        if model in grpc:
+            grpc[model]["socket_step"] = g["grpc_step"]
     return out, grpc
 
 
@@ -124,8 +138,10 @@ def main():
     cores = args.cores or os.cpu_count()
     rows, grpc = validate(args.results, cores, args.bin_dir)
     for model, g in grpc.items():
-        print("a %s step's pull + push on loopback (the study's async 1x1 run): %.2f ms; the same bytes "
-              "over raw TCP: %.2f ms" % (model, g["grpc_step"] * 1e3, g["loopback_exchange_s"] * 1e3))
+        print("a %s step's pull + push on loopback (the study's async 1x1 run): %.2f ms%s; the same bytes "
+              "over raw TCP: %.2f ms" % (model, g["grpc_step"] * 1e3,
+                                         " (by the socket: %.2f ms)" % (g["socket_step"] * 1e3)
+                                         if "socket_step" in g else "", g["loopback_exchange_s"] * 1e3))
     print("\nWith the built-in constants (cpu_factor %.2f, BSP straggler %.2f per extra worker):" % (
         GRPC_CPU_FACTOR, STRAGGLER))
     print_validation(rows)

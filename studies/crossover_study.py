@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """When does distribution pay? Centralized against 1-4 workers on 1-2 servers, per link speed.
 
-    python3 studies/crossover_study.py --out docs/runs/crossover.jsonl          # as root for netns links
-    /usr/bin/python3 studies/crossover_study.py --report docs/runs/crossover.jsonl \
-        --plot docs/crossover.png                                             # table + plot only
+    python3 studies/crossover_study.py --out crossover.jsonl          # as root for netns links
+    /usr/bin/python3 studies/crossover_study.py --report crossover.jsonl \
+        --plot crossover.png                                             # table + plot only
 
 Models (--models): small = MLP 784-64-10 (50.9k parameters, batch 64); large = MLP
 784-2048-2048-10 (5.8M parameters, batch 256); ctr = the synthetic CTR model with 100k values
@@ -17,9 +17,14 @@ with an empty --exec); every other link is a rate for tc tbf (e.g. 10gbit, 1gbit
 namespace (tools/netns.py), started through launch_ssh.py --exec "ip netns exec {host}".
 Per link the study first probes it (TCP ping-pong, a 32 MB stream, and each model's step: its
 push bytes out and pull bytes back, tools/ps_advise.py),
-then runs each model centralized (one process, no network; repeated per link, which shows
-the run-to-run noise) and on every --cells SERVERSxWORKERS, asynchronous, plus --extra_modes
-(BSP, local SGD) on --extra_cells.
+then runs each model centralized (one process, no network, one BLAS thread as every worker
+has; repeated per link, which shows the run-to-run noise), centralized with a BLAS thread per
+core (mode centralized-all-cores: what one process can do on this machine, where a cluster's
+processes share its cores), and on every --cells SERVERSxWORKERS, asynchronous, plus --extra_modes
+(BSP, local SGD) on --extra_cells. On loopback the processes of a cluster pass calls and
+payloads through shared memory, as on any one host; each model's 1x1 runs once more by the
+socket there (mode async-socket), which is what the advisor measures a step by for links
+between hosts. Shaped links always go by the socket.
 
 Every process runs under a wrapper that reports its CPU time (user + system), so the table
 can show how much of the machine a run used: all "hosts" share this machine's cores.
@@ -29,9 +34,9 @@ can show how much of the machine a run used: all "hosts" share this machine's co
 each of its epochs, until an evaluation reaches the target (then the run is stopped) or the
 model's time limit passes (TARGET_LIMITS; recorded as not reached, with the best metric seen).
 The time is worker 0's training clock, evaluations included: what a user waits for.
-    python3 studies/crossover_study.py --target --links 10gbit,1gbit,100mbit --out docs/runs/crossover_target.jsonl
-    /usr/bin/python3 studies/crossover_study.py --report docs/runs/crossover_target.jsonl \
-        --target_plot docs/crossover_target.png
+    python3 studies/crossover_study.py --target --links 10gbit,1gbit,100mbit --out crossover_target.jsonl
+    /usr/bin/python3 studies/crossover_study.py --report crossover_target.jsonl \
+        --target_plot crossover_target.png
 
 Output: one JSON line per run (--out): samples/s summed over workers, wall time, bytes the
 workers sent and received, the workers' pull/compute/push breakdown, CPU seconds per
@@ -66,15 +71,21 @@ MODELS = {
     "ctr": (CTR, ["data.synthetic.vocabulary_per_field=100000", "data.synthetic.num_train=200000",
                   "model.ctr.embedding_dim=32"]),
 }
-# Steps per worker, by model and link class: about 3-10 s per run on a 2-core machine.
+# Steps per worker, by model and link class: about 2-10 s per run on a 2-core machine (the
+# small model's and ctr's raised on 2026-12-06: with the data path of that day, the counts of
+# 2026-11-30 trained for well under a second).
 STEPS = {
-    "small": {"fast": 1500, "1gbit": 1000, "slow": 200},
+    "small": {"fast": 6000, "1gbit": 4000, "slow": 400},
     "large": {"fast": 20, "1gbit": 8, "slow": 3},
-    "ctr": {"fast": 600, "1gbit": 600, "slow": 200},
+    "ctr": {"fast": 2000, "1gbit": 1500, "slow": 200},
 }
 EXTRA_MODES = {
     "BSP": ["training.staleness=0"],
     "lsgd4": ["training.staleness=0", "training.local_sgd.steps=4"],
+    # Asynchronous with calls and payloads by the socket although every process is on this
+    # host: on loopback, each model's 1x1 also runs so, as the advisor's input for links
+    # between hosts (studies/advise_validation.py), where there is no shared memory.
+    "async-socket": ["rpc.shared_memory_mb=0"],
 }
 # Time-to-target runs (--target): per model, the test metric to reach (accuracy; AUC for ctr), and
 # the longest a run may take (seconds) before it is recorded as not reaching it.
@@ -82,9 +93,10 @@ TARGETS = {"small": 0.85, "large": 0.84, "ctr": 0.82}
 TARGET_LIMITS = {"small": 90, "large": 240, "ctr": 90}
 # The cells of the time-to-target runs, per model: (mode, servers, workers).
 TARGET_CELLS = {
-    "small": [("centralized", 0, 1), ("async", 1, 2), ("async", 2, 4)],
-    "large": [("centralized", 0, 1), ("async", 2, 2), ("BSP", 2, 2), ("lsgd4", 2, 2)],
-    "ctr": [("centralized", 0, 1), ("async", 1, 2), ("async", 2, 4)],
+    "small": [("centralized", 0, 1), ("centralized-all-cores", 0, 1), ("async", 1, 2), ("async", 2, 4)],
+    "large": [("centralized", 0, 1), ("centralized-all-cores", 0, 1), ("async", 2, 2), ("BSP", 2, 2),
+              ("lsgd4", 2, 2)],
+    "ctr": [("centralized", 0, 1), ("centralized-all-cores", 0, 1), ("async", 1, 2), ("async", 2, 4)],
 }
 SERVERS = [("s0", 1), ("s1", 2)]
 WORKERS = [("w%d" % i, 11 + i) for i in range(4)]
@@ -169,9 +181,9 @@ class Study:
             return None, out, time.time() - start
         return p.returncode, out, time.time() - start
 
-    def centralized(self, link, model, steps):
+    def centralized(self, link, model, steps, threads=1):
+        """One process; `threads` BLAS threads (0 = every core: mode centralized-all-cores)."""
         config, sets = MODELS[model]
-        threads = 1
         log_path = os.path.join(self.work, "centralized-%d.jsonl" % int(time.time() * 1000))
         argv = [os.path.join(self.wrapped, "worker/ps_worker"), "--config=" + config, "--centralized",
                 "--eval=never", "--threads=%d" % threads, "--log_path=" + log_path,
@@ -183,7 +195,8 @@ class Study:
         if code != 0:
             log("centralized %s failed (%s):\n%s" % (model, code, out[-2000:]))
             return
-        self.record(dict(link=link, model=model, mode="centralized", servers=0, workers=1, steps_per_worker=steps,
+        mode = "centralized" if threads == 1 else "centralized-all-cores"
+        self.record(dict(link=link, model=model, mode=mode, servers=0, workers=1, steps_per_worker=steps,
                          wall_s=round(wall, 2), **parse_run(out, records)))
 
     def cluster_argv(self, link, model, s, w, mode, sets, run_dir, eval_mode):
@@ -233,10 +246,10 @@ class Study:
                 "training.eval_every_epochs=1"]
         run_dir = os.path.join(self.work, "run-%d" % int(time.time() * 1000))
         worker0_log = os.path.join(run_dir, "logs", "worker-0.jsonl")  # launch_argv's name for it
-        if mode == "centralized":
+        if mode.startswith("centralized"):
             os.makedirs(os.path.dirname(worker0_log), exist_ok=True)
             argv = [os.path.join(self.wrapped, "worker/ps_worker"), "--config=" + config, "--centralized",
-                    "--eval=always", "--threads=1", "--log_path=" + worker0_log,
+                    "--eval=always", "--threads=%d" % (1 if mode == "centralized" else 0), "--log_path=" + worker0_log,
                     "--set=" + ",".join(model_sets + sets)]
         else:
             argv = self.cluster_argv(link, model, s, w, mode, sets, run_dir, "auto")
@@ -281,9 +294,12 @@ class Study:
         for model in self.args.models.split(","):
             steps = max(1, int(STEPS[model][link_class(link)] * self.args.steps_scale))
             self.centralized(link, model, steps)
+            self.centralized(link, model, steps, threads=0)
             for cell in self.args.cells.split(","):
                 s, w = (int(x) for x in cell.split("x"))
                 self.cluster(link, model, s, w, "async", steps)
+            if link == "loopback":
+                self.cluster(link, model, 1, 1, "async-socket", steps)
             if model in self.args.extra_models.split(","):
                 for cell in self.args.extra_cells.split(","):
                     s, w = (int(x) for x in cell.split("x"))
@@ -397,7 +413,7 @@ def cell_key(r):
 
 
 def cell_name(k):
-    return "centralized" if k[0] == "centralized" else "%s %dx%d" % k
+    return k[0] if k[0].startswith("centralized") else "%s %dx%d" % k
 
 
 def target_report(rows):
@@ -473,13 +489,17 @@ def plot(rows, path):
     for ax, model, mine, keys in panels:
         xs = list(range(len(links)))
         for k in keys:
+            if k[0] == "async-socket":
+                continue  # loopback only: the advisor's input, in the table
             ys = []
             for l in links:
                 hit = [x["samples_per_s"] for x in mine if x["link"] == l and cell_key(x) == k]
                 ys.append(hit[-1] if hit else float("nan"))
             label = cell_name(k)
-            ax.plot(xs, ys, marker="o", linestyle="--" if k[0] == "centralized" else "-",
-                    linewidth=2.5 if k[0] == "centralized" else 1.2, color="black" if k[0] == "centralized" else None,
+            central = k[0].startswith("centralized")
+            ax.plot(xs, ys, marker="o", linestyle="--" if central else "-",
+                    linewidth=2.5 if central else 1.2,
+                    color=("black" if k[0] == "centralized" else "grey") if central else None,
                     label=label)
         ax.set_xticks(xs)
         ax.set_xticklabels(links)
@@ -540,7 +560,7 @@ def main():
     ap.add_argument("--links", default="loopback,10gbit,1gbit,100mbit")
     ap.add_argument("--models", default="small,large,ctr")
     ap.add_argument("--cells", default="1x1,1x2,2x2,2x4", help="SERVERSxWORKERS, asynchronous")
-    ap.add_argument("--extra_modes", default="BSP,lsgd4", help="also run these (BSP, lsgd4) ...")
+    ap.add_argument("--extra_modes", default="BSP,lsgd4", help="also run these (BSP, lsgd4, async-socket) ...")
     ap.add_argument("--extra_cells", default="2x2", help="... on these cells ...")
     ap.add_argument("--extra_models", default="large", help="... for these models")
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))

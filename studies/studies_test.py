@@ -172,6 +172,16 @@ class ParseRunTest(unittest.TestCase):
             shutil.rmtree(d)
 
 
+def validate_rows(rows):
+    """advise_validation.validate of a study file holding `rows`."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    try:
+        return advise_validation.validate(f.name, 64, ROOT)
+    finally:
+        os.unlink(f.name)
+
+
 class ValidateTest(unittest.TestCase):
     def test_predicts_each_run_of_a_study_file_from_the_same_windows_inputs(self):
         key = advise_validation.exchange_key(203560, 203560)
@@ -186,12 +196,7 @@ class ValidateTest(unittest.TestCase):
                  push_s=0.2, pull_s=0.2, samples_per_s=4000.0, bytes_sent=200 * 203560, bytes_received=200 * 203560),
             dict(link="loopback", model="small", mode="async", kind="target", servers=1, workers=1),
         ]
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-            f.write("".join(json.dumps(r) + "\n" for r in rows))
-        try:
-            out, grpc = advise_validation.validate(f.name, 64, ROOT)
-        finally:
-            os.unlink(f.name)
+        out, grpc = validate_rows(rows)
         self.assertAlmostEqual(grpc["small"]["grpc_step"], 0.002)
         # Only the 1x2 run is predicted: the 1x1 run is the input, the target row no throughput run.
         self.assertEqual([(r["servers"], r["workers"]) for r in out], [(1, 2)])
@@ -201,6 +206,35 @@ class ValidateTest(unittest.TestCase):
         self.assertAlmostEqual(r["error"], expected / 4000 - 1, places=6)
         self.assertAlmostEqual(r["bytes_measured"], 2 * 203560)
         self.assertTrue(math.isclose(r["measured_vs_central"], 0.8))
+
+    def test_links_between_hosts_take_the_step_by_the_socket(self):
+        key = advise_validation.exchange_key(203560, 203560)
+
+        def run(link, mode, s, w, steps, transfers, rate):
+            return dict(link=link, model="small", mode=mode, servers=s, workers=w, steps=steps, compute_s=steps * 0.01,
+                        push_s=transfers / 2, pull_s=transfers / 2, samples_per_s=rate, bytes_sent=1, bytes_received=1)
+
+        rows = [
+            dict(link="loopback", mode="probe", rtt_s=0.0, bandwidth_Bps=1e12, exchange_s={key: 0.0}),
+            dict(link="10gbit", mode="probe", rtt_s=0.0, bandwidth_Bps=1e12, exchange_s={key: 0.0}),
+            dict(link="loopback", model="small", mode="centralized", servers=0, workers=1, steps=100, compute_s=1.0,
+                 push_s=0.0, pull_s=0.0, samples_per_s=6400.0),
+            dict(link="10gbit", model="small", mode="centralized", servers=0, workers=1, steps=100, compute_s=1.0,
+                 push_s=0.0, pull_s=0.0, samples_per_s=6400.0),
+            run("loopback", "async", 1, 1, 100, 0.2, 1000.0),         # 2 ms a step through shared memory
+            run("loopback", "async-socket", 1, 1, 100, 0.6, 900.0),   # 6 ms by the socket
+            run("loopback", "async", 1, 2, 200, 0.4, 4000.0),
+            run("10gbit", "async", 1, 2, 200, 0.4, 4000.0),
+        ]
+        out, grpc = validate_rows(rows)
+        self.assertAlmostEqual(grpc["small"]["grpc_step"], 0.002)
+        self.assertAlmostEqual(grpc["small"]["socket_step"], 0.006)
+        # Neither 1x1 run is predicted; the loopback 1x2 from the shared-memory step, the 10gbit
+        # one from the socket's.
+        self.assertEqual([(r["link"], r["mode"], r["workers"]) for r in out],
+                         [("loopback", "async", 2), ("10gbit", "async", 2)])
+        self.assertAlmostEqual(out[0]["predicted"], 2 * 64 / (0.010 + 0.002), places=3)
+        self.assertAlmostEqual(out[1]["predicted"], 2 * 64 / (0.010 + 0.006), places=3)
 
 
 def bench_row(mode, op, payload, **values):

@@ -6,12 +6,16 @@
          --probe_addr 10.0.0.1] [--cores 2] [--max_workers 4] [--servers 1,2] [--json]
 
 What it measures on this machine (about 20 s):
-  1. compute per step: a short centralized run (ps_worker --centralized, training.max_steps);
-     its JSON log gives compute_s (forward + backward) and push_s (in-process optimizer apply).
+  1. compute per step: a short centralized run (ps_worker --centralized, training.max_steps)
+     with one BLAS thread, as each worker has; its JSON log gives compute_s (forward +
+     backward) and push_s (in-process optimizer apply). On a machine of several cores, a
+     second one with a BLAS thread per core: what one process does with the whole machine.
   2. a step's transfers: a short job of one ps_server and one ps_worker on loopback
      (tools/launch_ssh.py); the worker's pull and push time per step (serialization, gRPC,
      the server's lookups and optimizer). On loopback this is what a step's transfers cost
-     in CPU, on any link.
+     in CPU, on any link. For a link between hosts (--link RATE or --probe_*) the job sends
+     its calls and payloads by the socket (rpc.shared_memory_mb=0), as between hosts; for one
+     host (the default) through shared memory, as a cluster on one host does.
   3. the link: a Python TCP ping-pong, a 32 MB stream and the median time of a step's bytes
      (push bytes out, pull bytes back, back to back) between two hosts (--probe_*), on
      loopback (the default), or only a rate given with --link (no latency).
@@ -24,9 +28,9 @@ The model (all times per step of one worker, batch b):
                        minus its loopback time (gRPC serializes a whole message, then sends
                        it: the two add up), or without a probe (pull + push bytes) / rate + 2 rtt
   step_async         = compute + transfers (the server applies the optimizer inside the push)
-  server link bound  = S * link_rate / (pull + push bytes) steps/s (W workers share S servers'
-                       links; workers stay in phase, so pulls and pushes do not overlap); only
-                       when W > S if the link was probed (else the step time covers it)
+  server link bound  = S * link_rate / max(pull, push bytes) steps/s (W workers share S
+                       servers' links, pushes in and pulls out at once); only when W > S if
+                       the link was probed (else the step time covers it)
   CPU bound          = min(cores, W + S) * b / cpu_per_step, cpu_per_step = compute +
                        cpu_factor (1.25) * the loopback step transfers
   async samples/s    = min(W * b / step_async, server link bound, CPU bound)
@@ -34,8 +38,9 @@ The model (all times per step of one worker, batch b):
                        + a straggler allowance of 5% per extra worker)
   local SGD k        = compute + the optimizer on the worker every step, the transfers once
                        per k steps (for a sparse model: of every row the k batches touched)
-Centralized = b / (compute + apply + in-process pull). The recommendation is the fastest
-prediction, preferring centralized unless a cluster is at least --min_gain faster.
+Centralized = b / (compute + apply + in-process pull), with one thread and with every core of
+this machine. The recommendation is the fastest prediction, preferring the faster centralized
+run unless a cluster is at least --min_gain faster.
 """
 
 import argparse
@@ -55,8 +60,9 @@ from launch_common import get  # noqa: E402
 from step_cost import load, model_bytes, period_bytes, step_bytes  # noqa: E402, F401
 
 # CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
-# crossover study of 2026-11-30 (`studies/advise_validation.py docs/runs/crossover.jsonl --fit`: 1.25 with any link left out).
-GRPC_CPU_FACTOR = 1.25
+# crossover study of 2026-12-06 (`studies/advise_validation.py docs/runs/crossover-2026-12-06.jsonl
+# --fit`: 1.75 on all links, 1.5-2.0 with one link left out; 1.25 on the study of 2026-11-30).
+GRPC_CPU_FACTOR = 1.75
 STRAGGLER = 0.05        # BSP: extra step time per additional worker
 
 
@@ -81,15 +87,17 @@ def measure_compute(worker, config, sets, steps, threads=1):
                 step=done["wall_s"] / n, batch=done["samples"] / n, samples_per_s=done["samples_per_s"])
 
 
-def measure_step(bin_dir, config, sets, steps):
+def measure_step(bin_dir, config, sets, steps, shared_memory=True):
     """Seconds of one worker step's pull + push, gRPC included, on a real 1-server, 1-worker job
     on loopback (tools/launch_ssh.py, this host): what a step's transfers cost in CPU and time,
-    apart from the link, for any model (dense or sparse, the server's optimizer included)."""
+    apart from the link, for any model (dense or sparse, the server's optimizer included).
+    `shared_memory` False sends the calls and payloads by the socket, as between hosts."""
     work = tempfile.mkdtemp(prefix="ps-advise-step-")
+    socket = [] if shared_memory else ["rpc.shared_memory_mb=0"]
     try:
         argv = launch_argv(["server 127.0.0.1 port=0", "worker 127.0.0.1"], config,
-                           list(sets) + ["training.max_steps=%d" % steps, "training.epochs=1000"], bin_dir, work,
-                           "", "never")
+                           list(sets) + socket + ["training.max_steps=%d" % steps, "training.epochs=1000"], bin_dir,
+                           work, "", "never")
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if p.returncode != 0:
             raise SystemExit("ps_advise: the loopback job failed:\n" + p.stdout[-2000:])
@@ -108,6 +116,11 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
     """List of dicts (mode, servers, workers, samples_per_s, bound) for every candidate."""
     out = [dict(mode="centralized", servers=0, workers=1, bound="compute",
                 samples_per_s=batch / (m["compute"] + m["apply"] + m["pull"]))]
+    if m.get("all_cores"):
+        a = m["all_cores"]
+        out.append(dict(mode="centralized, all cores", servers=0, workers=1,
+                        bound="compute on %d BLAS threads" % a["threads"],
+                        samples_per_s=batch / (a["compute"] + a["apply"] + a["pull"])))
     bw, rtt = link["bandwidth_Bps"], link["rtt_s"]
 
     # A real loopback step's pull + push (serialization, gRPC, the server's apply), then what
@@ -120,9 +133,13 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
     else:
         wire = (m["pull_bytes"] + m["push_bytes"]) / bw + 2 * rtt
     t_transfers = cpu_transfers + wire
-    # Workers that start together stay in phase: all pull, then all push, so a server's link
-    # carries the pulls and the pushes one after the other, not overlapped.
-    step_bytes = m["pull_bytes"] + m["push_bytes"]
+    # A step is one call per server (PushPull): its push goes in and its pull comes back on
+    # the two directions of the server's link, and workers sharing a server fall out of phase,
+    # so one worker's push overlaps another's answer. (Before 2026-12-06 this summed the two:
+    # workers that pulled, then pushed, in phase. The crossover study of that day measured a
+    # 1-server, 2-worker cluster at the rate of one link per direction: the small model at 1
+    # Gbit/s 37,554 samples/s against 39,300 for the bytes each way, 19,500 for their sum.)
+    step_bytes = max(m["pull_bytes"], m["push_bytes"])
 
     def bounded(w, s, every):
         """(samples/s, what bounds it) with the transfers once per `every` steps."""
@@ -163,16 +180,16 @@ def shape(p):
 
 
 def recommend(preds, min_gain):
-    central = preds[0]
-    best = max(preds[1:], key=lambda p: p["samples_per_s"])
+    central = max((p for p in preds if p["mode"].startswith("centralized")), key=lambda p: p["samples_per_s"])
+    best = max((p for p in preds if not p["mode"].startswith("centralized")), key=lambda p: p["samples_per_s"])
     if best["samples_per_s"] < min_gain * central["samples_per_s"]:
-        return central, ("centralized: the best cluster (%s, %s, %.0f samples/s, bound by %s) "
+        return central, ("%s: the best cluster (%s, %s, %.0f samples/s, bound by %s) "
                          "is not %.2fx faster than one process (%.0f samples/s)" % (
-                             best["mode"], shape(best), best["samples_per_s"],
+                             central["mode"], best["mode"], shape(best), best["samples_per_s"],
                              best["bound"], min_gain, central["samples_per_s"]))
-    return best, ("%s on %s: %.0f samples/s, %.2fx centralized (%.0f); bound by %s" % (
+    return best, ("%s on %s: %.0f samples/s, %.2fx %s (%.0f); bound by %s" % (
         best["mode"], shape(best), best["samples_per_s"],
-        best["samples_per_s"] / central["samples_per_s"], central["samples_per_s"], best["bound"]))
+        best["samples_per_s"] / central["samples_per_s"], central["mode"], central["samples_per_s"], best["bound"]))
 
 
 def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_workers=4, servers=(1, 2),
@@ -182,10 +199,17 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
     batch = int(get(cfg, "training.batch_size", 64))
     kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
     if measured is None:
-        m = measure_compute(os.path.join(bin_dir, "worker/ps_worker"), config, sets, steps or 50)
+        worker = os.path.join(bin_dir, "worker/ps_worker")
+        m = measure_compute(worker, config, sets, steps or 50)
+        if (os.cpu_count() or 1) > 1:
+            m["all_cores"] = dict(measure_compute(worker, config, sets, steps or 50, threads=0),
+                                  threads=os.cpu_count())
         loopback = probe_link([], [], "127.0.0.1", port=0, exchanges=[(push_b, pull_b)])
-        g = dict(grpc_step=measure_step(bin_dir, config, sets, steps or 50),
-                 loopback_exchange_s=loopback["exchange_s"][exchange_key(push_b, pull_b)])
+        # Processes on one host pass calls through shared memory; between hosts, the socket.
+        one_host = not probe and (not link_spec or link_spec == "loopback")
+        g = dict(grpc_step=measure_step(bin_dir, config, sets, steps or 50, shared_memory=one_host),
+                 loopback_exchange_s=loopback["exchange_s"][exchange_key(push_b, pull_b)],
+                 transport="shared memory" if one_host else "socket")
         if probe:
             link = probe_link(*probe, exchanges=[(push_b, pull_b)])
         elif link_spec and link_spec != "loopback":
@@ -236,8 +260,9 @@ def main():
         rep["kind"], rep["batch"], rep["pull_bytes"] / 1e6, rep["push_bytes"] / 1e6,
         " (%.0f unique keys)" % rep["unique_keys"] if rep["unique_keys"] else ""))
     print("measured: compute %.2f ms, optimizer apply %.2f ms, in-process pull %.2f ms per step; a step's pull + "
-          "push over gRPC on loopback %.2f ms (raw TCP: %.2f ms); link %.0f MB/s, rtt %.3f ms%s; %d cores" % (
+          "push over gRPC on loopback %.2f ms (%s; raw TCP: %.2f ms); link %.0f MB/s, rtt %.3f ms%s; %d cores" % (
               m["compute"] * 1e3, m["apply"] * 1e3, m["pull"] * 1e3, g["grpc_step"] * 1e3,
+              g.get("transport", "socket"),
               g["loopback_exchange_s"] * 1e3, l["bandwidth_Bps"] / 1e6, l["rtt_s"] * 1e3,
               "".join(", a step's bytes %.2f ms" % (v * 1e3) for v in l.get("exchange_s", {}).values()),
               rep["cores"]))

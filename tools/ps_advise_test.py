@@ -92,9 +92,20 @@ class PredictTest(unittest.TestCase):
 
     def test_a_slow_link_caps_the_servers_links(self):
         link = dict(bandwidth_Bps=1e6, rtt_s=0)  # 1 MB/s: 2 s per step for the bytes alone
-        p = pick(ps_advise.predict(step(), GRPC, link, 64, [4], [2], 64), "async", 2, 4)
+        # 8 workers on 2 servers: each server's link carries 1 MB of pushes in and 1 MB of
+        # pulls out per step, at once, at 1 MB/s each way (the workers' own steps allow 252/s).
+        p = pick(ps_advise.predict(step(), GRPC, link, 64, [8], [2], 64), "async", 2, 8)
         self.assertEqual(p["bound"], "the servers' links")
-        self.assertClose(p["samples_per_s"], 64 * 2 * 1e6 / 2e6)
+        self.assertClose(p["samples_per_s"], 64 * 2 * 1e6 / 1e6)
+        # Its busier direction bounds it.
+        m = dict(step(), push_bytes=0.5e6)
+        p = pick(ps_advise.predict(m, GRPC, link, 64, [8], [2], 64), "async", 2, 8)
+        self.assertEqual(p["bound"], "the servers' links")
+        self.assertClose(p["samples_per_s"], 64 * 2 * 1e6 / 1e6)
+        m = dict(step(), pull_bytes=0.25e6, push_bytes=0.5e6)
+        p = pick(ps_advise.predict(m, GRPC, link, 64, [8], [2], 64), "async", 2, 8)
+        self.assertEqual(p["bound"], "the servers' links")
+        self.assertClose(p["samples_per_s"], 64 * 2 * 1e6 / 0.5e6)
 
     def test_shared_cores_cap_the_cluster(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)
@@ -133,6 +144,20 @@ class PredictTest(unittest.TestCase):
         p = pick(ps_advise.predict(m, g, link, 64, [1], [1], 64), "async", 1, 1)
         self.assertClose(p["samples_per_s"], 64 / (0.010 + 0.022 + 2.0))
 
+    def test_centralized_on_every_core_is_predicted_beside_one_thread(self):
+        m = dict(step(), all_cores=dict(compute=0.004, apply=0.002, pull=0.0, threads=2))
+        preds = ps_advise.predict(m, GRPC, dict(bandwidth_Bps=1e12, rtt_s=0), 2, [1], [1], 64)
+        self.assertEqual([p["mode"] for p in preds[:2]], ["centralized", "centralized, all cores"])
+        self.assertClose(preds[0]["samples_per_s"], 64 / 0.012)
+        self.assertClose(preds[1]["samples_per_s"], 64 / 0.006)
+        # A cluster 1.5x the one-thread run but not 1.1x the all-core one: the all-core run.
+        preds.append(dict(mode="async", servers=1, workers=2, samples_per_s=1.5 * 64 / 0.012, bound="x"))
+        choice, why = ps_advise.recommend(preds, 1.1)
+        self.assertEqual(choice["mode"], "centralized, all cores")
+        self.assertIn("centralized, all cores", why)
+        preds[-1]["samples_per_s"] = 1.2 * 64 / 0.006
+        self.assertEqual(ps_advise.recommend(preds, 1.1)[0]["mode"], "async")
+
     def test_recommends_centralized_unless_a_cluster_is_clearly_faster(self):
         preds = [dict(mode="centralized", servers=0, workers=1, samples_per_s=100, bound="compute"),
                  dict(mode="async", servers=1, workers=2, samples_per_s=105, bound="x")]
@@ -155,6 +180,61 @@ class ProbeTest(unittest.TestCase):
 
 
 
+class TransportTest(unittest.TestCase):
+    """A cluster on one host passes calls through shared memory; between hosts there is only the
+    socket, so a step measured on loopback for a link between hosts must go by the socket."""
+
+    def setUp(self):
+        self.saved = {k: getattr(ps_advise, k) for k in ("measure_compute", "measure_step", "probe_link",
+                                                          "launch_argv")}
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            setattr(ps_advise, k, v)
+
+    def advise_on(self, **kw):
+        seen = []
+        ps_advise.measure_compute = lambda *a, **k: dict(compute=0.01, apply=0.001, pull=0.0, step=0.011, batch=64,
+                                                         samples_per_s=5800.0)
+
+        def measure_step(bin_dir, config, sets, steps, shared_memory=True):
+            seen.append(shared_memory)
+            return 0.002
+
+        def probe_link(server, client, addr, port=7001, exchanges=(), **_):
+            return dict(bandwidth_Bps=1e9, rtt_s=1e-4,
+                        exchange_s={ps_advise.exchange_key(*e): 0.001 for e in exchanges})
+
+        ps_advise.measure_step, ps_advise.probe_link = measure_step, probe_link
+        rep = ps_advise.advise(MNIST, ["model.mlp.hidden=64"], ROOT, cores=2, max_workers=1, servers=(1,), **kw)
+        return seen, rep["grpc"]["transport"]
+
+    def test_the_step_goes_by_the_socket_for_a_link_between_hosts(self):
+        self.assertEqual(self.advise_on(link_spec="1gbit"), ([False], "socket"))
+        self.assertEqual(self.advise_on(probe=([], [], "10.0.0.1")), ([False], "socket"))
+
+    def test_the_step_goes_through_shared_memory_on_one_host(self):
+        self.assertEqual(self.advise_on(), ([True], "shared memory"))
+        self.assertEqual(self.advise_on(link_spec="loopback"), ([True], "shared memory"))
+
+    def test_measure_step_turns_shared_memory_off_for_the_socket(self):
+        calls = []
+
+        class Stop(Exception):
+            pass
+
+        def launch_argv(hosts, config, sets, *rest):
+            calls.append(list(sets))
+            raise Stop()
+
+        ps_advise.launch_argv = launch_argv
+        for shared in (False, True):
+            with self.assertRaises(Stop):
+                ps_advise.measure_step(ROOT, MNIST, ["model.mlp.hidden=64"], 5, shared_memory=shared)
+        self.assertIn("rpc.shared_memory_mb=0", calls[0])
+        self.assertNotIn("rpc.shared_memory_mb=0", calls[1])
+
+
 @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "server", "ps_server")) and
                      os.path.exists(os.path.join(ROOT, "worker", "ps_worker")), "needs the built binaries")
 class AdviseTest(unittest.TestCase):
@@ -166,8 +246,10 @@ class AdviseTest(unittest.TestCase):
         self.assertGreater(rep["grpc"]["grpc_step"], 0)
         self.assertGreater(rep["compute"]["compute"], 0)
         modes = [(p["mode"], p["servers"], p["workers"]) for p in rep["predictions"]]
-        self.assertEqual(modes, [("centralized", 0, 1), ("async", 1, 1), ("local SGD k=4", 1, 1), ("async", 1, 2),
-                                 ("BSP", 1, 2), ("local SGD k=4", 1, 2)])
+        all_cores = [("centralized, all cores", 0, 1)] if (os.cpu_count() or 1) > 1 else []
+        self.assertEqual(modes, [("centralized", 0, 1)] + all_cores +
+                         [("async", 1, 1), ("local SGD k=4", 1, 1), ("async", 1, 2), ("BSP", 1, 2),
+                          ("local SGD k=4", 1, 2)])
         for p in rep["predictions"]:
             self.assertGreater(p["samples_per_s"], 0)
         self.assertIn(rep["recommendation"], rep["predictions"])

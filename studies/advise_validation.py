@@ -19,7 +19,7 @@ import crossover_study  # noqa: E402
 from launch_common import get  # noqa: E402
 from ps_advise import GRPC_CPU_FACTOR, STRAGGLER, predict  # noqa: E402
 from link_probe import exchange_key  # noqa: E402
-from step_cost import load as load_config, model_bytes, period_bytes, step_bytes  # noqa: E402
+from step_cost import busiest_server_share, load as load_config, model_bytes, period_bytes, step_bytes  # noqa: E402
 
 
 def validate(path, cores, bin_dir, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGLER):
@@ -68,7 +68,8 @@ def validate(path, cores, bin_dir, cpu_factor=GRPC_CPU_FACTOR, straggler=STRAGGL
         cfg = load_config(bin_dir, os.path.join(ROOT, config), sets)
         batch = int(get(cfg, "training.batch_size", 64))
         kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
-        m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
+        m.update(kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)),
+                 server_share={r["servers"]: busiest_server_share(cfg, r["servers"])})
         mode = {"async": "async", "BSP": "BSP", "lsgd4": "local SGD k=4"}[r["mode"]]
         g = grpc[r["model"]] if r["link"] == "loopback" else by_socket.get(r["model"], grpc[r["model"]])
         preds = predict(m, g, probes[r["link"]], cores, [r["workers"]], [r["servers"]], batch,

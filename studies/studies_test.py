@@ -120,6 +120,29 @@ class TimeToTargetTest(unittest.TestCase):
         self.assertIn("| async 1x2 | 4.0 (2) 0.50x |", text)
         self.assertIn("| async 2x4 | not in 90 s (best 0.8312) |", text)
 
+    def test_the_faster_centralized_run_is_the_base(self):
+        # Time to target: the all-core run (1.0 s) is the faster centralized one.
+        def row(mode, s, w, secs):
+            return dict(link="1gbit", model="large", mode=mode, servers=s, workers=w, kind="target", target=0.84,
+                        limit_s=90, seconds_to_target=secs, epochs_to_target=1, best_metric=0.85)
+        text = crossover_study.target_report([row("centralized", 0, 1, 2.0), row("centralized-all-cores", 0, 1, 1.0),
+                                              row("lsgd4", 2, 2, 4.0)])
+        self.assertIn("| centralized | 2.0 (1) 0.50x |", text)
+        self.assertIn("| centralized-all-cores | 1.0 (1) |", text)
+        self.assertIn("| lsgd4 2x2 | 4.0 (1) 0.25x |", text)
+
+        # Samples/s: the all-core run (150) is the base; the socket's 1x1 is a row of its own.
+        def run(mode, s, w, rate):
+            return dict(link="loopback", model="large", mode=mode, servers=s, workers=w, samples_per_s=rate,
+                        steps=10, steps_per_worker=10, samples=100, bytes_sent=0, bytes_received=0, wall_s=1.0,
+                        train_s=1.0, cpu_total_s=1.0, cpu_s={"worker 0": 1.0}, pull_s=0.0, compute_s=0.5, push_s=0.1)
+        text = crossover_study.report([run("centralized", 0, 1, 100.0), run("centralized-all-cores", 0, 1, 150.0),
+                                       run("async", 1, 2, 300.0), run("async-socket", 1, 1, 75.0)], 2)
+        self.assertIn("| centralized | - | 100 (0.67x) |", text)
+        self.assertIn("| centralized-all-cores | - | 150 |", text)
+        self.assertIn("| async | 1x2 | 300 (2.00x) |", text)
+        self.assertIn("| async-socket | 1x1 | 75 (0.50x) |", text)
+
 
 class ParseRunTest(unittest.TestCase):
     def test_the_workers_json_logs_and_the_launchers_byte_and_cpu_lines(self):

@@ -28,11 +28,14 @@ The model (all times per step of one worker, batch b):
                        minus its loopback time (gRPC serializes a whole message, then sends
                        it: the two add up), or without a probe (pull + push bytes) / rate + 2 rtt
   step_async         = compute + transfers (the server applies the optimizer inside the push)
-  server link bound  = S * link_rate / max(pull, push bytes) steps/s (W workers share S
-                       servers' links, pushes in and pulls out at once); only when W > S if
-                       the link was probed (else the step time covers it)
+  server link bound  = link_rate / (share * max(pull, push bytes)) steps/s, share = the
+                       busiest server's part of a step's bytes (1/S when the tables spread
+                       evenly; a model of few dense blocks lands unevenly: step_cost.py), W
+                       workers sharing the servers' links, pushes in and pulls out at once;
+                       if the link was probed, only when W * share > 1 (else the measured
+                       step covers it)
   CPU bound          = min(cores, W + S) * b / cpu_per_step, cpu_per_step = compute +
-                       cpu_factor (1.25) * the loopback step transfers
+                       cpu_factor (1.75) * the loopback step transfers
   async samples/s    = min(W * b / step_async, server link bound, CPU bound)
   BSP                = async with every step waiting for the slowest worker (+ barrier rtt,
                        + a straggler allowance of 5% per extra worker)
@@ -57,11 +60,12 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from job_runs import launch_argv, parse_run, read_logs  # noqa: E402
 from link_probe import exchange_key, probe_link  # noqa: E402, F401
 from launch_common import get  # noqa: E402
-from step_cost import load, model_bytes, period_bytes, step_bytes  # noqa: E402, F401
+from step_cost import busiest_server_share, load, model_bytes, period_bytes, step_bytes  # noqa: E402, F401
 
 # CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
 # crossover study of 2026-12-06 (`studies/advise_validation.py docs/runs/crossover-2026-12-06.jsonl
-# --fit`: 1.75 on all links, 1.5-2.0 with one link left out; 1.25 on the study of 2026-11-30).
+# --fit`: 1.75 on all links, 1.5-1.75 with one link left out, as on a run minutes before; 1.25
+# on the study of 2026-11-30).
 GRPC_CPU_FACTOR = 1.75
 STRAGGLER = 0.05        # BSP: extra step time per additional worker
 
@@ -136,9 +140,10 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
     # A step is one call per server (PushPull): its push goes in and its pull comes back on
     # the two directions of the server's link, and workers sharing a server fall out of phase,
     # so one worker's push overlaps another's answer. (Before 2026-12-06 this summed the two:
-    # workers that pulled, then pushed, in phase. The crossover study of that day measured a
-    # 1-server, 2-worker cluster at the rate of one link per direction: the small model at 1
-    # Gbit/s 37,554 samples/s against 39,300 for the bytes each way, 19,500 for their sum.)
+    # workers that pulled, then pushed, in phase. The crossover study of that day measured
+    # 1-server, 2-worker clusters at the rate of one link per direction: CTR at 1 Gbit/s
+    # 170,831 samples/s, where the sum of both directions allowed about 95,000; the small
+    # model at 100 Mbit/s 3,650 against 1,886.)
     step_bytes = max(m["pull_bytes"], m["push_bytes"])
 
     def bounded(w, s, every):
@@ -151,11 +156,13 @@ def predict(m, g, link, cores, workers, servers, batch, ks=(4,), cpu_factor=GRPC
         step = m["compute"] + apply + t_transfers * per
         cands = [(w * batch / step, "per-worker step (%.1f ms: compute %.1f, transfers %.1f)" % (
             step * 1e3, m["compute"] * 1e3, t_transfers * per * 1e3))]
-        # All servers' links together carry every worker's bytes, each direction. With no more
-        # workers than servers, a measured exchange already holds what one link does to a
-        # step's bytes (the worker's own link is the narrower one).
-        if exchange is None or w > s:
-            cands.append((batch * s * bw / (step_bytes * per), "the servers' links"))
+        # The busiest server's link carries its share of every worker's bytes, each direction.
+        # Where that is no more than one worker's link carries, a measured exchange already
+        # holds what one link does to a step's bytes (the worker's own link is the narrower
+        # one).
+        share = m.get("server_share", {}).get(s, 1.0 / s)
+        if exchange is None or w * share > 1 + 1e-9:
+            cands.append((batch * bw / (share * step_bytes * per), "the servers' links"))
         cpu = m["compute"] + apply + cpu_factor * cpu_transfers * per
         cands.append((min(cores, w + s) * batch / cpu, "CPU (%d cores for %d processes)" % (cores, w + s)))
         return min(cands)
@@ -198,12 +205,16 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
     cfg = load(bin_dir, config, sets)
     batch = int(get(cfg, "training.batch_size", 64))
     kind, pull_b, push_b, keys, _ = model_bytes(cfg, batch)
+    cores = cores or os.cpu_count()
     if measured is None:
         worker = os.path.join(bin_dir, "worker/ps_worker")
         m = measure_compute(worker, config, sets, steps or 50)
-        if (os.cpu_count() or 1) > 1:
-            m["all_cores"] = dict(measure_compute(worker, config, sets, steps or 50, threads=0),
-                                  threads=os.cpu_count())
+        # One process on the cores the cluster's processes would share (at most this
+        # machine's).
+        threads = min(cores, os.cpu_count() or 1)
+        if threads > 1:
+            m["all_cores"] = dict(measure_compute(worker, config, sets, steps or 50, threads=threads),
+                                  threads=threads)
         loopback = probe_link([], [], "127.0.0.1", port=0, exchanges=[(push_b, pull_b)])
         # Processes on one host pass calls through shared memory; between hosts, the socket.
         one_host = not probe and (not link_spec or link_spec == "loopback")
@@ -219,8 +230,8 @@ def advise(config, sets, bin_dir, link_spec=None, probe=None, cores=None, max_wo
             link = loopback
     else:
         m, g, link = measured
-    m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)))
-    cores = cores or os.cpu_count()
+    m = dict(m, kind=kind, pull_bytes=pull_b, push_bytes=push_b, period_bytes=period_bytes(cfg, batch, (4,)),
+             server_share={s: busiest_server_share(cfg, s) for s in servers})
     preds = predict(m, g, link, cores, list(range(1, max_workers + 1)), list(servers), batch)
     choice, why = recommend(preds, 1.1)
     return dict(config=config, sets=sets, batch=batch, kind=kind, pull_bytes=pull_b, push_bytes=push_b,
@@ -243,6 +254,15 @@ def main():
     ap.add_argument("--steps", type=int, default=30, help="steps of the centralized measurement")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args()
+    for flag, value in (("--max_workers", args.max_workers), ("--cores", args.cores), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            ap.error("%s must be at least 1, got %d" % (flag, value))
+    try:
+        servers = [int(s) for s in args.servers.split(",")]
+    except ValueError:
+        ap.error("--servers: a comma-separated list of server counts, got %r" % args.servers)
+    if min(servers) < 1:
+        ap.error("--servers: every count must be at least 1, got %r" % args.servers)
     if args.link != "loopback":
         from netns import rate_bits
         rate_bits(args.link)  # a bad rate is refused before anything is measured
@@ -251,7 +271,7 @@ def main():
         probe = (shlex.split(args.probe_exec_server or ""), shlex.split(args.probe_exec_client or ""),
                  args.probe_addr)
     rep = advise(args.config, args.set, args.bin_dir, args.link, probe, args.cores, args.max_workers,
-                 [int(s) for s in args.servers.split(",")], args.steps)
+                 servers, args.steps)
     if args.json:
         print(json.dumps(rep))
         return
@@ -266,7 +286,7 @@ def main():
               g["loopback_exchange_s"] * 1e3, l["bandwidth_Bps"] / 1e6, l["rtt_s"] * 1e3,
               "".join(", a step's bytes %.2f ms" % (v * 1e3) for v in l.get("exchange_s", {}).values()),
               rep["cores"]))
-    print("\n| mode | servers | workers | predicted samples/s | vs centralized | bound by |")
+    print("\n| mode | servers | workers | predicted samples/s | vs centralized (1 thread) | bound by |")
     print("|---|---|---|---|---|---|")
     base = rep["predictions"][0]["samples_per_s"]
     for p in rep["predictions"]:

@@ -107,6 +107,27 @@ class PredictTest(unittest.TestCase):
         self.assertEqual(p["bound"], "the servers' links")
         self.assertClose(p["samples_per_s"], 64 * 2 * 1e6 / 0.5e6)
 
+    def test_a_model_of_few_blocks_loads_one_servers_link(self):
+        # The MLP 784-64-10 is 4 blocks of 65536 values (one per table) on 2 servers: server 0
+        # holds layer0.w and layer1.w, 50816 of its 50890 values.
+        cfg = mlp_cfg([64])
+        self.assertAlmostEqual(ps_advise.busiest_server_share(cfg, 2), 50816 / 50890)
+        self.assertEqual(ps_advise.busiest_server_share(cfg, 1), 1.0)
+        # 784-2048-2048-10: 5.8M values in 90 blocks, nearly even.
+        self.assertAlmostEqual(ps_advise.busiest_server_share(mlp_cfg([2048, 2048]), 2), 0.5, places=2)
+        # Two workers on two servers of a link whose exchange was measured: with the bytes
+        # spread evenly, each server's link carries one worker's worth and the measured step
+        # holds it; with all of them on one server, its link carries two workers' bytes.
+        link = dict(bandwidth_Bps=1e6, rtt_s=0, exchange_s={ps_advise.exchange_key(1e6, 1e6): 1.0})
+        even = pick(ps_advise.predict(dict(step(), server_share={2: 0.5}), GRPC, link, 64, [2], [2], 64),
+                    "async", 2, 2)
+        self.assertIn("per-worker step", even["bound"])
+        self.assertClose(even["samples_per_s"], 2 * 64 / (0.010 + 0.022 + 1.0))
+        one = pick(ps_advise.predict(dict(step(), server_share={2: 1.0}), GRPC, link, 64, [2], [2], 64),
+                   "async", 2, 2)
+        self.assertEqual(one["bound"], "the servers' links")
+        self.assertClose(one["samples_per_s"], 64 * 1e6 / 1e6)
+
     def test_shared_cores_cap_the_cluster(self):
         link = dict(bandwidth_Bps=1e12, rtt_s=0)
         p = pick(ps_advise.predict(step(), GRPC, link, 1, [4], [1], 64, cpu_factor=2.0), "async", 1, 4)

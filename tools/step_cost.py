@@ -46,6 +46,32 @@ def model_bytes(cfg, batch):
     raise SystemExit("ps_advise: the config has neither model.mlp nor model.ctr")
 
 
+def busiest_server_share(cfg, servers):
+    """The largest fraction of a step's bytes one of `servers` servers carries. Dense tables are
+    cut into blocks of cluster.dense_block_floats values, block b of the config's whole list of
+    blocks on server b mod `servers` (common::Partitioner::ServerForBlock), so a model whose
+    tables are few blocks lands unevenly: an MLP 784-64-10 is 99.9% on one server of two.
+    Sparse rows spread over the servers by key hash (1 / servers)."""
+    if servers <= 1:
+        return 1.0
+    block = int(get(cfg, "cluster.dense_block_floats", 65536))
+    on = [0] * servers
+    first = 0
+    for t in cfg.get("tables", []):
+        if t.get("kind", "TABLE_KIND_DENSE") != "TABLE_KIND_DENSE":
+            continue
+        numel = 1
+        for d in t.get("shape", []):
+            numel *= int(d)
+        blocks = (numel + block - 1) // block
+        for b in range(blocks):
+            on[(first + b) % servers] += min(block, numel - b * block)
+        first += blocks
+    if get(cfg, "model.mlp") is None or not sum(on):
+        return 1.0 / servers
+    return max(on) / sum(on)
+
+
 def step_bytes(bin_dir, config, sets):
     """(push bytes, pull bytes) of one worker step of config with --set overrides `sets`."""
     cfg = load(bin_dir, config, sets)

@@ -334,9 +334,10 @@ def load(path):
 
 def best_centralized(rows, link, key, better):
     """The `better` (max or min) of `key` over the centralized runs (one BLAS thread or one per
-    core) of `link` in `rows`, None if there are none."""
-    values = [r[key] for r in rows if r["link"] == link and r["mode"].startswith("centralized")
-              and r.get(key) is not None]
+    core) of `link` in `rows`, each mode's last run as the cells show theirs (a file --out
+    appended to holds several runs), None if there are none."""
+    last = {r["mode"]: r for r in rows if r["link"] == link and r["mode"].startswith("centralized")}
+    values = [r[key] for r in last.values() if r.get(key) is not None]
     return better(values) if values else None
 
 

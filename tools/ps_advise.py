@@ -8,8 +8,9 @@
 What it measures on this machine (about 20 s):
   1. compute per step: a short centralized run (ps_worker --centralized, training.max_steps)
      with one BLAS thread, as each worker has; its JSON log gives compute_s (forward +
-     backward) and push_s (in-process optimizer apply). On a machine of several cores, a
-     second one with a BLAS thread per core: what one process does with the whole machine.
+     backward) and push_s (in-process optimizer apply). Where --cores (default: this
+     machine's) and this machine both have several, a second one with a BLAS thread per
+     core (as many as --cores, at most this machine's): one process on those cores.
   2. a step's transfers: a short job of one ps_server and one ps_worker on loopback
      (tools/launch_ssh.py); the worker's pull and push time per step (serialization, gRPC,
      the server's lookups and optimizer). On loopback this is what a step's transfers cost
@@ -41,9 +42,9 @@ The model (all times per step of one worker, batch b):
                        + a straggler allowance of 5% per extra worker)
   local SGD k        = compute + the optimizer on the worker every step, the transfers once
                        per k steps (for a sparse model: of every row the k batches touched)
-Centralized = b / (compute + apply + in-process pull), with one thread and with every core of
-this machine. The recommendation is the fastest prediction, preferring the faster centralized
-run unless a cluster is at least --min_gain faster.
+Centralized = b / (compute + apply + in-process pull), with one thread and with a thread per
+core. The recommendation is the fastest prediction, preferring the faster centralized run
+unless a cluster is at least 1.1x faster.
 """
 
 import argparse
@@ -64,8 +65,8 @@ from step_cost import busiest_server_share, load, model_bytes, period_bytes, ste
 
 # CPU seconds (worker + server) per second of a step's transfers on loopback: fitted on the
 # crossover study of 2026-12-06 (`studies/advise_validation.py docs/runs/crossover-2026-12-06.jsonl
-# --fit`: 1.75 on all links, 1.5-1.75 with one link left out, as on a run minutes before; 1.25
-# on the study of 2026-11-30).
+# --fit`: 1.75 on all links in both of that day's runs; with one link left out 1.5-1.75 on
+# the 05:27 run, 1.5-2.0 on the 04:44 one; 1.25 on the study of 2026-11-30).
 GRPC_CPU_FACTOR = 1.75
 STRAGGLER = 0.05        # BSP: extra step time per additional worker
 

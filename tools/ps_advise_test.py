@@ -113,7 +113,7 @@ class PredictTest(unittest.TestCase):
         cfg = mlp_cfg([64])
         self.assertAlmostEqual(ps_advise.busiest_server_share(cfg, 2), 50816 / 50890)
         self.assertEqual(ps_advise.busiest_server_share(cfg, 1), 1.0)
-        # 784-2048-2048-10: 5.8M values in 90 blocks, nearly even.
+        # 784-2048-2048-10: 5.8M values in 93 blocks, nearly even.
         self.assertAlmostEqual(ps_advise.busiest_server_share(mlp_cfg([2048, 2048]), 2), 0.5, places=2)
         # Two workers on two servers of a link whose exchange was measured: with the bytes
         # spread evenly, each server's link carries one worker's worth and the measured step
@@ -213,7 +213,7 @@ class TransportTest(unittest.TestCase):
         for k, v in self.saved.items():
             setattr(ps_advise, k, v)
 
-    def advise_on(self, **kw):
+    def advise_on(self, bandwidth=1e9, **kw):
         seen = []
         ps_advise.measure_compute = lambda *a, **k: dict(compute=0.01, apply=0.001, pull=0.0, step=0.011, batch=64,
                                                          samples_per_s=5800.0)
@@ -223,12 +223,13 @@ class TransportTest(unittest.TestCase):
             return 0.002
 
         def probe_link(server, client, addr, port=7001, exchanges=(), **_):
-            return dict(bandwidth_Bps=1e9, rtt_s=1e-4,
+            return dict(bandwidth_Bps=bandwidth, rtt_s=1e-4,
                         exchange_s={ps_advise.exchange_key(*e): 0.001 for e in exchanges})
 
         ps_advise.measure_step, ps_advise.probe_link = measure_step, probe_link
-        rep = ps_advise.advise(MNIST, ["model.mlp.hidden=64"], ROOT, cores=2, max_workers=1, servers=(1,), **kw)
-        return seen, rep["grpc"]["transport"]
+        kw = dict(dict(cores=2, max_workers=1, servers=(1,)), **kw)
+        self.rep = ps_advise.advise(MNIST, ["model.mlp.hidden=64"], ROOT, **kw)
+        return seen, self.rep["grpc"]["transport"]
 
     def test_the_step_goes_by_the_socket_for_a_link_between_hosts(self):
         self.assertEqual(self.advise_on(link_spec="1gbit"), ([False], "socket"))
@@ -237,6 +238,16 @@ class TransportTest(unittest.TestCase):
     def test_the_step_goes_through_shared_memory_on_one_host(self):
         self.assertEqual(self.advise_on(), ([True], "shared memory"))
         self.assertEqual(self.advise_on(link_spec="loopback"), ([True], "shared memory"))
+
+    def test_the_blocks_placement_reaches_the_prediction(self):
+        # The MLP 784-64-10 is 99.9% on one of two servers: with two workers, that server's
+        # link (100 KB/s here) carries both workers' bytes although a probed link's exchange
+        # is measured and there are no more workers than servers.
+        self.advise_on(bandwidth=1e5, probe=([], [], "10.0.0.1"), max_workers=2, servers=(2,))
+        p = pick(self.rep["predictions"], "async", 2, 2)
+        self.assertEqual(p["bound"], "the servers' links")
+        share = ps_advise.busiest_server_share(mlp_cfg([64]), 2)
+        self.assertAlmostEqual(p["samples_per_s"] / (64 * 1e5 / (share * 203560)), 1.0, places=6)
 
     def test_measure_step_turns_shared_memory_off_for_the_socket(self):
         calls = []

@@ -81,6 +81,9 @@ struct BenchOptions {
   // rpc.shared_memory_calls of the config (false: payloads through shared memory, calls by
   // the socket).
   bool shared_memory_calls = true;
+  // rpc.overlap_push_copy of the config (false: a push's payload is all in the segment before
+  // its call is posted).
+  bool overlap_push_copy = true;
   // rpc.handoff of the config: "adaptive", "plain" or "streamed"; empty: its default.
   std::string handoff;
   size_t tcp_stream_write = 4 << 20;

@@ -66,6 +66,7 @@ std::string BenchConfigText(const BenchOptions& f, int num_servers) {
     absl::StrAppend(&rpc, " shared_memory_mb: ", f.shared_memory_mb);
   }
   if (!f.shared_memory_calls) absl::StrAppend(&rpc, " shared_memory_calls: false");
+  if (!f.overlap_push_copy) absl::StrAppend(&rpc, " overlap_push_copy: false");
   if (!f.handoff.empty())
     absl::StrAppend(&rpc, " handoff: HANDOFF_", absl::AsciiStrToUpper(f.handoff));
   if (f.data_threads >= 0) absl::StrAppend(&server, " data_threads: ", f.data_threads);
@@ -367,6 +368,7 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
     options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
     options.shared_memory_calls = config.rpc().shared_memory_calls();
+    options.overlap_push_copy = config.rpc().overlap_push_copy();
     options.handoff = config.rpc().handoff();
     ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
     stores.push_back(std::move(store));

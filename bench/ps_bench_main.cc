@@ -119,6 +119,10 @@ ABSL_FLAG(int64_t, shared_memory_mb, -1,
 ABSL_FLAG(bool, shared_memory_calls, true,
           "rpc.shared_memory_calls of the generated config: with shared memory, calls go through "
           "the segment's channel (false: by the socket, their payloads through the segment).");
+ABSL_FLAG(bool, overlap_push_copy, true,
+          "rpc.overlap_push_copy of the generated config: a push through a channel is posted "
+          "before its payload is copied, and the server checks the bytes as they come (false: "
+          "the payload is all there first).");
 ABSL_FLAG(std::string, handoff, "",
           "rpc.handoff of the generated config: how a client writes the bytes it hands a server "
           "through shared memory, and asks for its answers: adaptive (by measured cost), plain "
@@ -301,6 +305,7 @@ absl::Status ParseScalars(BenchOptions* f) {
   f->data_threads = absl::GetFlag(FLAGS_data_threads);
   f->shared_memory_mb = absl::GetFlag(FLAGS_shared_memory_mb);
   f->shared_memory_calls = absl::GetFlag(FLAGS_shared_memory_calls);
+  f->overlap_push_copy = absl::GetFlag(FLAGS_overlap_push_copy);
   f->handoff = absl::GetFlag(FLAGS_handoff);
   if (!f->handoff.empty() && f->handoff != "adaptive" && f->handoff != "plain" &&
       f->handoff != "streamed") {

@@ -52,13 +52,17 @@ absl::Status RunGrpc(BenchEnv* env, const JobConfig& config, Reporter* reporter)
     total.handoffs_streamed += st.handoffs_streamed;
     total.handoffs_plain += st.handoffs_plain;
     total.bytes_lent += st.bytes_lent;
+    total.payloads_following += st.payloads_following;
+    total.payloads_whole += st.payloads_whole;
     // Leave the consistency bound; matters only when connected to long-running servers.
     s->Finish().IgnoreError();
   }
   std::cerr << "client totals: " << total.retries << " retries, " << total.duplicate_pushes
             << " pushes answered as duplicates; calls through shared memory handed with "
             << total.handoffs_streamed << " streamed and " << total.handoffs_plain
-            << " plain copies (the links' HandoffChooser); " << total.bytes_lent
+            << " plain copies (the links' HandoffChooser); " << total.payloads_following
+            << " push payloads followed their call and " << total.payloads_whole
+            << " that could went whole (rpc.overlap_push_copy); " << total.bytes_lent
             << " push bytes read where they lay in lent buffers" << std::endl;
   env->stores.clear();
   return absl::OkStatus();

@@ -161,6 +161,7 @@ absl::StatusOr<std::vector<std::unique_ptr<worker::GrpcParameterStore>>> MakeSto
     // As a worker of the job: shared memory with the servers on this host (config defaults).
     options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
     options.shared_memory_calls = config.rpc().shared_memory_calls();
+    options.overlap_push_copy = config.rpc().overlap_push_copy();
     options.handoff = config.rpc().handoff();
     ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config, options));
     RETURN_IF_ERROR(store->WaitForServers(absl::Seconds(60)));

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/partitioner.h"
+#include "common/rpc/following_payload.h"
 #include "common/thread_pool.h"
 #include "kernels/optimizer_config.h"
 #include "proto/checkpoint.pb.h"
@@ -174,6 +175,11 @@ struct PushView {
   RequestInfo info;
   bool is_delta = false;  // a local-SGD delta, not a gradient
   absl::Span<const PushTable> tables;
+  // When not null, the tables' payloads lie in it and are still being written by the worker
+  // (common/rpc/following_payload.h): CheckPush reads none of their bytes before they are
+  // there, and refuses the push ("payload_late", DEADLINE_EXCEEDED) when they do not come in
+  // time. Must outlive the CheckedPush.
+  common::FollowingPayload* following = nullptr;
 };
 
 // One table of a pull: a dense table by block ids, a sparse one by keys.
@@ -236,6 +242,7 @@ class CheckedPush {
   uint64_t bytes_in_ = 0;
   // The finite check is left to the update, which reads each value once (Shard::ApplyOnePass).
   bool one_pass_ = false;
+  common::FollowingPayload* following_ = nullptr;  // PushView::following
 };
 
 // What Shard::SparseStats reports of one sparse table.
@@ -315,7 +322,9 @@ class Shard {
   // ("bad_worker"), a negative clock ("bad_clock"), an unknown encoding ("bad_encoding"), a
   // table addressed as the other kind ("wrong_kind"), a block out of range ("bad_block"), a
   // payload of the wrong size ("bad_size"), NaN/Inf values when they are refused
-  // ("nonfinite"; counted either way); NOT_FOUND for an unknown table ("unknown_table").
+  // ("nonfinite"; counted either way); NOT_FOUND for an unknown table ("unknown_table");
+  // DEADLINE_EXCEEDED for a following payload whose bytes did not come in time
+  // ("payload_late").
   absl::StatusOr<CheckedPush> CheckPush(const PushView& push);
   // Applies a checked push at most once per (worker, incarnation, sequence); under
   // training.deterministic, waits for the push's turn first (DEADLINE_EXCEEDED at
@@ -326,6 +335,9 @@ class Shard {
   absl::StatusOr<PushResult> ApplyPush(CheckedPush push);
   // CheckPush, then ApplyPush.
   absl::StatusOr<PushResult> Push(const PushView& push);
+  // Waits for a following payload's bytes up to `end` (all of them when null); OK at once
+  // without one. "payload_late" (DEADLINE_EXCEEDED) when they do not come in time.
+  absl::Status AwaitPayload(common::FollowingPayload* following, const void* end = nullptr);
 
   // ---- Pulls: CheckPull, then BeginPull (the wait), then ReadPull.
   // Checks every part as CheckPush does (layout, encoding, tables, kinds, blocks, keys) and
@@ -421,8 +433,11 @@ class Shard {
                          int64_t num_values);
   // INVALID_ARGUMENT naming the table, the part and the first bad index for the first of
   // `updates` whose values hold NaN or Inf, when such gradients are rejected; counted either
-  // way. A large push is counted by apply_pool_ as well as this thread.
-  absl::Status CheckFinite(absl::Span<const PendingUpdate> updates);
+  // way. A large push is counted by apply_pool_ as well as this thread. With `following`,
+  // values are counted as they come (AwaitPayload).
+  absl::Status CheckFinite(absl::Span<const PendingUpdate> updates,
+                           common::FollowingPayload* following = nullptr);
+
   // A dense block's place in a pull's answer, read after the sink's calls (ReadPull's
   // `in_place`).
   struct PullPlace {

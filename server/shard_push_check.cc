@@ -17,20 +17,51 @@
 
 namespace ps::server {
 
-absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
+absl::Status Shard::AwaitPayload(common::FollowingPayload* following, const void* end) {
+  if (following == nullptr || following->complete()) return absl::OkStatus();
+  absl::Status s = end == nullptr ? following->WaitAll() : following->WaitUntil(end);
+  if (!s.ok()) return Reject("payload_late", std::move(s));
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates,
+                                common::FollowingPayload* following) {
   // One count per part, in parallel for a large push; the verdict, in push order, here.
   std::vector<size_t> bad(updates.size(), 0);
   size_t values = 0;
   for (const PendingUpdate& u : updates) values += u.num_values();
-  auto count = [](const PendingUpdate& u) {
-    if (u.pieces.empty()) return common::CountNonFinite(u.values);
+  // A following payload's values are counted in runs of kFollowingChunkBytes, each once the
+  // worker has written it (its first read, which takes the lines from the worker's core, then
+  // overlaps the worker's copy of the rest).
+  absl::Status late;
+  auto count_run = [&](const void* data, size_t n) -> size_t {
+    if (following == nullptr || following->complete() ||
+        !following->Holds(data, n * sizeof(float))) {
+      return common::CountNonFinite(data, n);
+    }
+    constexpr size_t kRun = common::kFollowingChunkBytes / sizeof(float);
+    const auto* at = static_cast<const char*>(data);
+    size_t bad_values = 0;
+    for (size_t done = 0; done < n; done += kRun) {
+      const size_t k = std::min(kRun, n - done);
+      const char* run = at + done * sizeof(float);
+      if (late = AwaitPayload(following, run + k * sizeof(float)); !late.ok()) return 0;
+      bad_values += common::CountNonFinite(run, k);
+    }
+    return bad_values;
+  };
+  auto count = [&](const PendingUpdate& u) {
+    if (u.pieces.empty()) return count_run(u.values.data(), u.values.size());
     size_t n = 0;
     for (const BlockPiece& p : u.pieces) {
-      n += common::CountNonFinite(p.values.data, static_cast<size_t>(p.values.n));
+      n += count_run(p.values.data, static_cast<size_t>(p.values.n));
+      if (!late.ok()) break;
     }
     return n;
   };
   if (apply_pool_ != nullptr && values >= options_.parallel_apply_values) {
+    // The helpers do not wait for a following payload: it is all there first.
+    RETURN_IF_ERROR(AwaitPayload(following));
     // In ranges of the apply's size (RangeValues), so that a push of few large blocks keeps
     // every thread busy here too.
     struct Unit {
@@ -54,6 +85,7 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates) {
   } else {
     for (size_t i = 0; i < updates.size(); ++i) {
       bad[i] = count(updates[i]);
+      RETURN_IF_ERROR(late);
       if (bad[i] != 0 && options_.reject_nonfinite) break;  // the parts after are not needed
     }
   }
@@ -93,6 +125,10 @@ absl::StatusOr<absl::Span<const float>> Shard::PayloadValues(absl::string_view b
       reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
     return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()), n);
   }
+  // Decoded now: a following payload's bytes must be there first.
+  if (push->following_ != nullptr && push->following_->Holds(bytes.data(), bytes.size())) {
+    RETURN_IF_ERROR(AwaitPayload(push->following_, bytes.data() + bytes.size()));
+  }
   auto& buffer = push->decoded_.emplace_back(n);
   RETURN_IF_ERROR(common::DecodeFloats(bytes, encoding, absl::MakeSpan(buffer)));
   return absl::Span<const float>(buffer);
@@ -129,8 +165,11 @@ absl::Status Shard::CheckDensePush(DenseTablePart* table, const PushTable& t, Ch
                        PayloadValues(pieces[0], t.encoding, n, push, t.payload_may_change));
       push->updates_.push_back(PendingUpdate{table, block.id, {}, values, {}});
     } else if (in_place) {
+      // Values cut between pieces are put together now (one piece has none).
+      if (pieces.size() > 1) RETURN_IF_ERROR(AwaitPayload(push->following_));
       push->updates_.push_back(PieceUpdate(table, block.id, pieces, push, t.payload_may_change));
     } else {
+      RETURN_IF_ERROR(AwaitPayload(push->following_));  // gathered now
       // Gathered into one span (16-bit values are decoded from it).
       std::string joined;
       std::vector<float>& out = push->decoded_.emplace_back(n);
@@ -283,6 +322,7 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   RETURN_IF_ERROR(CheckWorkerAndClock(push.info));
   CheckedPush checked;
   checked.info_ = push.info;
+  checked.following_ = push.following;
   checked.options_.kind = push.is_delta ? UpdateKind::kDelta : UpdateKind::kGradient;
   checked.options_.delta_scale = delta_scale();
   size_t count = 0, pieces = 0;
@@ -307,6 +347,7 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   }
   const absl::Status parts = CheckPushTables(push, &checked);
   if (parts.ok() && OnePassFits(checked)) {
+    RETURN_IF_ERROR(AwaitPayload(checked.following_));  // read by the update
     checked.one_pass_ = true;  // the update checks the values as it reads them
     return checked;
   }
@@ -314,7 +355,7 @@ absl::StatusOr<CheckedPush> Shard::CheckPush(const PushView& push) {
   // but reported as if each part had been checked in turn: the parts found before a
   // structural error are exactly those checked, and the first non-finite one among them wins
   // (and is the one refusal counted). Gradients and deltas alike.
-  if (absl::Status values = CheckFinite(checked.updates_); !values.ok()) {
+  if (absl::Status values = CheckFinite(checked.updates_, checked.following_); !values.ok()) {
     if (!parts.ok()) UncountRejection(RejectionReason(parts));
     return values;
   }

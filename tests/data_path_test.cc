@@ -409,6 +409,39 @@ TEST_F(DataPathOverSharedMemoryTest, PushesCopiedInByTwoThreadsApplyLikeTheInPro
   EXPECT_GT(Sum(&common::DataPathCounters::bytes_shared_in), 0u);
 }
 
+// rpc.overlap_push_copy: a push through a channel is posted before its payload is copied, and
+// each server checks the bytes as they come (common/rpc/following_payload.h). Each server's
+// part of "m" (about 1 MB) follows its first call through the channel; these servers' channel
+// threads never poll (ServiceOptions::channel_busy_poll 0), so their answers say the next
+// payload must come whole (PushPullResponse.push_may_follow), and the later ones do. The
+// parameters land bitwise as the in-process store's either way, and with the option off no
+// payload follows.
+class FollowingPayloadTest : public DataPathOverSharedMemoryTest,
+                             public ::testing::WithParamInterface<bool> {};
+
+TEST_P(FollowingPayloadTest, PushesThatFollowTheirCallsLandLikeTheInProcessStore) {
+  std::vector<std::unique_ptr<server::Shard>> owned;
+  auto local = LocalStore(&owned);
+  ASSERT_THAT(local.status(), IsOk());
+  worker::GrpcStoreOptions options = Options();
+  options.overlap_push_copy = GetParam();
+  auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
+  ASSERT_THAT(store.status(), IsOk());
+  Steps(store->get(), local->get(), 1, 1);  // asks for the segments (payloads by the socket)
+  constexpr int kSteps = 4;
+  Steps(store->get(), local->get(), 2, 1 + kSteps);
+  const uint64_t payload = kSteps * 525000 * sizeof(float);
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_shared_in), payload);
+  EXPECT_EQ((*store)->stats().calls_shared, 2u * kSteps);
+  const worker::GrpcStoreStats stats = (*store)->stats();
+  EXPECT_EQ(Sum(&common::DataPathCounters::bytes_following),
+            GetParam() ? 525000 * sizeof(float) : 0);
+  EXPECT_EQ(stats.payloads_following, GetParam() ? 2u : 0u);
+  EXPECT_EQ(stats.payloads_whole, GetParam() ? 2u * (kSteps - 1) : 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(OnAndOff, FollowingPayloadTest, ::testing::Bool());
+
 // Payloads streamed (non-temporal stores) into the segment, out of the tables and into the
 // caller's buffers, by one thread or by two, land as the plain copies do: bitwise the
 // in-process store's parameters.

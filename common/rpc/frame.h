@@ -53,6 +53,9 @@ struct DataPathCounters {
   // that went out through it (written into it once).
   std::atomic<uint64_t> bytes_shared_in{0};
   std::atomic<uint64_t> bytes_shared_out{0};
+  // Of bytes_shared_in, push payloads written after their call was posted, checked as they
+  // came (common/rpc/following_payload.h).
+  std::atomic<uint64_t> bytes_following{0};
   // Frames that came through a shared-memory channel instead of a gRPC call.
   std::atomic<uint64_t> calls_shared{0};
 };

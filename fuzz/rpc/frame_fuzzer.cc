@@ -43,6 +43,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/time/clock.h"
+#include "common/rpc/following_payload.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
@@ -309,6 +310,17 @@ void RunShared(FuzzedDataProvider& in, bool through_channel) {
     sp->set_push_bytes(DrawSize(in, n));
     if (memory.Holds(sp->push_offset(), n)) {
       std::memcpy(memory.data() + sp->push_offset(), d.parts.payload.data(), n);
+    }
+    // Now and then a payload that follows its call: its count in the line before it, mostly
+    // all of it (a short count makes the server wait, once per worker: then it refuses).
+    if (in.ConsumeIntegralInRange(0, 3) == 3) {
+      sp->set_push_follows(true);
+      const uint64_t word = sp->push_offset() - common::kFollowingWordBytes;
+      if (sp->push_offset() >= common::kFollowingWordBytes && word % 8 == 0 &&
+          memory.Holds(word, sizeof(uint64_t))) {
+        common::FollowingWord(memory.data() + word)
+            ->store(in.ConsumeIntegralInRange(0, 7) == 7 ? in.ConsumeIntegral<uint64_t>() : n);
+      }
     }
     sp->set_answer_offset(DrawOffset(in, kAnswerAt, kPushAt, end));
     sp->set_answer_capacity(DrawSize(in, end - kAnswerAt));

@@ -406,7 +406,8 @@ absl::Status ParameterServerService::ServePush(const PushRequest& request, PushR
 
 absl::Status ParameterServerService::PushImpl(const RequestHeader& header, bool is_delta,
                                               absl::Span<const PushTable> tables,
-                                              PushResponse* response, absl::Time deadline) {
+                                              PushResponse* response, absl::Time deadline,
+                                              common::FollowingPayload* following) {
   PushView push;
   push.info = InfoOf(header);
   // A deterministic push's turn: waited for until the call's deadline at most (after it the
@@ -414,6 +415,7 @@ absl::Status ParameterServerService::PushImpl(const RequestHeader& header, bool 
   push.info.deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
   push.is_delta = is_delta;
   push.tables = tables;
+  push.following = following;
   ASSIGN_OR_RETURN(PushResult result, shard_->Push(push));
   response->set_duplicate(result.duplicate);
   response->set_updates_applied(result.updates_applied);

@@ -38,10 +38,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
+#include "common/rpc/following_payload.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/shared_memory.h"
 #include "common/thread_pool.h"
@@ -291,10 +293,15 @@ class ParameterServerService final
   WaiterId StartPushPull(grpc::ByteBuffer* request, absl::Time deadline, grpc::ByteBuffer* response,
                          absl::Time arrived, const PeerIdentity* peer, Done done,
                          bool from_channel = false);
-  // Decoding done: the shard checks and applies the push (Shard::Push).
+  // Whether this thread serves channels and found the call it serves while polling, not after
+  // sleeping: its answer tells the worker that its next payload may follow its call
+  // (PushPullResponse.push_may_follow).
+  static bool ChannelCallPolled();
+  // Decoding done: the shard checks and applies the push (Shard::Push), waiting for a
+  // `following` payload's bytes as it checks them (PushView::following).
   absl::Status PushImpl(const RequestHeader& header, bool is_delta,
                         absl::Span<const PushTable> tables, PushResponse* response,
-                        absl::Time deadline);
+                        absl::Time deadline, common::FollowingPayload* following = nullptr);
   // A frame up to its pull: parsed, checked (pull included), push applied.
   absl::Status PushPullBegin(const grpc::ByteBuffer& request, const PeerIdentity* peer,
                              bool from_channel, PushPullCall* call, absl::Time deadline);
@@ -406,6 +413,11 @@ class ParameterServerService final
   absl::flat_hash_map<int32_t, WorkerSegment> shared_ ABSL_GUARDED_BY(shared_mu_);
   // Set by StopChannels: segments made from then on get no channel.
   bool channels_stopped_ ABSL_GUARDED_BY(shared_mu_) = false;
+  // Workers whose payload, written after its call, did not come in time: their segments are
+  // offered from then on without push_may_follow, and a frame of theirs that says its payload
+  // follows is refused at once. One wait per worker id for the server's life, so a worker that
+  // never writes its count holds a channel thread once (FollowingPayload::MaxWait).
+  absl::flat_hash_set<int32_t> late_followers_ ABSL_GUARDED_BY(shared_mu_);
   // Channel calls handed to the pool (deterministic BSP) and not yet served.
   std::atomic<int> channel_pool_calls_{0};
   // Set once StopChannels stopped waiting for them: a channel call answered later is

@@ -8,6 +8,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/rpc/following_payload.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
@@ -208,16 +209,55 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     common::BufferPool::Buffer scratch;
     std::vector<absl::string_view> pieces;
     std::vector<PushTable> tables;
-    absl::Status status = FramePushParts(header, &reader, &scratch, &pieces, &tables);
-    if (!status.ok()) {
-      status = Unparseable(
-          absl::InvalidArgumentError(absl::StrCat("unparseable frame: ", status.message())));
-    } else {
-      for (PushTable& t : tables) t.payload_may_change = call->shared != nullptr;
-      status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push(),
-                        deadline);
+    // A payload the worker writes after posting the call: the shard waits for its bytes as it
+    // checks them, no longer than MaxWait (a count that never comes holds this thread no
+    // longer), and never past the call's deadline.
+    std::optional<common::FollowingPayload> following;
+    absl::Status status;
+    if (call->shared != nullptr && header.shared().push_follows()) {
+      const SharedPayload& sp = header.shared();
+      bool late_before;
+      {
+        absl::MutexLock lock(&shared_mu_);
+        late_before = late_followers_.contains(info.worker_id);
+      }
+      if (late_before) {
+        return shard_->Reject(
+            "payload_late",
+            // ABORTED, as for a segment the server no longer takes: nothing changed, and the
+            // worker sends the call again at once by the socket, then asks for a new segment
+            // (offered without push_may_follow).
+            absl::AbortedError(absl::StrCat(
+                "worker ", info.worker_id,
+                "'s payload written after its call came late before: send payloads whole")));
+      }
+      counters_.bytes_following.fetch_add(sp.push_bytes(), std::memory_order_relaxed);
+      following.emplace(
+          common::FollowingWord(call->shared->data() + sp.push_offset() -
+                                common::kFollowingWordBytes),
+          call->shared->data() + sp.push_offset(), sp.push_bytes(),
+          std::min(deadline, absl::Now() + common::FollowingPayload::MaxWait(sp.push_bytes())));
+      // Sparse rows may be gathered as the frame is cut: all of it first.
+      bool rows = false;
+      for (const TableValues& t : header.push()) rows = rows || t.rows_bytes() > 0;
+      if (rows) status = shard_->AwaitPayload(&*following);
+    }
+    if (status.ok()) {
+      status = FramePushParts(header, &reader, &scratch, &pieces, &tables);
+      if (!status.ok()) {
+        status = Unparseable(
+            absl::InvalidArgumentError(absl::StrCat("unparseable frame: ", status.message())));
+      } else {
+        for (PushTable& t : tables) t.payload_may_change = call->shared != nullptr;
+        status = PushImpl(header.header(), header.is_delta(), tables, call->answer.mutable_push(),
+                          deadline, following.has_value() ? &*following : nullptr);
+      }
     }
     buffers_->Release(std::move(scratch));
+    if (!status.ok() && following.has_value() && RejectionReason(status) == "payload_late") {
+      absl::MutexLock lock(&shared_mu_);
+      late_followers_.insert(info.worker_id);
+    }
     RETURN_IF_ERROR(status);
     call->push_applied = true;
   }
@@ -256,6 +296,7 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
       return s;
     }
   }
+  if (call->shared != nullptr && ChannelCallPolled()) call->answer.set_push_may_follow(true);
   if (shared_out != nullptr) {
     call->answer.set_shared_answer_bytes(call->pull_bytes);
     counters_.bytes_shared_out.fetch_add(call->pull_bytes, std::memory_order_relaxed);

@@ -26,7 +26,14 @@ namespace {
 // Set on the threads that serve channels (ChannelThreads): an answer written there needs no
 // ring of the server's bell, since the thread looks at every slot again after each pass.
 thread_local bool in_channel_thread = false;
+// On such a thread: its latest wait for requests ended while it polled (its core was its own
+// to spin on), not after it slept.
+thread_local bool channel_call_polled = false;
 }  // namespace
+
+bool ParameterServerService::ChannelCallPolled() {
+  return in_channel_thread && channel_call_polled;
+}
 
 // The threads that serve the workers' channels: at most max_threads (0: one per channel),
 // each channel served by one of them, given to the one with the fewest channels when it is
@@ -261,8 +268,10 @@ class ParameterServerService::ChannelThreads::Thread {
             }
             return false;
           })) {
+        channel_call_polled = true;
         continue;
       }
+      channel_call_polled = false;
       SharedChannel::WaitForRequests(channels, bells, &control_, control,
                                      absl::Now() + absl::Seconds(1));
     }
@@ -371,14 +380,22 @@ absl::StatusOr<std::shared_ptr<common::SharedMemory>> ParameterServerService::Sh
         absl::AbortedError(absl::StrCat("shared segment ", absl::Hex(sp.segment()),
                                         " is not this worker's: send the call without it")));
   }
+  // A following payload's count lies in the line before it (8-byte aligned), and the payload
+  // is at most kMaxFollowingBytes.
+  const bool bad_following =
+      sp.push_follows() &&
+      (sp.push_bytes() == 0 || sp.push_bytes() > common::kMaxFollowingBytes ||
+       sp.push_offset() < common::kFollowingWordBytes || sp.push_offset() % 8 != 0 ||
+       !holds(sp.push_offset() - common::kFollowingWordBytes, sizeof(uint64_t)));
   if (reader.remaining() > 0 || (sp.push_bytes() > 0 && !header.has_push()) ||
       (sp.push_bytes() > 0 && !holds(sp.push_offset(), sp.push_bytes())) ||
-      (sp.answer_capacity() > 0 && !holds(sp.answer_offset(), sp.answer_capacity()))) {
-    return Unparseable(absl::InvalidArgumentError(
-        absl::StrCat("unparseable frame: shared payload of ", sp.push_bytes(), " bytes at ",
-                     sp.push_offset(), " and answer room of ", sp.answer_capacity(), " at ",
-                     sp.answer_offset(), ", ", reader.remaining(),
-                     " payload bytes in the frame, in a segment of ", segment->size(), " bytes")));
+      (sp.answer_capacity() > 0 && !holds(sp.answer_offset(), sp.answer_capacity())) ||
+      bad_following) {
+    return Unparseable(absl::InvalidArgumentError(absl::StrCat(
+        "unparseable frame: shared payload of ", sp.push_bytes(), " bytes at ", sp.push_offset(),
+        sp.push_follows() ? " (following its call)" : "", " and answer room of ",
+        sp.answer_capacity(), " at ", sp.answer_offset(), ", ", reader.remaining(),
+        " payload bytes in the frame, in a segment of ", segment->size(), " bytes")));
   }
   return segment;
 }
@@ -476,6 +493,10 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   offer->set_path((*made)->path());
   offer->set_bytes((*made)->size());
   offer->set_boot_id(common::SharedMemory::BootId());
+  {
+    absl::MutexLock lock(&shared_mu_);
+    offer->set_push_may_follow(!late_followers_.contains(worker_id));
+  }
   const std::optional<uint64_t> channel_offset = SharedChannel::OffsetFor((*made)->size());
   std::shared_ptr<ChannelServer> channel;
   bool stopped;

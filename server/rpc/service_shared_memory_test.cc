@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "common/rpc/following_payload.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
@@ -26,20 +27,39 @@ using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
 using ::testing::HasSubstr;
 
-using SharedMemoryTest = ServiceTest;
+class SharedMemoryTest : public ServiceTest {
+ protected:
+  // The offer worker 0 gets when it asks for a segment again (replacing its segment).
+  SharedSegment AskAgain() {
+    grpc::ByteBuffer answer;
+    EXPECT_THAT(Ask(*service_, Header(0), &answer), IsOk());
+    PushPullResponse response;
+    EXPECT_TRUE(answer.Valid() && response.ParseFromString(PartsOf(answer).header));
+    EXPECT_TRUE(response.has_shared_offer());
+    return response.shared_offer();
+  }
+
+  // What a second server of the same job answers to `pull` after `pushes` as messages.
+  PullResponse AfterMessages(const std::vector<PushRequest>& pushes, const PullRequest& pull) {
+    ShardOptions options;
+    options.server_index = 0;
+    auto shard = Shard::Create(config_, options);
+    EXPECT_THAT(shard.status(), IsOk());
+    PullResponse out;
+    if (!shard.ok()) return out;
+    ParameterServerService other(shard->get(), ServiceOptions{}, ServiceHooks{});
+    PushResponse pushed;
+    for (const PushRequest& p : pushes) EXPECT_THAT(other.HandlePush(p, &pushed), IsOk());
+    EXPECT_THAT(other.HandlePull(pull, absl::Now() + absl::Seconds(5), &out), IsOk());
+    return out;
+  }
+};
 
 // A push and a pull through the segment: the payloads cross it (counted), not the frames, and
 // the server ends where a server given the same push as a message ends, bit for bit.
 TEST_P(SharedMemoryTest, PushAndAnswerGoThroughTheSegmentAndMatchTheMessagePath) {
   const PushRequest push = ValidPush(1);
-  PullRequest pull;
-  *pull.mutable_header() = Header(0);
-  auto* w = pull.add_tables();
-  w->set_table("w");
-  for (uint32_t b : mine_) w->add_block_ids(b);
-  auto* e = pull.add_tables();
-  e->set_table("emb");
-  for (uint64_t k : keys_) e->add_keys(k);
+  const PullRequest pull = PullAll();
   grpc::ByteBuffer answer;
   ASSERT_THAT(PushPull(RequestFrame(&push, &pull), absl::Now() + absl::Seconds(5), &answer),
               IsOk());
@@ -59,15 +79,7 @@ TEST_P(SharedMemoryTest, PushAndAnswerGoThroughTheSegmentAndMatchTheMessagePath)
   EXPECT_EQ(counters.bytes_gathered.load(), 0u);
 
   // The same push as a message, to a second server of the same job.
-  ShardOptions options;
-  options.server_index = 0;
-  auto other_shard = Shard::Create(config_, options);
-  ASSERT_THAT(other_shard.status(), IsOk());
-  ParameterServerService other(other_shard->get(), ServiceOptions{}, ServiceHooks{});
-  PushResponse pushed;
-  ASSERT_THAT(other.HandlePush(push, &pushed), IsOk());
-  PullResponse expected;
-  ASSERT_THAT(other.HandlePull(pull, absl::Now() + absl::Seconds(5), &expected), IsOk());
+  const PullResponse expected = AfterMessages({push}, pull);
   ASSERT_EQ(fused->pull().tables_size(), 2);
   for (int t = 0; t < 2; ++t) {
     const TableValues& got = fused->pull().tables(t);
@@ -125,6 +137,23 @@ TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
          h->mutable_shared()->set_push_offset(*common::SharedChannel::OffsetFor(end) - 64);
        }),
        "", absl::StatusCode::kInvalidArgument, "shared payload"},
+      // A following payload's count must lie 8-aligned in the line before it, and the
+      // payload be at most kMaxFollowingBytes.
+      {with([](PushPullRequest* h) {
+         h->mutable_shared()->set_push_follows(true);
+         h->mutable_shared()->set_push_offset(32);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "(following its call)"},
+      {with([](PushPullRequest* h) {
+         h->mutable_shared()->set_push_follows(true);
+         h->mutable_shared()->set_push_offset(kPushAt + 4);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "(following its call)"},
+      {with([](PushPullRequest* h) {
+         h->mutable_shared()->set_push_follows(true);
+         h->mutable_shared()->set_push_bytes(common::kMaxFollowingBytes + 8);
+       }),
+       "", absl::StatusCode::kInvalidArgument, "(following its call)"},
       {good, parts.payload, absl::StatusCode::kInvalidArgument, "payload bytes in the frame"},
       {with([](PushPullRequest* h) {
          h->set_has_push(false);
@@ -160,6 +189,109 @@ TEST_P(SharedMemoryTest, BadSharedPayloadsAreRefusedAndChangeNothing) {
       PushPull(RawFrame(good.SerializeAsString(), ""), absl::Now() + absl::Seconds(1), &answer),
       IsOk());
   EXPECT_NE(State(), before);
+}
+
+// A push whose payload follows its call (common/rpc/following_payload.h): the worker posts the
+// call, then writes the payload and raises the count in the line before it. The server reads
+// no byte before the count covers it (the region holds NaNs until the worker writes it: a read
+// ahead of the count would refuse the push), and the push lands as the same push sent as a
+// message does. Dense blocks only (checked as they come) and with sparse rows (waited for
+// whole before the frame is cut).
+TEST_P(SharedMemoryTest, AFollowingPayloadIsReadOnlyOnceItsCountCoversIt) {
+  for (const bool rows : {false, true}) {
+    SCOPED_TRACE(rows ? "dense and sparse" : "dense");
+    PushRequest push = ValidPush(rows ? 2 : 1);
+    if (!rows) push.mutable_tables()->RemoveLast();  // "emb"
+    const FrameParts parts = PartsOf(common::FrameOf(&push, nullptr));
+    PushPullRequest header;
+    ASSERT_TRUE(header.ParseFromString(parts.header));
+    constexpr uint64_t kAt = kPushAt + common::kFollowingWordBytes;
+    std::atomic<uint64_t>* written = common::FollowingWord(segment_->data() + kPushAt);
+    written->store(0);
+    std::memset(segment_->data() + kAt, 0xff, parts.payload.size());  // NaNs
+    SharedPayload* sp = header.mutable_shared();
+    sp->set_segment(segment_->id());
+    sp->set_push_offset(kAt);
+    sp->set_push_bytes(parts.payload.size());
+    sp->set_push_follows(true);
+    const uint64_t following = service_->data_path_counters().bytes_following.load();
+    absl::Status status;
+    std::thread call([&] {
+      grpc::ByteBuffer answer;
+      status = PushPull(RawFrame(header.SerializeAsString(), ""), absl::Now() + absl::Seconds(10),
+                        &answer);
+    });
+    absl::SleepFor(absl::Milliseconds(10));  // well within the server's wait
+    std::memcpy(segment_->data() + kAt, parts.payload.data(), parts.payload.size());
+    written->store(parts.payload.size(), std::memory_order_release);
+    call.join();
+    ASSERT_THAT(status, IsOk());
+    EXPECT_EQ(Rejected("nonfinite"), 0u);
+    EXPECT_EQ(service_->data_path_counters().bytes_following.load() - following,
+              parts.payload.size());
+  }
+  // The same two pushes as messages, to a second server of the same job: the same state.
+  PushRequest dense = ValidPush(1);
+  dense.mutable_tables()->RemoveLast();
+  const PullRequest pull = PullAll(/*worker=*/-1);  // a tool: no worker bookkeeping
+  PullResponse got;
+  ASSERT_THAT(service_->HandlePull(pull, absl::Now() + absl::Seconds(5), &got), IsOk());
+  EXPECT_EQ(got.SerializeAsString(),
+            AfterMessages({dense, ValidPush(2)}, pull).SerializeAsString());
+  EXPECT_TRUE(AskAgain().push_may_follow());
+}
+
+// A following payload whose count never covers it (a worker that lies, or dies mid-copy) holds
+// the server no longer than FollowingPayload::MaxWait, well before the call's deadline: refused
+// DEADLINE_EXCEEDED ("payload_late"), nothing applied. That worker's payloads must then come
+// whole: a frame of it that says its payload follows is refused at once (ABORTED, nothing
+// changed, even with the count there), its next segment is offered without push_may_follow,
+// and the push sent whole goes through, once.
+TEST_P(SharedMemoryTest, AFollowingPayloadThatNeverComesIsRefusedAndChangesNothing) {
+  const PushRequest push = ValidPush(1);
+  const FrameParts parts = PartsOf(common::FrameOf(&push, nullptr));
+  PushPullRequest header;
+  ASSERT_TRUE(header.ParseFromString(parts.header));
+  constexpr uint64_t kAt = kPushAt + common::kFollowingWordBytes;
+  std::atomic<uint64_t>* written = common::FollowingWord(segment_->data() + kPushAt);
+  std::memcpy(segment_->data() + kAt, parts.payload.data(), parts.payload.size());
+  written->store(parts.payload.size() / 2);  // half of it, and no more
+  SharedPayload* sp = header.mutable_shared();
+  sp->set_segment(segment_->id());
+  sp->set_push_offset(kAt);
+  sp->set_push_bytes(parts.payload.size());
+  sp->set_push_follows(true);
+  const std::string before = State();
+  const uint64_t applied = shard_->updates_applied();
+  grpc::ByteBuffer answer;
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(
+      PushPull(RawFrame(header.SerializeAsString(), ""), start + absl::Seconds(60), &answer),
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               HasSubstr(absl::StrCat(parts.payload.size() / 2, " of ", parts.payload.size(),
+                                      " bytes there"))));
+  // Bounded by the server's own wait, not the call's deadline (generous: a loaded machine).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(Rejected("payload_late"), 1u);
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(shard_->updates_applied(), applied);
+  written->store(parts.payload.size());
+  EXPECT_THAT(
+      PushPull(RawFrame(header.SerializeAsString(), ""), absl::Now() + absl::Seconds(5), &answer),
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("came late before")));
+  EXPECT_EQ(Rejected("payload_late"), 2u);
+  EXPECT_EQ(State(), before);
+  sp->set_push_follows(false);
+  sp->set_push_offset(kAt);
+  ASSERT_THAT(
+      PushPull(RawFrame(header.SerializeAsString(), ""), absl::Now() + absl::Seconds(5), &answer),
+      IsOk());
+  EXPECT_NE(State(), before);
+  ASSERT_THAT(
+      PushPull(RawFrame(header.SerializeAsString(), ""), absl::Now() + absl::Seconds(5), &answer),
+      IsOk());  // a duplicate: applied once
+  EXPECT_EQ(shard_->updates_applied(), applied + 1);
+  EXPECT_FALSE(AskAgain().push_may_follow());
 }
 
 TEST_P(SharedMemoryTest, SegmentsGoOnlyToWorkersOfTheJobAndTheirNewestIncarnation) {
@@ -204,12 +336,8 @@ TEST_P(SharedMemoryTest, AFencedOffIncarnationTakesNoSegment) {
   newer.mutable_header()->set_worker_incarnation(2);
   PushResponse pushed;
   ASSERT_THAT(service_->HandlePush(newer, &pushed), IsOk());  // by message: incarnation 2 heard
-  PushPullRequest ask;
-  *ask.mutable_header() = Header(0);  // incarnation 1
-  ask.set_want_shared_bytes(kSegmentBytes);
   grpc::ByteBuffer answer;
-  EXPECT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
-                                       absl::Now() + absl::Seconds(5), &answer),
+  EXPECT_THAT(Ask(*service_, Header(0), &answer),  // incarnation 1
               StatusIs(absl::StatusCode::kFailedPrecondition));
   newer = ValidPush(2);
   newer.mutable_header()->set_worker_incarnation(2);
@@ -539,14 +667,10 @@ TEST_P(SharedCallsTest, StoppedChannelsServeNothingAndNewSegmentsGetNone) {
   const std::string before = State();
   EXPECT_THAT(DoPush(ValidPush(2), &pushed), StatusIs(absl::StatusCode::kAborted));
   EXPECT_EQ(State(), before);
-  PushPullRequest ask;
-  *ask.mutable_header() = Header(0);
-  ask.mutable_header()->set_worker_incarnation(2);
-  ask.set_want_shared_bytes(kSegmentBytes);
+  RequestHeader newer = Header(0);
+  newer.set_worker_incarnation(2);
   grpc::ByteBuffer answer;
-  ASSERT_THAT(service_->HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
-                                       absl::Now() + absl::Seconds(5), &answer),
-              IsOk());
+  ASSERT_THAT(Ask(*service_, newer, &answer), IsOk());
   PushPullResponse header;
   ASSERT_TRUE(header.ParseFromString(PartsOf(answer).header));
   ASSERT_TRUE(header.has_shared_offer());
@@ -641,6 +765,52 @@ TEST_P(SharedCallsTest, ChannelsShareAtMostChannelThreadsThreads) {
     EXPECT_THAT(push(0, 2), IsOk());
     EXPECT_THAT(push(2, 2), IsOk());
     EXPECT_EQ(shard.updates_applied(), before + 5);
+  }
+}
+
+// An answer through a channel says the worker's next payload may follow its call only when the
+// thread that served the call found it while polling (its core was its own to check on while
+// the worker copies): never with polling off; with polling on, calls posted back to back are
+// found so (some of them, whatever the load on the machine running the test).
+TEST_P(SharedCallsTest, AnswersLetPayloadsFollowOnlyWhenTheirThreadPolled) {
+  for (const absl::Duration poll : {absl::ZeroDuration(), absl::Seconds(10)}) {
+    SCOPED_TRACE(poll);
+    ServiceOptions options;
+    options.channel_busy_poll = poll;
+    auto server = MakeSegmentServer(config_, ShardOptions{}, options);
+    ASSERT_THAT(server.status(), IsOk());
+    std::shared_ptr<common::SharedMemory> segment;
+    std::unique_ptr<common::SharedChannel> channel;
+    AskForSegment(*server->service, HeaderOf(*server->shard, 0, 0), &segment, &channel);
+    ASSERT_NE(channel, nullptr);
+    int may_follow = 0;
+    constexpr int kCalls = 50;
+    for (int i = 1; i <= kCalls; ++i) {
+      PushRequest request = ValidPush(i);
+      *request.mutable_header() = HeaderOf(*server->shard, 0, i);
+      grpc::ByteBuffer frame = common::FrameOf(&request, nullptr);
+      PushPullRequest header;
+      ASSERT_TRUE(header.ParseFromString(PartsOf(frame).header));
+      const std::string payload(PartsOf(frame).payload);
+      std::memcpy(segment->data() + kPushAt, payload.data(), payload.size());
+      SharedPayload* sp = header.mutable_shared();
+      sp->set_segment(segment->id());
+      sp->set_push_offset(kPushAt);
+      sp->set_push_bytes(payload.size());
+      std::optional<uint32_t> slot = channel->AcquireSlot();
+      ASSERT_TRUE(slot.has_value());
+      channel->Post(*slot, RawFrame(header.SerializeAsString(), ""), absl::Seconds(5));
+      grpc::ByteBuffer answer;
+      ASSERT_THAT(ChannelAnswer(*channel, *slot, absl::Now() + absl::Seconds(5), &answer), IsOk());
+      PushPullResponse response;
+      ASSERT_TRUE(response.ParseFromString(PartsOf(answer).header));
+      may_follow += response.push_may_follow() ? 1 : 0;
+    }
+    if (poll == absl::ZeroDuration()) {
+      EXPECT_EQ(may_follow, 0);
+    } else {
+      EXPECT_GT(may_follow, 0);
+    }
   }
 }
 

@@ -105,18 +105,24 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     return absl::OkStatus();
   }
 
+  // The worker of `header` asks `service` for a segment of kSegmentBytes with a pull of
+  // nothing, by the socket's call: its status, and the answer in *answer.
+  static absl::Status Ask(ParameterServerService& service, const RequestHeader& header,
+                          grpc::ByteBuffer* answer) {
+    PushPullRequest ask;
+    *ask.mutable_header() = header;
+    ask.set_want_shared_bytes(kSegmentBytes);
+    return service.HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
+                                  absl::Now() + absl::Seconds(5), answer);
+  }
+
   // The worker of `header` asks `service` for a segment with a pull of nothing, and maps it;
   // *channel gets the segment's channel (null when it has none).
   static void AskForSegment(ParameterServerService& service, const RequestHeader& header,
                             std::shared_ptr<common::SharedMemory>* segment,
                             std::unique_ptr<common::SharedChannel>* channel) {
-    PushPullRequest ask;
-    *ask.mutable_header() = header;
-    ask.set_want_shared_bytes(kSegmentBytes);
     grpc::ByteBuffer answer;
-    ASSERT_THAT(service.HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
-                                       absl::Now() + absl::Seconds(5), &answer),
-                ::ps::common::IsOk());
+    ASSERT_THAT(Ask(service, header, &answer), ::ps::common::IsOk());
     PushPullResponse response;
     ASSERT_TRUE(response.ParseFromString(PartsOf(answer).header));
     ASSERT_TRUE(response.has_shared_offer());
@@ -260,17 +266,23 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     return h;
   }
 
-  // Everything this server holds, as bytes, plus its update count.
-  std::string State() {
-    PullRequest request;
-    *request.mutable_header() = Header(0);
-    request.mutable_header()->set_worker_id(-1);  // a tool: no worker bookkeeping
-    auto* t = request.add_tables();
-    t->set_table("w");
-    for (uint32_t b : mine_) t->add_block_ids(b);
-    auto* e = request.add_tables();
+  // A pull by `worker` of every block of "w" and every key of "emb" this server holds.
+  PullRequest PullAll(int32_t worker = 0) {
+    PullRequest pull;
+    *pull.mutable_header() = Header(0);
+    pull.mutable_header()->set_worker_id(worker);
+    auto* w = pull.add_tables();
+    w->set_table("w");
+    for (uint32_t b : mine_) w->add_block_ids(b);
+    auto* e = pull.add_tables();
     e->set_table("emb");
     for (uint64_t k : keys_) e->add_keys(k);
+    return pull;
+  }
+
+  // Everything this server holds, as bytes, plus its update count.
+  std::string State() {
+    const PullRequest request = PullAll(/*worker=*/-1);  // a tool: no worker bookkeeping
     PullResponse response;
     EXPECT_THAT(DoPull(request, absl::Now() + absl::Seconds(5), &response), ::ps::common::IsOk());
     return absl::StrCat(response.SerializeAsString(), "/", shard_->updates_applied());

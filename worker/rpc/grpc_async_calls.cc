@@ -162,6 +162,7 @@ absl::Status GrpcParameterStore::AsyncCalls::Build(const common::PushBatch* push
   x.shared.resize(frames);
   x.asked.assign(frames, 0);
   x.handoff.assign(frames, Exchange::Handoff{});
+  x.following.assign(frames, Exchange::Following{});
   // The frames in turn from this worker's own (its id modulo the frames sent): workers that
   // start a call together each hand their first frame to another server (SendAll sends each
   // frame as soon as it is placed). Active frame k goes to slot (k - first) mod sends.
@@ -248,11 +249,15 @@ void GrpcParameterStore::AsyncCalls::Send(Slot* slot) {
       slot->channel_deadline = absl::Now() + deadline;
       slot->channel_check = absl::Now() + kServerCheckInterval;
       channel->Post(*i, slot->request, deadline);
+      // A following payload is copied now, while the server starts on it.
+      store_->CopyFollowing(slot->frame, &slot->call->x);
       slot->channel = std::move(channel);
       in_channels_.push_back(slot);
       return;
     }
   }
+  // By the socket, the payload is all there before the call goes.
+  store_->CopyFollowing(slot->frame, &slot->call->x);
   ++queue_events_;
   slot->context = std::make_unique<grpc::ClientContext>();
   slot->context->set_deadline(absl::ToChronoTime(absl::Now() + store_->options_.deadline));

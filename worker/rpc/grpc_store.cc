@@ -374,6 +374,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
   options.busy_poll = absl::Microseconds(config.rpc().busy_poll_us());
   options.shared_memory_bytes = size_t{config.rpc().shared_memory_mb()} << 20;
   options.shared_memory_calls = config.rpc().shared_memory_calls();
+  options.overlap_push_copy = config.rpc().overlap_push_copy();
   options.handoff = config.rpc().handoff();
   options.lend_push_buffers = config.rpc().lend_push_buffers();
   options.parallel_copy_bytes = static_cast<size_t>(config.rpc().parallel_copy_bytes());
@@ -516,6 +517,8 @@ GrpcStoreStats GrpcParameterStore::stats() const {
   s.calls_shared = calls_shared_;
   s.handoffs_plain = handoffs_[0];
   s.handoffs_streamed = handoffs_[1];
+  s.payloads_whole = following_[0];
+  s.payloads_following = following_[1];
   return s;
 }
 

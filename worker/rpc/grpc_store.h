@@ -122,6 +122,16 @@ struct GrpcStoreOptions {
   // With shared memory, calls go through the segment's channel when the server made one
   // (rpc.shared_memory_calls; common/rpc/shared_channel.h), else by the socket.
   bool shared_memory_calls = true;
+  // A push through a channel may be posted before its payload is copied into the segment, the
+  // server checking the payload as it arrives (rpc.overlap_push_copy;
+  // common/rpc/following_payload.h): payloads of kMinFollowingBytes to kMaxFollowingBytes,
+  // dense only, copied by one thread, to a server whose segment allows it and whose latest
+  // answer through that channel said its thread has a core to wait on
+  // (PushPullResponse.push_may_follow). Following pays where the server's thread checks on a
+  // core of its own while the worker copies, and costs where the two share one (2 workers
+  // and 2 servers training on 2 vCPUs: pull + push 0.63-0.96 of compute whole, 1.19-1.58
+  // following; docs/lab/2026-12-06-following-payloads.md).
+  bool overlap_push_copy = true;
   // A push payload of at least this many bytes is copied into shared memory by the calling
   // thread and a helper, where the process may use 2 cores or more: the server waits for
   // the whole payload, so a second core is idle meanwhile (64 MB pushes: 7.4 -> 10.8 GB/s on
@@ -174,6 +184,11 @@ struct GrpcStoreStats {
   // streamed or with plain stores (GrpcStoreOptions::handoff), answered.
   uint64_t handoffs_streamed = 0;
   uint64_t handoffs_plain = 0;
+  // Of those calls, pushes whose payload could follow its call (GrpcStoreOptions::
+  // overlap_push_copy) that did, and that went whole (the server said its thread had no core
+  // of its own).
+  uint64_t payloads_following = 0;
+  uint64_t payloads_whole = 0;
 
   // "sent <n> bytes, received <n> bytes, <n> retries[, <n> bytes through shared memory]", the
   // form tools/ read from the log.
@@ -313,6 +328,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   // carries only the header (and where they lie). The first frame to a server asks for a
   // segment instead (want_shared_bytes); ReadAnswer maps the offer.
   void PlaceShared(uint32_t f, Exchange* x);
+  // The copy PlaceShared left for after the call was posted (a following payload), if any:
+  // done now, its count raised as it goes. Called before a frame is sent, by either way.
+  void CopyFollowing(uint32_t f, Exchange* x);
   // Where `payloads` lie in `arena`'s segment when they are one run of bytes inside the part
   // regions come from (a LentBuffer's), else nullopt.
   static std::optional<uint64_t> LentOffset(absl::Span<const absl::string_view> payloads,
@@ -382,6 +400,10 @@ class GrpcParameterStore final : public common::ParameterStore {
     uint64_t declined = 0;
     std::shared_ptr<common::SharedArena> arena;  // when kActive
     std::shared_ptr<common::SharedChannel> channel;  // when kActive and the segment has one
+    bool may_follow = false;  // the server takes payloads after their call (push_may_follow)
+    // Its latest answer through the channel said the next payload may follow (its thread
+    // found that call while polling on a core of its own).
+    bool follow_now = true;
     // The revocation flag of the buffers lent in this segment (LendPushBuffer; made by the
     // first lend): set when the link is given up after a failed call, whose attempts a server
     // may still be serving, reading lent memory (LentBuffer::revoked).
@@ -410,6 +432,7 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> bytes_lent_{0};
   std::atomic<uint64_t> calls_shared_{0};
   std::atomic<uint64_t> handoffs_[2] = {0, 0};  // [plain, streamed]
+  std::atomic<uint64_t> following_[2] = {0, 0};  // [whole, following]
   // Held while a Push encodes (not while it sends).
   absl::Mutex residuals_mu_;
   PushResiduals residuals_ ABSL_GUARDED_BY(residuals_mu_);

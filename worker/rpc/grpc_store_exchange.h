@@ -4,6 +4,7 @@
 #ifndef PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
 #define PS_WORKER_RPC_GRPC_STORE_EXCHANGE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <string>
@@ -65,6 +66,17 @@ struct GrpcParameterStore::Exchange {
     bool lent = false;
   };
   std::vector<Handoff> handoff;
+  // Per frame (sized with `shared`): a push payload placed to follow its call
+  // (common/rpc/following_payload.h), still to be copied by CopyFollowing.
+  struct Following {
+    bool could = false;    // it could follow (counted either way once answered)
+    bool follows = false;  // and did
+    bool pending = false;
+    bool stream = false;
+    char* to = nullptr;
+    std::atomic<uint64_t>* written = nullptr;  // the count, in the segment
+  };
+  std::vector<Following> following;
   uint64_t sent = 0;  // push payload bytes of every frame (summed as they are added)
   uint64_t received = 0;
   uint64_t dense_pull_bytes = 0;  // float32 bytes of the dense pulls, all servers' together

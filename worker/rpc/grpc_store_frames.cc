@@ -463,6 +463,15 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   }
   RETURN_IF_ERROR(CheckAnswerShape(s, x->headers[f], header.pull()));
   if (x->asked[f] != 0) TakeOffer(f, header, x);
+  if (x->shared[f].valid()) {
+    // Whether the next push to this server may follow its call (GrpcStoreOptions::
+    // overlap_push_copy): as the server's latest answer through its segment said.
+    absl::MutexLock lock(&shared_mu_);
+    SharedLink& link = shared_[s];
+    if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
+      link.follow_now = header.push_may_follow();
+    }
+  }
   if (header.shared_answer_bytes() > 0) {
     const SharedPayload& sp = x->headers[f].shared();
     if (!x->shared[f].valid() || header.shared_answer_bytes() > sp.answer_capacity() ||
@@ -548,6 +557,9 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
                                       static_cast<double>(h.bytes));
     }
     CountHandoff(h.stream);
+  }
+  if (const Exchange::Following& w = x->following[f]; w.could && x->shared[f].valid()) {
+    ++following_[w.follows ? 1 : 0];
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/following_payload.h"
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
 #include "common/startup/cores.h"
@@ -125,6 +126,8 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   std::shared_ptr<common::SharedArena> arena;
   std::optional<uint64_t> lent;
   std::optional<common::SharedArena::Region> region;
+  bool may_follow = false;
+  bool follows = false;
   {
     absl::MutexLock lock(&shared_mu_);
     SharedLink& link = shared_[s];
@@ -144,14 +147,27 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     }
     if (link.state != SharedLink::kActive) return;
     arena = link.arena;
+    may_follow = link.may_follow && link.channel != nullptr;
     // Allocated under the lock that gives a link up (as AllocateInLink): a region freed by a
     // given-up call goes back to an arena no link holds any more. A lent payload (already in
     // the segment: the server reads it there) needs the answer's room only, at least a line
     // (a valid region is what marks a frame as shared); the answer's room after a copied push
     // starts aligned.
     lent = LentOffset(x->payloads[f], *arena);
+    // A payload that follows its call: dense, copied by this thread alone (not streamed for its
+    // size either), between the sizes where it pays and where the server takes it.
+    follows = may_follow && options_.overlap_push_copy && !lent.has_value() &&
+              push >= common::kMinFollowingBytes && push <= common::kMaxFollowingBytes &&
+              x->sent <= options_.stream_copy_in_bytes &&
+              (options_.parallel_copy_in_bytes == 0 || push < options_.parallel_copy_in_bytes);
+    for (const TableValues& t : h.push()) follows = follows && t.rows_bytes() == 0;
+    if (follows) {
+      x->following[f].could = true;
+      follows = x->following[f].follows = link.follow_now;
+    }
     if (!lent.has_value()) push = (push + 63) / 64 * 64;
-    const uint64_t bytes = lent.has_value() ? std::max<uint64_t>(answer, 64) : push + answer;
+    const uint64_t word = follows ? common::kFollowingWordBytes : 0;  // the count's line
+    const uint64_t bytes = lent.has_value() ? std::max<uint64_t>(answer, 64) : word + push + answer;
     if (bytes > 0) region = common::SharedArena::Allocate(arena, static_cast<size_t>(bytes));
   }
   if (!region.has_value()) return;  // no room now (or nothing to place): by the socket
@@ -168,7 +184,14 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     return;
   }
   // The one copy of a push: from the caller's gradient (or its encoding) into the segment.
-  char* at = region->data();
+  std::atomic<uint64_t>* written = nullptr;
+  if (follows) {
+    written = common::FollowingWord(region->data());
+    written->store(0, std::memory_order_relaxed);  // (published by the post)
+  }
+  const uint64_t payload_at = region->offset() + (follows ? common::kFollowingWordBytes : 0);
+  char* const payload = region->data() + (follows ? common::kFollowingWordBytes : 0);
+  char* at = payload;
   std::vector<BlockCopy> copies;
   for (absl::string_view bytes : x->payloads[f]) {
     copies.push_back(BlockCopy{0, bytes.size(), at});
@@ -192,13 +215,21 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     }
     handoff = Exchange::Handoff{true, stream, chooser, push + answer, start_ns};
   }
-  CopyIn(x->payloads[f], copies, stream);
+  if (follows) {
+    x->following[f].pending = true;
+    x->following[f].stream = stream;
+    x->following[f].to = payload;
+    x->following[f].written = written;
+  } else {
+    CopyIn(x->payloads[f], copies, stream);
+  }
   SharedPayload* sp = h.mutable_shared();
   sp->set_stream_answer(handoff.timed && stream);  // (timed: a handoff of more than 32 KB)
   sp->set_segment(arena->memory()->id());
-  sp->set_push_offset(region->offset());
-  sp->set_push_bytes(static_cast<uint64_t>(at - region->data()));
-  sp->set_answer_offset(region->offset() + push);
+  sp->set_push_offset(payload_at);
+  sp->set_push_bytes(static_cast<uint64_t>(at - payload));
+  sp->set_push_follows(follows);
+  sp->set_answer_offset(payload_at + push);
   sp->set_answer_capacity(answer);
   x->shared[f] = *std::move(region);
 }
@@ -285,6 +316,7 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
     link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
     link.arena = std::move(arena);
     link.channel = std::move(channel);
+    link.may_follow = header.has_shared_offer() && header.shared_offer().push_may_follow();
     if (link.state == SharedLink::kActive) {
       link.reask_after = absl::ZeroDuration();
     } else if (unusable) {
@@ -299,6 +331,13 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
       link.reask_at = absl::Now() + link.reask_after;
     }
   }
+}
+
+void GrpcParameterStore::CopyFollowing(uint32_t f, Exchange* x) {
+  Exchange::Following& following = x->following[f];
+  if (!following.pending) return;
+  following.pending = false;
+  common::CopyFollowing(x->payloads[f], following.to, following.stream, following.written);
 }
 
 void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,

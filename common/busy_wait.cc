@@ -40,6 +40,7 @@ int BusyWaiter::Spin(absl::FunctionRef<int()> poll) {
   const auto wall = now - start;
   if (judge_ && wall >= kMinJudgedSpin) {
     const std::chrono::nanoseconds cpu = ThreadCpuTime() - cpu_start;
+    last_contended_ = 2 * cpu < wall;
     if (2 * cpu >= wall) {
       backoff_ = 0;
     } else if (result > 0 && cpu < absl::ToChronoNanoseconds(kCheapSpin) &&

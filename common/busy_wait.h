@@ -95,6 +95,9 @@ class BusyWaiter {
   void CountBlockedWait() { ++stats_.waits_blocked; }
 
   const BusyPollStats& stats() const { return stats_; }
+  // Whether the latest spin long enough to judge (with `judge`) ran less than half its wall
+  // time: other threads wanted this thread's core. False before any.
+  bool last_spin_contended() const { return last_contended_; }
 
  private:
   // Calls `poll` for up to spin_ until it returns non-zero.
@@ -105,6 +108,7 @@ class BusyWaiter {
   const absl::Duration cheap_wall_;
   uint32_t backoff_ = 0;     // waits to sleep at once after the latest contended spin
   uint32_t skip_waits_ = 0;  // of them, still to go
+  bool last_contended_ = false;
   BusyPollStats stats_;
 };
 

@@ -182,6 +182,7 @@ TEST(BusyPollerTest, ItStopsPollingWhenAnotherThreadWantsItsCore) {
     EXPECT_EQ(tag, &tags[0]);
   }
   EXPECT_EQ(poller.stats().contended_spins, 1u);
+  EXPECT_TRUE(poller.last_spin_contended());
   EXPECT_EQ(poller.stats().cheap_contended_spins, 0u);
   EXPECT_EQ(poller.stats().events_polled, 0u);
   EXPECT_EQ(poller.stats().waits_blocked, 1u);
@@ -209,6 +210,7 @@ TEST(BusyPollerTest, AWaiterThatDoesNotJudgeNeverBacksOff) {
   EXPECT_TRUE(waiter.Poll([] { return true; }));
   EXPECT_EQ(waiter.stats().polls, polls + 1);
   EXPECT_EQ(waiter.stats().contended_spins, 0u);
+  EXPECT_FALSE(waiter.last_spin_contended());  // never judged
   EXPECT_EQ(waiter.stats().waits_backed_off, 0u);
 }
 
@@ -418,6 +420,7 @@ TEST(BusyPollerTest, AloneOnItsCoreItKeepsPolling) {
   if (poller.stats().contended_spins == 0) {
     EXPECT_EQ(poller.stats().events_polled, 3u);
     EXPECT_EQ(poller.stats().waits_blocked, 0u);
+    EXPECT_FALSE(poller.last_spin_contended());
   }
   Drain(&cq);
 }

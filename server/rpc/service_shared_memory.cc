@@ -26,8 +26,9 @@ namespace {
 // Set on the threads that serve channels (ChannelThreads): an answer written there needs no
 // ring of the server's bell, since the thread looks at every slot again after each pass.
 thread_local bool in_channel_thread = false;
-// On such a thread: its latest wait for requests ended while it polled (its core was its own
-// to spin on), not after it slept.
+// On such a thread: its latest wait for requests ended while it polled, and its latest spin
+// long enough to judge ran on a core no other thread wanted (common/busy_wait.h): not after it
+// slept, nor on a core it shared with other busy threads.
 thread_local bool channel_call_polled = false;
 }  // namespace
 
@@ -268,7 +269,7 @@ class ParameterServerService::ChannelThreads::Thread {
             }
             return false;
           })) {
-        channel_call_polled = true;
+        channel_call_polled = !poller_.last_spin_contended();
         continue;
       }
       channel_call_polled = false;

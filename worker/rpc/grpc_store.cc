@@ -503,7 +503,11 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
 std::string GrpcStoreStats::Summary() const {
   return absl::StrCat(
       "sent ", bytes_sent, " bytes, received ", bytes_received, " bytes, ", retries, " retries",
-      bytes_shared > 0 ? absl::StrCat(", ", bytes_shared, " bytes through shared memory") : "");
+      bytes_shared > 0 ? absl::StrCat(", ", bytes_shared, " bytes through shared memory") : "",
+      payloads_following + payloads_whole > 0
+          ? absl::StrCat(", ", payloads_following, " of ", payloads_following + payloads_whole,
+                         " push payloads that could follow their call did")
+          : "");
 }
 
 GrpcStoreStats GrpcParameterStore::stats() const {

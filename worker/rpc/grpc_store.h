@@ -190,8 +190,8 @@ struct GrpcStoreStats {
   uint64_t payloads_following = 0;
   uint64_t payloads_whole = 0;
 
-  // "sent <n> bytes, received <n> bytes, <n> retries[, <n> bytes through shared memory]", the
-  // form tools/ read from the log.
+  // "sent <n> bytes, received <n> bytes, <n> retries[, <n> bytes through shared memory][, <n>
+  // of <n> push payloads that could follow their call did]", the form tools/ read from the log.
   std::string Summary() const;
 };
 

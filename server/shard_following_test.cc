@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/rpc/following_payload.h"
 #include "common/status_matchers.h"
@@ -49,9 +50,24 @@ std::vector<float> Unwritten() {
   return region;
 }
 
-TEST(ShardFollowing, TheCheckReadsEachRunOnlyOnceItIsWrittenAndTheUpdateMatches) {
+// A shard whose large pushes are checked and applied on two threads (ShardOptions), or not.
+std::unique_ptr<Shard> ShardOf(const JobConfig& config, bool parallel) {
+  if (!parallel) return MakeShard(config);
+  ShardOptions options;
+  options.apply_threads = 2;
+  options.parallel_apply_values = 1024;
+  auto shard = Shard::Create(config, options);
+  CHECK_OK(shard.status());
+  return *std::move(shard);
+}
+
+// With helper threads the push would be checked in parallel were it all there: a following
+// payload still being written is counted as it comes on the calling thread instead.
+class ShardFollowingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ShardFollowingTest, TheCheckReadsEachRunOnlyOnceItIsWrittenAndTheUpdateMatches) {
   static_assert(kValues > kOnePassMaxValues);
-  auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 0.5", 1, kValues));
+  auto shard = ShardOf(MakeConfig("kind: SGD learning_rate: 0.5", 1, kValues), GetParam());
   auto reference = MakeShard(MakeConfig("kind: SGD learning_rate: 0.5", 1, kValues));
   const std::vector<float> grad = Gradient();
   std::vector<float> region = Unwritten();
@@ -105,17 +121,28 @@ TEST(ShardFollowing, APayloadThatDoesNotComeInTimeIsRefusedAndChangesNothing) {
   EXPECT_EQ(shard->updates_applied(), 0u);
 }
 
-// Payloads the check does not read in place (16-bit values, decoded first; the one pass of a
-// small push) are waited for whole before they are read.
+INSTANTIATE_TEST_SUITE_P(OneThreadAndTwo, ShardFollowingTest, ::testing::Bool());
+
+// Payloads the check does not read in place (16-bit values, decoded first; a clip_norm
+// table's, gathered to be summed; the one pass of a small push) are waited for whole before
+// they are read.
 TEST(ShardFollowing, PayloadsReadBeforeTheCheckAreWaitedForWhole) {
-  for (const int values : {kValues, 64}) {
-    SCOPED_TRACE(values);
-    auto shard = MakeShard(MakeConfig("kind: SGD learning_rate: 0.5", 1, values));
+  struct Case {
+    int values;
+    const char* optimizer;
+  };
+  for (const Case& c : {Case{kValues, "kind: SGD learning_rate: 0.5"},
+                        Case{kValues, "kind: SGD learning_rate: 0.5 clip_norm: 1"},
+                        Case{64, "kind: SGD learning_rate: 0.5"}}) {
+    const int values = c.values;
+    SCOPED_TRACE(absl::StrCat(values, " values, ", c.optimizer));
+    auto shard = MakeShard(MakeConfig(c.optimizer, 1, values));
     const std::vector<float> before = ReadBlocks(*shard, "w", AllBlocks(*shard));
     std::vector<float> grad(values, 0.25f);
     std::vector<uint16_t> half(values);  // bf16 of 0.25: 0x3e80
     for (uint16_t& h : half) h = 0x3e80;
-    const bool bf16 = values == kValues;
+    const bool bf16 =
+        values == kValues && absl::string_view(c.optimizer).find("clip") == absl::string_view::npos;
     std::atomic<uint64_t> written{0};
     const char* begin = bf16 ? reinterpret_cast<const char*>(half.data())
                              : reinterpret_cast<const char*>(grad.data());

@@ -59,9 +59,10 @@ absl::Status Shard::CheckFinite(absl::Span<const PendingUpdate> updates,
     }
     return n;
   };
-  if (apply_pool_ != nullptr && values >= options_.parallel_apply_values) {
-    // The helpers do not wait for a following payload: it is all there first.
-    RETURN_IF_ERROR(AwaitPayload(following));
+  // A following payload still being written is counted on this thread as it comes: one
+  // thread keeps up with the worker's copy, and helpers would only wait for it.
+  if (apply_pool_ != nullptr && values >= options_.parallel_apply_values &&
+      (following == nullptr || following->complete())) {
     // In ranges of the apply's size (RangeValues), so that a push of few large blocks keeps
     // every thread busy here too.
     struct Unit {

@@ -425,6 +425,7 @@ TEST_P(FollowingPayloadTest, PushesThatFollowTheirCallsLandLikeTheInProcessStore
   ASSERT_THAT(local.status(), IsOk());
   worker::GrpcStoreOptions options = Options();
   options.overlap_push_copy = GetParam();
+  options.stream_copy_in_bytes = SIZE_MAX;  // whatever this host's cache: no push streamed for size
   auto store = worker::GrpcParameterStore::CreateWithChannels(config_, options, channels_);
   ASSERT_THAT(store.status(), IsOk());
   Steps(store->get(), local->get(), 1, 1);  // asks for the segments (payloads by the socket)

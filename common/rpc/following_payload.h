@@ -33,6 +33,9 @@ inline constexpr uint64_t kMinFollowingBytes = uint64_t{64} << 10;
 // pieces of this size.
 inline constexpr size_t kFollowingChunkBytes = size_t{64} << 10;
 
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the count is shared between processes: it must be a plain word");
+
 // The count word at `line` (REQUIRES: 8-byte aligned, in memory both processes map).
 inline std::atomic<uint64_t>* FollowingWord(void* line) {
   return reinterpret_cast<std::atomic<uint64_t>*>(line);
@@ -69,6 +72,8 @@ class FollowingPayload {
   absl::Status WaitAll() { return WaitUntil(begin_ + bytes_); }
   // Whether every byte was seen written (no wait is needed any more).
   bool complete() const { return ready_ >= bytes_; }
+  // The time spent waiting for bytes not yet written, over all waits so far.
+  absl::Duration waited() const { return waited_; }
 
  private:
   const std::atomic<uint64_t>* const written_;
@@ -79,6 +84,7 @@ class FollowingPayload {
   // Waits poll without a system call until then (the first wait sets it), then yield the
   // core between polls.
   absl::Time spin_until_ = absl::InfinitePast();
+  absl::Duration waited_ = absl::ZeroDuration();
 };
 
 }  // namespace ps::common

@@ -76,14 +76,16 @@ TEST(FollowingPayloadTest, WaitsForTheBytesItNeedsOnly) {
   written.store(4096);
   EXPECT_TRUE(f.WaitUntil(payload.data() + 4096).ok());
   // The rest comes from another thread, later.
+  const absl::Time start = absl::Now();
   std::thread writer([&] {
     absl::SleepFor(absl::Milliseconds(5));
     written.store(payload.size(), std::memory_order_release);
   });
-  const absl::Time start = absl::Now();
   EXPECT_TRUE(f.WaitAll().ok());
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(4));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(5));
   EXPECT_TRUE(f.complete());
+  EXPECT_GT(f.waited(), absl::ZeroDuration());
+  EXPECT_LE(f.waited(), absl::Now() - start);
   writer.join();
 }
 

@@ -39,7 +39,7 @@ struct ParameterServerService::Metrics {
             "identity, "
             "bad_encoding, bound_timeout, turn_timeout, duplicate_pending, sequence_given_up, "
             "too_many_waiting, answer_too_large, server_busy, server_stopping, unknown_segment, "
-            "unparseable, other).",
+            "payload_late, late_follower, unparseable, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(
             "ps_rejected_requests_total",

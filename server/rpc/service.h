@@ -111,6 +111,11 @@ struct ServiceOptions {
   // How long a thread serving workers' shared-memory channels polls them for the next call
   // before it sleeps (server.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
   absl::Duration channel_busy_poll = absl::ZeroDuration();
+  // A worker whose push payload, written after its call (common/rpc/following_payload.h), was
+  // waited for longer than this sends its payloads whole from then on. An honest worker copies
+  // a following payload of at most 4 MB in well under a millisecond (1 MB: 30-40 us on the
+  // development VM); 10 ms leaves room for its being descheduled once.
+  absl::Duration late_following = absl::Milliseconds(10);
   // Most threads that serve the workers' shared-memory channels, each serving its channels
   // one pass after another; 0 = a thread per channel. ps_server: half the cores it may use,
   // at least 1 (co-located workers need the other half).
@@ -413,11 +418,14 @@ class ParameterServerService final
   absl::flat_hash_map<int32_t, WorkerSegment> shared_ ABSL_GUARDED_BY(shared_mu_);
   // Set by StopChannels: segments made from then on get no channel.
   bool channels_stopped_ ABSL_GUARDED_BY(shared_mu_) = false;
-  // Workers whose payload, written after its call, did not come in time: their segments are
-  // offered from then on without push_may_follow, and a frame of theirs that says its payload
-  // follows is refused at once. One wait per worker id for the server's life, so a worker that
-  // never writes its count holds a channel thread once (FollowingPayload::MaxWait).
+  // Workers whose payload, written after its call, did not come in time or was waited for
+  // longer than ServiceOptions::late_following: their segments are offered from then on without
+  // push_may_follow, and a frame of theirs that says its payload follows is refused at once
+  // ("late_follower", ABORTED). One long wait per worker id for the server's life, so a
+  // worker that never writes its count, or writes it just in time, holds a channel thread
+  // that long once (FollowingPayload::MaxWait).
   absl::flat_hash_set<int32_t> late_followers_ ABSL_GUARDED_BY(shared_mu_);
+
   // Channel calls handed to the pool (deterministic BSP) and not yet served.
   std::atomic<int> channel_pool_calls_{0};
   // Set once StopChannels stopped waiting for them: a channel call answered later is

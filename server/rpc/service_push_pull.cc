@@ -211,7 +211,8 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     std::vector<PushTable> tables;
     // A payload the worker writes after posting the call: the shard waits for its bytes as it
     // checks them, no longer than MaxWait (a count that never comes holds this thread no
-    // longer), and never past the call's deadline.
+    // longer), and never past the call's deadline. By the socket a worker sends a call only
+    // once its copy is done: no wait at all there.
     std::optional<common::FollowingPayload> following;
     absl::Status status;
     if (call->shared != nullptr && header.shared().push_follows()) {
@@ -223,7 +224,7 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       }
       if (late_before) {
         return shard_->Reject(
-            "payload_late",
+            "late_follower",
             // ABORTED, as for a segment the server no longer takes: nothing changed, and the
             // worker sends the call again at once by the socket, then asks for a new segment
             // (offered without push_may_follow).
@@ -231,12 +232,13 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
                 "worker ", info.worker_id,
                 "'s payload written after its call came late before: send payloads whole")));
       }
-      counters_.bytes_following.fetch_add(sp.push_bytes(), std::memory_order_relaxed);
       following.emplace(
           common::FollowingWord(call->shared->data() + sp.push_offset() -
                                 common::kFollowingWordBytes),
           call->shared->data() + sp.push_offset(), sp.push_bytes(),
-          std::min(deadline, absl::Now() + common::FollowingPayload::MaxWait(sp.push_bytes())));
+          from_channel
+              ? std::min(deadline, absl::Now() + common::FollowingPayload::MaxWait(sp.push_bytes()))
+              : absl::InfinitePast());
       // Sparse rows may be gathered as the frame is cut: all of it first.
       bool rows = false;
       for (const TableValues& t : header.push()) rows = rows || t.rows_bytes() > 0;
@@ -254,9 +256,19 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       }
     }
     buffers_->Release(std::move(scratch));
-    if (!status.ok() && following.has_value() && RejectionReason(status) == "payload_late") {
-      absl::MutexLock lock(&shared_mu_);
-      late_followers_.insert(info.worker_id);
+    if (following.has_value()) {
+      // A payload that did not come in time, or came only after late_following of waiting,
+      // marks its worker: from then on it sends its payloads whole. So a worker that raises
+      // its count just in time, again and again, holds a channel thread that long once.
+      if ((!status.ok() && RejectionReason(status) == "payload_late") ||
+          following->waited() > options_.late_following) {
+        absl::MutexLock lock(&shared_mu_);
+        late_followers_.insert(info.worker_id);
+      }
+      if (status.ok()) {
+        counters_.bytes_following.fetch_add(header.shared().push_bytes(),
+                                            std::memory_order_relaxed);
+      }
     }
     RETURN_IF_ERROR(status);
     call->push_applied = true;

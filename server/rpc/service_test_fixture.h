@@ -219,6 +219,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     shard_ = *std::move(shard);
     ServiceOptions service_options;
     service_options.max_shared_bytes_per_worker = kSegmentBytes;
+    service_options.late_following = late_following_;
     service_ =
         std::make_unique<ParameterServerService>(shard_.get(), service_options, ServiceHooks{});
     const auto* w = shard_->partitioner().FindTable("w");
@@ -326,6 +327,8 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     return it == stats.rejected().end() ? 0 : it->second;
   }
 
+  // ServiceOptions::late_following of service_.
+  absl::Duration late_following_ = absl::Milliseconds(10);
   JobConfig config_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ParameterServerService> service_;

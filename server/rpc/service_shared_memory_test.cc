@@ -830,7 +830,9 @@ TEST_P(SharedCallsTest, AnswersLetPayloadsFollowOnlyWhenTheirThreadPolled) {
         });
       }
     }
-    if (two_cores) ASSERT_TRUE(pin(cpus[1]));
+    if (two_cores) {
+      ASSERT_TRUE(pin(cpus[1]));
+    }
     int may_follow = 0;
     const int calls = c == kFree ? 5000 : 50;
     const absl::Time until = absl::Now() + absl::Seconds(3);

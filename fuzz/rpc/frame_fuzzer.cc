@@ -312,14 +312,30 @@ void RunShared(FuzzedDataProvider& in, bool through_channel) {
       std::memcpy(memory.data() + sp->push_offset(), d.parts.payload.data(), n);
     }
     // Now and then a payload that follows its call: its count in the line before it, mostly
-    // all of it (a short count makes the server wait, once per worker: then it refuses).
+    // all of it (a short count makes the server wait, once per worker: then it refuses). The
+    // bytes a short count leaves out hold zeros, finite values that a server reading ahead of
+    // the count would apply: such a call must not end OK.
+    bool short_count = false;
     if (in.ConsumeIntegralInRange(0, 3) == 3) {
       sp->set_push_follows(true);
       const uint64_t word = sp->push_offset() - common::kFollowingWordBytes;
       if (sp->push_offset() >= common::kFollowingWordBytes && word % 8 == 0 &&
           memory.Holds(word, sizeof(uint64_t))) {
-        common::FollowingWord(memory.data() + word)
-            ->store(in.ConsumeIntegralInRange(0, 7) == 7 ? in.ConsumeIntegral<uint64_t>() : n);
+        uint64_t count = n;
+        switch (in.ConsumeIntegralInRange(0, 15)) {
+          case 14:
+            count = in.ConsumeIntegral<uint64_t>();  // anything, mostly past the end
+            break;
+          case 15:
+            count = in.ConsumeIntegralInRange<uint64_t>(0, sp->push_bytes());
+            break;
+        }
+        short_count = count < sp->push_bytes();
+        const uint64_t filled = std::min<uint64_t>(n, sp->push_bytes());
+        if (short_count && count < filled && memory.Holds(sp->push_offset(), filled)) {
+          std::memset(memory.data() + sp->push_offset() + count, 0, filled - count);
+        }
+        common::FollowingWord(memory.data() + word)->store(count);
       }
     }
     sp->set_answer_offset(DrawOffset(in, kAnswerAt, kPushAt, end));
@@ -328,18 +344,28 @@ void RunShared(FuzzedDataProvider& in, bool through_channel) {
     // The payload in the frame as well as in the segment, now and then: refused.
     const std::string in_frame = in.ConsumeIntegralInRange(0, 15) == 15 ? d.parts.payload : "";
     const grpc::ByteBuffer frame = common::RawFrame(d.header.SerializeAsString(), in_frame);
+    absl::Status last;
     // A frame without a push is a pull (of no table, it waits for the bound all the same).
     const bool pulls = d.header.pull_size() > 0 || !d.header.has_push();
     if (segment.channel == nullptr) {
       Run(
-          s, [&](grpc::ByteBuffer* answer) { return ServeCall(s, frame, answer); }, &d.header,
-          d.keys, &memory);
+          s,
+          [&](grpc::ByteBuffer* answer) {
+            last = ServeCall(s, frame, answer);
+            return last;
+          },
+          &d.header, d.keys, &memory);
     } else {
       common::SharedChannel& channel = *segment.channel;
       Run(
-          s, [&](grpc::ByteBuffer* answer) { return Post(in, channel, frame, pulls, answer); },
+          s,
+          [&](grpc::ByteBuffer* answer) {
+            last = Post(in, channel, frame, pulls, answer);
+            return last;
+          },
           &d.header, d.keys, &memory);
     }
+    if (short_count && last.ok()) Fail("a push whose following payload fell short ended OK", last);
   }
 }
 

@@ -61,6 +61,27 @@ std::unique_ptr<Shard> ShardOf(const JobConfig& config, bool parallel) {
   return *std::move(shard);
 }
 
+// A push of every block of "w" from `region`, its payload following as the service makes one
+// (PushTable::payload_may_change), the count in `written`, waited for `wait` at most. Neither
+// copied nor moved: the push's views point into it.
+struct FollowingPush {
+  FollowingPush(const Shard& shard, std::vector<float>& region, std::atomic<uint64_t>* written,
+                absl::Duration wait)
+      : following(written, reinterpret_cast<const char*>(region.data()),
+                  region.size() * sizeof(float), absl::Now() + wait),
+        table(WholeTable(shard, region)) {
+    table.payload_may_change = true;
+    push = FirstWorkerPush(shard, &table);
+    push.following = &following;
+  }
+  FollowingPush(const FollowingPush&) = delete;
+  FollowingPush& operator=(const FollowingPush&) = delete;
+
+  common::FollowingPayload following;
+  PushTable table;
+  PushView push;
+};
+
 // With helper threads the push would be checked in parallel were it all there: a following
 // payload still being written is counted as it comes on the calling thread instead.
 class ShardFollowingTest : public ::testing::TestWithParam<bool> {};
@@ -72,13 +93,7 @@ TEST_P(ShardFollowingTest, TheCheckReadsEachRunOnlyOnceItIsWrittenAndTheUpdateMa
   const std::vector<float> grad = Gradient();
   std::vector<float> region = Unwritten();
   std::atomic<uint64_t> written{0};
-  common::FollowingPayload following(&written, reinterpret_cast<const char*>(region.data()),
-                                     region.size() * sizeof(float),
-                                     absl::Now() + absl::Seconds(60));
-  PushTable table = WholeTable(*shard, region);
-  table.payload_may_change = true;
-  PushView push = FirstWorkerPush(*shard, &table);
-  push.following = &following;
+  FollowingPush f(*shard, region, &written, absl::Seconds(60));
   // The worker: one run at a time, a pause before each count.
   std::thread worker([&] {
     const size_t bytes = grad.size() * sizeof(float);
@@ -90,10 +105,10 @@ TEST_P(ShardFollowingTest, TheCheckReadsEachRunOnlyOnceItIsWrittenAndTheUpdateMa
       written.store(at + n, std::memory_order_release);
     }
   });
-  const absl::Status status = shard->Push(push).status();
+  const absl::Status status = shard->Push(f.push).status();
   worker.join();
   ASSERT_THAT(status, IsOk());
-  EXPECT_TRUE(following.complete());
+  EXPECT_TRUE(f.following.complete());
   const PushTable whole = WholeTable(*reference, grad);
   ASSERT_THAT(reference->Push(FirstWorkerPush(*reference, &whole)).status(), IsOk());
   EXPECT_EQ(ReadBlocks(*shard, "w", AllBlocks(*shard)),
@@ -107,15 +122,9 @@ TEST(ShardFollowing, APayloadThatDoesNotComeInTimeIsRefusedAndChangesNothing) {
   const std::vector<float> grad = Gradient();
   std::vector<float> region = grad;  // all of it written, three runs of it counted
   std::atomic<uint64_t> written{3 * common::kFollowingChunkBytes};
-  common::FollowingPayload following(&written, reinterpret_cast<const char*>(region.data()),
-                                     region.size() * sizeof(float),
-                                     absl::Now() + absl::Milliseconds(30));
-  PushTable table = WholeTable(*shard, region);
-  table.payload_may_change = true;
-  PushView push = FirstWorkerPush(*shard, &table);
-  push.following = &following;
-  EXPECT_THAT(shard->Push(push).status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                                   HasSubstr("196608 of 524288 bytes there")));
+  FollowingPush f(*shard, region, &written, absl::Milliseconds(30));
+  EXPECT_THAT(shard->Push(f.push).status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                                     HasSubstr("196608 of 524288 bytes there")));
   EXPECT_EQ(Rejections(*shard), "payload_late=1 ");
   EXPECT_EQ(ReadBlocks(*shard, "w", AllBlocks(*shard)), before);
   EXPECT_EQ(shard->updates_applied(), 0u);

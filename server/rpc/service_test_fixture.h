@@ -281,6 +281,23 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     return pull;
   }
 
+  // What a second server of the same job answers to `pull` after `pushes` as messages.
+  PullResponse AfterMessages(const std::vector<PushRequest>& pushes, const PullRequest& pull) {
+    ShardOptions options;
+    options.server_index = 0;
+    auto shard = Shard::Create(config_, options);
+    EXPECT_THAT(shard.status(), ::ps::common::IsOk());
+    PullResponse out;
+    if (!shard.ok()) return out;
+    ParameterServerService other(shard->get(), ServiceOptions{}, ServiceHooks{});
+    PushResponse pushed;
+    for (const PushRequest& p : pushes) {
+      EXPECT_THAT(other.HandlePush(p, &pushed), ::ps::common::IsOk());
+    }
+    EXPECT_THAT(other.HandlePull(pull, absl::Now() + absl::Seconds(5), &out), ::ps::common::IsOk());
+    return out;
+  }
+
   // Everything this server holds, as bytes, plus its update count.
   std::string State() {
     const PullRequest request = PullAll(/*worker=*/-1);  // a tool: no worker bookkeeping

@@ -1,20 +1,17 @@
 #include "common/busy_wait.h"
 
 #include <sched.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
+
+#include "common/thread_cpu.h"
 
 namespace ps::common {
 namespace {
 
 // CPU time of the calling thread.
-std::chrono::nanoseconds ThreadCpuTime() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-}
+std::chrono::nanoseconds ThreadCpuTime() { return std::chrono::nanoseconds(ThreadCpuNanos()); }
 
 constexpr uint32_t kFirstBackoff = 8;
 constexpr uint32_t kMaxBackoff = 1024;

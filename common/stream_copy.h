@@ -43,7 +43,7 @@ inline constexpr size_t kMaxSysconfCacheBytes = size_t{32} << 20;
 size_t ChooseLastLevelCacheBytes(size_t sysfs_bytes, size_t sysconf_bytes);
 
 // A buffer of more than this many bytes written for another process to read next may be
-// streamed (common/rpc/handoff_chooser.h, GrpcStoreOptions::adapt_handoff). Up to 16 KB,
+// streamed (common/rpc/handoff_chooser.h, GrpcStoreOptions::handoff). Up to 16 KB,
 // plain stores were as fast or faster on the development VM either way.
 inline constexpr size_t kHandoffStreamBytes = size_t{32} << 10;
 

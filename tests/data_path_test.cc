@@ -360,6 +360,8 @@ TEST_F(DataPathOverSharedMemoryTest, CallsHandTheirBytesBothWaysAndLandAlike) {
   EXPECT_GE(stats.handoffs_streamed, 2u);  // each server's link: the first call
   EXPECT_GE(stats.handoffs_plain, 2u);     // and the second
   EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, stats.calls_shared);
+  // Each weighed by the CPU both sides spent on it, which every server said.
+  EXPECT_EQ(stats.handoffs_served_cpu, stats.calls_shared);
 }
 
 // rpc.handoff PLAIN or STREAMED: every call through the segments hands its bytes that way,
@@ -383,6 +385,7 @@ TEST_P(HandoffTest, EveryCallHandsItsBytesTheWayConfigured) {
   const bool streamed = GetParam() == RpcConfig::HANDOFF_STREAMED;
   EXPECT_EQ(streamed ? stats.handoffs_streamed : stats.handoffs_plain, stats.calls_shared);
   EXPECT_EQ(streamed ? stats.handoffs_plain : stats.handoffs_streamed, 0u);
+  EXPECT_EQ(stats.handoffs_served_cpu, 0u);  // nothing to weigh: not asked
   // The same counts in the worker's metrics.
   const std::string text = registry.Render();
   EXPECT_THAT(text, HasSubstr(absl::StrCat("ps_worker_handoffs_total{way=\"",

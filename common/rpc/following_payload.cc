@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/stream_copy.h"
+#include "common/thread_cpu.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -70,6 +71,12 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
   if (ready_ >= need) return absl::OkStatus();
   const absl::Time start = absl::Now();
   bool spin = true;
+  // The wait's CPU: its spin's wall time, then, once yielding, the thread's CPU clock.
+  int64_t yield_cpu_start = -1;
+  auto count_cpu = [&](absl::Time now) {
+    waited_cpu_ +=
+        yield_cpu_start < 0 ? now - start : absl::Nanoseconds(ThreadCpuNanos() - yield_cpu_start);
+  };
   for (uint64_t looks = 0;; ++looks) {
     // A count past the payload's end (a lie or a mistake) says every byte is there: the
     // check reads them as they are.
@@ -81,11 +88,16 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
       const absl::Time now = absl::Now();
       if (now >= give_up_) {
         waited_ += now - start;
+        count_cpu(now);
         return absl::DeadlineExceededError(absl::StrCat(
             "the push's payload, written after its call was posted: ", ready_, " of ", bytes_,
             " bytes there when the server gave up waiting (", need, " needed)"));
       }
       if (spin_until_ == absl::InfinitePast()) spin_until_ = now + kSpin;
+      if (spin && now >= spin_until_) {
+        waited_cpu_ += now - start;
+        yield_cpu_start = ThreadCpuNanos();
+      }
       spin = now < spin_until_;
     }
     if (spin) {
@@ -94,7 +106,9 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
       sched_yield();
     }
   }
-  waited_ += absl::Now() - start;
+  const absl::Time now = absl::Now();
+  waited_ += now - start;
+  count_cpu(now);
   return absl::OkStatus();
 }
 

@@ -74,6 +74,9 @@ class FollowingPayload {
   bool complete() const { return ready_ >= bytes_; }
   // The time spent waiting for bytes not yet written, over all waits so far.
   absl::Duration waited() const { return waited_; }
+  // The CPU time this thread spent on those waits: polling without a system call, then the
+  // yields' own (not the time the core went to others).
+  absl::Duration waited_cpu() const { return waited_cpu_; }
 
  private:
   const std::atomic<uint64_t>* const written_;
@@ -85,6 +88,7 @@ class FollowingPayload {
   // core between polls.
   absl::Time spin_until_ = absl::InfinitePast();
   absl::Duration waited_ = absl::ZeroDuration();
+  absl::Duration waited_cpu_ = absl::ZeroDuration();
 };
 
 }  // namespace ps::common

@@ -1,5 +1,7 @@
 #include "common/rpc/following_payload.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -87,6 +89,50 @@ TEST(FollowingPayloadTest, WaitsForTheBytesItNeedsOnly) {
   EXPECT_GT(f.waited(), absl::ZeroDuration());
   EXPECT_LE(f.waited(), absl::Now() - start);
   writer.join();
+}
+
+// What the waits cost the waiting thread (waited_cpu, taken out of what a server says serving
+// a call cost): on a core of its own about their time; on a core it shares with a busy thread,
+// which its yields hand the core to, far less.
+TEST(FollowingPayloadTest, CountsTheCpuItsWaitsTook) {
+  std::string payload(1 << 20, '\0');
+  for (const bool shared_core : {false, true}) {
+    SCOPED_TRACE(shared_core ? "a core shared with a busy thread" : "a core of its own");
+    std::atomic<uint64_t> written{0};
+    std::atomic<bool> stop{false};
+    cpu_set_t one, all;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &all)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    }
+    std::thread busy;
+    if (shared_core) {
+      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+      busy = std::thread([&] {
+        sched_setaffinity(0, sizeof(one), &one);
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+    FollowingPayload f(&written, payload.data(), payload.size(), absl::Now() + absl::Seconds(60));
+    std::thread writer([&] {
+      absl::SleepFor(absl::Milliseconds(40));
+      written.store(payload.size(), std::memory_order_release);
+    });
+    EXPECT_TRUE(f.WaitAll().ok());
+    writer.join();
+    stop.store(true);
+    if (busy.joinable()) busy.join();
+    ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+    EXPECT_GE(f.waited(), absl::Milliseconds(30));
+    EXPECT_GT(f.waited_cpu(), absl::ZeroDuration());
+    EXPECT_LE(f.waited_cpu(), f.waited() + absl::Milliseconds(1));
+    if (shared_core) EXPECT_LT(f.waited_cpu(), f.waited() / 2);
+  }
 }
 
 TEST(FollowingPayloadTest, GivesUpOnACountThatNeverComes) {

@@ -8,40 +8,66 @@ namespace {
 
 HandoffChooser::Options Sanitized(HandoffChooser::Options o) {
   o.explore_every = std::max<uint32_t>(o.explore_every, 2);
-  if (!(o.weight > 0) || o.weight > 1) o.weight = HandoffChooser::Options{}.weight;
+  o.max_explore_every = std::max(o.max_explore_every, o.explore_every);
+  if (o.window < 1 || o.window > HandoffChooser::kMaxWindow) {
+    o.window = HandoffChooser::Options{}.window;
+  }
   if (!(o.margin >= 0) || o.margin >= 1) o.margin = HandoffChooser::Options{}.margin;
   return o;
 }
 
 }  // namespace
 
-HandoffChooser::HandoffChooser(Options options) : options_(Sanitized(options)) {}
+HandoffChooser::HandoffChooser(Options options)
+    : options_(Sanitized(options)), gap_(options_.explore_every) {}
 
 bool HandoffChooser::Stream() {
   absl::MutexLock lock(&mu_);
-  const uint64_t call = calls_++;
-  if (estimate_[1] < 0) return true;
-  if (estimate_[0] < 0) return false;
-  const double in_use = estimate_[streaming_ ? 1 : 0], other = estimate_[streaming_ ? 0 : 1];
-  if (other < in_use * (1 - options_.margin)) streaming_ = !streaming_;
-  return call % options_.explore_every == options_.explore_every - 1 ? !streaming_ : streaming_;
+  if (costs_[1].median < 0) return true;
+  if (costs_[0].median < 0) return false;
+  const double in_use = costs_[streaming_ ? 1 : 0].median;
+  const double other = costs_[streaming_ ? 0 : 1].median;
+  if (other < in_use * (1 - options_.margin)) {
+    streaming_ = !streaming_;
+    gap_ = options_.explore_every;
+  }
+  if (++since_try_ < gap_) return streaming_;
+  since_try_ = 0;
+  return !streaming_;
 }
 
 void HandoffChooser::Record(bool stream, double cost) {
   if (!(cost > 0)) return;
   absl::MutexLock lock(&mu_);
-  double& e = estimate_[stream ? 1 : 0];
-  if (e < 0) {
-    e = cost;
-    return;
+  Costs& c = costs_[stream ? 1 : 0];
+  c.last[c.next] = cost;
+  c.next = (c.next + 1) % options_.window;
+  c.count = std::min(c.count + 1, options_.window);
+  double sorted[kMaxWindow];
+  std::copy(c.last, c.last + c.count, sorted);
+  std::nth_element(sorted, sorted + c.count / 2, sorted + c.count);
+  c.median = sorted[c.count / 2];  // (the upper of the two middle ones of an even count)
+  if (stream != streaming_ && costs_[streaming_ ? 1 : 0].median > 0) {
+    // A try of the other way that cost far more again: tried half as often. One that did not
+    // (a change of placement, or noise): as often as at first, until its median tells.
+    gap_ = cost > costs_[streaming_ ? 1 : 0].median * (1 + options_.margin)
+               ? std::min<uint64_t>(2 * gap_, options_.max_explore_every)
+               : options_.explore_every;
   }
-  cost = std::clamp(cost, e / 4, e * 4);
-  e += options_.weight * (cost - e);
+}
+
+double HandoffChooser::CallCost(int64_t copy_cpu_ns, uint64_t served_cpu_ns, int64_t call_ns,
+                                uint64_t bytes) {
+  const double ns = served_cpu_ns == 0
+                        ? static_cast<double>(call_ns)
+                        : static_cast<double>(std::max<int64_t>(copy_cpu_ns, 0)) +
+                              static_cast<double>(std::min(served_cpu_ns, kMaxServedNs));
+  return ns / static_cast<double>(std::max<uint64_t>(bytes, 1));
 }
 
 double HandoffChooser::estimate(bool stream) const {
   absl::MutexLock lock(&mu_);
-  return estimate_[stream ? 1 : 0];
+  return costs_[stream ? 1 : 0].median;
 }
 
 }  // namespace ps::common

@@ -13,10 +13,16 @@
 //    push between one pair on that VM: 1,748-1,771 MB/s plain against 6,952-8,193 streamed;
 //    docs/lab/2026-12-03-cross-core-handoff.md).
 // And the host moves between the two while a job runs. So a chooser per link keeps the recent
-// cost per byte of each way, uses the cheaper, and tries the other on one call in
-// `explore_every`, so a change of placement is found within a few such calls. It changes ways
-// only when the other is cheaper by more than `margin`: two ways that cost about the same are
-// not taken in turns on noise.
+// costs per byte of each way, uses the cheaper, and tries the other on one call in
+// `explore_every` (fewer while the other stays far dearer), so a change of placement is
+// found within `window` / 2 + 1 such tries. A
+// way's cost is the median of its last `window` costs: a call slowed by something else (an
+// interrupt, a cold cache, a pull held by the staleness bound) does not move it, where in a
+// running average one such call could make the cheaper way look dearer for a while (1 MB
+// pushes between two pairs of processes on two vCPUs streamed in stretches of up to half
+// their calls: docs/lab/2026-12-06-handoff-costs.md). It changes ways only when the other is
+// cheaper by more than `margin`: two ways that cost about the same are not taken in turns on
+// noise.
 //
 // Thread-safe.
 #ifndef PS_COMMON_RPC_HANDOFF_CHOOSER_H_
@@ -32,14 +38,19 @@ namespace ps::common {
 class HandoffChooser {
  public:
   struct Options {
-    // One call in this many tries the way that costs more (>= 2).
+    // One call in this many tries the way that costs more (>= 2); each try that costs more
+    // than the way in use by over `margin` again doubles the gap, up to max_explore_every (a
+    // way much dearer than the other costs little to keep watching), and one that does not
+    // brings it back to explore_every.
     uint32_t explore_every = 32;
-    // Weight of a new cost in its way's running estimate, (0, 1].
-    double weight = 0.25;
+    uint32_t max_explore_every = 256;  // (>= explore_every)
+    // A way's estimate is the median of its last this many costs, [1, kMaxWindow].
+    uint32_t window = 9;
     // The way in use changes when the other's estimate is lower by more than this fraction
     // of its own, [0, 1).
     double margin = 0.1;
   };
+  static constexpr uint32_t kMaxWindow = 64;
 
   HandoffChooser() : HandoffChooser(Options{}) {}
   explicit HandoffChooser(Options options);
@@ -47,21 +58,37 @@ class HandoffChooser {
   // Whether the next call streams (non-temporal stores). Until each way has a cost, the untried
   // one, streamed first; then the way in use, which starts as streamed.
   bool Stream() ABSL_LOCKS_EXCLUDED(mu_);
-  // A call that used `stream` cost `cost` (any unit, lower is better: time per byte). A cost
-  // far off the way's estimate (a call that waited for something else: a pull held by the
-  // staleness bound, a busy server) counts as at most 4x or at least 1/4 of it. Costs <= 0
-  // (or NaN) are ignored.
+  // A call that used `stream` cost `cost` (any unit, lower is better: time per byte). Costs
+  // <= 0 (or NaN) are ignored.
   void Record(bool stream, double cost) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What handing a call's bytes cost per byte, to Record: the CPU its copies took the calling
+  // thread (`copy_cpu_ns`) and the server's threads serving it (`served_cpu_ns`, the server's
+  // word: capped at kMaxServedNs), which other processes sharing the cores do not inflate as
+  // they do a call's time; from a server that does not say (0), the call's time from placing
+  // its payload to copying out its answer (`call_ns`).
+  static double CallCost(int64_t copy_cpu_ns, uint64_t served_cpu_ns, int64_t call_ns,
+                         uint64_t bytes);
+  static constexpr uint64_t kMaxServedNs = uint64_t{1} << 32;  // 4.3 s
 
   // The current estimates (< 0: none yet), for tests and logs.
   double estimate(bool stream) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // The last costs of one way, and their median.
+  struct Costs {
+    double last[kMaxWindow];
+    uint32_t count = 0;  // how many of `last` hold costs
+    uint32_t next = 0;   // where the next goes
+    double median = -1;  // none yet
+  };
+
   const Options options_;
   mutable absl::Mutex mu_;
-  double estimate_[2] ABSL_GUARDED_BY(mu_) = {-1, -1};  // [plain, streamed]
-  uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
-  bool streaming_ ABSL_GUARDED_BY(mu_) = true;  // the way in use
+  Costs costs_[2] ABSL_GUARDED_BY(mu_);          // [plain, streamed]
+  uint64_t since_try_ ABSL_GUARDED_BY(mu_) = 0;  // calls since the last try of the other way
+  uint64_t gap_ ABSL_GUARDED_BY(mu_);            // calls between tries now
+  bool streaming_ ABSL_GUARDED_BY(mu_) = true;   // the way in use
 };
 
 }  // namespace ps::common

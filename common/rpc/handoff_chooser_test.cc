@@ -11,9 +11,12 @@ namespace {
 
 // Runs `calls` calls through `chooser`, each costing what `cost` says for its way, and
 // returns how many streamed.
-HandoffChooser::Options WithExploreEvery(uint32_t n) {
+// Tries the other way once in `n` calls, however much dearer it is found (`max` = n), or with
+// the gap doubling up to `max`.
+HandoffChooser::Options WithExploreEvery(uint32_t n, uint32_t max = 0) {
   HandoffChooser::Options o;
   o.explore_every = n;
+  o.max_explore_every = max == 0 ? n : max;
   return o;
 }
 
@@ -52,39 +55,90 @@ TEST(HandoffChooserTest, UsesTheCheaperWayAndTriesTheOtherOnceInExploreEvery) {
   }
 }
 
+TEST(HandoffChooserTest, AWayFoundFarDearerAgainIsTriedLessOften) {
+  HandoffChooser chooser(WithExploreEvery(16, 128));
+  RunCalls(chooser, 2, [](bool stream) { return stream ? 3.0 : 1.0; });  // each way once
+  // Plain in use; streamed tried after 16, 32, 64, then every 128 calls.
+  std::vector<int> tries;
+  for (int i = 0; i < 1000; ++i) {
+    const bool stream = chooser.Stream();
+    if (stream) tries.push_back(i);
+    chooser.Record(stream, stream ? 3.0 : 1.0);
+  }
+  ASSERT_GE(tries.size(), 4u);
+  EXPECT_EQ(tries[1] - tries[0], 32);
+  EXPECT_EQ(tries[2] - tries[1], 64);
+  for (size_t i = 3; i < tries.size(); ++i) EXPECT_EQ(tries[i] - tries[i - 1], 128) << i;
+  // A try that finds it no longer far dearer brings the gap back to 16.
+  const size_t before = tries.size();
+  for (int i = 1000; i < 1300; ++i) {
+    const bool stream = chooser.Stream();
+    if (stream) tries.push_back(i);
+    chooser.Record(stream, stream ? 1.05 : 1.0);  // within the margin of plain's 1.0
+  }
+  ASSERT_GE(tries.size(), before + 2);
+  EXPECT_EQ(tries[before + 1] - tries[before], 16);
+}
+
 TEST(HandoffChooserTest, FollowsAChangeOfPlacement) {
-  HandoffChooser chooser(WithExploreEvery(8));
+  HandoffChooser chooser(WithExploreEvery(8, 64));
   RunCalls(chooser, 400, [](bool stream) { return stream ? 1.0 : 4.0; });
   ASSERT_LT(chooser.estimate(true), chooser.estimate(false));
-  // Now plain is 4x cheaper: within a few explorations the chooser moves to it and stays.
-  RunCalls(chooser, 200, [](bool stream) { return stream ? 4.0 : 1.0; });
+  // Now plain is 4x cheaper: the next try (within 64 calls) finds it no longer dearer, the
+  // tries come every 8 calls again, and within 5 of them the chooser moves to plain and stays.
+  RunCalls(chooser, 64 + 5 * 8 + 8, [](bool stream) { return stream ? 4.0 : 1.0; });
   EXPECT_LT(chooser.estimate(false), chooser.estimate(true));
   const int streamed = RunCalls(chooser, 800, [](bool stream) { return stream ? 4.0 : 1.0; });
-  EXPECT_EQ(streamed, 100);  // only the explorations
+  EXPECT_GE(streamed, 800 / 64);  // only the tries, fewer as streamed stays dearer
+  EXPECT_LE(streamed, 8 + 800 / 64);
 }
 
 TEST(HandoffChooserTest, KeepsItsWayWhileTheOtherIsCheaperByLessThanTheMargin) {
-  HandoffChooser chooser(WithExploreEvery(1000));
+  HandoffChooser::Options o = WithExploreEvery(1000);
+  o.window = 1;  // each estimate is the last cost
+  HandoffChooser chooser(o);
   chooser.Record(true, 1.0);
   chooser.Record(false, 0.95);  // 5% cheaper: streamed stays in use
   EXPECT_TRUE(chooser.Stream());
   EXPECT_TRUE(chooser.Stream());
-  chooser.Record(false, 0.3);  // plain's estimate 0.95 -> 0.7875, 21% below: plain now
+  chooser.Record(false, 0.85);  // 15% cheaper: plain now
   EXPECT_FALSE(chooser.Stream());
-  chooser.Record(true, 0.8);  // streamed 1.0 -> 0.95, not 10% below 0.7875: plain stays
+  chooser.Record(true, 0.8);  // streamed 6% cheaper than plain: plain stays
   EXPECT_FALSE(chooser.Stream());
 }
 
-TEST(HandoffChooserTest, OneOutlierMovesAnEstimateByAtMostItsWeightTimesThree) {
+TEST(HandoffChooserTest, AnEstimateIsTheMedianOfTheWindowsLastCosts) {
   HandoffChooser::Options o;
-  o.weight = 0.5;
+  o.window = 5;
   HandoffChooser chooser(o);
-  chooser.Record(true, 10);
-  chooser.Record(true, 1e9);  // a pull held by the staleness bound
-  EXPECT_DOUBLE_EQ(chooser.estimate(true), 10 + 0.5 * (40 - 10));
+  for (double cost : {10.0, 11.0, 12.0}) chooser.Record(true, cost);
+  EXPECT_EQ(chooser.estimate(true), 11);
+  // Outliers either way move it by no more than to the next cost: a pull held by the
+  // staleness bound, a call that found the bytes in a cache by chance.
+  chooser.Record(true, 1e9);
+  EXPECT_EQ(chooser.estimate(true), 12);
+  chooser.Record(true, 1e-9);
+  EXPECT_EQ(chooser.estimate(true), 11);
+  // Only the last 5 count: 12, 1e9, 1e-9, 3, 3.
+  chooser.Record(true, 3);
+  chooser.Record(true, 3);
+  EXPECT_EQ(chooser.estimate(true), 3);
   chooser.Record(false, 8);
-  chooser.Record(false, 1e-9);
-  EXPECT_DOUBLE_EQ(chooser.estimate(false), 8 + 0.5 * (2 - 8));
+  EXPECT_EQ(chooser.estimate(false), 8);  // each way its own costs
+}
+
+// The costs of a way in use that are mostly cheap but now and then far dearer (the other
+// processes on its cores) never make it look dearer than a way that is always a third dearer,
+// which a running average of them did.
+TEST(HandoffChooserTest, RareDearCallsDoNotSwitchWays) {
+  HandoffChooser chooser;
+  uint32_t n = 0;
+  const int streamed = RunCalls(chooser, 20000, [&n](bool stream) {
+    if (stream) return 1.3;
+    return ++n % 10 == 0 ? 4.0 : 1.0;  // one plain call in ten costs 4x
+  });
+  // One untried first call, then only the explorations: 1 in 32.
+  EXPECT_LE(streamed, 20000 / 32 + 2);
 }
 
 TEST(HandoffChooserTest, IgnoresCostsThatAreNotPositive) {
@@ -100,8 +154,8 @@ TEST(HandoffChooserTest, IgnoresCostsThatAreNotPositive) {
 
 TEST(HandoffChooserTest, OptionsOutOfRangeAreReplaced) {
   // explore_every 0 or 1 would explore every call (or divide by zero): taken as 2.
-  HandoffChooser::Options o = WithExploreEvery(0);
-  o.weight = 7;
+  HandoffChooser::Options o = WithExploreEvery(0);  // max_explore_every 0 too: taken as 2
+  o.window = 0;
   o.margin = -1;
   HandoffChooser chooser(o);
   chooser.Record(true, 1);
@@ -109,8 +163,28 @@ TEST(HandoffChooserTest, OptionsOutOfRangeAreReplaced) {
   int streamed = 0;
   for (int i = 0; i < 10; ++i) streamed += chooser.Stream();
   EXPECT_EQ(streamed, 5);
-  chooser.Record(true, 3);  // weight 7 taken as the default 0.25
-  EXPECT_DOUBLE_EQ(chooser.estimate(true), 1 + 0.25 * (3 - 1));
+  // window 0 taken as the default 9: the median of the last 9.
+  for (double cost : {5.0, 5.0, 5.0, 5.0, 7.0, 7.0, 7.0, 7.0}) chooser.Record(true, cost);
+  EXPECT_EQ(chooser.estimate(true), 5);
+  chooser.Record(true, 7);  // 1 drops out of the 9
+  EXPECT_EQ(chooser.estimate(true), 7);
+  o.window = HandoffChooser::kMaxWindow + 1;
+  HandoffChooser too_wide(o);
+  for (double cost : {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0}) {
+    too_wide.Record(false, cost);
+  }
+  EXPECT_EQ(too_wide.estimate(false), 6);  // the median of 2..10
+}
+
+TEST(HandoffChooserTest, ACallCostsTheCpuOfBothSidesPerByteWhenTheServerSays) {
+  // 30 us of copies here and 90 us on the server for 1 MB, however long the call took.
+  EXPECT_DOUBLE_EQ(HandoffChooser::CallCost(30000, 90000, 900000, 1 << 20), 120000.0 / (1 << 20));
+  // A server that does not say: the call's time.
+  EXPECT_DOUBLE_EQ(HandoffChooser::CallCost(30000, 0, 900000, 1 << 20), 900000.0 / (1 << 20));
+  // A server's word is capped, a clock that went back counts nothing, no bytes count as one.
+  EXPECT_DOUBLE_EQ(HandoffChooser::CallCost(-5, ~uint64_t{0}, 1, 2),
+                   static_cast<double>(HandoffChooser::kMaxServedNs) / 2);
+  EXPECT_DOUBLE_EQ(HandoffChooser::CallCost(10, 20, 1, 0), 30);
 }
 
 TEST(HandoffChooserTest, ManyThreadsAtOnce) {

@@ -341,6 +341,7 @@ void RunShared(FuzzedDataProvider& in, bool through_channel) {
     sp->set_answer_offset(DrawOffset(in, kAnswerAt, kPushAt, end));
     sp->set_answer_capacity(DrawSize(in, end - kAnswerAt));
     sp->set_stream_answer(in.ConsumeBool());
+    sp->set_time_call(in.ConsumeBool());
     // The payload in the frame as well as in the segment, now and then: refused.
     const std::string in_frame = in.ConsumeIntegralInRange(0, 15) == 15 ? d.parts.payload : "";
     const grpc::ByteBuffer frame = common::RawFrame(d.header.SerializeAsString(), in_frame);

@@ -1,6 +1,7 @@
 // ParameterServerService's fused call: PushPull, the frames of a push and its pull in one
 // round trip, by the socket or through a worker's shared-memory channel (the other data-path
 // methods are in service.cc).
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
 #include "common/status_macros.h"
+#include "common/thread_cpu.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "server/rpc/service.h"
@@ -130,6 +132,11 @@ struct ParameterServerService::PushPullCall {
   size_t bytes_in = 0;
   std::shared_ptr<common::SharedMemory> shared;  // the worker's segment, if the call names it
   bool push_applied = false;                     // (or found a duplicate of one applied)
+  // SharedPayload.time_call: the CPU time spent on it so far (PushPullResponse.served_cpu_ns),
+  // from `cpu_start` on the thread serving it now.
+  bool timed = false;
+  int64_t cpu_ns = 0;
+  int64_t cpu_start = 0;
 };
 
 absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& request,
@@ -144,6 +151,10 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     return Unparseable(std::move(s));
   }
   call->bytes_in = request.Length();
+  if (header.shared().time_call()) {
+    call->timed = true;
+    call->cpu_start = common::ThreadCpuNanos();
+  }
   *method = header.has_push() ? kPush : kPull;
   if (!header.has_push() && (header.push_size() > 0 || reader.remaining() > 0)) {
     return Unparseable(absl::InvalidArgumentError("unparseable frame: a payload without a push"));
@@ -257,6 +268,8 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     }
     buffers_->Release(std::move(scratch));
     if (following.has_value()) {
+      // Waiting for the worker's copy is not what serving the call cost (CPU while polling).
+      call->cpu_ns -= absl::ToInt64Nanoseconds(following->waited_cpu());
       // A payload that did not come in time, or came only after late_following of waiting,
       // marks its worker: from then on it sends its payloads whole. So a worker that raises
       // its count just in time, again and again, holds a channel thread that long once.
@@ -287,6 +300,7 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
 
 absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
                                                     grpc::ByteBuffer* response) {
+  if (call->timed) call->cpu_start = common::ThreadCpuNanos();
   common::BufferPool::Buffer out;
   // The answer goes straight into the worker's segment when it has room there.
   const SharedPayload& sp = call->header.shared();
@@ -309,6 +323,10 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
     }
   }
   if (call->shared != nullptr && ChannelCallPolled()) call->answer.set_push_may_follow(true);
+  if (call->timed) {
+    call->cpu_ns += common::ThreadCpuNanos() - call->cpu_start;
+    call->answer.set_served_cpu_ns(static_cast<uint64_t>(std::max<int64_t>(call->cpu_ns, 0)));
+  }
   if (shared_out != nullptr) {
     call->answer.set_shared_answer_bytes(call->pull_bytes);
     counters_.bytes_shared_out.fetch_add(call->pull_bytes, std::memory_order_relaxed);
@@ -332,8 +350,10 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     done(std::move(status));
   };
   auto answer = [this, call, response] { return PushPullAnswer(call.get(), response); };
-  if (absl::Status s = PushPullBegin(*request, peer, from_channel, call.get(), deadline); !s.ok()) {
-    finish(std::move(s));
+  absl::Status begun = PushPullBegin(*request, peer, from_channel, call.get(), deadline);
+  if (call->timed) call->cpu_ns += common::ThreadCpuNanos() - call->cpu_start;
+  if (!begun.ok()) {
+    finish(std::move(begun));
     return 0;
   }
   if (!Pulls(call->header)) {

@@ -521,6 +521,7 @@ GrpcStoreStats GrpcParameterStore::stats() const {
   s.calls_shared = calls_shared_;
   s.handoffs_plain = handoffs_[0];
   s.handoffs_streamed = handoffs_[1];
+  s.handoffs_served_cpu = handoffs_served_cpu_;
   s.payloads_whole = following_[0];
   s.payloads_following = following_[1];
   return s;

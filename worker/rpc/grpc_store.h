@@ -184,6 +184,9 @@ struct GrpcStoreStats {
   // streamed or with plain stores (GrpcStoreOptions::handoff), answered.
   uint64_t handoffs_streamed = 0;
   uint64_t handoffs_plain = 0;
+  // Of those, calls the server said its CPU for (PushPullResponse.served_cpu_ns): weighed by
+  // what they cost both sides, not by their time (rpc.handoff adaptive only).
+  uint64_t handoffs_served_cpu = 0;
   // Of those calls, pushes whose payload could follow its call (GrpcStoreOptions::
   // overlap_push_copy) that did, and that went whole (the server said its thread had no core
   // of its own).
@@ -432,6 +435,7 @@ class GrpcParameterStore final : public common::ParameterStore {
   std::atomic<uint64_t> bytes_lent_{0};
   std::atomic<uint64_t> calls_shared_{0};
   std::atomic<uint64_t> handoffs_[2] = {0, 0};  // [plain, streamed]
+  std::atomic<uint64_t> handoffs_served_cpu_{0};
   std::atomic<uint64_t> following_[2] = {0, 0};  // [whole, following]
   // Held while a Push encodes (not while it sends).
   absl::Mutex residuals_mu_;

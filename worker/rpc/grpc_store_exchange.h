@@ -53,14 +53,16 @@ struct GrpcParameterStore::Exchange {
   // (asked: the token of its ask, SharedLink::ask; 0: it did not ask.)
   std::vector<uint64_t> asked;
   // Per frame (sized with `shared`): a call through shared memory whose way of handing its
-  // bytes its link's HandoffChooser chose, timed from placing its payload to copying out its
-  // answer.
+  // bytes its link's HandoffChooser chose, weighed by the CPU its copies cost this thread and
+  // the server's threads (PushPullResponse.served_cpu_ns), or, from a server that does not
+  // say, by its time from placing its payload to copying out its answer.
   struct Handoff {
     bool timed = false;
     bool stream = false;
     uint32_t chooser = 0;  // its index in GrpcParameterStore::handoff_
     uint64_t bytes = 0;  // push payload and answer room
     int64_t start_ns = 0;
+    int64_t copy_cpu_ns = 0;  // this thread's CPU copying the push in and the answer out
     // Its push payload lies in a LentBuffer of the segment, where the server reads it: not
     // copied, not timed.
     bool lent = false;

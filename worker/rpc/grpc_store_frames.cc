@@ -16,6 +16,7 @@
 #include "common/rpc/shared_memory.h"
 #include "common/startup/cores.h"
 #include "common/status_macros.h"
+#include "common/thread_cpu.h"
 #include "common/thread_pool.h"
 #include "glog/logging.h"
 #include "worker/rpc/grpc_store.h"
@@ -549,12 +550,17 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
     }
   }
   // Streamed when the whole pull, all servers' parts, is larger than the cache.
+  Exchange::Handoff& h = x->handoff[f];
+  const bool timed = h.timed && x->shared[f].valid();
+  const int64_t cpu = timed ? common::ThreadCpuNanos() : 0;
   CopyBlocks(start, copies, /*stream=*/x->dense_pull_bytes > options_.stream_copy_bytes);
-  if (const Exchange::Handoff& h = x->handoff[f]; h.timed && x->shared[f].valid()) {
+  if (timed) {
+    h.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
     if (options_.handoff == RpcConfig::HANDOFF_ADAPTIVE) {
-      handoff_[h.chooser]->Record(h.stream,
-                                  static_cast<double>(absl::GetCurrentTimeNanos() - h.start_ns) /
-                                      static_cast<double>(h.bytes));
+      if (header.served_cpu_ns() > 0) ++handoffs_served_cpu_;
+      handoff_[h.chooser]->Record(h.stream, common::HandoffChooser::CallCost(
+                                                h.copy_cpu_ns, header.served_cpu_ns(),
+                                                absl::GetCurrentTimeNanos() - h.start_ns, h.bytes));
     }
     CountHandoff(h.stream);
   }

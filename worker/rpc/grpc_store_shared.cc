@@ -18,6 +18,7 @@
 #include "common/rpc/shared_memory.h"
 #include "common/startup/cores.h"
 #include "common/stream_copy.h"
+#include "common/thread_cpu.h"
 #include "glog/logging.h"
 #include "worker/rpc/grpc_store.h"
 #include "worker/rpc/grpc_store_exchange.h"
@@ -221,10 +222,13 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     x->following[f].to = payload;
     x->following[f].written = written;
   } else {
+    const int64_t cpu = handoff.timed ? common::ThreadCpuNanos() : 0;
     CopyIn(x->payloads[f], copies, stream);
+    if (handoff.timed) handoff.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
   }
   SharedPayload* sp = h.mutable_shared();
   sp->set_stream_answer(handoff.timed && stream);  // (timed: a handoff of more than 32 KB)
+  sp->set_time_call(handoff.timed && options_.handoff == RpcConfig::HANDOFF_ADAPTIVE);
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(payload_at);
   sp->set_push_bytes(static_cast<uint64_t>(at - payload));
@@ -337,7 +341,10 @@ void GrpcParameterStore::CopyFollowing(uint32_t f, Exchange* x) {
   Exchange::Following& following = x->following[f];
   if (!following.pending) return;
   following.pending = false;
+  Exchange::Handoff& handoff = x->handoff[f];
+  const int64_t cpu = handoff.timed ? common::ThreadCpuNanos() : 0;
   common::CopyFollowing(x->payloads[f], following.to, following.stream, following.written);
+  if (handoff.timed) handoff.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
 }
 
 void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,

@@ -71,11 +71,16 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
   if (ready_ >= need) return absl::OkStatus();
   const absl::Time start = absl::Now();
   bool spin = true;
-  // The wait's CPU: its spin's wall time, then, once yielding, the thread's CPU clock.
+  // The wait's CPU: its spin's wall time, no more than the spin's limit (the thread may be
+  // descheduled mid-spin: that time was the core's, not this wait's), then, once yielding,
+  // the thread's CPU clock.
   int64_t yield_cpu_start = -1;
+  auto spun = [&](absl::Time now) {
+    return std::max(std::min(now, spin_until_) - start, absl::ZeroDuration());
+  };
   auto count_cpu = [&](absl::Time now) {
     waited_cpu_ +=
-        yield_cpu_start < 0 ? now - start : absl::Nanoseconds(ThreadCpuNanos() - yield_cpu_start);
+        yield_cpu_start < 0 ? spun(now) : absl::Nanoseconds(ThreadCpuNanos() - yield_cpu_start);
   };
   for (uint64_t looks = 0;; ++looks) {
     // A count past the payload's end (a lie or a mistake) says every byte is there: the
@@ -95,7 +100,7 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
       }
       if (spin_until_ == absl::InfinitePast()) spin_until_ = now + kSpin;
       if (spin && now >= spin_until_) {
-        waited_cpu_ += now - start;
+        waited_cpu_ += spun(now);
         yield_cpu_start = ThreadCpuNanos();
       }
       spin = now < spin_until_;

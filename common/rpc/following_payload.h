@@ -74,8 +74,9 @@ class FollowingPayload {
   bool complete() const { return ready_ >= bytes_; }
   // The time spent waiting for bytes not yet written, over all waits so far.
   absl::Duration waited() const { return waited_; }
-  // The CPU time this thread spent on those waits: polling without a system call, then the
-  // yields' own (not the time the core went to others).
+  // The CPU time this thread spent on those waits: polling without a system call, counted
+  // by the clock up to the spin's limit (50 us from the first wait), then the yields' own, by
+  // the thread's CPU clock (not the time the core went to others).
   absl::Duration waited_cpu() const { return waited_cpu_; }
 
  private:

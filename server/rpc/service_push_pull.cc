@@ -325,7 +325,8 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
   if (call->shared != nullptr && ChannelCallPolled()) call->answer.set_push_may_follow(true);
   if (call->timed) {
     call->cpu_ns += common::ThreadCpuNanos() - call->cpu_start;
-    call->answer.set_served_cpu_ns(static_cast<uint64_t>(std::max<int64_t>(call->cpu_ns, 0)));
+    // At least 1: 0 says "not measured".
+    call->answer.set_served_cpu_ns(static_cast<uint64_t>(std::max<int64_t>(call->cpu_ns, 1)));
   }
   if (shared_out != nullptr) {
     call->answer.set_shared_answer_bytes(call->pull_bytes);

@@ -62,7 +62,10 @@ struct GrpcParameterStore::Exchange {
     uint32_t chooser = 0;  // its index in GrpcParameterStore::handoff_
     uint64_t bytes = 0;  // push payload and answer room
     int64_t start_ns = 0;
-    int64_t copy_cpu_ns = 0;  // this thread's CPU copying the push in and the answer out
+    // Weighed by CPU (rpc.handoff adaptive): this thread's CPU copying the push in and the
+    // answer out.
+    bool costed = false;
+    int64_t copy_cpu_ns = 0;
     // Its push payload lies in a LentBuffer of the segment, where the server reads it: not
     // copied, not timed.
     bool lent = false;

@@ -552,12 +552,13 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   // Streamed when the whole pull, all servers' parts, is larger than the cache.
   Exchange::Handoff& h = x->handoff[f];
   const bool timed = h.timed && x->shared[f].valid();
-  const int64_t cpu = timed ? common::ThreadCpuNanos() : 0;
+  const int64_t cpu = timed && h.costed ? common::ThreadCpuNanos() : 0;
   CopyBlocks(start, copies, /*stream=*/x->dense_pull_bytes > options_.stream_copy_bytes);
   if (timed) {
-    h.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
-    if (options_.handoff == RpcConfig::HANDOFF_ADAPTIVE) {
-      if (header.served_cpu_ns() > 0) ++handoffs_served_cpu_;
+    // (Counted in any mode: a server told nothing to time says nothing.)
+    if (header.served_cpu_ns() > 0) ++handoffs_served_cpu_;
+    if (h.costed) {
+      h.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
       handoff_[h.chooser]->Record(h.stream, common::HandoffChooser::CallCost(
                                                 h.copy_cpu_ns, header.served_cpu_ns(),
                                                 absl::GetCurrentTimeNanos() - h.start_ns, h.bytes));

@@ -215,6 +215,7 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
         stream = handoff_[chooser]->Stream();
     }
     handoff = Exchange::Handoff{true, stream, chooser, push + answer, start_ns};
+    handoff.costed = options_.handoff == RpcConfig::HANDOFF_ADAPTIVE;
   }
   if (follows) {
     x->following[f].pending = true;
@@ -222,13 +223,13 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
     x->following[f].to = payload;
     x->following[f].written = written;
   } else {
-    const int64_t cpu = handoff.timed ? common::ThreadCpuNanos() : 0;
+    const int64_t cpu = handoff.costed ? common::ThreadCpuNanos() : 0;
     CopyIn(x->payloads[f], copies, stream);
-    if (handoff.timed) handoff.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
+    if (handoff.costed) handoff.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
   }
   SharedPayload* sp = h.mutable_shared();
   sp->set_stream_answer(handoff.timed && stream);  // (timed: a handoff of more than 32 KB)
-  sp->set_time_call(handoff.timed && options_.handoff == RpcConfig::HANDOFF_ADAPTIVE);
+  sp->set_time_call(handoff.costed);
   sp->set_segment(arena->memory()->id());
   sp->set_push_offset(payload_at);
   sp->set_push_bytes(static_cast<uint64_t>(at - payload));
@@ -342,9 +343,9 @@ void GrpcParameterStore::CopyFollowing(uint32_t f, Exchange* x) {
   if (!following.pending) return;
   following.pending = false;
   Exchange::Handoff& handoff = x->handoff[f];
-  const int64_t cpu = handoff.timed ? common::ThreadCpuNanos() : 0;
+  const int64_t cpu = handoff.costed ? common::ThreadCpuNanos() : 0;
   common::CopyFollowing(x->payloads[f], following.to, following.stream, following.written);
-  if (handoff.timed) handoff.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
+  if (handoff.costed) handoff.copy_cpu_ns += common::ThreadCpuNanos() - cpu;
 }
 
 void GrpcParameterStore::CopyIn(absl::Span<const absl::string_view> from,

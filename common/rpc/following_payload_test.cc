@@ -131,7 +131,9 @@ TEST(FollowingPayloadTest, CountsTheCpuItsWaitsTook) {
     EXPECT_GE(f.waited(), absl::Milliseconds(30));
     EXPECT_GT(f.waited_cpu(), absl::ZeroDuration());
     EXPECT_LE(f.waited_cpu(), f.waited() + absl::Milliseconds(1));
-    if (shared_core) EXPECT_LT(f.waited_cpu(), f.waited() / 2);
+    if (shared_core) {
+      EXPECT_LT(f.waited_cpu(), f.waited() / 2);
+    }
   }
 }
 

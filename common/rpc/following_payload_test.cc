@@ -119,16 +119,20 @@ TEST(FollowingPayloadTest, CountsTheCpuItsWaitsTook) {
       });
     }
     FollowingPayload f(&written, payload.data(), payload.size(), absl::Now() + absl::Seconds(60));
+    // The writer's 40 ms start once this thread is about to wait, however late it gets there.
+    std::atomic<bool> waiting{false};
     std::thread writer([&] {
+      while (!waiting.load()) absl::SleepFor(absl::Microseconds(100));
       absl::SleepFor(absl::Milliseconds(40));
       written.store(payload.size(), std::memory_order_release);
     });
+    waiting.store(true);
     EXPECT_TRUE(f.WaitAll().ok());
     writer.join();
     stop.store(true);
     if (busy.joinable()) busy.join();
     ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
-    EXPECT_GE(f.waited(), absl::Milliseconds(30));
+    EXPECT_GE(f.waited(), absl::Milliseconds(20));
     EXPECT_GT(f.waited_cpu(), absl::ZeroDuration());
     EXPECT_LE(f.waited_cpu(), f.waited() + absl::Milliseconds(1));
     if (shared_core) {

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/rpc/service.h"
+#include "server/rpc/shared_worker_testing.h"
 
 namespace ps::server {
 
@@ -45,10 +46,10 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   size_t cut_every() const { return GetParam() == kFramesInPieces ? 7 : 0; }
 
   // Where the shared-memory form puts push payloads and answers in the segment.
-  static constexpr uint64_t kPushAt = 4096;
-  static constexpr uint64_t kAnswerAt = 512 * 1024;
-  static constexpr uint64_t kAnswerEnd = 1 << 20;
-  static constexpr uint64_t kSegmentBytes = 8 << 20;  // room for a channel at its end
+  static constexpr uint64_t kPushAt = kTestPushAt;
+  static constexpr uint64_t kAnswerAt = kTestAnswerAt;
+  static constexpr uint64_t kAnswerEnd = kTestAnswerEnd;
+  static constexpr uint64_t kSegmentBytes = kTestSegmentBytes;  // room for a channel at its end
 
   // The request frame in the test's wire form. The shared-memory form moves the payload
   // into the segment of the request's worker, as a worker would; a request of a worker with
@@ -58,32 +59,15 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     const int32_t worker =
         push != nullptr ? push->header().worker_id() : pull->header().worker_id();
     if (!shared() || worker != 0 || segment_ == nullptr) return frame;
-    FrameParts parts = PartsOf(frame);
-    PushPullRequest header;
-    EXPECT_TRUE(header.ParseFromString(parts.header));
-    EXPECT_LE(parts.payload.size(), kAnswerAt - kPushAt);
-    std::memcpy(segment_->data() + kPushAt, parts.payload.data(), parts.payload.size());
-    SharedPayload* sp = header.mutable_shared();
-    sp->set_segment(segment_->id());
-    sp->set_push_offset(kPushAt);
-    sp->set_push_bytes(parts.payload.size());
-    sp->set_answer_offset(kAnswerAt);
-    sp->set_answer_capacity(kAnswerEnd - kAnswerAt);
-    return RawFrame(header.SerializeAsString(), "");
+    absl::StatusOr<grpc::ByteBuffer> moved = PayloadIntoSegment(*segment_, frame);
+    EXPECT_THAT(moved.status(), ::ps::common::IsOk());
+    return moved.ok() ? *std::move(moved) : frame;
   }
 
   // The answer to a request frame, its payload back in the frame when it came in the segment.
   absl::StatusOr<PushPullResponse> Answer(const grpc::ByteBuffer& answer) {
     if (!shared()) return common::AnswerOfFrame(answer);
-    FrameParts parts = PartsOf(answer);
-    PushPullResponse header;
-    if (!header.ParseFromString(parts.header)) return absl::InternalError("answer header");
-    if (header.shared_answer_bytes() == 0) return common::AnswerOfFrame(answer);
-    EXPECT_TRUE(parts.payload.empty());
-    const uint64_t n = header.shared_answer_bytes();
-    header.clear_shared_answer_bytes();
-    return common::AnswerOfFrame(
-        RawFrame(header.SerializeAsString(), std::string(segment_->data() + kAnswerAt, n)));
+    return AnswerFromSegment(*segment_, answer);
   }
 
   absl::Status DoPush(const PushRequest& request, PushResponse* response) {
@@ -109,11 +93,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   // nothing, by the socket's call: its status, and the answer in *answer.
   static absl::Status Ask(ParameterServerService& service, const RequestHeader& header,
                           grpc::ByteBuffer* answer) {
-    PushPullRequest ask;
-    *ask.mutable_header() = header;
-    ask.set_want_shared_bytes(kSegmentBytes);
-    return service.HandlePushPull(RawFrame(ask.SerializeAsString(), ""),
-                                  absl::Now() + absl::Seconds(5), answer);
+    return ::ps::server::AskForSegment(service, header, answer);
   }
 
   // The worker of `header` asks `service` for a segment with a pull of nothing, and maps it;
@@ -121,21 +101,10 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   static void AskForSegment(ParameterServerService& service, const RequestHeader& header,
                             std::shared_ptr<common::SharedMemory>* segment,
                             std::unique_ptr<common::SharedChannel>* channel) {
-    grpc::ByteBuffer answer;
-    ASSERT_THAT(Ask(service, header, &answer), ::ps::common::IsOk());
-    PushPullResponse response;
-    ASSERT_TRUE(response.ParseFromString(PartsOf(answer).header));
-    ASSERT_TRUE(response.has_shared_offer());
-    const SharedSegment& offer = response.shared_offer();
-    auto opened =
-        common::SharedMemory::Open(offer.id(), offer.path(), offer.bytes(), offer.boot_id());
+    absl::StatusOr<OpenedSegment> opened = ::ps::server::OpenSegment(service, header);
     ASSERT_THAT(opened.status(), ::ps::common::IsOk());
-    *segment = *std::move(opened);
-    channel->reset();
-    if (offer.channel_offset() != 0) {
-      ASSERT_TRUE(common::SharedChannel::Fits(offer.channel_offset(), (*segment)->size()));
-      *channel = std::make_unique<common::SharedChannel>(*segment, offer.channel_offset());
-    }
+    *segment = std::move(opened->segment);
+    *channel = std::move(opened->channel);
   }
 
   // Worker 0 (incarnation 1) asks for a segment with a pull of nothing, and maps it.
@@ -157,10 +126,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
         header.header().worker_id() != 0 || header.want_shared_bytes() > 0) {
       return service_->HandlePushPull(frame, deadline, answer);
     }
-    std::optional<uint32_t> slot = channel_->AcquireSlot();
-    if (!slot.has_value()) return absl::InternalError("no free channel slot");
-    channel_->Post(*slot, frame, deadline - absl::Now());
-    return ChannelAnswer(*slot, deadline, answer);
+    return PostInChannel(*channel_, frame, deadline, answer);
   }
 
   // The answer posted `slot` gets.
@@ -170,19 +136,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   // The answer posted `slot` of `channel` gets.
   static absl::Status ChannelAnswer(common::SharedChannel& channel, uint32_t slot,
                                     absl::Time deadline, grpc::ByteBuffer* answer) {
-    while (true) {
-      const uint32_t bell = channel.worker_bell();
-      std::optional<common::SharedChannel::Answer> a = channel.TakeAnswer(slot);
-      if (a.has_value()) {
-        if (a->status.ok()) *answer = std::move(a->frame);
-        return a->status;
-      }
-      if (channel.Unserved(slot)) return absl::AbortedError("closed: not this worker's");
-      common::SharedChannel::WaitForAnswers({&channel}, {bell}, deadline + absl::Seconds(5));
-      if (absl::Now() > deadline + absl::Seconds(5)) {
-        return absl::DeadlineExceededError("no answer in the channel");
-      }
-    }
+    return ::ps::server::ChannelAnswer(channel, slot, deadline, answer);
   }
 
   // Two servers; this is server 0. Dense "w": 10 values in blocks of 4 (blocks 0..2);

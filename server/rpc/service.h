@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -116,6 +115,16 @@ struct ServiceOptions {
   // a following payload of at most 4 MB in well under a millisecond (1 MB: 30-40 us on the
   // development VM); 10 ms leaves room for its being descheduled once.
   absl::Duration late_following = absl::Milliseconds(10);
+  // How long such a worker sends its payloads whole (its answers and new offers lack
+  // push_may_follow, and a frame of it whose payload follows is refused at once) after its
+  // first late payload. Twice as long after each further one within the pause before it
+  // (counted from its end), at most kMaxLatePauseDoublings times; one after a quiet stretch
+  // that long starts again at this. So a worker that never writes its count, or writes it just
+  // in time, holds a channel thread at most once per pause (FollowingPayload::MaxWait: at most
+  // 310 ms per 10 s at first, per 11 minutes once doubled), and an honest worker late once (a
+  // loaded host) follows again after it.
+  absl::Duration late_following_pause = absl::Seconds(10);
+  static constexpr int kMaxLatePauseDoublings = 6;
   // Most threads that serve the workers' shared-memory channels, each serving its channels
   // one pass after another; 0 = a thread per channel. ps_server: half the cores it may use,
   // at least 1 (co-located workers need the other half).
@@ -419,12 +428,20 @@ class ParameterServerService final
   // Set by StopChannels: segments made from then on get no channel.
   bool channels_stopped_ ABSL_GUARDED_BY(shared_mu_) = false;
   // Workers whose payload, written after its call, did not come in time or was waited for
-  // longer than ServiceOptions::late_following: their segments are offered from then on without
-  // push_may_follow, and a frame of theirs that says its payload follows is refused at once
-  // ("late_follower", ABORTED). One long wait per worker id for the server's life, so a
-  // worker that never writes its count, or writes it just in time, holds a channel thread
-  // that long once (FollowingPayload::MaxWait).
-  absl::flat_hash_set<int32_t> late_followers_ ABSL_GUARDED_BY(shared_mu_);
+  // longer than ServiceOptions::late_following, by worker id: until `until`, their answers
+  // and new offers lack push_may_follow, and a frame of theirs that says its payload follows
+  // is refused at once ("late_follower", ABORTED). See ServiceOptions::late_following_pause.
+  struct LatePause {
+    absl::Time until;
+    int doublings = 0;  // of late_following_pause
+  };
+  absl::flat_hash_map<int32_t, LatePause> late_followers_ ABSL_GUARDED_BY(shared_mu_);
+  // Set once late_followers_ holds a worker: until then answers skip shared_mu_.
+  std::atomic<bool> any_late_follower_{false};
+  // Whether `worker_id` is paused now (late_followers_).
+  bool LateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
+  // Pauses `worker_id` for a payload that came late (late_followers_).
+  void MarkLateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
 
   // Channel calls handed to the pool (deterministic BSP) and not yet served.
   std::atomic<int> channel_pool_calls_{0};

@@ -1,6 +1,6 @@
 // Push payloads that follow their call (common/rpc/following_payload.h) at the service: the
 // server reads no byte before the worker's count covers it, waits a bounded time for a count
-// that does not come, marks a worker whose payload came late, and tells workers when a payload
+// that does not come, pauses a worker whose payload came late, and tells workers when a payload
 // may follow (PushPullResponse.push_may_follow). The bad headers are among
 // service_shared_memory_test's BadSharedPayloadsAreRefusedAndChangeNothing.
 #include <sched.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "common/rpc/following_payload.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
@@ -214,16 +215,24 @@ TEST_P(FollowingTest, AFollowingPayloadThatNeverComesIsRefusedAndChangesNothing)
       PushPull(RawFrame(header.SerializeAsString(), ""), absl::Now() + absl::Seconds(5), &answer),
       IsOk());  // a duplicate: applied once
   EXPECT_EQ(shard_->updates_applied(), applied + 1);
-  EXPECT_FALSE(AskAgain().push_may_follow());
+  // Paused (ServiceOptions::late_following_pause): the offer says so, and that the answers
+  // through the new segment will say when its payloads may follow again.
+  const SharedSegment offer = AskAgain();
+  EXPECT_FALSE(offer.push_may_follow());
+  EXPECT_TRUE(offer.push_may_follow_later());
 }
 
 // A following payload that comes, but only after more than ServiceOptions::late_following of
 // waiting (a worker that raises its count just in time, again and again, would hold the
 // channel's thread that long each time): the push is applied, and the worker's payloads must
-// come whole from then on.
-TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongMarksItsWorker) {
+// come whole for late_following_pause (its frames that say their payload follows are refused
+// at once, ABORTED, nothing changed); then they may follow again. Late again within a pause as
+// long after the last one ended: paused twice as long.
+TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongPausesItsWorker) {
+  constexpr absl::Duration kPause = absl::Seconds(1);
   ServiceOptions options;
   options.late_following = absl::Milliseconds(1);
+  options.late_following_pause = kPause;
   auto server = MakeSegmentServer(config_, ShardOptions{}, options);
   ASSERT_THAT(server.status(), IsOk());
   ParameterServerService& service = *server->service;
@@ -245,24 +254,44 @@ TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongMarksItsWorker) {
     std::optional<uint32_t> slot = channel->AcquireSlot();
     EXPECT_TRUE(slot.has_value());
     channel->Post(*slot, RawFrame(header.SerializeAsString(), ""), absl::Seconds(10));
-    AwaitTaken(service, taken);
-    absl::SleepFor(delay);
+    if (delay > absl::ZeroDuration()) {
+      AwaitTaken(service, taken);
+      absl::SleepFor(delay);
+    }
     written->store(payload.size(), std::memory_order_release);
     grpc::ByteBuffer answer;
     return ChannelAnswer(*channel, *slot, absl::Now() + absl::Seconds(10), &answer);
   };
+  auto paused = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kAborted &&
+           absl::StrContains(s.message(), "came late before");
+  };
+  auto refused = [&] {
+    StatsResponse stats;
+    server->shard->FillStats(&stats);
+    auto it = stats.rejected().find("late_follower");
+    return it == stats.rejected().end() ? 0 : it->second;
+  };
   const uint64_t applied = server->shard->updates_applied();
-  EXPECT_THAT(push(1, absl::Milliseconds(50)), IsOk());  // within MaxWait (100 ms)
+  EXPECT_THAT(push(1, absl::Milliseconds(50)), IsOk());  // within MaxWait (100 ms): applied
+  const absl::Time first = absl::Now();                  // paused before this
   EXPECT_EQ(server->shard->updates_applied(), applied + 1);
-  EXPECT_THAT(push(2, absl::ZeroDuration()),
-              StatusIs(absl::StatusCode::kAborted, HasSubstr("came late before")));
+  EXPECT_TRUE(paused(push(2, absl::ZeroDuration())));
   EXPECT_EQ(server->shard->updates_applied(), applied + 1);
-  grpc::ByteBuffer answer;
-  ASSERT_THAT(Ask(service, HeaderOf(*server->shard, 0, 0), &answer), IsOk());
-  PushPullResponse response;
-  ASSERT_TRUE(response.ParseFromString(PartsOf(answer).header));
-  ASSERT_TRUE(response.has_shared_offer());
-  EXPECT_FALSE(response.shared_offer().push_may_follow());
+  EXPECT_EQ(refused(), 1u);
+
+  absl::SleepFor(first + kPause + absl::Milliseconds(50) - absl::Now());
+  EXPECT_THAT(push(3, absl::Milliseconds(50)), IsOk());  // follows again; late again at once
+  const absl::Time second = absl::Now();
+  EXPECT_EQ(server->shard->updates_applied(), applied + 2);
+  EXPECT_TRUE(paused(push(4, absl::ZeroDuration())));
+  // Past a pause as long as the first, not past twice that.
+  absl::SleepFor(1.3 * kPause);
+  EXPECT_TRUE(paused(push(5, absl::ZeroDuration())));
+  absl::SleepFor(second + 2 * kPause + absl::Milliseconds(50) - absl::Now());
+  EXPECT_THAT(push(6, absl::ZeroDuration()), IsOk());
+  EXPECT_EQ(server->shard->updates_applied(), applied + 3);
+  EXPECT_EQ(refused(), 3u);
 }
 
 // An answer through a channel says the worker's next payload may follow its call only when the
@@ -275,7 +304,9 @@ TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongMarksItsWorker) {
 // then right to say no: that case is then skipped (CI's sanitizer run once found none in 50
 // calls with both threads free to share a core). The hogged case's first answer is not
 // counted: the spin it judges may have begun before the hogs ran (an AddressSanitizer run
-// once found one of 50 answers saying yes, with the hogs not waited for).
+// once found one of 50 answers saying yes, with the hogs not waited for). Nor, after the free
+// case found a yes, while the worker is paused for a payload that did not come
+// (ServiceOptions::late_following_pause): then none in 3 s, under the same conditions.
 TEST_P(FollowingCallsTest, AnswersLetPayloadsFollowOnlyWhenTheirThreadPolled) {
   cpu_set_t original;
   ASSERT_EQ(sched_getaffinity(0, sizeof(original), &original), 0);
@@ -290,13 +321,14 @@ TEST_P(FollowingCallsTest, AnswersLetPayloadsFollowOnlyWhenTheirThreadPolled) {
     CPU_SET(cpu, &one);
     return sched_setaffinity(0, sizeof(one), &one) == 0;
   };
-  enum Case { kNoPolling, kHogged, kFree };
-  for (const Case c : {kNoPolling, kHogged, kFree}) {
+  enum Case { kNoPolling, kHogged, kFree, kPaused };
+  for (const Case c : {kNoPolling, kHogged, kFree, kPaused}) {
     SCOPED_TRACE(c);
     const absl::Duration poll = c == kNoPolling ? absl::ZeroDuration() : absl::Seconds(10);
     if (c == kHogged && cpus.size() < 2) continue;
     ServiceOptions options;
     options.channel_busy_poll = poll;
+    options.late_following_pause = absl::Minutes(1);
     auto server = MakeSegmentServer(config_, ShardOptions{}, options);
     ASSERT_THAT(server.status(), IsOk());
     std::shared_ptr<common::SharedMemory> segment;
@@ -326,7 +358,21 @@ TEST_P(FollowingCallsTest, AnswersLetPayloadsFollowOnlyWhenTheirThreadPolled) {
       ASSERT_TRUE(pin(cpus[1]));
     }
     int may_follow = 0;
-    const int calls = c == kFree ? 5000 : 50;
+    if (c == kPaused) {
+      // A following payload whose count never comes: refused payload_late, its worker paused.
+      PushRequest request = ValidPush(1);
+      *request.mutable_header() = HeaderOf(*server->shard, 0, 1);
+      std::string payload;
+      const PushPullRequest header = FollowingHeader(request, *segment, &payload);
+      common::FollowingWord(segment->data() + kPushAt)->store(0);
+      std::optional<uint32_t> slot = channel->AcquireSlot();
+      ASSERT_TRUE(slot.has_value());
+      channel->Post(*slot, RawFrame(header.SerializeAsString(), ""), absl::Seconds(5));
+      grpc::ByteBuffer answer;
+      ASSERT_THAT(ChannelAnswer(*channel, *slot, absl::Now() + absl::Seconds(5), &answer),
+                  StatusIs(absl::StatusCode::kDeadlineExceeded));
+    }
+    const int calls = c == kFree || c == kPaused ? 5000 : 50;
     const absl::Time until = absl::Now() + absl::Seconds(3);
     for (int i = 1; i <= calls && (c != kFree || may_follow == 0) && absl::Now() < until; ++i) {
       PushRequest request = ValidPush(i);

@@ -228,20 +228,16 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     absl::Status status;
     if (call->shared != nullptr && header.shared().push_follows()) {
       const SharedPayload& sp = header.shared();
-      bool late_before;
-      {
-        absl::MutexLock lock(&shared_mu_);
-        late_before = late_followers_.contains(info.worker_id);
-      }
-      if (late_before) {
+      if (LateFollower(info.worker_id)) {
         return shard_->Reject(
             "late_follower",
             // ABORTED, as for a segment the server no longer takes: nothing changed, and the
             // worker sends the call again at once by the socket, then asks for a new segment
-            // (offered without push_may_follow).
+            // (offered without push_may_follow while the pause lasts).
             absl::AbortedError(absl::StrCat(
                 "worker ", info.worker_id,
-                "'s payload written after its call came late before: send payloads whole")));
+                "'s payload written after its call came late before: send payloads whole "
+                "until the answers say it may follow again")));
       }
       following.emplace(
           common::FollowingWord(call->shared->data() + sp.push_offset() -
@@ -275,8 +271,7 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       // its count just in time, again and again, holds a channel thread that long once.
       if ((!status.ok() && RejectionReason(status) == "payload_late") ||
           following->waited() > options_.late_following) {
-        absl::MutexLock lock(&shared_mu_);
-        late_followers_.insert(info.worker_id);
+        MarkLateFollower(info.worker_id);
       }
       if (status.ok()) {
         counters_.bytes_following.fetch_add(header.shared().push_bytes(),
@@ -322,7 +317,10 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
       return s;
     }
   }
-  if (call->shared != nullptr && ChannelCallPolled()) call->answer.set_push_may_follow(true);
+  if (call->shared != nullptr && ChannelCallPolled() &&
+      !LateFollower(call->header.header().worker_id())) {
+    call->answer.set_push_may_follow(true);
+  }
   if (call->timed) {
     call->cpu_ns += common::ThreadCpuNanos() - call->cpu_start;
     // At least 1: 0 says "not measured".

@@ -36,6 +36,29 @@ bool ParameterServerService::ChannelCallPolled() {
   return in_channel_thread && channel_call_polled;
 }
 
+bool ParameterServerService::LateFollower(int32_t worker_id) {
+  if (!any_late_follower_.load(std::memory_order_acquire)) return false;
+  absl::MutexLock lock(&shared_mu_);
+  auto it = late_followers_.find(worker_id);
+  return it != late_followers_.end() && absl::Now() < it->second.until;
+}
+
+void ParameterServerService::MarkLateFollower(int32_t worker_id) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&shared_mu_);
+  auto [it, first] = late_followers_.try_emplace(worker_id);
+  LatePause& pause = it->second;
+  if (!first && now < pause.until) return;  // (a call of it taken before the pause began)
+  // Late again within a pause as long as the last, counted from its end: twice as long.
+  if (!first && now - pause.until < options_.late_following_pause * (1 << pause.doublings)) {
+    pause.doublings = std::min(pause.doublings + 1, ServiceOptions::kMaxLatePauseDoublings);
+  } else {
+    pause.doublings = 0;
+  }
+  pause.until = now + options_.late_following_pause * (1 << pause.doublings);
+  any_late_follower_.store(true, std::memory_order_release);
+}
+
 // The threads that serve the workers' channels: at most max_threads (0: one per channel),
 // each channel served by one of them, given to the one with the fewest channels when it is
 // made (a new thread while the cap allows and every thread serves some channel).
@@ -494,10 +517,10 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   offer->set_path((*made)->path());
   offer->set_bytes((*made)->size());
   offer->set_boot_id(common::SharedMemory::BootId());
-  {
-    absl::MutexLock lock(&shared_mu_);
-    offer->set_push_may_follow(!late_followers_.contains(worker_id));
-  }
+  // A worker paused for a late payload (late_followers_) follows again on this segment once
+  // an answer through it says so.
+  offer->set_push_may_follow(!LateFollower(worker_id));
+  offer->set_push_may_follow_later(true);
   const std::optional<uint64_t> channel_offset = SharedChannel::OffsetFor((*made)->size());
   std::shared_ptr<ChannelServer> channel;
   bool stopped;

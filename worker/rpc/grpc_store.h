@@ -403,9 +403,12 @@ class GrpcParameterStore final : public common::ParameterStore {
     uint64_t declined = 0;
     std::shared_ptr<common::SharedArena> arena;  // when kActive
     std::shared_ptr<common::SharedChannel> channel;  // when kActive and the segment has one
-    bool may_follow = false;  // the server takes payloads after their call (push_may_follow)
+    // The server takes payloads after their call on this segment (its offer's push_may_follow
+    // or push_may_follow_later).
+    bool may_follow = false;
     // Its latest answer through the channel said the next payload may follow (its thread
-    // found that call while polling on a core of its own).
+    // found that call while polling on a core of its own, and this worker is not paused for a
+    // late payload); before any, the offer's push_may_follow.
     bool follow_now = true;
     // The revocation flag of the buffers lent in this segment (LendPushBuffer; made by the
     // first lend): set when the link is given up after a failed call, whose attempts a server

@@ -321,7 +321,11 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
     link.state = arena != nullptr ? SharedLink::kActive : SharedLink::kOff;
     link.arena = std::move(arena);
     link.channel = std::move(channel);
-    link.may_follow = header.has_shared_offer() && header.shared_offer().push_may_follow();
+    // A server that pauses this worker for a late payload offers push_may_follow_later: the
+    // answers through the segment then say when its payloads may follow again.
+    const SharedSegment& offer = header.shared_offer();
+    link.may_follow = offer.push_may_follow() || offer.push_may_follow_later();
+    link.follow_now = offer.push_may_follow();
     if (link.state == SharedLink::kActive) {
       link.reask_after = absl::ZeroDuration();
     } else if (unusable) {

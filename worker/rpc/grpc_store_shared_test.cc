@@ -1,11 +1,16 @@
 // GrpcParameterStore's shared-memory links against a fake server: asks, offers it takes or
-// declines.
+// declines, and when its payloads follow their calls.
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/rpc/frame.h"
+#include "common/rpc/frame_testing.h"
+#include "common/rpc/shared_channel.h"
 #include "common/rpc/shared_memory.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -14,6 +19,18 @@
 
 namespace ps::worker {
 namespace {
+
+// A push's answer that offers `segment`, as a server that made it for this worker.
+PushPullResponse OfferOf(const common::SharedMemory& segment) {
+  PushPullResponse answer;
+  answer.mutable_push();
+  SharedSegment* offer = answer.mutable_shared_offer();
+  offer->set_id(segment.id());
+  offer->set_path(segment.path());
+  offer->set_bytes(segment.size());
+  offer->set_boot_id(common::SharedMemory::BootId());
+  return answer;
+}
 
 // A call that asked for shared memory and failed is retried without the ask: each ask makes
 // a server replace the worker's segment, so a repeated one could replace the segment a later
@@ -39,14 +56,7 @@ TEST_F(GrpcStoreTest, AnOfferThatCannotBeOpenedHereIsDeclinedInTheNextCall) {
   Start(/*fail_pushes=*/0, options);
   auto segment = common::SharedMemory::Create(2 << 20);
   ASSERT_TRUE(segment.ok()) << segment.status();
-  PushPullResponse answer;
-  answer.mutable_push();
-  SharedSegment* offer = answer.mutable_shared_offer();
-  offer->set_id((*segment)->id());
-  offer->set_path((*segment)->path());
-  offer->set_bytes((*segment)->size());
-  offer->set_boot_id(common::SharedMemory::BootId());
-  service_->Answer(common::FrameBuilder(answer).Build());
+  service_->Answer(common::FrameBuilder(OfferOf(**segment)).Build());
   ASSERT_TRUE(PushOnce(1).ok());
   ASSERT_TRUE(PushOnce(2).ok());
   ASSERT_TRUE(PushOnce(3).ok());
@@ -54,6 +64,84 @@ TEST_F(GrpcStoreTest, AnOfferThatCannotBeOpenedHereIsDeclinedInTheNextCall) {
   EXPECT_EQ(service_->ask_boot_ids()[0], common::SharedMemory::BootId());
   EXPECT_EQ(service_->declines(), (std::vector<uint64_t>{0, (*segment)->id(), 0}));
   EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false, false}));
+}
+
+// A server that paused this worker for a payload that came late offers its next segment with
+// push_may_follow_later and without push_may_follow: the worker's payloads then go whole until
+// an answer through the segment says they may follow, and follow after it. An offer with
+// neither (a server that takes no payload after its call) is never followed on, whatever its
+// answers say. The test serves the segment's channel itself, every answer saying yes.
+TEST_F(GrpcStoreTest, APausedWorkerFollowsOnceAnAnswerSaysItMay) {
+  for (const bool later : {true, false}) {
+    SCOPED_TRACE(later);
+    TearDown();
+    Start(/*fail_pushes=*/0);
+    JobConfig config;
+    config.mutable_cluster()->set_num_servers(1);
+    config.mutable_cluster()->add_servers("in-process");
+    config.mutable_cluster()->set_num_workers(1);
+    TableConfig* g = config.add_tables();
+    g->set_name("g");
+    g->add_shape(65536);  // 256 KB: a payload that may follow its call
+    ASSERT_TRUE(common::ExpandModelTables(&config).ok());
+    auto segment = common::SharedMemory::Create(16 << 20);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    const std::optional<uint64_t> at = common::SharedChannel::OffsetFor((*segment)->size());
+    ASSERT_TRUE(at.has_value());
+    common::SharedChannel channel(*segment, *at);
+    PushPullResponse answer = OfferOf(**segment);
+    SharedSegment* offer = answer.mutable_shared_offer();
+    offer->set_channel_offset(*at);
+    offer->set_push_may_follow(false);
+    offer->set_push_may_follow_later(later);
+    service_->Answer(common::FrameBuilder(answer).Build());
+
+    // The channel's server: answers every call at once, saying the next payload may follow,
+    // and notes whether each call's payload followed it.
+    std::atomic<bool> stop{false};
+    absl::Mutex mu;
+    std::vector<bool> followed;
+    std::thread server([&] {
+      PushPullResponse yes;
+      yes.mutable_push();
+      yes.set_push_may_follow(true);
+      const grpc::ByteBuffer frame = common::FrameBuilder(yes).Build();
+      while (!stop.load()) {
+        const uint32_t bell = channel.server_bell();
+        for (uint32_t slot = 0; slot < common::SharedChannel::kSlots; ++slot) {
+          std::optional<common::SharedChannel::Request> request = channel.TakeRequest(slot);
+          if (!request.has_value()) continue;
+          PushPullRequest header;
+          EXPECT_TRUE(header.ParseFromString(common::PartsOf(request->frame).header));
+          {
+            absl::MutexLock lock(&mu);
+            followed.push_back(header.shared().push_follows());
+          }
+          channel.WriteAnswer(slot, absl::OkStatus(), &frame, /*server_busy=*/false);
+        }
+        channel.WaitForRequests(bell, absl::Now() + absl::Milliseconds(10));
+      }
+    });
+    GrpcStoreOptions options = FastRetries();
+    options.shared_memory_bytes = 16 << 20;
+    auto store = GrpcParameterStore::CreateWithChannels(
+        config, options, {server_->InProcessChannel(grpc::ChannelArguments())});
+    ASSERT_TRUE(store.ok()) << store.status();
+    const std::vector<float> gradient(65536, 1e-3f);
+    for (int64_t clock = 1; clock <= 4; ++clock) {
+      common::PushBatch batch;
+      batch.dense.push_back({"g", gradient});
+      EXPECT_TRUE((*store)->Push(batch, common::PushOptions{clock, false}).ok());
+    }
+    stop = true;
+    channel.RingServer();
+    server.join();
+    EXPECT_EQ(service_->asks().size(), 1u);  // the first call, by the socket: the offer
+    absl::MutexLock lock(&mu);
+    const std::vector<bool> expected =
+        later ? std::vector<bool>{false, true, true} : std::vector<bool>{false, false, false};
+    EXPECT_EQ(followed, expected);
+  }
 }
 
 }  // namespace

@@ -49,6 +49,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/late_pause.h"
 #include "server/shard.h"
 
 namespace ps::server {
@@ -117,14 +118,13 @@ struct ServiceOptions {
   absl::Duration late_following = absl::Milliseconds(10);
   // How long such a worker sends its payloads whole (its answers and new offers lack
   // push_may_follow, and a frame of it whose payload follows is refused at once) after its
-  // first late payload. Twice as long after each further one within the pause before it
-  // (counted from its end), at most kMaxLatePauseDoublings times; one after a quiet stretch
-  // that long starts again at this. So a worker that never writes its count, or writes it just
-  // in time, holds a channel thread at most once per pause (FollowingPayload::MaxWait: at most
-  // 310 ms per 10 s at first, per 11 minutes once doubled), and an honest worker late once (a
-  // loaded host) follows again after it.
+  // first late payload: each later one doubles the pause (at most 64x), and each 64 of these
+  // of quiet after a pause ended take one doubling off (server/rpc/late_pause.h). So a worker
+  // that never writes its count, or writes it just in time, holds a channel thread
+  // (FollowingPayload::MaxWait, at most 310 ms) once per 10 s at first and at most once per
+  // 11 minutes in the long run, and an honest worker late now and then (a loaded host) follows
+  // again 20 s later. 0: no pause.
   absl::Duration late_following_pause = absl::Seconds(10);
-  static constexpr int kMaxLatePauseDoublings = 6;
   // Most threads that serve the workers' shared-memory channels, each serving its channels
   // one pass after another; 0 = a thread per channel. ps_server: half the cores it may use,
   // at least 1 (co-located workers need the other half).
@@ -431,10 +431,6 @@ class ParameterServerService final
   // longer than ServiceOptions::late_following, by worker id: until `until`, their answers
   // and new offers lack push_may_follow, and a frame of theirs that says its payload follows
   // is refused at once ("late_follower", ABORTED). See ServiceOptions::late_following_pause.
-  struct LatePause {
-    absl::Time until;
-    int doublings = 0;  // of late_following_pause
-  };
   absl::flat_hash_map<int32_t, LatePause> late_followers_ ABSL_GUARDED_BY(shared_mu_);
   // Set once late_followers_ holds a worker: until then answers skip shared_mu_.
   std::atomic<bool> any_late_follower_{false};

@@ -267,8 +267,9 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
       // Waiting for the worker's copy is not what serving the call cost (CPU while polling).
       call->cpu_ns -= absl::ToInt64Nanoseconds(following->waited_cpu());
       // A payload that did not come in time, or came only after late_following of waiting,
-      // marks its worker: from then on it sends its payloads whole. So a worker that raises
-      // its count just in time, again and again, holds a channel thread that long once.
+      // pauses its worker: it sends its payloads whole for a while (late_following_pause). So
+      // a worker that raises its count just in time, again and again, holds a channel thread
+      // that long at most once per pause.
       if ((!status.ok() && RejectionReason(status) == "payload_late") ||
           following->waited() > options_.late_following) {
         MarkLateFollower(info.worker_id);

@@ -46,16 +46,10 @@ bool ParameterServerService::LateFollower(int32_t worker_id) {
 void ParameterServerService::MarkLateFollower(int32_t worker_id) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&shared_mu_);
-  auto [it, first] = late_followers_.try_emplace(worker_id);
-  LatePause& pause = it->second;
-  if (!first && now < pause.until) return;  // (a call of it taken before the pause began)
-  // Late again within a pause as long as the last, counted from its end: twice as long.
-  if (!first && now - pause.until < options_.late_following_pause * (1 << pause.doublings)) {
-    pause.doublings = std::min(pause.doublings + 1, ServiceOptions::kMaxLatePauseDoublings);
-  } else {
-    pause.doublings = 0;
-  }
-  pause.until = now + options_.late_following_pause * (1 << pause.doublings);
+  auto it = late_followers_.find(worker_id);
+  const LatePause next = NextLatePause(it == late_followers_.end() ? nullptr : &it->second, now,
+                                       options_.late_following_pause);
+  late_followers_[worker_id] = next;
   any_late_follower_.store(true, std::memory_order_release);
 }
 

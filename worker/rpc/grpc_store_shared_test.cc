@@ -96,6 +96,12 @@ TEST_F(GrpcStoreTest, APausedWorkerFollowsOnceAnAnswerSaysItMay) {
     offer->set_push_may_follow_later(later);
     service_->Answer(common::FrameBuilder(answer).Build());
 
+    GrpcStoreOptions options = FastRetries();
+    options.shared_memory_bytes = 16 << 20;
+    auto store = GrpcParameterStore::CreateWithChannels(
+        config, options, {server_->InProcessChannel(grpc::ChannelArguments())});
+    ASSERT_TRUE(store.ok()) << store.status();
+
     // The channel's server: answers every call at once, saying the next payload may follow,
     // and notes whether each call's payload followed it.
     std::atomic<bool> stop{false};
@@ -122,11 +128,6 @@ TEST_F(GrpcStoreTest, APausedWorkerFollowsOnceAnAnswerSaysItMay) {
         channel.WaitForRequests(bell, absl::Now() + absl::Milliseconds(10));
       }
     });
-    GrpcStoreOptions options = FastRetries();
-    options.shared_memory_bytes = 16 << 20;
-    auto store = GrpcParameterStore::CreateWithChannels(
-        config, options, {server_->InProcessChannel(grpc::ChannelArguments())});
-    ASSERT_TRUE(store.ok()) << store.status();
     const std::vector<float> gradient(65536, 1e-3f);
     for (int64_t clock = 1; clock <= 4; ++clock) {
       common::PushBatch batch;

@@ -1,6 +1,7 @@
 // ps_bench --modes=dense: GrpcParameterStore push and pull of one dense table per payload.
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,7 +46,14 @@ class PushSources {
     absl::Span<float> to =
         lent_[client] != nullptr ? lent_[client]->values() : absl::MakeSpan(own_[client]);
     const float v = 1e-4f * static_cast<float>(1 + (++calls_[client] & 7));
-    std::fill(to.begin(), to.end(), v);
+    // At the speed a backward pass writes: one 4 KB run, then copies of it. A plain std::fill
+    // compiles to one scalar store per value here (x86-64-v2), about 110 us per MB, which
+    // halved the 1 + 1 1 MB push rate in this mode.
+    const size_t run = std::min<size_t>(to.size(), 1024);
+    std::fill(to.begin(), to.begin() + run, v);
+    for (size_t at = run; at < to.size(); at += run) {
+      std::memcpy(to.data() + at, to.data(), std::min(run, to.size() - at) * sizeof(float));
+    }
   }
 
  private:

@@ -20,7 +20,8 @@ Runs, back to back on this machine:
   - with --memory, bench/ps_load (21 tables of 4M floats, Adam) and each server's peak RSS against
     its parameters and optimizer slots;
   - with --training, studies/scaling_bench.py's MLP rows (centralized, 1x1, 2x2), --repeat
-    runs, each cell's ratio the median of the runs'.
+    runs of --training_epochs epochs (the README job's 10 by default), each cell's ratio the
+    median of the runs'.
 and prints each target with its measured value, the ratio the target is stated in, and met or
 not met. With bench/handoff_probe built, it also prints what handing 1 MB between two cores
 cost the host before and after the run, with plain and with streamed stores: on a host whose
@@ -291,7 +292,8 @@ def measure(args, tmp):
                 sets.append("rpc.shared_memory_calls=false")
             shared = ["--set", ",".join(sets)] if sets else []
             run([sys.executable, "studies/scaling_bench.py", "--models", "mlp", "--cells", "1x1,2x2",
-                 "--bin_dir", args.bin_dir, "--json", path] + shared)
+                 "--epochs", str(args.training_epochs), "--bin_dir", args.bin_dir, "--json", path] +
+                shared)
             runs.append(read_jsonl(path))
         rows += training_rows(runs)
     return rows
@@ -352,6 +354,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--memory", action="store_true", help="also run bench/ps_load")
     ap.add_argument("--training", action="store_true", help="also run studies/scaling_bench.py")
+    ap.add_argument("--training_epochs", type=int, default=10,
+                    help="epochs of each training run: the README job's 10, the length the "
+                         "training targets were first measured at; a run of one epoch is mostly "
+                         "its start (2 + 2 calls/compute 0.91-1.08 at 1 epoch against 0.76-0.83 "
+                         "at 10 in three interleaved pairs, docs/lab/2026-12-06-late-follower-pause.md)")
     ap.add_argument("--json", help="write the rows here, one JSON object per line")
     ap.add_argument("--shared_memory_mb", type=int, default=-1,
                     help="shared memory between each client and server of ps_bench and the "

@@ -125,6 +125,8 @@ struct ServiceOptions {
   // 11 minutes in the long run, and an honest worker late now and then (a loaded host) follows
   // again 20 s later. 0: no pause.
   absl::Duration late_following_pause = absl::Seconds(10);
+  // The clock those pauses are timed by; null: absl::Now (tests set their own).
+  std::function<absl::Time()> pause_clock;
   // Most threads that serve the workers' shared-memory channels, each serving its channels
   // one pass after another; 0 = a thread per channel. ps_server: half the cores it may use,
   // at least 1 (co-located workers need the other half).
@@ -438,6 +440,8 @@ class ParameterServerService final
   bool LateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
   // Pauses `worker_id` for a payload that came late (late_followers_).
   void MarkLateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
+  // The time pauses are measured in (ServiceOptions::pause_clock).
+  absl::Time PauseNow() const;
 
   // Channel calls handed to the pool (deterministic BSP) and not yet served.
   std::atomic<int> channel_pool_calls_{0};

@@ -35,7 +35,7 @@ using ::testing::HasSubstr;
 class FollowingTest : public ServiceTest {
  protected:
   // The fixture's server waits for writer threads of these tests, which a loaded machine may
-  // delay past the default; AFollowingPayloadWaitedForLongPausesItsWorker tests the pause.
+  // delay past the default; AnswersLetPayloadsFollowOnlyWhenTheirThreadPolled pauses one.
   FollowingTest() { late_following_ = absl::Minutes(1); }
 
   // Where these tests put a following payload: one line after its count, at kPushAt.
@@ -222,18 +222,31 @@ TEST_P(FollowingTest, AFollowingPayloadThatNeverComesIsRefusedAndChangesNothing)
   EXPECT_TRUE(offer.push_may_follow_later());
 }
 
-// A following payload that comes, but only after more than ServiceOptions::late_following of
-// waiting (a worker that raises its count just in time, again and again, would hold the
-// channel's thread that long each time): the push is applied, and the worker's payloads must
-// come whole for late_following_pause (its frames that say their payload follows are refused
-// at once, ABORTED, nothing changed); then they may follow again. Late again soon after:
-// paused twice as long (the rule in full: late_pause_test). The checks lie a second or more
-// from the pauses' ends, for a loaded machine.
-TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongPausesItsWorker) {
-  constexpr absl::Duration kPause = absl::Seconds(2);
+// A following payload that does not come (a worker that never writes its count, or writes
+// it too late) pauses its worker for late_following_pause: its frames that say their payload
+// follows are refused at once (ABORTED, nothing changed), and after the pause they are taken
+// again. Late again at once: paused twice as long (the rule in full: late_pause_test). The
+// pause runs on a clock of the test's (ServiceOptions::pause_clock). A payload that comes, but
+// only after more than late_following of waiting (a worker that raises its count just in time,
+// again and again, would hold the channel's thread that long each time), is applied and
+// pauses its worker too: its count is raised 50 ms after the server took the call, within the
+// server's 100 ms wait.
+TEST_P(FollowingCallsTest, AFollowingPayloadThatCameLatePausesItsWorker) {
+  constexpr absl::Duration kPause = absl::Seconds(10);
+  absl::Mutex clock_mu;
+  absl::Time now = absl::FromUnixSeconds(1000000);
   ServiceOptions options;
   options.late_following = absl::Milliseconds(1);
   options.late_following_pause = kPause;
+  options.pause_clock = [&] {
+    absl::MutexLock lock(&clock_mu);
+    return now;
+  };
+  auto set_clock = [&](absl::Time t) {
+    absl::MutexLock lock(&clock_mu);
+    now = t;
+  };
+  const absl::Time start = absl::FromUnixSeconds(1000000);
   auto server = MakeSegmentServer(config_, ShardOptions{}, options);
   ASSERT_THAT(server.status(), IsOk());
   ParameterServerService& service = *server->service;
@@ -242,23 +255,24 @@ TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongPausesItsWorker) {
   AskForSegment(service, HeaderOf(*server->shard, 0, 0), &segment, &channel);
   ASSERT_NE(channel, nullptr);
   std::atomic<uint64_t>* written = common::FollowingWord(segment->data() + kPushAt);
-  // Worker 0's push of `sequence` through its channel, its payload following; the count is
-  // raised `delay` after the server took the call (it then waits for it), or before the call
-  // is posted when there is no delay.
-  auto push = [&](uint64_t sequence, absl::Duration delay) {
+  // Worker 0's push of `sequence` through its channel, its payload following: all of it
+  // written before the call is posted, none of it ever, or all of it 50 ms after the server
+  // took the call.
+  enum Count { kWhole, kNever, kLate };
+  auto push = [&](uint64_t sequence, Count count) {
     PushRequest request = ValidPush(sequence);
     *request.mutable_header() = HeaderOf(*server->shard, 0, sequence);
     std::string payload;
     const PushPullRequest header = FollowingHeader(request, *segment, &payload);
-    written->store(delay > absl::ZeroDuration() ? 0 : payload.size());
     std::memcpy(segment->data() + kAt, payload.data(), payload.size());
+    written->store(count == kWhole ? payload.size() : 0, std::memory_order_release);
     const uint64_t taken = service.data_path_counters().calls_shared.load();
     std::optional<uint32_t> slot = channel->AcquireSlot();
     EXPECT_TRUE(slot.has_value());
     channel->Post(*slot, RawFrame(header.SerializeAsString(), ""), absl::Seconds(10));
-    if (delay > absl::ZeroDuration()) {
+    if (count == kLate) {
       AwaitTaken(service, taken);
-      absl::SleepFor(delay);
+      absl::SleepFor(absl::Milliseconds(50));
       written->store(payload.size(), std::memory_order_release);
     }
     grpc::ByteBuffer answer;
@@ -275,25 +289,28 @@ TEST_P(FollowingCallsTest, AFollowingPayloadWaitedForLongPausesItsWorker) {
     return it == stats.rejected().end() ? 0 : it->second;
   };
   const uint64_t applied = server->shard->updates_applied();
-  EXPECT_THAT(push(1, absl::Milliseconds(50)), IsOk());  // within MaxWait (100 ms): applied
-  const absl::Time first = absl::Now();                  // paused before this
-  EXPECT_EQ(server->shard->updates_applied(), applied + 1);
-  EXPECT_TRUE(paused(push(2, absl::ZeroDuration())));
-  EXPECT_EQ(server->shard->updates_applied(), applied + 1);
-  EXPECT_EQ(refused(), 1u);
+  EXPECT_THAT(push(1, kNever), StatusIs(absl::StatusCode::kDeadlineExceeded));  // paused at start
+  EXPECT_TRUE(paused(push(1, kWhole)));
+  set_clock(start + kPause - absl::Nanoseconds(1));
+  EXPECT_TRUE(paused(push(1, kWhole)));
+  EXPECT_EQ(server->shard->updates_applied(), applied);
+  EXPECT_EQ(refused(), 2u);
 
-  absl::SleepFor(first + kPause + absl::Milliseconds(50) - absl::Now());
-  EXPECT_THAT(push(3, absl::Milliseconds(50)), IsOk());  // follows again; late again at once
-  const absl::Time second = absl::Now();
+  set_clock(start + kPause);
+  EXPECT_THAT(push(1, kWhole), IsOk());  // follows again
+  EXPECT_EQ(server->shard->updates_applied(), applied + 1);
+  EXPECT_THAT(push(2, kNever), StatusIs(absl::StatusCode::kDeadlineExceeded));  // late again
+  set_clock(start + 2 * kPause);  // past a pause as long as the first, not past twice that
+  EXPECT_TRUE(paused(push(2, kWhole)));
+  set_clock(start + 3 * kPause);
+  EXPECT_THAT(push(2, kWhole), IsOk());
   EXPECT_EQ(server->shard->updates_applied(), applied + 2);
-  EXPECT_TRUE(paused(push(4, absl::ZeroDuration())));
-  // Past a pause as long as the first, not past twice that.
-  absl::SleepFor(second + 1.5 * kPause - absl::Now());
-  EXPECT_TRUE(paused(push(5, absl::ZeroDuration())));
-  absl::SleepFor(second + 2 * kPause + absl::Milliseconds(50) - absl::Now());
-  EXPECT_THAT(push(6, absl::ZeroDuration()), IsOk());
+  set_clock(start + 100 * kPause);      // long quiet
+  EXPECT_THAT(push(3, kLate), IsOk());  // applied, and paused
   EXPECT_EQ(server->shard->updates_applied(), applied + 3);
-  EXPECT_EQ(refused(), 3u);
+  EXPECT_TRUE(paused(push(4, kWhole)));
+  EXPECT_EQ(server->shard->updates_applied(), applied + 3);
+  EXPECT_EQ(refused(), 4u);
 }
 
 // An answer through a channel says the worker's next payload may follow its call only when the

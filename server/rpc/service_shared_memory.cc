@@ -40,11 +40,15 @@ bool ParameterServerService::LateFollower(int32_t worker_id) {
   if (!any_late_follower_.load(std::memory_order_acquire)) return false;
   absl::MutexLock lock(&shared_mu_);
   auto it = late_followers_.find(worker_id);
-  return it != late_followers_.end() && absl::Now() < it->second.until;
+  return it != late_followers_.end() && PauseNow() < it->second.until;
+}
+
+absl::Time ParameterServerService::PauseNow() const {
+  return options_.pause_clock ? options_.pause_clock() : absl::Now();
 }
 
 void ParameterServerService::MarkLateFollower(int32_t worker_id) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = PauseNow();
   absl::MutexLock lock(&shared_mu_);
   auto it = late_followers_.find(worker_id);
   const LatePause next = NextLatePause(it == late_followers_.end() ? nullptr : &it->second, now,

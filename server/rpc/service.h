@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,7 +126,7 @@ struct ServiceOptions {
   // 11 minutes in the long run, and an honest worker late now and then (a loaded host) follows
   // again 20 s later. 0: no pause.
   absl::Duration late_following_pause = absl::Seconds(10);
-  // The clock those pauses are timed by; null: absl::Now (tests set their own).
+  // The clock those pauses are timed by; null: a monotonic clock (tests set their own).
   std::function<absl::Time()> pause_clock;
   // Most threads that serve the workers' shared-memory channels, each serving its channels
   // one pass after another; 0 = a thread per channel. ps_server: half the cores it may use,
@@ -434,8 +435,10 @@ class ParameterServerService final
   // and new offers lack push_may_follow, and a frame of theirs that says its payload follows
   // is refused at once ("late_follower", ABORTED). See ServiceOptions::late_following_pause.
   absl::flat_hash_map<int32_t, LatePause> late_followers_ ABSL_GUARDED_BY(shared_mu_);
-  // Set once late_followers_ holds a worker: until then answers skip shared_mu_.
-  std::atomic<bool> any_late_follower_{false};
+  // The latest end of a pause in late_followers_, in PauseNow()'s Unix nanoseconds
+  // (kNoLatePause: none yet): answers after it skip shared_mu_.
+  static constexpr int64_t kNoLatePause = std::numeric_limits<int64_t>::min();
+  std::atomic<int64_t> late_pauses_end_ns_{kNoLatePause};
   // Whether `worker_id` is paused now (late_followers_).
   bool LateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
   // Pauses `worker_id` for a payload that came late (late_followers_).

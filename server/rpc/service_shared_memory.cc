@@ -3,6 +3,7 @@
 // a PushPull names.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -37,14 +38,19 @@ bool ParameterServerService::ChannelCallPolled() {
 }
 
 bool ParameterServerService::LateFollower(int32_t worker_id) {
-  if (!any_late_follower_.load(std::memory_order_acquire)) return false;
+  const int64_t latest = late_pauses_end_ns_.load(std::memory_order_acquire);
+  if (latest == kNoLatePause) return false;
+  const absl::Time now = PauseNow();
+  if (absl::ToUnixNanos(now) >= latest) return false;  // every pause is over
   absl::MutexLock lock(&shared_mu_);
   auto it = late_followers_.find(worker_id);
-  return it != late_followers_.end() && PauseNow() < it->second.until;
+  return it != late_followers_.end() && now < it->second.until;
 }
 
 absl::Time ParameterServerService::PauseNow() const {
-  return options_.pause_clock ? options_.pause_clock() : absl::Now();
+  if (options_.pause_clock) return options_.pause_clock();
+  // Monotonic: a step of the wall clock neither lengthens nor shortens a pause.
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
 }
 
 void ParameterServerService::MarkLateFollower(int32_t worker_id) {
@@ -54,7 +60,11 @@ void ParameterServerService::MarkLateFollower(int32_t worker_id) {
   const LatePause next = NextLatePause(it == late_followers_.end() ? nullptr : &it->second, now,
                                        options_.late_following_pause);
   late_followers_[worker_id] = next;
-  any_late_follower_.store(true, std::memory_order_release);
+  // Only ever later (under shared_mu_), so once it is past no worker is paused.
+  const int64_t end = absl::ToUnixNanos(next.until);
+  if (end > late_pauses_end_ns_.load(std::memory_order_relaxed)) {
+    late_pauses_end_ns_.store(end, std::memory_order_release);
+  }
 }
 
 // The threads that serve the workers' channels: at most max_threads (0: one per channel),

@@ -82,9 +82,9 @@ struct ServiceOptions {
   size_t max_cached_payload_bytes = size_t{512} << 20;
   // The largest pull answer served, bytes (server.max_message_bytes: gRPC would not send a
   // larger one). A pull asking for more (e.g. one block named many times) is refused with
-  // RESOURCE_EXHAUSTED, reason answer_too_large, before anything is allocated or read. An
-  // answer written into the worker's shared segment, within the room the call gave it, is
-  // bounded by that room instead.
+  // RESOURCE_EXHAUSTED, reason answer_too_large, before anything is allocated or read. The
+  // values of an answer written into the worker's shared segment, within the room the call
+  // gave it, are bounded by that room instead; its header still by this.
   uint64_t max_answer_bytes = uint64_t{512} << 20;
   // Requests handed to the pool (those of 4 MB or more, and pushes of a deterministic-BSP
   // job) hold their bytes from arrival until served. At most this many such requests, and

@@ -252,6 +252,54 @@ uint64_t OfferedSegment(ParameterServerService& service, const RequestHeader& he
 
 // A segment counts against server.max_memory_bytes with its whole size while the server
 // holds it; a worker whose segment would not fit gets none (its calls keep the socket).
+// The values of an answer in the worker's segment are bounded by the room the call gave, but
+// its header (an entry per block named, built on the server's heap) by max_answer_bytes
+// still: a fused call whose pull names one block 20,000 times (320 KB of values, within the
+// room; a header bound of 480 KB) is refused before its push, by the socket and through the
+// channel (found in review, 2026-12-06: it was served). The same block 1,000 times is.
+TEST_P(SharedMemoryTest, AnAnswerInTheSegmentStillHasItsHeaderCapped) {
+  ServiceOptions options;
+  options.max_answer_bytes = 64 << 10;
+  auto server = MakeSegmentServer(config_, ShardOptions{}, options);
+  ASSERT_THAT(server.status(), IsOk());
+  absl::StatusOr<OpenedSegment> opened =
+      ::ps::server::OpenSegment(*server->service, HeaderOf(*server->shard, 0, 0));
+  ASSERT_THAT(opened.status(), IsOk());
+  auto rejected = [&] {
+    StatsResponse stats;
+    server->shard->FillStats(&stats);
+    auto it = stats.rejected().find("answer_too_large");
+    return it == stats.rejected().end() ? 0 : it->second;
+  };
+  auto call = [&](int times, uint64_t sequence) {
+    PushRequest push = ValidPush(sequence);
+    *push.mutable_header() = HeaderOf(*server->shard, 0, sequence);
+    PullRequest pull;
+    *pull.mutable_header() = HeaderOf(*server->shard, 0, 0);
+    auto* t = pull.add_tables();
+    t->set_table("w");
+    for (int i = 0; i < times; ++i) t->add_block_ids(mine_[0]);
+    absl::StatusOr<grpc::ByteBuffer> frame =
+        PayloadIntoSegment(*opened->segment, common::FrameOf(&push, &pull));
+    EXPECT_THAT(frame.status(), IsOk());
+    if (!frame.ok()) return frame.status();
+    grpc::ByteBuffer answer;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    return GetParam() == kSharedCalls ? PostInChannel(*opened->channel, *frame, deadline, &answer)
+                                      : server->service->HandlePushPull(*frame, deadline, &answer);
+  };
+  const uint64_t applied = server->shard->updates_applied();
+  const absl::Status refused = call(20000, 1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  if (GetParam() != kSharedCalls) {  // a channel's answer carries no message
+    EXPECT_THAT(refused.message(), HasSubstr("answer header would be"));
+  }
+  EXPECT_EQ(rejected(), 1u);
+  EXPECT_EQ(server->shard->updates_applied(), applied);
+  EXPECT_THAT(call(1000, 1), IsOk());
+  EXPECT_EQ(server->shard->updates_applied(), applied + 1);
+}
+
 TEST_P(SharedMemoryTest, SegmentsCountAgainstTheMemoryBudget) {
   auto offer = [&](ParameterServerService& service, uint64_t incarnation) {
     RequestHeader h = Header(0);

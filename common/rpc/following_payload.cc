@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/monotonic_time.h"
 #include "common/stream_copy.h"
 #include "common/thread_cpu.h"
 
@@ -52,7 +53,12 @@ void CopyFollowing(absl::Span<const absl::string_view> from, char* to, bool stre
 
 FollowingPayload::FollowingPayload(const std::atomic<uint64_t>* written, const char* begin,
                                    uint64_t bytes, absl::Time give_up)
-    : written_(written), begin_(begin), bytes_(bytes), give_up_(give_up) {}
+    : written_(written),
+      begin_(begin),
+      bytes_(bytes),
+      // On the monotonic clock from here: a step of the wall clock mid-wait (found in review,
+      // 2026-12-06) would otherwise hold the thread for as long as the step.
+      give_up_(MonotonicNow() + (give_up - absl::Now())) {}
 
 absl::Duration FollowingPayload::MaxWait(uint64_t bytes) {
   return absl::Milliseconds(100) + absl::Microseconds(static_cast<int64_t>(bytes / 20));
@@ -69,7 +75,7 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
   const auto b = reinterpret_cast<uintptr_t>(begin_);
   const uint64_t need = e <= b ? 0 : std::min<uint64_t>(e - b, bytes_);
   if (ready_ >= need) return absl::OkStatus();
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   bool spin = true;
   // The wait's CPU: its spin's wall time, no more than the spin's limit (the thread may be
   // descheduled mid-spin: that time was the core's, not this wait's), then, once yielding,
@@ -90,7 +96,7 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
     // The clock every 64 looks while spinning (a look is a few nanoseconds), at every look
     // once yielding (a yield may give the core away for a whole time slice).
     if (!spin || looks % 64 == 0) {
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       if (now >= give_up_) {
         waited_ += now - start;
         count_cpu(now);
@@ -111,7 +117,7 @@ absl::Status FollowingPayload::WaitUntil(const void* end) {
       sched_yield();
     }
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   waited_ += now - start;
   count_cpu(now);
   return absl::OkStatus();

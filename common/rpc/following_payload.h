@@ -53,7 +53,8 @@ void CopyFollowing(absl::Span<const absl::string_view> from, char* to, bool stre
 // (one call's check uses it on one thread).
 class FollowingPayload {
  public:
-  // The payload of `bytes` at `begin`, its count at `written`; waits end at `give_up`.
+  // The payload of `bytes` at `begin`, its count at `written`; waits end at `give_up` (a wall
+  // time, turned here into the monotonic clock the waits are timed by).
   FollowingPayload(const std::atomic<uint64_t>* written, const char* begin, uint64_t bytes,
                    absl::Time give_up);
 

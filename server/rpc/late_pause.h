@@ -40,6 +40,37 @@ inline LatePause NextLatePause(const LatePause* previous, absl::Time now, absl::
   return next;
 }
 
+// A worker that raises its count just under late_following after each call, again and again,
+// is late on none of them, yet holds a channel thread most of the time. So each wait's excess
+// over what an honest copy of its payload takes (kHonestCopyBytesPerUs) is owed, the debt
+// draining at 1/kWaitDebtDrain of the time passing, and a debt over late_following pauses the
+// worker as one late payload does: such a worker holds the thread beyond honest copies at most
+// that long at once and 1/kWaitDebtDrain of the time in the long run. An honest worker's waits
+// stay within the allowance (a 1 MB copy: under 0.1 ms on the development VM) except when it
+// is descheduled mid-copy (a time slice, a few ms), which the drain takes back in a fraction
+// of a second.
+inline constexpr uint64_t kHonestCopyBytesPerUs = 1000;  // 1 GB/s
+inline constexpr int64_t kWaitDebtDrain = 32;
+
+struct WaitDebt {
+  absl::Duration owed = absl::ZeroDuration();
+  absl::Time at = absl::InfinitePast();  // when it was last raised
+};
+
+// How much longer than an honest copy of `bytes` a wait of `waited` took (<= 0: no longer).
+inline absl::Duration ExcessWait(absl::Duration waited, uint64_t bytes) {
+  return waited - absl::Microseconds(static_cast<int64_t>(bytes / kHonestCopyBytesPerUs));
+}
+
+// `debt` raised by `excess` at `now`: what was owed, less 1/kWaitDebtDrain of the time since
+// it was last raised (never below nothing), plus `excess`. A `now` before that (another
+// thread's earlier reading) drains nothing and leaves the time as it was.
+inline WaitDebt AddWaitDebt(const WaitDebt& debt, absl::Time now, absl::Duration excess) {
+  absl::Duration left = debt.owed;
+  if (debt.at != absl::InfinitePast() && now > debt.at) left -= (now - debt.at) / kWaitDebtDrain;
+  return WaitDebt{std::max(left, absl::ZeroDuration()) + excess, std::max(debt.at, now)};
+}
+
 }  // namespace ps::server
 
 #endif  // PS_SERVER_RPC_LATE_PAUSE_H_

@@ -58,5 +58,30 @@ TEST(LatePause, NoBaseNoPause) {
   EXPECT_EQ(q.until, kStart);
 }
 
+// A wait's excess is over 1 ms per MB of payload: a 4 MB payload waited for 3 ms owes nothing.
+TEST(WaitDebt, AnHonestCopysTimeIsNotOwed) {
+  EXPECT_EQ(ExcessWait(absl::Milliseconds(3), 4 << 20),
+            absl::Milliseconds(3) - absl::Microseconds(4194));
+  EXPECT_LT(ExcessWait(absl::Milliseconds(3), 4 << 20), absl::ZeroDuration());
+  EXPECT_EQ(ExcessWait(absl::Milliseconds(9), 4), absl::Milliseconds(9));
+}
+
+// Excesses add up; the debt drains at 1/32 of the time passing, never below nothing.
+TEST(WaitDebt, AddsUpAndDrains) {
+  WaitDebt d = AddWaitDebt(WaitDebt{}, kStart, absl::Milliseconds(9));
+  EXPECT_EQ(d.owed, absl::Milliseconds(9));
+  d = AddWaitDebt(d, kStart + absl::Milliseconds(10), absl::Milliseconds(9));
+  EXPECT_EQ(d.owed, absl::Milliseconds(18) - absl::Milliseconds(10) / kWaitDebtDrain);
+  EXPECT_EQ(d.at, kStart + absl::Milliseconds(10));
+  // A second of quiet drains 31.25 ms: nothing is left of 17.7 ms.
+  d = AddWaitDebt(d, d.at + absl::Seconds(1), absl::Milliseconds(1));
+  EXPECT_EQ(d.owed, absl::Milliseconds(1));
+  // A clock read earlier than the last (another thread's) drains nothing.
+  const absl::Time at = d.at;
+  d = AddWaitDebt(d, at - absl::Seconds(1), absl::Milliseconds(1));
+  EXPECT_EQ(d.owed, absl::Milliseconds(2));
+  EXPECT_EQ(d.at, at);
+}
+
 }  // namespace
 }  // namespace ps::server

@@ -113,8 +113,10 @@ struct ServiceOptions {
   // before it sleeps (server.busy_poll_us; common/rpc/busy_poll.h). Zero: it sleeps at once.
   absl::Duration channel_busy_poll = absl::ZeroDuration();
   // A worker whose push payload, written after its call (common/rpc/following_payload.h), was
-  // waited for longer than this sends its payloads whole from then on. An honest worker copies
-  // a following payload of at most 4 MB in well under a millisecond (1 MB: 30-40 us on the
+  // waited for longer than this, or whose waits took longer than honest copies by more than
+  // this together (a debt that drains at 1/32 of the time passing: server/rpc/late_pause.h),
+  // sends its payloads whole for a while (late_following_pause). An honest worker copies a
+  // following payload of at most 4 MB in well under a millisecond (1 MB: 30-40 us on the
   // development VM); 10 ms leaves room for its being descheduled once.
   absl::Duration late_following = absl::Milliseconds(10);
   // How long such a worker sends its payloads whole (its answers and new offers lack
@@ -123,8 +125,9 @@ struct ServiceOptions {
   // of quiet after a pause ended take one doubling off (server/rpc/late_pause.h). So a worker
   // that never writes its count, or writes it just in time, holds a channel thread
   // (FollowingPayload::MaxWait, at most 310 ms) once per 10 s at first and at most once per
-  // 11 minutes in the long run, and an honest worker late now and then (a loaded host) follows
-  // again 20 s later. 0: no pause.
+  // 11 minutes in the long run; one that writes it just under late_following each time is
+  // paused once its waits beyond honest copies pass late_following together; and an honest
+  // worker late now and then (a loaded host) follows again 20 s later. 0: no pause.
   absl::Duration late_following_pause = absl::Seconds(10);
   // The clock those pauses are timed by; null: a monotonic clock (tests set their own).
   std::function<absl::Time()> pause_clock;
@@ -443,6 +446,14 @@ class ParameterServerService final
   bool LateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
   // Pauses `worker_id` for a payload that came late (late_followers_).
   void MarkLateFollower(int32_t worker_id) ABSL_LOCKS_EXCLUDED(shared_mu_);
+  // What `worker_id`'s waits for its payloads took beyond honest copies, draining with time
+  // (late_pause.h, WaitDebt); reset when it pauses the worker.
+  absl::flat_hash_map<int32_t, WaitDebt> wait_debts_ ABSL_GUARDED_BY(shared_mu_);
+  // Adds a wait of `waited` for a payload of `bytes` to `worker_id`'s debt: whether the debt
+  // is now over ServiceOptions::late_following (and then it is reset). Takes no lock when the
+  // wait was no longer than an honest copy.
+  bool OwesTooMuchWaiting(int32_t worker_id, absl::Duration waited, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(shared_mu_);
   // The time pauses are measured in (ServiceOptions::pause_clock).
   absl::Time PauseNow() const;
 

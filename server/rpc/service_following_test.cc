@@ -68,6 +68,50 @@ class FollowingTest : public ServiceTest {
     EXPECT_GT(service.data_path_counters().calls_shared.load(), before);
   }
 
+  // A server of its own with `options`, and worker 0's segment and channel there.
+  void StartWithChannel(const ServiceOptions& options, std::optional<SegmentServer>* server,
+                        std::shared_ptr<common::SharedMemory>* segment,
+                        std::unique_ptr<common::SharedChannel>* channel) {
+    absl::StatusOr<SegmentServer> made = MakeSegmentServer(config_, ShardOptions{}, options);
+    ASSERT_THAT(made.status(), IsOk());
+    server->emplace(*std::move(made));
+    AskForSegment(*(*server)->service, HeaderOf(*(*server)->shard, 0, 0), segment, channel);
+    ASSERT_NE(*channel, nullptr);
+  }
+
+  // Worker 0's push of `sequence` posted in `channel` of `server`, its payload following in
+  // `segment`: its count written before the call is posted (`late` zero), never (`late`
+  // infinite), or `late` after the server took the call. The channel's answer.
+  absl::Status PushFollowing(SegmentServer& server, common::SharedMemory& segment,
+                             common::SharedChannel& channel, uint64_t sequence,
+                             absl::Duration late) {
+    PushRequest request = ValidPush(sequence);
+    *request.mutable_header() = HeaderOf(*server.shard, 0, sequence);
+    std::string payload;
+    const PushPullRequest header = FollowingHeader(request, segment, &payload);
+    std::memcpy(segment.data() + kAt, payload.data(), payload.size());
+    std::atomic<uint64_t>* written = common::FollowingWord(segment.data() + kPushAt);
+    written->store(late == absl::ZeroDuration() ? payload.size() : 0, std::memory_order_release);
+    const uint64_t taken = server.service->data_path_counters().calls_shared.load();
+    std::optional<uint32_t> slot = channel.AcquireSlot();
+    EXPECT_TRUE(slot.has_value());
+    if (!slot.has_value()) return absl::InternalError("no free slot");
+    channel.Post(*slot, RawFrame(header.SerializeAsString(), ""), absl::Seconds(10));
+    if (late > absl::ZeroDuration() && late != absl::InfiniteDuration()) {
+      AwaitTaken(*server.service, taken);
+      absl::SleepFor(late);
+      written->store(payload.size(), std::memory_order_release);
+    }
+    grpc::ByteBuffer answer;
+    return ChannelAnswer(channel, *slot, absl::Now() + absl::Seconds(10), &answer);
+  }
+
+  // Whether `s` refuses a push of a paused worker.
+  static bool Paused(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kAborted &&
+           absl::StrContains(s.message(), "came late before");
+  }
+
   // The offer worker 0 gets when it asks for a segment again (replacing its segment).
   SharedSegment AskAgain() {
     grpc::ByteBuffer answer;
@@ -247,41 +291,21 @@ TEST_P(FollowingCallsTest, AFollowingPayloadThatCameLatePausesItsWorker) {
     now = t;
   };
   const absl::Time start = absl::FromUnixSeconds(1000000);
-  auto server = MakeSegmentServer(config_, ShardOptions{}, options);
-  ASSERT_THAT(server.status(), IsOk());
-  ParameterServerService& service = *server->service;
+  std::optional<SegmentServer> server;
   std::shared_ptr<common::SharedMemory> segment;
   std::unique_ptr<common::SharedChannel> channel;
-  AskForSegment(service, HeaderOf(*server->shard, 0, 0), &segment, &channel);
-  ASSERT_NE(channel, nullptr);
-  std::atomic<uint64_t>* written = common::FollowingWord(segment->data() + kPushAt);
+  ASSERT_NO_FATAL_FAILURE(StartWithChannel(options, &server, &segment, &channel));
   // Worker 0's push of `sequence` through its channel, its payload following: all of it
   // written before the call is posted, none of it ever, or all of it 50 ms after the server
   // took the call.
   enum Count { kWhole, kNever, kLate };
   auto push = [&](uint64_t sequence, Count count) {
-    PushRequest request = ValidPush(sequence);
-    *request.mutable_header() = HeaderOf(*server->shard, 0, sequence);
-    std::string payload;
-    const PushPullRequest header = FollowingHeader(request, *segment, &payload);
-    std::memcpy(segment->data() + kAt, payload.data(), payload.size());
-    written->store(count == kWhole ? payload.size() : 0, std::memory_order_release);
-    const uint64_t taken = service.data_path_counters().calls_shared.load();
-    std::optional<uint32_t> slot = channel->AcquireSlot();
-    EXPECT_TRUE(slot.has_value());
-    channel->Post(*slot, RawFrame(header.SerializeAsString(), ""), absl::Seconds(10));
-    if (count == kLate) {
-      AwaitTaken(service, taken);
-      absl::SleepFor(absl::Milliseconds(50));
-      written->store(payload.size(), std::memory_order_release);
-    }
-    grpc::ByteBuffer answer;
-    return ChannelAnswer(*channel, *slot, absl::Now() + absl::Seconds(10), &answer);
+    return PushFollowing(*server, *segment, *channel, sequence,
+                         count == kWhole   ? absl::ZeroDuration()
+                         : count == kNever ? absl::InfiniteDuration()
+                                           : absl::Milliseconds(50));
   };
-  auto paused = [](const absl::Status& s) {
-    return s.code() == absl::StatusCode::kAborted &&
-           absl::StrContains(s.message(), "came late before");
-  };
+  auto paused = [](const absl::Status& s) { return Paused(s); };
   auto refused = [&] {
     StatsResponse stats;
     server->shard->FillStats(&stats);
@@ -311,6 +335,37 @@ TEST_P(FollowingCallsTest, AFollowingPayloadThatCameLatePausesItsWorker) {
   EXPECT_TRUE(paused(push(4, kWhole)));
   EXPECT_EQ(server->shard->updates_applied(), applied + 3);
   EXPECT_EQ(refused(), 4u);
+}
+
+// A worker that raises its count a while after each call, never as late as late_following
+// (here 50 ms; each wait about 8 ms), is paused once its waits beyond honest copies add up to
+// more than late_following (found in review, 2026-12-06: it was never paused, and held the
+// channel's thread most of the time). The debt drains with the pause clock, stopped here. A
+// worker whose payloads are there when its calls are taken owes nothing: never paused.
+TEST_P(FollowingCallsTest, WaitsJustShortOfLateAddUpToAPause) {
+  ServiceOptions options;
+  options.late_following = absl::Milliseconds(50);
+  const absl::Time frozen = absl::FromUnixSeconds(1000000);
+  options.pause_clock = [frozen] { return frozen; };
+  std::optional<SegmentServer> server;
+  std::shared_ptr<common::SharedMemory> segment;
+  std::unique_ptr<common::SharedChannel> channel;
+  ASSERT_NO_FATAL_FAILURE(StartWithChannel(options, &server, &segment, &channel));
+  auto push = [&](uint64_t sequence, absl::Duration late) {
+    return PushFollowing(*server, *segment, *channel, sequence, late);
+  };
+  auto paused = [](const absl::Status& s) { return Paused(s); };
+  uint64_t sequence = 0;
+  for (int i = 0; i < 50; ++i) ASSERT_THAT(push(++sequence, absl::ZeroDuration()), IsOk()) << i;
+  // Each wait adds at least about 8 ms: 50 ms is passed by the seventh (sooner on a slow host).
+  int calls = 0;
+  absl::Status status;
+  while (!paused(status) && calls < 12) {
+    status = push(++sequence, absl::Milliseconds(8));
+    ++calls;
+  }
+  EXPECT_TRUE(paused(status)) << status;
+  EXPECT_LE(calls, 9);
 }
 
 // An answer through a channel says the worker's next payload may follow its call only when the

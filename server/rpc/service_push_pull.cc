@@ -266,12 +266,15 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     if (following.has_value()) {
       // Waiting for the worker's copy is not what serving the call cost (CPU while polling).
       call->cpu_ns -= absl::ToInt64Nanoseconds(following->waited_cpu());
-      // A payload that did not come in time, or came only after late_following of waiting,
+      // A payload that did not come in time, came only after late_following of waiting, or
+      // whose wait took its worker's debt of waits beyond honest copies over late_following,
       // pauses its worker: it sends its payloads whole for a while (late_following_pause). So
-      // a worker that raises its count just in time, again and again, holds a channel thread
-      // that long at most once per pause.
+      // a worker that raises its count just in time, or just under late_following, again and
+      // again, holds a channel thread that long at most once per pause (found in review,
+      // 2026-12-06: one that waited 9 ms each time was never paused).
       if ((!status.ok() && RejectionReason(status) == "payload_late") ||
-          following->waited() > options_.late_following) {
+          following->waited() > options_.late_following ||
+          OwesTooMuchWaiting(info.worker_id, following->waited(), header.shared().push_bytes())) {
         MarkLateFollower(info.worker_id);
       }
       if (status.ok()) {

@@ -3,7 +3,6 @@
 // a PushPull names.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_time.h"
 #include "common/rpc/busy_poll.h"
 #include "common/rpc/shared_channel.h"
 #include "glog/logging.h"
@@ -50,7 +50,20 @@ bool ParameterServerService::LateFollower(int32_t worker_id) {
 absl::Time ParameterServerService::PauseNow() const {
   if (options_.pause_clock) return options_.pause_clock();
   // Monotonic: a step of the wall clock neither lengthens nor shortens a pause.
-  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  return common::MonotonicNow();
+}
+
+bool ParameterServerService::OwesTooMuchWaiting(int32_t worker_id, absl::Duration waited,
+                                                uint64_t bytes) {
+  const absl::Duration excess = ExcessWait(waited, bytes);
+  if (excess <= absl::ZeroDuration()) return false;
+  const absl::Time now = PauseNow();
+  absl::MutexLock lock(&shared_mu_);
+  WaitDebt& debt = wait_debts_[worker_id];
+  debt = AddWaitDebt(debt, now, excess);
+  if (debt.owed <= options_.late_following) return false;
+  debt = WaitDebt{};
+  return true;
 }
 
 void ParameterServerService::MarkLateFollower(int32_t worker_id) {

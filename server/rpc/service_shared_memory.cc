@@ -167,9 +167,11 @@ class ParameterServerService::ChannelServer {
     service_->counters_.calls_shared.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<State> state = state_;
     if (!request.status.ok()) {
-      service_->Unparseable(request.status).IgnoreError();
-      service_->Record(kPush, arrived, request.status, 0, 0);
-      return Answer(*state, slot, request.status, nullptr, false);
+      // Counted and answered with its reason, as every other refusal (found in review,
+      // 2026-12-06: the tagged status was dropped, so the metrics said "other").
+      const absl::Status refused = service_->Unparseable(request.status);
+      service_->Record(kPush, arrived, refused, 0, 0);
+      return Answer(*state, slot, refused, nullptr, false);
     }
     struct Call {
       grpc::ByteBuffer request;

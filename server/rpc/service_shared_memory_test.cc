@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/testing.h"
 #include "common/rpc/following_payload.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
@@ -558,6 +560,33 @@ TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing)
         << claimed << " of " << whole.size() << " bytes";
   }
   EXPECT_EQ(State(), before);
+}
+
+// A request whose size passes its channel slot's room is refused as unparseable, and counted
+// so in the metrics, as every other refusal is counted by its reason (found in review,
+// 2026-12-06: the metrics said "other").
+TEST_P(SharedCallsTest, AnOversizedSlotRequestIsCountedAsUnparseable) {
+  common::metrics::Registry registry;
+  ServiceOptions options;
+  options.max_shared_bytes_per_worker = kSegmentBytes;
+  ParameterServerService service(shard_.get(), options, ServiceHooks{}, &registry);
+  absl::StatusOr<OpenedSegment> opened = ::ps::server::OpenSegment(service, Header(0));
+  ASSERT_THAT(opened.status(), IsOk());
+  ASSERT_NE(opened->channel, nullptr);
+  std::optional<uint32_t> slot = opened->channel->AcquireSlot();
+  ASSERT_TRUE(slot.has_value());
+  opened->channel->PostBytes(*slot, "", ~0u, 5'000'000);
+  grpc::ByteBuffer answer;
+  EXPECT_THAT(ChannelAnswer(*opened->channel, *slot, absl::Now() + absl::Seconds(5), &answer),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("channel slot")));
+  auto parsed = common::metrics::testing::ParseText(registry.Render());
+  ASSERT_THAT(parsed.status(), IsOk());
+  EXPECT_EQ(
+      parsed->Get("ps_server_requests_refused_total",
+                  {{"method", "push"}, {"code", "INVALID_ARGUMENT"}, {"reason", "unparseable"}}),
+      1);
+  EXPECT_EQ(parsed->Get("ps_rejected_requests_total", {{"reason", "unparseable"}}), 1);
+  EXPECT_EQ(parsed->Sum("ps_rejected_requests_total"), 1);
 }
 
 TEST_P(SharedCallsTest, APushPostedAgainIsAppliedOnce) {

@@ -451,7 +451,7 @@ void GrpcParameterStore::AsyncCalls::End(Call* c) {
   }
   if (c->status.ok()) {
     // Repeated keys get the row their first occurrence received.
-    for (auto& [name, so] : x.sparse_out) {
+    for (const Exchange::SparseOut& so : x.sparse_out) {
       const size_t dim = so.info->dim;
       float* out = so.pull->out.data();
       for (auto [i, first] : so.repeats) {

@@ -11,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "common/rpc/frame.h"
 #include "worker/rpc/grpc_store.h"
@@ -29,7 +28,13 @@ struct GrpcParameterStore::Exchange {
     std::vector<std::vector<uint32_t>> positions;
     std::vector<std::pair<uint32_t, uint32_t>> repeats;  // (position, its first occurrence)
   };
-  explicit Exchange(size_t n) : servers(n), headers(n), payloads(n) {}
+  // Where the values of one pull entry of a frame go: the dense pull's buffer, or (null) the
+  // sparse pull sparse_out[sparse].
+  struct PullOut {
+    const common::DensePull* dense = nullptr;
+    size_t sparse = 0;
+  };
+  explicit Exchange(size_t n) : servers(n), headers(n), payloads(n), pull_out(n) {}
   uint32_t ServerOf(uint32_t f) const { return f < servers ? f : piece_server[f - servers]; }
 
   const size_t servers;
@@ -44,8 +49,13 @@ struct GrpcParameterStore::Exchange {
   // Counts the slices of `payloads` gRPC still holds: a call that did not end OK at its first
   // attempt gives its memory (the caller's, `encoded`) back only once gRPC let go of them all.
   common::AliasTracker aliases;
-  absl::flat_hash_map<std::string, const common::DensePull*> dense_out;
-  absl::flat_hash_map<std::string, SparseOut> sparse_out;
+  // Per frame, one for each of its header's pull entries, in their order (an answer's tables
+  // are those entries, in order): kept by entry, not by table name, so that a batch naming a
+  // table twice gets the values in both of its buffers, as InProcessParameterStore does.
+  // AddPull and SplitPullPieces keep it in step with the headers.
+  std::vector<std::vector<PullOut>> pull_out;
+  // Per sparse entry of the pull batch, in its order.
+  std::vector<SparseOut> sparse_out;
   // Per frame (sized when the frames are built): the region of shared memory holding its push
   // payload and room for its answer (invalid: by the socket), and whether it asked for a
   // segment.

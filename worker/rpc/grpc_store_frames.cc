@@ -327,7 +327,6 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
                                                      p.out.size(), " floats for a dense table of ",
                                                      t->numel));
     }
-    x->dense_out[p.table] = &p;
     x->dense_pull_bytes += p.out.size() * sizeof(float);
     for (uint32_t s = 0; s < n; ++s) {
       std::vector<uint32_t> blocks = partitioner_.BlocksOnServer(*t, s);
@@ -336,8 +335,10 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
       tr->set_table(p.table);
       tr->set_encoding(EncodingOf(*t));
       tr->mutable_block_ids()->Add(blocks.begin(), blocks.end());
+      x->pull_out[s].push_back(Exchange::PullOut{&p, 0});
     }
   }
+  x->sparse_out.reserve(batch.sparse.size());
   for (const common::SparsePull& p : batch.sparse) {
     const common::TableInfo* t = partitioner_.FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));
@@ -346,7 +347,8 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
                                                      p.out.size(), " floats for ",
                                                      p.keys.size(), " sparse rows"));
     }
-    Exchange::SparseOut& so = x->sparse_out[p.table];
+    const size_t index = x->sparse_out.size();
+    Exchange::SparseOut& so = x->sparse_out.emplace_back();
     so.pull = &p;
     so.info = t;
     SplitUniqueKeys(p.keys, partitioner_, &so.positions, &so.repeats);
@@ -355,6 +357,7 @@ absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
       TablePullRequest* tr = x->headers[s].add_pull();
       tr->set_table(p.table);
       tr->set_encoding(EncodingOf(*t));
+      x->pull_out[s].push_back(Exchange::PullOut{nullptr, index});
       auto* keys = tr->mutable_keys();
       if (so.positions[s].size() == p.keys.size()) {  // every key, in order
         keys->Add(p.keys.begin(), p.keys.end());
@@ -401,6 +404,7 @@ void GrpcParameterStore::SplitPullPieces(Exchange* x) const {
       frames.push_back(x->headers.size());
       x->headers.emplace_back();
       x->payloads.emplace_back();
+      x->pull_out.emplace_back();
       x->piece_server.push_back(s);
     }
     // entries[k][i]: piece k's entry for the frame's table entry i.
@@ -416,6 +420,8 @@ void GrpcParameterStore::SplitPullPieces(Exchange* x) const {
         e = x->headers[frames[k]].add_pull();
         e->set_table(whole.pull(p.table).table());
         e->set_encoding(whole.pull(p.table).encoding());
+        // (Frame s's entries are dropped only below: its list still matches `whole`.)
+        x->pull_out[frames[k]].push_back(x->pull_out[s][p.table]);
       }
       e->add_block_ids(p.block);
     }
@@ -424,6 +430,7 @@ void GrpcParameterStore::SplitPullPieces(Exchange* x) const {
     for (int i = first->size() - 1; i >= 0; --i) {
       if (first->Get(i).block_ids().empty() && first->Get(i).keys().empty()) {
         first->DeleteSubrange(i, 1);
+        x->pull_out[s].erase(x->pull_out[s].begin() + i);
       }
     }
   }
@@ -507,10 +514,15 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   // Float32 blocks are copied after every part is checked, possibly in parallel.
   const common::FrameReader start = reader;
   std::vector<BlockCopy> copies;
-  for (const TableValues& tv : header.pull().tables()) {
+  // One table per pull entry of the frame, in its order (CheckAnswerShape): entry i's values
+  // go where pull_out[f][i] says, whichever other entry names the same table.
+  const std::vector<Exchange::PullOut>& outs = x->pull_out[f];
+  DCHECK_EQ(outs.size(), static_cast<size_t>(header.pull().tables_size()));
+  for (int i = 0; i < header.pull().tables_size(); ++i) {
+    const TableValues& tv = header.pull().tables(i);
     const size_t bpv = common::BytesPerValue(tv.encoding());
     if (bpv == 0) return BadResponse(s, "unknown encoding");
-    if (auto it = x->dense_out.find(tv.table()); it != x->dense_out.end()) {
+    if (const common::DensePull* pull = outs[i].dense; pull != nullptr) {
       const common::TableInfo* t = partitioner_.FindTable(tv.table());
       for (const DenseBlock& block : tv.blocks()) {
         // The block is one this frame asked for (CheckAnswerShape): a block of this server.
@@ -519,7 +531,7 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
           return BadResponse(s, absl::StrCat(block.payload_bytes(), " bytes for block ",
                                              block.block_id(), " of '", tv.table(), "'"));
         }
-        float* out = it->second->out.data() + begin;
+        float* out = pull->out.data() + begin;
         if (tv.encoding() == ENCODING_FLOAT32) {
           // The one copy (below): from gRPC's receive slices into the caller's buffer.
           copies.push_back(BlockCopy{total - reader.remaining(), block.payload_bytes(),
@@ -533,8 +545,8 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
         }
         x->received += block.payload_bytes();
       }
-    } else if (auto it = x->sparse_out.find(tv.table()); it != x->sparse_out.end()) {
-      Exchange::SparseOut& so = it->second;
+    } else {
+      Exchange::SparseOut& so = x->sparse_out[outs[i].sparse];
       const auto& pos = so.positions[s];
       const size_t dim = so.info->dim;
       // Rows come in the order of the keys asked for; the keys are not echoed.
@@ -545,8 +557,6 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
       }
       RETURN_IF_ERROR(ReadRows(tv.encoding(), pos, dim, so.pull->out.data(), &reader, &scratch));
       x->received += tv.rows_bytes();
-    } else {
-      return BadResponse(s, absl::StrCat("unrequested table '", tv.table(), "'"));
     }
   }
   // Streamed when the whole pull, all servers' parts, is larger than the cache.

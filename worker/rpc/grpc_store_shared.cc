@@ -253,6 +253,13 @@ std::shared_ptr<common::SharedChannel> GrpcParameterStore::ChannelFor(uint32_t f
 
 void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
   const uint32_t s = x->ServerOf(f);
+  // What is given up here is destroyed after the lock is let go (declared before it): when it
+  // holds the last reference to the segment, its destruction unmaps it (hundreds of MB) and
+  // closes its descriptors, which under shared_mu_ would stall every other thread's
+  // PlaceShared, ChannelFor, AllocateInLink and ReadAnswer meanwhile. The region is freed to
+  // an arena no link holds by then, so nothing allocates it again either way.
+  SharedLink given_up;
+  common::SharedArena::Region region;
   absl::MutexLock lock(&shared_mu_);
   SharedLink& link = shared_[s];
   if (x->shared[f].valid()) {
@@ -261,12 +268,12 @@ void GrpcParameterStore::OnSharedFailure(uint32_t f, Exchange* x) {
       // buffers lent in the segment: a server may still be serving an attempt given up here,
       // reading one of them, after its push returns (sent again by the socket).
       if (link.lent_revoked != nullptr) link.lent_revoked->store(true, std::memory_order_release);
-      link = SharedLink();
+      given_up = std::exchange(link, SharedLink());
     }
     // The region is not reused: an abandoned attempt's answer may still land in it. It goes
     // with the old segment, which no new call uses.
     x->headers[f].clear_shared();
-    x->shared[f] = common::SharedArena::Region();
+    region = std::exchange(x->shared[f], common::SharedArena::Region());
     x->handoff[f].timed = false;  // retried by the socket: not a measure of either way
     x->handoff[f].lent = false;   // (a lent payload then goes in the frame)
   }

@@ -27,6 +27,24 @@
 
 namespace ps::worker {
 
+// Starts a gRPC server in this process serving `service`, and a store of `config` whose
+// `servers` servers all reach it through in-process channels.
+inline void StartInProcess(grpc::Service* service, int servers, const JobConfig& config,
+                           const GrpcStoreOptions& options, std::unique_ptr<grpc::Server>* server,
+                           std::unique_ptr<GrpcParameterStore>* store) {
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service);
+  *server = builder.BuildAndStart();
+  ASSERT_NE(*server, nullptr);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int s = 0; s < servers; ++s) {
+    channels.push_back((*server)->InProcessChannel(grpc::ChannelArguments()));
+  }
+  auto made = GrpcParameterStore::CreateWithChannels(config, options, std::move(channels));
+  ASSERT_TRUE(made.ok()) << made.status();
+  *store = std::move(*made);
+}
+
 // Records every push it receives (the PushPull frames the store sends, as the PushRequest
 // each stands for) and answers the first `fail_pushes` with `code` (marked as a busy
 // server's refusal when `busy`). With Hold(n) it keeps its answers back until n calls have
@@ -205,17 +223,7 @@ class GrpcStoreTest : public ::testing::Test {
   void Start(int fail_pushes, GrpcStoreOptions options = FastRetries(),
              grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE, bool busy = false) {
     service_ = std::make_unique<RecordingServer>(fail_pushes, code, busy);
-    grpc::ServerBuilder builder;
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-
-    JobConfig config = Config(/*sparse=*/true);
-    std::vector<std::shared_ptr<grpc::Channel>> channels;
-    channels.push_back(server_->InProcessChannel(grpc::ChannelArguments()));
-    auto store = GrpcParameterStore::CreateWithChannels(config, options, std::move(channels));
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
+    StartInProcess(service_.get(), 1, Config(/*sparse=*/true), options, &server_, &store_);
   }
 
   void TearDown() override {

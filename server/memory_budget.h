@@ -28,7 +28,8 @@ class MemoryBudget {
   uint64_t limit() const { return limit_; }
   // Bytes charged now. May exceed the limit by what concurrent callers add between their
   // CheckRoom and their charge: the new sparse rows of the pushes checked at once (each
-  // push's rows are checked whole, then charged as they are made), for good.
+  // push's new rows, over all its tables, are checked together, then charged as they are
+  // made), for good.
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
   // Charges (delta > 0) or releases (delta < 0) bytes actually allocated.
   void Add(int64_t delta) { used_.fetch_add(delta, std::memory_order_relaxed); }

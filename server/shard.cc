@@ -428,21 +428,6 @@ absl::StatusOr<PushResult> Shard::Push(const PushView& push) {
   return ApplyPush(std::move(checked));
 }
 
-absl::Status Shard::PrepareRows(absl::Span<const PendingUpdate> updates,
-                                std::vector<const PendingUpdate*>* pinned) {
-  for (const PendingUpdate& u : updates) {
-    if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
-    auto* sparse = static_cast<SparseTablePart*>(u.table);
-    if (!sparse->spills()) {
-      RETURN_IF_ERROR(sparse->CheckRoomForNewRows(u.keys));
-      continue;
-    }
-    RETURN_IF_ERROR(sparse->Pin(u.keys));
-    pinned->push_back(&u);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
   const RequestInfo& info = push.info_;
   if (config_.training().deterministic()) {
@@ -462,6 +447,17 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
   WorkerTracker::Released replaced;
   Timed timed(&push_apply_ns_);
   if (push.one_pass_) return ApplyOnePass(push, &replaced);
+  // PrepareRows makes the new rows of tables that spill (evicting others to the spill store)
+  // and checks room for the others': what Admit would refuse is refused first, so that a
+  // refused push makes no row. Admit still decides; only another push of the same worker in
+  // between can make it refuse a push that passed here (whose new rows then stay, at their
+  // initial values).
+  auto is_sparse = [](const PendingUpdate& u) { return u.table->info().kind == TABLE_KIND_SPARSE; };
+  if (std::any_of(push.updates_.begin(), push.updates_.end(), is_sparse)) {
+    absl::Status s =
+        workers_.CheckAdmission(info.worker_id, info.worker_incarnation, info.sequence);
+    if (!s.ok()) return Reject(HeaderRejection(s), s);
+  }
   // Shared: pushes run in parallel (each block/row has its own lock); a snapshot waits for
   // the pushes in flight and cuts between pushes, so admission (exactly-once state) and
   // parameters always agree in a checkpoint.

@@ -329,9 +329,12 @@ class Shard {
   // Applies a checked push at most once per (worker, incarnation, sequence); under
   // training.deterministic, waits for the push's turn first (DEADLINE_EXCEEDED at
   // info.deadline). FAILED_PRECONDITION for an older incarnation, INVALID_ARGUMENT for a
-  // sequence the worker cannot take. Rows of tables over their memory budget are brought into
-  // memory first; if the spill store fails (DATA_LOSS, UNAVAILABLE, RESOURCE_EXHAUSTED, naming
-  // the table and key) nothing is applied and the push is not recorded as seen.
+  // sequence the worker cannot take; those of a push with sparse parts are found before any
+  // row is made. RESOURCE_EXHAUSTED when the push's new sparse rows, all its tables together,
+  // do not fit in server.max_memory_bytes (nothing made). Rows of tables over their memory
+  // budget are brought into memory first; if the spill store fails (DATA_LOSS, UNAVAILABLE,
+  // RESOURCE_EXHAUSTED, naming the table and key) nothing is applied and the push is not
+  // recorded as seen.
   absl::StatusOr<PushResult> ApplyPush(CheckedPush push);
   // CheckPush, then ApplyPush.
   absl::StatusOr<PushResult> Push(const PushView& push);
@@ -464,8 +467,15 @@ class Shard {
   static PendingUpdate PieceUpdate(DenseTablePart* table, uint32_t block,
                                    absl::Span<const absl::string_view> pieces, CheckedPush* push,
                                    bool may_change = false);
-  // Brings the rows of `updates` over a memory budget into memory and pins them (listed in
-  // `pinned`), or checks there is room for new ones; nothing pinned on error.
+  // RESOURCE_EXHAUSTED (naming the tables and their new rows) when the rows that `updates`
+  // would create in tables that do not spill, all parts together (a key two parts of a table
+  // name counted once), do not fit in the memory budget (server.max_memory_bytes). Looks
+  // rows up only when the push's upper bound does not fit. Creates nothing.
+  absl::Status CheckRoomForNewRows(absl::Span<const PendingUpdate> updates);
+  // Checks room for the new rows of `updates` (CheckRoomForNewRows), then brings the rows of
+  // tables over a memory budget into memory and pins them (listed in `pinned`), creating
+  // missing ones. Refused for room: nothing created nor pinned. On a spill store error the
+  // parts pinned before stay in `pinned` (the caller unpins them).
   absl::Status PrepareRows(absl::Span<const PendingUpdate> updates,
                            std::vector<const PendingUpdate*>* pinned);
   Shard(const JobConfig& config, const ShardOptions& options, common::Partitioner partitioner,
@@ -530,8 +540,13 @@ class Shard {
 
   WorkerTracker workers_;
 
-  // Pushes hold this shared while they apply; a snapshot holds it exclusively for an
-  // instant to pick its cut. Never held while waiting for anything.
+  // Pushes hold this shared from before their rows are prepared until they are applied; a
+  // snapshot holds it exclusively for an instant to pick its cut (and again to end it). A
+  // push may wait while it holds it: for the spill store's I/O (PrepareRows faults rows in
+  // and evicts others), and, when a duplicate, for the attempt it repeats to be applied
+  // (NotAdmitted's WaitUntilApplied, until the push's deadline). That attempt holds it already,
+  // so the wait needs no one else to take it; but a snapshot's exclusive hold, and with it
+  // the pushes that come after the snapshot asked, may wait as long.
   absl::Mutex apply_mu_;
   uint64_t snapshot_epoch_ ABSL_GUARDED_BY(apply_mu_) = 0;
   absl::Mutex snapshot_mu_;  // one snapshot at a time

@@ -1,11 +1,14 @@
-// Shard::CheckMemoryAtStart: what a server's tables will hold in memory, against
-// server.max_memory_bytes, before anything is allocated.
+// Shard's memory checks against server.max_memory_bytes, each before anything is allocated:
+// what a server's tables will hold (CheckMemoryAtStart), and the new sparse rows of a push,
+// all its tables together (CheckRoomForNewRows), made or brought into memory by PrepareRows.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/optimizer_config.h"
 #include "server/memory_budget.h"
 #include "server/shard.h"
@@ -53,6 +56,63 @@ absl::Status Shard::CheckMemoryAtStart(const common::Partitioner& partitioner,
         "; with the tables before it that is about ", static_cast<uint64_t>(with),
         " bytes, over server.max_memory_bytes ", options.max_memory_bytes,
         ": lower memory_budget_rows or raise the limit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckRoomForNewRows(absl::Span<const PendingUpdate> updates) {
+  if (memory_.limit() == 0) return absl::OkStatus();
+  // Nothing is charged before the rows are made (Apply), so the parts of one push, which may
+  // name several tables or one table twice, are checked as one: part by part, each against
+  // the same use, a push could take the server past its limit for good (before 2026-12-06,
+  // found in review).
+  struct TableParts {
+    SparseTablePart* table = nullptr;
+    absl::InlinedVector<absl::Span<const uint64_t>, 2> keys;
+  };
+  absl::InlinedVector<TableParts, 4> tables;
+  uint64_t bound = 0;
+  for (const PendingUpdate& u : updates) {
+    if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
+    auto* sparse = static_cast<SparseTablePart*>(u.table);
+    if (sparse->spills()) continue;  // it evicts to make room
+    auto it = std::find_if(tables.begin(), tables.end(),
+                           [sparse](const TableParts& t) { return t.table == sparse; });
+    TableParts* parts = it != tables.end() ? &*it : &tables.emplace_back();
+    parts->table = sparse;
+    parts->keys.push_back(u.keys);
+    bound += sparse->MaxNewRowsBytes(u.keys.size());
+  }
+  if (tables.empty() || memory_.CheckRoom(bound, "").ok()) return absl::OkStatus();
+  uint64_t cost = 0, missing = 0;
+  std::string per_table;
+  int tables_with_new_rows = 0;
+  for (const TableParts& t : tables) {
+    uint64_t rows = 0;
+    cost += t.table->NewRowsBytes(t.keys, &rows);
+    if (rows == 0) continue;
+    absl::StrAppend(&per_table, per_table.empty() ? "" : ", ", "table '", t.table->name(),
+                    "': ", rows);
+    missing += rows;
+    ++tables_with_new_rows;
+  }
+  if (missing == 0) return absl::OkStatus();
+  return memory_.CheckRoom(
+      cost, tables_with_new_rows == 1
+                ? absl::StrCat(per_table, " new rows")
+                : absl::StrCat("a push of ", missing, " new rows (", per_table, ")"));
+}
+
+absl::Status Shard::PrepareRows(absl::Span<const PendingUpdate> updates,
+                                std::vector<const PendingUpdate*>* pinned) {
+  // Room for the whole push first: a push refused for it has made and pinned nothing.
+  RETURN_IF_ERROR(CheckRoomForNewRows(updates));
+  for (const PendingUpdate& u : updates) {
+    if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
+    auto* sparse = static_cast<SparseTablePart*>(u.table);
+    if (!sparse->spills()) continue;
+    RETURN_IF_ERROR(sparse->Pin(u.keys));
+    pinned->push_back(&u);
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -362,6 +363,75 @@ TEST_F(ShardSpillTest, SpillErrorRefusesThePushBeforeItIsSeen) {
   const size_t at = std::find(all.begin(), all.end(), good) - all.begin();
   for (int d = 0; d < kDim; ++d) EXPECT_EQ(row[d], before[at * kDim + d] + 1.0f);
   EXPECT_LE(Spill(shard.get()).resident_rows, 100u);
+}
+
+// Found in review, 2026-12-06: a push to a table that spills made its new rows (evicting
+// others to the spill store) before its header was admitted, so a push refused only there
+// left every new key as a row: counted, checkpointed and spilled.
+TEST_F(ShardSpillTest, PushRefusedForItsHeaderMakesNoRows) {
+  auto shard = NewShard(MakeConfig(100, "kind: SGD learning_rate: 1"), Dir("s"));
+  std::vector<uint64_t> fresh(1000);
+  for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = 1000003 * (i + 1);
+  const std::vector<uint64_t> first = {11, 22, 33};
+  const std::vector<float> grad(fresh.size() * kDim, -1.0f);
+  auto push = [&](uint64_t incarnation, uint64_t sequence, absl::Span<const uint64_t> keys) {
+    RequestInfo info;
+    info.worker_id = 0;
+    info.worker_incarnation = incarnation;
+    info.sequence = sequence;
+    info.clock = 1;
+    info.layout_fingerprint = shard->partitioner().layout_fingerprint();
+    PushTable table;
+    table.table = "emb";
+    table.keys = keys;
+    table.rows = absl::string_view(reinterpret_cast<const char*>(grad.data()),
+                                   keys.size() * kDim * sizeof(float));
+    return shard->Push(PushView{info, false, absl::MakeConstSpan(&table, 1)}).status();
+  };
+  // Rows, and the rows in memory, moved and written as `before`.
+  auto expect_unchanged = [&](uint64_t rows, const SpillStats& before) {
+    EXPECT_EQ(shard->SparseStats("emb")->rows, rows);
+    const SpillStats spill = Spill(shard.get());
+    EXPECT_EQ(spill.resident_rows, before.resident_rows);
+    EXPECT_EQ(spill.writes, before.writes);
+    EXPECT_EQ(spill.evictions, before.evictions);
+  };
+  // Sequence 0, from a worker this server has not heard from.
+  absl::Status s = push(2, 0, fresh);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(RejectionReason(s), "bad_sequence");
+  expect_unchanged(0, SpillStats{});
+  // Incarnation 2's first push is applied: 3 rows (spilled: the budget's share of a stripe
+  // is 0 rows).
+  ASSERT_THAT(push(2, 1, first), IsOk());
+  const SpillStats applied = Spill(shard.get());
+  struct Refused {
+    const char* what;
+    uint64_t incarnation, sequence;
+    absl::StatusCode code;
+    const char* reason;
+  };
+  const Refused refused[] = {
+      {"sequence 0", 2, 0, absl::StatusCode::kInvalidArgument, "bad_sequence"},
+      {"sequence past 2^62", 2, WorkerTracker::kMaxSequence + 1, absl::StatusCode::kInvalidArgument,
+       "bad_sequence"},
+      {"sequence past the window", 2, 2 + WorkerTracker::kSequenceWindow,
+       absl::StatusCode::kInvalidArgument, "bad_sequence"},
+      {"incarnation too far ahead", UINT64_MAX, 1, absl::StatusCode::kInvalidArgument,
+       "bad_sequence"},
+      {"stale incarnation", 1, 2, absl::StatusCode::kFailedPrecondition, "stale_incarnation"},
+  };
+  for (const Refused& r : refused) {
+    SCOPED_TRACE(r.what);
+    s = push(r.incarnation, r.sequence, fresh);
+    EXPECT_THAT(s, StatusIs(r.code));
+    EXPECT_EQ(RejectionReason(s), r.reason);
+    expect_unchanged(first.size(), applied);
+  }
+  // The same rows with a header the server takes are made (most of them spilled).
+  ASSERT_THAT(push(2, 2, fresh), IsOk());
+  EXPECT_EQ(shard->SparseStats("emb")->rows, first.size() + fresh.size());
+  EXPECT_GT(Spill(shard.get()).writes, applied.writes);
 }
 
 }  // namespace

@@ -188,17 +188,39 @@ uint64_t SparseTablePart::NewRowsCost(const Stripe& s, uint64_t n) const {
 absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
   if (memory_ == nullptr || spills()) return absl::OkStatus();
   // Room for every key as a new row is room for the missing ones (CheckRoom is monotone):
-  // then the rows need not be looked up at all. New rows take at most a new chunk per
-  // stripe they land in, plus one per rows_per_chunk of them.
-  const uint64_t n = keys.size();
-  const uint64_t max_new_chunks = std::min<uint64_t>(n, kNumStripes) + n / rows_per_chunk_;
-  if (memory_->CheckRoom(n * RowCost() + max_new_chunks * ChunkBytes(), "").ok()) {
-    return absl::OkStatus();
-  }
+  // then the rows need not be looked up at all.
+  if (memory_->CheckRoom(MaxNewRowsBytes(keys.size()), "").ok()) return absl::OkStatus();
+  uint64_t missing = 0;
+  const uint64_t cost = NewRowsBytes({keys}, &missing);
+  if (missing == 0) return absl::OkStatus();
+  return memory_->CheckRoom(cost, absl::StrCat("table '", name(), "': ", missing, " new rows"));
+}
+
+uint64_t SparseTablePart::MaxNewRowsBytes(uint64_t num_keys) const {
+  if (memory_ == nullptr || spills()) return 0;
+  // New rows take at most a new chunk per stripe they land in, plus one per rows_per_chunk
+  // of them.
+  const uint64_t max_new_chunks =
+      std::min<uint64_t>(num_keys, kNumStripes) + num_keys / rows_per_chunk_;
+  return num_keys * RowCost() + max_new_chunks * ChunkBytes();
+}
+
+uint64_t SparseTablePart::NewRowsBytes(absl::Span<const absl::Span<const uint64_t>> parts,
+                                       uint64_t* missing) const {
+  *missing = 0;
+  if (memory_ == nullptr || spills()) return 0;
+  // Each key once: a key named twice (in one part or in two) makes one row.
+  std::vector<uint64_t> keys;
+  size_t n = 0;
+  for (absl::Span<const uint64_t> part : parts) n += part.size();
+  keys.reserve(n);
+  for (absl::Span<const uint64_t> part : parts) keys.insert(keys.end(), part.begin(), part.end());
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   StripeGroups groups;
   GroupByStripe(keys, &groups);
   constexpr uint32_t kAhead = 16;  // as FindSlots
-  uint64_t missing = 0, cost = 0;
+  uint64_t cost = 0;
   for (int i = 0; i < kNumStripes; ++i) {
     const uint32_t b = groups.first[i], e = groups.first[i + 1];
     if (b == e) continue;
@@ -210,11 +232,10 @@ absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> key
       if (j + kAhead < e) s.index.Prefetch(keys[groups.order[j + kAhead]]);
       if (!s.index.Contains(keys[groups.order[j]])) ++in_stripe;
     }
-    missing += in_stripe;
+    *missing += in_stripe;
     cost += in_stripe == 0 ? 0 : NewRowsCost(s, in_stripe);
   }
-  if (missing == 0) return absl::OkStatus();
-  return memory_->CheckRoom(cost, absl::StrCat("table '", name(), "': ", missing, " new rows"));
+  return cost;
 }
 
 void SparseTablePart::InitParams(uint64_t key, float* params) const {

@@ -311,9 +311,19 @@ class SparseTablePart final : public TablePart {
   // the pool may be shared (Shard's apply pool). Call before the first Read or Apply.
   void set_helpers(common::ThreadPool* helpers) { helpers_ = helpers; }
   // RESOURCE_EXHAUSTED when the rows of `keys` that do not exist yet would not fit in the
-  // memory budget (a table that spills makes room by evicting instead: always OK). A push
-  // checks this before it is admitted, since Apply cannot fail half-way.
+  // memory budget (a table that spills makes room by evicting instead: always OK). Restoring
+  // a checkpoint checks this before it makes rows.
   [[nodiscard]] absl::Status CheckRoomForNewRows(absl::Span<const uint64_t> keys) const;
+  // The bytes the rows of `parts`' keys that do not exist yet would charge to the memory
+  // budget, each key counted once however many times the parts name it, and in `missing`
+  // how many rows that is. 0 (and 0 rows) for a table without a budget or one that spills.
+  // A push whose parts name several tables, or one table more than once, sums these and
+  // checks the sum before it is admitted (Shard), since Apply cannot fail half-way.
+  uint64_t NewRowsBytes(absl::Span<const absl::Span<const uint64_t>> parts,
+                        uint64_t* missing) const;
+  // At least NewRowsBytes of `num_keys` keys, whichever they are, without looking any up: a
+  // push whose bound fits need not look its rows up.
+  uint64_t MaxNewRowsBytes(uint64_t num_keys) const;
 
   // Copies the rows of `keys` into out (keys.size() * dim), faulting spilled ones in. A key
   // that is no row (never pushed) reads as its initial values and stays no row: reads create

@@ -284,6 +284,105 @@ TEST(MemoryBudget, ServerRefusesPushesOfNewRowsBeyondItAndKeepsServing) {
   EXPECT_THAT((*store)->Pull(pull, {}), IsOk());
 }
 
+// A server with sparse tables "a" and "b" (dim 8, SGD: 32 bytes of floats a row) and a
+// budget, whose pushes come from worker 0 with sequences 1, 2, ...
+class PushBudget {
+ public:
+  static constexpr uint64_t kRowBytes =
+      8 * sizeof(float) + SparseTablePart::kBookkeepingBytesPerRow;
+
+  PushBudget() {
+    ShardOptions options;
+    options.max_memory_bytes = 64 << 20;
+    auto shard = Shard::Create(Config(R"pb(tables {
+                                             name: "a"
+                                             kind: TABLE_KIND_SPARSE
+                                             dim: 8
+                                             optimizer { kind: SGD }
+                                           }
+                                           tables {
+                                             name: "b"
+                                             kind: TABLE_KIND_SPARSE
+                                             dim: 8
+                                             optimizer { kind: SGD }
+                                           })pb"),
+                               options);
+    EXPECT_THAT(shard.status(), IsOk());
+    if (shard.ok()) shard_ = *std::move(shard);
+  }
+  Shard& shard() { return *shard_; }
+
+  // A push of `parts`, each (table, keys).
+  absl::Status Push(const std::vector<std::pair<std::string, std::vector<uint64_t>>>& parts) {
+    std::vector<std::vector<float>> rows;  // each vector's buffer stays put as `rows` grows
+    std::vector<PushTable> tables;
+    for (const auto& [name, keys] : parts) {
+      const std::vector<float>& r = rows.emplace_back(keys.size() * 8, 1.0f);
+      PushTable& t = tables.emplace_back();
+      t.table = name;
+      t.keys = keys;
+      t.rows = absl::string_view(reinterpret_cast<const char*>(r.data()), r.size() * sizeof(float));
+    }
+    PushView push;
+    push.info.layout_fingerprint = shard_->partitioner().layout_fingerprint();
+    push.info.worker_id = 0;
+    push.info.worker_incarnation = 1;
+    push.info.sequence = ++sequence_;
+    push.info.clock = static_cast<int64_t>(sequence_);
+    push.tables = tables;
+    return shard_->Push(push).status();
+  }
+  // Keys [first, first + n).
+  static std::vector<uint64_t> Keys(uint64_t first, uint64_t n) {
+    std::vector<uint64_t> keys(n);
+    for (uint64_t i = 0; i < n; ++i) keys[i] = first + i;
+    return keys;
+  }
+  uint64_t Rows(const std::string& table) { return shard_->SparseStats(table)->rows; }
+  // Makes 25,600 rows in each table (about 100 a stripe: every stripe has a chunk with room
+  // for a few more), then charges the budget so that `rows` more rows' bytes (kRowBytes) are
+  // left.
+  void FillLeavingRoomFor(uint64_t rows) {
+    for (uint64_t first = 0; first < 25600; first += 3200) {
+      ASSERT_THAT(Push({{"a", Keys(first, 3200)}, {"b", Keys(first, 3200)}}), IsOk());
+    }
+    const int64_t room = static_cast<int64_t>(rows * kRowBytes);
+    const int64_t left = static_cast<int64_t>(shard_->memory().limit()) - shard_->memory().used();
+    ASSERT_GT(left, room);
+    shard_->memory().Add(left - room);
+  }
+
+ private:
+  std::unique_ptr<Shard> shard_;
+  uint64_t sequence_ = 0;
+};
+
+// Found in review, 2026-12-06: each part of a push was checked against the same use, and
+// nothing is charged before the rows are made, so a push whose parts fitted one by one but
+// not together took the server past its limit for good. The parts' new rows are counted
+// together now, a key two parts of a table name once.
+TEST(MemoryBudget, PushNewRowsAreCountedOverAllItsParts) {
+  for (const char* second : {"a", "b"}) {  // the same table twice, or two tables
+    SCOPED_TRACE(absl::StrCat("parts to 'a' and '", second, "'"));
+    PushBudget server;
+    server.FillLeavingRoomFor(1000);
+    MemoryBudget& memory = server.shard().memory();
+    const int64_t used = memory.used();
+    const uint64_t a = server.Rows("a"), b = server.Rows("b");
+    const std::vector<uint64_t> one = PushBudget::Keys(1000000, 800),
+                                two = PushBudget::Keys(2000000, 800);
+    EXPECT_THAT(server.Push({{"a", one}, {second, two}}),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("1600 new rows")));
+    EXPECT_LE(memory.used(), static_cast<int64_t>(memory.limit()));
+    EXPECT_EQ(memory.used(), used);
+    EXPECT_EQ(server.Rows("a"), a);
+    EXPECT_EQ(server.Rows("b"), b);
+    // 800 new rows fit, named twice or not.
+    EXPECT_THAT(server.Push({{second, two}, {second, two}}), IsOk());
+    EXPECT_EQ(server.Rows(second), (std::string(second) == "a" ? a : b) + 800);
+  }
+}
+
 TEST(MemoryBudget, StatsBytesOfOneMillionRowsAreWithinTwentyPercentOfTheirMemory) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's allocator and shadow memory are not the table's";

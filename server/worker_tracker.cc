@@ -57,19 +57,25 @@ absl::Status WorkerTracker::CheckIncarnation(int32_t worker, uint64_t incarnatio
       ": an incarnation is the worker's start time in ns since the Unix epoch"));
 }
 
-absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uint64_t incarnation,
-                                                             Released* released) {
+absl::Status WorkerTracker::CheckWorkerIncarnation(int32_t worker, uint64_t incarnation) const {
   if (worker < 0 || static_cast<uint32_t>(worker) >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " is not in this job (",
                                                    options_.num_workers, " workers)"));
   }
   RETURN_IF_ERROR(CheckIncarnation(worker, incarnation));
-  Worker& w = workers_[worker];
-  if (w.seen && incarnation < w.incarnation) {
+  auto it = workers_.find(worker);
+  if (it != workers_.end() && it->second.seen && incarnation < it->second.incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", worker, " incarnation ", incarnation, " is older than its current incarnation ",
-        w.incarnation, ": that process was replaced"));
+        it->second.incarnation, ": that process was replaced"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uint64_t incarnation,
+                                                             Released* released) {
+  RETURN_IF_ERROR(CheckWorkerIncarnation(worker, incarnation));
+  Worker& w = workers_[worker];
   if (!w.seen || incarnation > w.incarnation) {
     // A new process for this worker id: its pushes start again at sequence 1. Its clock and
     // data position carry over (it resumes where the previous incarnation stopped).
@@ -149,6 +155,14 @@ absl::Status WorkerTracker::CheckSequence(int32_t worker, uint64_t incarnation,
         absl::StrCat("worker ", worker, ": push sequence ", sequence, " is past 2^62"));
   }
   return absl::OkStatus();
+}
+
+absl::Status WorkerTracker::CheckAdmission(int32_t worker, uint64_t incarnation,
+                                           uint64_t sequence) const {
+  absl::MutexLock lock(&mu_);
+  // In Admit's order: the sequence, then what Lookup refuses.
+  RETURN_IF_ERROR(CheckSequence(worker, incarnation, sequence));
+  return CheckWorkerIncarnation(worker, incarnation);
 }
 
 absl::StatusOr<WorkerTracker::Admission> WorkerTracker::Admit(int32_t worker, uint64_t incarnation,

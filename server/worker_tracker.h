@@ -139,6 +139,12 @@ class WorkerTracker {
   // Admit returns.
   absl::StatusOr<Admission> Admit(int32_t worker, uint64_t incarnation, uint64_t sequence,
                                   bool applied = false, Released* released = nullptr);
+  // What Admit would refuse of push (worker, incarnation, sequence) now, with Admit's status,
+  // recording nothing; OK for a push it would apply or take for a duplicate. For a caller that
+  // must do work with effects of its own (creating rows) before it may call Admit. Admit can
+  // still refuse a push this let through when another push of the same worker comes between
+  // the two: a newer incarnation, the sequence window closing, a sequence given up.
+  absl::Status CheckAdmission(int32_t worker, uint64_t incarnation, uint64_t sequence) const;
   // Advances the worker's clock to at least `clock`, after its push `sequence` was applied
   // (so that a pull released by the new clock sees the push); the push is no longer being
   // applied (0: none named).
@@ -343,6 +349,11 @@ class WorkerTracker {
   // here (Worker::window_open), for one beyond the window of the highest applied;
   // OUT_OF_RANGE for a given-up one.
   absl::Status CheckSequence(int32_t worker, uint64_t incarnation, uint64_t sequence) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Lookup refuses, recording nothing: INVALID_ARGUMENT for an id outside the job or an
+  // incarnation too far ahead (CheckIncarnation), FAILED_PRECONDITION for one older than the
+  // worker's current incarnation.
+  absl::Status CheckWorkerIncarnation(int32_t worker, uint64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the worker's record, switching to a newer incarnation if this is one (the old
   // one's parked pulls go into `released`).

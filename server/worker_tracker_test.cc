@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -651,6 +652,27 @@ TEST(WorkerTracker, APushRefusedForItsSequenceChangesNothing) {
   EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kApply);
   EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kDuplicate);
   EXPECT_EQ(*t.Admit(0, 4, 1), Admission::kApply);
+}
+
+// What a shard checks before it makes a push's rows: Admit's refusals, with Admit's codes,
+// and nothing recorded (a new incarnation it lets through is not the worker's yet).
+TEST(WorkerTracker, CheckAdmissionRefusesWhatAdmitRefusesAndRecordsNothing) {
+  WorkerTracker t(Options(1, std::nullopt));
+  ASSERT_EQ(*t.Admit(0, 3, 1), Admission::kApply);
+  struct Push {
+    uint64_t incarnation, sequence;
+  };
+  for (const Push& p :
+       {Push{3, 0}, Push{3, WorkerTracker::kMaxSequence + 1},
+        Push{3, 2 + WorkerTracker::kSequenceWindow}, Push{UINT64_MAX, 1}, Push{2, 1}}) {
+    SCOPED_TRACE(absl::StrCat("incarnation ", p.incarnation, " sequence ", p.sequence));
+    const absl::Status checked = t.CheckAdmission(0, p.incarnation, p.sequence);
+    EXPECT_FALSE(checked.ok());
+    EXPECT_EQ(checked, t.Admit(0, p.incarnation, p.sequence).status());
+  }
+  EXPECT_THAT(t.CheckAdmission(0, 3, 1), IsOk());   // a duplicate
+  EXPECT_THAT(t.CheckAdmission(0, 4, 1), IsOk());   // a new incarnation...
+  EXPECT_EQ(*t.Admit(0, 3, 2), Admission::kApply);  // ...not recorded: 3 is still current
 }
 
 TEST(WorkerTracker, OnlyTheCurrentIncarnationFinishesAWorker) {

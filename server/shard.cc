@@ -437,6 +437,7 @@ absl::StatusOr<PushResult> Shard::ApplyPush(CheckedPush push) {
         !s.ok()) {
       if (absl::IsResourceExhausted(s)) return Reject("too_many_waiting", std::move(s));
       if (absl::IsDeadlineExceeded(s)) return WithRejectionReason(std::move(s), "turn_timeout");
+      if (absl::IsAborted(s)) return Reject("turn_superseded", std::move(s));  // a retry waits
       if (absl::IsUnavailable(s)) return s;     // the server stops: the worker sends it again
       const char* reason = HeaderRejection(s);  // before s is moved (argument order)
       return Reject(reason, std::move(s));

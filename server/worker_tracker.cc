@@ -85,6 +85,7 @@ absl::StatusOr<WorkerTracker::Worker*> WorkerTracker::Lookup(int32_t worker, uin
     w.given_up.clear();
     w.unknown_through = 0;
     w.applying.clear();  // the old process's: their attempts no longer end it
+    w.turn_attempts.clear();  // its pushes waiting for their turn end (FAILED_PRECONDITION)
     w.seen = true;
     w.window_open = true;
     w.finished = false;
@@ -510,6 +511,13 @@ void WorkerTracker::TimerLoop() {
 bool WorkerTracker::IsTurn(TurnArgs* args) {
   const WorkerTracker& t = *args->tracker;
   if (!t.closed_.ok()) return true;  // the server stops: answered UNAVAILABLE
+  if (auto me = t.workers_.find(args->worker); me != t.workers_.end()) {
+    auto it = me->second.turn_attempts.find(args->sequence);
+    if (it == me->second.turn_attempts.end() || it->second != args->attempt) {
+      args->superseded = true;
+      return true;
+    }
+  }
   const absl::Time now = t.now_();
   for (uint32_t id = 0; id < t.options_.num_workers; ++id) {
     const int32_t v = static_cast<int32_t>(id);
@@ -532,6 +540,7 @@ bool WorkerTracker::IsTurn(TurnArgs* args) {
 
 absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, uint64_t sequence,
                                         int64_t clock, absl::Time deadline) {
+  uint64_t attempt = 0;
   {
     // A replaced incarnation's parked pulls are answered before this push waits.
     Released released;
@@ -539,10 +548,14 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, ui
     RETURN_IF_ERROR(closed_);
     // What Admit would refuse is refused before Lookup records anything.
     RETURN_IF_ERROR(CheckSequence(worker, incarnation, sequence));
+    // Counted within the incarnation (a newer one's Lookup below ends the older one's waits),
+    // a retry of a waiting push not again.
     if (auto it = workers_.find(worker);
-        it != workers_.end() && it->second.turn_waits >= kMaxTurnWaitsPerWorker) {
+        it != workers_.end() && incarnation <= it->second.incarnation &&
+        it->second.turn_attempts.size() >= kMaxTurnWaitsPerWorker &&
+        !it->second.turn_attempts.contains(sequence)) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("worker ", worker, " has ", it->second.turn_waits,
+          absl::StrCat("worker ", worker, " has ", it->second.turn_attempts.size(),
                        " pushes waiting for their turn already (at most ", kMaxTurnWaitsPerWorker,
                        ", deterministic BSP): wait for their answers"));
     }
@@ -550,14 +563,30 @@ absl::Status WorkerTracker::WaitForTurn(int32_t worker, uint64_t incarnation, ui
     w->arrived = std::max(w->arrived, clock);
     w->last_seen = now_();
     ++w->turn_waits;
+    attempt = ++next_turn_attempt_;
+    w->turn_attempts[sequence] = attempt;
   }
   absl::MutexLock lock(&mu_);
-  TurnArgs args{this, worker, clock, -1};
+  TurnArgs args{this, worker, clock, sequence, attempt, -1, false};
   const bool turn = mu_.AwaitWithDeadline(absl::Condition(&IsTurn, &args), deadline);
   // Found again: the map may have grown (and moved its entries) during the wait.
-  int& waits = workers_[worker].turn_waits;
-  waits = std::max(0, waits - 1);
+  Worker& me = workers_[worker];
+  me.turn_waits = std::max(0, me.turn_waits - 1);
+  if (auto it = me.turn_attempts.find(sequence);
+      it != me.turn_attempts.end() && it->second == args.attempt) {
+    me.turn_attempts.erase(it);
+  }
   RETURN_IF_ERROR(closed_);
+  if (args.superseded) {
+    if (me.incarnation != incarnation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", worker, " incarnation ", incarnation,
+                       ": a newer incarnation took over while this push waited for its turn"));
+    }
+    return absl::AbortedError(absl::StrCat("worker ", worker, ": push ", sequence,
+                                           " was sent again while this attempt waited for its "
+                                           "turn (deterministic BSP): the newer attempt waits"));
+  }
   if (!turn) {
     return absl::DeadlineExceededError(absl::StrCat("worker ", worker, ": push of clock ", clock,
                                                     " waited too long for its turn "

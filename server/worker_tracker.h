@@ -191,7 +191,13 @@ class WorkerTracker {
   // an older incarnation; UNAVAILABLE once the server stops (CloseWaiters). The push's
   // `sequence` is checked as Admit checks it (INVALID_ARGUMENT, OUT_OF_RANGE) before anything
   // is recorded, and so is the cap on waiting pushes (RESOURCE_EXHAUSTED): a push refused by
-  // these changes nothing, not even the worker's incarnation.
+  // these changes nothing, not even the worker's incarnation. The cap counts distinct pushes
+  // of the worker's incarnation: a retry of a push that waits takes its place (the older
+  // attempt, whose caller gave it up, ends ABORTED at once), and a new incarnation's first
+  // push ends every wait of the old one (FAILED_PRECONDITION), so neither is refused for
+  // waits nobody listens to (before 2026-12-06, found in review: they held the cap until
+  // their deadlines, and a restarted worker's first push was refused as too_many_waiting,
+  // which workers do not retry).
   absl::Status WaitForTurn(int32_t worker, uint64_t incarnation, uint64_t sequence, int64_t clock,
                            absl::Time deadline);
   // ---- Parked pulls.
@@ -313,6 +319,10 @@ class WorkerTracker {
     // of its pushes wait for their turn now.
     int64_t arrived = 0;
     int turn_waits = 0;
+    // The pushes of this incarnation waiting for their turn, by sequence: the newest attempt's
+    // number (next_turn_attempt_). A retry of a waiting push takes the older attempt's place
+    // (that one ends ABORTED: its caller gave it up), and a new incarnation ends them all.
+    absl::flat_hash_map<uint64_t, uint64_t> turn_attempts;
     // Pushes admitted and not applied yet (at most the worker's calls in flight).
     absl::flat_hash_set<uint64_t> applying;
   };
@@ -384,9 +394,13 @@ class WorkerTracker {
     const WorkerTracker* tracker;
     int32_t worker;
     int64_t clock;
-    int32_t blocker;  // out: the worker waited for, -1 when it is the turn
+    uint64_t sequence;
+    uint64_t attempt;  // its number in the worker's turn_attempts
+    int32_t blocker;   // out: the worker waited for, -1 when it is the turn
+    bool superseded;   // out: a retry or a new incarnation of the worker took its place
   };
   static bool IsTurn(TurnArgs* args) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  uint64_t next_turn_attempt_ ABSL_GUARDED_BY(mu_) = 0;
 
   const WorkerTrackerOptions options_;
   // The highest incarnation restored from a checkpoint (accepted whatever the clock says).

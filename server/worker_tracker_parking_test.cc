@@ -18,6 +18,7 @@ namespace {
 
 using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
+using ::testing::HasSubstr;
 using worker_tracker_testing::FakeClock;
 using worker_tracker_testing::Options;
 
@@ -222,9 +223,10 @@ TEST(WorkerTrackerParking, AWorkerMayHaveOnlyAFewPushesWaitingForTheirTurn) {
   absl::Notification one_refused;
   std::vector<std::thread> pushes;
   for (int i = 0; i < kPushes; ++i) {
-    // Clock 5 from worker 1: its turn needs worker 0 at clock 5.
-    pushes.emplace_back([&] {
-      absl::Status s = t.WaitForTurn(1, 1, /*sequence=*/1, 5, absl::Now() + absl::Seconds(60));
+    // Clock 5 from worker 1 (distinct pushes: a retry of one takes its place instead): its
+    // turn needs worker 0 at clock 5.
+    pushes.emplace_back([&, sequence = i + 1] {
+      absl::Status s = t.WaitForTurn(1, 1, sequence, 5, absl::Now() + absl::Seconds(60));
       if (s.ok()) ++ok;
       if (absl::IsResourceExhausted(s)) {
         ++refused;
@@ -238,6 +240,70 @@ TEST(WorkerTrackerParking, AWorkerMayHaveOnlyAFewPushesWaitingForTheirTurn) {
   for (auto& th : pushes) th.join();
   EXPECT_EQ(refused.load(), 1);
   EXPECT_EQ(ok.load(), WorkerTracker::kMaxTurnWaitsPerWorker);
+}
+
+// Blocks until `t` has `n` pushes waiting for their turn.
+void AwaitTurnWaits(const WorkerTracker& t, int n) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (t.pushes_waiting_for_turn() != n && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(t.pushes_waiting_for_turn(), n);
+}
+
+// A push sent again while an attempt of it waits for its turn takes that attempt's place: the
+// older one (its caller gave it up: a dropped connection) ends ABORTED at once instead of
+// holding the cap until its deadline, so retries are never refused as too_many_waiting (found
+// in review, 2026-12-06: the third attempt was, and workers do not retry that). The newest
+// attempt goes on when the turn comes.
+TEST(WorkerTrackerParking, ARetriedPushTakesItsWaitingAttemptsPlace) {
+  WorkerTracker t(Options(2, 0));
+  constexpr int kAttempts = WorkerTracker::kMaxTurnWaitsPerWorker + 3;
+  std::vector<absl::Status> status(kAttempts);
+  std::vector<std::thread> attempts;
+  for (int i = 0; i < kAttempts; ++i) {
+    // Clock 5 from worker 1: its turn needs worker 0 at clock 5.
+    attempts.emplace_back([&t, &status, i] {
+      status[i] = t.WaitForTurn(1, 1, /*sequence=*/1, 5, absl::Now() + absl::Seconds(20));
+    });
+    if (i > 0) {
+      attempts[i - 1].join();  // ended by this one
+      EXPECT_THAT(status[i - 1],
+                  StatusIs(absl::StatusCode::kAborted, HasSubstr("the newer attempt waits")));
+    }
+    ASSERT_NO_FATAL_FAILURE(AwaitTurnWaits(t, 1));
+  }
+  t.AdvanceClock(0, 0, 5);
+  attempts.back().join();
+  EXPECT_THAT(status.back(), IsOk());
+}
+
+// A new incarnation's first push ends the old incarnation's waits for their turn (FAILED_
+// PRECONDITION) and is not refused for them (found in review, 2026-12-06: with the old
+// process's two pushes still waiting, a restarted worker's first push got too_many_waiting,
+// which workers do not retry).
+TEST(WorkerTrackerParking, ANewIncarnationEndsTheOldOnesWaitsForTheirTurn) {
+  WorkerTracker t(Options(2, 0));
+  std::vector<absl::Status> old(WorkerTracker::kMaxTurnWaitsPerWorker);
+  std::vector<std::thread> waits;
+  for (size_t i = 0; i < old.size(); ++i) {
+    waits.emplace_back([&t, &old, i] {
+      old[i] = t.WaitForTurn(1, 5, /*sequence=*/i + 1, 5, absl::Now() + absl::Seconds(20));
+    });
+    ASSERT_NO_FATAL_FAILURE(AwaitTurnWaits(t, static_cast<int>(i) + 1));
+  }
+  absl::Status fresh;
+  std::thread restarted(
+      [&] { fresh = t.WaitForTurn(1, 6, /*sequence=*/1, 5, absl::Now() + absl::Seconds(20)); });
+  for (size_t i = 0; i < waits.size(); ++i) {
+    waits[i].join();
+    EXPECT_THAT(old[i], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 HasSubstr("a newer incarnation took over")));
+  }
+  ASSERT_NO_FATAL_FAILURE(AwaitTurnWaits(t, 1));
+  t.AdvanceClock(0, 0, 5);
+  restarted.join();
+  EXPECT_THAT(fresh, IsOk());
 }
 
 }  // namespace

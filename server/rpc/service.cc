@@ -38,7 +38,8 @@ struct ParameterServerService::Metrics {
             "layout_mismatch, stale_incarnation, bad_worker, bad_sequence, bad_clock, clock_ahead, "
             "identity, "
             "bad_encoding, bound_timeout, turn_timeout, duplicate_pending, sequence_given_up, "
-            "too_many_waiting, answer_too_large, server_busy, server_stopping, unknown_segment, "
+            "too_many_waiting, turn_superseded, answer_too_large, server_busy, server_stopping, "
+            "unknown_segment, "
             "payload_late, late_follower, unparseable, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(

@@ -317,6 +317,11 @@ absl::Status Trainer::TrainEpoch(uint32_t epoch, ShardIterator* it, RunState* st
   const bool stage_push = !model_->PushSurvivesNextPull();
   std::vector<int64_t> indices;
   absl::Time t0 = absl::Now();
+  // A worker resumed at its last step trains none (before 2026-12-06, found in review: one
+  // more, past max_steps, where the overlapped loop trained none).
+  if (options_.max_steps > 0 && static_cast<uint64_t>(state->clock) >= options_.max_steps) {
+    state->stop = true;
+  }
   if (state->stop || !it->Next(&indices)) return absl::OkStatus();
   train_->FillBatch(indices, &batches[0]);
   uint64_t offset = it->offset();

@@ -359,6 +359,21 @@ TEST_F(TrainerTest, MaxStepsCountsTheStepsBeforeARestart) {
     }
     EXPECT_EQ(last_push, 10) << "prefetch " << prefetch;
   }
+  // Resumed at its last step (it died after its last push, or a finished job's pods were
+  // restarted): no step, no call, whether or not it prefetches.
+  adjust_ = [](TrainerOptions* options) {
+    options->epochs = 1;
+    options->start_offset = 10 * 64;
+    options->start_clock = 10;
+    options->evaluate = false;
+  };
+  for (bool prefetch : {false, true}) {
+    RecordingStore* recorder = nullptr;
+    absl::StatusOr<TrainResult> result = Train(prefetch, /*max_steps=*/10, &recorder);
+    ASSERT_OK(result.status());
+    EXPECT_EQ(result->steps, 0u) << "prefetch " << prefetch;
+    EXPECT_TRUE(recorder->calls().empty()) << "prefetch " << prefetch;
+  }
 }
 
 // A restarted worker's position comes from the servers: one past what the job can reach (an

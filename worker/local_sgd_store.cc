@@ -258,11 +258,14 @@ absl::Status LocalSgdStore::Merge(int64_t clock) {
   return absl::OkStatus();
 }
 
+absl::Status LocalSgdStore::Flush() {
+  absl::MutexLock lock(&mu_);
+  if (pushes_in_period_ > 0) RETURN_IF_ERROR(Merge(last_clock_));
+  return absl::OkStatus();
+}
+
 absl::Status LocalSgdStore::Finish() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (pushes_in_period_ > 0) RETURN_IF_ERROR(Merge(last_clock_));
-  }
+  RETURN_IF_ERROR(Flush());
   return remote_->Finish();
 }
 

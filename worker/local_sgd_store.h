@@ -65,6 +65,10 @@ class LocalSgdStore final : public common::ParameterStore {
   // nothing applied, rather than sending the period again (it was, before 2026-12-05, and
   // servers that had applied it applied it twice).
   absl::Status Push(const common::PushBatch& batch, const common::PushOptions& options) override;
+  // Merges the unfinished period (its delta pushed, as at a period's end); nothing when the
+  // period is empty. Errors as a merge's.
+  absl::Status Flush();
+  // Flush, then the remote store's Finish.
   absl::Status Finish() override;
   // The remote store's.
   absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch,

@@ -215,6 +215,7 @@ absl::StatusOr<TrainerOptions> TrainingJob::MakeTrainerOptions() {
     // With local SGD a step's update reaches the servers only at its period's merge: the
     // position moves only then (a restart would skip the steps not merged), at every merge.
     if (local_sgd_ != nullptr) {
+      last_position_ = {epoch, offset};  // reported at the end, once its period is merged
       const uint64_t merges = local_sgd_->stats().merges;
       if (merges == merges_seen_) return;
       merges_seen_ = merges;
@@ -241,6 +242,11 @@ absl::StatusOr<TrainResult> TrainingJob::Run() {
   Trainer trainer(model_.get(), train_store, data_->train.get(), data_->test.get(), options,
                   &metrics_);
   ASSIGN_OR_RETURN(TrainResult result, trainer.Run());
+  // With local SGD the unfinished period is merged first: its steps are then applied, and
+  // the position reported below is the last step's (before 2026-12-06, found in review, the
+  // last merge's was reported and the period merged after, so a restart trained its steps
+  // again).
+  if (local_sgd_ != nullptr) RETURN_IF_ERROR(local_sgd_->Flush());
   // Every push of the run is applied now: where the data stands, for a restart, before the
   // finish (the last report was up to position_interval old).
   if (last_position_.has_value()) {

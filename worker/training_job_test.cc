@@ -58,6 +58,10 @@ class RememberingStore final : public common::ParameterStore {
     return fake_->Pull(b, o);
   }
   absl::Status Push(const common::PushBatch& b, const common::PushOptions& o) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++pushes_;
+    }
     return fake_->Push(b, o);
   }
   absl::Status Finish() override {
@@ -69,7 +73,17 @@ class RememberingStore final : public common::ParameterStore {
                                                         uint64_t offset) override {
     absl::MutexLock lock(&mu_);
     reports_.push_back({epoch, offset});
+    pushes_before_last_report_ = pushes_;
     return saved_;
+  }
+  // Pushes so far, and before the latest position report.
+  int pushes() {
+    absl::MutexLock lock(&mu_);
+    return pushes_;
+  }
+  int pushes_before_last_report() {
+    absl::MutexLock lock(&mu_);
+    return pushes_before_last_report_;
   }
   int finished() {
     absl::MutexLock lock(&mu_);
@@ -85,6 +99,8 @@ class RememberingStore final : public common::ParameterStore {
   const common::WorkerPosition saved_;
   absl::Mutex mu_;
   int finished_ = 0;
+  int pushes_ = 0;
+  int pushes_before_last_report_ = 0;
   std::vector<std::pair<uint32_t, uint64_t>> reports_;
 };
 
@@ -129,7 +145,9 @@ TEST(TrainingJob, TrainsAnEpochAndFinishesWithTheStore) {
 
 // With local SGD a step's update reaches the servers only at its period's merge: the position
 // a restart resumes from is that of the last merged step, never past it (each local step's
-// was reported before 2026-12-05, so a restart skipped up to k - 1 steps of data).
+// was reported before 2026-12-05, so a restart skipped up to k - 1 steps of data). At the end
+// the unfinished period (steps 5 and 6) is merged, then its last step's position reported
+// (before 2026-12-06 the last merge's was, and a restart trained steps 5 and 6 again).
 TEST(TrainingJob, WithLocalSgdThePositionMovesOnlyAtMerges) {
   TrainingJobOptions options;
   options.centralized = true;
@@ -137,7 +155,7 @@ TEST(TrainingJob, WithLocalSgdThePositionMovesOnlyAtMerges) {
   RememberingStore* store = nullptr;
   auto job = MakeJob(options, {}, &store, [](JobConfig* c) {
     c->mutable_training()->mutable_local_sgd()->set_steps(4);
-    c->mutable_training()->set_max_steps(6);  // steps 5 and 6 are merged only by the finish
+    c->mutable_training()->set_max_steps(6);  // steps 5 and 6 are merged only at the end
   });
   ASSERT_TRUE(job.ok()) << job.status();
   absl::StatusOr<TrainResult> result = (*job)->Run();
@@ -146,9 +164,13 @@ TEST(TrainingJob, WithLocalSgdThePositionMovesOnlyAtMerges) {
   const auto reports = store->reports();
   ASSERT_FALSE(reports.empty());
   for (const auto& [epoch, offset] : reports) {
-    EXPECT_TRUE(offset == 0 || offset == 400) << "offset " << offset << " (100 a step)";
+    EXPECT_TRUE(offset == 0 || offset == 400 || offset == 600)
+        << "offset " << offset << " (100 a step)";
   }
-  EXPECT_EQ(reports.back(), std::make_pair(0u, uint64_t{400}));
+  EXPECT_EQ(reports.back(), std::make_pair(0u, uint64_t{600}));
+  EXPECT_EQ(store->pushes(), 2);  // the two merges, both before the last report
+  EXPECT_EQ(store->pushes_before_last_report(), 2);
+  EXPECT_EQ(store->finished(), 1);
 }
 
 TEST(TrainingJob, ResumesWhereTheStoreSawTheWorkerLast) {

@@ -219,7 +219,12 @@ ParameterServer::~ParameterServer() {
   // A signal arriving from now on finds no server to stop.
   if (options_.stop != nullptr) options_.stop->Detach(this);
   // Stop serving before the service, checkpointer and shard go (reverse member order would
-  // destroy the gRPC server first anyway; this also stops the checkpointer's thread).
+  // destroy the gRPC server first anyway; this also stops the checkpointer's thread). Pulls
+  // parked for the bound and deterministic pushes waiting for their turn end first: the
+  // shutdown waits for the pool's calls, and those would hold it to their deadlines (before
+  // 2026-12-06, found in review: up to server.max_pull_wait_s, for a server destroyed
+  // without Wait, e.g. when its start failed after serving began).
+  if (shard_ != nullptr) shard_->CloseWaiters("the server is stopping");
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ZeroDuration());
     grpc_server_->Wait();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/config/config.h"
 #include "common/startup/cores.h"
 #include "common/status_matchers.h"
@@ -54,12 +55,14 @@ ParameterServerOptions Options(const std::string& data_dir) {
   return options;
 }
 
-std::unique_ptr<worker::GrpcParameterStore> Client(int port, uint64_t incarnation) {
-  JobConfig config = Config();
+std::unique_ptr<worker::GrpcParameterStore> Client(int port, uint64_t incarnation,
+                                                   JobConfig config = Config(), int32_t id = 0,
+                                                   uint32_t max_retries = 20) {
   config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", port));
   worker::GrpcStoreOptions options;
-  options.worker_id = 0;
+  options.worker_id = id;
   options.worker_incarnation = incarnation;
+  options.max_retries = max_retries;
   auto store = worker::GrpcParameterStore::Create(config, options);
   CHECK(store.ok()) << store.status();
   CHECK((*store)->WaitForServers(absl::Seconds(30)).ok());
@@ -341,6 +344,39 @@ TEST(ParameterServer, ADeterministicJobsPoolHoldsEveryWorkersPushes) {
   EXPECT_EQ(PoolRequests(config), 142);
   config.mutable_server()->set_max_pool_requests(500);
   EXPECT_EQ(PoolRequests(config), 500);
+}
+
+// A server destroyed without Wait (its start failed after serving began) ends the
+// deterministic pushes waiting on its pool for their turn at once (before 2026-12-06, found
+// in review: its destructor waited for them until server.max_pull_wait_s, 40 s here).
+TEST(ParameterServer, ADestroyedServerEndsThePushesWaitingForTheirTurn) {
+  JobConfig config = Config();
+  config.mutable_cluster()->set_num_workers(2);
+  config.mutable_training()->set_deterministic(true);
+  config.mutable_server()->set_max_pull_wait_s(40);
+  auto server = ParameterServer::Create(config, Options(testing::MakeTempDir("ps")));
+  ASSERT_THAT(server.status(), IsOk());
+  ASSERT_THAT((*server)->Start(), IsOk());
+  auto client = Client((*server)->port(), 1, config, /*id=*/1, /*max_retries=*/0);
+  std::vector<float> grad(300, 1.0f);
+  common::PushBatch push;
+  push.dense.push_back({"w", grad});
+  absl::Notification pushed;
+  std::thread pusher([&] {
+    // Worker 1's push of clock 1 waits for worker 0's, which never comes.
+    client->Push(push, {1, false}).IgnoreError();
+    pushed.Notify();
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while ((*server)->shard()->workers().pushes_waiting_for_turn() == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ((*server)->shard()->workers().pushes_waiting_for_turn(), 1);
+  const absl::Time start = absl::Now();
+  server->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  pusher.join();
+  EXPECT_TRUE(pushed.HasBeenNotified());
 }
 
 TEST(ParameterServer, ServesTheDataPathOnOneThreadUnlessToldOtherwise) {

@@ -478,6 +478,12 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
     return true;
   };
 
+  // The data position reported after each step is that of the latest step whose push is
+  // applied: step i's call waits behind step i - 2's push (before 2026-12-06, found in review,
+  // step i's own was reported as its push was queued, so a push that failed after it, as
+  // retries end at SIGTERM, left the servers' position past steps never applied).
+  const uint64_t start_offset = it->offset();
+  uint64_t step_offsets[4] = {0, 0, 0, 0};  // step i's at i % 4
   absl::Time t0 = absl::Now();
   if (state->stop || !fetch(0)) return absl::OkStatus();
   // The first two steps' pulls go out alone; with two buffer sets, each into its own set.
@@ -519,9 +525,13 @@ absl::Status Trainer::TrainEpochOverlapped(uint32_t epoch, ShardIterator* it, Ru
       wait += drained - t6;
       t6 = drained;
     }
-    // The position reported is that of the step just computed; its push is queued behind
-    // the previous step's call (a worker restarted now loses at most those two steps).
-    EndStep(epoch, offsets[i % 3], batch.size, step.loss,
+    // The pull waited for above came with step i - 2's push (calls run in order, and the
+    // first error of any sticks): that step's position, or this one's once all are drained.
+    step_offsets[i % 4] = offsets[i % 3];
+    const uint64_t applied = !has_next ? offsets[i % 3]
+                             : i >= 2  ? step_offsets[(i - 2) % 4]
+                                       : start_offset;
+    EndStep(epoch, applied, batch.size, step.loss,
             {carried + (t5 - t4), (t2 - t1) + (t6 - t5), t3 - t2, t4 - t3, wait}, state);
     carried = absl::ZeroDuration();
     if (!has_next) break;

@@ -376,6 +376,27 @@ TEST_F(TrainerTest, MaxStepsCountsTheStepsBeforeARestart) {
   }
 }
 
+// With prefetch a step's push is queued as the next step computes: the data position
+// reported after a step is that of the latest step whose push was applied, never one whose
+// push then failed (found in review, 2026-12-06: step i's own was reported, so a push that
+// failed after it, e.g. with retries ended by SIGTERM, left the servers' position past steps
+// never applied, and a restart skipped them). The 5th push fails: at most 4 steps' data, 256
+// examples, are reported; without prefetch as well.
+TEST_F(TrainerTest, APositionIsReportedOnlyOnceItsStepsPushIsApplied) {
+  for (bool prefetch : {false, true}) {
+    std::vector<uint64_t> reported;
+    adjust_ = [&reported](TrainerOptions* options) {
+      options->epochs = 1;
+      options->evaluate = false;
+      options->on_step = [&reported](uint32_t, uint64_t offset) { reported.push_back(offset); };
+    };
+    EXPECT_FALSE(Train(prefetch, /*max_steps=*/0, nullptr, /*fail_push=*/5).ok());
+    ASSERT_FALSE(reported.empty()) << "prefetch " << prefetch;
+    EXPECT_LE(*std::max_element(reported.begin(), reported.end()), 4u * 64)
+        << "prefetch " << prefetch;
+  }
+}
+
 // A restarted worker's position comes from the servers: one past what the job can reach (an
 // epoch past its last, a clock beyond its steps or negative) fails the run before any call.
 // Before, it trained nothing and exited 0, or overflowed the clock.

@@ -4,12 +4,6 @@
 // "server_busy", marked retryable, and changes nothing; and calls open on one connection
 // (max_concurrent_streams: announced in the server's HTTP/2 SETTINGS, honoured by gRPC
 // clients, and a peer that opens more streams anyway loses its connection).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,7 +14,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/codec.h"
-#include "common/config/config.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_matchers.h"
@@ -28,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/rpc/grpc_server.h"
+#include "server/rpc/overload_test_fixture.h"
 #include "server/rpc/service.h"
 
 namespace ps::server {
@@ -36,177 +30,10 @@ namespace {
 using ::ps::common::IsOk;
 using ::testing::HasSubstr;
 
-// Values of "w": a push of all of them is a request of about 4.8 MB, over the 4 MB from
-// which requests are served on the pool.
-constexpr int kFloats = 1200000;
-
-// One call sent with the callback API; `done` is notified with its status.
-template <class Request, class Response>
-struct Pending {
-  grpc::ClientContext context;
-  Request request;
-  Response response;
-  grpc::Status status;
-  absl::Notification done;
-};
-using PendingPush = Pending<PushRequest, PushResponse>;
-using PendingPull = Pending<PullRequest, PullResponse>;
-
-class RawConnection;
-
-class OverloadTest : public ::testing::Test {
- protected:
-  // One server of `config_text`'s job (a table "w" of `floats` values, initial value 1,
-  // SGD with rate 1), its service on one pool thread.
-  void Start(ServiceOptions options, GrpcServerOptions server_options,
-             const std::string& config_text) {
-    auto config = common::ParseJobConfigText(config_text, "test");
-    ASSERT_THAT(config.status(), IsOk());
-    config_ = *config;
-    auto shard = Shard::Create(config_, ShardOptions{});
-    ASSERT_THAT(shard.status(), IsOk());
-    shard_ = *std::move(shard);
-    options.num_threads = 1;
-    options.auth.check_identities = false;
-    service_ = std::make_unique<ParameterServerService>(shard_.get(), options, ServiceHooks{},
-                                                        &registry_);
-    server_options.address = "127.0.0.1:0";
-    auto server = GrpcServer::Start(server_options, config_.security(), service_.get());
-    ASSERT_THAT(server.status(), IsOk());
-    server_ = *std::move(server);
-    stub_ = NewStub();
-  }
-
-  // A stub on a connection of its own.
-  std::unique_ptr<ParameterServer::Stub> NewStub() {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetMaxReceiveMessageSize(-1);
-    return ParameterServer::NewStub(grpc::CreateCustomChannel(
-        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
-  }
-
-  void TearDown() override {
-    Release();  // the pool's thread, when a test held it
-    if (shard_ != nullptr) shard_->workers().CloseWaiters(absl::UnavailableError("stopping"));
-    server_.reset();
-    service_.reset();
-  }
-
-  // Holds the service's one pool thread until TearDown or Release.
-  void HoldPool() {
-    service_->RunOnPoolForTest([this] { release_.WaitForNotification(); });
-  }
-  void Release() {
-    if (!release_.HasBeenNotified()) release_.Notify();
-  }
-
-  RequestHeader Header(int32_t worker, int64_t clock, uint64_t sequence) {
-    RequestHeader h;
-    h.set_worker_id(worker);
-    h.set_worker_incarnation(1);
-    h.set_sequence(sequence);
-    h.set_clock(clock);
-    h.set_layout_fingerprint(shard_->partitioner().layout_fingerprint());
-    return h;
-  }
-
-  // A push of gradient `g` for every value of "w" (its block 0) with `header`.
-  static PushRequest PushOfBlock0(const RequestHeader& header, float g, int floats = kFloats) {
-    PushRequest push;
-    *push.mutable_header() = header;
-    auto* t = push.add_tables();
-    t->set_table("w");
-    auto* block = t->add_blocks();
-    block->set_block_id(0);
-    common::EncodeFloats(std::vector<float>(floats, g), ENCODING_FLOAT32,
-                         block->mutable_values());
-    return push;
-  }
-  // Sends a push of gradient `g` for every value of "w" as worker 0, not waiting for it.
-  std::unique_ptr<PendingPush> SendPush(uint64_t sequence, float g, int floats = kFloats) {
-    auto push = std::make_unique<PendingPush>();
-    push->request = PushOfBlock0(Header(0, 0, sequence), g, floats);
-    push->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    PendingPush* p = push.get();
-    stub_->async()->Push(&p->context, &p->request, &p->response, [p](grpc::Status status) {
-      p->status = std::move(status);
-      p->done.Notify();
-    });
-    return push;
-  }
-
-  // Sends a pull of "w" as `worker` at `clock` on `stub`, not waiting for it.
-  std::unique_ptr<PendingPull> SendPull(ParameterServer::Stub* stub, int32_t worker,
-                                        int64_t clock) {
-    auto pull = std::make_unique<PendingPull>();
-    *pull->request.mutable_header() = Header(worker, clock, 0);
-    auto* t = pull->request.add_tables();
-    t->set_table("w");
-    t->add_block_ids(0);
-    pull->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    PendingPull* p = pull.get();
-    stub->async()->Pull(&p->context, &p->request, &p->response, [p](grpc::Status status) {
-      p->status = std::move(status);
-      p->done.Notify();
-    });
-    return pull;
-  }
-
-  // The values of "w", read through the service's handler (no pool, no gRPC).
-  std::vector<float> Values(int floats = kFloats) {
-    PullRequest request;
-    *request.mutable_header() = Header(-1, 0, 0);
-    auto* t = request.add_tables();
-    t->set_table("w");
-    t->add_block_ids(0);
-    PullResponse response;
-    EXPECT_THAT(service_->HandlePull(request, absl::Now() + absl::Seconds(60), &response),
-                IsOk());
-    std::vector<float> values(floats);
-    EXPECT_THAT(common::DecodeFloats(response.tables(0).blocks(0).values(), ENCODING_FLOAT32,
-                                     absl::MakeSpan(values)),
-                IsOk());
-    return values;
-  }
-
-  uint64_t Rejected(const std::string& reason) {
-    StatsResponse stats;
-    shard_->FillStats(&stats);
-    auto it = stats.rejected().find(reason);
-    return it == stats.rejected().end() ? 0 : it->second;
-  }
-
-  static bool MarkedBusy(const grpc::ClientContext& context) {
-    return context.GetServerTrailingMetadata().count(common::kServerBusyMetadata) > 0;
-  }
-
-  common::metrics::Registry registry_;
-  JobConfig config_;
-  std::unique_ptr<Shard> shard_;
-  std::unique_ptr<ParameterServerService> service_;
-  std::unique_ptr<GrpcServer> server_;
-  std::unique_ptr<ParameterServer::Stub> stub_;
-  absl::Notification release_;
-  // (Defined after RawConnection.)
-  void PullWithoutReading(RawConnection* c);
-};
-
-// An asynchronous job with one dense block of kFloats values.
-constexpr char kLargeJob[] = R"pb(
-  cluster { num_servers: 1 num_workers: 1 dense_block_floats: 2097152 num_virtual_shards: 8 }
-  security { plaintext: true }
-  tables {
-    name: "w" kind: TABLE_KIND_DENSE shape: 1200000
-    initializer { kind: CONSTANT value: 1 }
-    optimizer { kind: SGD learning_rate: 1 }
-  }
-)pb";
-
 TEST_F(OverloadTest, LargeRequestsBeyondThePoolCapAreRefusedAndChangeNothing) {
   ServiceOptions options;
   options.max_pool_requests = 2;
-  Start(options, GrpcServerOptions{}, kLargeJob);
+  Start(options, GrpcServerOptions{}, LargeJob());
   HoldPool();
   auto first = SendPush(1, 0.125f);
   auto second = SendPush(2, 0.25f);
@@ -241,7 +68,7 @@ TEST_F(OverloadTest, LargeRequestsBeyondThePoolCapAreRefusedAndChangeNothing) {
 TEST_F(OverloadTest, PoolBytesAreCappedButOneRequestAlwaysGetsIn) {
   ServiceOptions options;
   options.max_pool_request_bytes = 1;  // below any request: only the first gets in
-  Start(options, GrpcServerOptions{}, kLargeJob);
+  Start(options, GrpcServerOptions{}, LargeJob());
   HoldPool();
   auto first = SendPush(1, 0.125f);
   service_->WaitForPoolRequestsForTest(1);
@@ -260,16 +87,7 @@ TEST_F(OverloadTest, PoolBytesAreCappedButOneRequestAlwaysGetsIn) {
 TEST_F(OverloadTest, DeterministicPushesBeyondThePoolCapAreRefused) {
   ServiceOptions options;
   options.max_pool_requests = 1;
-  Start(options, GrpcServerOptions{}, R"pb(
-    cluster { num_servers: 1 num_workers: 1 dense_block_floats: 4 num_virtual_shards: 8 }
-    training { staleness: 0 deterministic: true }
-    security { plaintext: true }
-    tables {
-      name: "w" kind: TABLE_KIND_DENSE shape: 4
-      initializer { kind: CONSTANT value: 1 }
-      optimizer { kind: SGD learning_rate: 1 }
-    }
-  )pb");
+  Start(options, GrpcServerOptions{}, DenseJob(1, 4, 4, "staleness: 0 deterministic: true"));
   HoldPool();
   auto first = SendPush(1, 0.125f, 4);
   service_->WaitForPoolRequestsForTest(1);
@@ -290,18 +108,7 @@ TEST_F(OverloadTest, DeterministicPushesBeyondThePoolCapAreRefused) {
 TEST_F(OverloadTest, ADeterministicPushWaitsForItsTurnUntilItsCallsDeadline) {
   ServiceOptions options;
   options.max_pull_wait = absl::Seconds(60);
-  Start(options, GrpcServerOptions{}, R"pb(
-    cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
-    training { staleness: 0 deterministic: true }
-    security { plaintext: true }
-    tables {
-      name: "w"
-      kind: TABLE_KIND_DENSE
-      shape: 4
-      initializer { kind: CONSTANT value: 1 }
-      optimizer { kind: SGD learning_rate: 1 }
-    }
-  )pb");
+  Start(options, GrpcServerOptions{}, DenseJob(2, 4, 4, "staleness: 0 deterministic: true"));
   auto push_of = [&](int32_t worker) {
     PushRequest push;
     *push.mutable_header() = Header(worker, 1, 1);
@@ -342,12 +149,7 @@ TEST_F(OverloadTest, ADeterministicPushWaitsForItsTurnUntilItsCallsDeadline) {
 TEST_F(OverloadTest, TooManyWaitingPullsAreNotMarkedBusy) {
   ServiceOptions options;
   options.max_parked_pulls_per_worker = 1;
-  Start(options, GrpcServerOptions{}, R"pb(
-    cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
-    training { staleness: 0 }
-    security { plaintext: true }
-    tables { name: "w" kind: TABLE_KIND_DENSE shape: 4 optimizer { kind: SGD learning_rate: 1 } }
-  )pb");
+  Start(options, GrpcServerOptions{}, SmallJob());
   auto parked = SendPull(stub_.get(), 0, 1);
   while (shard_->workers().parked() != 1) absl::SleepFor(absl::Milliseconds(1));
   auto over = SendPull(stub_.get(), 0, 1);
@@ -361,125 +163,10 @@ TEST_F(OverloadTest, TooManyWaitingPullsAreNotMarkedBusy) {
 
 // ---- Streams per connection -------------------------------------------------------------
 
-// A bare HTTP/2 connection (h2c, prior knowledge) to the test's server: what a peer that
-// does not go through a gRPC client can send.
-class RawConnection {
- public:
-  explicit RawConnection(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    timeval timeout{30, 0};  // a safety net against a hung test, not an assertion
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  }
-  ~RawConnection() { Close(); }
-  void Close() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  bool connected() const { return connected_; }
-
-  void Send(const std::string& bytes) {
-    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  void SendFrame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
-    std::string f;
-    f.push_back(static_cast<char>(payload.size() >> 16));
-    f.push_back(static_cast<char>(payload.size() >> 8));
-    f.push_back(static_cast<char>(payload.size()));
-    f.push_back(static_cast<char>(type));
-    f.push_back(static_cast<char>(flags));
-    for (int shift = 24; shift >= 0; shift -= 8) f.push_back(static_cast<char>(stream >> shift));
-    Send(f + payload);
-  }
-
-  struct Frame {
-    uint8_t type = 0;
-    uint8_t flags = 0;
-    std::string payload;
-  };
-  // The next frame; false at the end of the connection (or an error).
-  bool Read(Frame* frame) {
-    std::string header;
-    if (!ReadExactly(9, &header)) return false;
-    const size_t length = (static_cast<uint8_t>(header[0]) << 16) |
-                          (static_cast<uint8_t>(header[1]) << 8) | static_cast<uint8_t>(header[2]);
-    frame->type = static_cast<uint8_t>(header[3]);
-    frame->flags = static_cast<uint8_t>(header[4]);
-    return ReadExactly(length, &frame->payload);
-  }
-
- private:
-  bool ReadExactly(size_t n, std::string* out) {
-    out->resize(n);
-    for (size_t got = 0; got < n;) {
-      const ssize_t r = recv(fd_, out->data() + got, n - got, 0);
-      if (r <= 0) return false;
-      got += static_cast<size_t>(r);
-    }
-    return true;
-  }
-
-  int fd_ = -1;
-  bool connected_ = false;
-};
-
-constexpr uint8_t kData = 0x0, kHeaders = 0x1, kSettings = 0x4, kPing = 0x6, kGoAway = 0x7;
-constexpr uint8_t kAck = 0x1, kEndStream = 0x1, kEndHeaders = 0x4;
-constexpr uint16_t kMaxConcurrentStreams = 0x3;
-
-// Opens the connection (preface, SETTINGS with `settings`) and returns the server's
-// SETTINGS value of `id` (0 when not sent).
-uint32_t Handshake(RawConnection* c, uint16_t id, const std::string& settings = "") {
-  c->Send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-  c->SendFrame(kSettings, 0, 0, settings);
-  RawConnection::Frame f;
-  while (c->Read(&f)) {
-    if (f.type != kSettings || (f.flags & kAck) != 0) continue;
-    uint32_t value = 0;
-    for (size_t i = 0; i + 6 <= f.payload.size(); i += 6) {
-      const auto* p = reinterpret_cast<const uint8_t*>(f.payload.data() + i);
-      if (((p[0] << 8) | p[1]) == id) {
-        value = (uint32_t{p[2]} << 24) | (uint32_t{p[3]} << 16) | (uint32_t{p[4]} << 8) | p[5];
-      }
-    }
-    return value;
-  }
-  return 0;
-}
-
-// HPACK: a literal header field without indexing, new name (RFC 7541 6.2.2), short strings.
-std::string Literal(const std::string& name, const std::string& value) {
-  return std::string(1, '\0') + static_cast<char>(name.size()) + name +
-         static_cast<char>(value.size()) + value;
-}
-
-// The headers of a Pull call whose message never comes: the server holds the stream open.
-std::string PullHeaders() {
-  return Literal(":method", "POST") + Literal(":scheme", "http") +
-         Literal(":path", "/ps.ParameterServer/Pull") + Literal(":authority", "localhost") +
-         Literal("content-type", "application/grpc") + Literal("te", "trailers");
-}
-
-constexpr char kSmallJob[] = R"pb(
-  cluster { num_servers: 1 num_workers: 2 dense_block_floats: 4 num_virtual_shards: 8 }
-  training { staleness: 0 }
-  security { plaintext: true }
-  tables {
-    name: "w" kind: TABLE_KIND_DENSE shape: 4
-    initializer { kind: CONSTANT value: 1 }
-    optimizer { kind: SGD learning_rate: 1 }
-  }
-)pb";
-
 TEST_F(OverloadTest, TheServerAnnouncesItsStreamCap) {
   GrpcServerOptions server_options;
   server_options.max_concurrent_streams = 3;
-  Start(ServiceOptions{}, server_options, kSmallJob);
+  Start(ServiceOptions{}, server_options, SmallJob());
   RawConnection c(server_->port());
   ASSERT_TRUE(c.connected());
   EXPECT_EQ(Handshake(&c, kMaxConcurrentStreams), 3u);
@@ -488,7 +175,7 @@ TEST_F(OverloadTest, TheServerAnnouncesItsStreamCap) {
 TEST_F(OverloadTest, APeerOpeningMoreStreamsThanTheCapLosesItsConnection) {
   GrpcServerOptions server_options;
   server_options.max_concurrent_streams = 3;
-  Start(ServiceOptions{}, server_options, kSmallJob);
+  Start(ServiceOptions{}, server_options, SmallJob());
   RawConnection c(server_->port());
   ASSERT_TRUE(c.connected());
   ASSERT_EQ(Handshake(&c, kMaxConcurrentStreams), 3u);
@@ -514,34 +201,6 @@ TEST_F(OverloadTest, APeerOpeningMoreStreamsThanTheCapLosesItsConnection) {
   (void)goaway;  // GOAWAY or a plain close: either ends the connection
 }
 
-// A whole Pull call of block 0 of "w" with `header` on `stream` of a bare connection.
-void SendRawPull(RawConnection* c, uint32_t stream, const RequestHeader& header) {
-  PullRequest pull;
-  *pull.mutable_header() = header;
-  pull.add_tables()->set_table("w");
-  pull.mutable_tables(0)->add_block_ids(0);
-  const std::string message = pull.SerializeAsString();
-  std::string grpc_message(1, '\0');  // not compressed, then the length (big-endian)
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    grpc_message.push_back(static_cast<char>(message.size() >> shift));
-  }
-  c->SendFrame(kHeaders, kEndHeaders, stream, PullHeaders());
-  c->SendFrame(kData, kEndStream, stream, grpc_message + message);
-}
-
-// A bare peer that takes no byte of its answers (stream windows of 0) pulls block 0 of "w";
-// returns once the server holds the answer.
-void OverloadTest::PullWithoutReading(RawConnection* c) {
-  ASSERT_TRUE(c->connected());
-  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
-  Handshake(c, kMaxConcurrentStreams, no_window);
-  c->SendFrame(kSettings, kAck, 0, "");
-  SendRawPull(c, 1, Header(-1, 0, 0));
-  while (service_->unsent_answer_bytes() < kFloats * sizeof(float)) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-}
-
 // A pull whose answer would be over max_answer_bytes (here block 0, 4.8 MB, named twice
 // against 8 MB) is refused before anything is allocated or read, by both wire forms, and the
 // push of a PushPull that carries it is not applied; the same block once is served. The
@@ -549,7 +208,7 @@ void OverloadTest::PullWithoutReading(RawConnection* c) {
 TEST_F(OverloadTest, APullAnswerOverTheLimitIsRefusedAndChangesNothing) {
   ServiceOptions options;
   options.max_answer_bytes = 8 << 20;
-  Start(options, GrpcServerOptions{}, kLargeJob);
+  Start(options, GrpcServerOptions{}, LargeJob());
   auto pull_of = [&](int times) {
     PullRequest pull;
     *pull.mutable_header() = Header(0, 0, 0);
@@ -624,7 +283,7 @@ TEST_F(OverloadTest, ASparsePullWhoseEchoedKeysPassTheLimitIsRefusedAndCreatesNo
 // max_answer_bytes read on the channel's thread, then its answer dropped (ABORTED). Refused
 // before the push now.
 TEST_F(OverloadTest, AChannelCallWhoseAnswerCannotFitIsRefusedBeforeItsPush) {
-  Start(ServiceOptions{}, GrpcServerOptions{}, kLargeJob);
+  Start(ServiceOptions{}, GrpcServerOptions{}, LargeJob());
   const PushRequest push = PushOfBlock0(Header(0, 0, 1), 0.5f);
   PullRequest pull;
   *pull.mutable_header() = Header(0, 0, 0);
@@ -654,7 +313,7 @@ TEST_F(OverloadTest, AChannelCallWhoseAnswerCannotFitIsRefusedBeforeItsPush) {
 TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
   ServiceOptions options;
   options.max_unsent_answer_bytes = 1 << 20;
-  Start(options, GrpcServerOptions{}, kLargeJob);
+  Start(options, GrpcServerOptions{}, LargeJob());
   RawConnection c(server_->port());
   ASSERT_NO_FATAL_FAILURE(PullWithoutReading(&c));
 
@@ -673,59 +332,6 @@ TEST_F(OverloadTest, AnswersPeersDoNotTakeAreCapped) {
   EXPECT_TRUE(served->status.ok()) << served->status.error_message();
 }
 
-// kLargeJob with two workers under BSP: pulls of clock 1 wait for worker 0's push of clock 1.
-constexpr char kLargeBspJob[] = R"pb(
-  cluster { num_servers: 1 num_workers: 2 dense_block_floats: 2097152 num_virtual_shards: 8 }
-  training { staleness: 0 }
-  security { plaintext: true }
-  tables {
-    name: "w"
-    kind: TABLE_KIND_DENSE
-    shape: 1200000
-    initializer { kind: CONSTANT value: 1 }
-    optimizer { kind: SGD learning_rate: 1 }
-  }
-)pb";
-
-// Parked pulls that one push releases together each passed the cap on answers not taken when
-// they arrived (nothing was held then). They are checked again as each is read: the first
-// answer (4.8 MB, over the 1 MiB cap) is held, the other two are refused as busy (retried by
-// workers) instead of all three being held at once.
-TEST_F(OverloadTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsTheyAreRead) {
-  ServiceOptions options;
-  options.max_unsent_answer_bytes = 1 << 20;
-  Start(options, GrpcServerOptions{}, kLargeBspJob);
-  RawConnection c(server_->port());
-  ASSERT_TRUE(c.connected());
-  const std::string no_window("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
-  Handshake(&c, kMaxConcurrentStreams, no_window);
-  c.SendFrame(kSettings, kAck, 0, "");
-  for (uint32_t stream = 1; stream <= 5; stream += 2) SendRawPull(&c, stream, Header(1, 1, 0));
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (shard_->workers().parked() < 3 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_EQ(shard_->workers().parked(), 3u);
-  EXPECT_EQ(service_->unsent_answer_bytes(), 0u);
-
-  // Both workers push clock 1; worker 0's push releases the three.
-  for (int32_t worker : {1, 0}) {
-    PushResponse pushed;
-    ASSERT_THAT(service_->HandlePush(PushOfBlock0(Header(worker, 1, 1), 0.5f), &pushed), IsOk());
-    if (worker == 1) {
-      EXPECT_EQ(shard_->workers().parked(), 3u);
-    }
-  }
-  while (Rejected(kServerBusyReason) < 2 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(Rejected(kServerBusyReason), 2u);
-  EXPECT_GE(service_->unsent_answer_bytes(), kFloats * sizeof(float));
-  EXPECT_LT(service_->unsent_answer_bytes(), 2 * kFloats * sizeof(float));  // one answer
-  c.Close();
-  while (service_->unsent_answer_bytes() != 0) absl::SleepFor(absl::Milliseconds(1));
-}
-
 // One connection that takes no byte of its answers holds more than its own cap: its next
 // pull is refused as busy, while another connection's pulls are still served (the server-wide
 // cap is far away). Without the per-connection cap the peer could hold the whole server-wide
@@ -733,7 +339,7 @@ TEST_F(OverloadTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsTheyAre
 TEST_F(OverloadTest, AnswersOnePeerDoesNotTakeAreCappedForThatPeerOnly) {
   ServiceOptions options;
   options.max_unsent_answer_bytes_per_peer = 1 << 20;
-  Start(options, GrpcServerOptions{}, kLargeJob);
+  Start(options, GrpcServerOptions{}, LargeJob());
   RawConnection c(server_->port());
   ASSERT_NO_FATAL_FAILURE(PullWithoutReading(&c));
   const size_t held = service_->unsent_answer_bytes();
@@ -764,7 +370,7 @@ TEST_F(OverloadTest, OneConnectionHasAtMostTheCapOfCallsAtTheServer) {
   server_options.max_concurrent_streams = 3;
   ServiceOptions options;
   options.max_parked_pulls_per_worker = 3;
-  Start(options, server_options, kSmallJob);
+  Start(options, server_options, SmallJob());
   std::vector<std::unique_ptr<PendingPull>> pulls;
   for (int i = 0; i < 5; ++i) pulls.push_back(SendPull(stub_.get(), 0, 1));
   while (shard_->workers().parked() != 3) absl::SleepFor(absl::Milliseconds(1));

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -154,29 +155,37 @@ class ParameterServerService::CallReactor final : public grpc::ServerUnaryReacto
 
 ParameterServerService::WaiterId ParameterServerService::AfterBound(
     const RequestInfo& info, absl::Time deadline, std::function<absl::Status()> read, Done done,
-    bool by_grpc, uint64_t held_bytes) {
+    std::optional<absl::string_view> answer_peer, uint64_t held_bytes) {
   const absl::Time wait_start = absl::Now();
   const bool tracked = info.worker_id >= 0;
+  // Answers gRPC holds are capped (max_unsent_answer_bytes*), but a pull passed the caps as
+  // its call arrived, with nothing of its own held then, and more may be held by its read: it
+  // may have waited for the pool behind other calls (deterministic BSP, requests of 4 MB or
+  // more) or for its push's turn, or been parked with pulls that one push then released
+  // together. So both caps are checked again right before each read, wherever it runs, and
+  // beyond either at most one answer per reading thread (data or pool) is being read. A
+  // PushPull's push was applied before this: the refusal says so (WithPushApplied), as every
+  // refusal of its pull does, and the call sent again is a duplicate whose pull is read.
+  // (Found in review, 2026-12-06: only parked pulls were checked again, against the total
+  // only; a peer that read nothing had every call it could open, 32 by default, read on the
+  // pool and held, each up to max_answer_bytes.)
+  auto checked_read = [this, read = std::move(read), answer_peer]() -> absl::Status {
+    if (answer_peer.has_value()) {
+      if (absl::Status busy = CheckUnsentAnswers(*answer_peer, "this pull"); !busy.ok()) {
+        return busy;
+      }
+    }
+    return read();
+  };
   // When parked: called by whoever moved the clock (or the tracker's timer); the read goes to
   // the pool so that the push that released it is answered without waiting for it.
-  auto on_bound = [this, read, done, wait_start, tracked, by_grpc](absl::Status status) {
+  auto on_bound = [this, checked_read, done, wait_start, tracked](absl::Status status) {
     if (!status.ok()) {
       done(std::move(status));
       return;
     }
     if (tracked) metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
-    pool_.Schedule([this, read, done, by_grpc] {
-      // One push can release many parked pulls, each of which passed the cap on answers not
-      // yet taken when it arrived, with nothing of theirs held: checked again as each is read,
-      // so that beyond the cap at most one answer per pool thread is being read. (A channel's
-      // answers go into the worker's segment: gRPC holds none of them.)
-      if (absl::Status busy = by_grpc ? CheckUnsentAnswerTotal("this pull") : absl::OkStatus();
-          !busy.ok()) {
-        done(std::move(busy));
-        return;
-      }
-      done(read());
-    });
+    pool_.Schedule([checked_read, done] { done(checked_read()); });
   };
   WorkerTracker::ParkLimits limits;
   limits.per_worker = options_.max_parked_pulls_per_worker;
@@ -192,7 +201,7 @@ ParameterServerService::WaiterId ParameterServerService::AfterBound(
   }
   if (*parked != 0) return *parked;
   if (tracked) metrics_->pull_wait->Observe(absl::ToDoubleSeconds(absl::Now() - wait_start));
-  done(read());
+  done(checked_read());
   return 0;
 }
 
@@ -229,18 +238,20 @@ absl::Status ParameterServerService::HandlePull(const PullRequest& request, absl
                                                 PullResponse* response) {
   absl::Notification answered;
   absl::Status result;
-  StartPull(request, deadline, response, absl::Now(), [&](absl::Status status) {
-    result = std::move(status);
-    answered.Notify();
-  });
+  StartPull(
+      request, deadline, response, absl::Now(),
+      [&](absl::Status status) {
+        result = std::move(status);
+        answered.Notify();
+      },
+      /*answer_peer=*/std::nullopt);
   answered.WaitForNotification();
   return result;
 }
 
-ParameterServerService::WaiterId ParameterServerService::StartPull(const PullRequest& request,
-                                                                   absl::Time deadline,
-                                                                   PullResponse* response,
-                                                                   absl::Time arrived, Done done) {
+ParameterServerService::WaiterId ParameterServerService::StartPull(
+    const PullRequest& request, absl::Time deadline, PullResponse* response, absl::Time arrived,
+    Done done, std::optional<absl::string_view> answer_peer) {
   // Recorded, and counted against the caps on parked pulls' bytes while the pull waits.
   const size_t request_bytes = request.ByteSizeLong();
   auto finish = [this, request_bytes, response, arrived,
@@ -269,7 +280,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(const PullReq
       [this, &request, response, views] {
         return ReadPull(request.tables(), *views, response, nullptr);
       },
-      std::move(finish), /*by_grpc=*/true, /*held_bytes=*/request_bytes);
+      std::move(finish), answer_peer, /*held_bytes=*/request_bytes);
 }
 
 uint64_t ParameterServerService::AnswerHeaderBytes(
@@ -367,8 +378,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
     reactor->Started(0);
     return reactor;
   }
-  reactor->Started(StartPull(*request, deadline, response, arrived,
-                             [reactor](absl::Status status) { Finish(reactor, status); }));
+  reactor->Started(StartPull(
+      *request, deadline, response, arrived,
+      [reactor](absl::Status status) { Finish(reactor, status); }, /*answer_peer=*/std::nullopt));
   return reactor;
 }
 
@@ -383,18 +395,21 @@ absl::Status ParameterServerService::ServePush(const PushRequest& request, PushR
                                                absl::Time arrived, absl::Time deadline) {
   std::vector<PushTable> tables(request.tables_size());
   absl::Status status;
+  // Refused at the first frame field found: counted once (before 2026-12-06, found in review,
+  // once per such field).
   for (int i = 0; i < request.tables_size() && status.ok(); ++i) {
     const TableValues& t = request.tables(i);
     tables[i] = TableOf(t);
     tables[i].rows = t.rows();
     for (const DenseBlock& block : t.blocks()) {
-      tables[i].blocks.push_back(PushTable::Block{block.block_id(), block.values()});
       if (block.payload_bytes() != 0) {
         status = Unparseable(absl::InvalidArgumentError(
             "unparseable push: payload_bytes is for frames (PushPull), not Push"));
+        break;
       }
+      tables[i].blocks.push_back(PushTable::Block{block.block_id(), block.values()});
     }
-    if (t.rows_bytes() != 0) {
+    if (status.ok() && t.rows_bytes() != 0) {
       status = Unparseable(absl::InvalidArgumentError(
           "unparseable push: rows_bytes is for frames (PushPull), not Push"));
     }

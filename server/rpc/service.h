@@ -35,6 +35,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,12 +98,16 @@ struct ServiceOptions {
   // Answers handed to gRPC that their peers have not taken yet, bytes: a peer that does not
   // read keeps its answers in this server until its calls end. While more than this is
   // held, new Pull and PushPull calls get RESOURCE_EXHAUSTED ("server_busy", retryable) and
-  // change nothing. Counted for calls from a completion queue (ServeFromQueue).
+  // change nothing. It is checked again as a call handed to the pool starts there (still
+  // before anything changes), and right before each pull is read, wherever that runs (a
+  // pull refused there that came with a push applied first says so: sent again, that push is
+  // a duplicate). Counted for calls from a completion queue (ServeFromQueue).
   size_t max_unsent_answer_bytes = size_t{2} << 30;
   // The same per connection (the peer's address and port, as gRPC names it): while more than
   // this is held for one connection, that connection's new Pull and PushPull calls are
-  // refused the same way, so that one peer that does not read cannot take the whole
-  // max_unsent_answer_bytes and have every other peer's pulls refused.
+  // refused the same way (checked where max_unsent_answer_bytes is), so that one peer that
+  // does not read cannot take the whole max_unsent_answer_bytes and have every other peer's
+  // pulls refused.
   size_t max_unsent_answer_bytes_per_peer = size_t{512} << 20;
   // Largest shared-memory segment made for a worker that asks for one (one per worker; a
   // worker's new one replaces its old one), bytes. 0 = none is made. A replaced segment lives
@@ -264,6 +269,8 @@ class ParameterServerService final
   }
   // Blocks until exactly `n` requests are held by the pool.
   void WaitForPoolRequestsForTest(size_t n) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Calls from the completion queues alive: asked for, or running until their last tag.
+  size_t QueuedCallsForTest() ABSL_LOCKS_EXCLUDED(queue_mu_);
   // Runs `task` on the pool, outside its caps (tests hold the pool's threads with it).
   void RunOnPoolForTest(std::function<void()> task) { pool_.Schedule(std::move(task)); }
 
@@ -299,9 +306,12 @@ class ParameterServerService final
 
   // Serves a pull, with the latency counted from `arrived`: `done` gets its status, at once
   // or, when the pull is parked, later on another thread. Returns the parked pull's id (0 when
-  // not parked). `request` and `response` must live until `done` is called.
+  // not parked). `answer_peer`: the connection its answer goes to, for a call from a
+  // completion queue (ServerContext::peer(): its answer is counted until taken, and checked
+  // as AfterBound says); nullopt for others (the callback API, HandlePull: not counted).
+  // `request`, `response` and the bytes of `answer_peer` must live until `done` is called.
   WaiterId StartPull(const PullRequest& request, absl::Time deadline, PullResponse* response,
-                     absl::Time arrived, Done done);
+                     absl::Time arrived, Done done, std::optional<absl::string_view> answer_peer);
   // `deadline`: the call's (a deterministic push waits for its turn until then at most).
   absl::Status ServePush(const PushRequest& request, PushResponse* response, absl::Time arrived,
                          absl::Time deadline = absl::InfiniteFuture());
@@ -309,10 +319,12 @@ class ParameterServerService final
   // before this returns; nullptr = not checked (tests).
   // `from_channel`: the frame came through a shared-memory channel (it may not ask for a
   // segment: the channel's thread would replace its own). `request` is cleared once the push
-  // is applied: a pull that waits for the bound keeps only the frame's header.
+  // is applied: a pull that waits for the bound keeps only the frame's header. `answer_peer`:
+  // as StartPull's (nullopt for a channel's call too: its answer goes into the segment).
   WaiterId StartPushPull(grpc::ByteBuffer* request, absl::Time deadline, grpc::ByteBuffer* response,
                          absl::Time arrived, const PeerIdentity* peer, Done done,
-                         bool from_channel = false);
+                         bool from_channel = false,
+                         std::optional<absl::string_view> answer_peer = std::nullopt);
   // Whether this thread serves channels and found the call it serves while polling, not after
   // sleeping: its answer tells the worker that its next payload may follow its call
   // (PushPullResponse.push_may_follow).
@@ -344,13 +356,17 @@ class ParameterServerService final
   // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
   // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with
   // read's status; `done` gets the refusal instead when the pull may not wait. Returns the
-  // parked pull's id, 0 when it did not park. `by_grpc`: the answer goes back through gRPC
-  // (not a shared-memory channel), so a parked pull is checked against
-  // max_unsent_answer_bytes again before its read (server_busy beyond it). `held_bytes`: what
-  // the pull keeps of its request while parked (counted against max_parked_bytes*).
+  // parked pull's id, 0 when it did not park. `answer_peer`: the connection the answer goes
+  // back to, when gRPC holds it there until taken (a call from a completion queue; nullopt
+  // for others, such as a shared-memory channel's, whose answer goes into the worker's
+  // segment): that connection's answers not yet taken, and all connections' together, are
+  // checked against their caps (CheckUnsentAnswers) right before `read`, wherever it runs;
+  // beyond one, `done` gets server_busy instead of the read. Its bytes must live until `done`
+  // is called. `held_bytes`: what the pull keeps of its request while parked (counted against
+  // max_parked_bytes*).
   WaiterId AfterBound(const RequestInfo& info, absl::Time deadline,
-                      std::function<absl::Status()> read, Done done, bool by_grpc,
-                      uint64_t held_bytes);
+                      std::function<absl::Status()> read, Done done,
+                      std::optional<absl::string_view> answer_peer, uint64_t held_bytes);
   // True when a push may wait for its deterministic-BSP turn (it is then served on the pool).
   bool PushesWait() const;
   // Runs `serve` (a call's whole work) on the pool, counted against max_pool_requests and
@@ -361,11 +377,15 @@ class ParameterServerService final
       ABSL_LOCKS_EXCLUDED(pool_mu_);
   // RESOURCE_EXHAUSTED ("server_busy", counted) while more than max_unsent_answer_bytes of
   // answers wait for their peers, or more than max_unsent_answer_bytes_per_peer for the
-  // connection `peer` (ServerContext::peer()); OK otherwise.
-  absl::Status CheckUnsentAnswers(const std::string& peer) ABSL_LOCKS_EXCLUDED(unsent_mu_);
-  // The server-wide half of CheckUnsentAnswers (also checked as a parked pull is read);
-  // `what` names what the refusal left unchanged ("this call", "this pull").
-  absl::Status CheckUnsentAnswerTotal(absl::string_view what = "this call");
+  // connection `peer` (ServerContext::peer()); OK otherwise. `what` names what the refusal
+  // left unchanged ("this call", "this pull").
+  absl::Status CheckUnsentAnswers(absl::string_view peer, absl::string_view what = "this call")
+      ABSL_LOCKS_EXCLUDED(unsent_mu_);
+  // The server-wide half of CheckUnsentAnswers.
+  absl::Status CheckUnsentAnswerTotal(absl::string_view what);
+  // Their busy refusal: `held` bytes of answers wait for `takers` over `cap` (`limit`).
+  absl::Status UnsentAnswersBusy(size_t held, absl::string_view takers, absl::string_view cap,
+                                 size_t limit, absl::string_view what);
   // RESOURCE_EXHAUSTED (answer_too_large) for a pull answer of `payload_bytes` of values and
   // `header_bytes` of the rest over max_answer_bytes, unless its values go into a shared
   // segment's room of `shared_room` bytes (0: none).

@@ -2,6 +2,7 @@
 // round trip, by the socket or through a worker's shared-memory channel (the other data-path
 // methods are in service.cc).
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -344,7 +345,8 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
 
 ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     grpc::ByteBuffer* request, absl::Time deadline, grpc::ByteBuffer* response, absl::Time arrived,
-    const PeerIdentity* peer, Done done, bool from_channel) {
+    const PeerIdentity* peer, Done done, bool from_channel,
+    std::optional<absl::string_view> answer_peer) {
   auto call = std::make_shared<PushPullCall>();
   auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
     if (!status.ok() && call->push_applied) status = WithPushApplied(status);
@@ -368,8 +370,8 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
   // While it waits the call keeps its header (which holds the pull), not the push's payload:
   // applied already, it is let go here.
   request->Clear();
-  return AfterBound(pull_info, deadline, std::move(answer), std::move(finish),
-                    /*by_grpc=*/!from_channel, /*held_bytes=*/call->header.ByteSizeLong());
+  return AfterBound(pull_info, deadline, std::move(answer), std::move(finish), answer_peer,
+                    /*held_bytes=*/call->header.ByteSizeLong());
 }
 
 absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& request,

@@ -77,6 +77,19 @@ TEST_P(ServiceTest, AFusedCallWhosePullIsRefusedChangesNothing) {
   EXPECT_NE(State(), before);
 }
 
+// A Push refused for the frame fields it carries (payload_bytes, rows_bytes) is counted once,
+// however many it has (found in review, 2026-12-06: once per field).
+TEST_P(ServiceTest, APushWithFrameFieldsIsCountedOnce) {
+  if (frames()) GTEST_SKIP() << "payload_bytes and rows_bytes are a frame's own fields";
+  PushRequest request = ValidPush(1);
+  TableValues* w = request.mutable_tables(0);
+  *w->add_blocks() = w->blocks(0);
+  for (DenseBlock& block : *w->mutable_blocks()) block.set_payload_bytes(4);
+  w->set_rows_bytes(4);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, "is for frames (PushPull)");
+  EXPECT_EQ(Rejected("unparseable"), 1u);
+}
+
 TEST_P(ServiceTest, UnknownTableIsNotFound) {
   PushRequest request = ValidPush(1);
   request.add_tables()->set_table("nope");

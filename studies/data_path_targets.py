@@ -26,8 +26,9 @@ and prints each target with its measured value, the ratio the target is stated i
 not met. With bench/handoff_probe built, it also prints what handing 1 MB between two cores
 cost the host before and after the run, with plain and with streamed stores: on a host whose
 cores do not all share a cache, the plain figure moves with where the host runs the two, and
-the 1 MB rows with it (docs/lab/2026-12-03-cross-core-handoff.md). Ratios come from one run of each reference (raw TCP in the same ps_bench process, the
-1 + 1 figures of the same session, the centralized run of the same scaling_bench call).
+the 1 MB rows with it (docs/lab/2026-12-03-cross-core-handoff.md). Ratios come from one run of each reference (raw TCP in the same ps_bench process, but for
+the 8-in-flight rows, whose 1-in-flight raw TCP is the first session's, run just before; the
+1 + 1 figures of the same session; the centralized run of the same scaling_bench call).
 """
 
 import argparse
@@ -189,7 +190,8 @@ def memory_rows(text):
 
 
 def median(values):
-    """The middle value; tuples by their first element alone (the rest may hold None)."""
+    """The middle value; tuples by their first element alone (the rest may hold None). Of an
+    even count, the upper of the two middle ones (the default --repeat of 3 is odd)."""
     ordered = sorted(values, key=lambda v: v[0] if isinstance(v, tuple) else v)
     return ordered[len(ordered) // 2]
 

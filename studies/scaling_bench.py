@@ -5,8 +5,8 @@
 
 For each model (Fashion-MNIST MLP, synthetic CTR) it runs the job once in centralized mode
 and once per (servers, workers) cell through tools/launch_local.py, all on this machine, and
-prints a markdown table of samples/s (summed over workers), the final test metric and, for the
-worst worker, its communication over its compute time, two ways:
+prints a markdown table of samples/s, the final test metric and, for the worst worker, its
+communication over its compute time, two ways:
   calls/compute:   the wall time of the store calls of its training steps (pull + push; with
                    training.prefetch the background calls, which overlap compute);
   exposed/compute: the time its steps spent on communication instead of computing (the calls
@@ -15,6 +15,13 @@ worst worker, its communication over its compute time, two ways:
 Without prefetch the two are equal. Logs of binaries older than the comm_s field give
 (pull + push) / compute for both without prefetch; with prefetch their calls/compute is unknown
 ("-") and exposed is (pull + push + wait) / compute.
+A run's samples/s is the job's: every worker's samples over the time from the first worker's
+start of training to the last one's end (the workers' logs give each start and its evaluation
+time). Every run evaluates only after its last epoch (training.eval_every_epochs=0), which is
+left out, as centralized mode leaves its own out: evaluating after each epoch on worker 0 alone
+put the workers out of step, and the sum of each worker's own rate, used before 2026-12-06,
+counted the stretches where one trained alone as if both did. Logs without the start (older
+binaries) give that sum.
 Build first: bazel build //server:ps_server //worker:ps_worker
 """
 
@@ -51,10 +58,22 @@ def worst(a, b):
     return b if a is None else a if b is None else max(a, b)
 
 
+def job_rate(records):
+    """Workers' "done" records -> every worker's samples over the time from the first start of
+    training to the last end of it (evaluation, last, left out); None without starts."""
+    done = [r for r in records if r.get("type") == "done"]
+    if not done or any("start_unix_s" not in r or "eval_s" not in r for r in done):
+        return None
+    start = min(r["start_unix_s"] for r in done)
+    end = max(r["start_unix_s"] + r["wall_s"] - r["eval_s"] for r in done)
+    return sum(r["samples"] for r in done) / (end - start) if end > start else None
+
+
 def parse(records):
-    """Workers' JSON-log records -> (samples/s summed over workers, the last test metric, the
-    worst worker's calls/compute (None if unknown), the worst worker's exposed/compute (None
-    without workers' records), each worker's time breakdown in seconds)."""
+    """Workers' JSON-log records -> (the job's samples/s (job_rate; the sum of the workers'
+    own rates without starts), the last test metric, the worst worker's calls/compute (None if
+    unknown), the worst worker's exposed/compute (None without workers' records), each worker's
+    time breakdown in seconds)."""
     r = summarize(records)
     comm = exposed = None
     times = []
@@ -65,7 +84,8 @@ def parse(records):
             calls, exp = comm_ratios(rec)
             comm = worst(comm, calls)
             exposed = worst(exposed, exp)
-    return r["sum_of_worker_rates"], r["final_metric"], comm, exposed, times
+    rate = job_rate(records)
+    return (r["sum_of_worker_rates"] if rate is None else rate), r["final_metric"], comm, exposed, times
 
 
 def run(cmd, log_dir):
@@ -93,7 +113,8 @@ def main():
     rows = []
     for model in args.models.split(","):
         config, metric_name = MODELS[model]
-        common = "training.epochs=%d" % args.epochs + ("," + args.set if args.set else "")
+        common = "training.epochs=%d,training.eval_every_epochs=0" % args.epochs + (
+            "," + args.set if args.set else "")
         log_dir = tempfile.mkdtemp(prefix="ps-scaling-")
         records, wall = run([worker, "--config=" + config, "--centralized", "--set=" + common,
                              "--log_path=" + os.path.join(log_dir, "worker-0.jsonl")], log_dir)

@@ -482,6 +482,19 @@ class ScalingBenchTest(unittest.TestCase):
         self.assertEqual((comm, exposed), (2.5, 1.2))
         self.assertEqual([t["worker"] for t in times], [0, 1])
 
+    def test_the_rate_is_the_jobs_not_the_sum_of_the_workers_own(self):
+        # Worker 1 starts 0.5 s after worker 0 and trains 2 s; worker 0 trains 2 s, then
+        # evaluates for 1 s (left out). 1280 samples over 2.5 s, not 640/2 + 640/2 per second.
+        records = [self.done(0, False, start_unix_s=1000.0, wall_s=3.0, eval_s=1.0, samples_per_s=320.0),
+                   self.done(1, False, start_unix_s=1000.5, wall_s=2.0, eval_s=0.0, samples_per_s=320.0)]
+        rate, _, _, _, _ = scaling_bench.parse(records)
+        self.assertAlmostEqual(rate, 1280 / 2.5)
+        # Logs without starts (older binaries): the sum, as before.
+        for rec in records:
+            del rec["start_unix_s"]
+        rate, _, _, _, _ = scaling_bench.parse(records)
+        self.assertAlmostEqual(rate, 640.0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -610,6 +610,11 @@ void Trainer::LogDone(const TrainResult& result) {
       "\"type\":\"done\",\"worker\":", options_.worker_index, ",\"steps\":", result.steps,
       ",\"samples\":", result.samples,
       ",\"wall_s\":", JsonNumber(absl::ToDoubleSeconds(result.wall)),
+      // When training began (Unix seconds, ms precision) and what evaluation took: a tool
+      // puts the workers of a job on one time line (the job's rate: its samples over the time
+      // its workers trained, not the sum of each worker's own rate).
+      ",\"start_unix_s\":", absl::StrFormat("%.3f", absl::ToUnixMillis(start_) / 1e3),
+      ",\"eval_s\":", JsonNumber(absl::ToDoubleSeconds(result.eval_time)),
       ",\"samples_per_s\":", JsonNumber(result.samples_per_s),
       ",\"pull_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.pull)),
       ",\"compute_s\":", JsonNumber(absl::ToDoubleSeconds(result.breakdown.compute)),

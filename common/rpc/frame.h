@@ -70,7 +70,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   };
 
   // Keeps at most `max_cached_bytes` of idle buffers (bigger idle sets are freed);
-  // `counters` (not owned, may be null, must outlive the pool) counts allocations.
+  // `counters` (not owned, may be null) counts allocations: only Acquire touches them, so they
+  // must outlive every Acquire, not the pool, which answers' slices keep alive until gRPC lets
+  // go of them (after their service, and its counters, may be gone). Release must not touch
+  // them.
   static std::shared_ptr<BufferPool> Create(size_t max_cached_bytes,
                                             DataPathCounters* counters = nullptr);
 

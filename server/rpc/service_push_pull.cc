@@ -338,6 +338,10 @@ absl::Status ParameterServerService::PushPullAnswer(PushPullCall* call,
   common::FrameBuilder frame(call->answer);
   if (call->pull_bytes > 0 && shared_out == nullptr) {
     frame.AddSlice(buffers_->MakeSlice(std::move(out), call->pull_bytes));
+  } else if (out.data != nullptr) {
+    // A pull of nothing (Acquire(0) hands any idle buffer out): back to the pool, not freed
+    // (found in review, 2026-12-06: each such call took a reused buffer out for good).
+    buffers_->Release(std::move(out));
   }
   *response = frame.Build();
   return absl::OkStatus();

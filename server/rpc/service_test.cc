@@ -492,6 +492,21 @@ TEST_P(FrameTest, PayloadsAreUsedInPlaceAndBuffersReused) {
   EXPECT_EQ(counters.bytes_gathered.load(), 0u);
   EXPECT_GT(counters.bytes_in_place.load(), 0u);
   EXPECT_EQ(counters.buffers_allocated.load(), allocated) << "a call allocated a new buffer";
+  // Calls that pull nothing leave the reused buffers where they are (each took one out of the
+  // pool for good before 2026-12-06, found in review).
+  PullRequest nothing;
+  *nothing.mutable_header() = Header(0);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_THAT(
+        PushPull(common::FrameOf(nullptr, &nothing), absl::Now() + absl::Seconds(1), &answer),
+        IsOk());
+    answer.Clear();
+  }
+  PushRequest push = ValidPush(6);
+  ASSERT_THAT(PushPull(common::FrameOf(&push, &pull), absl::Now() + absl::Seconds(1), &answer),
+              IsOk());
+  answer.Clear();
+  EXPECT_EQ(counters.buffers_allocated.load(), allocated) << "a call allocated a new buffer";
 }
 
 INSTANTIATE_TEST_SUITE_P(Frames, FrameTest, ::testing::Values(kFrames), WireFormName);

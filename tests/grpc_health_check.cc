@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/unary_call_testing.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
@@ -48,19 +49,12 @@ absl::StatusOr<int> Check(const std::string& address, const std::string& service
   const std::string request_bytes = EncodeRequest(service);
   grpc::Slice slice(request_bytes);
   grpc::ByteBuffer request(&slice, 1);
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
   grpc::ByteBuffer response;
   grpc::Status status;
-  call->Finish(&response, &status, nullptr);
-  void* tag = nullptr;
-  bool ok = false;
-  const bool completed = cq.Next(&tag, &ok) && ok;
-  cq.Shutdown();  // a completion queue must be shut down and drained before it is destroyed
-  while (cq.Next(&tag, &ok)) {
+  if (!ps::common::BlockingUnaryCall(stub, &context, "/grpc.health.v1.Health/Check", request,
+                                     &response, &status)) {
+    return absl::InternalError("the call did not complete");
   }
-  if (!completed) return absl::InternalError("the call did not complete");
   if (!status.ok()) {
     return absl::UnavailableError(
         absl::StrCat("Health/Check: code ", status.error_code(), ": ", status.error_message()));

@@ -348,12 +348,12 @@ TEST(ParameterServer, ADeterministicJobsPoolHoldsEveryWorkersPushes) {
 
 // A server destroyed without Wait (its start failed after serving began) ends the
 // deterministic pushes waiting on its pool for their turn at once (before 2026-12-06, found
-// in review: its destructor waited for them until server.max_pull_wait_s, 40 s here).
+// in review: its destructor waited for them until server.max_pull_wait_s, 600 s by default,
+// so this test ran past its time limit).
 TEST(ParameterServer, ADestroyedServerEndsThePushesWaitingForTheirTurn) {
   JobConfig config = Config();
   config.mutable_cluster()->set_num_workers(2);
   config.mutable_training()->set_deterministic(true);
-  config.mutable_server()->set_max_pull_wait_s(40);
   auto server = ParameterServer::Create(config, Options(testing::MakeTempDir("ps")));
   ASSERT_THAT(server.status(), IsOk());
   ASSERT_THAT((*server)->Start(), IsOk());
@@ -372,9 +372,7 @@ TEST(ParameterServer, ADestroyedServerEndsThePushesWaitingForTheirTurn) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ((*server)->shard()->workers().pushes_waiting_for_turn(), 1);
-  const absl::Time start = absl::Now();
   server->reset();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   pusher.join();
   EXPECT_TRUE(pushed.HasBeenNotified());
 }

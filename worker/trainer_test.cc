@@ -342,38 +342,34 @@ TEST_F(TrainerTest, PrefetchResumesAtTheSavedPositionAndClock) {
 // with max_steps 10, it takes 2 steps, with prefetch and without (it took 10 more before
 // 2026-12-05).
 TEST_F(TrainerTest, MaxStepsCountsTheStepsBeforeARestart) {
-  adjust_ = [](TrainerOptions* options) {
-    options->epochs = 1;
-    options->start_offset = 8 * 64;
-    options->start_clock = 8;
-    options->evaluate = false;
-  };
-  for (bool prefetch : {false, true}) {
-    RecordingStore* recorder = nullptr;
-    absl::StatusOr<TrainResult> result = Train(prefetch, /*max_steps=*/10, &recorder);
-    ASSERT_OK(result.status());
-    EXPECT_EQ(result->steps, 2u) << "prefetch " << prefetch;
-    int64_t last_push = 0;
-    for (const RecordingStore::Call& call : recorder->calls()) {
-      if (call.push) last_push = call.clock;
+  // Resumed at `clock` with max_steps 10, with prefetch and without: the steps taken, and the
+  // clock of the last push (0: none).
+  auto resumed_at = [this](int64_t clock) {
+    adjust_ = [clock](TrainerOptions* options) {
+      options->epochs = 1;
+      options->start_offset = clock * 64;
+      options->start_clock = clock;
+      options->evaluate = false;
+    };
+    std::vector<std::pair<uint64_t, int64_t>> out;
+    for (bool prefetch : {false, true}) {
+      RecordingStore* recorder = nullptr;
+      absl::StatusOr<TrainResult> result = Train(prefetch, /*max_steps=*/10, &recorder);
+      EXPECT_OK(result.status());
+      int64_t last_push = 0;
+      for (const RecordingStore::Call& call : recorder->calls()) {
+        if (call.push) last_push = call.clock;
+      }
+      out.emplace_back(result.ok() ? result->steps : ~uint64_t{0}, last_push);
+      if (clock >= 10) EXPECT_TRUE(recorder->calls().empty()) << "prefetch " << prefetch;
     }
-    EXPECT_EQ(last_push, 10) << "prefetch " << prefetch;
-  }
+    return out;
+  };
+  using Runs = std::vector<std::pair<uint64_t, int64_t>>;
+  EXPECT_EQ(resumed_at(8), (Runs{{2, 10}, {2, 10}}));
   // Resumed at its last step (it died after its last push, or a finished job's pods were
   // restarted): no step, no call, whether or not it prefetches.
-  adjust_ = [](TrainerOptions* options) {
-    options->epochs = 1;
-    options->start_offset = 10 * 64;
-    options->start_clock = 10;
-    options->evaluate = false;
-  };
-  for (bool prefetch : {false, true}) {
-    RecordingStore* recorder = nullptr;
-    absl::StatusOr<TrainResult> result = Train(prefetch, /*max_steps=*/10, &recorder);
-    ASSERT_OK(result.status());
-    EXPECT_EQ(result->steps, 0u) << "prefetch " << prefetch;
-    EXPECT_TRUE(recorder->calls().empty()) << "prefetch " << prefetch;
-  }
+  EXPECT_EQ(resumed_at(10), (Runs{{0, 0}, {0, 0}}));
 }
 
 // With prefetch a step's push is queued as the next step computes: the data position

@@ -3,6 +3,8 @@
 // NOT_SERVING as SetServing says, NOT_FOUND for a named service, and other unregistered
 // methods get UNIMPLEMENTED; the service's control methods answer as on the callback API;
 // with several data threads, one serves while another is busy.
+#include "server/rpc/grpc_server.h"
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,13 +14,13 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
+#include "common/rpc/unary_call_testing.h"
 #include "common/status_matchers.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/rpc/grpc_server.h"
 #include "server/rpc/service.h"
 
 namespace ps::server {
@@ -73,18 +75,10 @@ class GrpcServerTest : public ::testing::Test {
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     grpc::Slice slice(request);
     grpc::ByteBuffer request_buffer(&slice, 1);
-    grpc::CompletionQueue cq;
-    auto call = stub.PrepareUnaryCall(&context, method, request_buffer, &cq);
-    call->StartCall();
     grpc::ByteBuffer response;
     grpc::Status status;
-    call->Finish(&response, &status, nullptr);
-    void* tag;
-    bool ok;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
+    EXPECT_TRUE(
+        common::BlockingUnaryCall(stub, &context, method, request_buffer, &response, &status));
     std::vector<grpc::Slice> slices;
     answer->clear();
     if (status.ok() && response.Dump(&slices).ok()) {

@@ -14,6 +14,7 @@
 #include "common/codec.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/unary_call_testing.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -130,19 +131,25 @@ class ServiceQueueTest : public OverloadTest {
     grpc::GenericStub stub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                                      grpc::InsecureChannelCredentials(), args));
     context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    grpc::CompletionQueue cq;
-    auto call = stub.PrepareUnaryCall(context, "/ps.ParameterServer/PushPull", frame, &cq);
-    call->StartCall();
     grpc::ByteBuffer response;
     grpc::Status status;
-    call->Finish(&response, &status, nullptr);
-    void* tag;
-    bool ok;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
+    EXPECT_TRUE(common::BlockingUnaryCall(stub, context, "/ps.ParameterServer/PushPull", frame,
+                                          &response, &status));
     return status;
+  }
+
+  // With `options` (a cap of 1 MiB on answers not yet taken), three pulls of a 4.8 MB block
+  // parked by a peer that reads nothing and released by one push: the first answer is held,
+  // the other two are refused as busy; then the peer goes.
+  void ExpectOneOfThreeReleasedPullsHeld(const ServiceOptions& options) {
+    Start(options, GrpcServerOptions{}, LargeBspJob());
+    RawConnection c(server_->port());
+    ASSERT_NO_FATAL_FAILURE(ReleaseThreeParkedPulls(&c));
+    EXPECT_EQ(Rejected(kServerBusyReason), 2u);
+    EXPECT_GE(service_->unsent_answer_bytes(), kAnswerBytes);
+    EXPECT_LT(service_->unsent_answer_bytes(), 2 * kAnswerBytes);  // one answer
+    c.Close();
+    WaitUntilNoAnswerIsHeld();
   }
 
   // Returns once the server holds no answer (after the peer that held them went).
@@ -247,14 +254,7 @@ TEST_F(ServiceQueueTest, AFusedCallWhosePushWaitedForItsTurnIsCheckedBeforeItsRe
 TEST_F(ServiceQueueTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsTheyAreRead) {
   ServiceOptions options;
   options.max_unsent_answer_bytes = 1 << 20;
-  Start(options, GrpcServerOptions{}, LargeBspJob());
-  RawConnection c(server_->port());
-  ASSERT_NO_FATAL_FAILURE(ReleaseThreeParkedPulls(&c));
-  EXPECT_EQ(Rejected(kServerBusyReason), 2u);
-  EXPECT_GE(service_->unsent_answer_bytes(), kAnswerBytes);
-  EXPECT_LT(service_->unsent_answer_bytes(), 2 * kAnswerBytes);  // one answer
-  c.Close();
-  WaitUntilNoAnswerIsHeld();
+  ExpectOneOfThreeReleasedPullsHeld(options);
 }
 
 // Found in review, 2026-12-06: parked pulls released together were checked against the
@@ -263,14 +263,7 @@ TEST_F(ServiceQueueTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheCapAsThe
 TEST_F(ServiceQueueTest, ParkedPullsReleasedTogetherAreCheckedAgainstTheirConnectionsCap) {
   ServiceOptions options;
   options.max_unsent_answer_bytes_per_peer = 1 << 20;
-  Start(options, GrpcServerOptions{}, LargeBspJob());
-  RawConnection c(server_->port());
-  ASSERT_NO_FATAL_FAILURE(ReleaseThreeParkedPulls(&c));
-  EXPECT_EQ(Rejected(kServerBusyReason), 2u);
-  EXPECT_GE(service_->unsent_answer_bytes(), kAnswerBytes);
-  EXPECT_LT(service_->unsent_answer_bytes(), 2 * kAnswerBytes);
-  c.Close();
-  WaitUntilNoAnswerIsHeld();
+  ExpectOneOfThreeReleasedPullsHeld(options);
 }
 
 // Found in review, 2026-12-06: once the server's Shutdown began, each call asked for came back

@@ -6,8 +6,9 @@
 Runs the 2-server, 2-worker Fashion-MNIST job (tools/launch_local.py) once per mode:
 asynchronous, BSP, and local SGD merging every k = 1, 4 and 16 steps (model averaging
 under BSP: each worker's delta is added / num_workers). Prints a markdown table of the final
-test accuracy, the time until worker 0's test accuracy first reached --target, the bytes the workers sent and received (summed), samples/s (summed over
-workers) and wall time. Build first: bazel build //server:ps_server //worker:ps_worker
+test accuracy, the time until worker 0's test accuracy first reached --target, the bytes the workers sent and received (summed), the job's
+samples/s (every worker's samples over the time from the first start of training to the last
+end, evaluation left out: job_runs.job_rate) and wall time. Build first: bazel build //server:ps_server //worker:ps_worker
 """
 
 import argparse
@@ -21,7 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from job_runs import parse_run, read_logs, worker_log_flag  # noqa: E402
+from job_runs import job_rate, parse_run, read_logs, worker_log_flag  # noqa: E402
 
 MODES = [
     ("async", ""),
@@ -50,6 +51,19 @@ def run(config, sets, log_dir):
     return p.stdout, read_logs(log_dir)
 
 
+def run_row(mode, epochs, target, out, records):
+    """One mode's row from its launcher output and the workers' records. Its samples/s is the
+    job's (job_rate), not the sum of each worker's own rate, which counts stretches where one
+    worker trains alone (the other evaluating, or not started yet) as if both did; older logs
+    without starts give the summary's rate."""
+    r = parse_run(out, records)
+    rate = job_rate(records)
+    return dict(mode=mode, epochs=epochs, target=target, seconds_to_target=time_to(records, target),
+                samples_per_s=r["samples_per_s"] if rate is None else rate,
+                accuracy=r["final_metric"], bytes_sent=r["bytes_sent"],
+                bytes_received=r["bytes_received"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,17 +87,14 @@ def main():
             out, records = run(args.config, sets, log_dir)
         finally:
             shutil.rmtree(log_dir, ignore_errors=True)
-        r = parse_run(out, records)
-        row = dict(mode=name, epochs=args.epochs, wall_s=round(time.time() - start, 1),
-                   target=args.target, seconds_to_target=time_to(records, args.target),
-                   samples_per_s=r["sum_of_worker_rates"], accuracy=r["final_metric"],
-                   bytes_sent=r["bytes_sent"], bytes_received=r["bytes_received"])
+        row = run_row(name, args.epochs, args.target, out, records)
+        row["wall_s"] = round(time.time() - start, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    print("\n| mode | test accuracy | s to %.2f | MB sent by workers | MB received | samples/s (sum) | wall s |"
+    print("\n| mode | test accuracy | s to %.2f | MB sent by workers | MB received | samples/s (job) | wall s |"
           % args.target)
     print("|---|---|---|---|---|---|---|")
     for r in rows:

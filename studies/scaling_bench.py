@@ -36,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from job_runs import read_logs, summarize, worker_log_flag  # noqa: E402
+from job_runs import job_rate, read_logs, summarize, worker_log_flag  # noqa: E402
 MODELS = {
     "mlp": ("configs/fashion_mnist_2x2_async.textproto", "accuracy"),
     "ctr": ("configs/ctr_synthetic_2x2.textproto", "auc"),
@@ -56,17 +56,6 @@ def comm_ratios(done):
 
 def worst(a, b):
     return b if a is None else a if b is None else max(a, b)
-
-
-def job_rate(records):
-    """Workers' "done" records -> every worker's samples over the time from the first start of
-    training to the last end of it (evaluation, last, left out); None without starts."""
-    done = [r for r in records if r.get("type") == "done"]
-    if not done or any("start_unix_s" not in r or "eval_s" not in r for r in done):
-        return None
-    start = min(r["start_unix_s"] for r in done)
-    end = max(r["start_unix_s"] + r["wall_s"] - r["eval_s"] for r in done)
-    return sum(r["samples"] for r in done) / (end - start) if end > start else None
 
 
 def parse(records):

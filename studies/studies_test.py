@@ -21,6 +21,7 @@ import advise_validation  # noqa: E402
 import crossover_study  # noqa: E402
 import data_path_targets as targets  # noqa: E402
 import job_runs  # noqa: E402
+import local_sgd_study  # noqa: E402
 import scaling_bench  # noqa: E402
 
 
@@ -494,6 +495,21 @@ class ScalingBenchTest(unittest.TestCase):
             del rec["start_unix_s"]
         rate, _, _, _, _ = scaling_bench.parse(records)
         self.assertAlmostEqual(rate, 640.0)
+
+    def test_local_sgd_rows_give_the_jobs_rate_too(self):
+        records = [self.done(0, False, start_unix_s=1000.0, wall_s=3.0, eval_s=1.0, samples_per_s=320.0),
+                   self.done(1, False, start_unix_s=1000.5, wall_s=2.0, eval_s=0.0, samples_per_s=320.0),
+                   dict(type="eval", worker=0, time_s=2.5, accuracy=0.9)]
+        out = "[worker 0@h] sent 100 bytes, received 200 bytes\n"
+        row = local_sgd_study.run_row("async", 1, 0.88, out, records)
+        self.assertAlmostEqual(row["samples_per_s"], 1280 / 2.5)
+        self.assertEqual((row["seconds_to_target"], row["accuracy"]), (2.5, 0.9))
+        self.assertEqual((row["bytes_sent"], row["bytes_received"]), (100, 200))
+        # Logs without starts: every sample over the longest worker's time, not 640 + 640.
+        for rec in records[:2]:
+            del rec["start_unix_s"]
+        self.assertAlmostEqual(local_sgd_study.run_row("async", 1, 0.88, out, records)["samples_per_s"],
+                               1280 / 3.0)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,17 @@ def summarize(records):
     return r
 
 
+def job_rate(records):
+    """Workers' "done" records -> every worker's samples over the time from the first start of
+    training to the last end of it (evaluation, last, left out); None without starts."""
+    done = [r for r in records if r.get("type") == "done"]
+    if not done or any("start_unix_s" not in r or "eval_s" not in r for r in done):
+        return None
+    start = min(r["start_unix_s"] for r in done)
+    end = max(r["start_unix_s"] + r["wall_s"] - r["eval_s"] for r in done)
+    return sum(r["samples"] for r in done) / (end - start) if end > start else None
+
+
 def parse_run(out, records):
     """A run's measured values: summarize(records) (the workers' JSON logs) plus, from the
     launcher's output `out`, the bytes the workers' stores sent and received and the CPU seconds

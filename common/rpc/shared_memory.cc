@@ -1,8 +1,10 @@
 #include "common/rpc/shared_memory.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
@@ -97,6 +100,17 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Open(uint64_t id,
   // through that descriptor, not by name again: the peer cannot swap a device in between.
   const int path_fd = open(path.c_str(), O_PATH | O_CLOEXEC);
   if (path_fd < 0) return Errno(absl::StrCat("looking up ", path));
+  // A memory file (memfd_create's, "/memfd:NAME (deleted)") and nothing else, as the kernel
+  // alone says, before anything that asks the file's filesystem (a stat, an open): a file on
+  // a FUSE mount its server runs, or on a hung NFS mount, would hold this thread there past
+  // any call's deadline (found in review, 2026-12-06).
+  char target[64];
+  const ssize_t named =
+      readlink(absl::StrCat("/proc/self/fd/", path_fd).c_str(), target, sizeof(target));
+  if (named <= 0 || !absl::StartsWith(absl::string_view(target, named), "/memfd:")) {
+    close(path_fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a shared-memory file"));
+  }
   struct stat before;
   if (fstat(path_fd, &before) != 0 || !S_ISREG(before.st_mode)) {
     close(path_fd);
@@ -111,7 +125,11 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Open(uint64_t id,
     return Errno(absl::StrCat("opening ", path));
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes ||
+  struct statfs fs;
+  // On tmpfs, not hugetlbfs: a huge-page memory file whose pool runs dry faults with SIGBUS
+  // where this process touches a page (its peer can punch holes in it, seals or not).
+  if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC || fstat(fd, &st) != 0 ||
+      !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes ||
       fcntl(fd, F_GET_SEALS) != (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
     close(fd);
     return absl::FailedPreconditionError(

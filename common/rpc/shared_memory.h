@@ -39,8 +39,8 @@ class SharedMemory {
   static absl::StatusOr<std::shared_ptr<SharedMemory>> Create(size_t bytes);
   // Maps the segment a server offered: FAILED_PRECONDITION when it is not on this host (other
   // boot id), its path is not a process's descriptor ("/proc/PID/fd/FD", as Create names it)
-  // of a regular file (nothing else is opened), it cannot be opened, or it is not that segment
-  // (size, seals or id differ).
+  // of a memory file on tmpfs (memfd_create's; nothing else is opened or even stat'ed), it
+  // cannot be opened, or it is not that segment (size, seals or id differ).
   static absl::StatusOr<std::shared_ptr<SharedMemory>> Open(uint64_t id, const std::string& path,
                                                             size_t bytes,
                                                             const std::string& boot_id);

@@ -1,6 +1,8 @@
 #include "common/rpc/shared_memory.h"
 
 #include <fcntl.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -55,7 +57,7 @@ TEST(SharedMemory, RefusesAnotherHostAnotherIdOrAnotherSize) {
   unlink(name);
 }
 
-// Only a process's descriptor of a regular file is opened: not the segment by another name
+// Only a process's descriptor of a memory file is opened: not the segment by another name
 // (a link to it), not a FIFO or a device behind a descriptor (opening one may block or act).
 TEST(SharedMemory, OpensOnlyADescriptorOfARegularFile) {
   auto made = SharedMemory::Create(1 << 16);
@@ -81,13 +83,56 @@ TEST(SharedMemory, OpensOnlyADescriptorOfARegularFile) {
     const std::string path = absl::StrCat("/proc/", getpid(), "/fd/", fd);
     absl::Status s = SharedMemory::Open(m.id(), path, 1 << 16, SharedMemory::BootId()).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << path;
-    EXPECT_THAT(std::string(s.message()), testing::HasSubstr("not a regular file")) << path;
+    EXPECT_THAT(std::string(s.message()), testing::HasSubstr("not a shared-memory file")) << path;
   }
   close(fifo[0]);
   close(fifo[1]);
   close(device);
   // The segment by its own name still opens.
   EXPECT_TRUE(SharedMemory::Open(m.id(), m.path(), 1 << 16, SharedMemory::BootId()).ok());
+}
+
+// A regular file behind a descriptor is refused before it is opened or stat'ed: on a FUSE
+// mount its server runs, or a hung NFS mount, either would hold the worker's thread. Before,
+// it was opened read-write and refused only for its seals.
+TEST(SharedMemory, AFileThatIsNoMemoryFileIsNeverOpened) {
+  const std::string name = absl::StrCat(testing::TempDir(), "/not_a_segment");
+  const int fd = open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 16), 0);
+  const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(inotify_add_watch(watch, name.c_str(), IN_OPEN | IN_ATTRIB), 0);
+  absl::Status s = SharedMemory::Open(1, absl::StrCat("/proc/", getpid(), "/fd/", fd), 1 << 16,
+                                      SharedMemory::BootId())
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("not a shared-memory file"));
+  char events[4096];
+  EXPECT_EQ(read(watch, events, sizeof(events)), -1);  // nothing opened it
+  EXPECT_EQ(errno, EAGAIN);
+  close(watch);
+  close(fd);
+  unlink(name.c_str());
+}
+
+// A huge-page memory file is refused: its peer can punch holes in it, sealed or not, and a
+// page faulted in again from an empty pool is a SIGBUS in this process.
+TEST(SharedMemory, AHugePageMemoryFileIsRefused) {
+  const int fd = memfd_create("ps-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (fd < 0) GTEST_SKIP() << "no huge-page memory files here: " << std::strerror(errno);
+  constexpr size_t kBytes = size_t{2} << 20;
+  if (ftruncate(fd, kBytes) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    close(fd);
+    GTEST_SKIP() << "cannot size and seal a huge-page memory file: " << std::strerror(errno);
+  }
+  absl::Status s = SharedMemory::Open(1, absl::StrCat("/proc/", getpid(), "/fd/", fd), kBytes,
+                                      SharedMemory::BootId())
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("not a sealed segment"));
+  close(fd);
 }
 
 TEST(SharedMemory, APeerCannotShrinkOrGrowTheSegment) {

@@ -470,16 +470,6 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
     return BadResponse(s, st.message());
   }
   RETURN_IF_ERROR(CheckAnswerShape(s, x->headers[f], header.pull()));
-  if (x->asked[f] != 0) TakeOffer(f, header, x);
-  if (x->shared[f].valid()) {
-    // Whether the next push to this server may follow its call (GrpcStoreOptions::
-    // overlap_push_copy): as the server's latest answer through its segment said.
-    absl::MutexLock lock(&shared_mu_);
-    SharedLink& link = shared_[s];
-    if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
-      link.follow_now = header.push_may_follow();
-    }
-  }
   if (header.shared_answer_bytes() > 0) {
     const SharedPayload& sp = x->headers[f].shared();
     if (!x->shared[f].valid() || header.shared_answer_bytes() > sp.answer_capacity() ||
@@ -557,6 +547,19 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
       }
       RETURN_IF_ERROR(ReadRows(tv.encoding(), pos, dim, so.pull->out.data(), &reader, &scratch));
       x->received += tv.rows_bytes();
+    }
+  }
+  // Only an answer taken whole steers the link (found in review, 2026-12-06: an offer in an
+  // answer refused for its lengths was mapped and used by the next calls). A refused one
+  // leaves the ask to OnSharedFailure, which lets the next call ask again.
+  if (x->asked[f] != 0) TakeOffer(f, header, x);
+  if (x->shared[f].valid()) {
+    // Whether the next push to this server may follow its call (GrpcStoreOptions::
+    // overlap_push_copy): as the server's latest answer through its segment said.
+    absl::MutexLock lock(&shared_mu_);
+    SharedLink& link = shared_[s];
+    if (link.state == SharedLink::kActive && link.arena->memory() == x->shared[f].memory()) {
+      link.follow_now = header.push_may_follow();
     }
   }
   // Streamed when the whole pull, all servers' parts, is larger than the cache.

@@ -66,6 +66,26 @@ TEST_F(GrpcStoreTest, AnOfferThatCannotBeOpenedHereIsDeclinedInTheNextCall) {
   EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false, false}));
 }
 
+// An answer the worker refuses (here: a payload byte no block accounts for) does not steer
+// it, whatever it offers: the offer is not taken, and the next call asks again by the socket.
+// Before, the offer was mapped before the answer's lengths were checked, and the next calls
+// went through that segment.
+TEST_F(GrpcStoreTest, AnOfferInARefusedAnswerIsNotTaken) {
+  GrpcStoreOptions options = FastRetries();
+  options.shared_memory_bytes = 1 << 20;
+  Start(/*fail_pushes=*/0, options);
+  auto segment = common::SharedMemory::Create(1 << 20);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  common::FrameBuilder refused(OfferOf(**segment));
+  refused.AddSlice(grpc::Slice(std::string("x")));
+  service_->Answer(refused.Build());
+  EXPECT_EQ(PushOnce(1).code(), absl::StatusCode::kInternal);
+  service_->Answer(common::FrameBuilder(PushPullResponse()).Build());
+  ASSERT_TRUE(PushOnce(2).ok());
+  EXPECT_EQ(service_->asks(), (std::vector<uint64_t>{1 << 20, 1 << 20}));
+  EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false}));
+}
+
 // A server that paused this worker for a payload that came late offers its next segment with
 // push_may_follow_later and without push_may_follow: the worker's payloads then go whole until
 // an answer through the segment says they may follow, and follow after it. An offer with

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/rpc/grpc_status.h"
 #include "glog/logging.h"
 
 namespace ps::common {
@@ -210,7 +211,8 @@ std::optional<SharedChannel::Answer> SharedChannel::TakeAnswer(uint32_t i) {
     grpc::Slice piece(at, n);
     answer.frame = grpc::ByteBuffer(&piece, 1);
   } else if (code > 0 && code <= 16) {
-    answer.status = absl::Status(static_cast<absl::StatusCode>(code), absl::string_view(at, n));
+    answer.status =
+        absl::Status(static_cast<absl::StatusCode>(code), PeerMessage(absl::string_view(at, n)));
   } else {
     answer.status = absl::InternalError(absl::StrCat("an answer with status code ", code));
   }

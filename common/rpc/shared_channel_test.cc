@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/rpc/grpc_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -97,6 +98,22 @@ TEST(SharedChannel, EachSlotIsHandedOutOnceUntilItsAnswerIsTaken) {
   ASSERT_TRUE(answer.has_value());
   EXPECT_EQ(answer->status, absl::NotFoundError("no table"));
   EXPECT_EQ(ends.worker->AcquireSlot(), std::optional<uint32_t>(slots[3]));
+}
+
+// A server's status message is any bytes it writes: the worker keeps a safe one (capped,
+// valid UTF-8, one line), as for answers by the socket (PeerMessage).
+TEST(SharedChannel, AServersStatusMessageIsMadeSafe) {
+  Ends ends;
+  const uint32_t slot = *ends.worker->AcquireSlot();
+  ends.worker->Post(slot, Bytes("x"), absl::Seconds(1));
+  ASSERT_TRUE(ends.server->TakeRequest(slot).has_value());
+  ends.server->WriteAnswer(slot, absl::UnavailableError("\xff\xfe\n" + std::string(60000, 'x')),
+                           nullptr, false);
+  std::optional<SharedChannel::Answer> answer = ends.worker->TakeAnswer(slot);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_LE(answer->status.message().size(), kMaxPeerMessageBytes + 40);
+  EXPECT_EQ(answer->status.message().substr(0, 4), "?? x");
 }
 
 TEST(SharedChannel, AnAnswerTooLargeForTheSlotComesBackAborted) {

@@ -75,8 +75,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
       options.centralized ? 1 : static_cast<int32_t>(client->config_.cluster().num_workers());
   if (options.worker_index < -1 || options.worker_index >= num_workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker_index=", options.worker_index,
-                                                   " is out of range: the job has ",
-                                                   num_workers, " workers"));
+                                                   " is out of range: the job has ", num_workers,
+                                                   " workers"));
   }
   for (const TableConfig& t : client->config_.tables()) {
     client->table_index_[t.name()] = client->tables_.size();
@@ -89,7 +89,39 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   } else {
     RETURN_IF_ERROR(client->InitDistributed(incarnation));
   }
+  if (options.worker_index >= 0) {
+    if (absl::Status s = client->Resume(); !s.ok()) {
+      // A client that never started does not tell the servers that the worker finished (the
+      // destructor would): the servers that heard this incarnation let its lease run out.
+      client->store_.reset();
+      return s;
+    }
+  }
   return client;
+}
+
+// As ps_worker (TrainingJob::MakeTrainerOptions). Under BSP a restarted worker that counted
+// from 0 again would be N steps behind the clock the servers hold for it: its pulls would
+// pass at once while its empty pushes changed nothing there, so it would run N steps outside
+// the bound. A worker that finished and starts again (a new incarnation) resumes the same way:
+// the servers take it back into the bound at the clock it finished with (WorkerTracker's
+// Lookup keeps the clock across incarnations).
+absl::Status Client::Resume() {
+  ASSIGN_OR_RETURN(start_position_, store_->ReportPosition(0, 0));
+  // Nothing has pushed yet: the servers already hold this clock, so the step after it is the
+  // first that needs a push (or Tick's empty one) to be heard.
+  clock_.store(start_position_.clock);
+  pushed_clock_.store(start_position_.clock);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<common::WorkerPosition> Client::ReportPosition(uint32_t epoch, uint64_t offset) {
+  if (options_.worker_index < 0) {
+    return absl::FailedPreconditionError(
+        "a tool client (worker_index -1) has no data position: only a training worker "
+        "(worker_index 0..num_workers-1) reports one");
+  }
+  return store_->ReportPosition(epoch, offset);
 }
 
 // As ps_worker --centralized (InProcessParameterStore::CreateCentralized, whose shards are
@@ -131,8 +163,7 @@ absl::Status Client::InitDistributed(uint64_t incarnation) {
   ASSIGN_OR_RETURN(auto store, worker::GrpcParameterStore::Create(config_, store_options));
   RETURN_IF_ERROR(store->WaitForServers(options_.wait_for_servers));
   store_ = std::move(store);
-  ASSIGN_OR_RETURN(admin_,
-                   AdminClient::Create(config_, absl::Seconds(config_.rpc().deadline_s())));
+  ASSIGN_OR_RETURN(admin_, AdminClient::Create(config_, absl::Seconds(config_.rpc().deadline_s())));
   return absl::OkStatus();
 }
 
@@ -193,8 +224,7 @@ absl::StatusOr<int64_t> Client::Tick() {
   return next;
 }
 
-absl::StatusOr<int64_t> Client::Step(const common::PushBatch& push,
-                                      const common::PullBatch& pull) {
+absl::StatusOr<int64_t> Client::Step(const common::PushBatch& push, const common::PullBatch& pull) {
   absl::MutexLock lock(&step_mu_);
   const int64_t next = clock_.load() + 1;
   if (push.dense.empty() && push.sparse.empty()) {

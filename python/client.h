@@ -11,6 +11,13 @@
 // live worker has completed at least clock() - k steps; pushes carry clock() + 1 (the clock
 // after the current step). Tick() ends a step; if the step pushed nothing, it sends an empty
 // push so that every server learns the new clock (otherwise BSP would wait for it forever).
+//
+// Restarts (as ps_worker, worker/training_job.cc): a training worker's client asks the store
+// at creation where this worker stood (its clock and data position, kept by the servers, or
+// by a restored data_dir's shards) and its clock starts there. The servers only ever raise a
+// worker's clock, so a restarted process counting from 0 again would run unbounded until it
+// caught up with its old clock while, under BSP, its pulls no longer held it back; and a
+// data loader that cannot resume repeats the examples it had consumed.
 #ifndef PS_PYTHON_CLIENT_H_
 #define PS_PYTHON_CLIENT_H_
 
@@ -83,6 +90,16 @@ class Client {
   const JobConfig& config() const { return config_; }
   bool centralized() const { return options_.centralized; }
   int32_t worker_index() const { return options_.worker_index; }
+  // Where this worker stood when the client was created: the store's answer to
+  // ReportPosition(0, 0), i.e. the furthest data position reported by any incarnation of this
+  // worker and the clock the servers hold for it; the client's clock started at its clock.
+  // Zeros for a worker the store has not seen, and for a tool (worker_index -1).
+  const common::WorkerPosition& start_position() const { return start_position_; }
+  // Tells the store where this worker is in its data (epochs completed, examples consumed of
+  // the current epoch; 0, 0 says nothing new) and returns what the store remembers of it, as
+  // ps_worker reports after the step's pushes. A restarted worker finds it in
+  // start_position(). FAILED_PRECONDITION for a tool (worker_index -1); errors as Pull.
+  absl::StatusOr<common::WorkerPosition> ReportPosition(uint32_t epoch, uint64_t offset);
 
   // The store's calls, with this client's clock. Errors: those of ParameterStore.
   absl::Status Pull(const common::PullBatch& batch);
@@ -125,6 +142,11 @@ class Client {
   std::unique_ptr<common::ParameterStore> store_;
   // Raises pushed_clock_ to `clock` (a push carrying it succeeded).
   void NotePushed(int64_t clock);
+  // A training worker's resume: see "Restarts" in the file comment. Sets start_position_ and
+  // the clocks; errors those of ReportPosition.
+  absl::Status Resume();
+  // Set once by Create (Resume), before the client is handed out.
+  common::WorkerPosition start_position_;
 
   // Tick and Step, which move the clock, one at a time; Push and Pull read it.
   absl::Mutex step_mu_;

@@ -2,7 +2,8 @@
 """The ps package against both stores: the in-process shards (Client.centralized) and real
 ps_server processes on 127.0.0.1 port 0 (Client). Every API call, bitwise round trips, bad
 input (exact exception and code, nothing changed), zero-copy buffers, the GIL released during a
-blocking pull, and the torch integration's gradients against finite differences.
+blocking pull, the torch integration's gradients against finite differences. A restarted
+worker's resume, tool clients and ps.cluster's clean-up: client_lifecycle_test.py.
 
 Tables use SGD with learning rate 1 and zero initial values, so that after one push of g the
 value is exactly -g (0 - 1 * g is exact in float32): a pull reads back what was pushed, bit for
@@ -11,6 +12,7 @@ bit.
 
 import gc
 import os
+import pathlib
 import pickle
 import shutil
 import subprocess
@@ -230,6 +232,35 @@ class ContractTests:
                               np.array([[5, 6]], np.uint64))
         self.assertEqual(c.pull_sparse("s_errors", keys).tobytes(), before.tobytes())
 
+    def test_a_table_name_that_is_not_a_str_raises_invalid_argument(self):
+        # (A RuntimeError of pybind11's before 2026-12-06; bytes were taken as a name.)
+        g = np.ones((5, 7), np.float32)
+        e = self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull_dense, 5)
+        self.assertIn("table name must be a str, not int", e.message)
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.push_dense, b"d_errors", g)
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull, dense={("d", 1): None})
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.push_sparse, 7,
+                              np.array([1], np.uint64), np.ones((1, 6), np.float32))
+
+    @unittest.skipIf(torch is None, "needs torch")
+    def test_out_tensors_that_are_not_cpu_float32_raise_invalid_argument(self):
+        # torch's own .numpy() raised TypeError for these before 2026-12-06. (A tensor on the
+        # "meta" device stands for a GPU's: neither lives in this process's memory.)
+        keys = np.array([1, 2], np.uint64)
+        e = self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull_dense, "d_out",
+                                  out=torch.zeros((5, 7), device="meta"))
+        self.assertIn("pull_dense d_out out: a tensor on meta; expected a CPU float32 tensor", e.message)
+        e = self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull_sparse, "s_errors", keys,
+                                  out=torch.zeros((2, 6), dtype=torch.bfloat16))
+        self.assertIn("torch.bfloat16", e.message)
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.pull,
+                              dense={"d_out": torch.zeros((5, 7), dtype=torch.float64)})
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.step,
+                              pull_sparse={"s_errors": (keys, torch.zeros((2, 6), dtype=torch.bfloat16))})
+        # A gradient torch cannot give numpy: the same error.
+        self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", self.client.push_dense, "d_errors",
+                              torch.zeros((5, 7), dtype=torch.bfloat16))
+
     def test_unknown_table_raises_not_found(self):
         self.assertRaisesCode(ps.NotFound, "NOT_FOUND", self.client.pull_dense, "no_such_table")
         self.assertRaisesCode(ps.NotFound, "NOT_FOUND", self.client.push_sparse, "no_such_table",
@@ -374,6 +405,38 @@ class CentralizedTest(ContractTests, unittest.TestCase):
                 c.checkpoint()
             with ps.Client.centralized(config_text(), data_dir=d) as c:
                 self.assertEqual(c.pull_dense("d_roundtrip").tobytes(), (-g).tobytes())
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_a_new_client_resumes_the_clock_and_position_of_the_data_dirs_checkpoint(self):
+        d = tempfile.mkdtemp(prefix="ps-py-resume-", dir=os.environ.get("TEST_TMPDIR"))
+        try:
+            with ps.Client.centralized(config_text(), data_dir=d) as c:
+                self.assertEqual(c.position(), ps.Position(0, 0, 0))
+                for _ in range(3):
+                    c.clock()
+                self.assertEqual(c.report_position(2, 7), ps.Position(2, 7, 3))
+                c.checkpoint()
+            with ps.Client.centralized(config_text(), data_dir=d) as c:
+                self.assertEqual(c.steps, 3)  # 0 before 2026-12-06
+                self.assertEqual(c.position(), ps.Position(2, 7, 3))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_a_path_config_and_data_dir_are_taken(self):
+        # A pathlib.Path raised TypeError before 2026-12-06 ("argument of type 'PosixPath' is
+        # not iterable").
+        d = pathlib.Path(tempfile.mkdtemp(prefix="ps-py-path-", dir=os.environ.get("TEST_TMPDIR")))
+        try:
+            path = d / "job.textproto"
+            path.write_text(config_text())
+            with ps.Client.centralized(path, data_dir=d / "data") as c:
+                self.assertEqual(len(c.checkpoint()), 2)
+            self.assertTrue((d / "data").is_dir())
+            with self.assertRaises(ps.NotFound):
+                ps.Client.centralized(d / "missing.textproto")
+            e = self.assertRaisesCode(ps.InvalidArgument, "INVALID_ARGUMENT", ps.Client.centralized, 42)
+            self.assertIn("not int", e.message)
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -602,15 +665,16 @@ class TlsTest(unittest.TestCase):
             c.push_dense("d_roundtrip", g)
             self.assertEqual(c.pull_dense("d_roundtrip").tobytes(), (-g).tobytes())
 
-    def test_client_certificate_cannot_push_or_checkpoint(self):
-        # The client-only certificate names no role: it may read, never act as worker 0.
-        c = ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=0, **self.tls())
+    def test_client_certificate_cannot_act_as_a_worker_or_checkpoint(self):
+        # The client-only certificate names no role: it may read, never act as worker 0. A
+        # worker's client asks where it stood when created (a heartbeat as worker 0), so it is
+        # refused there (before 2026-12-06: at its first push).
         with self.assertRaises(ps.PermissionDenied):
-            c.push_dense("d_roundtrip", rand((5, 7), 11))
-        with self.assertRaises(ps.PermissionDenied):
-            c.checkpoint()
-        with self.assertRaises(ps.PermissionDenied):
-            c.close()  # its finish, a heartbeat as worker 0
+            ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=0, **self.tls())
+        with ps.Client(self.plain_config, servers=self.servers.addresses, worker_index=-1, **self.tls()) as c:
+            self.assertEqual(c.pull_dense("d_out").shape, (5, 7))
+            with self.assertRaises(ps.PermissionDenied):
+                c.checkpoint()
 
     def test_wrong_token_is_refused(self):
         with self.assertRaises(ps.Unauthenticated) as cm:
@@ -712,6 +776,15 @@ class DataTest(unittest.TestCase):
         self.assertEqual(ps.auc([0.1, 0.9, 0.8, 0.2], [0, 1, 1, 0]), 1.0)
         again = ps.load_data(cfg)
         self.assertEqual(again["train"]["ids"].tobytes(), tr["ids"].tobytes())
+
+    def test_load_data_takes_a_path(self):
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as root:
+            path = pathlib.Path(root) / "data.textproto"
+            path.write_text('name: "d"\ndata { format: SYNTHETIC_CTR synthetic { num_train: 30 num_test: 20 '
+                            'num_fields: 2 vocabulary_per_field: 10 seed: 3 } }\n')
+            self.assertEqual(ps.load_data(path)["train"]["offsets"].shape, (31,))
+            with self.assertRaises(ps.InvalidArgument):
+                ps.load_data(b"data.textproto")
 
 
 if __name__ == "__main__":

@@ -96,8 +96,8 @@ absl::Status CheckFloatArray(const py::object& obj, const std::string& what,
   }
   py::array a = py::reinterpret_borrow<py::array>(obj);
   if (!HasDtype<float>(a)) {
-    return InvalidArray(what, absl::StrCat("dtype ", std::string(py::str(a.dtype())),
-                                           ", expected float32"));
+    return InvalidArray(
+        what, absl::StrCat("dtype ", std::string(py::str(a.dtype())), ", expected float32"));
   }
   if (!(a.flags() & py::array::c_style)) return InvalidArray(what, "not C-contiguous");
   if (!Aligned(a)) return InvalidArray(what, "not aligned for float32");
@@ -117,8 +117,8 @@ absl::Status CheckKeys(const py::object& obj, const std::string& what) {
   if (!py::isinstance<py::array>(obj)) return InvalidArray(what, "expected a numpy uint64 array");
   py::array a = py::reinterpret_borrow<py::array>(obj);
   if (!HasDtype<uint64_t>(a)) {
-    return InvalidArray(what, absl::StrCat("dtype ", std::string(py::str(a.dtype())),
-                                           ", expected uint64"));
+    return InvalidArray(
+        what, absl::StrCat("dtype ", std::string(py::str(a.dtype())), ", expected uint64"));
   }
   if (a.ndim() != 1) return InvalidArray(what, "expected a 1-D array");
   if (!(a.flags() & py::array::c_style)) return InvalidArray(what, "not C-contiguous");
@@ -147,6 +147,21 @@ py::object NewFloats(std::vector<int64_t> shape) {
   return py::array_t<float>(dims);
 }
 
+// A table name: a str. pybind11 would take bytes too, and refuse anything else with a
+// RuntimeError of its own instead of the INVALID_ARGUMENT every other bad input gets.
+std::string TableName(py::handle name) {
+  if (!py::isinstance<py::str>(name)) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("a table name must be a str, not ",
+                     std::string(py::str(py::type::handle_of(name).attr("__name__"))))));
+  }
+  return py::cast<std::string>(name);
+}
+
+py::tuple PositionTuple(const common::WorkerPosition& p) {
+  return py::make_tuple(p.epoch, p.offset, p.clock);
+}
+
 // ---- The client's calls ----------------------------------------------------------------------
 //
 // Python side: pull(dense={name: out or None}, sparse={name: (keys, out or None)}) and
@@ -172,7 +187,7 @@ class PyClient {
   void BuildPull(const py::dict& dense, const py::dict& sparse, common::PullBatch* batch,
                  py::dict* dense_out, py::dict* sparse_out, std::vector<py::object>* keep) {
     for (auto item : dense) {
-      const std::string name = py::cast<std::string>(item.first);
+      const std::string name = TableName(item.first);
       const TableInfo* t = TableOfKind(name, false);
       py::object out = py::reinterpret_borrow<py::object>(item.second);
       if (out.is_none()) out = NewFloats(t->shape);
@@ -182,7 +197,7 @@ class PyClient {
       keep->push_back(out);
     }
     for (auto item : sparse) {
-      const std::string name = py::cast<std::string>(item.first);
+      const std::string name = TableName(item.first);
       const TableInfo* t = TableOfKind(name, true);
       py::tuple pair = py::cast<py::tuple>(item.second);
       py::object keys = pair[0];
@@ -201,7 +216,7 @@ class PyClient {
   void BuildPush(const py::dict& dense, const py::dict& sparse, common::PushBatch* batch,
                  std::vector<py::object>* keep) {
     for (auto item : dense) {
-      const std::string name = py::cast<std::string>(item.first);
+      const std::string name = TableName(item.first);
       const TableInfo* t = TableOfKind(name, false);
       py::object grad = py::reinterpret_borrow<py::object>(item.second);
       ThrowIfError(CheckFloatArray(grad, "push_dense " + name + " grad", t->shape, false));
@@ -209,7 +224,7 @@ class PyClient {
       keep->push_back(grad);
     }
     for (auto item : sparse) {
-      const std::string name = py::cast<std::string>(item.first);
+      const std::string name = TableName(item.first);
       const TableInfo* t = TableOfKind(name, true);
       py::tuple pair = py::cast<py::tuple>(item.second);
       py::object keys = pair[0];
@@ -285,6 +300,16 @@ class PyClient {
     ThrowIfError(status);
   }
 
+  // (epoch, offset, clock) the store remembers after the report.
+  py::tuple ReportPosition(uint32_t epoch, uint64_t offset) {
+    absl::StatusOr<common::WorkerPosition> r;
+    {
+      py::gil_scoped_release release;
+      r = client_->ReportPosition(epoch, offset);
+    }
+    return PositionTuple(ValueOrThrow(std::move(r)));
+  }
+
   std::vector<std::string> Checkpoint() {
     absl::StatusOr<std::vector<std::string>> r;
     {
@@ -316,6 +341,7 @@ class PyClient {
   }
 
   int64_t clock() const { return client_->clock(); }
+  py::tuple start_position() const { return PositionTuple(client_->start_position()); }
   bool centralized() const { return client_->centralized(); }
   int32_t worker_index() const { return client_->worker_index(); }
   int32_t num_workers() const { return client_->config().cluster().num_workers(); }
@@ -329,9 +355,9 @@ class PyClient {
   const TableInfo* TableOfKind(const std::string& name, bool sparse) const {
     const TableInfo* t = ValueOrThrow(client_->Table(name));
     if (t->sparse != sparse) {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-          "table \"", name, "\" is ", t->sparse ? "sparse" : "dense", ", not ",
-          sparse ? "sparse" : "dense")));
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("table \"", name, "\" is ",
+                                                           t->sparse ? "sparse" : "dense", ", not ",
+                                                           sparse ? "sparse" : "dense")));
     }
     return t;
   }
@@ -475,10 +501,12 @@ PYBIND11_MODULE(_ps, m) {
       .def("step", &pp::PyClient::Step, py::arg("push_dense"), py::arg("push_sparse"),
            py::arg("pull_dense"), py::arg("pull_sparse"))
       .def("finish", &pp::PyClient::Finish)
+      .def("report_position", &pp::PyClient::ReportPosition, py::arg("epoch"), py::arg("offset"))
       .def("checkpoint", &pp::PyClient::Checkpoint)
       .def("stats", &pp::PyClient::Stats)
       .def("tables", &pp::PyClient::Tables)
       .def_property_readonly("clock", &pp::PyClient::clock)
+      .def_property_readonly("start_position", &pp::PyClient::start_position)
       .def_property_readonly("centralized", &pp::PyClient::centralized)
       .def_property_readonly("worker_index", &pp::PyClient::worker_index)
       .def_property_readonly("num_workers", &pp::PyClient::num_workers)

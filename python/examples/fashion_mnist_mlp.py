@@ -87,6 +87,9 @@ def main():
     ap.add_argument("--worker_index", type=int, help="run as this worker (set by the launcher)")
     ap.add_argument("--servers", help="host:port,... (set by the launcher)")
     args = ap.parse_args()
+    if args.servers is not None and args.worker_index is None:
+        # ps.Client has no default worker index: a second worker 0 would replace the first.
+        ap.error("--servers needs --worker_index (0..workers-1; the launcher sets both)")
     if args.servers is not None:
         return train(args)
     argv = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--epochs", str(args.epochs),

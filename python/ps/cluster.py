@@ -12,10 +12,12 @@ would run kernels without AVX on this CPU (blas_core_environment).
 
 Servers are started as tools/launch_local.py starts them (--port=0 with a port file, a data
 dir each, plaintext as the config says) and stopped with SIGTERM (a final checkpoint); no
-process is left behind when the caller exits or is killed (PR_SET_PDEATHSIG).
+process is left behind when the caller exits or is killed (PR_SET_PDEATHSIG: see LocalServers),
+nor when starting fails.
 """
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -100,15 +102,47 @@ def blas_core_environment(environ=None):
     return {"OPENBLAS_CORETYPE": better} if better else {}
 
 
-def _die_with_parent():
+def _load_prctl():
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up once, here: the child of a fork must not load a library (dlopen takes locks that
+# another thread of the parent may have held at the fork, and the child would wait for ever).
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_SIGTERM = int(signal.SIGTERM)
+
+
+def _die_with_parent(parent_pid):
+    """preexec_fn (in the child, between fork and exec): SIGTERM when the parent goes."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)
+    # A parent that died before prctl sends no signal any more: the child was reparented, so
+    # it goes now instead of running on unowned.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _die_with_this_process():
+    """The preexec_fn for a child of this process (see _die_with_parent)."""
+    return functools.partial(_die_with_parent, os.getpid())
 
 
 class LocalServers:
-    """num_servers ps_server processes of `config` on 127.0.0.1; `.addresses` once started."""
+    """num_servers ps_server processes of `config` on 127.0.0.1; `.addresses` once started.
+
+    The servers get SIGTERM when whoever started them goes (PR_SET_PDEATHSIG). Linux ties that
+    to the thread that started them, not to the process: the servers are stopped when the
+    thread that called start() (or entered the `with`) exits, even while the rest of the
+    process runs on. Start them from a thread that outlives them (the main thread, say).
+
+    A start that fails (a server that exits or stays silent, an exception, Ctrl-C) stops the
+    servers it started and removes the data root it made before it raises.
+    """
 
     def __init__(self, config, num_servers=None, overrides=(), data_root=None, server_args=(),
                  start_timeout=120.0, quiet=True):
@@ -116,7 +150,8 @@ class LocalServers:
         self.num_servers = num_servers or _config_int(self.config, "num_servers") or 1
         self.overrides = list(overrides) + ["cluster.num_servers=%d" % self.num_servers]
         self._own_root = data_root is None
-        self.data_root = data_root or tempfile.mkdtemp(prefix="ps-servers-", dir=os.environ.get("TEST_TMPDIR"))
+        # A root of our own is made by start(): an object never started leaves nothing behind.
+        self.data_root = data_root
         self.server_args = list(server_args)
         self.start_timeout = start_timeout
         self.quiet = quiet
@@ -124,7 +159,18 @@ class LocalServers:
         self.addresses = []
 
     def start(self):
+        # `with` does not call __exit__ when __enter__ raises: whatever went wrong, the
+        # servers started so far and the data root go before the exception leaves.
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self):
         binary = find_binary("server/ps_server")
+        if self._own_root and self.data_root is None:
+            self.data_root = tempfile.mkdtemp(prefix="ps-servers-", dir=os.environ.get("TEST_TMPDIR"))
         port_files = []
         for i in range(self.num_servers):
             port_file = os.path.join(self.data_root, "server-%d.port" % i)
@@ -135,19 +181,16 @@ class LocalServers:
                     "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
                     "--data_dir=" + os.path.join(self.data_root, "server-%d" % i),
                     "--set=" + ",".join(self.overrides)] + self.server_args
-            log = open(os.path.join(self.data_root, "server-%d.log" % i), "wb")
-            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                               preexec_fn=_die_with_parent))
-            log.close()
+            with open(os.path.join(self.data_root, "server-%d.log" % i), "wb") as log:
+                self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                   preexec_fn=_die_with_this_process()))
         deadline = time.time() + self.start_timeout
         for i, (p, port_file) in enumerate(zip(self.procs, port_files)):
             while not os.path.exists(port_file):
                 if p.poll() is not None:
-                    self.stop()
                     raise RuntimeError("ps_server %d exited with code %s while starting:\n%s" % (
                         i, p.returncode, self.log(i)))
                 if time.time() > deadline:
-                    self.stop()
                     raise RuntimeError("ps_server %d did not start within %.0f s" % (i, self.start_timeout))
                 time.sleep(0.02)
             with open(port_file) as f:
@@ -155,6 +198,8 @@ class LocalServers:
         return self
 
     def log(self, i):
+        if self.data_root is None:
+            return ""
         try:
             with open(os.path.join(self.data_root, "server-%d.log" % i), errors="replace") as f:
                 return f.read()
@@ -182,7 +227,7 @@ class LocalServers:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if self._own_root:
+        if self._own_root and self.data_root is not None:
             shutil.rmtree(self.data_root, ignore_errors=True)
 
     def __enter__(self):
@@ -217,12 +262,14 @@ def run_job(config, worker_argv, num_workers=None, num_servers=None, overrides=(
             env.update(blas)
         sys.stdout.flush()
         workers = []
-        for i in range(num_workers):
-            argv = list(worker_argv) + ["--worker_index=%d" % i, "--servers=" + ",".join(servers.addresses)]
-            workers.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
         deadline = None if timeout is None else time.time() + timeout
         codes = []
         try:
+            # Started inside the try: a worker that fails to start (or Ctrl-C) ends the ones
+            # started before it.
+            for i in range(num_workers):
+                argv = list(worker_argv) + ["--worker_index=%d" % i, "--servers=" + ",".join(servers.addresses)]
+                workers.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_this_process()))
             for w in workers:
                 codes.append(w.wait(None if deadline is None else max(0.1, deadline - time.time())))
         finally:

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -40,11 +41,13 @@ using internal::CheckSize;
 // ---- RAII owners of CUDA resources -------------------------------------------------------------
 
 void LogIfCudaError(cudaError_t error, absl::string_view what) {
-  if (error != cudaSuccess) LOG(ERROR) << CudaErrorToStatus(error, what);
+  if (error != cudaSuccess) LOG(ERROR) << CudaCallToStatus(error, what);
 }
 
 struct StreamDeleter {
-  void operator()(cudaStream_t s) const { LogIfCudaError(cudaStreamDestroy(s), "cudaStreamDestroy"); }
+  void operator()(cudaStream_t s) const {
+    LogIfCudaError(cudaStreamDestroy(s), "cudaStreamDestroy");
+  }
 };
 using StreamPtr = std::unique_ptr<CUstream_st, StreamDeleter>;
 
@@ -68,9 +71,9 @@ using PinnedMemoryPtr = std::unique_ptr<void, PinnedMemoryDeleter>;
 
 // Host-mapped block that kernels write and the host reads after synchronizing.
 struct MappedStatus {
-  int error_flags;   // internal::kEmbeddingIndexError | internal::kLabelError
+  int error_flags;  // internal::kEmbeddingIndexError | internal::kLabelError
   int padding;
-  double sums[2];    // reduction results of the loss functions
+  double sums[2];  // reduction results of the loss functions
 };
 
 // Scratch layout, in doubles: reduction partials, the optimizer's squared norm, then
@@ -89,7 +92,7 @@ class CudaBackend final : public Backend {
     if (error != cudaSuccess || count == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "device \"cuda\" requested, but no usable CUDA device is present (",
-          error != cudaSuccess ? CudaErrorToStatus(error, "cudaGetDeviceCount").message()
+          error != cudaSuccess ? CudaCallToStatus(error, "cudaGetDeviceCount").message()
                                : "cudaGetDeviceCount: 0 devices",
           ")"));
     }
@@ -120,9 +123,9 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckCopy("CopyToDevice", device_dst, host_src, bytes));
     if (bytes == 0) return absl::OkStatus();
     RETURN_IF_ERROR(Activate());
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
-                                         stream()),
-                         "CopyToDevice");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream()),
+        "CopyToDevice");
     // The caller may reuse host_src as soon as we return.
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream()), "CopyToDevice");
     return absl::OkStatus();
@@ -152,11 +155,8 @@ class CudaBackend final : public Backend {
                        "-byte limit of page-locked memory (", pinned_bytes_, " in use)"));
     }
     RETURN_IF_ERROR(Activate());
-    const cudaError_t error = cudaHostRegister(data, bytes, cudaHostRegisterDefault);
-    if (error != cudaSuccess) {
-      cudaGetLastError();  // not sticky; clear it for the next call's check
-      return CudaErrorToStatus(error, "cudaHostRegister");
-    }
+    RETURN_IF_CUDA_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault),
+                         "cudaHostRegister");
     pinned_bytes_ += bytes;
     registered_.emplace(data, bytes);
     return absl::OkStatus();
@@ -175,21 +175,20 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckCopy("CopyToHost", host_dst, device_src, bytes));
     RETURN_IF_ERROR(Activate());
     if (bytes > 0) {
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
-                                           stream()),
-                           "CopyToHost");
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream()),
+          "CopyToHost");
     }
     return Wait("CopyToHost");
   }
 
-  absl::Status CopyDeviceToDevice(void* device_dst, const void* device_src,
-                                  size_t bytes) override {
+  absl::Status CopyDeviceToDevice(void* device_dst, const void* device_src, size_t bytes) override {
     RETURN_IF_ERROR(CheckCopy("CopyDeviceToDevice", device_dst, device_src, bytes));
     if (bytes == 0) return absl::OkStatus();
     RETURN_IF_ERROR(Activate());
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device_dst, device_src, bytes,
-                                         cudaMemcpyDeviceToDevice, stream()),
-                         "CopyDeviceToDevice");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream()),
+        "CopyDeviceToDevice");
     return absl::OkStatus();
   }
 
@@ -226,11 +225,10 @@ class CudaBackend final : public Backend {
     // cuBLAS is column-major; a row-major matrix is its transpose in column-major view. So
     // row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands and
     // m/n, keep each operand's own transpose flag.
-    RETURN_IF_CUBLAS_ERROR(
-        cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta,
-                    c, ldc),
-        "Gemm");
+    RETURN_IF_CUBLAS_ERROR(cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+                                       a, lda, &beta, c, ldc),
+                           "Gemm");
     return absl::OkStatus();
   }
 
@@ -275,8 +273,8 @@ class CudaBackend final : public Backend {
     return result.mean_loss;
   }
 
-  absl::StatusOr<SoftmaxEvalResult> SoftmaxEval(int64_t rows, int64_t classes,
-                                                const float* logits, const int32_t* labels,
+  absl::StatusOr<SoftmaxEvalResult> SoftmaxEval(int64_t rows, int64_t classes, const float* logits,
+                                                const int32_t* labels,
                                                 float* probabilities) override {
     return RunSoftmax("SoftmaxEval", rows, classes, logits, labels, nullptr, probabilities,
                       /*count_correct=*/true);
@@ -313,8 +311,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status EmbeddingScatterAdd(int64_t n, int64_t dim, const float* grads,
-                                   const int32_t* indices, int64_t out_rows,
-                                   float* out) override {
+                                   const int32_t* indices, int64_t out_rows, float* out) override {
     constexpr absl::string_view kOp = "EmbeddingScatterAdd";
     RETURN_IF_ERROR(CheckMatrix(kOp, n, dim, 0, {grads, indices}));
     RETURN_IF_ERROR(CheckSize(kOp, "out_rows", out_rows));
@@ -352,16 +349,15 @@ class CudaBackend final : public Backend {
     const double* sum_sq = nullptr;
     if (p.clip_norm > 0) {
       double* out = scratch() + kSumSqOffset;
-      RETURN_IF_CUDA_ERROR(internal::LaunchClippedGradSumSq(c, n, params, grads,
-                                                            scratch() + kPartialsOffset, out,
-                                                            stream()),
+      RETURN_IF_CUDA_ERROR(internal::LaunchClippedGradSumSq(
+                               c, n, params, grads, scratch() + kPartialsOffset, out, stream()),
                            kOp);
       sum_sq = out;
     }
     float* slot0 = slots.size() > 0 ? slots[0] : nullptr;
     float* slot1 = slots.size() > 1 ? slots[1] : nullptr;
-    RETURN_IF_CUDA_ERROR(internal::LaunchOptimizer(p.kind, c, p.clip_norm, sum_sq, n, params,
-                                                   grads, slot0, slot1, stream()),
+    RETURN_IF_CUDA_ERROR(internal::LaunchOptimizer(p.kind, c, p.clip_norm, sum_sq, n, params, grads,
+                                                   slot0, slot1, stream()),
                          kOp);
     return absl::OkStatus();
   }
@@ -416,9 +412,8 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(Activate());
     cudaDeviceProp prop;
     RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
-    description_ = absl::StrCat("cuda:", device_, " (", prop.name, ", ",
-                                prop.multiProcessorCount, " SMs, ",
-                                prop.totalGlobalMem >> 20, " MiB)");
+    description_ = absl::StrCat("cuda:", device_, " (", prop.name, ", ", prop.multiProcessorCount,
+                                " SMs, ", prop.totalGlobalMem >> 20, " MiB)");
     cudaStream_t stream = nullptr;
     RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                          "cudaStreamCreate");
@@ -453,13 +448,15 @@ class CudaBackend final : public Backend {
   absl::Status EnsureScratch(int64_t doubles) {
     if (doubles <= scratch_doubles_) return absl::OkStatus();
     const int64_t grown = doubles > 2 * scratch_doubles_ ? doubles : 2 * scratch_doubles_;
-    // Issued work may still read the old scratch.
-    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream()), "scratch");
-    scratch_.reset();
-    scratch_doubles_ = 0;
+    // Allocated while the old one is kept: where that fails (a loss over more rows than the
+    // device holds) the old one stays for CountNonFinite and ApplyOptimizer, which use the
+    // scratch without growing it.
     void* p = nullptr;
     RETURN_IF_CUDA_ERROR(cudaMalloc(&p, grown * sizeof(double)), "scratch");
-    scratch_.reset(p);
+    DeviceMemoryPtr fresh(p);
+    // Issued work may still read the old scratch.
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream()), "scratch");
+    scratch_ = std::move(fresh);
     scratch_doubles_ = grown;
     return absl::OkStatus();
   }
@@ -480,10 +477,10 @@ class CudaBackend final : public Backend {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
   }
 
-  absl::StatusOr<SoftmaxEvalResult> RunSoftmax(absl::string_view op, int64_t rows,
-                                               int64_t classes, const float* logits,
-                                               const int32_t* labels, float* grad_out,
-                                               float* probabilities, bool count_correct) {
+  absl::StatusOr<SoftmaxEvalResult> RunSoftmax(absl::string_view op, int64_t rows, int64_t classes,
+                                               const float* logits, const int32_t* labels,
+                                               float* grad_out, float* probabilities,
+                                               bool count_correct) {
     RETURN_IF_ERROR(CheckMatrix(op, rows, classes, 1, {logits, labels}));
     RETURN_IF_ERROR(Activate());
     RETURN_IF_ERROR(EnsureScratch(kItemsOffset + 2 * rows));
@@ -491,16 +488,14 @@ class CudaBackend final : public Backend {
     double* row_correct = row_loss + rows;
     double* partials = scratch() + kPartialsOffset;
     RETURN_IF_CUDA_ERROR(internal::LaunchSoftmaxXent(rows, classes, logits, labels, 1.f / rows,
-                                                     grad_out, probabilities, row_loss,
-                                                     row_correct, &mapped_device_->error_flags,
-                                                     stream()),
+                                                     grad_out, probabilities, row_loss, row_correct,
+                                                     &mapped_device_->error_flags, stream()),
                          op);
     RETURN_IF_CUDA_ERROR(
         internal::LaunchSum(rows, row_loss, partials, &mapped_device_->sums[0], stream()), op);
     if (count_correct) {
       RETURN_IF_CUDA_ERROR(
-          internal::LaunchSum(rows, row_correct, partials, &mapped_device_->sums[1], stream()),
-          op);
+          internal::LaunchSum(rows, row_correct, partials, &mapped_device_->sums[1], stream()), op);
     }
     RETURN_IF_ERROR(Wait(op));
     SoftmaxEvalResult result;

@@ -30,8 +30,7 @@ std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.f, float hi = 1
 }
 
 // |a - b| <= tol * max(1, |b|) elementwise.
-void ExpectClose(const std::vector<float>& actual, const std::vector<float>& expected,
-                 float tol) {
+void ExpectClose(const std::vector<float>& actual, const std::vector<float>& expected, float tol) {
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < actual.size(); ++i) {
     ASSERT_NEAR(actual[i], expected[i], tol * std::max(1.f, std::fabs(expected[i])))
@@ -93,6 +92,33 @@ TEST_F(CudaBackendTest, CopyFillAndZero) {
   expected[999] = host[999];
   for (int i = 10; i < 15; ++i) expected[i] = 0.f;
   EXPECT_EQ(Download(*b, 1000), expected);
+}
+
+// A failed allocation leaves no error behind for the next kernel launch to report as its own
+// (the runtime keeps a failed call's error until cudaGetLastError reads it, and every launcher
+// ends with that call).
+TEST_F(CudaBackendTest, AFailedAllocationDoesNotFailTheNextLaunch) {
+  absl::StatusOr<DeviceBuffer> small = cuda_->AllocateFloats(16);
+  ASSERT_TRUE(small.ok()) << small.status();
+  absl::StatusOr<DeviceBuffer> huge = cuda_->Allocate(size_t{1} << 50);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  const absl::Status fill = cuda_->Fill(small->floats(), 16, 1.5f);
+  EXPECT_TRUE(fill.ok()) << fill;
+  EXPECT_EQ(Download(*small, 16), std::vector<float>(16, 1.5f));
+}
+
+// Likewise a loss whose scratch cannot grow (2^47 doubles), which also keeps the scratch it
+// had for CountNonFinite and ApplyOptimizer, which use it without growing it.
+TEST_F(CudaBackendTest, AScratchThatCannotGrowFailsOnlyItsOwnCall) {
+  DeviceBuffer values = Upload(std::vector<float>{0.5f, 1.f, NAN, 0.f});
+  const absl::StatusOr<float> loss = cuda_->SigmoidCrossEntropy(int64_t{1} << 47, values.floats(),
+                                                                values.floats(), nullptr, nullptr);
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kResourceExhausted) << loss.status();
+  const absl::StatusOr<int64_t> bad = cuda_->CountNonFinite(4, values.floats());
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(*bad, 1);
+  EXPECT_TRUE(cuda_->Fill(values.floats(), 4, 2.f).ok());
+  EXPECT_EQ(Download(values, 4), std::vector<float>(4, 2.f));
 }
 
 TEST_F(CudaBackendTest, HostBuffersRoundTripThroughTheDevice) {
@@ -171,8 +197,9 @@ TEST_P(CudaGemmTest, MatchesCpu) {
   const std::vector<float> b = Random(static_cast<size_t>(b_rows) * ldb, 3);
   std::vector<float> c = Random(static_cast<size_t>(m) * ldc, 4);
   DeviceBuffer da = Upload(a), db = Upload(b), dc = Upload(c);
-  ASSERT_TRUE(cuda_->Gemm(trans_a, trans_b, m, n, k, 1.5f, da.floats(), lda, db.floats(), ldb,
-                          -0.5f, dc.floats(), ldc)
+  ASSERT_TRUE(cuda_
+                  ->Gemm(trans_a, trans_b, m, n, k, 1.5f, da.floats(), lda, db.floats(), ldb, -0.5f,
+                         dc.floats(), ldc)
                   .ok());
   ASSERT_TRUE(cpu_->Gemm(trans_a, trans_b, m, n, k, 1.5f, a.data(), lda, b.data(), ldb, -0.5f,
                          c.data(), ldc)
@@ -188,12 +215,12 @@ TEST_F(CudaBackendTest, GemmEdgeCases) {
   const std::vector<float> a = {1, 2, 3, 4}, b = {1, 0, 0, 1};
   DeviceBuffer da = Upload(a), db = Upload(b);
   DeviceBuffer dc = Upload(std::vector<float>(4, std::numeric_limits<float>::quiet_NaN()));
-  ASSERT_TRUE(cuda_->Gemm(false, false, 2, 2, 2, 1.f, da.floats(), 2, db.floats(), 2, 0.f,
-                          dc.floats(), 2)
-                  .ok());
+  ASSERT_TRUE(
+      cuda_->Gemm(false, false, 2, 2, 2, 1.f, da.floats(), 2, db.floats(), 2, 0.f, dc.floats(), 2)
+          .ok());
   EXPECT_EQ(Download(dc, 4), a);
-  ASSERT_TRUE(cuda_->Gemm(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 2.f, dc.floats(), 2)
-                  .ok());
+  ASSERT_TRUE(
+      cuda_->Gemm(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 2.f, dc.floats(), 2).ok());
   EXPECT_EQ(Download(dc, 4), (std::vector<float>{2, 4, 6, 8}));
 }
 
@@ -246,8 +273,8 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyMatchesCpu) {
     DeviceBuffer dlogits = Upload(logits), dlabels = Upload(labels);
     absl::StatusOr<DeviceBuffer> dgrad = cuda_->AllocateFloats(logits.size());
     ASSERT_TRUE(dgrad.ok());
-    absl::StatusOr<float> cuda_loss = cuda_->SoftmaxCrossEntropy(
-        rows, classes, dlogits.floats(), dlabels.ints(), dgrad->floats());
+    absl::StatusOr<float> cuda_loss = cuda_->SoftmaxCrossEntropy(rows, classes, dlogits.floats(),
+                                                                 dlabels.ints(), dgrad->floats());
     ASSERT_TRUE(cuda_loss.ok()) << cuda_loss.status();
     EXPECT_NEAR(*cuda_loss, *cpu_loss, 1e-5f * std::fabs(*cpu_loss)) << classes;
     ExpectClose(Download(*dgrad, grad.size()), grad, 1e-6f);
@@ -320,18 +347,16 @@ TEST_F(CudaBackendTest, EmbeddingGatherAndScatterAddMatchCpu) {
   DeviceBuffer dtable = Upload(table), dindices = Upload(indices);
   absl::StatusOr<DeviceBuffer> dout = cuda_->AllocateFloats(n * dim);
   ASSERT_TRUE(dout.ok());
-  ASSERT_TRUE(cuda_->EmbeddingGather(n, dim, dtable.floats(), rows, dindices.ints(),
-                                     dout->floats())
-                  .ok());
+  ASSERT_TRUE(
+      cuda_->EmbeddingGather(n, dim, dtable.floats(), rows, dindices.ints(), dout->floats()).ok());
   EXPECT_EQ(Download(*dout, out.size()), out);
 
   std::vector<float> acc(rows * dim, 1.f);
-  ASSERT_TRUE(
-      cpu_->EmbeddingScatterAdd(n, dim, out.data(), indices.data(), rows, acc.data()).ok());
+  ASSERT_TRUE(cpu_->EmbeddingScatterAdd(n, dim, out.data(), indices.data(), rows, acc.data()).ok());
   DeviceBuffer dacc = Upload(std::vector<float>(rows * dim, 1.f));
-  ASSERT_TRUE(cuda_->EmbeddingScatterAdd(n, dim, dout->floats(), dindices.ints(), rows,
-                                         dacc.floats())
-                  .ok());
+  ASSERT_TRUE(
+      cuda_->EmbeddingScatterAdd(n, dim, dout->floats(), dindices.ints(), rows, dacc.floats())
+          .ok());
   ExpectClose(Download(dacc, acc.size()), acc, 1e-5f);
 }
 

@@ -24,8 +24,8 @@ namespace ps::kernels {
 // for everything else (a kernel fault or a misuse of the API by this code).
 inline absl::Status CudaErrorToStatus(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
-                                           cudaGetErrorString(error), ")");
+  const std::string message =
+      absl::StrCat(what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
   switch (error) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -42,6 +42,18 @@ inline absl::Status CudaErrorToStatus(cudaError_t error, absl::string_view what)
     default:
       return absl::InternalError(message);
   }
+}
+
+// CudaErrorToStatus for the error that a runtime call has just returned, after clearing the
+// runtime's last-error slot (cudaGetLastError). A failed call leaves its error there, and
+// where the error is not sticky (an allocation that failed, a value the call rejected) the
+// next cudaGetLastError would return it: every kernel launcher ends with that call, and would
+// report the old error as its launch's. A sticky error (a kernel fault) cannot be cleared and
+// fails every later call anyway.
+inline absl::Status CudaCallToStatus(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  return CudaErrorToStatus(error, what);
 }
 
 // OK for CUBLAS_STATUS_SUCCESS. RESOURCE_EXHAUSTED for allocation failures,
@@ -65,8 +77,9 @@ inline absl::Status CublasErrorToStatus(cublasStatus_t status, absl::string_view
 
 }  // namespace ps::kernels
 
+// For the runtime's calls: also clears a failed call's error (CudaCallToStatus).
 #define RETURN_IF_CUDA_ERROR(expr, what) \
-  RETURN_IF_ERROR(::ps::kernels::CudaErrorToStatus((expr), (what)))
+  RETURN_IF_ERROR(::ps::kernels::CudaCallToStatus((expr), (what)))
 #define RETURN_IF_CUBLAS_ERROR(expr, what) \
   RETURN_IF_ERROR(::ps::kernels::CublasErrorToStatus((expr), (what)))
 

@@ -68,8 +68,12 @@ absl::StatusOr<std::unique_ptr<DenseStack>> DenseStack::Create(DenseStackOptions
 }
 
 DenseStack::DenseStack(DenseStackOptions options, kernels::Backend* backend)
-    : options_(std::move(options)), backend_(backend), params_(backend), grads_(backend),
-      spare_params_(backend), spare_grads_(backend) {}
+    : options_(std::move(options)),
+      backend_(backend),
+      params_(backend),
+      grads_(backend),
+      spare_params_(backend),
+      spare_grads_(backend) {}
 
 absl::Status DenseStack::Init() {
   const int64_t num_layers = static_cast<int64_t>(options_.widths.size()) - 1;
@@ -101,8 +105,16 @@ absl::Status DenseStack::Init() {
 
 absl::Status DenseStack::EndParameterCopy() {
   if (!params_copy_pending_) return absl::OkStatus();
-  params_copy_pending_ = false;
-  return backend_->Synchronize();
+  return EndedParameterCopy(backend_->Synchronize());
+}
+
+absl::Status DenseStack::EndedParameterCopy(absl::Status waited) {
+  // Only OK says that the device waited: CUDA's calls fail before waiting where they cannot
+  // make the device current or issue their copy, and an INVALID_ARGUMENT may come from before
+  // the wait (an invalid device) or after it (a bad index the kernels met). After an error the
+  // copy counts as pending still, which costs the next EndParameterCopy one Synchronize more.
+  if (waited.ok()) params_copy_pending_ = false;
+  return waited;
 }
 
 void DenseStack::EndParameterCopyOrDefer() {
@@ -294,7 +306,11 @@ void DenseStack::StopLending() {
     layer.grad_weight_offset = layer.weight_offset;
     layer.grad_bias_offset = layer.bias_offset;
   }
-  // (Their registered ranges are undone with the stack's, as before.)
+  // Their ranges are unregistered now, not with the stack: the device copies nothing more into
+  // them (Backward's copy there has waited), and a range left registered would make the driver
+  // refuse the buffers of a new lend that share one of its pages (an arena carves them next).
+  for (void* range : registered_) backend_->UnregisterHost(range);
+  registered_.clear();
   revoked_.push_back(std::move(lent_));
   if (spare_lent_ != nullptr) revoked_.push_back(std::move(spare_lent_));
 }
@@ -336,12 +352,12 @@ absl::Status DenseStack::Backward(int64_t rows, const float* x, float* d_output,
     return lent_ == nullptr ? grads_.CopyToHost(num_params_)  // a no-op: the same memory
                             : absl::OkStatus();               // written where the host reads them
   }
-  // The copy waits for the device: the parameters' copy of Forward is done too.
-  params_copy_pending_ = false;
-  if (lent_ == nullptr) return grads_.CopyToHost(num_params_);
-  // Laid out as the lent memory (grad_*_offset), so one copy puts every table in its place.
-  return backend_->CopyToHost(lent_->values().data(), grads_.device(),
-                              lent_->values().size() * sizeof(float));
+  // The copy waits for the device, which ends the parameters' copy of Forward too. Laid out as
+  // the lent memory (grad_*_offset), one copy puts every table in its place there.
+  return EndedParameterCopy(lent_ == nullptr
+                                ? grads_.CopyToHost(num_params_)
+                                : backend_->CopyToHost(lent_->values().data(), grads_.device(),
+                                                       lent_->values().size() * sizeof(float)));
 }
 
 absl::Span<const float> DenseStack::weight(int i) const {

@@ -149,10 +149,14 @@ class DenseStack {
   absl::Status CheckRows(int64_t rows) const;
   // Forward's layers, once the parameters' copy is issued.
   absl::StatusOr<float*> ForwardLayers(int64_t rows, const float* x);
-  // Back to the stack's own gradient buffers in both sets, the lent ones kept in revoked_.
+  // Back to the stack's own gradient buffers in both sets, the lent ones kept in revoked_ and
+  // unregistered.
   void StopLending();
   // Waits for the device if a parameter copy may still be reading the host side.
   absl::Status EndParameterCopy();
+  // `waited`, the status of a call that waits for the device, after marking the parameters'
+  // copy as ended where that call is sure to have waited (OK).
+  absl::Status EndedParameterCopy(absl::Status waited);
   // EndParameterCopy where no status can be returned: a failure goes to deferred_error_.
   void EndParameterCopyOrDefer();
   // The device gradient buffer a backward step writes for layer i's input.
@@ -178,7 +182,7 @@ class DenseStack {
   std::unique_ptr<common::LentBuffer> lent_;
   std::unique_ptr<common::LentBuffer> spare_lent_;
   // Where the lent memory was registered with the backend (a device with its own memory): one
-  // range or two. Unregistered before the lent buffers go.
+  // range or two. Unregistered once the store revokes the buffers (StopLending), or before they go.
   std::vector<void*> registered_;
   // Lent buffers the store revoked: kept, never written again, until the stack goes.
   std::vector<std::unique_ptr<common::LentBuffer>> revoked_;

@@ -1,7 +1,5 @@
 #include "worker/models/dense_stack.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -15,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/parameter_store.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -22,6 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
 #include "kernels/separate_memory_backend.h"
+#include "worker/models/dense_stack_testing.h"
 #include "worker/models/model.h"
 
 namespace ps::worker {
@@ -33,30 +33,12 @@ using ::testing::FloatEq;
 using ::testing::HasSubstr;
 using ::testing::Pointwise;
 
-DenseStackOptions TwoLayers() {
-  DenseStackOptions options;
-  options.widths = {2, 2, 1};
-  options.weight_tables = {"w0", "w1"};
-  options.bias_tables = {"b0", "b1"};
-  options.hidden_activation = kernels::Activation::kRelu;
-  options.max_batch = 2;
-  return options;
-}
-
-std::unique_ptr<kernels::Backend> CpuBackend() {
-  return *kernels::CreateBackend("cpu", kernels::BackendOptions());
-}
-
-// Fills the pulled buffers the way a store would.
-void FillParams(DenseStack& stack, const std::vector<std::vector<float>>& values) {
-  common::PullBatch pull;
-  stack.AddPulls(&pull);
-  ASSERT_EQ(pull.dense.size(), values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(pull.dense[i].out.size(), values[i].size()) << pull.dense[i].table;
-    std::copy(values[i].begin(), values[i].end(), pull.dense[i].out.begin());
-  }
-}
+using dense_stack_testing::CpuBackend;
+using dense_stack_testing::ExpectHandComputedGradientsIn;
+using dense_stack_testing::FillParams;
+using dense_stack_testing::HandComputedStep;
+using dense_stack_testing::LendingStore;
+using dense_stack_testing::TwoLayers;
 
 // x = [1, 2]; W0 = [[1, -1], [2, 0.5]], b0 = [0.5, -1] -> z0 = [5.5, -1] -> relu [5.5, 0];
 // W1 = [[2], [3]], b1 = [1] -> y = 12. With dy = 1: dW1 = [5.5, 0], db1 = [1],
@@ -132,100 +114,6 @@ TEST(DenseStack, BufferSetsAreIndependentAndSpansSurviveSwaps) {
   EXPECT_EQ(again.dense[0].out.data(), a.dense[0].out.data());
 }
 
-// A store that lends buffers of its own memory (ParameterStore::LendPushBuffer) to the tables
-// asked for, when `lends` is set, and serves nothing else.
-class LendingStore final : public common::ParameterStore {
- public:
-  class Buffer final : public common::LentBuffer {
-   public:
-    Buffer(std::unique_ptr<float[]> data, size_t n, std::vector<size_t> starts,
-           std::shared_ptr<const std::atomic<bool>> revoked)
-        : LentBuffer(absl::MakeSpan(data.get(), n), std::move(starts), std::move(revoked)),
-          data_(std::move(data)) {}
-    // Memory the store keeps (LendingStore::carve_from).
-    Buffer(absl::Span<float> values, std::vector<size_t> starts,
-           std::shared_ptr<const std::atomic<bool>> revoked)
-        : LentBuffer(values, std::move(starts), std::move(revoked)) {}
-
-   private:
-    std::unique_ptr<float[]> data_;
-  };
-
-  explicit LendingStore(std::map<std::string, size_t> sizes) : sizes_(std::move(sizes)) {}
-
-  absl::Status Pull(const common::PullBatch&, const common::PullOptions&) override {
-    return absl::UnimplementedError("pull");
-  }
-  absl::Status Push(const common::PushBatch&, const common::PushOptions&) override {
-    return absl::UnimplementedError("push");
-  }
-  absl::Status Finish() override { return absl::OkStatus(); }
-  std::unique_ptr<common::LentBuffer> LendPushBuffer(
-      absl::Span<const std::string> tables) override {
-    if (!lends) return nullptr;
-    std::vector<size_t> starts = {0};
-    for (const std::string& t : tables) {
-      const bool lie = static_cast<int>(lent.size()) == lie_on_lend && t == "b1";
-      starts.push_back(starts.back() + sizes_.at(t) + (lie ? 1 : 0));
-    }
-    const size_t n = starts.back();
-    std::unique_ptr<Buffer> buffer;
-    if (!carve_from.empty()) {  // one after the other, as an arena hands them out
-      absl::Span<float> values = carve_from.subspan(0, n);
-      carve_from.remove_prefix(std::min(carve_from.size(), n + carve_gap));
-      std::fill(values.begin(), values.end(), -9.f);
-      buffer = std::make_unique<Buffer>(values, std::move(starts), revoked);
-    } else {
-      auto data = std::make_unique<float[]>(n);
-      std::fill_n(data.get(), n, -9.f);  // not the stack's zeros: Backward must write them all
-      buffer = std::make_unique<Buffer>(std::move(data), n, std::move(starts), revoked);
-    }
-    lent.push_back(buffer->values());
-    asked.emplace_back(tables.begin(), tables.end());
-    return buffer;
-  }
-
-  bool lends = true;
-  // Every buffer lent so far is revoked once this is set (as a store that gave up a call).
-  std::shared_ptr<std::atomic<bool>> revoked = std::make_shared<std::atomic<bool>>(false);
-  int lie_on_lend = -1;  // that lend (from 0) makes "b1" a value longer
-  // Where set, lends are carved from here one after the other (else each is its own
-  // allocation).
-  absl::Span<float> carve_from;
-  size_t carve_gap = 0;  // floats left between two carved lends
-  std::vector<absl::Span<float>> lent;
-  std::vector<std::vector<std::string>> asked;
-
- private:
-  const std::map<std::string, size_t> sizes_;
-};
-
-bool Within(absl::Span<const float> part, absl::Span<const float> whole) {
-  return part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size();
-}
-
-// One step of the hand-computed case: its parameters, x = [1, 2], dy = 1.
-void HandComputedStep(DenseStack& stack) {
-  FillParams(stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  const std::vector<float> x = {1, 2};
-  absl::StatusOr<float*> y = stack.Forward(1, x.data());
-  ASSERT_OK(y.status());
-  (*y)[0] = 1.f;
-  ASSERT_OK(stack.Backward(1, x.data(), *y, nullptr));
-}
-
-// The hand-computed case's gradients as AddPushes hands them out, every one within `lent`.
-void ExpectHandComputedGradientsIn(const DenseStack& stack, absl::Span<const float> lent) {
-  common::PushBatch push;
-  stack.AddPushes(&push);
-  ASSERT_EQ(push.dense.size(), 4u);
-  for (const common::DensePush& p : push.dense) EXPECT_TRUE(Within(p.values, lent)) << p.table;
-  EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {2.f, 0.f, 4.f, 0.f}));
-  EXPECT_THAT(push.dense[1].values, Pointwise(FloatEq(), {2.f, 0.f}));
-  EXPECT_THAT(push.dense[2].values, Pointwise(FloatEq(), {5.5f, 0.f}));
-  EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
-}
-
 // Lent gradients: Backward writes them into the lent memory (every set's), AddPushes hands
 // out spans there, and the values are those of the stack's own buffers.
 TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
@@ -271,7 +159,8 @@ TEST(DenseStack, LentGradientsAreWrittenWhereTheStoreLends) {
 // written again: from the next Backward on, both sets' gradients go to the stack's own
 // buffers, which AddPushes hands out, with the hand-computed values; the lent memory keeps
 // what it last held, on the CPU backend (GEMMs write it) and on a device with its own memory
-// (its copy lands there). Lending can be asked again.
+// (its copy lands there). Lending can be asked again, there with the revoked memory
+// unregistered: the new buffers, carved right after it, share its page.
 TEST(DenseStack, RevokedLentMemoryIsNotWrittenAgain) {
   for (bool separate : {false, true}) {
     SCOPED_TRACE(separate ? "separate device memory" : "cpu");
@@ -279,6 +168,8 @@ TEST(DenseStack, RevokedLentMemoryIsNotWrittenAgain) {
     kernels::SeparateMemoryBackend device;
     kernels::Backend* backend = separate ? static_cast<kernels::Backend*>(&device) : cpu.get();
     LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
+    std::vector<float> arena(1 << 10);
+    store.carve_from = absl::MakeSpan(arena);
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
                          DenseStack::Create(TwoLayers(), backend));
     ASSERT_OK(stack->AddSecondBufferSet());
@@ -319,174 +210,10 @@ TEST(DenseStack, RevokedLentMemoryIsNotWrittenAgain) {
     store.revoked = std::make_shared<std::atomic<bool>>(false);
     EXPECT_TRUE(stack->LendGradients(&store));
     EXPECT_EQ(store.lent.size(), 4u);
-  }
-}
-
-// Every lent buffer lies in one of `backend`'s registered ranges, and no two ranges share a
-// page (the driver refuses those).
-void ExpectRegisteredOnce(const kernels::SeparateMemoryBackend& backend,
-                          absl::Span<const absl::Span<float>> lent) {
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  uintptr_t last_page = 0;
-  for (const auto& [start, bytes] : backend.registered()) {  // in address order
-    const auto begin = reinterpret_cast<uintptr_t>(start);
-    EXPECT_TRUE(last_page == 0 || begin / page > last_page) << "ranges share a page";
-    last_page = (begin + bytes - 1) / page;
-  }
-  for (const absl::Span<float> buffer : lent) {
-    const auto at = reinterpret_cast<uintptr_t>(buffer.data());
-    const uintptr_t end = at + buffer.size() * sizeof(float);
-    bool inside = false;
-    for (const auto& [start, bytes] : backend.registered()) {
-      const auto begin = reinterpret_cast<uintptr_t>(start);
-      inside = inside || (at >= begin && end <= begin + bytes);
+    if (separate) {
+      EXPECT_EQ(device.registered().size(), 1u);  // the new buffers' range only
     }
-    EXPECT_TRUE(inside) << "a lent buffer outside the registered ranges";
   }
-}
-
-// On a device with its own memory (as CUDA's), lent gradients are copied from the device
-// straight into the lent memory, one copy a step, after the stack registered one range over
-// both sets with the backend; the stack unregisters it when it goes. Laid out as the lent
-// memory (no padding between tables), the values are those of the hand-computed case.
-TEST(DenseStack, OnASeparateDeviceLentGradientsAreCopiedIntoRegisteredMemory) {
-  kernels::SeparateMemoryBackend backend;
-  LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
-                       DenseStack::Create(TwoLayers(), &backend));
-  ASSERT_OK(stack->AddSecondBufferSet());
-  ASSERT_TRUE(stack->LendGradients(&store));
-  ASSERT_EQ(store.lent.size(), 2u);
-  ExpectRegisteredOnce(backend, store.lent);
-  for (int set = 0; set < 2; ++set) {
-    SCOPED_TRACE(absl::StrCat("set ", set));
-    const int copies = backend.copies_to_host;
-    HandComputedStep(*stack);
-    EXPECT_EQ(backend.copies_to_host, copies + 1);
-    EXPECT_EQ(backend.copies_to_registered, set + 1);
-    ExpectHandComputedGradientsIn(*stack, store.lent[set]);
-    stack->SwapBufferSets();
-  }
-  stack.reset();
-  EXPECT_TRUE(backend.registered().empty());
-}
-
-// On a device with its own memory the parameters' copy to the device is issued without a
-// wait, and their host side is not written until the device has waited: by Backward's copy
-// of the gradients, else by AddPulls or SwapBufferSets before a store may write it. The
-// backend counts the copies whose source changed before a wait.
-TEST(DenseStack, TheParametersCopyIsNotWaitedForButTheirHostSideIs) {
-  kernels::SeparateMemoryBackend backend;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
-                       DenseStack::Create(TwoLayers(), &backend));
-  // The count itself: a source written before the wait is counted.
-  std::vector<float> host = {1, 2}, device(2);
-  ASSERT_OK(backend.CopyToDeviceAsync(device.data(), host.data(), 2 * sizeof(float)));
-  host[0] = 3;
-  ASSERT_OK(backend.Synchronize());
-  EXPECT_EQ(backend.async_sources_changed, 1);
-  backend.async_sources_changed = 0;
-
-  const std::vector<float> x = {1, 2};
-  // A Forward alone (as an evaluation's), then the next pull's values written.
-  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  int synchronizes = backend.synchronizes;
-  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
-  EXPECT_FLOAT_EQ(y[0], 12.f);
-  EXPECT_EQ(backend.async_copies_to_device, 2);   // the test's, then the parameters'
-  EXPECT_EQ(backend.synchronizes, synchronizes);  // not waited for
-  FillParams(*stack, {{2, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  EXPECT_EQ(backend.synchronizes, synchronizes + 1);  // AddPulls waited
-  ASSERT_OK_AND_ASSIGN(y, stack->Forward(1, x.data()));
-  EXPECT_FLOAT_EQ(y[0], 14.f);  // z0 = [6.5, -1]: the new values reached the device
-  // A whole step: Backward's copy of the gradients ends the wait, so the next pull need not.
-  y[0] = 1.f;
-  ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
-  synchronizes = backend.synchronizes;
-  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  EXPECT_EQ(backend.synchronizes, synchronizes);
-  // Two sets: the set put aside by a swap may be written at once.
-  ASSERT_OK(stack->AddSecondBufferSet());
-  common::PullBatch first;
-  stack->AddPulls(&first);
-  ASSERT_OK(stack->Forward(1, x.data()).status());
-  stack->SwapBufferSets();
-  std::fill(first.dense[0].out.begin(), first.dense[0].out.end(), 7.f);
-  ASSERT_OK(backend.Synchronize());
-  EXPECT_EQ(backend.async_copies_to_device, 4);
-  EXPECT_EQ(backend.async_sources_changed, 0);
-}
-
-// A device error that the wait before a pull reports (AddPulls returns nothing) is returned
-// by the next Forward, once.
-TEST(DenseStack, AnErrorOfTheWaitBeforeAPullIsReturnedByTheNextForward) {
-  kernels::SeparateMemoryBackend backend;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
-                       DenseStack::Create(TwoLayers(), &backend));
-  const std::vector<float> x = {1, 2};
-  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  ASSERT_OK(stack->Forward(1, x.data()).status());
-  backend.synchronize_error = absl::InternalError("device fault");
-  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  EXPECT_THAT(stack->Forward(1, x.data()).status(),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("device fault")));
-  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
-  EXPECT_FLOAT_EQ(y[0], 12.f);
-}
-
-// Two sets' buffers lent one after the other (as the segment's arena hands them out) share a
-// page: registered as one range. 1 MB apart: two ranges, not the memory between.
-TEST(DenseStack, LentBuffersAreRegisteredByTheirPagesOnly) {
-  for (bool adjacent : {true, false}) {
-    SCOPED_TRACE(adjacent ? "adjacent" : "far apart");
-    kernels::SeparateMemoryBackend backend;
-    LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
-    std::vector<float> arena(1 << 20);
-    store.carve_from = absl::MakeSpan(arena);
-    if (!adjacent) store.carve_gap = 1 << 18;  // 1 MB apart
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
-                         DenseStack::Create(TwoLayers(), &backend));
-    ASSERT_OK(stack->AddSecondBufferSet());
-    ASSERT_TRUE(stack->LendGradients(&store));
-    ExpectRegisteredOnce(backend, store.lent);
-    size_t registered = 0;
-    for (const auto& range : backend.registered()) registered += range.second;
-    EXPECT_EQ(backend.registered().size(), adjacent ? 1u : 2u);
-    EXPECT_EQ(registered, 2 * 9 * sizeof(float));
-    stack.reset();
-    EXPECT_TRUE(backend.registered().empty());
-  }
-}
-
-// A backend that cannot register the lent memory: nothing is lent, and the gradients reach
-// the stack's own buffers as before.
-TEST(DenseStack, LentMemoryTheDeviceCannotRegisterIsNotUsed) {
-  kernels::SeparateMemoryBackend backend;
-  backend.refuse_registration = true;
-  LendingStore store({{"w0", 4}, {"b0", 2}, {"w1", 2}, {"b1", 1}});
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DenseStack> stack,
-                       DenseStack::Create(TwoLayers(), &backend));
-  common::PushBatch own;
-  stack->AddPushes(&own);
-  EXPECT_FALSE(stack->LendGradients(&store));
-  EXPECT_TRUE(backend.registered().empty());
-  FillParams(*stack, {{1, -1, 2, 0.5}, {0.5, -1}, {2, 3}, {1}});
-  const std::vector<float> x = {1, 2};
-  ASSERT_OK_AND_ASSIGN(float* y, stack->Forward(1, x.data()));
-  y[0] = 1.f;
-  ASSERT_OK(stack->Backward(1, x.data(), y, nullptr));
-  EXPECT_EQ(backend.copies_to_registered, 0);
-  common::PushBatch push;
-  stack->AddPushes(&push);
-  for (size_t i = 0; i < push.dense.size(); ++i) {
-    EXPECT_EQ(push.dense[i].values.data(), own.dense[i].values.data()) << push.dense[i].table;
-  }
-  EXPECT_THAT(push.dense[0].values, Pointwise(FloatEq(), {2.f, 0.f, 4.f, 0.f}));
-  EXPECT_THAT(push.dense[3].values, Pointwise(FloatEq(), {1.f}));
-  // Registration works again: the next ask lends.
-  backend.refuse_registration = false;
-  EXPECT_TRUE(stack->LendGradients(&store));
-  EXPECT_EQ(backend.registered().size(), 1u);
 }
 
 // A store that lends buffers not sized as the tables (here the second set's): nothing is

@@ -5,8 +5,8 @@
 #   bash tools/fuzz.sh [SECONDS] [--merge] [--regen-corpus] [FUZZER...]
 #
 #   SECONDS         run time per fuzzer (default 30).
-#   FUZZER          pull_push_fuzzer, checkpoint_fuzzer, frame_fuzzer, answer_fuzzer (default:
-#                   all).
+#   FUZZER          pull_push_fuzzer, checkpoint_fuzzer, frame_fuzzer, answer_fuzzer,
+#                   channel_answer_fuzzer (default: all).
 #   --merge         afterwards, merge the inputs that added coverage into fuzz/corpus/<name>/
 #                   (libFuzzer -merge=1). Without it the repository's corpus is not modified:
 #                   each run fuzzes a copy in a temporary directory.
@@ -43,8 +43,10 @@ done
 # Each fuzzer's package.
 declare -A package=(
   [pull_push_fuzzer]=fuzz [checkpoint_fuzzer]=fuzz [frame_fuzzer]=fuzz/rpc [answer_fuzzer]=fuzz/rpc
+  [channel_answer_fuzzer]=fuzz/rpc
 )
-((${#fuzzers[@]})) || fuzzers=(pull_push_fuzzer checkpoint_fuzzer frame_fuzzer answer_fuzzer)
+((${#fuzzers[@]})) || fuzzers=(pull_push_fuzzer checkpoint_fuzzer frame_fuzzer answer_fuzzer
+  channel_answer_fuzzer)
 for f in "${fuzzers[@]}"; do
   [ -n "${package[$f]:-}" ] || { echo "fuzz: unknown fuzzer $f" >&2; exit 2; }
 done

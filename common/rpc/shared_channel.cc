@@ -367,7 +367,8 @@ void SharedChannel::WriteAnswer(uint32_t i, const absl::Status& status,
   }
   if (!result.ok()) {
     const absl::string_view message = result.message().substr(0, kAnswerBytes);
-    std::memcpy(at, message.data(), message.size());
+    // (An empty message's data() may be null, which memcpy must not be given even for 0 bytes.)
+    if (!message.empty()) std::memcpy(at, message.data(), message.size());
     n = message.size();
   }
   s->answer_bytes.store(static_cast<uint32_t>(n), std::memory_order_relaxed);

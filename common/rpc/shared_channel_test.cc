@@ -116,6 +116,20 @@ TEST(SharedChannel, AServersStatusMessageIsMadeSafe) {
   EXPECT_EQ(answer->status.message().substr(0, 4), "?? x");
 }
 
+// A status without a message is answered as such (its empty message's data may be null:
+// copied, it was undefined behaviour, which the channel answer fuzzer's UBSan stopped on).
+TEST(SharedChannel, AStatusWithoutAMessageIsAnswered) {
+  Ends ends;
+  const uint32_t slot = *ends.worker->AcquireSlot();
+  ends.worker->Post(slot, Bytes("x"), absl::Seconds(1));
+  ASSERT_TRUE(ends.server->TakeRequest(slot).has_value());
+  ends.server->WriteAnswer(slot, absl::Status(absl::StatusCode::kCancelled, ""), nullptr, false);
+  std::optional<SharedChannel::Answer> answer = ends.worker->TakeAnswer(slot);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(answer->status.message(), "");
+}
+
 TEST(SharedChannel, AnAnswerTooLargeForTheSlotComesBackAborted) {
   Ends ends;
   const uint32_t slot = *ends.worker->AcquireSlot();

@@ -41,6 +41,7 @@
 #include "common/rpc/shared_memory.h"
 #include "fuzz/fuzz_env.h"
 #include "fuzz/requests.h"
+#include "fuzz/rpc/store_buffers.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.grpc.pb.h"
@@ -239,7 +240,8 @@ class LyingServer final
     }
   }
 
-  // Segments offered here are at most this large (no channel: SharedChannel::kMinSegmentBytes).
+  // Segments offered here are at most this large (no channel: SharedChannel::kMinSegmentBytes;
+  // channel_answer_fuzzer lies through one).
   static constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 20;
 
   const common::Partitioner* const partitioner_;
@@ -314,34 +316,15 @@ std::vector<uint64_t> Keys(FuzzedDataProvider& in) {
   return keys;
 }
 
-// The buffers of one call, sized as the store requires.
-struct Buffers {
-  std::vector<float> w = std::vector<float>(21);
-  std::vector<float> h = std::vector<float>(10);
-  std::vector<uint64_t> emb_keys;
-  std::vector<uint64_t> e16_keys;
-  std::vector<float> emb;
-  std::vector<float> e16;
+// The buffers of one call, its keys drawn from `in` (emb's first).
+StoreBuffers BuffersOf(FuzzedDataProvider& in) {
+  std::vector<uint64_t> emb = Keys(in);
+  std::vector<uint64_t> e16 = Keys(in);
+  return StoreBuffers(std::move(emb), std::move(e16));
+}
 
-  explicit Buffers(FuzzedDataProvider& in) : emb_keys(Keys(in)), e16_keys(Keys(in)) {
-    emb.assign(emb_keys.size() * 3, 0.5f);
-    e16.assign(e16_keys.size() * 2, 0.5f);
-  }
-  common::PullBatch Pull() {
-    common::PullBatch b;
-    b.dense = {{"w", absl::MakeSpan(w)}, {"h", absl::MakeSpan(h)}};
-    b.sparse = {{"emb", emb_keys, absl::MakeSpan(emb)}, {"e16", e16_keys, absl::MakeSpan(e16)}};
-    return b;
-  }
-  common::PushBatch Push() const {
-    common::PushBatch b;
-    b.dense = {{"w", w}, {"h", h}};
-    b.sparse = {{"emb", emb_keys, emb}, {"e16", e16_keys, e16}};
-    return b;
-  }
-};
-
-absl::Status Call(worker::GrpcParameterStore& store, int call, Buffers& buffers, int64_t clock) {
+absl::Status Call(worker::GrpcParameterStore& store, int call, StoreBuffers& buffers,
+                  int64_t clock) {
   switch (call) {
     case 0:
       return store.Pull(buffers.Pull(), common::PullOptions{clock});
@@ -382,13 +365,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data + 1, size - 1);
   World& world = GetWorld();
   {
-    Buffers buffers(in);
+    StoreBuffers buffers = BuffersOf(in);
     if (shared) world.shared_store = world.NewSharedStore();
     world.service->SetScript(Script{kind, &in});
     Call(*world.Store(shared), call, buffers, ++clock).IgnoreError();
   }
   // The same store takes an honest answer next: a refused answer left nothing behind.
-  Buffers honest(in);
+  StoreBuffers honest = BuffersOf(in);
   world.service->SetScript(Script{kBuilt, nullptr});
   const absl::Status status = Call(*world.Store(shared), call, honest, ++clock);
   if (!status.ok()) Fail("an honest answer after a lie was refused", status);

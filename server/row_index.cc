@@ -36,8 +36,13 @@ void RowIndex::Place(uint64_t key, uint32_t slot) {
   entries_[i] = Entry{key, slot, 0};
 }
 
-void RowIndex::Grow() {
-  const size_t capacity = capacity_ == 0 ? 16 : capacity_ * 2;
+size_t RowIndex::CapacityFor(size_t n) {
+  size_t capacity = 16;
+  while (n * 8 > capacity * 5) capacity *= 2;
+  return capacity;
+}
+
+void RowIndex::Rebuild(size_t capacity) {
   std::unique_ptr<Entry[], EntriesDeleter> old(std::move(entries_));
   const size_t old_capacity = capacity_;
   entries_.reset(new (kAlignment) Entry[capacity]);
@@ -52,7 +57,7 @@ void RowIndex::Grow() {
 void RowIndex::Insert(uint64_t key, uint32_t slot) {
   DCHECK_NE(slot, kAbsent);
   DCHECK(!Contains(key));
-  if (capacity_ == 0 || Full(size_, capacity_)) Grow();
+  if (capacity_ == 0 || Full(size_, capacity_)) Rebuild(capacity_ == 0 ? 16 : capacity_ * 2);
   Place(key, slot);
   ++size_;
 }
@@ -76,6 +81,11 @@ void RowIndex::Erase(uint64_t key) {
       hole = j;
     }
   }
+  // Shrinks when CapacityFor(size_) <= capacity_ / 4 (both are powers of two, so this is
+  // the same test without the loop), to twice that: a load of about 5/16, so the keys must
+  // double before the index grows again or halve before it shrinks again, and each rebuild
+  // is paid for by O(capacity) inserts or erases.
+  if (capacity_ >= 64 && size_ * 8 <= capacity_ / 4 * 5) Rebuild(2 * CapacityFor(size_));
 }
 
 }  // namespace ps::server

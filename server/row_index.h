@@ -10,9 +10,12 @@
 //
 // Positions come from Mix64(key ^ seed) with a seed drawn once per process, so that a client
 // cannot choose keys that pile onto one position (linear probing would then cost a scan per
-// key). Bits 16..55 of the mix are used: the top byte picks the table's stripe and the
-// Partitioner takes the low bits modulo the server count, so neither is spread within one
-// stripe of one server.
+// key). Bits 16..55 of the mix are used, away from the top byte (the table's stripe comes
+// from the top byte of a mix with another seed) and from the low bits (the Partitioner takes
+// Mix64(key) modulo the server count).
+//
+// The entries grow with the keys and shrink again when most keys are erased (an eviction
+// after a large push in flight), so that memory taken for a spike comes back.
 //
 // Thread-compatible: the owning stripe's mutex guards it.
 #ifndef PS_SERVER_ROW_INDEX_H_
@@ -54,13 +57,18 @@ class RowIndex {
   void Insert(uint64_t key, uint32_t slot);
   // Points `key` at `slot`. REQUIRES: key present, slot != kAbsent.
   void Update(uint64_t key, uint32_t slot);
-  // Removes `key`. REQUIRES: key present.
+  // Removes `key`. REQUIRES: key present. Once the entries are at least four times
+  // CapacityFor(size()), shrinks them to twice that: an index holds at most about twice what
+  // its keys need, and keys erased and inserted back and forth do not rebuild it each time.
   void Erase(uint64_t key);
 
   size_t size() const { return size_; }
   // Entries allocated; each takes bytes_per_entry().
   size_t capacity() const { return capacity_; }
   static constexpr size_t bytes_per_entry() { return sizeof(Entry); }
+  // The capacity that `n` keys inserted into an empty index grow it to: the least power of
+  // two, at least 16, with a load of at most 5/8. REQUIRES: n < 2^58.
+  static size_t CapacityFor(size_t n);
 
  private:
   struct Entry {
@@ -78,7 +86,8 @@ class RowIndex {
   }
   // The position of `key` (present). REQUIRES: key present.
   size_t PositionOf(uint64_t key) const;
-  void Grow();
+  // Moves the entries into a new array of `capacity` (a power of two that holds them).
+  void Rebuild(size_t capacity);
   void Place(uint64_t key, uint32_t slot);  // REQUIRES: room and key absent
 
   const uint64_t seed_;

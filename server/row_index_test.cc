@@ -43,6 +43,24 @@ TEST(RowIndexTest, LoadStaysAtMostFiveEighths) {
   for (uint32_t i = 0; i < 100000; ++i) ASSERT_EQ(index.Find(uint64_t{i} * 1000003), i);
 }
 
+// After a spike (a large push's rows, then evicted) the entries shrink back, to at most about
+// twice what the keys left need, and every key left is still found.
+TEST(RowIndexTest, ShrinksWhenMostKeysAreErased) {
+  RowIndex index;
+  for (uint32_t i = 0; i < 100000; ++i) index.Insert(uint64_t{i} * 1000003, i);
+  const size_t peak = index.capacity();
+  for (uint32_t i = 100; i < 100000; ++i) index.Erase(uint64_t{i} * 1000003);
+  EXPECT_EQ(index.size(), 100u);
+  EXPECT_LE(index.capacity(), 2 * RowIndex::CapacityFor(100));
+  EXPECT_LT(index.capacity() * 100, peak);
+  for (uint32_t i = 0; i < 100; ++i) ASSERT_EQ(index.Find(uint64_t{i} * 1000003), i);
+  for (uint32_t i = 100; i < 1000; ++i) ASSERT_FALSE(index.Contains(uint64_t{i} * 1000003));
+  // Grown again, the same.
+  for (uint32_t i = 100; i < 5000; ++i) index.Insert(uint64_t{i} * 1000003, i);
+  for (uint32_t i = 0; i < 5000; ++i) ASSERT_EQ(index.Find(uint64_t{i} * 1000003), i);
+  EXPECT_LE(index.size() * 8, index.capacity() * 5);
+}
+
 // Random inserts, updates and erases (the eviction path erases a lot) against a reference
 // map: every key present is found with its slot, every key erased is gone. Dense keys from a
 // small range make long probe runs and many backward shifts.

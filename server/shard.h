@@ -468,9 +468,10 @@ class Shard {
                                    absl::Span<const absl::string_view> pieces, CheckedPush* push,
                                    bool may_change = false);
   // RESOURCE_EXHAUSTED (naming the tables and their new rows) when the rows that `updates`
-  // would create in tables that do not spill, all parts together (a key two parts of a table
-  // name counted once), do not fit in the memory budget (server.max_memory_bytes). Looks
-  // rows up only when the push's upper bound does not fit. Creates nothing.
+  // would create in tables that do not spill, or pin beyond their row budget in tables that
+  // do, all parts together (a key two parts of a table name counted once), do not fit in the
+  // memory budget (server.max_memory_bytes). Looks rows up only when the push's upper bound
+  // does not fit. Creates nothing.
   absl::Status CheckRoomForNewRows(absl::Span<const PendingUpdate> updates);
   // Checks room for the new rows of `updates` (CheckRoomForNewRows), then brings the rows of
   // tables over a memory budget into memory and pins them (listed in `pinned`), creating

@@ -1,6 +1,8 @@
 // Shard's memory checks against server.max_memory_bytes, each before anything is allocated:
 // what a server's tables will hold (CheckMemoryAtStart), and the new sparse rows of a push,
 // all its tables together (CheckRoomForNewRows), made or brought into memory by PrepareRows.
+// A table that spills has room for memory_budget_rows rows from the start; a push checks the
+// rows it would pin beyond them.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -37,13 +39,14 @@ absl::Status Shard::CheckMemoryAtStart(const common::Partitioner& partitioner,
   // A table that spills keeps up to memory_budget_rows rows in memory whatever the byte
   // limit says (it evicts by rows): those rows must fit beside the dense tables. Before
   // 2026-12-05 (found in review) such a table grew past the limit, and the other tables' new
-  // rows were refused instead.
+  // rows were refused instead. They are counted as the table allocates them (whole chunks
+  // per stripe): budget_rows x row bytes, used before 2026-12-07, was 16 to 32 times too
+  // little for small budgets (found in review).
   for (const auto& table : partitioner.tables()) {
     if (std::find(spilling.begin(), spilling.end(), table.name) == spilling.end()) continue;
     const int slots = kernels::NumSlots(ToOptimizerParams(table.config->optimizer()).kind);
-    const double row = static_cast<double>(table.dim) * (1 + slots) * sizeof(float) +
-                       SparseTablePart::kBookkeepingBytesPerRow;
-    const double bytes = static_cast<double>(table.config->memory_budget_rows()) * row;
+    const double bytes = SparseTablePart::BytesAtRowBudget(table.dim * (1 + slots) * sizeof(float),
+                                                           table.config->memory_budget_rows());
     const double with = static_cast<double>(total) + bytes;
     if (with <= static_cast<double>(options.max_memory_bytes)) {
       total = static_cast<uint64_t>(with);
@@ -62,10 +65,12 @@ absl::Status Shard::CheckMemoryAtStart(const common::Partitioner& partitioner,
 
 absl::Status Shard::CheckRoomForNewRows(absl::Span<const PendingUpdate> updates) {
   if (memory_.limit() == 0) return absl::OkStatus();
-  // Nothing is charged before the rows are made (Apply), so the parts of one push, which may
-  // name several tables or one table twice, are checked as one: part by part, each against
-  // the same use, a push could take the server past its limit for good (before 2026-12-06,
-  // found in review).
+  // Nothing is charged before the rows are made (Apply, or Pin when spilling), so the parts
+  // of one push, which may name several tables or one table twice, are checked as one: part
+  // by part, each against the same use, a push could take the server past its limit for good
+  // (before 2026-12-06, found in review). A table that spills counts the rows the push would
+  // pin beyond its budget: before 2026-12-07 it was not checked, and one push of a million
+  // new keys held them all in memory, far past the limit (found in review).
   struct TableParts {
     SparseTablePart* table = nullptr;
     absl::InlinedVector<absl::Span<const uint64_t>, 2> keys;
@@ -75,7 +80,6 @@ absl::Status Shard::CheckRoomForNewRows(absl::Span<const PendingUpdate> updates)
   for (const PendingUpdate& u : updates) {
     if (u.table->info().kind != TABLE_KIND_SPARSE) continue;
     auto* sparse = static_cast<SparseTablePart*>(u.table);
-    if (sparse->spills()) continue;  // it evicts to make room
     auto it = std::find_if(tables.begin(), tables.end(),
                            [sparse](const TableParts& t) { return t.table == sparse; });
     TableParts* parts = it != tables.end() ? &*it : &tables.emplace_back();
@@ -92,14 +96,14 @@ absl::Status Shard::CheckRoomForNewRows(absl::Span<const PendingUpdate> updates)
     cost += t.table->NewRowsBytes(t.keys, &rows);
     if (rows == 0) continue;
     absl::StrAppend(&per_table, per_table.empty() ? "" : ", ", "table '", t.table->name(),
-                    "': ", rows);
+                    "': ", t.table->NewRowsText(rows));
     missing += rows;
     ++tables_with_new_rows;
   }
   if (missing == 0) return absl::OkStatus();
   return memory_.CheckRoom(
       cost, tables_with_new_rows == 1
-                ? absl::StrCat(per_table, " new rows")
+                ? per_table
                 : absl::StrCat("a push of ", missing, " new rows (", per_table, ")"));
 }
 

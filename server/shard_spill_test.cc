@@ -30,6 +30,7 @@ namespace {
 
 using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kDim = 4;
@@ -363,6 +364,40 @@ TEST_F(ShardSpillTest, SpillErrorRefusesThePushBeforeItIsSeen) {
   const size_t at = std::find(all.begin(), all.end(), good) - all.begin();
   for (int d = 0; d < kDim; ++d) EXPECT_EQ(row[d], before[at * kDim + d] + 1.0f);
   EXPECT_LE(Spill(shard.get()).resident_rows, 100u);
+}
+
+// Found in review, 2026-12-06: the room check for a push's new rows skipped tables that spill
+// (they evict to make room), but a push pins all its keys in memory until it is applied: one
+// push of many new keys took the server far past server.max_memory_bytes. The rows it would
+// pin beyond the row budget are checked with the other tables' new rows, before admission.
+TEST_F(ShardSpillTest, APushPinningBeyondTheMemoryLimitIsRefusedBeforeAnyRowIsMade) {
+  ShardOptions options;
+  options.spill_dir = Dir("s") + "/spill";
+  options.max_memory_bytes = 4 << 20;
+  auto created = Shard::Create(MakeConfig(100, "kind: SGD learning_rate: 1"), options);
+  ASSERT_THAT(created.status(), IsOk());
+  Shard* shard = created->get();
+  const int64_t used = shard->memory().used();
+  // 200,000 rows of 16 bytes and their bookkeeping: about 17 MB.
+  std::vector<uint64_t> keys(200000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i + 1;
+  const std::vector<float> zeros(keys.size() * kDim, 0.f);
+  common::PushBatch big;
+  big.sparse.push_back({"emb", keys, zeros});
+  EXPECT_THAT(Pusher(shard)->Push(big, {1, false}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("table 'emb'"),
+                             HasSubstr("rows pinned beyond memory_budget_rows 100"))));
+  EXPECT_EQ(shard->SparseStats("emb")->rows, 0u);
+  EXPECT_EQ(shard->memory().used(), used);
+  EXPECT_EQ(shard->updates_applied(), 0u);
+  // A push that fits is applied.
+  keys.resize(2000);
+  common::PushBatch fits;
+  fits.sparse.push_back({"emb", keys, absl::MakeConstSpan(zeros).first(keys.size() * kDim)});
+  EXPECT_THAT(Pusher(shard)->Push(fits, {1, false}), IsOk());
+  EXPECT_EQ(shard->SparseStats("emb")->rows, keys.size());
+  EXPECT_LE(shard->memory().used(), static_cast<int64_t>(options.max_memory_bytes));
 }
 
 // Found in review, 2026-12-06: a push to a table that spills made its new rows (evicting

@@ -27,34 +27,39 @@ using internal::kVictimSamples;
 
 void SparseTablePart::Use(Stripe& s, uint32_t slot) {
   if (s.uses[slot] < UINT16_MAX) ++s.uses[slot];
-  if (++s.uses_since_aging >= kAgingPeriod * std::max<uint64_t>(s.budget, 8)) {
+  // The period grows with the rows when pins hold more than the share, so that halving them
+  // all stays O(1) a use.
+  const uint64_t rows = std::max<uint64_t>({s.budget, s.keys.size(), 8});
+  if (++s.uses_since_aging >= kAgingPeriod * rows) {
     s.uses_since_aging = 0;
     for (uint16_t& u : s.uses) u >>= 1;
   }
 }
 
 int64_t SparseTablePart::PickVictim(Stripe& s) {
-  const size_t n = s.keys.size();
+  // Only rows without a pin are candidates, so the work does not depend on how many rows are
+  // pinned. Before 2026-12-06 all rows were sampled, with a scan of every row when the
+  // samples were all pinned: a push of m new keys into a small budget made each of its rows
+  // scan the others as it came in and again as it was unpinned, O(m^2) under the stripe's
+  // lock (found in review).
+  const size_t n = s.unpinned.size();
+  if (n == 0) return -1;
   int64_t best = -1;
-  auto consider = [&](size_t j) {
-    if (s.pins[j] == 0 && (best < 0 || s.uses[j] < s.uses[best])) best = static_cast<int64_t>(j);
+  auto consider = [&](uint32_t slot) {
+    ++s.victim_slots_examined;
+    if (best < 0 || s.uses[slot] < s.uses[best]) best = slot;
   };
   if (n <= kVictimSamples) {
-    for (size_t j = 0; j < n; ++j) consider(j);
+    for (uint32_t slot : s.unpinned) consider(slot);
     return best;
   }
   for (int i = 0; i < kVictimSamples; ++i) {
     s.random ^= s.random << 13;
     s.random ^= s.random >> 7;
     s.random ^= s.random << 17;
-    consider(s.random % n);
+    consider(s.unpinned[s.random % n]);
   }
-  if (best >= 0) return best;
-  // Every sample was pinned (a large push in flight): look at all rows.
-  for (size_t j = 0; j < n; ++j) {
-    if (s.pins[j] == 0) return static_cast<int64_t>(j);
-  }
-  return -1;
+  return best;
 }
 
 absl::Status SparseTablePart::Evict(Stripe& s, uint32_t slot) {
@@ -67,6 +72,7 @@ absl::Status SparseTablePart::Evict(Stripe& s, uint32_t slot) {
     s.pending.emplace(key,
                       std::make_pair(s.steps[slot], std::vector<float>(row, row + row_floats_)));
     s.saved_epoch[slot] = epoch;
+    Recount(s);  // charged even if the spill table fails below
   }
   const uint8_t flags = s.flags[slot];
   if ((flags & kDirty) != 0 || (flags & kOnDisk) == 0) {
@@ -93,7 +99,8 @@ absl::Status SparseTablePart::MakeRoom(Stripe& s) {
   // the row over its share; Trim evicts it after use.
   while (s.keys.size() >= std::max<uint64_t>(s.budget, 1)) {
     const int64_t victim = PickVictim(s);
-    if (victim < 0) return absl::OkStatus();  // all pinned: over the share until Unpin
+    // All pinned: over the share until Unpin (a push checked that it has room for that).
+    if (victim < 0) return absl::OkStatus();
     RETURN_IF_ERROR(Evict(s, static_cast<uint32_t>(victim)));
   }
   return absl::OkStatus();

@@ -72,7 +72,7 @@ absl::Status SparseTablePart::WriteSnapshot(size_t record_bytes) {
         }
       }
       for (const auto& [key, copy] : s.pending) add(key, copy.first, copy.second.data());
-      s.pending.clear();
+      DropPending(s);
     }
     for (size_t r = 0; r < records.size(); ++r) {
       if (records[r].empty()) continue;
@@ -124,7 +124,7 @@ void SparseTablePart::EndSnapshot() {
   in_memory_at_cut_.clear();
   for (int i = 0; i < kNumStripes; ++i) {
     absl::MutexLock lock(&stripes_[i].mu);
-    stripes_[i].pending.clear();
+    DropPending(stripes_[i]);
   }
 }
 

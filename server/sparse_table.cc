@@ -1,9 +1,9 @@
 // SparseTablePart: the striped row store (arena chunks, hash maps), row creation under the
 // memory budget, reads and updates.
-#include "server/table.h"
-
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "kernels/flush_denormals.h"
+#include "server/table.h"
 #include "server/table_internal.h"
 
 namespace ps::server {
@@ -26,16 +27,51 @@ namespace {
 // Rows per arena chunk: as many as fit in 1 MiB, from 1 to 1024 (a chunk is allocated whole
 // for the first row that lands in it: 1024 rows of dim 2^20 with Adam's slots were 12 GiB,
 // charged to the memory budget that had been asked for one row, found in review
-// 2026-12-05); with a row budget, also at most about a stripe's share of it (at least 16), so
-// that small budgets do not allocate far more memory than they allow.
+// 2026-12-05); with a row budget, also at most about a stripe's share of it, so that small
+// budgets do not allocate far more memory than they allow. The share is raised to 16 rows,
+// or fewer that take 4 KiB, so that a chunk is not one allocation per small row; before
+// 2026-12-06 it was raised to 16 rows of any size, and a budget of 256 rows of 64 KiB held
+// 32 of them per stripe (found in review).
 uint32_t RowsPerChunk(size_t row_bytes, bool spills, uint64_t budget_rows) {
   constexpr uint64_t kChunkBytes = 1 << 20;
-  uint64_t rows = std::clamp<uint64_t>(kChunkBytes / std::max<size_t>(row_bytes, 1), 1, 1024);
+  constexpr uint64_t kMinChunkBytes = 4 << 10;
+  const uint64_t row = std::max<size_t>(row_bytes, 1);
+  uint64_t rows = std::clamp<uint64_t>(kChunkBytes / row, 1, 1024);
   if (spills) {
     const uint64_t share = budget_rows / SparseTablePart::kNumStripes + 1;
-    rows = std::min(rows, std::clamp<uint64_t>(share, 16, 1024));
+    const uint64_t floor = std::clamp<uint64_t>(kMinChunkBytes / row, 1, 16);
+    rows = std::min(rows, std::clamp<uint64_t>(share, floor, 1024));
   }
   return static_cast<uint32_t>(rows);
+}
+
+// Bytes per row slot of a spilling table's per-row vectors: keys, steps, saved_epoch, uses,
+// pins, flags, unpinned and unpinned_at.
+constexpr size_t kSpillingSlotBytes = 3 * 8 + 2 + 4 + 1 + 2 * 4;
+
+// One seed per process for StripeOf, as RowIndex has for positions: a client cannot choose
+// keys that land in one stripe.
+uint64_t ProcessStripeSeed() {
+  static const uint64_t seed = [] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd();
+  }();
+  return seed;
+}
+
+// Below a quarter of its capacity, a vector is cut to its size: after a spike the memory
+// comes back, and the size must halve again after it doubles before the next cut, so each
+// reallocation is paid for by as many removals or additions as it copies.
+template <typename T>
+void ShrinkVector(std::vector<T>& v) {
+  if (v.size() < v.capacity() / 4) v.shrink_to_fit();
+}
+
+// The least power of two that is at least n (n > 0), in floating point: no overflow.
+double Pow2AtLeast(double n) {
+  double p = 1;
+  while (p < n) p *= 2;
+  return p;
 }
 
 }  // namespace
@@ -49,6 +85,7 @@ SparseTablePart::SparseTablePart(const common::TableInfo& info,
       spill_(budget_rows > 0 ? spill : nullptr),
       budget_rows_(spill != nullptr ? budget_rows : 0),
       rows_per_chunk_(RowsPerChunk(row_floats_ * sizeof(float), spill_ != nullptr, budget_rows_)),
+      stripe_seed_(ProcessStripeSeed()),
       stripes_(new Stripe[kNumStripes]) {
   slot_init_.resize(row_floats_ - dim_);
   for (int s = 0; s < num_slots_; ++s) {
@@ -65,13 +102,14 @@ SparseTablePart::SparseTablePart(const common::TableInfo& info,
   }
 }
 
-int SparseTablePart::StripeOf(uint64_t key) {
+int SparseTablePart::StripeOf(uint64_t key) const {
   // The top bits: the Partitioner uses Mix64(key) modulo small numbers, so the low bits are
-  // correlated with the server; the high byte is not.
-  return static_cast<int>(common::Mix64(key) >> 56);
+  // correlated with the server; the high byte is not. Unseeded, keys that share Mix64's top
+  // byte (easy to find) all landed in one stripe (before 2026-12-06, found in review).
+  return static_cast<int>(common::Mix64(key ^ stripe_seed_) >> 56);
 }
 
-void SparseTablePart::GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups) {
+void SparseTablePart::GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups) const {
   static_assert(kNumStripes <= 256, "stripe numbers are kept in a byte");
   CHECK_LT(keys.size(), size_t{1} << 32);
   std::vector<uint8_t> stripe(keys.size());
@@ -130,6 +168,8 @@ float* SparseTablePart::RowPtr(Stripe& s, uint32_t slot) const {
 }
 
 uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
+  // Slots are uint32_t, and RowIndex::kAbsent is none.
+  CHECK_LT(s.keys.size(), size_t{RowIndex::kAbsent}) << "table '" << name() << "': stripe full";
   const uint32_t slot = static_cast<uint32_t>(s.keys.size());
   if (slot / rows_per_chunk_ >= s.chunks.size()) {
     s.chunks.emplace_back(new (kChunkAlignment) float[size_t{rows_per_chunk_} * row_floats_]);
@@ -143,6 +183,8 @@ uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
     s.uses.push_back(0);
     s.pins.push_back(0);
     s.flags.push_back(kDirty);  // a new row; FindOrFault clears it for a row read back
+    s.unpinned_at.push_back(RowIndex::kAbsent);
+    MarkUnpinned(s, slot);
   }
   s.index.Insert(key, slot);
   Recount(s);
@@ -151,14 +193,17 @@ uint32_t SparseTablePart::AddRow(Stripe& s, uint64_t key) {
 
 int64_t SparseTablePart::StripeBytes(const Stripe& s) const {
   const size_t index = s.index.capacity() * RowIndex::bytes_per_entry();
-  const size_t per_row = s.keys.capacity() * sizeof(uint64_t) +
-                         s.steps.capacity() * sizeof(int64_t) +
-                         s.saved_epoch.capacity() * sizeof(uint64_t) +
-                         s.uses.capacity() * sizeof(uint16_t) +
-                         s.pins.capacity() * sizeof(uint32_t) + s.flags.capacity();
+  const size_t per_row =
+      s.keys.capacity() * sizeof(uint64_t) + s.steps.capacity() * sizeof(int64_t) +
+      s.saved_epoch.capacity() * sizeof(uint64_t) + s.uses.capacity() * sizeof(uint16_t) +
+      s.pins.capacity() * sizeof(uint32_t) + s.flags.capacity() +
+      s.unpinned.capacity() * sizeof(uint32_t) + s.unpinned_at.capacity() * sizeof(uint32_t);
   const size_t chunks = s.chunks.capacity() * sizeof(s.chunks[0]) +
                         s.chunks.size() * size_t{rows_per_chunk_} * row_floats_ * sizeof(float);
-  return static_cast<int64_t>(index + per_row + chunks);
+  // Each entry's slot and control byte, and each row's copy.
+  const size_t pending = s.pending.capacity() * (sizeof(decltype(s.pending)::value_type) + 1) +
+                         s.pending.size() * row_floats_ * sizeof(float);
+  return static_cast<int64_t>(index + per_row + chunks + pending);
 }
 
 void SparseTablePart::Recount(Stripe& s) {
@@ -171,7 +216,9 @@ void SparseTablePart::Recount(Stripe& s) {
 }
 
 uint64_t SparseTablePart::RowCost() const {
-  return row_floats_ * sizeof(float) + kBookkeepingBytesPerRow;
+  // A spilling table's rows have uses, pins, flags and unpinned entries too.
+  const uint64_t spilling = spills() ? kSpillingSlotBytes - 3 * sizeof(uint64_t) : 0;
+  return row_floats_ * sizeof(float) + kBookkeepingBytesPerRow + spilling;
 }
 
 uint64_t SparseTablePart::ChunkBytes() const {
@@ -185,21 +232,43 @@ uint64_t SparseTablePart::NewRowsCost(const Stripe& s, uint64_t n) const {
   return n * RowCost() + new_chunks * ChunkBytes();
 }
 
+uint64_t SparseTablePart::PinnedBeyondBudgetCost(const Stripe& s, uint64_t n,
+                                                 uint64_t* rows) const {
+  // The stripe may hold the rows it holds, or up to its share (one row for a share of 0, as
+  // MakeRoom allows) without a check: Shard::CheckMemoryAtStart found room for the shares.
+  // Beyond that it evicts rows that are not pinned; the rows pinned already and the keys
+  // (some may be among them: counted twice, which errs on the safe side) it cannot.
+  const uint64_t size = s.keys.size();
+  const uint64_t allowed = std::max<uint64_t>({size, s.budget, 1});
+  const uint64_t after = size - s.unpinned.size() + n;
+  *rows = after > allowed ? after - allowed : 0;
+  if (*rows == 0) return 0;
+  auto chunks = [this](uint64_t r) { return (r + rows_per_chunk_ - 1) / rows_per_chunk_; };
+  const uint64_t have = std::max<uint64_t>(s.chunks.size(), chunks(allowed));
+  const uint64_t new_chunks = chunks(after) > have ? chunks(after) - have : 0;
+  return *rows * RowCost() + new_chunks * ChunkBytes();
+}
+
+std::string SparseTablePart::NewRowsText(uint64_t rows) const {
+  if (!spills()) return absl::StrCat(rows, " new rows");
+  return absl::StrCat(rows, " rows pinned beyond memory_budget_rows ", budget_rows_);
+}
+
 absl::Status SparseTablePart::CheckRoomForNewRows(absl::Span<const uint64_t> keys) const {
-  if (memory_ == nullptr || spills()) return absl::OkStatus();
-  // Room for every key as a new row is room for the missing ones (CheckRoom is monotone):
-  // then the rows need not be looked up at all.
+  if (memory_ == nullptr) return absl::OkStatus();
+  // Room for every key as a new row is room for those NewRowsBytes counts (CheckRoom is
+  // monotone): then the rows need not be looked up at all.
   if (memory_->CheckRoom(MaxNewRowsBytes(keys.size()), "").ok()) return absl::OkStatus();
-  uint64_t missing = 0;
-  const uint64_t cost = NewRowsBytes({keys}, &missing);
-  if (missing == 0) return absl::OkStatus();
-  return memory_->CheckRoom(cost, absl::StrCat("table '", name(), "': ", missing, " new rows"));
+  uint64_t rows = 0;
+  const uint64_t cost = NewRowsBytes({keys}, &rows);
+  if (rows == 0) return absl::OkStatus();
+  return memory_->CheckRoom(cost, absl::StrCat("table '", name(), "': ", NewRowsText(rows)));
 }
 
 uint64_t SparseTablePart::MaxNewRowsBytes(uint64_t num_keys) const {
-  if (memory_ == nullptr || spills()) return 0;
-  // New rows take at most a new chunk per stripe they land in, plus one per rows_per_chunk
-  // of them.
+  if (memory_ == nullptr) return 0;
+  // New rows (spilling: rows beyond the budget, at most one per key) take at most a new
+  // chunk per stripe they land in, plus one per rows_per_chunk of them.
   const uint64_t max_new_chunks =
       std::min<uint64_t>(num_keys, kNumStripes) + num_keys / rows_per_chunk_;
   return num_keys * RowCost() + max_new_chunks * ChunkBytes();
@@ -208,7 +277,7 @@ uint64_t SparseTablePart::MaxNewRowsBytes(uint64_t num_keys) const {
 uint64_t SparseTablePart::NewRowsBytes(absl::Span<const absl::Span<const uint64_t>> parts,
                                        uint64_t* missing) const {
   *missing = 0;
-  if (memory_ == nullptr || spills()) return 0;
+  if (memory_ == nullptr) return 0;
   // Each key once: a key named twice (in one part or in two) makes one row.
   std::vector<uint64_t> keys;
   size_t n = 0;
@@ -226,6 +295,13 @@ uint64_t SparseTablePart::NewRowsBytes(absl::Span<const absl::Span<const uint64_
     if (b == e) continue;
     const Stripe& s = stripes_[i];
     absl::MutexLock lock(&s.mu);
+    if (spills()) {
+      // Whether a key is a row does not matter: pinned, it takes a row in memory either way.
+      uint64_t rows = 0;
+      cost += PinnedBeyondBudgetCost(s, e - b, &rows);
+      *missing += rows;
+      continue;
+    }
     for (uint32_t j = b; j < std::min(e, b + kAhead); ++j) s.index.Prefetch(keys[groups.order[j]]);
     uint64_t in_stripe = 0;
     for (uint32_t j = b; j < e; ++j) {
@@ -236,6 +312,23 @@ uint64_t SparseTablePart::NewRowsBytes(absl::Span<const absl::Span<const uint64_
     cost += in_stripe == 0 ? 0 : NewRowsCost(s, in_stripe);
   }
   return cost;
+}
+
+double SparseTablePart::BytesAtRowBudget(size_t row_bytes, uint64_t budget_rows) {
+  const double per_chunk = RowsPerChunk(row_bytes, /*spills=*/true, budget_rows);
+  const double chunk_bytes = per_chunk * static_cast<double>(row_bytes);
+  // What StripeBytes counts for a stripe at its share.
+  auto stripe = [&](uint64_t share) {
+    // A stripe whose share is 0 holds a row while it is used (MakeRoom).
+    const uint64_t rows = std::max<uint64_t>(share, 1);
+    // Whole chunks, and the spare one RemoveSlot keeps when rows go.
+    const double chunks = std::ceil(static_cast<double>(rows) / per_chunk) + 1;
+    return chunks * chunk_bytes + Pow2AtLeast(chunks) * sizeof(Chunk) +
+           static_cast<double>(RowIndex::CapacityFor(rows) * RowIndex::bytes_per_entry()) +
+           Pow2AtLeast(static_cast<double>(rows)) * kSpillingSlotBytes;
+  };
+  const uint64_t q = budget_rows / kNumStripes, r = budget_rows % kNumStripes;
+  return static_cast<double>(kNumStripes - r) * stripe(q) + static_cast<double>(r) * stripe(q + 1);
 }
 
 void SparseTablePart::InitParams(uint64_t key, float* params) const {
@@ -264,8 +357,10 @@ uint32_t SparseTablePart::FindOrCreate(Stripe& s, uint64_t key) {
 }
 
 void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
+  DCHECK_EQ(s.pins[slot], 0u);
   const uint32_t last = static_cast<uint32_t>(s.keys.size() - 1);
   s.index.Erase(s.keys[slot]);
+  MarkPinned(s, slot);  // out of s.unpinned: it goes
   if (slot != last) {
     std::memcpy(RowPtr(s, slot), RowPtr(s, last), row_floats_ * sizeof(float));
     s.keys[slot] = s.keys[last];
@@ -274,6 +369,8 @@ void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
     s.uses[slot] = s.uses[last];
     s.pins[slot] = s.pins[last];
     s.flags[slot] = s.flags[last];
+    s.unpinned_at[slot] = s.unpinned_at[last];
+    if (s.unpinned_at[slot] != RowIndex::kAbsent) s.unpinned[s.unpinned_at[slot]] = slot;
     s.index.Update(s.keys[slot], slot);
   }
   s.keys.pop_back();
@@ -282,12 +379,42 @@ void SparseTablePart::RemoveSlot(Stripe& s, uint32_t slot) {
   s.uses.pop_back();
   s.pins.pop_back();
   s.flags.pop_back();
+  s.unpinned_at.pop_back();
   // Give back chunks no longer needed, keeping one spare against churn at a boundary.
   const size_t needed = (s.keys.size() + rows_per_chunk_ - 1) / rows_per_chunk_;
   while (s.chunks.size() > needed + 1) s.chunks.pop_back();
+  ShrinkIfSparse(s);
   Recount(s);
 }
 
+void SparseTablePart::ShrinkIfSparse(Stripe& s) {
+  // A push pins all of its keys at once, beyond the stripe's share if it must: the vectors
+  // and the index (which shrinks as keys are erased) grew to hold them. Before 2026-12-06 they
+  // kept that size, charged to the memory budget, for good (found in review).
+  ShrinkVector(s.keys);
+  ShrinkVector(s.steps);
+  ShrinkVector(s.saved_epoch);
+  ShrinkVector(s.uses);
+  ShrinkVector(s.pins);
+  ShrinkVector(s.flags);
+  ShrinkVector(s.unpinned);
+  ShrinkVector(s.unpinned_at);
+  ShrinkVector(s.chunks);
+}
+
+void SparseTablePart::MarkPinned(Stripe& s, uint32_t slot) {
+  const uint32_t at = s.unpinned_at[slot];
+  const uint32_t moved = s.unpinned.back();
+  s.unpinned[at] = moved;
+  s.unpinned_at[moved] = at;
+  s.unpinned.pop_back();
+  s.unpinned_at[slot] = RowIndex::kAbsent;
+}
+
+void SparseTablePart::MarkUnpinned(Stripe& s, uint32_t slot) {
+  s.unpinned_at[slot] = static_cast<uint32_t>(s.unpinned.size());
+  s.unpinned.push_back(slot);
+}
 
 // ---- Reads and updates.
 
@@ -383,7 +510,7 @@ absl::Status SparseTablePart::Pin(absl::Span<const uint64_t> keys) {
       absl::MutexLock lock(&s.mu);
       absl::StatusOr<uint32_t> slot = FindOrFault(s, keys[i]);
       if (slot.ok()) {
-        ++s.pins[*slot];
+        if (s.pins[*slot]++ == 0) MarkPinned(s, *slot);
         Use(s, *slot);
         continue;
       }
@@ -408,7 +535,7 @@ void SparseTablePart::UnpinHeld(absl::Span<const uint64_t> keys) {
     const uint32_t slot = s.index.Find(key);
     CHECK(slot != RowIndex::kAbsent && s.pins[slot] > 0)
         << "table '" << name() << "': Unpin of key " << key << " that is not pinned";
-    --s.pins[slot];
+    if (--s.pins[slot] == 0) MarkUnpinned(s, slot);
     Trim(s);
   }
 }
@@ -440,6 +567,7 @@ void SparseTablePart::ApplyStripe(int stripe, absl::Span<const uint64_t> keys,
   CHECK(found.ok()) << found;
   // Once for the stripe's rows, not per row by each ApplyTo.
   const kernels::ScopedFlushDenormals flush;
+  bool copied = false;
   for (uint32_t j = b; j < b + n; ++j) {
     const uint32_t slot = (*slots)[j];
     const uint64_t key = keys[groups.order[j]];
@@ -450,12 +578,21 @@ void SparseTablePart::ApplyStripe(int stripe, absl::Span<const uint64_t> keys,
       s.pending.emplace(key, std::make_pair(s.steps[slot],
                                             std::vector<float>(row, row + row_floats_)));
       s.saved_epoch[slot] = epoch;
+      copied = true;
     }
     const int64_t step =
         options.kind == UpdateKind::kGradient ? ++s.steps[slot] : s.steps[slot];
     ApplyTo(optimizer_, num_slots_, step, row, dim_,
             values.subspan(size_t{groups.order[j]} * dim_, dim_), options);
   }
+  // The copies are charged to the memory budget until the writer has them (DropPending).
+  if (copied) Recount(s);
+}
+
+void SparseTablePart::DropPending(Stripe& s) {
+  // Swapped out, not cleared: clear() keeps a small table's array.
+  decltype(s.pending)().swap(s.pending);
+  Recount(s);
 }
 
 SpillStats SparseTablePart::spill_stats() const {
@@ -468,6 +605,7 @@ SpillStats SparseTablePart::spill_stats() const {
     st.evictions += stripes_[i].evictions;
     st.writes += stripes_[i].writes;
     st.eviction_errors += stripes_[i].eviction_errors;
+    st.victim_slots_examined += stripes_[i].victim_slots_examined;
   }
   return st;
 }

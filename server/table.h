@@ -247,6 +247,9 @@ struct SpillStats {
   uint64_t evictions = 0;        // rows dropped from memory (written out if they changed)
   uint64_t writes = 0;           // rows written to the spill table
   uint64_t eviction_errors = 0;  // evictions that failed (the row stayed in memory)
+  // Rows looked at to pick eviction victims: the eviction policy's work, at most
+  // kVictimSamples (16) per victim.
+  uint64_t victim_slots_examined = 0;
 };
 
 // This server's rows of a sparse table: key -> row, created by the first update of a key
@@ -262,13 +265,17 @@ struct SpillStats {
 // evenly over the stripes (rows hash evenly onto them), and each stripe evicts on its own,
 // under its own lock, so pulls and pushes of rows in different stripes never wait for each
 // other's I/O. Rows pinned by a push in flight are never evicted; a stripe whose rows are all
-// pinned goes over its share until the push is done.
+// pinned goes over its share until the push is done. A push that would pin more rows beyond
+// the budget than the memory budget has room for is refused first (NewRowsBytes). Which
+// stripe a key lands in depends on a seed drawn once per process, so that a client cannot
+// choose keys that all land in one stripe (one lock, and a 1/256 share of the budget).
 //
-// Eviction picks the least frequently used of 16 rows sampled at random in the stripe (LFU by
-// sampling, as Redis does): a use counter per row, halved every 20 x (stripe budget) uses so
-// that popularity can change. On Zipf-distributed keys this keeps clearly more hot rows than
-// LRU or CLOCK at small budgets (docs/performance.md has the measured hit ratios), costs a
-// counter increment per use instead of list updates, and needs no structure beyond the rows.
+// Eviction picks the least frequently used of 16 rows sampled at random among the stripe's
+// rows that are not pinned (LFU by sampling, as Redis does): a use counter per row, halved
+// every 20 x (stripe budget) uses so that popularity can change. On Zipf-distributed keys this
+// keeps clearly more hot rows than LRU or CLOCK at small budgets (docs/performance.md has the
+// measured hit ratios), and costs a counter increment per use instead of list updates (the
+// list of unpinned rows changes only when a row's first pin starts or its last one ends).
 //
 // Snapshots with spilled rows. Rows move between memory and the spill table only while
 // holding move_mu_ shared; BeginSnapshot holds it exclusively while it sets the epoch, takes a
@@ -310,20 +317,34 @@ class SparseTablePart final : public TablePart {
   // request order, so results are those of one thread. Tasks never wait for other tasks, so
   // the pool may be shared (Shard's apply pool). Call before the first Read or Apply.
   void set_helpers(common::ThreadPool* helpers) { helpers_ = helpers; }
-  // RESOURCE_EXHAUSTED when the rows of `keys` that do not exist yet would not fit in the
-  // memory budget (a table that spills makes room by evicting instead: always OK). Restoring
-  // a checkpoint checks this before it makes rows.
+  // RESOURCE_EXHAUSTED, naming the table, when the rows NewRowsBytes counts for `keys` would
+  // not fit in the memory budget. Restoring a checkpoint checks this before it makes rows.
   [[nodiscard]] absl::Status CheckRoomForNewRows(absl::Span<const uint64_t> keys) const;
-  // The bytes the rows of `parts`' keys that do not exist yet would charge to the memory
-  // budget, each key counted once however many times the parts name it, and in `missing`
-  // how many rows that is. 0 (and 0 rows) for a table without a budget or one that spills.
-  // A push whose parts name several tables, or one table more than once, sums these and
-  // checks the sum before it is admitted (Shard), since Apply cannot fail half-way.
+  // The bytes that a push of `parts`' keys would charge to the memory budget, each key
+  // counted once however many times the parts name it, and in `missing` how many rows that
+  // is; 0 (and 0 rows) for a table without a memory budget. A table that does not spill
+  // counts the keys that are no row yet. One that spills makes room for new rows by evicting
+  // others, within the row budget that Shard::CheckMemoryAtStart found room for, but cannot
+  // evict pinned rows: it counts the rows beyond its budget that it would hold while the
+  // keys are pinned (in each stripe, the keys and the rows pinned already, beyond the
+  // stripe's rows and share). A push whose parts name several tables, or one table more than
+  // once, sums these and checks the sum before it is admitted (Shard), since Apply cannot
+  // fail half-way.
   uint64_t NewRowsBytes(absl::Span<const absl::Span<const uint64_t>> parts,
                         uint64_t* missing) const;
   // At least NewRowsBytes of `num_keys` keys, whichever they are, without looking any up: a
   // push whose bound fits need not look its rows up.
   uint64_t MaxNewRowsBytes(uint64_t num_keys) const;
+  // NewRowsBytes' count of rows as an error names it: "N new rows", or for a table that
+  // spills "N rows pinned beyond memory_budget_rows B".
+  std::string NewRowsText(uint64_t rows) const;
+  // About the bytes a table that spills, with rows of `row_bytes` and that row budget, holds
+  // in memory when every stripe is at its share: the arena chunks its rows take (whole, with
+  // the spare one a stripe keeps), its index and per-row bookkeeping at the capacities they
+  // grow to. Shard::CheckMemoryAtStart's figure for the table.
+  static double BytesAtRowBudget(size_t row_bytes, uint64_t budget_rows);
+  // The stripe `key` lands in, in this process.
+  int StripeForTest(uint64_t key) const { return StripeOf(key); }
 
   // Copies the rows of `keys` into out (keys.size() * dim), faulting spilled ones in. A key
   // that is no row (never pushed) reads as its initial values and stays no row: reads create
@@ -349,7 +370,9 @@ class SparseTablePart final : public TablePart {
 
   // All rows (in memory and spilled); NumBytes counts what the rows in memory really take:
   // their floats in allocated chunks, the hash index at its capacity and the per-row vectors
-  // at theirs (not the spill table's disk).
+  // at theirs (not the spill table's disk), and the rows copied aside for a snapshot in
+  // progress until its writer has them (also charged to the memory budget, but never
+  // refused: an update cannot fail).
   uint64_t NumRows() const override;
   uint64_t NumBytes() const override;
   SpillStats spill_stats() const;
@@ -387,6 +410,11 @@ class SparseTablePart final : public TablePart {
     std::vector<uint16_t> uses ABSL_GUARDED_BY(mu);  // per slot: LFU counter
     std::vector<uint32_t> pins ABSL_GUARDED_BY(mu);  // per slot: pushes in flight
     std::vector<uint8_t> flags ABSL_GUARDED_BY(mu);  // per slot: kOnDisk, kDirty
+    // The slots without a pin, in no order, and per slot its position there (RowIndex::kAbsent
+    // while pinned): victims are sampled from them, so a stripe of many pinned rows costs no
+    // scan, and keys.size() - unpinned.size() rows are pinned.
+    std::vector<uint32_t> unpinned ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> unpinned_at ABSL_GUARDED_BY(mu);
     uint64_t uses_since_aging ABSL_GUARDED_BY(mu) = 0;
     uint64_t random ABSL_GUARDED_BY(mu) = 0;  // xorshift state for sampling
     uint64_t on_disk ABSL_GUARDED_BY(mu) = 0;           // keys in the spill table
@@ -395,12 +423,15 @@ class SparseTablePart final : public TablePart {
     uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
     uint64_t writes ABSL_GUARDED_BY(mu) = 0;
     uint64_t eviction_errors ABSL_GUARDED_BY(mu) = 0;
+    uint64_t victim_slots_examined ABSL_GUARDED_BY(mu) = 0;
     int64_t bytes ABSL_GUARDED_BY(mu) = 0;  // what StripeBytes() said last
   };
   // Bytes the stripe's containers hold (capacities, not sizes).
   int64_t StripeBytes(const Stripe& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Brings bytes_, s.bytes and the memory budget up to date after s changed size.
   void Recount(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Frees s.pending (the snapshot's writer has its rows, or the snapshot is over).
+  void DropPending(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // About what one more row costs: its floats plus index and bookkeeping entries
   // (kBookkeepingBytesPerRow).
   uint64_t RowCost() const;
@@ -408,7 +439,11 @@ class SparseTablePart final : public TablePart {
   uint64_t ChunkBytes() const;
   // What `n` more rows in `s` cost: RowCost each, and the chunks they need allocated.
   uint64_t NewRowsCost(const Stripe& s, uint64_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  static int StripeOf(uint64_t key);
+  // Spilling: what pinning `n` keys in `s` may add beyond its rows and its share (see
+  // NewRowsBytes), and in `rows` how many rows that is.
+  uint64_t PinnedBeyondBudgetCost(const Stripe& s, uint64_t n, uint64_t* rows) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  int StripeOf(uint64_t key) const;
   // A request's keys grouped by stripe with a stable counting sort: the positions (indexes
   // into the keys) of stripe s are order[first[s] .. first[s + 1]), in request order. A call
   // then takes each stripe's lock once, not once per key, and prefetches the index entries
@@ -420,7 +455,7 @@ class SparseTablePart final : public TablePart {
     std::vector<uint32_t> order;
     uint32_t first[kNumStripes + 1];
   };
-  static void GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups);
+  void GroupByStripe(absl::Span<const uint64_t> keys, StripeGroups* groups) const;
   // Runs work(first, last) over the stripes [first, last) of a partition of all stripes: one
   // part per helper thread plus one on the calling thread when num_keys >= kParallelKeys,
   // else one part. Returns the first error by part.
@@ -449,7 +484,15 @@ class SparseTablePart final : public TablePart {
   // The initial parameters of `key` (dim_ floats), and its whole row (with the slots).
   void InitParams(uint64_t key, float* params) const;
   void InitRow(uint64_t key, float* row) const;
+  // Drops the row in `slot` (not pinned), moving the last row into it.
   void RemoveSlot(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Gives back the per-row vectors' and chunk list's memory once they hold much more than
+  // the rows need (after a spike of pinned rows).
+  static void ShrinkIfSparse(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Takes `slot` out of s.unpinned (its pin count went from 0 to 1, or it is removed), or
+  // puts it in (a new row, or its pin count went from 1 to 0).
+  static void MarkPinned(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  static void MarkUnpinned(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 
   // Spilling tables: moves between memory and the spill table.
   // The slot of `key` in memory: found, faulted in, or created. With `create` false, a key
@@ -464,7 +507,8 @@ class SparseTablePart final : public TablePart {
   void Trim(Stripe& s) ABSL_SHARED_LOCKS_REQUIRED(move_mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   absl::Status Evict(Stripe& s, uint32_t slot) ABSL_SHARED_LOCKS_REQUIRED(move_mu_)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // A slot holding no pin, by sampled LFU; -1 if every row is pinned.
+  // A slot holding no pin, by LFU over up to kVictimSamples of them sampled at random; -1 at
+  // once if every row is pinned.
   int64_t PickVictim(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Counts a use of the row in `slot` (LFU).
   void Use(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
@@ -477,6 +521,7 @@ class SparseTablePart final : public TablePart {
   storage::SpillTable* const spill_;  // Not owned; null = no budget.
   const uint64_t budget_rows_;
   const uint32_t rows_per_chunk_;
+  const uint64_t stripe_seed_;      // StripeOf's, one per process
   MemoryBudget* memory_ = nullptr;  // Not owned; null = no budget.
   common::ThreadPool* helpers_ = nullptr;  // Not owned; null = one thread per call.
   std::atomic<int64_t> bytes_{0};   // sum of the stripes' bytes

@@ -330,6 +330,8 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckPointer(kOp, "x", x, n));
     if (n == 0) return 0;
     RETURN_IF_ERROR(Activate());
+    // (A no-op but after a scratch that could not grow nor be taken again at its old size.)
+    RETURN_IF_ERROR(EnsureScratch(kInitialScratch));
     RETURN_IF_CUDA_ERROR(internal::LaunchCountNonFinite(n, x, scratch() + kPartialsOffset,
                                                         &mapped_device_->sums[0], stream()),
                          kOp);
@@ -348,6 +350,7 @@ class CudaBackend final : public Backend {
     // no host round trip between the two passes.
     const double* sum_sq = nullptr;
     if (p.clip_norm > 0) {
+      RETURN_IF_ERROR(EnsureScratch(kInitialScratch));  // as CountNonFinite
       double* out = scratch() + kSumSqOffset;
       RETURN_IF_CUDA_ERROR(internal::LaunchClippedGradSumSq(
                                c, n, params, grads, scratch() + kPartialsOffset, out, stream()),
@@ -448,15 +451,28 @@ class CudaBackend final : public Backend {
   absl::Status EnsureScratch(int64_t doubles) {
     if (doubles <= scratch_doubles_) return absl::OkStatus();
     const int64_t grown = doubles > 2 * scratch_doubles_ ? doubles : 2 * scratch_doubles_;
-    // Allocated while the old one is kept: where that fails (a loss over more rows than the
-    // device holds) the old one stays for CountNonFinite and ApplyOptimizer, which use the
-    // scratch without growing it.
+    // Allocated while the old one is kept, where both fit. Where they do not, the old one is
+    // let go first (after the work that may still read it), and where the new one does not fit
+    // alone either (a loss over more rows than the device holds), the old size is taken again
+    // for CountNonFinite and ApplyOptimizer, which use the scratch without growing it.
     void* p = nullptr;
-    RETURN_IF_CUDA_ERROR(cudaMalloc(&p, grown * sizeof(double)), "scratch");
-    DeviceMemoryPtr fresh(p);
+    absl::Status made = CudaCallToStatus(cudaMalloc(&p, grown * sizeof(double)), "scratch");
     // Issued work may still read the old scratch.
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream()), "scratch");
-    scratch_ = std::move(fresh);
+    if (!made.ok()) {
+      const int64_t old = scratch_doubles_;
+      scratch_.reset();
+      scratch_doubles_ = 0;
+      made = CudaCallToStatus(cudaMalloc(&p, grown * sizeof(double)), "scratch");
+      if (!made.ok()) {
+        if (old > 0 && CudaCallToStatus(cudaMalloc(&p, old * sizeof(double)), "scratch").ok()) {
+          scratch_.reset(p);
+          scratch_doubles_ = old;
+        }
+        return made;
+      }
+    }
+    scratch_.reset(p);
     scratch_doubles_ = grown;
     return absl::OkStatus();
   }

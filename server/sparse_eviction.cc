@@ -72,7 +72,6 @@ absl::Status SparseTablePart::Evict(Stripe& s, uint32_t slot) {
     s.pending.emplace(key,
                       std::make_pair(s.steps[slot], std::vector<float>(row, row + row_floats_)));
     s.saved_epoch[slot] = epoch;
-    Recount(s);  // charged even if the spill table fails below
   }
   const uint8_t flags = s.flags[slot];
   if ((flags & kDirty) != 0 || (flags & kOnDisk) == 0) {

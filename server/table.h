@@ -326,10 +326,10 @@ class SparseTablePart final : public TablePart {
   // counts the keys that are no row yet. One that spills makes room for new rows by evicting
   // others, within the row budget that Shard::CheckMemoryAtStart found room for, but cannot
   // evict pinned rows: it counts the rows beyond its budget that it would hold while the
-  // keys are pinned (in each stripe, the keys and the rows pinned already, beyond the
-  // stripe's rows and share). A push whose parts name several tables, or one table more than
-  // once, sums these and checks the sum before it is admitted (Shard), since Apply cannot
-  // fail half-way.
+  // keys are pinned (in each stripe, the rows pinned already and the keys no push pins yet,
+  // beyond the stripe's rows and share). A push whose parts name several tables, or one table more
+  // than once, sums these and checks the sum before it is admitted (Shard), since Apply cannot fail
+  // half-way.
   uint64_t NewRowsBytes(absl::Span<const absl::Span<const uint64_t>> parts,
                         uint64_t* missing) const;
   // At least NewRowsBytes of `num_keys` keys, whichever they are, without looking any up: a
@@ -439,8 +439,8 @@ class SparseTablePart final : public TablePart {
   uint64_t ChunkBytes() const;
   // What `n` more rows in `s` cost: RowCost each, and the chunks they need allocated.
   uint64_t NewRowsCost(const Stripe& s, uint64_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // Spilling: what pinning `n` keys in `s` may add beyond its rows and its share (see
-  // NewRowsBytes), and in `rows` how many rows that is.
+  // Spilling: what pinning `n` keys in `s`, none pinned now, may add beyond its rows and its
+  // share (see NewRowsBytes), and in `rows` how many rows that is.
   uint64_t PinnedBeyondBudgetCost(const Stripe& s, uint64_t n, uint64_t* rows) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   int StripeOf(uint64_t key) const;

@@ -50,15 +50,6 @@
 namespace ps::fuzz {
 namespace {
 
-constexpr char kConfig[] = R"pb(
-  cluster { num_servers: 1 servers: "in-process" num_workers: 1 dense_block_floats: 4 }
-  security { plaintext: true }
-  tables { name: "w" kind: TABLE_KIND_DENSE shape: 21 }
-  tables { name: "h" kind: TABLE_KIND_DENSE shape: 10 wire_encoding: ENCODING_FP16 }
-  tables { name: "emb" kind: TABLE_KIND_SPARSE dim: 3 }
-  tables { name: "e16" kind: TABLE_KIND_SPARSE dim: 2 wire_encoding: ENCODING_BF16 }
-)pb";
-
 enum AnswerKind { kRaw = 0, kBuilt = 1, kStatus = 2 };
 
 // What the server answers the next frames with: set by the fuzzer thread before a call, read
@@ -281,7 +272,7 @@ struct World {
 World& GetWorld() {
   static World* world = [] {
     auto* w = new World;
-    auto parsed = common::ParseJobConfigText(kConfig, "answer_fuzzer");
+    auto parsed = common::ParseJobConfigText(StoreJobText({"in-process"}), "answer_fuzzer");
     CHECK(parsed.ok()) << parsed.status();
     w->config = *std::move(parsed);
     CHECK(common::ExpandModelTables(&w->config).ok());

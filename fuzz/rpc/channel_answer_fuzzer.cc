@@ -64,23 +64,6 @@
 namespace ps::fuzz {
 namespace {
 
-constexpr char kOneServer[] = R"pb(
-  cluster { num_servers: 1 servers: "a" num_workers: 1 dense_block_floats: 4 }
-  security { plaintext: true }
-  tables { name: "w" kind: TABLE_KIND_DENSE shape: 21 }
-  tables { name: "h" kind: TABLE_KIND_DENSE shape: 10 wire_encoding: ENCODING_FP16 }
-  tables { name: "emb" kind: TABLE_KIND_SPARSE dim: 3 }
-  tables { name: "e16" kind: TABLE_KIND_SPARSE dim: 2 wire_encoding: ENCODING_BF16 }
-)pb";
-constexpr char kTwoServers[] = R"pb(
-  cluster { num_servers: 2 servers: "a" servers: "b" num_workers: 1 dense_block_floats: 4 }
-  security { plaintext: true }
-  tables { name: "w" kind: TABLE_KIND_DENSE shape: 21 }
-  tables { name: "h" kind: TABLE_KIND_DENSE shape: 10 wire_encoding: ENCODING_FP16 }
-  tables { name: "emb" kind: TABLE_KIND_SPARSE dim: 3 }
-  tables { name: "e16" kind: TABLE_KIND_SPARSE dim: 2 wire_encoding: ENCODING_BF16 }
-)pb";
-
 // Short deadlines keep an input to milliseconds: a slot never answered costs one. The longest
 // is past the worker's 50 ms between looks at the server process (ServerGone), and is taken
 // only with a stand-in to look at: an input with it costs 50 ms or more.
@@ -257,7 +240,7 @@ struct World {
 World& GetWorld() {
   static World* world = [] {
     auto* w = new World;
-    const char* texts[] = {kOneServer, kTwoServers};
+    const std::string texts[] = {StoreJobText({"a"}), StoreJobText({"a", "b"})};
     for (int k = 0; k < 2; ++k) {
       auto parsed = common::ParseJobConfigText(texts[k], "channel_answer_fuzzer");
       CHECK(parsed.ok()) << parsed.status();

@@ -21,8 +21,16 @@
 namespace ps::common {
 namespace {
 
+// RESOURCE_EXHAUSTED where the process or the host ran out of something that comes back
+// (descriptors, memory, address space): worth asking again later. FAILED_PRECONDITION for the
+// rest, which asking again does not change.
 absl::Status Errno(absl::string_view what) {
-  return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
+  const int e = errno;
+  std::string message = absl::StrCat(what, ": ", std::strerror(e));
+  if (e == EMFILE || e == ENFILE || e == ENOMEM || e == EAGAIN) {
+    return absl::ResourceExhaustedError(std::move(message));
+  }
+  return absl::FailedPreconditionError(std::move(message));
 }
 
 constexpr uint64_t kAlign = 64;

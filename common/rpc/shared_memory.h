@@ -40,7 +40,9 @@ class SharedMemory {
   // Maps the segment a server offered: FAILED_PRECONDITION when it is not on this host (other
   // boot id), its path is not a process's descriptor ("/proc/PID/fd/FD", as Create names it)
   // of a memory file on tmpfs (memfd_create's; nothing else is opened or even stat'ed), it
-  // cannot be opened, or it is not that segment (size, seals or id differ).
+  // cannot be opened, or it is not that segment (size, seals or id differ); RESOURCE_EXHAUSTED
+  // when this process or host is out of descriptors or memory for now (EMFILE, ENFILE, ENOMEM,
+  // EAGAIN), which may pass.
   static absl::StatusOr<std::shared_ptr<SharedMemory>> Open(uint64_t id, const std::string& path,
                                                             size_t bytes,
                                                             const std::string& boot_id);

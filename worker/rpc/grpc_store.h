@@ -116,8 +116,9 @@ struct GrpcStoreOptions {
   size_t shared_memory_bytes = 0;
   // A server that answered an ask without a segment (its memory budget had no room, or it
   // could not make one) is asked again after this long, then after twice as long each time it
-  // declines, up to 64 times this; a segment this host cannot open (another host's) is never
-  // asked for again. REQUIRES: > 0.
+  // declines, up to 64 times this; so is one this process could not map for want of
+  // descriptors or memory (EMFILE, ENOMEM). A segment this host cannot open (another host's)
+  // is never asked for again. REQUIRES: > 0.
   absl::Duration shared_memory_reask = absl::Seconds(1);
   // With shared memory, calls go through the segment's channel when the server made one
   // (rpc.shared_memory_calls; common/rpc/shared_channel.h), else by the socket.

@@ -292,7 +292,8 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
   std::shared_ptr<common::SharedArena> arena;
   std::shared_ptr<common::SharedChannel> channel;
   bool unusable = false;  // offered, but not to be opened here: never asked again
-  uint64_t declined = 0;  // ... and the server is told so
+  bool exhausted = false;  // offered, but this process is out of descriptors or memory now
+  uint64_t declined = 0;   // either way the server is told so
   if (header.has_shared_offer()) {
     const SharedSegment& offer = header.shared_offer();
     // Never more than was asked: a server's lie would have this process map any size.
@@ -315,6 +316,14 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
       } else {
         arena = std::make_shared<common::SharedArena>(*std::move(opened));
       }
+    } else if (opened.status().code() == absl::StatusCode::kResourceExhausted) {
+      // Out of descriptors or memory for now: asked again later, as after a declined ask
+      // (before, this was taken for a segment that can never be opened here, and the worker
+      // stayed on the socket for the rest of the job after one passing EMFILE).
+      exhausted = true;
+      declined = offer.id();
+      LOG(WARNING) << "server " << s << ": its shared memory cannot be mapped now ("
+                   << opened.status() << "); payloads go by the socket until it is asked again";
     } else {
       unusable = true;
       declined = offer.id();
@@ -339,7 +348,9 @@ void GrpcParameterStore::TakeOffer(uint32_t f, const PushPullResponse& header, E
       link.reask_at = absl::InfiniteFuture();
       link.declined = declined;
     } else {
-      // Declined: the server's budget may have room later (a segment it held is let go).
+      // Declined, or not mapped for want of descriptors or memory: the server's budget, or
+      // this process, may have room later (a segment it held is let go).
+      if (exhausted) link.declined = declined;
       const absl::Duration first = options_.shared_memory_reask;
       link.reask_after = link.reask_after == absl::ZeroDuration()
                              ? first

@@ -1,5 +1,8 @@
 // GrpcParameterStore's shared-memory links against a fake server: asks, offers it takes or
 // declines, and when its payloads follow their calls.
+#include <fcntl.h>
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -8,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
@@ -64,6 +68,46 @@ TEST_F(GrpcStoreTest, AnOfferThatCannotBeOpenedHereIsDeclinedInTheNextCall) {
   EXPECT_EQ(service_->ask_boot_ids()[0], common::SharedMemory::BootId());
   EXPECT_EQ(service_->declines(), (std::vector<uint64_t>{0, (*segment)->id(), 0}));
   EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false, false}));
+}
+
+// An offer this process cannot map for now, for want of descriptors (EMFILE: here the
+// descriptor limit is lowered to what is open while the call is answered), is declined in the
+// next call as another host's would be, but asked for again once the wait after a declined ask
+// has passed, and the new segment is used. Before, a passing EMFILE counted as a segment this
+// host can never open, and the worker sent every payload by the socket for the rest of the job.
+TEST_F(GrpcStoreTest, AnOfferNotMappedForWantOfDescriptorsIsAskedForAgain) {
+  GrpcStoreOptions options = FastRetries();
+  options.shared_memory_bytes = 1 << 20;
+  options.shared_memory_reask = absl::Milliseconds(1);
+  Start(/*fail_pushes=*/0, options);
+  auto first = common::SharedMemory::Create(1 << 20);
+  auto second = common::SharedMemory::Create(1 << 20);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  // The first call, answered without an offer, makes the store's call machinery (whatever
+  // descriptors it needs) before the limit is lowered.
+  ASSERT_TRUE(PushOnce(1).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  service_->Answer(common::FrameBuilder(OfferOf(**first)).Build());
+  struct rlimit limit;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  int highest = 0;  // the highest descriptor open: none above it may be made meanwhile
+  for (int fd = 0; fd < 65536 && fd < static_cast<int>(limit.rlim_cur); ++fd) {
+    if (fcntl(fd, F_GETFD) != -1) highest = fd;
+  }
+  struct rlimit lowered = limit;
+  lowered.rlim_cur = static_cast<rlim_t>(highest) + 1;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  const absl::Status answered = PushOnce(2);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &limit), 0);
+  ASSERT_TRUE(answered.ok()) << answered;
+  absl::SleepFor(absl::Milliseconds(20));
+  service_->Answer(common::FrameBuilder(OfferOf(**second)).Build());
+  ASSERT_TRUE(PushOnce(3).ok());
+  ASSERT_TRUE(PushOnce(4).ok());
+  EXPECT_EQ(service_->asks(), (std::vector<uint64_t>{1 << 20, 1 << 20, 1 << 20, 0}));
+  EXPECT_EQ(service_->declines(), (std::vector<uint64_t>{0, 0, (*first)->id(), 0}));
+  EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false, false, true}));
 }
 
 // An answer the worker refuses (here: a payload byte no block accounts for) does not steer

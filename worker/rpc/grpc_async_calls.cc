@@ -387,7 +387,18 @@ void GrpcParameterStore::AsyncCalls::OnAnswer(Slot* slot) {
     if (slot->attempt > 0 && options.on_recovered) {
       options.on_recovered(s, slot->attempt, absl::Now() - slot->first_failure);
     }
-    if (c->status.ok()) c->status = store_->ReadAnswer(slot->frame, slot->answer, &c->x);
+    bool refused = false;
+    if (c->status.ok()) {
+      c->status = store_->ReadAnswer(slot->frame, slot->answer, &c->x);
+      refused = !c->status.ok();
+    }
+    if (!refused) {
+      // Served: its server is done with the frame's room in the segment (and any payload lent
+      // there), so the call failing at another server gives up nothing of this link (before,
+      // End gave up every link the call used, and with it the buffers lent in its segment).
+      // An answer this process refused does give its link up (End).
+      c->x.shared[slot->frame] = common::SharedArena::Region();
+    }
     slot->answer.Clear();
     SlotDone(c);
     return;

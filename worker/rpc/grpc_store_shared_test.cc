@@ -110,6 +110,55 @@ TEST_F(GrpcStoreTest, AnOfferNotMappedForWantOfDescriptorsIsAskedForAgain) {
   EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false, false, true}));
 }
 
+// A call that fails at one server gives up the shared memory of that server only: the other
+// server answered, so it is done with its part of the segment, and the next call goes
+// through that segment without asking again. Before, every link the call used was given up,
+// and each server was asked for a new segment (made and first touched again, and the buffers
+// lent in the old one revoked).
+TEST_F(GrpcStoreTest, ACallFailingAtOneServerKeepsTheOtherServersSegment) {
+  service_ = std::make_unique<RecordingServer>(0, grpc::StatusCode::INVALID_ARGUMENT, false);
+  JobConfig config;
+  config.mutable_cluster()->set_num_servers(2);
+  config.mutable_cluster()->add_servers("in-process");
+  config.mutable_cluster()->add_servers("in-process");
+  config.mutable_cluster()->set_num_workers(1);
+  config.mutable_cluster()->set_dense_block_floats(1024);  // one block on each server
+  TableConfig* g = config.add_tables();
+  g->set_name("g");
+  g->add_shape(2048);
+  ASSERT_TRUE(common::ExpandModelTables(&config).ok());
+  GrpcStoreOptions options = FastRetries();
+  options.shared_memory_bytes = 1 << 20;
+  StartInProcess(service_.get(), 2, config, options, &server_, &store_);
+  // Both servers offer (this fake one) segment; each link maps it for itself.
+  auto segment = common::SharedMemory::Create(1 << 20);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  service_->Answer(common::FrameBuilder(OfferOf(**segment)).Build());
+  const std::vector<float> gradient(2048, 1e-3f);
+  auto push = [&](int64_t clock) {
+    common::PushBatch batch;
+    batch.dense.push_back({"g", gradient});
+    return store_->Push(batch, common::PushOptions{clock, false});
+  };
+  ASSERT_TRUE(push(1).ok());  // both ask, by the socket
+  service_->FailPushes(1);
+  EXPECT_EQ(push(2).code(), absl::StatusCode::kInvalidArgument);  // one frame refused
+  ASSERT_TRUE(push(3).ok());
+  ASSERT_TRUE(push(4).ok());
+  const std::vector<uint64_t> asks = service_->asks();
+  const std::vector<bool> shared = service_->shared();
+  ASSERT_EQ(asks.size(), 8u);
+  // Two frames a call, in the order they arrived: the first call's both ask, the second's
+  // both go through the segments, and in the third only the refused server is asked again.
+  EXPECT_EQ(std::vector<uint64_t>(asks.begin(), asks.begin() + 4),
+            (std::vector<uint64_t>{1 << 20, 1 << 20, 0, 0}));
+  EXPECT_EQ(std::vector<bool>(shared.begin(), shared.begin() + 4),
+            (std::vector<bool>{false, false, true, true}));
+  EXPECT_EQ((asks[4] != 0) + (asks[5] != 0), 1);
+  EXPECT_EQ(shared[4] + shared[5], 1);
+  EXPECT_EQ(std::vector<bool>(shared.begin() + 6, shared.end()), (std::vector<bool>{true, true}));
+}
+
 // An answer the worker refuses (here: a payload byte no block accounts for) does not steer
 // it, whatever it offers: the offer is not taken, and the next call asks again by the socket.
 // Before, the offer was mapped before the answer's lengths were checked, and the next calls

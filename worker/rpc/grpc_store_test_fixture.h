@@ -114,6 +114,11 @@ class RecordingServer final
     absl::MutexLock lock(&mu_);
     heartbeat_clock_ = clock;
   }
+  // Answers the next `n` pushes with the code given at construction.
+  void FailPushes(int n) {
+    absl::MutexLock lock(&mu_);
+    fail_pushes_ = n;
+  }
   void FailHeartbeats(int n) {
     absl::MutexLock lock(&mu_);
     fail_heartbeats_ = n;

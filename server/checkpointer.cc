@@ -19,7 +19,6 @@ absl::StatusOr<std::unique_ptr<storage::CheckpointStore>> Checkpointer::OpenStor
   storage::CheckpointStoreOptions store_options;
   store_options.path = options.data_dir;
   store_options.keep = options.keep;
-  store_options.restore_id = options.restore_id;
   ASSIGN_OR_RETURN(auto store, storage::CheckpointStore::Open(store_options),
                    absl::StrCat("data dir ", options.data_dir));
   return store;
@@ -55,6 +54,7 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
         // this one, and never fall back to them (before 2026-12-05 it took the newest).
         RETURN_IF_ERROR_CTX(store_->MakeCurrent(c.id),
                             "restored, but not recorded as the current checkpoint");
+        ApplyRetentionAfterRestore();
         return report;
       }
     }
@@ -85,7 +85,18 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
       continue;
     }
     absl::Status status = RestoreOne(*it, &report);
-    if (status.ok()) return report;
+    if (status.ok()) {
+      // Newer ones that fail verification are superseded by it, as by a restore of its id:
+      // counted as current, they would have retention delete good older ones while they stay
+      // (found in review, 2026-12-06: with `keep` 2, the first checkpoint after falling back
+      // from a damaged newest one deleted the one restored from).
+      if (!report.skipped.empty()) {
+        RETURN_IF_ERROR_CTX(store_->MakeCurrent(it->id),
+                            "restored, but the damaged newer checkpoints not recorded as such");
+      }
+      ApplyRetentionAfterRestore();
+      return report;
+    }
     if (!absl::IsDataLoss(status) || report.checkpoint_id != 0) return status;
     report.skipped.push_back(status);
   }
@@ -100,7 +111,17 @@ absl::StatusOr<RestoreReport> Checkpointer::Restore(std::optional<uint64_t> id) 
 absl::Status Checkpointer::StartFresh() {
   absl::ReaderMutexLock store_lock(&store_mu_);
   if (store_ == nullptr) return absl::FailedPreconditionError("checkpoint store is not open");
-  return store_->MakeCurrent(0);
+  RETURN_IF_ERROR(store_->MakeCurrent(0));
+  ApplyRetentionAfterRestore();
+  return absl::OkStatus();
+}
+
+void Checkpointer::ApplyRetentionAfterRestore() {
+  // Only now, with the checkpoint taken verified (the store's Open deletes none): a failure
+  // is retried by the next commit and does not fail the start.
+  if (absl::Status s = store_->ApplyRetentionNow(); !s.ok()) {
+    LOG(WARNING) << "restored, but deleting old checkpoints failed: " << s;
+  }
 }
 
 // Sets report->checkpoint_id only once the shard has been touched (then it is not fresh).

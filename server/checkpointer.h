@@ -28,9 +28,6 @@ struct CheckpointerOptions {
   std::string data_dir;
   // Complete checkpoints kept (>= 1).
   uint32_t keep = 2;
-  // The checkpoint Restore() will be given (0 = none or the newest): kept through the store's
-  // Open (storage::CheckpointStoreOptions::restore_id).
-  uint64_t restore_id = 0;
   // Time between periodic checkpoints; zero = no timer.
   absl::Duration interval = absl::Seconds(60);
   // Also checkpoint once this many updates were applied since the last one; 0 = off.
@@ -118,6 +115,8 @@ class Checkpointer {
   absl::Status ReopenStoreIfFailed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status RestoreOne(const storage::CheckpointInfo& info, RestoreReport* report)
       ABSL_SHARED_LOCKS_REQUIRED(store_mu_);
+  // Applies `keep` once a restore (or a fresh start) chose the current checkpoint.
+  void ApplyRetentionAfterRestore() ABSL_SHARED_LOCKS_REQUIRED(store_mu_);
 
   Shard* const shard_;  // Not owned.
   const CheckpointerOptions options_;

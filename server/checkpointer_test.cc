@@ -241,6 +241,47 @@ TEST_F(CheckpointerTest, RestoreLatestSkipsACorruptNewestCheckpointForTheNewestG
   EXPECT_THAT(c2->Restore(second_id).status(), StatusIs(absl::StatusCode::kDataLoss));
 }
 
+// Found in review, 2026-12-06: retention counted a damaged newest checkpoint as one of `keep`.
+// At a start with `keep` lowered to 1, the store's Open deleted the good older checkpoint
+// before the restore found the newest damaged (DATA_LOSS: nothing left to restore); with
+// `keep` 2, the first checkpoint after falling back deleted the one restored from and kept
+// the damaged one. The damaged one is now superseded by the restore, and retention waits for
+// the restore.
+TEST_F(CheckpointerTest, RetentionNeverDeletesTheCheckpointARestoreFellBackTo) {
+  for (const uint32_t keep : {1u, 2u}) {
+    SCOPED_TRACE(keep);
+    dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/fell_back_keep_", keep);
+    uint64_t first_id = 0, second_id = 0;
+    std::vector<float> at_first;
+    ASSERT_NO_FATAL_FAILURE(WriteTwoCheckpoints(&first_id, &second_id, &at_first));
+    DamageRecord(dir_, second_id, std::string("w\0\0\0\0\1", 6));
+    auto shard = NewShard();
+    CheckpointerOptions options;
+    options.data_dir = dir_;
+    options.interval = absl::ZeroDuration();
+    options.keep = keep;
+    auto c = Checkpointer::Create(shard.get(), options);
+    ASSERT_THAT(c.status(), IsOk());
+    auto report = (*c)->Restore();
+    ASSERT_THAT(report.status(), IsOk());
+    EXPECT_EQ(report->checkpoint_id, first_id);
+    EXPECT_THAT(Values(shard.get()), ElementsAreArray(at_first));
+    // The next checkpoint keeps what `keep` says of the good ones: with 2, the one restored
+    // from, which a later restore falls back to if the new one is damaged too.
+    auto third = (*c)->CheckpointNow();
+    ASSERT_THAT(third.status(), IsOk());
+    c->reset();
+    if (keep == 2) {
+      DamageRecord(dir_, third->checkpoint_id(), std::string("w\0\0\0\0\1", 6));
+      auto again = NewShard();
+      auto report2 = NewCheckpointer(again.get())->Restore();
+      ASSERT_THAT(report2.status(), IsOk());
+      EXPECT_EQ(report2->checkpoint_id, first_id);
+      EXPECT_THAT(Values(again.get()), ElementsAreArray(at_first));
+    }
+  }
+}
+
 // Found 2026-12-05: after a restore of an older checkpoint (--restore=<id>), a restart of the
 // server (the default restore of the newest) went back to the newer checkpoint the operator
 // had turned back from; and once the restored timeline had a checkpoint of its own, a

@@ -239,7 +239,6 @@ absl::Status ParameterServer::Restore() {
   options.keep = config_.checkpoint().keep();
   options.interval = absl::Seconds(config_.checkpoint().interval_s());
   options.every_updates = config_.checkpoint().every_updates();
-  if (options_.restore) options.restore_id = options_.restore_id.value_or(0);
   ASSIGN_OR_RETURN(checkpointer_, Checkpointer::Create(shard_.get(), options));
   if (!options_.restore) {
     // The checkpoints there belong to a run this one does not continue: a restart of this

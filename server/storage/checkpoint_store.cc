@@ -265,8 +265,9 @@ absl::Status CheckpointStore::Recover() {
   absl::MutexLock lock(&mu_);
   if (!cfs_.empty()) next_id = std::max(next_id, cfs_.rbegin()->first + 1);
   next_id_ = next_id;
-  RETURN_IF_ERROR(DeleteIncomplete());
-  return ApplyRetention(options_.restore_id);
+  // No retention here: which complete checkpoints verify is known only once the opener's
+  // restore has read them (ApplyRetentionNow).
+  return DeleteIncomplete();
 }
 
 // ============================== CheckpointStore: bookkeeping ==============================
@@ -325,7 +326,12 @@ absl::Status CheckpointStore::DropCheckpoints(std::vector<uint64_t> ids) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointStore::ApplyRetention(uint64_t pinned) {
+absl::Status CheckpointStore::ApplyRetentionNow() {
+  absl::MutexLock lock(&mu_);
+  return ApplyRetention();
+}
+
+absl::Status CheckpointStore::ApplyRetention() {
   ASSIGN_OR_RETURN(std::vector<uint64_t> committed, CommitIds());
   absl::StatusOr<std::vector<uint64_t>> superseded = ReadSuperseded();
   if (!superseded.ok()) {
@@ -345,10 +351,6 @@ absl::Status CheckpointStore::ApplyRetention(uint64_t pinned) {
     if (current_newer >= options_.keep) break;
     oldest_kept = *it;
     if (!std::binary_search(superseded->begin(), superseded->end(), *it)) ++current_newer;
-  }
-  if (pinned != 0 && pinned < oldest_kept &&
-      std::binary_search(committed.begin(), committed.end(), pinned)) {
-    oldest_kept = pinned;
   }
   if (committed.empty() || oldest_kept == committed.front()) return absl::OkStatus();
   rocksdb::WriteBatch batch;
@@ -538,7 +540,8 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::CommitCheckpoint(uint64_t id,
   }
 
   // The checkpoint is complete; failing to delete old ones must not make the caller believe it
-  // is not. The next commit (or Open) retries, since retention deletes everything beyond `keep`.
+  // is not. The next commit (or the opener's ApplyRetentionNow) retries, since retention deletes
+  // everything beyond `keep`.
   absl::MutexLock lock(&mu_);
   absl::Status retention = ApplyRetention();
   if (!retention.ok()) {

@@ -22,7 +22,9 @@
 //   pairs, so a lost or extra record is found too. RocksDB's block checksums are verified on
 //   every read as well.
 // - Retention deletes only checkpoints older than the `keep` newest complete ones, and only
-//   after a new checkpoint has completed; the newest complete checkpoint is never touched.
+//   after a new checkpoint has completed or when the opener asks (ApplyRetentionNow, after
+//   its restore has verified the checkpoint it took); the newest complete checkpoint is never
+//   touched. Open() deletes no complete checkpoint: it cannot know which ones verify.
 // - Checkpoints are isolated on disk (one RocksDB column family each, see the .cc), so damaged
 //   data of one checkpoint does not stop reading, deleting or writing the others. (A truncated
 //   or missing file is the exception: RocksDB then refuses to open the store, DATA_LOSS. So is
@@ -83,12 +85,6 @@ struct CheckpointStoreOptions {
   // Number of complete checkpoints kept. Older ones are deleted after a new one completes, so
   // the disk must hold keep + 1 checkpoints while one is being written. REQUIRES: >= 1.
   uint32_t keep = 2;
-
-  // The checkpoint the opener is about to restore (0 = none): retention at Open keeps it, and
-  // every newer one, whatever `keep` says, so that lowering `keep` in the same start as a
-  // restore of an older id does not delete the checkpoint asked for. The restore's
-  // MakeCurrent then supersedes the newer ones, and the next commit's retention applies `keep`.
-  uint64_t restore_id = 0;
 
   // fsync the commit record and the next-id record. With false, a power loss (not a process
   // crash) may lose the newest commits; the store stays consistent either way.
@@ -262,6 +258,15 @@ class CheckpointStore {
   // UNAVAILABLE (I/O).
   [[nodiscard]] absl::Status MakeCurrent(uint64_t id);
 
+  // Deletes the checkpoints `keep` no longer keeps (see MakeCurrent for superseded ones). For
+  // the opener, once a restore has verified and taken its checkpoint (or a fresh start made
+  // none current): Open() applies no retention, since until then it cannot tell a damaged
+  // newest checkpoint from a good one, and counted as one of `keep` it would have the last
+  // good one deleted (found in review, 2026-12-06).
+  // Errors: DATA_LOSS (the record of superseded checkpoints is corrupt: nothing is deleted),
+  // PERMISSION_DENIED / RESOURCE_EXHAUSTED / UNAVAILABLE (I/O).
+  [[nodiscard]] absl::Status ApplyRetentionNow();
+
   // Calls `visit` with every record of checkpoint `id`, in increasing key order (bytewise),
   // checking each record's checksum before handing it out, and the record count, byte count
   // and hash against the commit record at the end. The views are valid only during the call.
@@ -320,8 +325,7 @@ class CheckpointStore {
   std::shared_ptr<rocksdb::ColumnFamilyHandle> FindCf(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status DeleteIncomplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DropCheckpoints(std::vector<uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps `pinned` (0 = none) and every newer checkpoint beyond what `keep` keeps.
-  absl::Status ApplyRetention(uint64_t pinned = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutNextId(uint64_t next_id);
   absl::StatusOr<std::vector<uint64_t>> ReadSuperseded();
   absl::Status CheckFreeSpace(absl::string_view what);

@@ -228,17 +228,22 @@ TEST_F(CheckpointStoreTest, RetentionKeepsNewestAndDeletesOlder) {
   EXPECT_LT(store_->ApproximateSizeBytes(), 3u << 20);
   EXPECT_LT(SstBytesOnDisk(), 3u << 20);
 
-  // Lowering `keep` applies on the next Open, and never to the newest checkpoint.
+  // Lowering `keep` applies once the opener asks (after its restore), never to the newest
+  // checkpoint; Open itself deletes nothing.
   options_.keep = 1;
   OpenStore();
+  EXPECT_THAT(ListIds(), ElementsAre(ids[2], ids[3]));
+  ASSERT_OK(store_->ApplyRetentionNow());
   EXPECT_THAT(ListIds(), ElementsAre(ids[3]));
   ASSERT_OK_AND_ASSIGN(Records read, ReadAll(ids[3]));
   EXPECT_EQ(read, MakeRecords(4, 10, 100 << 10));
 }
 
 // Found 2026-12-05 by a review: retention ran at Open, before the restore, so lowering
-// `keep` in the same start as a restore of an older id deleted the checkpoint asked for.
-TEST_F(CheckpointStoreTest, RetentionAtOpenKeepsTheCheckpointAboutToBeRestored) {
+// `keep` in the same start as a restore of an older id deleted the checkpoint asked for. And
+// found 2026-12-06: with the default restore of the newest, it deleted the older checkpoints
+// before the restore found the newest damaged. Open now deletes no complete checkpoint.
+TEST_F(CheckpointStoreTest, OpenDeletesNoCompleteCheckpoint) {
   options_.keep = 3;
   OpenStore();
   std::vector<uint64_t> ids;
@@ -247,18 +252,16 @@ TEST_F(CheckpointStoreTest, RetentionAtOpenKeepsTheCheckpointAboutToBeRestored) 
     ids.push_back(info.id);
   }
   options_.keep = 1;
-  options_.restore_id = ids[0];
   OpenStore();
   EXPECT_THAT(ListIds(), ElementsAre(ids[0], ids[1], ids[2]));
   ASSERT_OK_AND_ASSIGN(Records read, ReadAll(ids[0]));
   EXPECT_EQ(read, MakeRecords(1, 10, 1000));
-  // Restored: the newer ones are superseded, and the next commit applies `keep`.
+  // Restored: the newer ones are superseded and kept by the retention after the restore;
+  // the next commit applies `keep`.
   ASSERT_OK(store_->MakeCurrent(ids[0]));
+  ASSERT_OK(store_->ApplyRetentionNow());
+  EXPECT_THAT(ListIds(), ElementsAre(ids[0], ids[1], ids[2]));
   ASSERT_OK_AND_ASSIGN(CheckpointInfo next, WriteCheckpoint(MakeRecords(4, 10, 1000)));
-  EXPECT_THAT(ListIds(), ElementsAre(next.id));
-  // A pin that names no checkpoint changes nothing.
-  options_.restore_id = ids[0];
-  OpenStore();
   EXPECT_THAT(ListIds(), ElementsAre(next.id));
 }
 

@@ -1,6 +1,8 @@
 #include "common/rpc/shared_channel.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -9,7 +11,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,15 +76,36 @@ void Wait(const std::atomic<uint32_t>* word, uint32_t seen, absl::Time deadline)
 #endif
 
 // The state letter and start time (clock ticks after boot) of process `pid`, from
-// /proc/PID/stat; nullopt when it does not exist.
+// /proc/PID/stat; nullopt when it cannot be read, with `*gone` saying whether that is because
+// the process does not exist. Not knowing is not gone: a worker out of descriptors for a moment
+// (EMFILE) must not take a live server for dead (found in review, 2026-12-06), and give up its
+// segment and lent buffers.
 struct ProcessFacts {
   char state;
   uint64_t start;
 };
-std::optional<ProcessFacts> ReadProcess(int pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  if (!std::getline(in, stat)) return std::nullopt;
+std::optional<ProcessFacts> ReadProcess(int pid, bool* gone) {
+  *gone = false;
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    // ENOENT: no such process. Any other error (EMFILE, ENFILE, ENOMEM) tells nothing of it;
+    // ask the kernel without a descriptor.
+    *gone = errno == ENOENT || (kill(pid, 0) != 0 && errno == ESRCH);
+    return std::nullopt;
+  }
+  char buffer[1024];  // the line is a few hundred bytes (comm is at most 64)
+  ssize_t n;
+  do {
+    n = read(fd, buffer, sizeof(buffer));
+  } while (n < 0 && errno == EINTR);
+  const int read_error = errno;
+  close(fd);
+  if (n <= 0) {
+    *gone = n < 0 && read_error == ESRCH;  // exited between the open and the read
+    return std::nullopt;
+  }
+  std::string stat(buffer, static_cast<size_t>(n));
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the fields after the
   // last ')' are plain. starttime is field 22 of the line, the 20th after comm.
   const size_t close = stat.rfind(')');
@@ -111,14 +133,17 @@ std::optional<int> SharedChannel::PidOfPath(const std::string& path) {
 
 void SharedChannel::WatchServer(int pid) {
   server_pid_ = pid;
-  std::optional<ProcessFacts> facts = ReadProcess(pid);
+  bool gone = false;
+  std::optional<ProcessFacts> facts = ReadProcess(pid, &gone);
   server_start_ = facts.has_value() ? facts->start : 0;
 }
 
 bool SharedChannel::ServerGone() const {
   if (server_pid_ <= 0) return false;
-  std::optional<ProcessFacts> facts = ReadProcess(server_pid_);
-  return !facts.has_value() || facts->state == 'Z' || facts->state == 'X' ||
+  bool gone = false;
+  std::optional<ProcessFacts> facts = ReadProcess(server_pid_, &gone);
+  if (!facts.has_value()) return gone;
+  return facts->state == 'Z' || facts->state == 'X' ||
          (server_start_ != 0 && facts->start != server_start_);
 }
 

@@ -73,8 +73,9 @@ class SharedChannel {
   // never closes the channel. Reads the process's start time now (0 when it cannot).
   void WatchServer(int pid);
   // Whether the watched server process has exited (or is a zombie, or its pid now names
-  // another process). False when none is watched. Reads /proc: call it now and then, not per
-  // poll.
+  // another process). False when none is watched, and when this process cannot tell (out of
+  // descriptors: then only a process that no longer exists is gone). Reads /proc: call it now
+  // and then, not per poll.
   bool ServerGone() const;
   // The pid in a segment path "/proc/PID/fd/FD", or nullopt.
   static std::optional<int> PidOfPath(const std::string& path);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/rpc/descriptor_testing.h"
 #include "common/rpc/grpc_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -193,12 +194,25 @@ TEST(SharedChannel, AWorkerTellsWhenTheServerProcessIsGone) {
   }
   ends.worker->WatchServer(child);
   EXPECT_FALSE(ends.worker->ServerGone());
+  // Out of descriptors, this process cannot read /proc: a live server is not taken for gone
+  // (it was before, found in review 2026-12-06: the worker then gave up its segment).
+  {
+    OutOfDescriptors out;
+    ASSERT_TRUE(out.ok());
+    EXPECT_FALSE(ends.worker->ServerGone());
+  }
   kill(child, SIGKILL);
   // Dead but not reaped (a zombie) is gone already; reaped, its /proc entry is gone too.
   while (!ends.worker->ServerGone()) absl::SleepFor(absl::Milliseconds(1));
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(ends.worker->ServerGone());
+  // ... but one that no longer exists still is, descriptors or not.
+  {
+    OutOfDescriptors out;
+    ASSERT_TRUE(out.ok());
+    EXPECT_TRUE(ends.worker->ServerGone());
+  }
   ends.worker->WatchServer(getpid());
   EXPECT_FALSE(ends.worker->ServerGone());
 }

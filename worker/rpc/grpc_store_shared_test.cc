@@ -1,8 +1,5 @@
 // GrpcParameterStore's shared-memory links against a fake server: asks, offers it takes or
 // declines, and when its payloads follow their calls.
-#include <fcntl.h>
-#include <sys/resource.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -12,6 +9,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/rpc/descriptor_testing.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/shared_channel.h"
@@ -70,8 +68,8 @@ TEST_F(GrpcStoreTest, AnOfferThatCannotBeOpenedHereIsDeclinedInTheNextCall) {
   EXPECT_EQ(service_->shared(), (std::vector<bool>{false, false, false}));
 }
 
-// An offer this process cannot map for now, for want of descriptors (EMFILE: here the
-// descriptor limit is lowered to what is open while the call is answered), is declined in the
+// An offer this process cannot map for now, for want of descriptors (EMFILE: here no
+// descriptor can be made while the call is answered), is declined in the
 // next call as another host's would be, but asked for again once the wait after a declined ask
 // has passed, and the new segment is used. Before, a passing EMFILE counted as a segment this
 // host can never open, and the worker sent every payload by the socket for the rest of the job.
@@ -89,17 +87,12 @@ TEST_F(GrpcStoreTest, AnOfferNotMappedForWantOfDescriptorsIsAskedForAgain) {
   ASSERT_TRUE(PushOnce(1).ok());
   absl::SleepFor(absl::Milliseconds(20));
   service_->Answer(common::FrameBuilder(OfferOf(**first)).Build());
-  struct rlimit limit;
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
-  int highest = 0;  // the highest descriptor open: none above it may be made meanwhile
-  for (int fd = 0; fd < 65536 && fd < static_cast<int>(limit.rlim_cur); ++fd) {
-    if (fcntl(fd, F_GETFD) != -1) highest = fd;
+  absl::Status answered;
+  {
+    common::OutOfDescriptors out;
+    ASSERT_TRUE(out.ok());
+    answered = PushOnce(2);
   }
-  struct rlimit lowered = limit;
-  lowered.rlim_cur = static_cast<rlim_t>(highest) + 1;
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
-  const absl::Status answered = PushOnce(2);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &limit), 0);
   ASSERT_TRUE(answered.ok()) << answered;
   absl::SleepFor(absl::Milliseconds(20));
   service_->Answer(common::FrameBuilder(OfferOf(**second)).Build());

@@ -17,6 +17,23 @@ for b in server/ps_server worker/ps_worker; do
   printf '#!/bin/bash\necho "%s $*"\n' "$b" >"$dir/bin/$b"
   chmod +x "$dir/bin/$b"
 done
+# Asked for the config as it runs (--print_config), the fake server answers the JSON form of
+# what the file and the --set flag say of the server count, as ps_server does.
+cat >"$dir/bin/server/ps_server" <<'FAKE'
+#!/bin/bash
+if [[ " $* " == *" --print_config "* ]]; then
+  n=""
+  for a in "$@"; do
+    case "$a" in
+      --config=*) n=$(sed -n 's/.*num_servers: \([0-9]*\).*/\1/p' "${a#--config=}") ;;
+      --set=*) [[ $a =~ cluster\.num_servers=([0-9]+) ]] && n=${BASH_REMATCH[1]} ;;
+    esac
+  done
+  echo "{\"cluster\":{\"servers\":[],\"num_servers\":${n:-0},\"num_workers\":1}}"
+  exit 0
+fi
+echo "server/ps_server $*"
+FAKE
 printf 'cluster { num_servers: 1 num_workers: 1 }\n' >"$dir/job.textproto"
 
 # Open MPI: rank 1 of 2 is the worker.

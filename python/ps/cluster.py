@@ -18,6 +18,7 @@ nor when starting fails.
 
 import ctypes
 import functools
+import json
 import os
 import shutil
 import signal
@@ -147,7 +148,7 @@ class LocalServers:
     def __init__(self, config, num_servers=None, overrides=(), data_root=None, server_args=(),
                  start_timeout=120.0, quiet=True):
         self.config = os.path.abspath(config)
-        self.num_servers = num_servers or _config_int(self.config, "num_servers") or 1
+        self.num_servers = num_servers or _config_int(self.config, "num_servers", overrides) or 1
         self.overrides = list(overrides) + ["cluster.num_servers=%d" % self.num_servers]
         self._own_root = data_root is None
         # A root of our own is made by start(): an object never started leaves nothing behind.
@@ -237,19 +238,26 @@ class LocalServers:
         self.stop()
 
 
-def _config_int(path, field):
-    """A top-level `field: N` anywhere in the textproto (num_servers, num_workers)."""
-    import re
-    with open(path) as f:
-        m = re.search(r"\b%s\s*:\s*(\d+)" % field, f.read())
-    return int(m.group(1)) if m else None
+def _config_int(path, field, overrides=()):
+    """cluster.`field` (num_servers, num_workers) as the binaries read the config: ps_server
+    --print_config, the file with `overrides` applied (not a parser of this module's own).
+    None when the config leaves it 0."""
+    argv = [find_binary("server/ps_server"), "--config=" + path, "--cluster_from=flags",
+            "--print_config"]
+    if overrides:
+        argv.append("--set=" + ",".join(overrides))
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("ps_server --print_config --config=%s: %s" % (
+            path, (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]))
+    return int(json.loads(p.stdout).get("cluster", {}).get(field, 0)) or None
 
 
 def run_job(config, worker_argv, num_workers=None, num_servers=None, overrides=(), timeout=None):
     """Starts the servers, then `num_workers` copies of worker_argv (each with
     --worker_index=i --servers=...; their output goes to this process's); returns the workers'
     exit codes once all have exited (the servers are stopped in any case)."""
-    num_workers = num_workers or _config_int(os.path.abspath(config), "num_workers") or 1
+    num_workers = num_workers or _config_int(os.path.abspath(config), "num_workers", overrides) or 1
     overrides = list(overrides) + ["cluster.num_workers=%d" % num_workers]
     with LocalServers(config, num_servers=num_servers, overrides=overrides) as servers:
         sys.stdout.write("[job] servers at %s\n" % ",".join(servers.addresses))

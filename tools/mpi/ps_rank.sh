@@ -59,8 +59,12 @@ size=${OMPI_COMM_WORLD_SIZE:-}
 [ -r "$config" ] || die "cannot read the config '$config'"
 servers=${servers:-$(override_of cluster.num_servers "$set_flag")}
 if [ -z "$servers" ]; then
-  servers=$(sed -n 's/.*\bnum_servers[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$config" | head -1)
-  [ -n "$servers" ] || die "the config sets no cluster.num_servers: give --servers=S"
+  # As the binaries read the config (--print_config: the file with the --set overrides, in
+  # the proto's JSON form), not with a parser of this script's own.
+  printed=$("$bin_dir/server/ps_server" --print_config --cluster_from=flags "--config=$config" \
+    ${set_flag:+"--set=$set_flag"} 2>&1) || die "ps_server --print_config: $printed"
+  servers=$(grep -o '"num_servers":[0-9]*' <<<"$printed" | head -1 | cut -d: -f2)
+  [ -n "$servers" ] && ((servers > 0)) || die "the config sets no cluster.num_servers: give --servers=S"
 fi
 [[ $servers =~ ^[0-9]+$ ]] && ((servers >= 1 && servers < size)) ||
   die "--servers=$servers: need 1 <= S < the $size ranks (at least one worker)"

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -155,10 +156,13 @@ class FrameReader {
  public:
   // Parses the header of `buffer` into `header`. INVALID_ARGUMENT (message starting
   // "unparseable frame") for a frame too short for its header length, a header longer than
-  // `max_header_bytes`, or a header that does not parse. `counters` may be null.
+  // `max_header_bytes`, or a header that does not parse, or would take more than
+  // `max_parsed_header_bytes` parsed (0: `max_header_bytes`; common/rpc/parse_bound.h). `counters`
+  // may be null.
   static absl::Status Open(const grpc::ByteBuffer& buffer, size_t max_header_bytes,
-                           google::protobuf::MessageLite* header, FrameReader* reader,
-                           DataPathCounters* counters = nullptr);
+                           google::protobuf::Message* header, FrameReader* reader,
+                           DataPathCounters* counters = nullptr,
+                           size_t max_parsed_header_bytes = 0);
 
   // Payload bytes not read yet.
   size_t remaining() const { return remaining_; }

@@ -18,6 +18,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/rpc/grpc_server.h"
@@ -29,6 +30,56 @@ namespace {
 
 using ::ps::common::IsOk;
 using ::testing::HasSubstr;
+
+// A request that would take far more memory parsed than its size (empty repeated entries: two
+// bytes each on the wire, an object each parsed) is refused before it is parsed, its reason
+// "request_too_large". Found in review, 2026-12-06: gRPC parsed every Pull and Push before
+// the service saw it, so 512 MiB of empty table entries cost the server about 24 GB, whoever
+// sent them. Control methods take 1 MiB parsed at most.
+TEST_F(OverloadTest, RequestsThatWouldTakeFarMoreParsedThanTheirSizeAreRefusedUnparsed) {
+  ServiceOptions options;
+  options.max_answer_bytes = 4 << 20;  // what a Pull or Push may take parsed
+  Start(options, GrpcServerOptions{}, DenseJob(1, 1024, 1024));
+  PullRequest pull;
+  *pull.mutable_header() = Header(-1, 0, 0);
+  for (int i = 0; i < 200000; ++i) pull.add_tables();  // 400 KB sent, over 20 MB parsed
+  ASSERT_LT(pull.ByteSizeLong(), 1u << 20);
+  grpc::ClientContext pull_context;
+  PullResponse pulled;
+  const grpc::Status refused = stub_->Pull(&pull_context, pull, &pulled);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("bytes parsed"));
+  StatsRequest stats;
+  for (int i = 0; i < 100000; ++i) {  // 300 KB of unknown fields, over 1 MiB parsed
+    stats.GetReflection()->MutableUnknownFields(&stats)->AddVarint(999, 1);
+  }
+  grpc::ClientContext stats_context;
+  StatsResponse answered;
+  EXPECT_EQ(stub_->Stats(&stats_context, stats, &answered).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Rejected("request_too_large"), 2u);
+  // Bytes that are no message: INVALID_ARGUMENT, "unparseable".
+  grpc::GenericStub generic(grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                                grpc::InsecureChannelCredentials()));
+  grpc::ClientContext garbage_context;
+  grpc::Slice garbage_slice(std::string("\x12\x7f", 2));
+  const grpc::ByteBuffer garbage(&garbage_slice, 1);
+  grpc::ByteBuffer garbage_answer;
+  absl::Notification done;
+  grpc::Status garbage_status;
+  generic.UnaryCall(&garbage_context, "/ps.ParameterServer/Push", grpc::StubOptions(), &garbage,
+                    &garbage_answer, [&](grpc::Status st) {
+                      garbage_status = std::move(st);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  EXPECT_EQ(garbage_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Rejected("unparseable"), 1u);
+  // An honest pull is served as before.
+  auto honest = SendPull(stub_.get(), -1, 0);
+  honest->done.WaitForNotification();
+  EXPECT_TRUE(honest->status.ok()) << honest->status.error_message();
+}
 
 TEST_F(OverloadTest, LargeRequestsBeyondThePoolCapAreRefusedAndChangeNothing) {
   ServiceOptions options;

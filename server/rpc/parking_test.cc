@@ -292,6 +292,29 @@ TEST_F(ParkingTest, TheBytesParkedPullsKeepAreCapped) {
   EXPECT_EQ(BusyTrailers(*over), 1u);
   EXPECT_EQ(Rejected("too_many_waiting"), 2u);
   EXPECT_EQ(Rejected(kServerBusyReason), 1u);
+  // Counted as it is held, parsed: 300 KB of small unknown fields (100,000 of them) take over
+  // 1 MiB parsed (found in review, 2026-12-06: the wire size was counted, so a worker parked
+  // many times the cap in objects).
+  {
+    auto pull = std::make_unique<PendingPull>();
+    *pull->request.mutable_header() = Header(0, 1);  // worker 0: 600 KB parked, by the wire
+    auto* t = pull->request.add_tables();
+    t->set_table("w");
+    t->add_block_ids(0);
+    for (int i = 0; i < 100000; ++i) {
+      pull->request.GetReflection()->MutableUnknownFields(&pull->request)->AddVarint(1000, 1);
+    }
+    ASSERT_LT(pull->request.ByteSizeLong(), 320u << 10);  // under both caps by the wire
+    pull->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    PendingPull* p = pull.get();
+    stub_->async()->Pull(&p->context, &p->request, &p->response, [p](grpc::Status status) {
+      p->status = std::move(status);
+      p->done.Notify();
+    });
+    pull->done.WaitForNotification();
+    EXPECT_EQ(pull->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(pull->status.error_message(), HasSubstr("per worker"));
+  }
   // A fused call whose pull waits keeps its header, not its frame: the pushed payload,
   // applied already, is let go.
   const PushRequest push = PushOf(1, 1, 1, 0.5f);

@@ -41,7 +41,7 @@ struct ParameterServerService::Metrics {
             "bad_encoding, bound_timeout, turn_timeout, duplicate_pending, sequence_given_up, "
             "too_many_waiting, turn_superseded, answer_too_large, server_busy, server_stopping, "
             "unknown_segment, "
-            "payload_late, late_follower, unparseable, other).",
+            "payload_late, late_follower, unparseable, request_too_large, other).",
             {"method", "code", "reason"})),
         rejected(r->AddCounterFamily(
             "ps_rejected_requests_total",
@@ -280,7 +280,9 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(
       [this, &request, response, views] {
         return ReadPull(request.tables(), *views, response, nullptr);
       },
-      std::move(finish), answer_peer, /*held_bytes=*/request_bytes);
+      std::move(finish), answer_peer,
+      // Parked, it holds its parsed request: entries take many times their wire bytes.
+      /*held_bytes=*/std::max<size_t>(request_bytes, request.SpaceUsedLong()));
 }
 
 uint64_t ParameterServerService::AnswerHeaderBytes(

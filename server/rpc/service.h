@@ -298,6 +298,12 @@ class ParameterServerService final
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
   void NewControlCall(int method, grpc::ServerCompletionQueue* cq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  // The most a request of `method` may take parsed (TypedCall): max_answer_bytes for Pull and
+  // Push, 1 MiB for the control methods, whose requests are a few fields.
+  size_t MaxParsedRequestBytes(int method) const;
+  // Counts a request refused before it was parsed (`status` from common::ParseWithin) and
+  // gives the refusal its reason: request_too_large or unparseable.
+  absl::Status RefuseUnparsed(int method, absl::Status status);
   void NewWorkerControlCall(int method, grpc::ServerCompletionQueue* cq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
   // Called exactly once with a call's outcome (after it was counted in the metrics).

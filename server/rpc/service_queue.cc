@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/busy_poll.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/parse_bound.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
@@ -197,38 +199,90 @@ class ParameterServerService::UnaryCall : public QueuedCall {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Every method is raw (ServeFromQueue): a message's bytes are parsed here, within a bound on
+// what the parse takes (common/rpc/parse_bound.h), never by gRPC before the handler sees them.
+// Found in review, 2026-12-06: gRPC parsed a Pull of up to max_message_bytes of empty table
+// entries, about 45 times its size parsed (24 GB for 512 MiB), before anything was checked.
 template <class Request, class Response>
 class ParameterServerService::TypedCall final : public UnaryCall {
  public:
   // The method's handler: calls Finish and Started once each.
   using Handler = void (*)(ParameterServerService* service, TypedCall* call);
+  static constexpr bool kRaw = std::is_same_v<Request, grpc::ByteBuffer>;
 
   TypedCall(ParameterServerService* service, grpc::ServerCompletionQueue* cq, int method,
             Handler handler)
       : UnaryCall(service, cq, method), responder_(&context_), handler_(handler) {
     HandOff();
-    service->RequestAsyncUnary(method, &context_, &request, &responder_, cq, cq, &arrived_tag_);
+    service->RequestAsyncUnary(method, &context_, kRaw ? RawRequest() : &bytes_, &responder_, cq,
+                               cq, &arrived_tag_);
   }
   void Finish(const absl::Status& status) override {
     if (!status.ok() && RejectionReason(status) == kServerBusyReason) {
       context_.AddTrailingMetadata(common::kServerBusyMetadata, "1");
     }
-    HoldAnswer(status.ok() ? AnswerBytes(response) : 0);
+    grpc::ByteBuffer answer;
+    if constexpr (kRaw) {
+      answer = std::move(response);
+    } else {
+      bool own = false;
+      if (status.ok() &&
+          !grpc::SerializationTraits<Response>::Serialize(response, &answer, &own).ok()) {
+        answer.Clear();
+      }
+      // Only the bytes wait for the peer to read them (the caps count those), not the
+      // objects, which can be tens of times as large (found in review, 2026-12-06). The
+      // handler is done with both: Finish is its last word.
+      Response().Swap(&response);
+      Request().Swap(&request);
+    }
+    HoldAnswer(status.ok() ? answer.Length() : 0);
     HandOff();
-    responder_.Finish(response, common::ToGrpcStatus(status), &finished_tag_);
+    responder_.Finish(answer, common::ToGrpcStatus(status), &finished_tag_);
   }
 
   Request request;
   Response response;
 
  private:
-  void Serve() override { handler_(service_, this); }
-  static size_t AnswerBytes(const grpc::ByteBuffer& answer) { return answer.Length(); }
-  static size_t AnswerBytes(const google::protobuf::Message& answer) {
-    return answer.ByteSizeLong();
+  void Serve() override {
+    if constexpr (!kRaw) {
+      // Flat for the parse; a large message's slices are copied once (they are let go next).
+      grpc::Slice flat;
+      absl::Status parsed =
+          bytes_.Valid() && bytes_.TrySingleSlice(&flat).ok()
+              ? common::ParseWithin(
+                    absl::string_view(reinterpret_cast<const char*>(flat.begin()), flat.size()),
+                    service_->MaxParsedRequestBytes(method_), &request)
+              : ParseFlattened();
+      bytes_.Clear();
+      if (!parsed.ok()) {
+        Finish(service_->RefuseUnparsed(method_, std::move(parsed)));
+        Started(0);
+        return;
+      }
+    }
+    handler_(service_, this);
+  }
+  absl::Status ParseFlattened() {
+    grpc::Slice flat;
+    if (!bytes_.Valid() || !bytes_.DumpToSingleSlice(&flat).ok()) {
+      return absl::InvalidArgumentError("no message");
+    }
+    return common::ParseWithin(
+        absl::string_view(reinterpret_cast<const char*>(flat.begin()), flat.size()),
+        service_->MaxParsedRequestBytes(method_), &request);
+  }
+  grpc::ByteBuffer* RawRequest() {
+    if constexpr (kRaw) {
+      return &request;
+    } else {
+      return nullptr;
+    }
   }
 
-  grpc::ServerAsyncResponseWriter<Response> responder_;
+  grpc::ByteBuffer bytes_;  // the request as it came (not kRaw), until parsed
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder_;
   const Handler handler_;
 };
 
@@ -313,11 +367,7 @@ void ParameterServerService::ServeFromQueue() {
   // callback threads (which would take turns polling the sockets and hand calls over).
   for (int m = kPullMethod; m <= kShutdownMethod; ++m) {
     MarkMethodRawCallback(m, nullptr);
-    if (m == kPushPullMethod) {
-      MarkMethodRaw(m);
-    } else {
-      MarkMethodAsync(m);
-    }
+    MarkMethodRaw(m);  // parsed by TypedCall, within a bound
   }
 }
 
@@ -414,6 +464,23 @@ void ParameterServerService::NewDataCall(int method, grpc::ServerCompletionQueue
       if (!st.ok()) refuse(st);
     });
   }
+}
+
+size_t ParameterServerService::MaxParsedRequestBytes(int method) const {
+  constexpr size_t kControlBytes = size_t{1} << 20;
+  return method == kPullMethod || method == kPushMethod ? options_.max_answer_bytes : kControlBytes;
+}
+
+absl::Status ParameterServerService::RefuseUnparsed(int method, absl::Status status) {
+  const char* reason = absl::IsResourceExhausted(status) ? "request_too_large" : "unparseable";
+  static constexpr const char* kControlNames[] = {"stats", "checkpoint", "server_info", "heartbeat",
+                                                  "shutdown"};
+  if (method == kPullMethod || method == kPushMethod) {
+    Record(method == kPullMethod ? kPull : kPush, absl::Now(), status, 0, 0);
+  } else if (method >= kStatsMethod && method <= kShutdownMethod) {
+    CountCall(kControlNames[method - kStatsMethod], status);
+  }
+  return shard_->Reject(reason, std::move(status));
 }
 
 void ParameterServerService::NewControlCall(int method, grpc::ServerCompletionQueue* cq) {

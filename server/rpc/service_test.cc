@@ -420,6 +420,14 @@ TEST_P(FrameTest, UnparseableFramesAreRefusedCountedAndChangeNothing) {
        }(),
        "header of"},
       {RawFrame("\xff\xff\xff", payload), "does not parse"},
+      // 8 MiB of empty pull entries, over 256 MiB parsed: refused before it is parsed (found
+      // in review, 2026-12-06: a frame header was parsed whole, up to 256 MiB of them).
+      {[&] {
+         std::string empty_pulls;
+         for (int i = 0; i < (4 << 20); ++i) empty_pulls.append("\x2a\x00", 2);
+         return RawFrame(empty_pulls, payload);
+       }(),
+       "bytes parsed"},
       {RawFrame(header, payload + "tail"), "do not add up"},
       {RawFrame(header, payload.substr(1)), "do not add up"},
       {RawFrame(wrapping.SerializeAsString(), payload), "do not add up"},

@@ -464,8 +464,10 @@ absl::Status GrpcParameterStore::ReadAnswer(uint32_t f, const grpc::ByteBuffer& 
   const uint32_t s = x->ServerOf(f);
   PushPullResponse header;
   common::FrameReader reader;
-  if (absl::Status st =
-          common::FrameReader::Open(answer, AnswerHeaderLimit(x->headers[f]), &header, &reader);
+  // Parsed, an honest header's entries take up to about ten times their wire bytes.
+  const size_t limit = AnswerHeaderLimit(x->headers[f]);
+  if (absl::Status st = common::FrameReader::Open(answer, limit, &header, &reader,
+                                                  /*counters=*/nullptr, 32 * limit);
       !st.ok()) {
     return BadResponse(s, st.message());
   }

@@ -1,0 +1,32 @@
+// Parsing a peer's protobuf bytes within a bound on the memory the parse takes. Parsed, a
+// message can take tens of times its wire size: an empty repeated entry is two bytes on the
+// wire and a whole object (with its pointer) parsed, so 512 MiB of them would take tens of
+// GB. The bound is checked on the wire form, before any object is made.
+#ifndef PS_COMMON_RPC_PARSE_BOUND_H_
+#define PS_COMMON_RPC_PARSE_BOUND_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
+
+namespace ps::common {
+
+// What parsing `bytes` as a message of `type` would allocate, about, read from the wire form
+// alone: each message object (its generated size), each string's bytes, each repeated
+// field's elements and pointers, unknown fields as their bytes. Never less than the wire
+// size. INVALID_ARGUMENT when the bytes are not wire format (or nest deeper than 100).
+absl::StatusOr<size_t> ParsedBytes(absl::string_view bytes,
+                                   const google::protobuf::Descriptor& type);
+
+// Parses `bytes` into `message` (cleared first) if that takes at most `max_parsed_bytes`
+// (ParsedBytes): RESOURCE_EXHAUSTED naming both figures otherwise, INVALID_ARGUMENT when the
+// bytes do not parse. `message` is left empty on an error.
+absl::Status ParseWithin(absl::string_view bytes, size_t max_parsed_bytes,
+                         google::protobuf::Message* message);
+
+}  // namespace ps::common
+
+#endif  // PS_COMMON_RPC_PARSE_BOUND_H_

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -98,9 +99,20 @@ class Estimator {
       if (tag == 0) return in->BytesUntilLimit() == 0;
       const int number = WireFormatLite::GetTagFieldNumber(tag);
       if (number == 0) return false;
+      const WireFormatLite::WireType wire = WireFormatLite::GetTagWireType(tag);
       const FieldDescriptor* f = type.FindFieldByNumber(number);
+      if (f != nullptr) {
+        // A field sent with another wire type than its own (or, for repeated scalars, the
+        // packed one) is kept by the parser as an unknown field: counted as one (found in
+        // review, 2026-12-06: "08 00", a message field as a varint, was counted as nothing,
+        // and half a GB of them made 268M unknown fields).
+        const WireFormatLite::WireType own =
+            WireFormatLite::WireTypeForFieldType(static_cast<WireFormatLite::FieldType>(f->type()));
+        const bool packed = f->is_packable() && wire == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+        if (wire != own && !packed) f = nullptr;
+      }
       const bool repeated = f != nullptr && f->is_repeated();
-      switch (WireFormatLite::GetTagWireType(tag)) {
+      switch (wire) {
         case WireFormatLite::WIRETYPE_VARINT: {
           uint64_t ignored;
           if (!in->ReadVarint64(&ignored)) return false;
@@ -129,7 +141,7 @@ class Estimator {
           } else if (f != nullptr && f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
             total_ += length + (repeated ? sizeof(std::string) + kElementOverhead : 0);
             if (!in->Skip(static_cast<int>(length))) return false;
-          } else if (repeated) {  // packed scalars
+          } else if (f != nullptr) {  // packed scalars (is_packable: repeated)
             if (!Packed(in, *f, length)) return false;
           } else {
             total_ += kUnknownField + length;
@@ -184,8 +196,12 @@ class Estimator {
       default:
         break;
     }
-    // (The field grows as it is read, to up to about half as much again.)
-    total_ += elements * ScalarBytes(f) * 3 / 2;
+    // Fixed-width elements are reserved at once; varints are appended one by one, and the
+    // field grows to up to about half as much again.
+    const bool varint =
+        WireFormatLite::WireTypeForFieldType(static_cast<WireFormatLite::FieldType>(f.type())) ==
+        WireFormatLite::WIRETYPE_VARINT;
+    total_ += elements * ScalarBytes(f) * (varint ? 3 : 2) / 2;
     return true;
   }
 
@@ -193,26 +209,40 @@ class Estimator {
   size_t total_ = 0;
 };
 
-// Walks `bytes` as a `type`, stopping once the estimate passes `stop_above`.
-absl::StatusOr<size_t> Walk(absl::string_view bytes, const Descriptor& type, size_t stop_above) {
-  if (bytes.size() > static_cast<size_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat("a message of ", bytes.size(), " bytes"));
+// Walks the `size` bytes `in` reads as a `type`, stopping once the estimate passes
+// `stop_above`.
+absl::StatusOr<size_t> Walk(CodedInputStream* in, size_t size, const Descriptor& type,
+                            size_t stop_above) {
+  if (size > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat("a message of ", size, " bytes"));
   }
-  CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                      static_cast<int>(bytes.size()));
-  in.PushLimit(static_cast<int>(bytes.size()));
+  in->PushLimit(static_cast<int>(size));
   Estimator estimator(stop_above);
-  if (!estimator.Root(&in, type)) {
+  if (!estimator.Root(in, type)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a ", type.full_name(), " of ", bytes.size(), " bytes does not parse"));
+        absl::StrCat("a ", type.full_name(), " of ", size, " bytes does not parse"));
   }
-  return std::max(estimator.total(), bytes.size());
+  return std::max(estimator.total(), size);
+}
+
+absl::Status Refusal(const google::protobuf::Message& message, size_t size, size_t max) {
+  return absl::ResourceExhaustedError(absl::StrCat("a ", message.GetDescriptor()->full_name(),
+                                                   " of ", size, " bytes would take more than ",
+                                                   max, " bytes parsed"));
+}
+
+absl::Status NotParsed(google::protobuf::Message* message, size_t size) {
+  message->Clear();
+  return absl::InvalidArgumentError(absl::StrCat("a ", message->GetDescriptor()->full_name(),
+                                                 " of ", size, " bytes does not parse"));
 }
 
 }  // namespace
 
 absl::StatusOr<size_t> ParsedBytes(absl::string_view bytes, const Descriptor& type) {
-  return Walk(bytes, type, SIZE_MAX);
+  CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                      static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
+  return Walk(&in, bytes.size(), type, SIZE_MAX);
 }
 
 absl::Status ParseWithin(absl::string_view bytes, size_t max_parsed_bytes,
@@ -220,21 +250,33 @@ absl::Status ParseWithin(absl::string_view bytes, size_t max_parsed_bytes,
   message->Clear();
   // Small messages (every call's header) go straight to the parse: even at the most a byte
   // can take, they fit.
-  const size_t most = MostPerWireByte(*message->GetDescriptor());
-  const bool fits = bytes.size() <= max_parsed_bytes / most;
-  absl::StatusOr<size_t> parsed =
-      fits ? bytes.size() : Walk(bytes, *message->GetDescriptor(), max_parsed_bytes);
-  if (!parsed.ok()) return parsed.status();
-  if (*parsed > max_parsed_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a ", message->GetDescriptor()->full_name(), " of ", bytes.size(),
-                     " bytes would take more than ", max_parsed_bytes, " bytes parsed"));
+  if (bytes.size() > max_parsed_bytes / MostPerWireByte(*message->GetDescriptor())) {
+    CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                        static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
+    absl::StatusOr<size_t> parsed =
+        Walk(&in, bytes.size(), *message->GetDescriptor(), max_parsed_bytes);
+    if (!parsed.ok()) return parsed.status();
+    if (*parsed > max_parsed_bytes) return Refusal(*message, bytes.size(), max_parsed_bytes);
   }
   if (!message->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    message->Clear();
-    return absl::InvalidArgumentError(absl::StrCat("a ", message->GetDescriptor()->full_name(),
-                                                   " of ", bytes.size(), " bytes does not parse"));
+    return NotParsed(message, bytes.size());
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParseWithin(
+    absl::FunctionRef<std::unique_ptr<google::protobuf::io::ZeroCopyInputStream>()> open,
+    size_t size, size_t max_parsed_bytes, google::protobuf::Message* message) {
+  message->Clear();
+  if (size > max_parsed_bytes / MostPerWireByte(*message->GetDescriptor())) {
+    std::unique_ptr<google::protobuf::io::ZeroCopyInputStream> stream = open();
+    CodedInputStream in(stream.get());
+    absl::StatusOr<size_t> parsed = Walk(&in, size, *message->GetDescriptor(), max_parsed_bytes);
+    if (!parsed.ok()) return parsed.status();
+    if (*parsed > max_parsed_bytes) return Refusal(*message, size, max_parsed_bytes);
+  }
+  std::unique_ptr<google::protobuf::io::ZeroCopyInputStream> stream = open();
+  if (!message->ParseFromZeroCopyStream(stream.get())) return NotParsed(message, size);
   return absl::OkStatus();
 }
 

@@ -6,10 +6,13 @@
 #define PS_COMMON_RPC_PARSE_BOUND_H_
 
 #include <cstddef>
+#include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/message.h"
 
 namespace ps::common {
@@ -26,6 +29,12 @@ absl::StatusOr<size_t> ParsedBytes(absl::string_view bytes,
 // bytes do not parse. `message` is left empty on an error.
 absl::Status ParseWithin(absl::string_view bytes, size_t max_parsed_bytes,
                          google::protobuf::Message* message);
+// The same for `size` bytes in pieces: `open` gives a new stream of them from the start each
+// time it is called (once for the estimate, once for the parse; a message small enough for
+// its size alone to bound it is read once).
+absl::Status ParseWithin(
+    absl::FunctionRef<std::unique_ptr<google::protobuf::io::ZeroCopyInputStream>()> open,
+    size_t size, size_t max_parsed_bytes, google::protobuf::Message* message);
 
 }  // namespace ps::common
 

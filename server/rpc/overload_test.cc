@@ -75,6 +75,29 @@ TEST_F(OverloadTest, RequestsThatWouldTakeFarMoreParsedThanTheirSizeAreRefusedUn
   done.WaitForNotification();
   EXPECT_EQ(garbage_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Rejected("unparseable"), 1u);
+  const std::string metrics = registry_.Render();
+  EXPECT_THAT(metrics, HasSubstr("ps_rejected_requests_total{reason=\"request_too_large\"} 1\n"));
+  EXPECT_THAT(metrics, HasSubstr("ps_rejected_requests_total{reason=\"unparseable\"} 1\n"));
+  // A message field sent as a varint ("08 00", header = 0), 100,000 times: each is kept as
+  // an unknown field, over 1 MiB parsed for 200 KB (counted as nothing at first).
+  grpc::ClientContext wrong_context;
+  grpc::Slice wrong_slice([] {
+    std::string b;
+    for (int i = 0; i < 100000; ++i) b.append("\x08\x00", 2);
+    return b;
+  }());
+  const grpc::ByteBuffer wrong(&wrong_slice, 1);
+  grpc::ByteBuffer wrong_answer;
+  absl::Notification wrong_done;
+  grpc::Status wrong_status;
+  generic.UnaryCall(&wrong_context, "/ps.ParameterServer/Heartbeat", grpc::StubOptions(), &wrong,
+                    &wrong_answer, [&](grpc::Status st) {
+                      wrong_status = std::move(st);
+                      wrong_done.Notify();
+                    });
+  wrong_done.WaitForNotification();
+  EXPECT_EQ(wrong_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Rejected("request_too_large"), 3u);
   // An honest pull is served as before.
   auto honest = SendPull(stub_.get(), -1, 0);
   honest->done.WaitForNotification();

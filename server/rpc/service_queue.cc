@@ -3,6 +3,7 @@
 // requests handed to the pool. The handlers they run are service.cc's.
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "server/rpc/service.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -222,13 +224,18 @@ class ParameterServerService::TypedCall final : public UnaryCall {
       context_.AddTrailingMetadata(common::kServerBusyMetadata, "1");
     }
     grpc::ByteBuffer answer;
+    absl::Status answered = status;
     if constexpr (kRaw) {
       answer = std::move(response);
     } else {
       bool own = false;
-      if (status.ok() &&
-          !grpc::SerializationTraits<Response>::Serialize(response, &answer, &own).ok()) {
-        answer.Clear();
+      if (status.ok()) {
+        if (grpc::Status s =
+                grpc::SerializationTraits<Response>::Serialize(response, &answer, &own);
+            !s.ok()) {
+          answer.Clear();
+          answered = absl::InternalError(absl::StrCat("the answer: ", s.error_message()));
+        }
       }
       // Only the bytes wait for the peer to read them (the caps count those), not the
       // objects, which can be tens of times as large (found in review, 2026-12-06). The
@@ -236,9 +243,9 @@ class ParameterServerService::TypedCall final : public UnaryCall {
       Response().Swap(&response);
       Request().Swap(&request);
     }
-    HoldAnswer(status.ok() ? answer.Length() : 0);
+    HoldAnswer(answered.ok() ? answer.Length() : 0);
     HandOff();
-    responder_.Finish(answer, common::ToGrpcStatus(status), &finished_tag_);
+    responder_.Finish(answer, common::ToGrpcStatus(answered), &finished_tag_);
   }
 
   Request request;
@@ -247,14 +254,13 @@ class ParameterServerService::TypedCall final : public UnaryCall {
  private:
   void Serve() override {
     if constexpr (!kRaw) {
-      // Flat for the parse; a large message's slices are copied once (they are let go next).
-      grpc::Slice flat;
+      // Read from the slices where they lie, as gRPC's own parse would.
       absl::Status parsed =
-          bytes_.Valid() && bytes_.TrySingleSlice(&flat).ok()
+          bytes_.Valid()
               ? common::ParseWithin(
-                    absl::string_view(reinterpret_cast<const char*>(flat.begin()), flat.size()),
-                    service_->MaxParsedRequestBytes(method_), &request)
-              : ParseFlattened();
+                    [this] { return std::make_unique<grpc::ProtoBufferReader>(&bytes_); },
+                    bytes_.Length(), service_->MaxParsedRequestBytes(method_), &request)
+              : absl::InvalidArgumentError("no message");
       bytes_.Clear();
       if (!parsed.ok()) {
         Finish(service_->RefuseUnparsed(method_, std::move(parsed)));
@@ -263,15 +269,6 @@ class ParameterServerService::TypedCall final : public UnaryCall {
       }
     }
     handler_(service_, this);
-  }
-  absl::Status ParseFlattened() {
-    grpc::Slice flat;
-    if (!bytes_.Valid() || !bytes_.DumpToSingleSlice(&flat).ok()) {
-      return absl::InvalidArgumentError("no message");
-    }
-    return common::ParseWithin(
-        absl::string_view(reinterpret_cast<const char*>(flat.begin()), flat.size()),
-        service_->MaxParsedRequestBytes(method_), &request);
   }
   grpc::ByteBuffer* RawRequest() {
     if constexpr (kRaw) {
@@ -475,12 +472,13 @@ absl::Status ParameterServerService::RefuseUnparsed(int method, absl::Status sta
   const char* reason = absl::IsResourceExhausted(status) ? "request_too_large" : "unparseable";
   static constexpr const char* kControlNames[] = {"stats", "checkpoint", "server_info", "heartbeat",
                                                   "shutdown"};
+  status = shard_->Reject(reason, std::move(status));  // (first: Record reads the reason)
   if (method == kPullMethod || method == kPushMethod) {
     Record(method == kPullMethod ? kPull : kPush, absl::Now(), status, 0, 0);
   } else if (method >= kStatsMethod && method <= kShutdownMethod) {
     CountCall(kControlNames[method - kStatsMethod], status);
   }
-  return shard_->Reject(reason, std::move(status));
+  return status;
 }
 
 void ParameterServerService::NewControlCall(int method, grpc::ServerCompletionQueue* cq) {

@@ -63,7 +63,7 @@ if [ -z "$servers" ]; then
   # the proto's JSON form), not with a parser of this script's own.
   printed=$("$bin_dir/server/ps_server" --print_config --cluster_from=flags "--config=$config" \
     ${set_flag:+"--set=$set_flag"} 2>&1) || die "ps_server --print_config: $printed"
-  servers=$(grep -o '"num_servers":[0-9]*' <<<"$printed" | head -1 | cut -d: -f2)
+  servers=$(grep -o '"num_servers":[0-9]*' <<<"$printed" | head -1 | cut -d: -f2 || true)
   [ -n "$servers" ] && ((servers > 0)) || die "the config sets no cluster.num_servers: give --servers=S"
 fi
 [[ $servers =~ ^[0-9]+$ ]] && ((servers >= 1 && servers < size)) ||

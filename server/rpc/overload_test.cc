@@ -58,45 +58,37 @@ TEST_F(OverloadTest, RequestsThatWouldTakeFarMoreParsedThanTheirSizeAreRefusedUn
   EXPECT_EQ(stub_->Stats(&stats_context, stats, &answered).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(Rejected("request_too_large"), 2u);
-  // Bytes that are no message: INVALID_ARGUMENT, "unparseable".
+  // Bytes sent as they are to `method`: its status.
   grpc::GenericStub generic(grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                                 grpc::InsecureChannelCredentials()));
-  grpc::ClientContext garbage_context;
-  grpc::Slice garbage_slice(std::string("\x12\x7f", 2));
-  const grpc::ByteBuffer garbage(&garbage_slice, 1);
-  grpc::ByteBuffer garbage_answer;
-  absl::Notification done;
-  grpc::Status garbage_status;
-  generic.UnaryCall(&garbage_context, "/ps.ParameterServer/Push", grpc::StubOptions(), &garbage,
-                    &garbage_answer, [&](grpc::Status st) {
-                      garbage_status = std::move(st);
-                      done.Notify();
-                    });
-  done.WaitForNotification();
-  EXPECT_EQ(garbage_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  auto send = [&generic](const std::string& method, const std::string& bytes) {
+    grpc::ClientContext context;
+    grpc::Slice slice(bytes);
+    const grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer answer;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/ps.ParameterServer/" + method, grpc::StubOptions(), &request,
+                      &answer, [&](grpc::Status st) {
+                        status = std::move(st);
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    return status;
+  };
+  // Bytes that are no message: INVALID_ARGUMENT, "unparseable".
+  EXPECT_EQ(send("Push", std::string("\x12\x7f", 2)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Rejected("unparseable"), 1u);
   const std::string metrics = registry_.Render();
   EXPECT_THAT(metrics, HasSubstr("ps_rejected_requests_total{reason=\"request_too_large\"} 1\n"));
   EXPECT_THAT(metrics, HasSubstr("ps_rejected_requests_total{reason=\"unparseable\"} 1\n"));
   // A message field sent as a varint ("08 00", header = 0), 100,000 times: each is kept as
   // an unknown field, over 1 MiB parsed for 200 KB (counted as nothing at first).
-  grpc::ClientContext wrong_context;
-  grpc::Slice wrong_slice([] {
-    std::string b;
-    for (int i = 0; i < 100000; ++i) b.append("\x08\x00", 2);
-    return b;
-  }());
-  const grpc::ByteBuffer wrong(&wrong_slice, 1);
-  grpc::ByteBuffer wrong_answer;
-  absl::Notification wrong_done;
-  grpc::Status wrong_status;
-  generic.UnaryCall(&wrong_context, "/ps.ParameterServer/Heartbeat", grpc::StubOptions(), &wrong,
-                    &wrong_answer, [&](grpc::Status st) {
-                      wrong_status = std::move(st);
-                      wrong_done.Notify();
-                    });
-  wrong_done.WaitForNotification();
-  EXPECT_EQ(wrong_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::string headers_as_varints;
+  for (int i = 0; i < 100000; ++i) headers_as_varints.append("\x08\x00", 2);
+  EXPECT_EQ(send("Heartbeat", headers_as_varints).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(Rejected("request_too_large"), 3u);
   // An honest pull is served as before.
   auto honest = SendPull(stub_.get(), -1, 0);

@@ -56,7 +56,7 @@ size_t ObjectBytes(const Descriptor& type) {
 // The most a wire byte of a `type` can take parsed, by the estimate's own rules: an entry of
 // the largest message type within it in two bytes, an unknown field in two, a packed 8-byte
 // scalar in one. A message whose size times this fits a bound needs no walk.
-size_t MostPerWireByte(const Descriptor& type) {
+size_t MostPerWireByteOf(const Descriptor& type) {
   thread_local absl::flat_hash_map<const Descriptor*, size_t> cache;
   if (auto it = cache.find(&type); it != cache.end()) return it->second;
   size_t largest = 0;
@@ -239,6 +239,8 @@ absl::Status NotParsed(google::protobuf::Message* message, size_t size) {
 
 }  // namespace
 
+size_t MostParsedPerWireByte(const Descriptor& type) { return MostPerWireByteOf(type); }
+
 absl::StatusOr<size_t> ParsedBytes(absl::string_view bytes, const Descriptor& type) {
   CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                       static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
@@ -250,7 +252,7 @@ absl::Status ParseWithin(absl::string_view bytes, size_t max_parsed_bytes,
   message->Clear();
   // Small messages (every call's header) go straight to the parse: even at the most a byte
   // can take, they fit.
-  if (bytes.size() > max_parsed_bytes / MostPerWireByte(*message->GetDescriptor())) {
+  if (bytes.size() > max_parsed_bytes / MostPerWireByteOf(*message->GetDescriptor())) {
     CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                         static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
     absl::StatusOr<size_t> parsed =
@@ -268,7 +270,7 @@ absl::Status ParseWithin(
     absl::FunctionRef<std::unique_ptr<google::protobuf::io::ZeroCopyInputStream>()> open,
     size_t size, size_t max_parsed_bytes, google::protobuf::Message* message) {
   message->Clear();
-  if (size > max_parsed_bytes / MostPerWireByte(*message->GetDescriptor())) {
+  if (size > max_parsed_bytes / MostPerWireByteOf(*message->GetDescriptor())) {
     std::unique_ptr<google::protobuf::io::ZeroCopyInputStream> stream = open();
     CodedInputStream in(stream.get());
     absl::StatusOr<size_t> parsed = Walk(&in, size, *message->GetDescriptor(), max_parsed_bytes);

@@ -24,6 +24,10 @@ namespace ps::common {
 absl::StatusOr<size_t> ParsedBytes(absl::string_view bytes,
                                    const google::protobuf::Descriptor& type);
 
+// The most a wire byte of a `type` can take parsed, as ParsedBytes counts: a message of n
+// bytes takes at most n times this (no walk needed to know that).
+size_t MostParsedPerWireByte(const google::protobuf::Descriptor& type);
+
 // Parses `bytes` into `message` (cleared first) if that takes at most `max_parsed_bytes`
 // (ParsedBytes): RESOURCE_EXHAUSTED naming both figures otherwise, INVALID_ARGUMENT when the
 // bytes do not parse. `message` is left empty on an error.

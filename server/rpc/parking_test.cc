@@ -341,6 +341,30 @@ TEST_F(ParkingTest, TheBytesParkedPullsKeepAreCapped) {
   }
   fused_done.WaitForNotification();
   EXPECT_TRUE(fused.ok()) << fused;
+  // A fused pull's header counts as it is held, parsed, too: 300 KB of small unknown fields in
+  // its table entry take over 1 MiB parsed (its wire size was counted before).
+  PullRequest wide;
+  *wide.mutable_header() = Header(1, 2);  // waits for worker 0's clock 2
+  wide.add_tables()->set_table("w");
+  wide.mutable_tables(0)->add_block_ids(0);
+  for (int i = 0; i < 100000; ++i) {
+    wide.mutable_tables(0)
+        ->GetReflection()
+        ->MutableUnknownFields(wide.mutable_tables(0))
+        ->AddVarint(1000, 1);
+  }
+  grpc::ByteBuffer padded_frame = common::FrameOf(nullptr, &wide);
+  ASSERT_LT(padded_frame.Length(), 320u << 10);
+  absl::Notification padded_done;
+  absl::Status padded_status;
+  service_->StartPushPullForTest(&padded_frame, absl::Now() + absl::Seconds(5), &answer,
+                                 [&](absl::Status status) {
+                                   padded_status = std::move(status);
+                                   padded_done.Notify();
+                                 });
+  padded_done.WaitForNotification();
+  EXPECT_EQ(padded_status.code(), absl::StatusCode::kResourceExhausted) << padded_status;
+  EXPECT_THAT(padded_status.message(), HasSubstr("per worker"));
 }
 
 TEST_F(ParkingTest, ParkedPullsEndWithDeadlineExceededFromTheServer) {

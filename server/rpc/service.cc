@@ -280,9 +280,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPull(
       [this, &request, response, views] {
         return ReadPull(request.tables(), *views, response, nullptr);
       },
-      std::move(finish), answer_peer,
-      // Parked, it holds its parsed request: entries take many times their wire bytes.
-      /*held_bytes=*/std::max<size_t>(request_bytes, request.SpaceUsedLong()));
+      std::move(finish), answer_peer, /*held_bytes=*/service_internal::ParkedBytes(request));
 }
 
 uint64_t ParameterServerService::AnswerHeaderBytes(

@@ -4,17 +4,32 @@
 #ifndef PS_SERVER_RPC_SERVICE_INTERNAL_H_
 #define PS_SERVER_RPC_SERVICE_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/parse_bound.h"
 #include "grpcpp/support/server_callback.h"
 #include "proto/ps.pb.h"
 #include "server/shard.h"
 
 namespace ps::server::service_internal {
+
+// What a parked pull's parsed request (or frame header) holds, for the caps on parked bytes:
+// a small one is bounded by the most its wire bytes can take parsed (no walk, for every
+// pull), a large one measured. Found in review, 2026-12-06: the wire size was counted, and
+// entries take up to tens of times their wire bytes parsed.
+inline uint64_t ParkedBytes(const google::protobuf::Message& request) {
+  constexpr size_t kMeasuredAbove = size_t{4} << 10;
+  const size_t wire = request.ByteSizeLong();
+  if (wire <= kMeasuredAbove) {
+    return wire * common::MostParsedPerWireByte(*request.GetDescriptor());
+  }
+  return std::max<size_t>(wire, request.SpaceUsedLong());
+}
 
 // The shard's view of a request's header.
 inline RequestInfo InfoOf(const RequestHeader& h) {

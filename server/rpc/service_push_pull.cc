@@ -375,7 +375,7 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
   // applied already, it is let go here.
   request->Clear();
   return AfterBound(pull_info, deadline, std::move(answer), std::move(finish), answer_peer,
-                    /*held_bytes=*/call->header.ByteSizeLong());
+                    /*held_bytes=*/service_internal::ParkedBytes(call->header));
 }
 
 absl::Status ParameterServerService::HandlePushPull(const grpc::ByteBuffer& request,

@@ -18,15 +18,22 @@
 #include "common/rpc/credentials.h"
 #include "common/rpc/frame.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/parse_bound.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "worker/rpc/grpc_async_calls.h"
 #include "worker/rpc/grpc_store_exchange.h"
 #include "worker/rpc/unanswered.h"
 
 namespace ps::worker {
+
+namespace {
+// The most a server's answer to a control call (a heartbeat) may take parsed.
+constexpr size_t kMaxControlAnswerBytes = size_t{1} << 20;
+}  // namespace
 namespace {
 
 bool Retryable(const absl::Status& s) {
@@ -404,16 +411,33 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
     r.set_data_offset(offset);
     r.set_finished(finished);
   }
+  // By the generic stub, parsed here within a bound (common/rpc/parse_bound.h): a server's
+  // answer of many small unknown fields took tens of times its size parsed (found in review,
+  // 2026-12-06), and a heartbeat's answer is three numbers.
+  std::vector<grpc::ByteBuffer> answers(n);
+  RETURN_IF_ERROR(FanOut(
+      std::vector<bool>(n, true), [&](uint32_t s, grpc::ClientContext* context,
+                                      grpc::CompletionQueue* cq, grpc::Status* status, void* tag) {
+        answers[s].Clear();
+        grpc::ByteBuffer request;
+        bool own = false;
+        (void)grpc::SerializationTraits<HeartbeatRequest>::Serialize(requests[s], &request, &own);
+        std::unique_ptr<grpc::ClientAsyncResponseReader<grpc::ByteBuffer>> call =
+            data_stubs_[s]->PrepareUnaryCall(context, "/ps.ParameterServer/Heartbeat", request, cq);
+        call->StartCall();
+        call->Finish(&answers[s], status, tag);
+        return std::shared_ptr<void>(std::move(call));
+      }));
   std::vector<HeartbeatResponse> responses(n);
-  RETURN_IF_ERROR(FanOut(std::vector<bool>(n, true), [&](uint32_t s, grpc::ClientContext* context,
-                                                          grpc::CompletionQueue* cq,
-                                                          grpc::Status* status, void* tag) {
-    responses[s].Clear();
-    std::unique_ptr<grpc::ClientAsyncResponseReaderInterface<HeartbeatResponse>> call =
-        stubs_[s]->AsyncHeartbeat(context, requests[s], cq);
-    call->Finish(&responses[s], status, tag);
-    return std::shared_ptr<void>(std::move(call));
-  }));
+  for (size_t s = 0; s < n; ++s) {
+    if (absl::Status read = common::ParseWithin(
+            [&answers, s] { return std::make_unique<grpc::ProtoBufferReader>(&answers[s]); },
+            answers[s].Length(), kMaxControlAnswerBytes, &responses[s]);
+        !read.ok()) {
+      return absl::InternalError(
+          absl::StrCat("server ", s, " answered a heartbeat wrongly: ", read.message()));
+    }
+  }
   Position saved;
   for (size_t s = 0; s < n; ++s) {
     const HeartbeatResponse& r = responses[s];

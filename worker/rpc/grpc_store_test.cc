@@ -47,6 +47,20 @@ TEST_F(GrpcStoreTest, AHeartbeatAnsweringAnImpossibleClockIsRefused) {
   EXPECT_EQ(store_->ReportPosition(0, 0).value_or(common::WorkerPosition{}).clock, 7);
 }
 
+// A server's answer to a heartbeat is parsed within a bound: 100,000 unknown fields (300 KB on
+// the wire, several MB parsed) are refused unparsed (found in review, 2026-12-06: gRPC parsed
+// any answer up to the channel's receive limit, tens of times its size in memory).
+TEST_F(GrpcStoreTest, AHeartbeatAnswerTakingFarMoreParsedThanItsSizeIsRefused) {
+  Start(/*fail_pushes=*/0);
+  service_->AnswerHeartbeatsWithClock(5);
+  service_->PadHeartbeats(100000);
+  const absl::Status status = store_->ReportPosition(0, 0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_NE(status.message().find("bytes parsed"), absl::string_view::npos) << status;
+  service_->PadHeartbeats(10);  // a few: parsed as before
+  EXPECT_EQ(store_->ReportPosition(0, 0).value_or(common::WorkerPosition{}).clock, 5);
+}
+
 // A heartbeat refused UNAVAILABLE is retried, and the position comes back. (Each attempt's
 // reader lives in its call's arena, which the attempt's context holds: FanOut destroys the
 // readers first.)

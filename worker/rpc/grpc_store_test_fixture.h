@@ -106,6 +106,9 @@ class RecordingServer final
     response->set_epoch(request->epoch());
     response->set_data_offset(request->data_offset());
     response->set_clock(heartbeat_clock_);
+    for (int i = 0; i < heartbeat_padding_; ++i) {
+      response->GetReflection()->MutableUnknownFields(response)->AddVarint(999, 1);
+    }
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -118,6 +121,11 @@ class RecordingServer final
   void FailPushes(int n) {
     absl::MutexLock lock(&mu_);
     fail_pushes_ = n;
+  }
+  // Heartbeats are answered with `n` unknown fields more (three bytes each on the wire).
+  void PadHeartbeats(int n) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_padding_ = n;
   }
   void FailHeartbeats(int n) {
     absl::MutexLock lock(&mu_);
@@ -204,6 +212,7 @@ class RecordingServer final
   int64_t heartbeat_clock_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   int fail_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int heartbeat_padding_ ABSL_GUARDED_BY(mu_) = 0;
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> asks_ ABSL_GUARDED_BY(mu_);

@@ -216,8 +216,7 @@ class ParameterServerService::TypedCall final : public UnaryCall {
             Handler handler)
       : UnaryCall(service, cq, method), responder_(&context_), handler_(handler) {
     HandOff();
-    service->RequestAsyncUnary(method, &context_, kRaw ? RawRequest() : &bytes_, &responder_, cq,
-                               cq, &arrived_tag_);
+    service->RequestAsyncUnary(method, &context_, Incoming(), &responder_, cq, cq, &arrived_tag_);
   }
   void Finish(const absl::Status& status) override {
     if (!status.ok() && RejectionReason(status) == kServerBusyReason) {
@@ -270,11 +269,12 @@ class ParameterServerService::TypedCall final : public UnaryCall {
     }
     handler_(service_, this);
   }
-  grpc::ByteBuffer* RawRequest() {
+  // Where gRPC puts the request's bytes: the request itself when the handler takes bytes.
+  grpc::ByteBuffer* Incoming() {
     if constexpr (kRaw) {
       return &request;
     } else {
-      return nullptr;
+      return &bytes_;
     }
   }
 

@@ -142,8 +142,9 @@ class WorkerTracker {
   // What Admit would refuse of push (worker, incarnation, sequence) now, with Admit's status,
   // recording nothing; OK for a push it would apply or take for a duplicate. For a caller that
   // must do work with effects of its own (creating rows) before it may call Admit. Admit can
-  // still refuse a push this let through when another push of the same worker comes between
-  // the two: a newer incarnation, the sequence window closing, a sequence given up.
+  // still refuse a push this let through when another call of the same worker comes between
+  // the two: a push closing the sequence window or giving a sequence up, or any call of a
+  // newer incarnation (a pull or heartbeat included).
   absl::Status CheckAdmission(int32_t worker, uint64_t incarnation, uint64_t sequence) const;
   // Advances the worker's clock to at least `clock`, after its push `sequence` was applied
   // (so that a pull released by the new clock sees the push); the push is no longer being

@@ -28,10 +28,12 @@
 #include "common/config/overrides.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/unary_call.h"
 #include "common/startup/flag_check.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
-#include "proto/ps.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "proto/ps.pb.h"
 
 ABSL_FLAG(std::string, config, "", "The job's JobConfig textproto (required).");
 ABSL_FLAG(std::string, servers, "", "Server addresses h:p,... (default: cluster.servers).");
@@ -49,18 +51,18 @@ namespace {
 
 struct Server {
   std::string address;
-  std::unique_ptr<ParameterServer::Stub> stub;
+  std::unique_ptr<grpc::GenericStub> stub;
 };
 
-template <typename Request, typename Response>
-absl::Status Call(Server& s,
-                  grpc::Status (ParameterServer::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                                Response*),
-                  const Request& request, Response* response) {
+// Calls `method` ("Stats", "Checkpoint", "Shutdown") of server `s`.
+absl::Status Call(Server& s, const std::string& method, const google::protobuf::Message& request,
+                  google::protobuf::Message* response) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
-  return common::Annotate(common::FromGrpcStatus(((*s.stub).*method)(&context, request, response)),
-                          s.address);
+  return common::Annotate(
+      common::BoundedUnaryCall(*s.stub, &context, absl::StrCat("/ps.ParameterServer/", method),
+                               request, common::kMaxAdminAnswerBytes, response),
+      s.address);
 }
 
 std::string Json(const google::protobuf::Message& m) {
@@ -75,11 +77,11 @@ std::string Json(const google::protobuf::Message& m) {
 absl::Status Status(std::vector<Server>& servers) {
   std::vector<StatsResponse> first(servers.size()), second(servers.size());
   for (size_t i = 0; i < servers.size(); ++i) {
-    RETURN_IF_ERROR(Call(servers[i], &ParameterServer::Stub::Stats, StatsRequest(), &first[i]));
+    RETURN_IF_ERROR(Call(servers[i], "Stats", StatsRequest(), &first[i]));
   }
   absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_rate_interval_s)));
   for (size_t i = 0; i < servers.size(); ++i) {
-    RETURN_IF_ERROR(Call(servers[i], &ParameterServer::Stub::Stats, StatsRequest(), &second[i]));
+    RETURN_IF_ERROR(Call(servers[i], "Stats", StatsRequest(), &second[i]));
   }
   for (size_t i = 0; i < servers.size(); ++i) {
     const StatsResponse& s = second[i];
@@ -150,8 +152,7 @@ absl::Status Checkpoint(std::vector<Server>& servers) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < servers.size(); ++i) {
     threads.emplace_back([&, i] {
-      statuses[i] = Call(servers[i], &ParameterServer::Stub::Checkpoint, CheckpointRequest(),
-                         &responses[i]);
+      statuses[i] = Call(servers[i], "Checkpoint", CheckpointRequest(), &responses[i]);
     });
   }
   for (auto& t : threads) t.join();
@@ -187,7 +188,7 @@ absl::Status Shutdown(std::vector<Server>& servers) {
   std::vector<absl::Status> statuses;
   for (Server& s : servers) {
     ShutdownResponse response;
-    statuses.push_back(Call(s, &ParameterServer::Stub::Shutdown, request, &response));
+    statuses.push_back(Call(s, "Shutdown", request, &response));
     if (!statuses.back().ok()) {
       ReportFailure(statuses.back());
       continue;
@@ -242,7 +243,7 @@ absl::Status Run(const std::string& command) {
   std::vector<Server> servers;
   for (const std::string& a : addresses) {
     ASSIGN_OR_RETURN(auto channel, common::MakeChannel(a, config));
-    servers.push_back({a, ParameterServer::NewStub(channel)});
+    servers.push_back({a, std::make_unique<grpc::GenericStub>(channel)});
   }
   if (command == "status") return Status(servers);
   if (command == "checkpoint") return Checkpoint(servers);

@@ -14,7 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
-#include "common/rpc/unary_call_testing.h"
+#include "common/rpc/unary_call.h"
 #include "common/status_matchers.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"

@@ -356,9 +356,10 @@ class ParameterServerService final
   // `peer` (nullptr: identities not checked).
   bool OfferSharedSegment(const RequestInfo& info, uint64_t bytes, const PeerIdentity* peer,
                           SharedSegment* offer);
-  // Lets go of the worker's segment `id` (its current incarnation's), which it could not open
-  // (PushPullRequest.declined_shared_id); any other id changes nothing.
-  void DropDeclinedSegment(const RequestInfo& info, uint64_t id);
+  // Lets go of the worker's segment `id` (its current incarnation's), logging `why`: one it
+  // could not open (PushPullRequest.declined_shared_id), or one offered in an answer that was
+  // then refused. Any other id changes nothing (a later ask's segment stays).
+  void DropSegment(const RequestInfo& info, uint64_t id, absl::string_view why);
   // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
   // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with
   // read's status; `done` gets the refusal instead when the pull may not wait. Returns the

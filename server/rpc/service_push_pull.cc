@@ -286,7 +286,11 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     RETURN_IF_ERROR(status);
     call->push_applied = true;
   }
-  if (header.declined_shared_id() != 0) DropDeclinedSegment(info, header.declined_shared_id());
+  if (header.declined_shared_id() != 0) {
+    DropSegment(info, header.declined_shared_id(),
+                "declined: the worker cannot open it here (another container?); its payloads go "
+                "by the socket");
+  }
   if (header.want_shared_bytes() > 0 &&
       (header.want_shared_boot_id().empty() ||
        header.want_shared_boot_id() == common::SharedMemory::BootId())) {
@@ -354,6 +358,13 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
   auto call = std::make_shared<PushPullCall>();
   auto finish = [this, call, response, arrived, done = std::move(done)](absl::Status status) {
     if (!status.ok() && call->push_applied) status = WithPushApplied(status);
+    // A segment offered to a call whose pull is then refused: the worker never hears of it
+    // (it asks again on its next call), so the server does not keep it (charged, one of the
+    // worker's two) until then, or for good if the worker is gone.
+    if (!status.ok() && call->answer.has_shared_offer()) {
+      DropSegment(service_internal::InfoOf(call->header.header()), call->answer.shared_offer().id(),
+                  "offered in an answer that was refused");
+    }
     Record(call->method, arrived, status, call->bytes_in,
            status.ok() ? response->Length() + call->answer.shared_answer_bytes() : 0);
     done(std::move(status));

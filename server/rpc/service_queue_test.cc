@@ -14,7 +14,7 @@
 #include "common/codec.h"
 #include "common/rpc/frame_testing.h"
 #include "common/rpc/grpc_status.h"
-#include "common/rpc/unary_call_testing.h"
+#include "common/rpc/unary_call.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"

@@ -447,7 +447,8 @@ absl::StatusOr<std::shared_ptr<common::SharedMemory>> ParameterServerService::Sh
   return segment;
 }
 
-void ParameterServerService::DropDeclinedSegment(const RequestInfo& info, uint64_t id) {
+void ParameterServerService::DropSegment(const RequestInfo& info, uint64_t id,
+                                         absl::string_view why) {
   std::shared_ptr<ChannelServer> channel;  // joined after the lock
   absl::MutexLock lock(&shared_mu_);
   if (auto it = shared_.find(info.worker_id);
@@ -455,8 +456,8 @@ void ParameterServerService::DropDeclinedSegment(const RequestInfo& info, uint64
       it->second.memory != nullptr && it->second.memory->id() == id) {
     channel = std::move(it->second.channel);
     shared_.erase(it);
-    LOG(INFO) << "worker " << info.worker_id << " cannot open its shared-memory segment here "
-              << "(another container?): let go; its payloads go by the socket";
+    LOG(INFO) << "worker " << info.worker_id << "'s shared-memory segment " << id
+              << " let go: " << why;
   }
 }
 

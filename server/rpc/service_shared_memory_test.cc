@@ -451,10 +451,7 @@ TEST_P(SharedMemoryTest, WorkersAskingAtOnceGetOnlyTheSegmentsTheBudgetHolds) {
 // one and one replaced but held; then it gets none until one goes. Before, each ask made one
 // more, up to one per parked pull.
 TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPulls) {
-  JobConfig config = config_;
-  config.mutable_cluster()->set_num_workers(2);
-  config.mutable_training()->set_staleness(0);  // worker 1 never pushes: worker 0's pulls park
-  auto server = MakeSegmentServer(config);
+  auto server = MakeParkingSegmentServer(config_);
   ASSERT_THAT(server.status(), IsOk());
   Shard& shard = *server->shard;
   ParameterServerService& service = *server->service;
@@ -508,6 +505,37 @@ TEST_P(SharedMemoryTest, AWorkerKeepsAtMostTwoSegmentsAliveWhateverItsParkedPull
   ASSERT_EQ(shard.memory().used(), tables);
   EXPECT_NE(ask(), 0u);
   EXPECT_EQ(shard.memory().used(), tables + segment);
+}
+
+// A fused call that asks for a segment and whose pull is then refused (here: parked past its
+// deadline) leaves no segment behind: the worker never heard of it and asks again on its next
+// call. Before, the server kept it, charged against its budget, until that next ask replaced
+// it (for good if the worker was gone).
+TEST_P(SharedMemoryTest, ASegmentOfferedInARefusedAnswerIsNotKept) {
+  auto server = MakeParkingSegmentServer(config_);
+  ASSERT_THAT(server.status(), IsOk());
+  Shard& shard = *server->shard;
+  ParameterServerService& service = *server->service;
+  const int64_t tables = shard.memory().used();
+  PushPullRequest h;
+  *h.mutable_header() = HeaderOf(shard, 0, 0);
+  h.set_want_shared_bytes(kSegmentBytes);
+  h.set_pull_clock(1);
+  TablePullRequest* t = h.add_pull();
+  t->set_table("w");
+  for (uint32_t b : mine_) t->add_block_ids(b);
+  grpc::ByteBuffer answer;
+  EXPECT_THAT(service.HandlePushPull(RawFrame(h.SerializeAsString(), ""),
+                                     absl::Now() + absl::Milliseconds(300), &answer),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (shard.memory().used() != tables && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(shard.memory().used(), tables);
+  // The worker's next ask gets one, and it stays.
+  EXPECT_NE(OfferedSegment(service, HeaderOf(shard, 0, 0), kSegmentBytes), 0u);
+  EXPECT_EQ(shard.memory().used(), tables + static_cast<int64_t>(kSegmentBytes));
 }
 
 TEST_P(SharedCallsTest, TheChannelRefusesWhatAWorkerMayNotSendAndChangesNothing) {

@@ -210,6 +210,13 @@ class ServiceTest : public ::testing::TestWithParam<int> {
         std::make_unique<ParameterServerService>(server.shard.get(), options, ServiceHooks{});
     return server;
   }
+  // The same for `config`'s job with two workers at staleness 0: worker 1 never pushes, so
+  // worker 0's pulls of clock 1 park.
+  static absl::StatusOr<SegmentServer> MakeParkingSegmentServer(JobConfig config) {
+    config.mutable_cluster()->set_num_workers(2);
+    config.mutable_training()->set_staleness(0);
+    return MakeSegmentServer(config);
+  }
   // Worker `worker`'s (incarnation 1, clock 1) for the layout of `shard`.
   static RequestHeader HeaderOf(const Shard& shard, int32_t worker, uint64_t sequence) {
     RequestHeader h;

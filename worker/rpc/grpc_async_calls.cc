@@ -193,7 +193,7 @@ absl::StatusOr<GrpcParameterStore::AsyncCalls::CallId> GrpcParameterStore::Async
     const common::PushBatch* push, const common::PushOptions& push_options,
     const common::PullBatch* pull, const common::PullOptions& pull_options, bool borrow_pull) {
   if (push != nullptr) WaitForLaggards();
-  auto c = std::make_unique<Call>(store_->stubs_.size());
+  auto c = std::make_unique<Call>(store_->data_stubs_.size());
   if (pull != nullptr && !borrow_pull) {
     c->pull = *pull;
     pull = &c->pull;

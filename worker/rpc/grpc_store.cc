@@ -19,6 +19,7 @@
 #include "common/rpc/frame.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/parse_bound.h"
+#include "common/rpc/unary_call.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
@@ -151,7 +152,6 @@ GrpcParameterStore::GrpcParameterStore(const JobConfig& config, const GrpcStoreO
       metrics_(std::make_unique<Metrics>(metrics != nullptr ? metrics : own_registry_.get(),
                                          channels.size())) {
   for (size_t s = 0; s < channels.size(); ++s) {
-    stubs_.push_back(ParameterServer::NewStub(channels[s]));
     data_stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[s]));
     next_sequence_[s] = 1;
     handoff_.push_back(std::make_unique<common::HandoffChooser>());
@@ -275,7 +275,7 @@ void GrpcParameterStore::CountExchange(const Exchange& x) {
 }
 
 absl::Status GrpcParameterStore::FanOut(const std::vector<bool>& send, const StartCall& start) {
-  const size_t n = stubs_.size();
+  const size_t n = data_stubs_.size();
   std::vector<absl::Status> status(n);
   std::vector<uint32_t> pending;
   for (uint32_t s = 0; s < n; ++s) {
@@ -403,7 +403,7 @@ GrpcStoreOptions JobStoreOptions(const JobConfig& config, int32_t worker_id,
 absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint32_t epoch,
                                                                           uint64_t offset,
                                                                           bool finished) {
-  const size_t n = stubs_.size();
+  const size_t n = data_stubs_.size();
   std::vector<HeartbeatRequest> requests(n);
   for (auto& r : requests) {
     *r.mutable_header() = Header(0, 0);
@@ -468,19 +468,26 @@ absl::Status GrpcParameterStore::Finish() {
   return Heartbeat(0, 0, /*finished=*/true).status();
 }
 
+absl::Status GrpcParameterStore::ServerInfo(uint32_t s, grpc::ClientContext* context,
+                                            const ServerInfoRequest& request,
+                                            ServerInfoResponse* response) {
+  return common::BoundedUnaryCall(*data_stubs_[s], context, "/ps.ParameterServer/ServerInfo",
+                                  request, kMaxControlAnswerBytes, response);
+}
+
 absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<bool> ready(stubs_.size(), false);
+  std::vector<bool> ready(data_stubs_.size(), false);
   absl::Status last_error;
   while (true) {
-    for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    for (uint32_t s = 0; s < data_stubs_.size(); ++s) {
       if (ready[s]) continue;
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(2))));
       context.set_wait_for_ready(true);
       ServerInfoRequest request;
       ServerInfoResponse response;
-      absl::Status st = common::FromGrpcStatus(stubs_[s]->ServerInfo(&context, request, &response));
+      absl::Status st = ServerInfo(s, &context, request, &response);
       if (!st.ok()) {
         // Not up yet: keep waiting. Refused (credentials, token): waiting will not help.
         if (!Retryable(st)) {
@@ -491,7 +498,7 @@ absl::Status GrpcParameterStore::WaitForServers(absl::Duration timeout) {
           // Waiting for the channel hides why it is not ready: ask once without waiting.
           grpc::ClientContext probe;
           probe.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-          last_error = common::FromGrpcStatus(stubs_[s]->ServerInfo(&probe, request, &response));
+          last_error = ServerInfo(s, &probe, request, &response);
           auto tls = TlsHandshakeFailure(last_error, s, config_.cluster().servers(s));
           if (tls.has_value()) return *tls;
         }

@@ -257,6 +257,10 @@ class GrpcParameterStore final : public common::ParameterStore {
   const common::Partitioner& partitioner() const { return partitioner_; }
 
  private:
+  // Server `s`'s ServerInfo, its answer parsed within 1 MiB (a server's answer of many small
+  // unknown fields took tens of times its size parsed by gRPC, up to the receive limit).
+  absl::Status ServerInfo(uint32_t s, grpc::ClientContext* context,
+                          const ServerInfoRequest& request, ServerInfoResponse* response);
   struct Metrics;
   struct Exchange;
   GrpcParameterStore(const JobConfig& config, const GrpcStoreOptions& options,
@@ -370,8 +374,9 @@ class GrpcParameterStore final : public common::ParameterStore {
   const JobConfig config_;
   const GrpcStoreOptions options_;
   const common::Partitioner partitioner_;
-  std::vector<std::unique_ptr<ParameterServer::StubInterface>> stubs_;  // control calls
-  std::vector<std::unique_ptr<grpc::GenericStub>> data_stubs_;          // PushPull frames
+  // One per server, for every call: PushPull frames, and the control calls, whose answers the
+  // store parses itself within a bound (common::ParseWithin).
+  std::vector<std::unique_ptr<grpc::GenericStub>> data_stubs_;
   // Under a consistency bound (or deterministic BSP) every server hears of every push.
   const bool push_to_all_;
   // Next push sequence per server.

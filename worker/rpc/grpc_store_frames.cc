@@ -224,7 +224,7 @@ absl::Status GrpcParameterStore::CheckPush(const common::PushBatch& batch) const
 // feedback) are encoded into buffers the exchange owns.
 void GrpcParameterStore::AddDensePush(const common::DensePush& p, Exchange* x) {
   const common::TableInfo* t = partitioner_.FindTable(p.table);
-  std::vector<TableValues*> per_server(stubs_.size(), nullptr);
+  std::vector<TableValues*> per_server(data_stubs_.size(), nullptr);
   for (uint32_t b = 0; b < t->num_blocks; ++b) {
     const uint32_t s = partitioner_.ServerForBlock(*t, b);
     if (per_server[s] == nullptr) {
@@ -259,7 +259,7 @@ void GrpcParameterStore::AddSparsePush(const common::SparsePush& p,
                                        Exchange* x) {
   const common::TableInfo* t = partitioner_.FindTable(p.table);
   partitioner_.SplitKeysByServer(p.keys, positions);
-  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+  for (uint32_t s = 0; s < data_stubs_.size(); ++s) {
     if ((*positions)[s].empty()) continue;
     TableValues* tv = x->headers[s].add_push();
     tv->set_table(p.table);
@@ -306,7 +306,7 @@ absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
   }
   // A push with nothing in it is a clock tick: every server hears it.
   const bool tick = batch.dense.empty() && batch.sparse.empty();
-  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+  for (uint32_t s = 0; s < data_stubs_.size(); ++s) {
     PushPullRequest& h = x->headers[s];
     if (h.push_size() == 0 && !push_to_all_ && !tick) continue;
     h.set_has_push(true);
@@ -318,7 +318,7 @@ absl::Status GrpcParameterStore::AddPush(const common::PushBatch& batch,
 
 absl::Status GrpcParameterStore::AddPull(const common::PullBatch& batch,
                                          const common::PullOptions& options, Exchange* x) {
-  const size_t n = stubs_.size();
+  const size_t n = data_stubs_.size();
   for (const common::DensePull& p : batch.dense) {
     const common::TableInfo* t = partitioner_.FindTable(p.table);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown table '", p.table, "'"));

@@ -61,6 +61,23 @@ TEST_F(GrpcStoreTest, AHeartbeatAnswerTakingFarMoreParsedThanItsSizeIsRefused) {
   EXPECT_EQ(store_->ReportPosition(0, 0).value_or(common::WorkerPosition{}).clock, 5);
 }
 
+// So is its answer to ServerInfo, which a worker asks before training: a padded answer is
+// refused with the server named, and an honest one (its layout, a few unknown fields) taken.
+TEST_F(GrpcStoreTest, AServerInfoAnswerTakingFarMoreParsedThanItsSizeIsRefused) {
+  Start(/*fail_pushes=*/0);
+  const uint64_t layout = store_->partitioner().layout_fingerprint();
+  service_->AnswerServerInfo(layout, 100000);
+  const absl::Status status = store_->WaitForServers(absl::Seconds(10));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_NE(status.message().find("bytes parsed"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("server 0"), absl::string_view::npos) << status;
+  service_->AnswerServerInfo(layout, 10);
+  EXPECT_TRUE(store_->WaitForServers(absl::Seconds(10)).ok());
+  service_->AnswerServerInfo(layout + 1, 0);  // another layout: the configs differ
+  EXPECT_EQ(store_->WaitForServers(absl::Seconds(10)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 // A heartbeat refused UNAVAILABLE is retried, and the position comes back. (Each attempt's
 // reader lives in its call's arena, which the attempt's context holds: FanOut destroys the
 // readers first.)

@@ -112,6 +112,26 @@ class RecordingServer final
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+  // Answers ServerInfo as server 0 of layout `fingerprint`, with `padding` unknown fields more
+  // (three bytes each on the wire).
+  grpc::ServerUnaryReactor* ServerInfo(grpc::CallbackServerContext* context,
+                                       const ServerInfoRequest*,
+                                       ServerInfoResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    response->set_server_index(0);
+    response->set_layout_fingerprint(info_fingerprint_);
+    for (int i = 0; i < info_padding_; ++i) {
+      response->GetReflection()->MutableUnknownFields(response)->AddVarint(999, 1);
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  void AnswerServerInfo(uint64_t fingerprint, int padding) {
+    absl::MutexLock lock(&mu_);
+    info_fingerprint_ = fingerprint;
+    info_padding_ = padding;
+  }
   // The clock heartbeats answer (0 until set).
   void AnswerHeartbeatsWithClock(int64_t clock) {
     absl::MutexLock lock(&mu_);
@@ -213,6 +233,8 @@ class RecordingServer final
   int fail_pushes_ ABSL_GUARDED_BY(mu_);
   int fail_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int heartbeat_padding_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t info_fingerprint_ ABSL_GUARDED_BY(mu_) = 0;
+  int info_padding_ ABSL_GUARDED_BY(mu_) = 0;
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PushRequest> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> asks_ ABSL_GUARDED_BY(mu_);

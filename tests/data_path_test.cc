@@ -360,7 +360,8 @@ TEST_F(DataPathOverSharedMemoryTest, CallsHandTheirBytesBothWaysAndLandAlike) {
   EXPECT_GE(stats.handoffs_streamed, 2u);  // each server's link: the first call
   EXPECT_GE(stats.handoffs_plain, 2u);     // and the second
   EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, stats.calls_shared);
-  // Each weighed by the CPU both sides spent on it, which every server said.
+  // Each weighed by the CPU both sides spent on it, which every server said (every call is
+  // weighed until its link's window is full; one in weigh_every after).
   EXPECT_EQ(stats.handoffs_served_cpu, stats.calls_shared);
 }
 

@@ -13,6 +13,7 @@ HandoffChooser::Options Sanitized(HandoffChooser::Options o) {
     o.window = HandoffChooser::Options{}.window;
   }
   if (!(o.margin >= 0) || o.margin >= 1) o.margin = HandoffChooser::Options{}.margin;
+  o.weigh_every = std::max<uint32_t>(o.weigh_every, 1);
   return o;
 }
 
@@ -21,8 +22,9 @@ HandoffChooser::Options Sanitized(HandoffChooser::Options o) {
 HandoffChooser::HandoffChooser(Options options)
     : options_(Sanitized(options)), gap_(options_.explore_every) {}
 
-bool HandoffChooser::Stream() {
+bool HandoffChooser::Stream(bool* weigh) {
   absl::MutexLock lock(&mu_);
+  *weigh = true;
   if (costs_[1].median < 0) return true;
   if (costs_[0].median < 0) return false;
   const double in_use = costs_[streaming_ ? 1 : 0].median;
@@ -31,7 +33,12 @@ bool HandoffChooser::Stream() {
     streaming_ = !streaming_;
     gap_ = options_.explore_every;
   }
-  if (++since_try_ < gap_) return streaming_;
+  if (++since_try_ < gap_) {
+    *weigh = costs_[streaming_ ? 1 : 0].count < options_.window ||
+             ++since_weighed_ >= options_.weigh_every;
+    if (*weigh) since_weighed_ = 0;
+    return streaming_;
+  }
   since_try_ = 0;
   return !streaming_;
 }

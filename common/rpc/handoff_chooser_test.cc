@@ -93,6 +93,61 @@ TEST(HandoffChooserTest, FollowsAChangeOfPlacement) {
   EXPECT_LE(streamed, 8 + 800 / 64);
 }
 
+// Runs `calls` calls through `chooser`, Recording the cost of the weighed ones only (as the
+// worker does); returns how many were weighed, and adds the streamed ones to *streamed.
+template <typename Cost>
+int RunWeighedCalls(HandoffChooser& chooser, int calls, Cost cost, int* streamed) {
+  int weighed = 0;
+  for (int i = 0; i < calls; ++i) {
+    bool weigh = false;
+    const bool stream = chooser.Stream(&weigh);
+    *streamed += stream;
+    if (weigh) {
+      ++weighed;
+      chooser.Record(stream, cost(stream));
+    }
+  }
+  return weighed;
+}
+
+// Only one call of the way in use in weigh_every is weighed once its window is full, and
+// every try of the other: the chooser still uses the cheaper way and still follows a change
+// of placement, from a fraction of the costs.
+TEST(HandoffChooserTest, WeighsOneCallInWeighEveryOfTheWayInUseAndEveryTry) {
+  HandoffChooser::Options o = WithExploreEvery(16);
+  o.weigh_every = 4;
+  HandoffChooser chooser(o);
+  int streamed = 0;
+  // Streamed cheaper: each way's first call, 9 weighed to fill streamed's window, then 1 in 4
+  // of the streamed calls and the 1 in 16 tries of plain.
+  int weighed = RunWeighedCalls(
+      chooser, 1600, [](bool s) { return s ? 1.0 : 3.0; }, &streamed);
+  const int tries = 1600 - streamed;
+  EXPECT_GE(tries, 99);
+  EXPECT_LE(tries, 101);
+  const int expected = tries + 9 + (streamed - 9) / 4;
+  EXPECT_GE(weighed, expected - 2);
+  EXPECT_LE(weighed, expected + 2);
+  // Plain cheaper now: found within a few tries, and then in use.
+  streamed = 0;
+  RunWeighedCalls(
+      chooser, 16 * 12, [](bool s) { return s ? 3.0 : 1.0; }, &streamed);
+  EXPECT_LT(chooser.estimate(false), chooser.estimate(true));
+  streamed = 0;
+  RunWeighedCalls(
+      chooser, 1600, [](bool s) { return s ? 3.0 : 1.0; }, &streamed);
+  EXPECT_LE(streamed, 101);
+  // Each call weighed with weigh_every 1 (and out of range, 0).
+  for (const uint32_t every : {1u, 0u}) {
+    o.weigh_every = every;
+    HandoffChooser all(o);
+    streamed = 0;
+    EXPECT_EQ(RunWeighedCalls(
+                  all, 500, [](bool s) { return s ? 1.0 : 3.0; }, &streamed),
+              500);
+  }
+}
+
 TEST(HandoffChooserTest, KeepsItsWayWhileTheOtherIsCheaperByLessThanTheMargin) {
   HandoffChooser::Options o = WithExploreEvery(1000);
   o.window = 1;  // each estimate is the last cost

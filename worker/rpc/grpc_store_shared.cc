@@ -205,6 +205,7 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
   Exchange::Handoff& handoff = x->handoff[f];
   if (!stream && push + answer > common::kHandoffStreamBytes) {
     const uint32_t chooser = 2 * s + (answer > push ? 1 : 0);
+    bool weigh = false;
     switch (options_.handoff) {
       case RpcConfig::HANDOFF_PLAIN:
         break;
@@ -212,10 +213,12 @@ void GrpcParameterStore::PlaceShared(uint32_t f, Exchange* x) {
         stream = true;
         break;
       default:
-        stream = handoff_[chooser]->Stream();
+        stream = handoff_[chooser]->Stream(&weigh);
     }
     handoff = Exchange::Handoff{true, stream, chooser, push + answer, start_ns};
-    handoff.costed = options_.handoff == RpcConfig::HANDOFF_ADAPTIVE;
+    // Weighed calls only (one in HandoffChooser::Options::weigh_every of the way in use):
+    // each reads this thread's and the server's CPU time, system calls.
+    handoff.costed = options_.handoff == RpcConfig::HANDOFF_ADAPTIVE && weigh;
   }
   if (follows) {
     x->following[f].pending = true;

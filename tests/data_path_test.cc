@@ -360,9 +360,10 @@ TEST_F(DataPathOverSharedMemoryTest, CallsHandTheirBytesBothWaysAndLandAlike) {
   EXPECT_GE(stats.handoffs_streamed, 2u);  // each server's link: the first call
   EXPECT_GE(stats.handoffs_plain, 2u);     // and the second
   EXPECT_EQ(stats.handoffs_streamed + stats.handoffs_plain, stats.calls_shared);
-  // Each weighed by the CPU both sides spent on it, which every server said (every call is
-  // weighed until its link's window is full; one in weigh_every after).
-  EXPECT_EQ(stats.handoffs_served_cpu, stats.calls_shared);
+  // Weighed by the CPU both sides spent on them, which the servers said: every call until
+  // its link's window is full, one in weigh_every after (HandoffChooser::Options).
+  EXPECT_GT(stats.handoffs_served_cpu, 0u);
+  EXPECT_LE(stats.handoffs_served_cpu, stats.calls_shared);
 }
 
 // rpc.handoff PLAIN or STREAMED: every call through the segments hands its bytes that way,

@@ -255,9 +255,13 @@ auto RoundsUntil(RoundFn round, DoneFn done) {
 // for `work` of wall time, then yields until the next; served counts the requests done.
 class PeerOnTheSameCore {
  public:
+  // Returns once the peer runs on `cpu`: a first wait that began before would also wait for
+  // the thread's start and move (under ASan on a 2-vCPU AMD VM, past kCheapRequestWait in
+  // every round of a CI run).
   PeerOnTheSameCore(int cpu, std::chrono::microseconds work)
       : thread_([this, cpu, work] {
           PinToCpu(cpu);
+          running_.store(true, std::memory_order_release);
           int done = 0;
           while (!stop_.load(std::memory_order_relaxed)) {
             if (requests.load(std::memory_order_acquire) == done) {
@@ -269,7 +273,9 @@ class PeerOnTheSameCore {
             }
             served.store(++done, std::memory_order_release);
           }
-        }) {}
+        }) {
+    while (!running_.load(std::memory_order_acquire)) sched_yield();
+  }
   ~PeerOnTheSameCore() {
     stop_ = true;
     thread_.join();
@@ -294,6 +300,7 @@ class PeerOnTheSameCore {
 
  private:
   std::atomic<bool> stop_{false};
+  std::atomic<bool> running_{false};
   std::thread thread_;  // last: it starts in the constructor
 };
 

@@ -52,8 +52,8 @@ class HandoffChooser {
     // One call of the way in use in this many is weighed (>= 1), once its window is full;
     // every try of the other way is, and every call until the way has a full window. Weighing
     // a call reads the CPU time of the threads serving it, a system call on each side (1.4 us
-    // each on a 2-vCPU AMD VM of 2026-12-06, where a 1 MB push took six of them: a tenth of
-    // the call's CPU).
+    // each on a 2-vCPU AMD VM of 2026-12-06, more with the kernel's exit path in a profile,
+    // where a 1 MB push took about six of them: 4-8% of the call's CPU).
     uint32_t weigh_every = 8;
   };
   static constexpr uint32_t kMaxWindow = 64;

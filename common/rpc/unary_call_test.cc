@@ -84,6 +84,10 @@ class AnsweringService final : public grpc::CallbackGenericService {
   std::string last_request_ ABSL_GUARDED_BY(mu_);
 };
 
+// The answers are ServerInfoResponses: a message with a map field (StatsResponse) cannot be
+// reflected on under ThreadSanitizer here (Debian's libprotobuf lays MapFieldBase out without
+// the members its headers add under TSan: SpaceUsedLong read a wrong pointer), and
+// tools/sanitize.sh runs this test under TSan too.
 class UnaryCallTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -99,7 +103,7 @@ class UnaryCallTest : public ::testing::Test {
   absl::Status Call(const google::protobuf::Message& request, size_t bound,
                     google::protobuf::Message* response) {
     grpc::ClientContext context;
-    return BoundedUnaryCall(*stub_, &context, "/ps.ParameterServer/Stats", request, bound,
+    return BoundedUnaryCall(*stub_, &context, "/ps.ParameterServer/ServerInfo", request, bound,
                             response);
   }
 
@@ -110,16 +114,16 @@ class UnaryCallTest : public ::testing::Test {
 
 // An answer within the bound is parsed; the request went as its serialized bytes.
 TEST_F(UnaryCallTest, AnAnswerWithinTheBoundIsParsed) {
-  StatsResponse sent;
+  ServerInfoResponse sent;
   sent.set_server_index(3);
-  sent.set_pulls(12345);
+  sent.set_layout_fingerprint(12345);
   service_.Answer(sent.SerializeAsString());
   HeartbeatRequest request;
   request.set_epoch(7);
-  StatsResponse got;
+  ServerInfoResponse got;
   ASSERT_THAT(Call(request, size_t{1} << 20, &got), IsOk());
   EXPECT_EQ(got.server_index(), 3u);
-  EXPECT_EQ(got.pulls(), 12345u);
+  EXPECT_EQ(got.layout_fingerprint(), 12345u);
   EXPECT_EQ(service_.last_request(), request.SerializeAsString());
 }
 
@@ -127,32 +131,32 @@ TEST_F(UnaryCallTest, AnAnswerWithinTheBoundIsParsed) {
 // the wire, several MB parsed) is refused unparsed, under a bound 3x its wire size, and the
 // response is left empty.
 TEST_F(UnaryCallTest, AnAnswerTakingMoreThanTheBoundParsedIsRefused) {
-  StatsResponse sent;
+  ServerInfoResponse sent;
   sent.set_server_index(3);
   for (int i = 0; i < 100000; ++i) {
     sent.GetReflection()->MutableUnknownFields(&sent)->AddVarint(999, 1);
   }
   const std::string bytes = sent.SerializeAsString();
   service_.Answer(bytes);
-  StatsResponse got;
-  got.set_pulls(1);
-  const absl::Status status = Call(StatsRequest(), 3 * bytes.size(), &got);
+  ServerInfoResponse got;
+  got.set_layout_fingerprint(1);
+  const absl::Status status = Call(ServerInfoRequest(), 3 * bytes.size(), &got);
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kInternal, HasSubstr("bytes parsed")));
-  EXPECT_THAT(status.message(), HasSubstr("/ps.ParameterServer/Stats"));
+  EXPECT_THAT(status.message(), HasSubstr("/ps.ParameterServer/ServerInfo"));
   EXPECT_EQ(got.ByteSizeLong(), 0u);
   // The same answer under a bound that fits what it takes parsed is taken.
-  ASSERT_THAT(Call(StatsRequest(), 64 * bytes.size(), &got), IsOk());
+  ASSERT_THAT(Call(ServerInfoRequest(), 64 * bytes.size(), &got), IsOk());
   EXPECT_EQ(got.server_index(), 3u);
 }
 
 // Bytes that are no message are refused as such; a failed call keeps its own status.
 TEST_F(UnaryCallTest, GarbageAndFailedCallsAreRefused) {
   service_.Answer(std::string("\xff\xff\xff", 3));
-  StatsResponse got;
-  EXPECT_THAT(Call(StatsRequest(), size_t{1} << 20, &got),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("Stats")));
+  ServerInfoResponse got;
+  EXPECT_THAT(Call(ServerInfoRequest(), size_t{1} << 20, &got),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("ServerInfo")));
   service_.Fail(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not you"));
-  EXPECT_THAT(Call(StatsRequest(), size_t{1} << 20, &got),
+  EXPECT_THAT(Call(ServerInfoRequest(), size_t{1} << 20, &got),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not you")));
 }
 

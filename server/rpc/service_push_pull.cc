@@ -360,7 +360,11 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     if (!status.ok() && call->push_applied) status = WithPushApplied(status);
     // A segment offered to a call whose pull is then refused: the worker never hears of it
     // (it asks again on its next call), so the server does not keep it (charged, one of the
-    // worker's two) until then, or for good if the worker is gone.
+    // worker's two) until then, or for good if the worker is gone. Letting go of it waits
+    // for its channel thread's next pass (ChannelThreads::Remove), on whatever thread
+    // finishes the call (the tracker's timer thread for a parked pull that timed out: a pass
+    // at most, and only for a refused ask). Never a channel thread: a call through a channel
+    // cannot ask for a segment (PushPullBegin), so it has no offer to let go.
     if (!status.ok() && call->answer.has_shared_offer()) {
       DropSegment(service_internal::InfoOf(call->header.header()), call->answer.shared_offer().id(),
                   "offered in an answer that was refused");

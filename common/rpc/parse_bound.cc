@@ -11,6 +11,8 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace ps::common {
 namespace {
@@ -280,6 +282,12 @@ absl::Status ParseWithin(
   std::unique_ptr<google::protobuf::io::ZeroCopyInputStream> stream = open();
   if (!message->ParseFromZeroCopyStream(stream.get())) return NotParsed(message, size);
   return absl::OkStatus();
+}
+
+absl::Status ParseWithin(grpc::ByteBuffer* bytes, size_t max_parsed_bytes,
+                         google::protobuf::Message* message) {
+  return ParseWithin([bytes] { return std::make_unique<grpc::ProtoBufferReader>(bytes); },
+                     bytes->Length(), max_parsed_bytes, message);
 }
 
 }  // namespace ps::common

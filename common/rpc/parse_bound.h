@@ -15,6 +15,10 @@
 #include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/message.h"
 
+namespace grpc {
+class ByteBuffer;
+}  // namespace grpc
+
 namespace ps::common {
 
 // What parsing `bytes` as a message of `type` would allocate, about, read from the wire form
@@ -39,6 +43,11 @@ absl::Status ParseWithin(absl::string_view bytes, size_t max_parsed_bytes,
 absl::Status ParseWithin(
     absl::FunctionRef<std::unique_ptr<google::protobuf::io::ZeroCopyInputStream>()> open,
     size_t size, size_t max_parsed_bytes, google::protobuf::Message* message);
+
+// The same for a gRPC message's bytes, read from its slices where they lie (a request a
+// service parses itself, a peer's answer).
+absl::Status ParseWithin(grpc::ByteBuffer* bytes, size_t max_parsed_bytes,
+                         google::protobuf::Message* message);
 
 }  // namespace ps::common
 

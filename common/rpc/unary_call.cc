@@ -1,12 +1,9 @@
 #include "common/rpc/unary_call.h"
 
-#include <memory>
-
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/parse_bound.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace ps::common {
 
@@ -43,10 +40,7 @@ absl::Status BoundedUnaryCall(grpc::GenericStub& stub, grpc::ClientContext* cont
     return absl::UnavailableError(absl::StrCat(method, ": the call did not complete"));
   }
   if (!status.ok()) return FromGrpcStatus(status);
-  if (absl::Status read =
-          ParseWithin([&answer] { return std::make_unique<grpc::ProtoBufferReader>(&answer); },
-                      answer.Length(), max_parsed_bytes, response);
-      !read.ok()) {
+  if (absl::Status read = ParseWithin(&answer, max_parsed_bytes, response); !read.ok()) {
     return absl::InternalError(absl::StrCat("the answer to ", method, " was refused (at most ",
                                             max_parsed_bytes, " bytes parsed): ", read.message()));
   }

@@ -16,7 +16,6 @@
 #include "glog/logging.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "server/rpc/service.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -256,9 +255,7 @@ class ParameterServerService::TypedCall final : public UnaryCall {
       // Read from the slices where they lie, as gRPC's own parse would.
       absl::Status parsed =
           bytes_.Valid()
-              ? common::ParseWithin(
-                    [this] { return std::make_unique<grpc::ProtoBufferReader>(&bytes_); },
-                    bytes_.Length(), service_->MaxParsedRequestBytes(method_), &request)
+              ? common::ParseWithin(&bytes_, service_->MaxParsedRequestBytes(method_), &request)
               : absl::InvalidArgumentError("no message");
       bytes_.Clear();
       if (!parsed.ok()) {

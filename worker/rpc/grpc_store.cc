@@ -24,7 +24,6 @@
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "worker/rpc/grpc_async_calls.h"
 #include "worker/rpc/grpc_store_exchange.h"
 #include "worker/rpc/unanswered.h"
@@ -430,9 +429,7 @@ absl::StatusOr<GrpcParameterStore::Position> GrpcParameterStore::Heartbeat(uint3
       }));
   std::vector<HeartbeatResponse> responses(n);
   for (size_t s = 0; s < n; ++s) {
-    if (absl::Status read = common::ParseWithin(
-            [&answers, s] { return std::make_unique<grpc::ProtoBufferReader>(&answers[s]); },
-            answers[s].Length(), kMaxControlAnswerBytes, &responses[s]);
+    if (absl::Status read = common::ParseWithin(&answers[s], kMaxControlAnswerBytes, &responses[s]);
         !read.ok()) {
       return absl::InternalError(
           absl::StrCat("server ", s, " answered a heartbeat wrongly: ", read.message()));

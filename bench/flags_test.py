@@ -2,7 +2,9 @@
 """ps_bench and ps_load refuse out-of-range flags (counts, sizes, seconds, windows, ports) with a
 message naming the flag and its range, before they start a server."""
 import os
+import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,12 +39,29 @@ class PsBenchFlagsTest(unittest.TestCase):
             (["--sparse_keys=1000", "--key_space=10"], "--sparse_keys: 1000 keys per call from a --key_space of 10"),
             (["--spill_budgets=101"], "--spill_budgets=101: expected 1..100"),
             (["--zipf=-1"], "--zipf=-1: expected"),
+            (["--apply_threads=-2"], "--apply_threads=-2: expected -1..1024"),
+            (["--apply_threads=1025"], "--apply_threads=1025: expected -1..1024"),
             (["--tcp_stream_write=0"], "--tcp_stream_write=0: expected"),
             (["--connect=127.0.0.1:99999", "--config=x"], "'127.0.0.1:99999' is not host:port"),
             (["--modes=gpu"], "--modes: unknown mode 'gpu'"),
             (["--modes=echo", "--echo_apis=async"], "--echo_apis: unknown API 'async'"),
             (["--handoff=fast"], "--handoff=fast: expected adaptive, plain or streamed"),
         ])
+
+    def test_server_settings_reach_the_written_config(self):
+        with tempfile.TemporaryDirectory() as d:
+            def written(extra):
+                path = os.path.join(d, "config.textproto")
+                subprocess.run([PS_BENCH, "--servers=1", "--write_config=" + path] + extra,
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               stdin=subprocess.DEVNULL, timeout=60)
+                with open(path) as f:
+                    return f.read()
+
+            self.assertNotIn("apply_threads", written([]))
+            text = written(["--apply_threads=1", "--data_threads=2"])
+            self.assertRegex(text, r"server \{[^}]*apply_threads: 1")
+            self.assertRegex(text, r"server \{[^}]*data_threads: 2")
 
 
 class PsLoadFlagsTest(unittest.TestCase):

@@ -76,6 +76,7 @@ struct BenchOptions {
   bool rewrite_push_payload = false;
   int64_t busy_poll_us = -1;  // server and rpc busy_poll_us of the config; -1: their defaults
   int32_t data_threads = -1;  // server.data_threads of the config; -1: its default
+  int32_t apply_threads = -1;  // server.apply_threads of the config; -1: its default
   // rpc.shared_memory_mb and server.max_shared_memory_mb of the config; -1: their defaults
   int64_t shared_memory_mb = -1;
   // rpc.shared_memory_calls of the config (false: payloads through shared memory, calls by

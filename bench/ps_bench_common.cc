@@ -70,6 +70,7 @@ std::string BenchConfigText(const BenchOptions& f, int num_servers) {
   if (!f.handoff.empty())
     absl::StrAppend(&rpc, " handoff: HANDOFF_", absl::AsciiStrToUpper(f.handoff));
   if (f.data_threads >= 0) absl::StrAppend(&server, " data_threads: ", f.data_threads);
+  if (f.apply_threads >= 0) absl::StrAppend(&server, " apply_threads: ", f.apply_threads);
   if (!rpc.empty()) absl::StrAppend(&text, "rpc {", rpc, " }\n");
   if (!server.empty()) absl::StrAppend(&text, "server {", server, " }\n");
   for (uint64_t bytes : f.payloads) {

@@ -130,6 +130,11 @@ ABSL_FLAG(std::string, handoff, "",
 ABSL_FLAG(int32_t, data_threads, -1,
           "server.data_threads of the generated config: threads serving each server's data "
           "path (0 = one per client up to the cores; -1 = the config's default, 1).");
+ABSL_FLAG(int32_t, apply_threads, -1,
+          "server.apply_threads of the generated config: threads of each server's parallel "
+          "apply (a large push's check and update, a large pull's read), the receiving one "
+          "included (1 = that thread alone; 0 = every usable core; -1 = the config's default, "
+          "0).");
 ABSL_FLAG(uint64_t, dense_block_floats, 131072,
           "cluster.dense_block_floats of the generated config (131072 = 512 KB blocks: a 1 MB "
           "table spans two servers, so runs with --servers=2 load both).");
@@ -303,6 +308,7 @@ absl::Status ParseScalars(BenchOptions* f) {
         absl::StrCat("--busy_poll_us=", f->busy_poll_us, ": expected -1..1000000"));
   }
   f->data_threads = absl::GetFlag(FLAGS_data_threads);
+  f->apply_threads = absl::GetFlag(FLAGS_apply_threads);
   f->shared_memory_mb = absl::GetFlag(FLAGS_shared_memory_mb);
   f->shared_memory_calls = absl::GetFlag(FLAGS_shared_memory_calls);
   f->overlap_push_copy = absl::GetFlag(FLAGS_overlap_push_copy);
@@ -319,6 +325,10 @@ absl::Status ParseScalars(BenchOptions* f) {
   if (f->data_threads < -1 || f->data_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("--data_threads=", f->data_threads, ": expected -1..1024"));
+  }
+  if (f->apply_threads < -1 || f->apply_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--apply_threads=", f->apply_threads, ": expected -1..1024"));
   }
   f->tcp_stream_write = absl::GetFlag(FLAGS_tcp_stream_write);
   f->zipf = absl::GetFlag(FLAGS_zipf);

@@ -41,8 +41,14 @@ absl::Status BoundedUnaryCall(grpc::GenericStub& stub, grpc::ClientContext* cont
   }
   if (!status.ok()) return FromGrpcStatus(status);
   if (absl::Status read = ParseWithin(&answer, max_parsed_bytes, response); !read.ok()) {
-    return absl::InternalError(absl::StrCat("the answer to ", method, " was refused (at most ",
-                                            max_parsed_bytes, " bytes parsed): ", read.message()));
+    // INTERNAL either way (the peer's answer, not this caller's request, is at fault), saying
+    // which: over the bound, or not the message.
+    return absl::InternalError(
+        absl::IsResourceExhausted(read)
+            ? absl::StrCat("the answer to ", method, " was refused (at most ", max_parsed_bytes,
+                           " bytes parsed): ", read.message())
+            : absl::StrCat("the answer to ", method, " is not a ",
+                           response->GetDescriptor()->full_name(), ": ", read.message()));
   }
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@ namespace {
 using ::ps::common::IsOk;
 using ::ps::common::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Answers every call, whatever its method, with the bytes or the status it was last given.
 class AnsweringService final : public grpc::CallbackGenericService {
@@ -153,8 +154,10 @@ TEST_F(UnaryCallTest, AnAnswerTakingMoreThanTheBoundParsedIsRefused) {
 TEST_F(UnaryCallTest, GarbageAndFailedCallsAreRefused) {
   service_.Answer(std::string("\xff\xff\xff", 3));
   ServerInfoResponse got;
-  EXPECT_THAT(Call(ServerInfoRequest(), size_t{1} << 20, &got),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("ServerInfo")));
+  const absl::Status garbage = Call(ServerInfoRequest(), size_t{1} << 20, &got);
+  EXPECT_THAT(garbage, StatusIs(absl::StatusCode::kInternal,
+                                HasSubstr("ServerInfo is not a ps.ServerInfoResponse")));
+  EXPECT_THAT(garbage.message(), Not(HasSubstr("bytes parsed")));  // not a size refusal
   service_.Fail(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not you"));
   EXPECT_THAT(Call(ServerInfoRequest(), size_t{1} << 20, &got),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not you")));

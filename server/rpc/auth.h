@@ -51,6 +51,9 @@ struct PeerIdentity {
   bool operator_token = false;
   // For logs and errors, e.g. "worker 3 (ps://job/worker/3) at ipv4:10.0.0.7:51234".
   std::string name;
+  // A worker's shared-memory channel: the incarnation of the process its segment was offered
+  // to, which every frame through it must carry (nullopt: not a channel).
+  std::optional<uint64_t> channel_incarnation;
 };
 
 // The role and index named by `uri` ("ps://<job>/worker/3", ...), or nullopt when it names

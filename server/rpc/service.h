@@ -358,7 +358,8 @@ class ParameterServerService final
                           SharedSegment* offer);
   // Lets go of the worker's segment `id` (its current incarnation's), logging `why`: one it
   // could not open (PushPullRequest.declined_shared_id), or one offered in an answer that was
-  // then refused. Any other id changes nothing (a later ask's segment stays).
+  // then refused. Any other id changes nothing (a later ask's segment stays). Waits for the
+  // channel's thread to finish its pass. REQUIRES: not on a channel thread.
   void DropSegment(const RequestInfo& info, uint64_t id, absl::string_view why);
   // Runs `read` once the consistency bound lets `info`'s pull through (at once on this thread,
   // or on the pool after parking, capped by max_pull_wait), records the wait, then `done` with

@@ -178,6 +178,18 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
         !s.ok()) {
       return shard_->Reject("identity", std::move(s));
     }
+    // A channel's frames are its process's: a frame of another incarnation would fence that
+    // process off (or end its parked pulls) from the thread serving the channel, which must
+    // never let go of a segment's channel (ChannelThreads::Remove waits for that thread). A
+    // tool's read (a negative id) keeps no incarnation and passes, as on the socket.
+    if (peer->channel_incarnation.has_value() && info.worker_id >= 0 &&
+        info.worker_incarnation != *peer->channel_incarnation) {
+      return shard_->Reject("identity",
+                            absl::PermissionDeniedError(absl::StrCat(
+                                peer->name, ": a frame of incarnation ", info.worker_incarnation,
+                                " through the channel of incarnation ", *peer->channel_incarnation,
+                                "; a process calls through its own segment's channel only")));
+    }
   }
   // The pull is checked before the push is applied (and before a segment is offered, which
   // replaces the worker's): a bad pull changes nothing either. Its clocks are checked again
@@ -361,13 +373,16 @@ ParameterServerService::WaiterId ParameterServerService::StartPushPull(
     // A segment offered to a call whose pull is then refused: the worker never hears of it
     // (it asks again on its next call), so the server does not keep it (charged, one of the
     // worker's two) until then, or for good if the worker is gone. Letting go of it waits
-    // for its channel thread's next pass (ChannelThreads::Remove), on whatever thread
-    // finishes the call (the tracker's timer thread for a parked pull that timed out: a pass
-    // at most, and only for a refused ask). Never a channel thread: a call through a channel
-    // cannot ask for a segment (PushPullBegin), so it has no offer to let go.
+    // for its channel thread's next pass (ChannelThreads::Remove), so it runs on the pool:
+    // the thread finishing the call may be the tracker's timer thread, which must not block,
+    // or a channel thread, which would wait for its own pass (found in review, 2026-12-06;
+    // channel frames cannot claim the newer incarnation that refuses a parked pull there
+    // either: PushPullBegin). A later ask's segment stays (DropSegment).
     if (!status.ok() && call->answer.has_shared_offer()) {
-      DropSegment(service_internal::InfoOf(call->header.header()), call->answer.shared_offer().id(),
-                  "offered in an answer that was refused");
+      pool_.Schedule([this, info = service_internal::InfoOf(call->header.header()),
+                      id = call->answer.shared_offer().id()] {
+        DropSegment(info, id, "offered in an answer that was refused");
+      });
     }
     Record(call->method, arrived, status, call->bytes_in,
            status.ok() ? response->Length() + call->answer.shared_answer_bytes() : 0);

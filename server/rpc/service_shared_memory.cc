@@ -114,10 +114,10 @@ class ParameterServerService::ChannelServer {
   // Served from now on by one of the service's channel threads. std::system_error when no
   // thread could be started for it.
   ChannelServer(ParameterServerService* service, std::shared_ptr<common::SharedMemory> memory,
-                uint64_t offset, int32_t worker_id, const PeerIdentity* peer)
+                uint64_t offset, int32_t worker_id, uint64_t incarnation, const PeerIdentity* peer)
       : service_(service),
         state_(std::make_shared<State>(std::move(memory), offset)),
-        peer_(Identity(worker_id, peer)) {
+        peer_(Identity(worker_id, incarnation, peer)) {
     service_->channel_threads_->Add(this);
   }
   // Takes no request once it returns (its thread may be serving another channel).
@@ -136,12 +136,14 @@ class ParameterServerService::ChannelServer {
     std::atomic<bool> serving[SharedChannel::kSlots] = {};
   };
 
-  // Frames of the channel act as its worker: a frame naming another worker is refused
-  // (PERMISSION_DENIED), with or without TLS. The segment went only to that worker.
-  static PeerIdentity Identity(int32_t worker_id, const PeerIdentity* peer) {
+  // Frames of the channel act as its worker's process: a frame naming another worker, or
+  // another incarnation, is refused (PERMISSION_DENIED), with or without TLS. The segment went
+  // only to that process.
+  static PeerIdentity Identity(int32_t worker_id, uint64_t incarnation, const PeerIdentity* peer) {
     PeerIdentity id;
     id.role = PeerRole::kWorker;
     id.index = worker_id;
+    id.channel_incarnation = incarnation;
     id.authenticated = peer == nullptr || peer->authenticated || peer->role == PeerRole::kUnchecked;
     id.name = absl::StrCat("worker ", worker_id, "'s shared-memory channel",
                            peer != nullptr ? absl::StrCat(" (", peer->name, ")") : "");
@@ -554,7 +556,8 @@ bool ParameterServerService::OfferSharedSegment(const RequestInfo& info, uint64_
   }
   if (channel_offset.has_value() && !stopped) {
     try {
-      channel = std::make_shared<ChannelServer>(this, *made, *channel_offset, worker_id, peer);
+      channel = std::make_shared<ChannelServer>(this, *made, *channel_offset, worker_id,
+                                                info.worker_incarnation, peer);
       offer->set_channel_offset(*channel_offset);
     } catch (const std::system_error& e) {  // no thread to be had: the calls use the socket
       LOG(WARNING) << "no shared-memory channel for worker " << worker_id << ": " << e.what();

@@ -118,12 +118,16 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   }
 
   // A PushPull frame served: worker 0's through its channel in the kSharedCalls form (as a
-  // worker sends them), the others (and every frame in the other forms) as a gRPC call is.
+  // worker sends them), the others (and every frame in the other forms) as a gRPC call is. So
+  // are worker 0's frames of another incarnation than the channel's: another process of the
+  // worker has no way into the channel (its frames are refused there: SharedCallsTest).
   absl::Status PushPull(const grpc::ByteBuffer& frame, absl::Time deadline,
                         grpc::ByteBuffer* answer) {
     PushPullRequest header;
     if (channel_ == nullptr || !header.ParseFromString(PartsOf(frame).header) ||
-        header.header().worker_id() != 0 || header.want_shared_bytes() > 0) {
+        header.header().worker_id() != 0 ||
+        header.header().worker_incarnation() != channel_incarnation_ ||
+        header.want_shared_bytes() > 0) {
       return service_->HandlePushPull(frame, deadline, answer);
     }
     return PostInChannel(*channel_, frame, deadline, answer);
@@ -315,6 +319,7 @@ class ServiceTest : public ::testing::TestWithParam<int> {
   uint64_t other_key_ = 0;
   std::shared_ptr<common::SharedMemory> segment_;   // the shared-memory forms'
   std::unique_ptr<common::SharedChannel> channel_;  // kSharedCalls'
+  uint64_t channel_incarnation_ = 1;                // of the process channel_ went to
 };
 
 // ---- Forged requests (a client lying about who it is or where it is) ------------------

@@ -186,7 +186,8 @@ struct GrpcStoreStats {
   uint64_t handoffs_streamed = 0;
   uint64_t handoffs_plain = 0;
   // Of those, calls the server said its CPU for (PushPullResponse.served_cpu_ns), weighed by
-  // what they cost both sides, not by their time: asked for with rpc.handoff adaptive only.
+  // what they cost both sides, not by their time: asked for with rpc.handoff adaptive only,
+  // on the calls the HandoffChooser weighs (every try of a way, then one in weigh_every).
   uint64_t handoffs_served_cpu = 0;
   // Of those calls, pushes whose payload could follow its call (GrpcStoreOptions::
   // overlap_push_copy) that did, and that went whole (the server said its thread had no core

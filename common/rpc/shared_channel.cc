@@ -236,8 +236,10 @@ std::optional<SharedChannel::Answer> SharedChannel::TakeAnswer(uint32_t i) {
     grpc::Slice piece(at, n);
     answer.frame = grpc::ByteBuffer(&piece, 1);
   } else if (code > 0 && code <= 16) {
-    answer.status =
-        absl::Status(static_cast<absl::StatusCode>(code), PeerMessage(absl::string_view(at, n)));
+    // Copied out first: the server may rewrite the slot while the message is cleaned, which
+    // reads each character twice (found in review, 2026-12-06).
+    const std::string message(at, n);
+    answer.status = absl::Status(static_cast<absl::StatusCode>(code), PeerMessage(message));
   } else {
     answer.status = absl::InternalError(absl::StrCat("an answer with status code ", code));
   }

@@ -135,10 +135,13 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Open(uint64_t id,
   struct stat st;
   struct statfs fs;
   // On tmpfs, not hugetlbfs: a huge-page memory file whose pool runs dry faults with SIGBUS
-  // where this process touches a page (its peer can punch holes in it, seals or not).
-  if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC || fstat(fd, &st) != 0 ||
-      !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes ||
-      fcntl(fd, F_GET_SEALS) != (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+  // where this process touches a page (its peer can punch holes in it, seals or not). The
+  // seals before the size: once sealed it can no longer shrink, so the size read after holds,
+  // where a size read first could be shrunk before the seals were set (a SIGBUS at the first
+  // touch; found in review, 2026-12-06).
+  if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC ||
+      fcntl(fd, F_GET_SEALS) != (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ||
+      fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != bytes) {
     close(fd);
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is not a sealed segment of ", bytes, " bytes"));

@@ -537,11 +537,11 @@ TEST_P(SharedMemoryTest, ASegmentOfferedInARefusedAnswerIsNotKept) {
   for (uint32_t b : mine_) t->add_block_ids(b);
   std::thread parked([&service, frame = RawFrame(h.SerializeAsString(), "")] {
     grpc::ByteBuffer answer;
-    EXPECT_THAT(service.HandlePushPull(frame, absl::Now() + absl::Milliseconds(500), &answer),
+    EXPECT_THAT(service.HandlePushPull(frame, absl::Now() + absl::Seconds(3), &answer),
                 StatusIs(absl::StatusCode::kDeadlineExceeded));
   });
   // Offered and charged while the pull waits.
-  const absl::Time parked_by = absl::Now() + absl::Milliseconds(400);
+  const absl::Time parked_by = absl::Now() + absl::Milliseconds(2500);
   while (shard.workers().parked() == 0 && absl::Now() < parked_by) {
     absl::SleepFor(absl::Milliseconds(1));
   }

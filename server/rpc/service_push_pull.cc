@@ -184,6 +184,12 @@ absl::Status ParameterServerService::PushPullBegin(const grpc::ByteBuffer& reque
     // tool's read (a negative id) keeps no incarnation and passes, as on the socket.
     if (peer->channel_incarnation.has_value() && info.worker_id >= 0 &&
         info.worker_incarnation != *peer->channel_incarnation) {
+      // One no path takes (too far ahead of the clock) is refused as on every path.
+      if (absl::Status s =
+              shard_->workers().CheckIncarnation(info.worker_id, info.worker_incarnation);
+          !s.ok()) {
+        return shard_->Reject("bad_sequence", std::move(s));
+      }
       return shard_->Reject("identity",
                             absl::PermissionDeniedError(absl::StrCat(
                                 peer->name, ": a frame of incarnation ", info.worker_incarnation,

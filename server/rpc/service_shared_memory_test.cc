@@ -640,6 +640,11 @@ TEST_P(SharedCallsTest, AFrameOfAnotherIncarnationIsRefusedAndFencesNobodyOff) {
   EXPECT_THAT(PostInChannel(*channel_, RequestFrame(nullptr, &tool),
                             absl::Now() + absl::Seconds(5), &answer),
               IsOk());
+  // One no path takes (too far ahead of the clock) gets what every path answers.
+  PushRequest far = ValidPush(1);
+  far.mutable_header()->set_worker_incarnation(UINT64_MAX);
+  EXPECT_THAT(post(far), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("ahead of this server's clock")));
   EXPECT_EQ(State(), before);
   std::optional<WorkerTracker::Position> known = shard_->workers().PositionOf(0);
   ASSERT_TRUE(known.has_value());

@@ -220,7 +220,18 @@ class ServiceTest : public ::testing::TestWithParam<int> {
     config.mutable_cluster()->set_num_workers(2);
     config.mutable_training()->set_staleness(0);
     return MakeSegmentServer(config);
+  }  // Worker 0's fused pull of its blocks of "w" at clock 1, which parks on such a server until
+  // its deadline.
+  PushPullRequest ParkingPull(const Shard& shard) const {
+    PushPullRequest h;
+    *h.mutable_header() = HeaderOf(shard, 0, 0);
+    h.set_pull_clock(1);
+    TablePullRequest* t = h.add_pull();
+    t->set_table("w");
+    for (uint32_t b : mine_) t->add_block_ids(b);
+    return h;
   }
+
   // Worker `worker`'s (incarnation 1, clock 1) for the layout of `shard`.
   static RequestHeader HeaderOf(const Shard& shard, int32_t worker, uint64_t sequence) {
     RequestHeader h;
